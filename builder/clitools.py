@@ -1,0 +1,68 @@
+"""Command-line plumbing shared by ``spar-build`` and ``spar-probe``.
+
+* :class:`LazyGroup`: a click group whose subcommands are ``"module:attr"`` strings,
+  imported only when that subcommand runs (``spar-build --help`` imports no torch).
+* :func:`run_cli`: runs a group and turns :class:`~builder.errors.SparError` into one
+  line on stderr and exit status 2, instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+
+import click
+
+from .errors import SparError
+from .registry import import_target
+
+
+class LazyGroup(click.Group):
+    def __init__(self, *args, lazy_commands: Mapping[str, str] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lazy_commands = dict(lazy_commands or {})
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(self.lazy_commands))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.lazy_commands:
+            cmd = import_target(self.lazy_commands[cmd_name])
+            if not isinstance(cmd, click.Command):
+                raise TypeError(f"{self.lazy_commands[cmd_name]!r} is not a click command")
+            return cmd
+        return super().get_command(ctx, cmd_name)
+
+    def resolve_command(self, ctx, args):
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError as e:
+            import difflib
+
+            name = args[0] if args else ""
+            close = difflib.get_close_matches(name, self.list_commands(ctx), n=2)
+            if close and "No such command" in str(e):
+                raise click.UsageError(f"{e.message} Did you mean {' or '.join(close)}?", ctx) from None
+            raise
+
+
+def run_cli(group: click.Command, argv: list[str] | None = None) -> int:
+    """Run ``group``; a :class:`SparError` becomes ``error: <message>`` and exit 2."""
+    try:
+        group.main(args=argv, standalone_mode=False)
+    except click.exceptions.Exit as e:
+        return e.exit_code
+    except click.ClickException as e:
+        e.show()
+        return e.exit_code
+    except click.Abort:
+        click.echo("aborted", err=True)
+        return 130
+    except SparError as e:
+        click.echo(f"error: {e}", err=True)
+        return 2
+    return 0
+
+
+def exit_with(code: int) -> None:
+    sys.exit(code)

@@ -1,0 +1,117 @@
+"""The fixed vocabulary of SPAR-Bench: canonical organs, frame, probes, shard schema.
+
+Everything that two parts of the toolkit must agree on lives here, once.
+See docs/PROTOCOL.md for the prose spec and docs/FORMATS.md for the file layouts.
+
+Canonical frame
+---------------
+Every canonical array is indexed ``[z, row, col]``:
+
+* ``z``   increases from inferior to superior (slice 0 is the most caudal);
+* ``row`` increases from anterior to posterior (row 0 is anterior);
+* ``col`` increases from the patient's RIGHT to the patient's LEFT (column 0 is the
+  patient's right), i.e. the radiological display convention.
+
+In nibabel terms this is the voxel orientation ``("L", "P", "S")`` for array axes
+``(i, j, k)``, transposed to ``(k, j, i)``. ``spacing`` is ``(z, row, col)`` in mm.
+Every "left/right" in a label, question or doc is the PATIENT's left/right: an
+organ on the patient's left has a LARGER column index.
+"""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = "1.0"
+
+#: The 16 WORD organs; canonical id = index + 1 (0 is background).
+ORGANS: tuple[str, ...] = (
+    "liver",
+    "spleen",
+    "kidney_left",
+    "kidney_right",
+    "stomach",
+    "gallbladder",
+    "esophagus",
+    "pancreas",
+    "duodenum",
+    "colon",
+    "intestine",
+    "adrenal",
+    "rectum",
+    "bladder",
+    "head_of_femur_left",
+    "head_of_femur_right",
+)
+N_ORGANS = len(ORGANS)
+ORGAN_ID: dict[str, int] = {name: i + 1 for i, name in enumerate(ORGANS)}
+
+#: Bilateral pairs (left member, right member), by canonical name.
+BILATERAL_PAIRS: tuple[tuple[str, str], ...] = (
+    ("kidney_left", "kidney_right"),
+    ("head_of_femur_left", "head_of_femur_right"),
+)
+
+#: Orientation of canonical voxel axes (i, j, k) before the transpose to [z, row, col].
+CANONICAL_AXCODES = ("L", "P", "S")
+
+#: Level names and the eight probes.
+LEVELS = ("level1", "level2", "level3")
+LEVEL3_PROBES: tuple[str, ...] = (
+    "relative_position",
+    "orientation",
+    "symmetry",
+    "size",
+    "distance",
+    "counting",
+)
+PROBES: tuple[str, ...] = (
+    "level1.localisation",
+    "level2.arrangement",
+    *(f"level3.{p}" for p in LEVEL3_PROBES),
+)
+#: Number of answer classes of each Level 3 probe.
+LEVEL3_N_CLASSES: dict[str, int] = {
+    "relative_position": 2,
+    "orientation": 8,
+    "symmetry": 3,
+    "size": 3,
+    "distance": 3,
+    "counting": 4,
+}
+#: Human-readable class names of each Level 3 probe (index = answer).
+LEVEL3_CLASS_NAMES: dict[str, tuple[str, ...]] = {
+    # axis 0 (left/right): 1 = A lies to the patient's LEFT of B.
+    # axis 1 (anterior/posterior): 1 = A lies ANTERIOR of B.
+    "relative_position": ("no", "yes"),
+    # direction from A's centroid to B's, in the patient frame, counter-clockwise
+    # starting at the patient's left: 0 left, 1 left-anterior, 2 anterior, ...
+    "orientation": (
+        "left",
+        "left-anterior",
+        "anterior",
+        "right-anterior",
+        "right",
+        "right-posterior",
+        "posterior",
+        "left-posterior",
+    ),
+    # A = the member on the patient's left side, B = the member on the right side.
+    "symmetry": ("left_larger", "similar", "right_larger"),
+    "size": ("small", "medium", "large"),
+    "distance": ("near", "medium", "far"),
+    "counting": ("0", "1", "2", "3+"),
+}
+RELATIVE_POSITION_AXES = ("left_right", "anterior_posterior")
+
+IMAGE_SIZE = 224
+TILE_GRID = 4
+TILE_SIZE = IMAGE_SIZE // TILE_GRID  # 56
+SPLITS = ("train", "val", "test")
+ARRANGEMENTS = ("rows-by-y", "rank-x", "rank-y")
+
+
+def organ_index(name: str) -> int:
+    """0-based index of a canonical organ name (raises with the valid names)."""
+    try:
+        return ORGANS.index(name)
+    except ValueError:
+        raise KeyError(f"unknown organ {name!r}; canonical organs: {', '.join(ORGANS)}") from None

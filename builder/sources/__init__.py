@@ -1,0 +1,15 @@
+"""Source adapters behind one registry: ``SOURCES.get("word")(root, images=...)``."""
+
+from __future__ import annotations
+
+from ..registry import Registry
+from .base import IMAGE_MODES, Source
+
+SOURCES: Registry[type[Source]] = Registry("source")
+SOURCES.register_lazy("word", "builder.sources.word:WordSource")
+SOURCES.register_lazy("lits", "builder.sources.lits:LitsSource")
+SOURCES.register_lazy("totalsegmentator", "builder.sources.totalsegmentator:TotalSegmentatorSource")
+SOURCES.register_lazy("nnunet", "builder.sources.nnunet:NnUNetSource")
+SOURCES.register_lazy("phantom", "builder.sources.phantom:PhantomSource")
+
+__all__ = ["SOURCES", "Source", "IMAGE_MODES"]
