@@ -1,0 +1,123 @@
+"""``OUT/manifest.json``: what a build is, how it was made, and the sha256 of every file.
+
+The manifest is written LAST, after every shard: its presence means the build is
+complete. Layout (top-level keys)::
+
+    format            "spar-bench-build"
+    schema_version    builder.schema.SCHEMA_VERSION
+    builder_version   builder.__version__
+    complete          true
+    config            the full build config (never the worker count)
+    seed              the global seed
+    sources           {name: {"root": ..., "label_map": {...}}}
+    sample_config     SampleConfig.to_dict()
+    thresholds        {"values": {...}, "origin": "..."}
+    shards            {level: {split: [{"path", "sha256", "rows", "questions"}]}}
+    hf                {"files": [{"path", "sha256", "rows"}], "card": {"path", "sha256"}} | null
+    counts            {level: {split: {"samples"|"slices", "questions", "classes"}}}
+    cases             [{"source", "case_id", "split", "patient_id", "files"}]
+    skipped           [{"source", "case_id", "split", "reason"}]
+    versions          {package: version}
+    fingerprint       see :func:`fingerprint`
+
+Paths are relative to ``OUT`` with forward slashes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+MANIFEST_NAME = "manifest.json"
+MANIFEST_FORMAT = "spar-bench-build"
+#: Keys without which a manifest is not a usable build.
+REQUIRED_KEYS = ("format", "schema_version", "complete", "shards", "fingerprint")
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fingerprint(entries: Iterable[tuple[str, str]]) -> str:
+    """sha256 over the sorted ``(relative path, sha256)`` pairs of every shard.
+
+    The text hashed is one ``"<path>\\t<sha256>\\n"`` line per shard, sorted by path,
+    so the fingerprint changes whenever any shard's bytes, name or count changes.
+    """
+    lines = "".join(f"{p}\t{s}\n" for p, s in sorted(entries))
+    return hashlib.sha256(lines.encode("utf-8")).hexdigest()
+
+
+def shard_entries(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Every ``(path, sha256)`` the fingerprint covers: HDF5 shards and Parquet files."""
+    pairs = [
+        (e["path"], e["sha256"])
+        for splits in manifest.get("shards", {}).values()
+        for entries in splits.values()
+        for e in entries
+    ]
+    hf = manifest.get("hf") or {}
+    pairs += [(e["path"], e["sha256"]) for e in hf.get("files", [])]
+    return pairs
+
+
+def package_versions() -> dict[str, str]:
+    """Versions of the libraries whose behaviour shapes a build's bytes."""
+    from importlib import metadata
+
+    out: dict[str, str] = {}
+    for dist in ("numpy", "scipy", "h5py", "hdf5plugin", "nibabel", "SimpleITK", "datasets",
+                 "pyarrow", "torch"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = "not installed"
+    return out
+
+
+def dumps(manifest: Mapping[str, Any]) -> str:
+    """Canonical JSON text (sorted keys, 2-space indent, trailing newline, NaN refused)."""
+    return json.dumps(manifest, indent=2, sort_keys=True, allow_nan=False) + "\n"
+
+
+def write_manifest(out_dir: str | Path, manifest: dict[str, Any]) -> Path:
+    """Fill in ``fingerprint`` and ``complete`` and write ``out_dir/manifest.json``."""
+    manifest = dict(manifest)
+    manifest["format"] = MANIFEST_FORMAT
+    manifest["fingerprint"] = fingerprint(shard_entries(manifest))
+    manifest["complete"] = True
+    path = Path(out_dir) / MANIFEST_NAME
+    path.write_text(dumps(manifest), encoding="utf-8")
+    return path
+
+
+def read_manifest(out_dir: str | Path) -> dict[str, Any]:
+    """Read and sanity-check ``out_dir/manifest.json`` (raises ConfigError)."""
+    from ..errors import ConfigError
+
+    path = Path(out_dir) / MANIFEST_NAME
+    if not path.is_file():
+        raise ConfigError(
+            f"{path}: no manifest.json - {out_dir} is not a finished SPAR-Bench build "
+            "(build one with `spar-build --source ... --out DIR`, or resume it with --resume)"
+        )
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path}: unreadable manifest ({e}); rebuild with --overwrite") from None
+    missing = [k for k in REQUIRED_KEYS if k not in manifest]
+    if missing:
+        raise ConfigError(f"{path}: incomplete manifest, missing {', '.join(missing)}; rebuild it")
+    if manifest["format"] != MANIFEST_FORMAT:
+        raise ConfigError(f"{path}: format {manifest['format']!r} is not {MANIFEST_FORMAT!r}")
+    if manifest["complete"] is not True:
+        raise ConfigError(f"{path}: build marked incomplete; finish it with --resume")
+    return manifest
