@@ -1,0 +1,135 @@
+"""Token heads: the shared base (fixed PCA projection, queries, level outputs) and ``attnpool``.
+
+Token heads read ``(B, T, D)`` token features. Projecting thousands of 768-wide tokens
+through a learned layer every epoch is the CPU wall of a sweep, so a token head first
+fits a FIXED projection: PCA of the training tokens to ``proj_dim`` (default 128),
+stored as buffers in the head (it travels with the state_dict, so ``eval`` on another
+cache applies the same one). The training loop calls :meth:`TokenHead.preproject`
+once on every split and trains on the small tokens.
+
+Queries: Levels 1-2 use 16 learned tile queries (query p belongs to organ p in
+Level 1, to mosaic position p in Level 2); Level 3 uses one query token built from the
+question (sum of organ A, organ B, axis and probe embeddings).
+Outputs: Level 1 a linear (x, y) per tile query; Level 2 tile-query x slot-embedding
+dot products (scaled by 1/sqrt(d)); Level 3 a linear classifier on the query output.
+
+``attnpool`` defaults: ``d_model`` 128, ``n_heads`` 4, ``dropout`` 0.1, ``proj_dim`` 128.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+from builder.schema import N_ORGANS
+
+from . import Task
+from .pooled import QuestionEmbedding
+
+
+class TokenHead(nn.Module):
+    input_kind = "tokens"
+    DEFAULTS: dict = {"d_model": 128, "n_heads": 4, "dropout": 0.1, "proj_dim": 128}
+
+    def __init__(self, task: Task, in_dim: int, n_tokens: int = 1, **cfg):
+        super().__init__()
+        self.task = task
+        self.cfg = {**self.DEFAULTS, **cfg}
+        d = self.cfg["d_model"]
+        k = min(int(self.cfg["proj_dim"]), in_dim) if self.cfg["proj_dim"] else in_dim
+        self.in_dim, self.proj_dim = in_dim, k
+        self.register_buffer("proj_mean", torch.zeros(in_dim))
+        self.register_buffer("proj_w", torch.eye(in_dim)[:, :k].clone())
+        self.register_buffer("proj_scale", torch.ones(k))
+        self.embed = nn.Linear(k, d)
+        self.pos = nn.Parameter(torch.randn(max(n_tokens, 1), d) * 0.02)
+        if task.level == "level3":
+            self.question = QuestionEmbedding(d, mode="sum")
+            self.queries = nn.Parameter(torch.randn(1, d) * 0.02)
+        else:
+            self.question = None
+            self.queries = nn.Parameter(torch.randn(N_ORGANS, d) * 0.02)
+        if task.level == "level2":
+            self.slots = nn.Parameter(torch.randn(N_ORGANS, d) * 0.02)
+        self.out_norm = nn.LayerNorm(d)
+        self.out = nn.Linear(
+            d, 2 if task.level == "level1" else (d if task.level == "level2" else task.n_classes)
+        )
+
+    # ---------------------------------------------------------------- projection
+    @torch.no_grad()
+    def fit_projection(self, tokens: np.ndarray) -> None:
+        """Fit the fixed PCA projection on a sample of training tokens ``(M, D)``."""
+        x = torch.as_tensor(np.asarray(tokens, dtype=np.float64))
+        mean = x.mean(dim=0)
+        xc = x - mean
+        cov = xc.T @ xc / max(x.shape[0] - 1, 1)
+        evals, evecs = torch.linalg.eigh(cov)
+        order = torch.argsort(evals, descending=True)[: self.proj_dim]
+        w = evecs[:, order]
+        # deterministic sign: largest-magnitude entry of each component positive
+        sign = torch.sign(w.gather(0, w.abs().argmax(dim=0, keepdim=True)))
+        w = w * torch.where(sign == 0, torch.ones_like(sign), sign)
+        std = (xc @ w).std(dim=0).clamp(min=1e-6)
+        self.proj_mean.copy_(mean.float())
+        self.proj_w.copy_(w.float())
+        self.proj_scale.copy_((1.0 / std).float())
+
+    @torch.no_grad()
+    def preproject(self, tokens: np.ndarray) -> np.ndarray:
+        """Apply the fixed projection: ``(N, T, D)`` -> ``(N, T, proj_dim)`` float32."""
+        t = torch.as_tensor(np.asarray(tokens, dtype=np.float32))
+        if t.shape[-1] != self.in_dim:
+            raise ValueError(
+                f"tokens have width {t.shape[-1]}, the head was built for {self.in_dim}"
+            )
+        return (((t - self.proj_mean) @ self.proj_w) * self.proj_scale).numpy()
+
+    # ---------------------------------------------------------------- pieces
+    def query_tokens(self, batch: int, q: dict | None) -> torch.Tensor:
+        qs = self.queries.unsqueeze(0).expand(batch, -1, -1)
+        if self.question is not None:
+            if q is None:
+                raise ValueError("a Level 3 head needs the question (q=...)")
+            qs = qs + self.question(q).unsqueeze(1)
+        return qs
+
+    def token_embed(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[1]
+        if t > self.pos.shape[0]:
+            raise ValueError(f"{t} tokens but the head was built for {self.pos.shape[0]}")
+        return self.embed(x) + self.pos[:t]
+
+    def readout(self, h: torch.Tensor) -> torch.Tensor:
+        """Query outputs ``(B, Q, d)`` -> the level's output."""
+        o = self.out(self.out_norm(h))
+        if self.task.level == "level1":
+            return 0.5 + o
+        if self.task.level == "level2":
+            return o @ self.slots.T / math.sqrt(o.shape[-1])
+        return o[:, 0]
+
+
+class AttnPoolHead(TokenHead):
+    """Learned queries attend once (multi-head) over the projected tokens."""
+
+    def __init__(self, task: Task, in_dim: int, n_tokens: int = 1, **cfg):
+        super().__init__(task, in_dim, n_tokens, **cfg)
+        d = self.cfg["d_model"]
+        self.kv_norm = nn.LayerNorm(d)
+        self.attn = nn.MultiheadAttention(
+            d, self.cfg["n_heads"], dropout=self.cfg["dropout"], batch_first=True
+        )
+        self.mlp = nn.Sequential(
+            nn.LayerNorm(d), nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d)
+        )
+
+    def forward(self, x: torch.Tensor, q: dict | None = None) -> torch.Tensor:
+        kv = self.kv_norm(self.token_embed(x))
+        qs = self.query_tokens(x.shape[0], q)
+        h = qs + self.attn(qs, kv, kv, need_weights=False)[0]
+        h = h + self.mlp(h)
+        return self.readout(h)

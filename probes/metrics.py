@@ -1,0 +1,259 @@
+"""Metrics of the eight probes (pure numpy). Absent organs are excluded everywhere.
+
+* Level 1 (localisation): mean Euclidean distance (MED) in pixels of the 224 frame
+  (``|pred - true| * 224`` on normalised coordinates) and in mm (times the sample's
+  ``mm_per_pixel``), success detection rate within 10 px (SDR@10), and both per organ.
+* Level 2 (arrangement): exact permutation accuracy (every present tile at its right
+  slot: the headline), per-tile accuracy, mean Kendall's tau between predicted and
+  true slots of the present tiles.
+* Level 3 (questions): accuracy, macro-F1, chance (1/n_classes) and the majority-class
+  rate (majority class taken from TRAIN, its rate measured on the evaluated split).
+
+Every ``*_metrics`` function also accepts ``groups`` (patient ids) to add 95 %
+bootstrap-over-patients confidence intervals (see :mod:`probes.bootstrap`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from builder.schema import IMAGE_SIZE, ORGANS
+
+from .bootstrap import DEFAULT_REPS, bootstrap_ci
+
+SDR_RADIUS_PX = 10.0
+
+
+def _check(name: str, a: np.ndarray, shape: tuple) -> None:
+    if a.shape != shape:
+        raise ValueError(f"{name}: expected shape {shape}, got {a.shape}")
+
+
+# --------------------------------------------------------------------------- Level 1
+def localisation_errors(pred: np.ndarray, true: np.ndarray, present: np.ndarray) -> np.ndarray:
+    """Per (sample, organ) error in pixels of the 224 frame; NaN where the organ is absent.
+
+    ``pred`` and ``true`` are ``(N, 16, 2)`` normalised (x, y) in [0, 1].
+    """
+    pred = np.asarray(pred, dtype=np.float64)
+    true = np.asarray(true, dtype=np.float64)
+    present = np.asarray(present, dtype=bool)
+    _check("pred", pred, true.shape)
+    _check("present", present, true.shape[:2])
+    err = np.linalg.norm(pred - true, axis=-1) * IMAGE_SIZE
+    err[~present] = np.nan
+    return err
+
+
+def _nanmean(a: np.ndarray) -> float:
+    a = a[np.isfinite(a)]
+    return float(a.mean()) if a.size else float("nan")
+
+
+def level1_metrics(
+    pred: np.ndarray,
+    true: np.ndarray,
+    present: np.ndarray,
+    mm_per_pixel: np.ndarray,
+    groups: np.ndarray | None = None,
+    rng: np.random.Generator | None = None,
+    n_reps: int = DEFAULT_REPS,
+) -> dict:
+    """MED (px, mm), SDR@10 and per-organ MED/SDR over present organs.
+
+    Returns a dict with ``med_px``, ``med_mm``, ``sdr10``, ``n`` (present organ
+    instances), ``per_organ`` (name -> {med_px, med_mm, sdr10, n}) and, when
+    ``groups`` is given, ``ci`` (metric -> [low, high]).
+    """
+    err = localisation_errors(pred, true, present)
+    mm = err * np.asarray(mm_per_pixel, dtype=np.float64)[:, None]
+    hit = np.where(np.isfinite(err), (err <= SDR_RADIUS_PX).astype(np.float64), np.nan)
+    out: dict = {
+        "med_px": _nanmean(err),
+        "med_mm": _nanmean(mm),
+        "sdr10": _nanmean(hit),
+        "n": int(np.isfinite(err).sum()),
+        "per_organ": {},
+    }
+    for j, name in enumerate(ORGANS):
+        out["per_organ"][name] = {
+            "med_px": _nanmean(err[:, j]),
+            "med_mm": _nanmean(mm[:, j]),
+            "sdr10": _nanmean(hit[:, j]),
+            "n": int(np.isfinite(err[:, j]).sum()),
+        }
+    if groups is not None:
+        out["ci"] = _cis(
+            {"med_px": err, "med_mm": mm, "sdr10": hit},
+            lambda a, idx: _nanmean(a[idx]),
+            groups,
+            rng,
+            n_reps,
+        )
+    return out
+
+
+def atlas_predictions(train_centroid: np.ndarray, train_present: np.ndarray, n: int) -> np.ndarray:
+    """The atlas baseline: every organ at its mean training centroid, for ``n`` samples.
+
+    Organs never present in training fall back to the image centre (0.5, 0.5).
+    """
+    c = np.where(np.asarray(train_present, bool)[..., None], train_centroid, np.nan)
+    with np.errstate(invalid="ignore"):
+        cnt = np.isfinite(c[..., 0]).sum(axis=0)
+        mean = np.where(cnt[:, None] > 0, np.nansum(c, axis=0) / np.maximum(cnt, 1)[:, None], 0.5)
+    return np.broadcast_to(mean, (n, *mean.shape)).astype(np.float32).copy()
+
+
+# --------------------------------------------------------------------------- Level 2
+def kendall_tau(a: np.ndarray, b: np.ndarray) -> float:
+    """Kendall's tau-a between two rankings of the same items (NaN for fewer than 2)."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    n = a.size
+    if n < 2:
+        return float("nan")
+    iu = np.triu_indices(n, k=1)
+    s = np.sign(a[:, None] - a[None, :])[iu] * np.sign(b[:, None] - b[None, :])[iu]
+    return float(s.sum() / iu[0].size)
+
+
+def level2_item_scores(
+    pred_slot: np.ndarray, target_slot: np.ndarray, present_pos: np.ndarray
+) -> dict[str, np.ndarray]:
+    """Per-sample exact-match (0/1), per-tile accuracy and Kendall's tau (NaN if < 2 tiles)."""
+    pred_slot = np.asarray(pred_slot)
+    target_slot = np.asarray(target_slot)
+    present_pos = np.asarray(present_pos, dtype=bool)
+    _check("pred_slot", pred_slot, target_slot.shape)
+    _check("present_pos", present_pos, target_slot.shape)
+    n = pred_slot.shape[0]
+    exact = np.full(n, np.nan)
+    tile = np.full(n, np.nan)
+    tau = np.full(n, np.nan)
+    for i in range(n):
+        m = present_pos[i]
+        if not m.any():
+            continue
+        ok = pred_slot[i, m] == target_slot[i, m]
+        exact[i] = float(ok.all())
+        tile[i] = float(ok.mean())
+        tau[i] = kendall_tau(pred_slot[i, m], target_slot[i, m])
+    return {"exact": exact, "tile": tile, "tau": tau}
+
+
+def level2_metrics(
+    pred_slot: np.ndarray,
+    target_slot: np.ndarray,
+    present_pos: np.ndarray,
+    groups: np.ndarray | None = None,
+    rng: np.random.Generator | None = None,
+    n_reps: int = DEFAULT_REPS,
+) -> dict:
+    """Exact permutation accuracy, per-tile accuracy (pooled over tiles) and mean tau."""
+    s = level2_item_scores(pred_slot, target_slot, present_pos)
+    ntile = np.asarray(present_pos, bool).sum(axis=1).astype(np.float64)
+    correct = np.nan_to_num(s["tile"]) * ntile
+
+    def tile_acc(idx: np.ndarray) -> float:
+        d = ntile[idx].sum()
+        return float(correct[idx].sum() / d) if d else float("nan")
+
+    out = {
+        "perm_acc": _nanmean(s["exact"]),
+        "tile_acc": tile_acc(np.arange(ntile.size)),
+        "kendall_tau": _nanmean(s["tau"]),
+        "n": int(np.isfinite(s["exact"]).sum()),
+    }
+    if groups is not None:
+        out["ci"] = _cis(
+            {"perm_acc": s["exact"], "kendall_tau": s["tau"]},
+            lambda a, idx: _nanmean(a[idx]),
+            groups,
+            rng,
+            n_reps,
+        )
+        out["ci"]["tile_acc"] = list(bootstrap_ci(tile_acc, groups, _rng(rng), n_reps))
+    return out
+
+
+# --------------------------------------------------------------------------- Level 3
+def macro_f1(y_true: np.ndarray, y_pred: np.ndarray, n_classes: int) -> float:
+    """Macro-F1 over the classes that occur in ``y_true`` or ``y_pred`` (sklearn's rule)."""
+    y_true = np.asarray(y_true, dtype=np.int64)
+    y_pred = np.asarray(y_pred, dtype=np.int64)
+    if y_true.size == 0:
+        return float("nan")
+    cm = np.bincount(y_true * n_classes + y_pred, minlength=n_classes * n_classes).reshape(
+        n_classes, n_classes
+    )
+    tp = np.diag(cm).astype(np.float64)
+    fp = cm.sum(axis=0) - tp
+    fn = cm.sum(axis=1) - tp
+    used = (cm.sum(axis=0) + cm.sum(axis=1)) > 0
+    denom = 2 * tp + fp + fn
+    f1 = np.where(denom > 0, 2 * tp / np.maximum(denom, 1), 0.0)
+    return float(f1[used].mean())
+
+
+def majority_class(y_train: np.ndarray, n_classes: int) -> int:
+    """The most frequent training answer (ties: the smallest class index)."""
+    return int(np.argmax(np.bincount(np.asarray(y_train, np.int64), minlength=n_classes)))
+
+
+def level3_metrics(
+    y_true: np.ndarray,
+    y_pred: np.ndarray,
+    n_classes: int,
+    y_train: np.ndarray | None = None,
+    groups: np.ndarray | None = None,
+    rng: np.random.Generator | None = None,
+    n_reps: int = DEFAULT_REPS,
+) -> dict:
+    """Accuracy, macro-F1, chance and (with ``y_train``) the majority-class rate."""
+    y_true = np.asarray(y_true, dtype=np.int64)
+    y_pred = np.asarray(y_pred, dtype=np.int64)
+    _check("y_pred", y_pred, y_true.shape)
+    hit = (y_true == y_pred).astype(np.float64)
+    out: dict = {
+        "accuracy": _nanmean(hit),
+        "macro_f1": macro_f1(y_true, y_pred, n_classes),
+        "chance": 1.0 / n_classes,
+        "n": int(y_true.size),
+    }
+    if y_train is not None and np.asarray(y_train).size:
+        maj = majority_class(y_train, n_classes)
+        out["majority_class"] = maj
+        out["majority"] = _nanmean((y_true == maj).astype(np.float64))
+    if groups is not None:
+        out["ci"] = {
+            "accuracy": list(bootstrap_ci(lambda i: _nanmean(hit[i]), groups, _rng(rng), n_reps)),
+            "macro_f1": list(
+                bootstrap_ci(
+                    lambda i: macro_f1(y_true[i], y_pred[i], n_classes), groups, _rng(rng), n_reps
+                )
+            ),
+        }
+    return out
+
+
+# --------------------------------------------------------------------------- helpers
+def _rng(rng: np.random.Generator | None) -> np.random.Generator:
+    if rng is None:
+        raise ValueError("bootstrap CIs need an explicit seeded np.random.Generator (rng=...)")
+    return rng
+
+
+def _cis(
+    arrays: dict[str, np.ndarray],
+    fn: Callable[[np.ndarray, np.ndarray], float],
+    groups: np.ndarray,
+    rng: np.random.Generator | None,
+    n_reps: int,
+) -> dict[str, list[float]]:
+    return {
+        k: list(bootstrap_ci(lambda idx, a=a: fn(a, idx), groups, _rng(rng), n_reps))
+        for k, a in arrays.items()
+    }
