@@ -1,0 +1,161 @@
+"""The encoder registry and ``spar-probe encoders``.
+
+Encoders are named ``<family>:<rest>`` (``timm:resnet50``, ``hf:microsoft/rad-dino``,
+``hf:/path/to/saved``, ``open_clip:local-dir:/path``, ``torchscript:model.pt``) or by a
+registered name (``dummy``, aliases such as ``raddino``, and your own)::
+
+    from probes.encoders import load_encoder, register_encoder
+    enc = load_encoder("timm:vit_base_patch32_224", weights="vit_b32.safetensors")
+    out = enc(images_uint8, layers=[-1, -4])      # {layer: (tokens (B,T,D), pooled (B,D))}
+
+    def my_factory(rest, *, weights=None, random_init=False, revision=None) -> Encoder: ...
+    register_encoder("my-enc", my_factory)
+
+Packages can also expose factories through the entry point group ``spar_bench.encoders``
+(``my-enc = my_pkg.encoders:my_factory`` in their metadata); they are found on first lookup.
+Nothing here imports torch until an encoder is loaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import click
+
+from builder.errors import ConfigError
+from builder.registry import Registry, UnknownNameError
+
+#: families, chosen by the prefix before the first ":".
+FAMILIES: Registry = Registry("encoder family")
+FAMILIES.register_lazy("timm", "probes.encoders.timm_family:load_timm")
+FAMILIES.register_lazy("hf", "probes.encoders.hf_family:load_hf", extra="transformers")
+FAMILIES.register_lazy("open_clip", "probes.encoders.open_clip_family:load_open_clip", extra="open_clip")
+FAMILIES.register_lazy("torchscript", "probes.encoders.torchscript_family:load_torchscript")
+
+#: named encoders (factories called with ``rest=""``), aliases and user registrations.
+ENCODERS: Registry = Registry("encoder")
+ENCODERS.register_lazy("dummy", "probes.encoders.base:load_dummy", family="dummy", input="224x224",
+                       tokens="1+7x7", dim="16", pooled="cls", weights="random-init (fixed seed)")
+
+ENTRY_POINT_GROUP = "spar_bench.encoders"
+
+
+@dataclass(frozen=True)
+class Alias:
+    """A short name for a family encoder; ``revision`` pins hub weights (None: pass --revision)."""
+
+    target: str
+    revision: str | None = None
+    note: str = ""
+
+
+ALIASES: dict[str, Alias] = {
+    "resnet50": Alias("timm:resnet50", note="paper pair, ImageNet CNN; --weights FILE"),
+    "vit-b32": Alias("timm:vit_base_patch32_224", note="paper pair, ImageNet ViT; --weights FILE"),
+    "raddino": Alias("hf:microsoft/rad-dino", None, "DINOv2 ViT-B/14 on chest X-rays; pin with --revision"),
+    "dinov2-base": Alias("hf:facebook/dinov2-base", None, "pin with --revision"),
+    "biomedclip": Alias(
+        "open_clip:local-dir:BiomedCLIP-PubMedBERT_256-vit_base_patch16_224",
+        note="download the hub folder, then use open_clip:local-dir:PATH",
+    ),
+}
+
+_entry_points_loaded = False
+
+
+def register_encoder(name: str, factory: Any, *, override: bool = False, **meta: Any) -> None:
+    """Register ``factory(rest, *, weights=None, random_init=False, revision=None) -> Encoder``
+    (or a ``"module:attr"`` string, imported lazily) under ``name``."""
+    if ":" in name:
+        raise ValueError(f"encoder names may not contain ':' (reserved for families), got {name!r}")
+    if isinstance(factory, str):
+        ENCODERS.register_lazy(name, factory, override=override, **meta)
+    else:
+        ENCODERS.register(name, factory, override=override, **meta)
+
+
+def _load_entry_points() -> None:
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name not in ENCODERS:
+            ENCODERS.register_lazy(ep.name, ep.value, source=f"entry point {ep.value}")
+
+
+def resolve_name(name: str, revision: str | None = None) -> tuple[str, str | None]:
+    """Expand an alias: ``("raddino", None) -> ("hf:microsoft/rad-dino", <pinned revision>)``."""
+    if name in ALIASES:
+        a = ALIASES[name]
+        return a.target, revision if revision is not None else a.revision
+    return name, revision
+
+
+def load_encoder(name: str, *, weights: str | None = None, random_init: bool = False,
+                 revision: str | None = None, **kwargs: Any):
+    """Build the encoder ``name`` on CPU (see the module docstring). Raises ConfigError."""
+    _load_entry_points()
+    name, revision = resolve_name(name, revision)
+    if name in ENCODERS:
+        factory, rest = ENCODERS.get(name), ""
+    else:
+        family, sep, rest = name.partition(":")
+        if not sep or not rest:
+            known = ENCODERS.names() + sorted(ALIASES) + [f"{f}:<...>" for f in FAMILIES.names()]
+            raise ConfigError(str(UnknownNameError("encoder", name, known)))
+        try:
+            factory = FAMILIES.get(family)
+        except UnknownNameError as e:
+            raise ConfigError(str(e)) from None
+    return factory(rest, weights=weights, random_init=random_init, revision=revision, **kwargs)
+
+
+def registry_rows() -> list[dict[str, str]]:
+    """One row per registered name / alias / family, computed without downloads or torch."""
+    _load_entry_points()
+    rows = []
+    for n in ENCODERS.names():
+        m = ENCODERS.meta(n)
+        rows.append({"name": n, "family": m.get("family", "custom"), "input": m.get("input", "?"),
+                     "tokens": m.get("tokens", "?"), "dim": m.get("dim", "?"),
+                     "pooled": m.get("pooled", "?"), "weights": m.get("weights", m.get("source", "?"))})
+    known = {
+        "timm:resnet50": ("224x224", "7x7", "2048", "avgpool"),
+        "timm:vit_base_patch32_224": ("224x224", "1+7x7", "768", "cls"),
+        "hf:microsoft/rad-dino": ("518x518 (resized from 224)", "1+37x37", "768", "cls"),
+        "hf:facebook/dinov2-base": ("224x224", "1+16x16", "768", "cls"),
+    }
+    for n, a in sorted(ALIASES.items()):
+        inp, tok, dim, pooled = known.get(a.target, ("?", "?", "?", "?"))
+        w = f"hub@{a.revision}" if a.revision else a.note
+        rows.append({"name": n, "family": a.target.split(":")[0], "input": inp, "tokens": tok,
+                     "dim": dim, "pooled": pooled, "weights": f"-> {a.target}; {w}"})
+    for f in FAMILIES.names():
+        rows.append({"name": f"{f}:<...>", "family": f, "input": "from config", "tokens": "from config",
+                     "dim": "from config", "pooled": "from config",
+                     "weights": "--weights PATH" if f != "hf" else "folder, or hub id + --revision"})
+    return rows
+
+
+@click.command("encoders")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+def encoders_command(as_json: bool) -> None:
+    """List the encoders: names, family, input size, tokens, dim, pooled vector, weights source.
+
+    Nothing is downloaded; "?" marks what is only known once the encoder is loaded.
+    """
+    rows = registry_rows()
+    if as_json:
+        import json
+
+        click.echo(json.dumps(rows, indent=1))
+        return
+    cols = ["name", "family", "input", "tokens", "dim", "pooled", "weights"]
+    widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in cols}
+    click.echo("  ".join(c.ljust(widths[c]) for c in cols))
+    for r in rows:
+        click.echo("  ".join(r[c].ljust(widths[c]) for c in cols).rstrip())

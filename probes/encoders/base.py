@@ -1,0 +1,331 @@
+"""The encoder interface shared by every family: a JSON spec, preprocessing and token extraction.
+
+An :class:`Encoder` turns a batch of grey ``uint8`` images ``(B, 224, 224)`` into, per requested
+layer, ``tokens (B, T, D)`` and ``pooled (B, D)``. Everything a report needs to say what the
+features are (weights, random init, preprocessing, token layout) lives in its :class:`EncoderSpec`.
+
+Torch is imported inside functions only: ``spar-probe --help`` must stay cheap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from builder.errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+#: How a pooled vector is made from a layer's tokens.
+POOLED_KINDS = ("cls", "mean-patch", "avgpool", "first")
+
+#: ImageNet statistics, the default of timm and most encoders.
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass
+class EncoderSpec:
+    """Everything that defines an encoder's features. JSON-serialisable (``to_json``).
+
+    ``n_prefix`` tokens (CLS, registers) come first, then ``grid[0] * grid[1]`` patch tokens
+    in row-major order (a CNN feature map flattened the same way, with ``n_prefix = 0``).
+    ``weights`` is ``{"kind": "file", "path", "sha256"}``, ``{"kind": "hub", "repo",
+    "revision"}``, ``{"kind": "builtin"}`` or ``{"kind": "random-init"}``.
+    """
+
+    name: str
+    family: str
+    input_size: tuple[int, int] = (224, 224)
+    in_chans: int = 3
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
+    interpolation: str = "bilinear"
+    patch_size: int | None = None  # ViT patch size, or CNN feature stride
+    n_prefix: int = 0
+    grid: tuple[int, int] | None = None
+    dim: int | None = None
+    pooled: str = "mean-patch"
+    n_layers: int | None = None  # number of selectable intermediate layers
+    weights: dict[str, Any] = field(default_factory=lambda: {"kind": "random-init"})
+    random_init: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_tokens(self) -> int | None:
+        if self.grid is None:
+            return None
+        return self.n_prefix + self.grid[0] * self.grid[1]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["input_size"] = list(self.input_size)
+        d["grid"] = list(self.grid) if self.grid is not None else None
+        d["mean"], d["std"] = list(self.mean), list(self.std)
+        d["n_tokens"] = self.n_tokens
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    def preprocessing(self) -> dict[str, Any]:
+        """The preprocessing, as recorded in a cache."""
+        return {
+            "input": "uint8 grey (B, 224, 224) -> float [0, 1]",
+            "channels": self.in_chans,
+            "resize_to": list(self.input_size),
+            "interpolation": self.interpolation,
+            "crop": "none (a mosaic must not lose tiles)",
+            "mean": list(self.mean),
+            "std": list(self.std),
+        }
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def require_extra(module: str, extra: str) -> Any:
+    """Import an optional dependency, or raise a one-line :class:`ConfigError` naming the extra."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ConfigError(
+            f"this encoder needs the optional package {module!r} ({e}); "
+            f"install it with: pip install 'spar-bench[{extra}]'"
+        ) from None
+
+
+def weights_record(weights: str | Path | None, random_init: bool, name: str) -> dict[str, Any]:
+    """The ``weights`` entry of a spec for a local weights file/dir, or random init.
+
+    Raises :class:`ConfigError` when neither weights nor ``--random-init`` were given, so
+    random features can never be produced by accident.
+    """
+    if weights is not None:
+        if random_init:
+            raise ConfigError(f"encoder {name}: pass either --weights or --random-init, not both")
+        p = Path(weights)
+        if not p.exists():
+            raise ConfigError(f"encoder {name}: weights {p} do not exist")
+        if p.is_dir():
+            files = sorted(q for q in p.iterdir() if q.is_file())
+            digest = hashlib.sha256()
+            for q in files:
+                digest.update(q.name.encode() + b"\0" + sha256_file(q).encode())
+            return {"kind": "dir", "path": str(p.resolve()), "sha256": digest.hexdigest()}
+        return {"kind": "file", "path": str(p.resolve()), "sha256": sha256_file(p)}
+    if not random_init:
+        raise ConfigError(
+            f"encoder {name}: no weights given; pass --weights PATH (or a pinned hub revision) "
+            "or, to probe a randomly initialised network on purpose, --random-init"
+        )
+    return {"kind": "random-init"}
+
+
+def load_state_dict_file(path: str | Path) -> dict[str, Any]:
+    """Load a ``.safetensors`` / ``.pth`` / ``.bin`` / ``.pt`` state dict (unwrapping
+    ``{"state_dict": ...}`` / ``{"model": ...}``)."""
+    import torch
+
+    p = Path(path)
+    try:
+        if p.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            sd = load_file(str(p), device="cpu")
+        else:
+            sd = torch.load(str(p), map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - corrupt or foreign files
+        raise ConfigError(f"cannot read weights {p}: {type(e).__name__}: {e}") from None
+    for key in ("state_dict", "model", "module"):
+        if isinstance(sd, dict) and key in sd and isinstance(sd[key], dict):
+            sd = sd[key]
+    if not isinstance(sd, dict):
+        raise ConfigError(f"weights {p} do not hold a state dict (got {type(sd).__name__})")
+    return sd
+
+
+def load_into(module: torch.nn.Module, sd: dict[str, Any], path: str | Path, name: str) -> None:
+    """Strictly load ``sd`` (a classifier head the encoder does not have may be missing)."""
+    own = set(module.state_dict())
+    sd = {k.removeprefix("module."): v for k, v in sd.items()}
+    unexpected = [k for k in sd if k not in own]
+    head = [k for k in unexpected if k.split(".")[0] in ("head", "fc", "classifier", "last_linear")]
+    sd = {k: v for k, v in sd.items() if k not in head}
+    missing, unexpected = module.load_state_dict(sd, strict=False)
+    if missing or unexpected:
+        raise ConfigError(
+            f"encoder {name}: weights {path} do not fit the model "
+            f"(missing {len(missing)} e.g. {missing[:3]}, unexpected {len(unexpected)} e.g. {unexpected[:3]})"
+        )
+
+
+def pool_tokens(tokens: torch.Tensor, pooled: str, n_prefix: int) -> torch.Tensor:
+    """``(B, T, D) -> (B, D)`` by the spec's pooled-vector definition."""
+    if pooled in ("cls", "first"):
+        return tokens[:, 0]
+    if pooled == "mean-patch":
+        return tokens[:, n_prefix:].mean(dim=1)
+    if pooled == "avgpool":
+        return tokens.mean(dim=1)
+    raise ValueError(f"unknown pooled kind {pooled!r}; expected one of {POOLED_KINDS}")
+
+
+def nchw_to_tokens(x: torch.Tensor) -> torch.Tensor:
+    """A CNN feature map ``(B, C, H, W)`` as ``(B, H*W, C)`` tokens, row-major."""
+    return x.flatten(2).transpose(1, 2)
+
+
+class Encoder:
+    """A loaded encoder: preprocessing + ``forward(images, layers)``.
+
+    Subclasses implement :meth:`_layer_tokens`. ``layers`` are indices as the user wrote
+    them (``-1`` = the last layer, the default features of the model).
+    """
+
+    def __init__(self, spec: EncoderSpec, module: torch.nn.Module):
+        self.spec = spec
+        self.module = module.eval()
+        for p in self.module.parameters():
+            p.requires_grad_(False)
+
+    def to(self, device: torch.device | str) -> Encoder:
+        self.module.to(device)
+        return self
+
+    @property
+    def device(self) -> torch.device:
+        import torch
+
+        for p in self.module.parameters():
+            return p.device
+        return torch.device("cpu")
+
+    def check_layers(self, layers: Sequence[int]) -> list[int]:
+        layers = [int(v) for v in layers]
+        if not layers:
+            raise ConfigError(f"encoder {self.spec.name}: no layers requested")
+        n = self.spec.n_layers
+        for v in layers:
+            if v == -1:
+                continue
+            if n is None:
+                raise ConfigError(
+                    f"encoder {self.spec.name}: only layer -1 is available, got {v}"
+                )
+            if not -n <= v < n:
+                raise ConfigError(
+                    f"encoder {self.spec.name}: layer {v} out of range; it has {n} layers "
+                    f"(use {-n}..{n - 1})"
+                )
+        if len(set(layers)) != len(layers):
+            raise ConfigError(f"encoder {self.spec.name}: layers {layers} repeat an index")
+        return layers
+
+    def preprocess(self, images: torch.Tensor) -> torch.Tensor:
+        """``uint8 (B, H, W)`` (any device) -> normalised float ``(B, C, h, w)``."""
+        import torch
+        import torch.nn.functional as F
+
+        if images.dtype != torch.uint8 or images.ndim != 3:
+            raise ValueError(f"expected uint8 (B, H, W) images, got {images.dtype} {tuple(images.shape)}")
+        x = images.float().div_(255.0).unsqueeze(1)
+        h, w = self.spec.input_size
+        if tuple(x.shape[-2:]) != (h, w):
+            mode = self.spec.interpolation if self.spec.interpolation in ("bilinear", "bicubic") else "bilinear"
+            if self.spec.interpolation == "nearest":
+                mode = "nearest"
+            kw = {"align_corners": False, "antialias": True} if mode != "nearest" else {}
+            x = F.interpolate(x, size=(h, w), mode=mode, **kw)
+        x = x.expand(-1, self.spec.in_chans, -1, -1)
+        c = self.spec.in_chans
+        mean = torch.tensor(_fit(self.spec.mean, c), device=x.device).view(1, c, 1, 1)
+        std = torch.tensor(_fit(self.spec.std, c), device=x.device).view(1, c, 1, 1)
+        return (x - mean) / std
+
+    def _layer_tokens(self, x: torch.Tensor, layers: list[int]) -> dict[int, torch.Tensor]:
+        raise NotImplementedError
+
+    def forward(self, images: torch.Tensor, layers: Sequence[int] = (-1,)):
+        """``{layer: (tokens (B,T,D), pooled (B,D))}`` for uint8 ``images (B, H, W)``."""
+        import torch
+
+        layers = self.check_layers(layers)
+        with torch.inference_mode():
+            x = self.preprocess(images.to(self.device, non_blocking=True))
+            toks = self._layer_tokens(x, layers)
+            return {
+                v: (toks[v], pool_tokens(toks[v], self.spec.pooled, self.spec.n_prefix))
+                for v in layers
+            }
+
+    __call__ = forward
+
+
+def _fit(values: Sequence[float], c: int) -> list[float]:
+    values = [float(v) for v in values]
+    if len(values) == c:
+        return values
+    if len(values) == 1:
+        return values * c
+    if c == 1:
+        return [sum(values) / len(values)]
+    raise ConfigError(f"mean/std has {len(values)} values but the encoder takes {c} channels")
+
+
+EncoderFactory = Callable[..., Encoder]
+"""``factory(rest, *, weights=None, random_init=False, revision=None) -> Encoder``."""
+
+
+class DummyEncoder(Encoder):
+    """Tiny deterministic patch encoder for tests and smoke runs (random-init, no download)."""
+
+    def _layer_tokens(self, x, layers):
+        import torch
+
+        m = self.module
+        t = m.embed(x).flatten(2).transpose(1, 2)  # (B, 49, D)
+        t = torch.cat([t.mean(dim=1, keepdim=True), t], dim=1)  # prefix: a mean "CLS" token
+        outs = []
+        for blk in m.blocks:
+            t = t + torch.tanh(blk(t))
+            outs.append(t)
+        return {v: outs[v] for v in layers}
+
+
+def load_dummy(rest: str = "", *, weights: str | None = None, random_init: bool = False,
+               revision: str | None = None, dim: int = 16, depth: int = 2) -> DummyEncoder:
+    """The ``dummy`` encoder: 32x32 patches of a grey image -> 1 + 7x7 tokens of width 16.
+
+    Its parameters come from ``torch.Generator().manual_seed(0)``: identical everywhere.
+    It is always recorded as random-init (its features mean nothing).
+    """
+    import torch
+
+    if weights is not None:
+        raise ConfigError("encoder dummy: takes no --weights (it is a fixed random network)")
+    g = torch.Generator().manual_seed(0)
+    module = torch.nn.Module()
+    module.embed = torch.nn.Conv2d(1, dim, kernel_size=32, stride=32)
+    module.blocks = torch.nn.ModuleList(torch.nn.Linear(dim, dim) for _ in range(depth))
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * (1.0 / p.shape[-1]) ** 0.5)
+    spec = EncoderSpec(
+        name="dummy", family="dummy", input_size=(224, 224), in_chans=1, mean=(0.5,), std=(0.25,),
+        interpolation="bilinear", patch_size=32, n_prefix=1, grid=(7, 7), dim=dim, pooled="cls",
+        n_layers=depth, weights={"kind": "random-init", "note": "fixed seed-0 test network"},
+        random_init=True,
+    )
+    return DummyEncoder(spec, module)
