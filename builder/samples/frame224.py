@@ -1,0 +1,249 @@
+"""The 224x224 frame of a case, per-slice organ statistics, and windowing.
+
+Field of view
+-------------
+Each case gets ONE square field of view in millimetres, used for every slice:
+
+* body = voxels with ``image > -500`` HU, projected over all slices (union); a case
+  without an image is refused (render one with the source's ``images="synthesize"``);
+* the body's bounding box in mm, grown by ``fov_margin_mm`` on every side; side =
+  the larger of the two extents; centred on the centre of the body's bounding box;
+* the frame is sampled on a 224x224 grid, ``mm_per_pixel = side / 224``. Output pixel
+  ``(i, j)`` has its centre at native mm ``origin + (i + 0.5) * mm_per_pixel``, where
+  native mm are ``voxel index * spacing`` (voxel centres);
+* images are resampled bilinearly (no antialiasing), labels and lesions with nearest
+  neighbour, in one ``torch.nn.functional.grid_sample`` call per batch of slices (the
+  exact affine map of the frame, which crops and pads in the same step). Where the
+  field of view exceeds the volume the image is air (-1000 HU) and the labels are 0.
+* images are windowed to uint8: ``clip((HU - (level - width/2)) / width, 0, 1) * 255``,
+  rounded (default level 40, width 400).
+
+Organ statistics are computed at NATIVE resolution in one pass over the volume
+(``np.bincount`` per slice): per slice and label the pixel count and centroid
+(row, col). :meth:`Frame224.to_frame` maps native centroids into the frame
+(continuous pixel coordinates, pixel centres at integers).
+
+The frame of a left-right mirrored case is the mirrored frame: the same grid
+positions reflected, so bilinear images are exactly mirrored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..case import Case
+from ..errors import CaseError
+from ..schema import IMAGE_SIZE, N_ORGANS
+
+#: HU threshold of the body, and the value padded outside the volume.
+BODY_HU = -500.0
+AIR_HU = -1000.0
+#: Slices resampled per grid_sample call (bounds memory: 32 x 512 x 512 float32 = 32 MiB).
+RESAMPLE_BATCH = 32
+
+
+@dataclass(frozen=True)
+class Frame224:
+    """A square field of view of one case, sampled at ``size x size`` pixels.
+
+    Attributes:
+        origin_mm: (row, col) native mm of the frame's top-left corner (pixel edge).
+        side_mm: side length of the square field of view in mm.
+        spacing: native in-plane voxel size (row, col) in mm.
+        native_shape: native in-plane shape (rows, cols).
+        size: output pixels per side (224).
+    """
+
+    origin_mm: tuple[float, float]
+    side_mm: float
+    spacing: tuple[float, float]
+    native_shape: tuple[int, int]
+    size: int = IMAGE_SIZE
+
+    @property
+    def mm_per_pixel(self) -> float:
+        return self.side_mm / self.size
+
+    def to_frame(self, row: np.ndarray, col: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Map native (row, col) voxel coordinates to frame pixel coordinates ``(x, y)``.
+
+        ``x`` is the frame column and ``y`` the frame row; pixel centres are integers.
+        """
+        mpp = self.mm_per_pixel
+        y = (np.asarray(row, dtype=np.float64) * self.spacing[0] - self.origin_mm[0]) / mpp - 0.5
+        x = (np.asarray(col, dtype=np.float64) * self.spacing[1] - self.origin_mm[1]) / mpp - 0.5
+        return x, y
+
+    def native_grid(self) -> tuple[np.ndarray, np.ndarray]:
+        """Native (row, col) voxel coordinates of the frame's pixel centres (1-D each)."""
+        centres = (np.arange(self.size, dtype=np.float64) + 0.5) * self.mm_per_pixel
+        rows = (self.origin_mm[0] + centres) / self.spacing[0]
+        cols = (self.origin_mm[1] + centres) / self.spacing[1]
+        return rows, cols
+
+
+def frame_for_case(case: Case, margin_mm: float) -> Frame224:
+    """The square field of view of ``case`` around its body (see the module docstring)."""
+    if case.image is None:
+        raise CaseError(
+            case.case_id,
+            None,
+            "has no image; samples need one (use the source's images='synthesize' for masks-only data)",
+        )
+    body = np.any(case.image > BODY_HU, axis=0)
+    if not body.any():
+        raise CaseError(case.case_id, None, f"no voxel above {BODY_HU:g} HU: the image has no body")
+    rows = np.flatnonzero(body.any(axis=1))
+    cols = np.flatnonzero(body.any(axis=0))
+    sr, sc = float(case.spacing[1]), float(case.spacing[2])
+    if sr <= 0 or sc <= 0:
+        raise CaseError(case.case_id, None, f"in-plane spacing must be > 0 mm, got {case.spacing}")
+    # bounding box edges in mm (voxel i covers [i - 0.5, i + 0.5] * spacing)
+    r_lo, r_hi = (rows[0] - 0.5) * sr - margin_mm, (rows[-1] + 0.5) * sr + margin_mm
+    c_lo, c_hi = (cols[0] - 0.5) * sc - margin_mm, (cols[-1] + 0.5) * sc + margin_mm
+    side = max(r_hi - r_lo, c_hi - c_lo)
+    r_mid, c_mid = (r_lo + r_hi) / 2, (c_lo + c_hi) / 2
+    return Frame224(
+        origin_mm=(float(r_mid - side / 2), float(c_mid - side / 2)),
+        side_mm=float(side),
+        spacing=(sr, sc),
+        native_shape=(int(case.mask.shape[1]), int(case.mask.shape[2])),
+    )
+
+
+def window_to_uint8(hu: np.ndarray, level: float, width: float) -> np.ndarray:
+    """Window Hounsfield units to uint8 (``level - width/2`` -> 0, ``level + width/2`` -> 255)."""
+    lo = level - width / 2.0
+    scaled = np.clip((np.asarray(hu, dtype=np.float32) - lo) / width, 0.0, 1.0) * 255.0
+    return np.rint(scaled).astype(np.uint8)
+
+
+def _grid(frame: Frame224):
+    import torch
+
+    rows, cols = frame.native_grid()
+    h, w = frame.native_shape
+    # grid_sample, align_corners=False: voxel index p sits at normalised (2p + 1) / n - 1
+    gy = (2.0 * rows + 1.0) / h - 1.0
+    gx = (2.0 * cols + 1.0) / w - 1.0
+    grid = np.stack(np.meshgrid(gx, gy, indexing="xy"), axis=-1)  # (size, size, 2) as (x, y)
+    return torch.from_numpy(grid.astype(np.float32))[None]
+
+
+def resample_slices(
+    volume: np.ndarray, zs: np.ndarray, frame: Frame224, *, mode: str, fill: float
+) -> np.ndarray:
+    """Resample slices ``volume[zs]`` into the frame: float32 ``(len(zs), size, size)``.
+
+    ``mode`` is ``"bilinear"`` (images) or ``"nearest"`` (labels); ``fill`` is the value
+    outside the volume. Batches of :data:`RESAMPLE_BATCH` slices, one call each.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    zs = np.asarray(zs, dtype=np.int64)
+    out = np.empty((len(zs), frame.size, frame.size), dtype=np.float32)
+    if len(zs) == 0:
+        return out
+    grid = _grid(frame)
+    for start in range(0, len(zs), RESAMPLE_BATCH):
+        chunk = zs[start : start + RESAMPLE_BATCH]
+        src = torch.from_numpy(volume[chunk].astype(np.float32) - np.float32(fill))[:, None]
+        res = F.grid_sample(
+            src,
+            grid.expand(len(chunk), -1, -1, -1),
+            mode=mode,
+            padding_mode="zeros",
+            align_corners=False,
+        )
+        out[start : start + len(chunk)] = res[:, 0].numpy() + np.float32(fill)
+    return out
+
+
+@dataclass(frozen=True)
+class SliceStats:
+    """Per-slice organ statistics at native resolution.
+
+    Attributes:
+        area_px: ``(Z, 17)`` int64 pixel count of each label (column 0 = background).
+        centroid_rc: ``(Z, 17, 2)`` float64 native (row, col) centroid; NaN where absent.
+    """
+
+    area_px: np.ndarray
+    centroid_rc: np.ndarray
+
+
+def slice_stats(case: Case) -> SliceStats:
+    """Areas and centroids of every label on every slice, in one pass over the mask."""
+    mask = case.mask
+    n_labels = N_ORGANS + 1
+    z_n, h, w = mask.shape
+    if mask.dtype.kind not in "ui":
+        raise CaseError(
+            case.case_id, None, f"mask must be an integer label map, got dtype {mask.dtype}"
+        )
+    rows = np.repeat(np.arange(h, dtype=np.float64), w)
+    cols = np.tile(np.arange(w, dtype=np.float64), h)
+    area = np.zeros((z_n, n_labels), dtype=np.int64)
+    sums = np.zeros((z_n, n_labels, 2), dtype=np.float64)
+    for z in range(z_n):
+        lab = mask[z].ravel()
+        counts = np.bincount(lab, minlength=n_labels)
+        if len(counts) > n_labels:
+            bad = int(np.flatnonzero(counts[n_labels:])[0]) + n_labels
+            raise CaseError(
+                case.case_id,
+                None,
+                f"mask has label id {bad} on slice z={z}; canonical ids are 0..{N_ORGANS}",
+            )
+        area[z] = counts
+        if counts[1:].any():
+            sums[z, :, 0] = np.bincount(lab, weights=rows, minlength=n_labels)
+            sums[z, :, 1] = np.bincount(lab, weights=cols, minlength=n_labels)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        centroid = sums / area[..., None]
+    centroid[area == 0] = np.nan
+    return SliceStats(area_px=area, centroid_rc=centroid)
+
+
+@dataclass(frozen=True)
+class ResampledSlices:
+    """The slices of one case needed by any level, resampled once into the frame.
+
+    Attributes:
+        zs: sorted slice indices.
+        image: ``(n, size, size)`` uint8 windowed image.
+        label: ``(n, size, size)`` uint8 canonical ids (nearest).
+        lesion: ``(n, size, size)`` uint8 0/1 (all zero when the case has no lesion mask).
+    """
+
+    zs: np.ndarray
+    image: np.ndarray
+    label: np.ndarray
+    lesion: np.ndarray
+
+    def rows(self, z: np.ndarray) -> np.ndarray:
+        """Row of each slice index ``z`` in the arrays (every ``z`` must have been resampled)."""
+        return np.searchsorted(self.zs, np.asarray(z))
+
+
+def resample_case(
+    case: Case, frame: Frame224, zs: np.ndarray, level: float, width: float
+) -> ResampledSlices:
+    """Resample the image, labels and lesion of slices ``zs`` of ``case`` into ``frame``."""
+    zs = np.unique(np.asarray(zs, dtype=np.int64))
+    assert case.image is not None  # frame_for_case refused image-less cases
+    hu = resample_slices(case.image, zs, frame, mode="bilinear", fill=AIR_HU)
+    label = resample_slices(case.mask, zs, frame, mode="nearest", fill=0.0)
+    if case.lesion is not None:
+        lesion = resample_slices(case.lesion, zs, frame, mode="nearest", fill=0.0) > 0
+    else:
+        lesion = np.zeros(label.shape, dtype=bool)
+    return ResampledSlices(
+        zs=zs,
+        image=window_to_uint8(hu, level, width),
+        label=np.rint(label).astype(np.uint8),
+        lesion=lesion.astype(np.uint8),
+    )
