@@ -1,0 +1,253 @@
+"""Map each source's labels to the canonical organs (by name), from manifests/labels/*.json.
+
+A :class:`LabelMap` turns a raw label array into canonical ``uint8`` organ ids
+(``builder.schema.ORGAN_ID``) plus an optional binary lesion channel, and says which
+canonical organs the source annotates at all. Raw values the map does not know raise
+a :class:`~builder.errors.CaseError` naming the case, the file and the values: a label
+is never dropped or renamed silently.
+
+Manifests (``manifests/labels/<name>.json``):
+
+* ``word.json``, ``lits.json`` (``"kind": "ids"``): ``labels`` maps raw id -> canonical
+  organ; ``lesion_labels`` lists raw ids that also form the lesion channel;
+  ``annotated`` (optional) lists the organs the source annotates (default: the mapped ones).
+* ``totalsegmentator.json`` (``"kind": "classes"``): ``classes`` maps a per-class mask
+  file name -> canonical organ (several classes may unite into one organ).
+* ``nnunet.json`` (``"kind": "synonyms"``): canonical organ -> label names, matched
+  after :func:`normalise_name`.
+
+Every approximation is listed in the manifest's ``approximations`` and copied into the
+label map recorded with each build.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import CaseError, ConfigError
+from .schema import N_ORGANS, ORGAN_ID, ORGANS
+
+MANIFESTS = Path(__file__).resolve().parents[1] / "manifests"
+LABELS_DIR = MANIFESTS / "labels"
+
+_SIDE_WORDS = {"r": "right", "rt": "right", "l": "left", "lt": "left"}
+
+
+@cache
+def load_manifest(name: str) -> dict[str, Any]:
+    """The parsed ``manifests/labels/<name>.json``; ConfigError if missing or invalid."""
+    path = LABELS_DIR / f"{name}.json"
+    if not path.is_file():
+        known = sorted(p.stem for p in LABELS_DIR.glob("*.json"))
+        raise ConfigError(f"no label manifest {path}; known label maps: {', '.join(known)}")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: invalid JSON ({e})") from None
+
+
+def normalise_name(name: str) -> str:
+    """Canonical spelling of a label name: ``"Kidney (R)"`` == ``"right kidney"`` == ``"kidney_right"``."""
+    words = re.sub(r"[^a-z0-9]+", " ", name.lower()).split()
+    return " ".join(sorted(_SIDE_WORDS.get(w, w) for w in words))
+
+
+def _check_organ(organ: str, where: str) -> int:
+    if organ not in ORGAN_ID:
+        raise ConfigError(f"{where}: {organ!r} is not a canonical organ ({', '.join(ORGANS)})")
+    return ORGAN_ID[organ]
+
+
+@dataclass(frozen=True)
+class LabelMap:
+    """Raw label id -> canonical organ, and which raw ids are lesions.
+
+    Attributes:
+        name: label map name (recorded in provenance).
+        ids: raw id -> canonical organ name, or ``None`` for a known label that maps to
+            background (e.g. aorta in an nnU-Net dataset). Raw 0 is always background.
+        lesion_ids: raw ids whose voxels form the lesion channel.
+        annotated: per canonical organ, whether the source annotates it.
+        has_lesions: whether the source annotates lesions at all (lesion channel or None).
+        approximations, notes: documentation copied from the manifest.
+    """
+
+    name: str
+    ids: dict[int, str | None]
+    lesion_ids: tuple[int, ...] = ()
+    annotated: tuple[bool, ...] = (True,) * N_ORGANS
+    has_lesions: bool = False
+    approximations: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    ignored: tuple[str, ...] = field(default=())
+
+    @property
+    def max_id(self) -> int:
+        return max([0, *self.ids, *self.lesion_ids])
+
+    def lut(self) -> np.ndarray:
+        """uint8 lookup table raw id -> canonical id (unknown ids map to 0; check first)."""
+        table = np.zeros(self.max_id + 1, dtype=np.uint8)
+        for raw, organ in self.ids.items():
+            table[raw] = ORGAN_ID[organ] if organ else 0
+        return table
+
+    def known(self) -> np.ndarray:
+        table = np.zeros(self.max_id + 1, dtype=bool)
+        table[0] = True
+        table[list(self.ids)] = True
+        table[list(self.lesion_ids)] = True
+        return table
+
+    def is_identity(self) -> bool:
+        return self.ids == {i + 1: o for i, o in enumerate(ORGANS)} and not self.lesion_ids
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable description (for build manifests and provenance)."""
+        return {
+            "name": self.name,
+            "ids": {str(k): v for k, v in sorted(self.ids.items())},
+            "lesion_ids": list(self.lesion_ids),
+            "annotated": [o for o, a in zip(ORGANS, self.annotated, strict=True) if a],
+            "not_annotated": [o for o, a in zip(ORGANS, self.annotated, strict=True) if not a],
+            "has_lesions": self.has_lesions,
+            "approximations": list(self.approximations),
+            "ignored": list(self.ignored),
+            "notes": list(self.notes),
+        }
+
+
+def label_map_from_ids(name: str) -> LabelMap:
+    """The :class:`LabelMap` of an ``"ids"`` manifest (``word``, ``lits``, ``phantom``, ...)."""
+    m = load_manifest(name)
+    where = str(LABELS_DIR / f"{name}.json")
+    if "labels" not in m:
+        raise ConfigError(f"{where}: needs a 'labels' object mapping raw id -> canonical organ")
+    ids: dict[int, str | None] = {}
+    for raw, organ in m["labels"].items():
+        if organ is not None:
+            _check_organ(organ, where)
+        ids[int(raw)] = organ
+    lesion = tuple(int(v) for v in m.get("lesion_labels", []))
+    annotated_names = m.get("annotated")
+    if annotated_names is None:
+        annotated_names = [o for o in ids.values() if o]
+    for o in annotated_names:
+        _check_organ(o, where)
+    annotated = tuple(o in set(annotated_names) for o in ORGANS)
+    return LabelMap(
+        name=name,
+        ids=ids,
+        lesion_ids=lesion,
+        annotated=annotated,
+        has_lesions=bool(lesion) or bool(m.get("has_lesions", False)),
+        approximations=tuple(m.get("approximations", [])),
+        notes=tuple(m.get("notes", [])),
+    )
+
+
+def totalsegmentator_classes() -> tuple[dict[str, str], tuple[bool, ...], dict[str, Any]]:
+    """``(class file stem -> canonical organ, annotated flags, manifest)`` for TotalSegmentator."""
+    m = load_manifest("totalsegmentator")
+    where = str(LABELS_DIR / "totalsegmentator.json")
+    classes = dict(m["classes"])
+    for organ in classes.values():
+        _check_organ(organ, where)
+    mapped = set(classes.values())
+    annotated = tuple(o in mapped for o in ORGANS)
+    return classes, annotated, m
+
+
+def label_map_from_names(name: str, labels: dict[str, int]) -> LabelMap:
+    """A :class:`LabelMap` for a dataset whose labels are given by name (nnU-Net ``dataset.json``).
+
+    ``labels`` maps label name -> raw id (background included or not). Names are
+    matched to canonical organs through ``manifests/labels/nnunet.json``; names that
+    match nothing become background and are listed in ``ignored``.
+    """
+    m = load_manifest("nnunet")
+    where = str(LABELS_DIR / "nnunet.json")
+    synonyms: dict[str, str] = {}
+    for organ, names in m["synonyms"].items():
+        _check_organ(organ, where)
+        for n in names:
+            synonyms[normalise_name(n)] = organ
+    lesions = {normalise_name(k): v for k, v in m.get("lesion_synonyms", {}).items()}
+    ids: dict[int, str | None] = {}
+    lesion_ids: list[int] = []
+    ignored: list[str] = []
+    for label_name, raw in labels.items():
+        key = normalise_name(label_name)
+        if raw == 0 or key == "background":
+            continue
+        if key in synonyms:
+            ids[raw] = synonyms[key]
+        elif key in lesions:
+            lesion_ids.append(raw)
+            ids[raw] = lesions[key]
+        else:
+            ids[raw] = None
+            ignored.append(label_name)
+    mapped = {o for o in ids.values() if o}
+    return LabelMap(
+        name=f"nnunet:{name}",
+        ids=ids,
+        lesion_ids=tuple(sorted(lesion_ids)),
+        annotated=tuple(o in mapped for o in ORGANS),
+        has_lesions=bool(lesion_ids),
+        approximations=tuple(m.get("approximations", [])),
+        notes=tuple(m.get("notes", [])),
+        ignored=tuple(ignored),
+    )
+
+
+def label_counts(raw: np.ndarray) -> np.ndarray:
+    """Voxel count per raw label value (``np.bincount``; raw must be non-negative integers)."""
+    flat = raw.ravel()
+    if flat.dtype.itemsize > 2 or flat.dtype.kind != "u":
+        flat = flat.astype(np.int64, copy=False)
+    return np.bincount(flat)
+
+
+def apply_label_map(
+    raw: np.ndarray, label_map: LabelMap, *, case_id: str, path: str | Path
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(canonical uint8 ids, uint8 lesion channel or None)`` for a raw integer label array.
+
+    Raises :class:`CaseError` for label values the map does not know, and for a mask
+    without any labelled voxel.
+    """
+    counts = label_counts(raw)
+    known = label_map.known()
+    present = np.flatnonzero(counts)
+    unknown = [int(v) for v in present if v >= known.size or not known[v]]
+    if unknown:
+        known_ids = sorted(int(v) for v in np.flatnonzero(known))
+        raise CaseError(
+            case_id,
+            path,
+            f"unknown label value(s) {unknown[:10]} for label map {label_map.name!r} "
+            f"(known ids: {known_ids}); fix the mask or use the right --source",
+        )
+    if present.size == 0 or (present.size == 1 and present[0] == 0):
+        raise CaseError(case_id, path, "mask is empty: no labelled voxel")
+    if label_map.is_identity() and raw.dtype == np.uint8:
+        mask = raw
+    elif label_map.is_identity():
+        mask = raw.astype(np.uint8)
+    else:
+        mask = label_map.lut()[raw]
+    lesion = None
+    if label_map.has_lesions:
+        lesion = np.zeros(raw.shape, dtype=np.uint8)
+        for v in label_map.lesion_ids:
+            if v < counts.size and counts[v]:
+                lesion |= (raw == v).view(np.uint8)
+    return mask, lesion

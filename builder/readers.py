@@ -1,0 +1,201 @@
+"""Read CT images and label maps from NIfTI files and DICOM series into one representation.
+
+Every reader returns ``(data, affine)``: ``data`` is indexed ``(i, j, k)`` exactly as
+stored in the file, and ``affine`` is the 4x4 voxel-to-world matrix in nibabel's RAS+
+convention (world ``x`` grows towards the patient's Right, ``y`` towards Anterior, ``z``
+towards Superior). :mod:`builder.frame` turns this into the canonical ``[z, row, col]``.
+
+* NIfTI is read with nibabel through ``np.asanyarray(img.dataobj)`` (never
+  ``get_fdata``: no float64 copy of a 100 MB volume).
+* A DICOM series folder is read with SimpleITK's ``ImageSeriesReader``. SimpleITK
+  returns arrays ``(z, y, x)`` and LPS physical coordinates; the array is transposed
+  to ``(x, y, z)`` and the affine built from direction, spacing and origin, then its
+  first two rows are negated (LPS -> RAS).
+
+Every problem becomes a :class:`~builder.errors.CaseError` naming the case and the
+file: missing file, unreadable / truncated / empty file, 4-D or zero-size data, NaN
+or infinite intensities, non-integer label values.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+
+from .errors import CaseError
+
+NIFTI_SUFFIXES = (".nii.gz", ".nii")
+
+#: Reading a file yields (data indexed (i, j, k), 4x4 RAS affine).
+Volume = tuple[np.ndarray, np.ndarray]
+
+
+def strip_nifti_suffix(name: str) -> str:
+    """``"word_0014.nii.gz"`` -> ``"word_0014"`` (also ``.nii``)."""
+    for suffix in NIFTI_SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def is_nifti(path: Path) -> bool:
+    return path.name.endswith(NIFTI_SUFFIXES)
+
+
+def file_sha256(path: str | Path, *, chunk: int = 1 << 20) -> str:
+    """SHA-256 of a file, or of a DICOM folder (its files' names and bytes, sorted by name)."""
+    path = Path(path)
+    h = hashlib.sha256()
+    files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
+    for f in files:
+        if path.is_dir():
+            h.update(f.name.encode("utf-8") + b"\0")
+        with open(f, "rb") as fh:
+            while block := fh.read(chunk):
+                h.update(block)
+    return h.hexdigest()
+
+
+def _squeeze_to_3d(data: np.ndarray, *, case_id: str, path: Path) -> np.ndarray:
+    """Drop trailing singleton axes (``(x, y, z, 1)``); refuse real 4-D and empty data."""
+    while data.ndim > 3 and data.shape[-1] == 1:
+        data = data[..., 0]
+    if data.ndim != 3:
+        raise CaseError(
+            case_id,
+            path,
+            f"expected a 3-D volume, got shape {tuple(data.shape)} "
+            "(4-D / multi-channel data is not supported: split it into 3-D files)",
+        )
+    if data.size == 0:
+        raise CaseError(case_id, path, f"volume has zero size (shape {tuple(data.shape)})")
+    return data
+
+
+def read_nifti(path: str | Path, *, case_id: str) -> Volume:
+    """Read a ``.nii`` / ``.nii.gz`` file into ``(data, affine)``; errors name the file."""
+    import nibabel as nib
+
+    path = Path(path)
+    if not path.exists():
+        raise CaseError(case_id, path, "file not found")
+    if path.stat().st_size == 0:
+        raise CaseError(case_id, path, "file is empty (0 bytes); re-download or re-export it")
+    try:
+        img = nib.load(str(path))
+        shape = tuple(int(s) for s in img.shape)
+        if len(shape) < 3 or 0 in shape:
+            return _squeeze_to_3d(np.empty(shape), case_id=case_id, path=path), img.affine
+        data = np.asanyarray(img.dataobj)
+        affine = np.asarray(img.affine, dtype=np.float64)
+    except CaseError:
+        raise
+    except Exception as e:  # nibabel, gzip, zlib and OS errors all mean "cannot read it"
+        raise CaseError(
+            case_id, path, f"unreadable or truncated NIfTI file ({type(e).__name__}: {e})"
+        ) from None
+    if not np.all(np.isfinite(affine)):
+        raise CaseError(case_id, path, "header affine contains NaN or inf")
+    return _squeeze_to_3d(data, case_id=case_id, path=path), affine
+
+
+def sitk_to_ras_affine(direction: tuple[float, ...], spacing: tuple[float, ...], origin: tuple[float, ...]) -> np.ndarray:
+    """The RAS affine of a SimpleITK image given as direction (row-major 3x3), spacing, origin (LPS)."""
+    lps = np.eye(4)
+    lps[:3, :3] = np.asarray(direction, dtype=np.float64).reshape(3, 3) * np.asarray(spacing, dtype=np.float64)
+    lps[:3, 3] = origin
+    return np.diag([-1.0, -1.0, 1.0, 1.0]) @ lps
+
+
+def read_dicom_series(folder: str | Path, *, case_id: str) -> Volume:
+    """Read the one DICOM series in ``folder`` into ``(data (x, y, z), RAS affine)``."""
+    import SimpleITK as sitk
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CaseError(case_id, folder, "DICOM folder not found")
+    try:
+        series = sitk.ImageSeriesReader.GetGDCMSeriesIDs(str(folder))
+    except Exception as e:
+        raise CaseError(case_id, folder, f"cannot list DICOM series ({e})") from None
+    if not series:
+        raise CaseError(case_id, folder, "folder holds no readable DICOM series")
+    if len(series) > 1:
+        raise CaseError(
+            case_id,
+            folder,
+            f"folder holds {len(series)} DICOM series ({', '.join(series)}); keep one series per folder",
+        )
+    try:
+        names = sitk.ImageSeriesReader.GetGDCMSeriesFileNames(str(folder), series[0])
+        reader = sitk.ImageSeriesReader()
+        reader.SetFileNames(names)
+        img = reader.Execute()
+        data = sitk.GetArrayFromImage(img)  # (z, y, x)
+    except Exception as e:
+        raise CaseError(case_id, folder, f"unreadable DICOM series ({type(e).__name__}: {e})") from None
+    if img.GetDimension() != 3 or img.GetNumberOfComponentsPerPixel() != 1:
+        raise CaseError(case_id, folder, "DICOM series is not a single-channel 3-D volume")
+    data = np.ascontiguousarray(data.transpose(2, 1, 0))
+    affine = sitk_to_ras_affine(img.GetDirection(), img.GetSpacing(), img.GetOrigin())
+    return _squeeze_to_3d(data, case_id=case_id, path=folder), affine
+
+
+def read_volume(path: str | Path, *, case_id: str) -> Volume:
+    """Read a NIfTI file or a DICOM series folder (a directory) into ``(data, affine)``."""
+    path = Path(path)
+    if path.is_dir():
+        return read_dicom_series(path, case_id=case_id)
+    if not path.exists():
+        raise CaseError(case_id, path, "file not found")
+    if not is_nifti(path):
+        raise CaseError(case_id, path, "unsupported file type: expected .nii, .nii.gz or a DICOM folder")
+    return read_nifti(path, case_id=case_id)
+
+
+def as_hu_int16(data: np.ndarray, *, case_id: str, path: str | Path) -> np.ndarray:
+    """Image intensities as int16 HU: reject NaN/inf, round floats, clip to the int16 range."""
+    if data.dtype == np.int16:
+        return data
+    if np.issubdtype(data.dtype, np.floating):
+        finite = np.isfinite(data)
+        if not finite.all():
+            n_bad = int(data.size - np.count_nonzero(finite))
+            raise CaseError(case_id, path, f"image contains {n_bad} NaN or infinite intensities")
+        data = np.rint(data)
+    elif not np.issubdtype(data.dtype, np.integer) and data.dtype != np.bool_:
+        raise CaseError(case_id, path, f"image has unsupported data type {data.dtype}")
+    return np.clip(data, -32768, 32767).astype(np.int16)
+
+
+def as_integer_labels(data: np.ndarray, *, case_id: str, path: str | Path) -> np.ndarray:
+    """Label values as a non-negative integer array; reject NaN, fractions and negatives."""
+    if data.dtype == np.bool_:
+        return data.view(np.uint8)
+    if np.issubdtype(data.dtype, np.floating):
+        if not np.all(np.isfinite(data)):
+            raise CaseError(case_id, path, "label map contains NaN or infinite values")
+        rounded = np.rint(data)
+        bad = rounded != data
+        if bad.any():
+            example = float(data[bad].flat[0])
+            raise CaseError(
+                case_id,
+                path,
+                f"label map has non-integer values (e.g. {example:g}); "
+                "is this an image or a probability map instead of a label map?",
+            )
+        data = rounded
+        lo, hi = float(data.min()), float(data.max())
+        if lo < 0:
+            raise CaseError(case_id, path, f"label map has negative label value {lo:g}")
+        return data.astype(np.uint8 if hi <= 255 else np.uint16 if hi <= 65535 else np.int64)
+    if not np.issubdtype(data.dtype, np.integer):
+        raise CaseError(case_id, path, f"label map has unsupported data type {data.dtype}")
+    if np.issubdtype(data.dtype, np.signedinteger):
+        lo = int(data.min())
+        if lo < 0:
+            raise CaseError(case_id, path, f"label map has negative label value {lo}")
+    return data

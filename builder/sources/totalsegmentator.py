@@ -1,0 +1,142 @@
+"""TotalSegmentator v2 layout: ``sXXXX/ct.nii.gz`` + ``sXXXX/segmentations/<class>.nii.gz``.
+
+The per-class binary masks named in ``manifests/labels/totalsegmentator.json`` are
+united into canonical ids (``small_bowel`` -> intestine, both adrenal glands ->
+adrenal, ``femur_left/right`` stand for the femoral heads, ...); only those files are
+read. Rectum has no class: it is flagged not annotated. A mapped class whose file is
+missing makes that organ not annotated for the case (recorded in provenance
+``missing_classes``). Splits come from ``ROOT/meta.csv`` (``;``-separated, columns
+``image_id`` and ``split``).
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+
+from ..case import CaseRef
+from ..errors import CaseError, ConfigError
+from ..ontology import LabelMap, totalsegmentator_classes
+from ..readers import as_integer_labels, read_volume
+from ..schema import ORGAN_ID, ORGANS
+from .word import MaskRead, VolumeSource, check_unique, find_image
+
+#: meta.csv split names -> canonical split.
+SPLIT_NAMES = {"train": "train", "val": "val", "validation": "val", "test": "test"}
+
+
+def read_meta_csv(path: Path) -> dict[str, str]:
+    """``image_id -> canonical split`` from a TotalSegmentator ``meta.csv`` (``;``-separated)."""
+    if not path.is_file():
+        raise ConfigError(f"{path} not found: TotalSegmentator needs meta.csv (image_id;split) for splits")
+    with open(path, newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh, delimiter=";")
+        fields = reader.fieldnames or []
+        if "image_id" not in fields or "split" not in fields:
+            raise ConfigError(
+                f"{path}: needs ';'-separated columns image_id and split, found {fields or 'none'}"
+            )
+        splits: dict[str, str] = {}
+        for line, row in enumerate(reader, start=2):
+            name = (row["split"] or "").strip().lower()
+            if name not in SPLIT_NAMES:
+                raise ConfigError(
+                    f"{path} line {line}: unknown split {row['split']!r} for {row['image_id']!r}; "
+                    f"expected one of {sorted(SPLIT_NAMES)}"
+                )
+            splits[row["image_id"].strip()] = SPLIT_NAMES[name]
+    return splits
+
+
+class TotalSegmentatorSource(VolumeSource):
+    """TotalSegmentator: ``ROOT/meta.csv`` and ``ROOT/<image_id>/{ct.nii.gz,segmentations/}``."""
+
+    name = "totalsegmentator"
+    needs = "ROOT/meta.csv (image_id;split) and ROOT/<image_id>/ct.nii.gz + ROOT/<image_id>/segmentations/<class>.nii.gz"
+    labels_manifest: ClassVar[str] = "totalsegmentator"
+
+    def get_label_map(self) -> LabelMap:
+        if not hasattr(self, "_label_map_cache"):
+            classes, annotated, m = totalsegmentator_classes()
+            self._classes = classes
+            self._label_map_cache = LabelMap(
+                name="totalsegmentator",
+                ids={},
+                annotated=annotated,
+                approximations=tuple(m.get("approximations", [])),
+                notes=tuple(m.get("notes", [])),
+            )
+        return self._label_map_cache
+
+    def label_map(self) -> dict:
+        d = self.get_label_map().to_dict()
+        d["classes"] = dict(self._classes)
+        return d
+
+    def find(self) -> list[CaseRef]:
+        if not self.root.is_dir():
+            raise ConfigError(f"totalsegmentator root {self.root} is not a folder; expected {self.needs}")
+        case_dirs = sorted(p for p in self.root.iterdir() if p.is_dir() and (p / "segmentations").is_dir())
+        if not case_dirs:
+            raise ConfigError(f"no totalsegmentator cases found in {self.root}; expected {self.needs}")
+        splits = read_meta_csv(self.root / "meta.csv")
+        refs = []
+        for d in case_dirs:
+            if d.name not in splits:
+                raise ConfigError(f"{self.root / 'meta.csv'} has no row for case folder {d}; add image_id {d.name}")
+            files = {"segmentations": d / "segmentations"}
+            image = find_image(d, "ct")
+            if image is not None:
+                files["image"] = image
+            refs.append(CaseRef(self.name, d.name, splits[d.name], files))
+        return check_unique(refs, self.root)
+
+    def read_mask(self, ref: CaseRef) -> MaskRead:
+        self.get_label_map()
+        seg_dir = Path(ref.files["segmentations"])
+        mask: np.ndarray | None = None
+        affine = None
+        geometry: list[tuple[Path, np.ndarray, tuple]] = []
+        missing: list[str] = []
+        overlap = 0
+        # Write classes in canonical organ order so the result does not depend on the manifest order.
+        order = sorted(self._classes.items(), key=lambda kv: (ORGANS.index(kv[1]), kv[0]))
+        for cls, organ in order:
+            path = seg_dir / f"{cls}.nii.gz"
+            if not path.exists():
+                path = seg_dir / f"{cls}.nii"
+            if not path.exists():
+                missing.append(cls)
+                continue
+            raw, aff = read_volume(path, case_id=ref.case_id)
+            raw = as_integer_labels(raw, case_id=ref.case_id, path=path)
+            if raw.size and int(raw.max()) > 1:
+                raise CaseError(
+                    ref.case_id, path, f"binary class mask has value {int(raw.max())}; expected 0/1 only"
+                )
+            if mask is None:
+                mask, affine = np.zeros(raw.shape, dtype=np.uint8), aff
+            elif raw.shape != mask.shape:
+                raise CaseError(
+                    ref.case_id, path, f"shape {raw.shape} differs from the other class masks {mask.shape}"
+                )
+            hit = raw.astype(bool, copy=False)
+            overlap += int(np.count_nonzero(mask[hit]))
+            mask[hit] = ORGAN_ID[organ]
+            geometry.append((path, aff, tuple(raw.shape)))
+        if mask is None:
+            raise CaseError(
+                ref.case_id, seg_dir, f"none of the mapped class masks is present ({', '.join(sorted(self._classes))})"
+            )
+        if not mask.any():
+            raise CaseError(ref.case_id, seg_dir, "mask is empty: no mapped class has a labelled voxel")
+        missing_organs = {o for c, o in self._classes.items() if c in missing}
+        missing_organs -= {o for c, o in self._classes.items() if c not in missing}
+        annotated = tuple(
+            a and o not in missing_organs for o, a in zip(ORGANS, self.get_label_map().annotated, strict=True)
+        )
+        extra = {"missing_classes": missing, "overlap_voxels": overlap, "annotated": annotated}
+        return mask, None, affine, geometry, extra
