@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import click
+
 from ..registry import Registry
 from .base import IMAGE_MODES, Source
 
@@ -12,4 +14,16 @@ SOURCES.register_lazy("totalsegmentator", "builder.sources.totalsegmentator:Tota
 SOURCES.register_lazy("nnunet", "builder.sources.nnunet:NnUNetSource")
 SOURCES.register_lazy("phantom", "builder.sources.phantom:PhantomSource")
 
-__all__ = ["SOURCES", "Source", "IMAGE_MODES"]
+__all__ = ["SOURCES", "Source", "IMAGE_MODES", "sources_command"]
+
+
+
+@click.command("sources")
+def sources_command() -> None:
+    """List every registered source and what it needs on disk."""
+    for name in SOURCES.names():
+        try:
+            needs = SOURCES.get(name).needs
+        except Exception as e:  # a broken plugin must not hide the others
+            needs = f"(cannot import: {type(e).__name__}: {e})"
+        click.echo(f"{name:<18} {needs}")
