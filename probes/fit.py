@@ -1,0 +1,569 @@
+"""``spar-probe fit`` and ``spar-probe eval``: train probe heads on cached features, score them.
+
+One run = one (cache, probe, head, seed). Its directory
+``OUT/<encoder>[-random-init]/<probe>/<head>/seed<k>/`` holds:
+
+* ``config.json``  - the options, train config, head config, seeds, package versions,
+  cache path + fingerprint, build path, layer, ``random_init``;
+* ``metrics.json`` - test metrics on ORIGINAL samples with 95 % patient-bootstrap CIs,
+  controls (chance, majority, blind baseline, atlas for Level 1), metrics on the mirrored
+  counterfactual test samples (when the build has them), training curve summary;
+* ``head.pt``      - the trained head (``state_dict`` + what is needed to rebuild it).
+
+Heads train on original (non-mirrored) samples by default; validation is the cache's
+``val`` split, or, when it has none, a seeded 15 % of training patients (recorded as
+``val_source``). The blind baseline is the same head trained on the question alone:
+image features replaced by zeros (one zero token for token heads).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+
+from builder.errors import ConfigError
+from builder.schema import PROBES
+
+METRICS_FILE = "metrics.json"
+HEADLINE = {"level1": "med_px", "level2": "perm_acc", "level3": "accuracy"}
+
+
+# --------------------------------------------------------------------------- inputs
+def open_cache(path: str | Path):
+    """Open a feature cache (``probes.features.FeatureCache``) with a clear error."""
+    from .features import FeatureCache
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{p}: feature cache not found; make one with `spar-probe cache`")
+    return FeatureCache(p)
+
+
+def resolve_build(cache, data: str | Path | None):
+    """The build the targets come from: ``--data`` or the cache's ``meta["dataset_dir"]``.
+
+    Raises :class:`ConfigError` when it is missing or its fingerprint differs from the
+    one the cache was made from.
+    """
+    from builder.shards import Build
+
+    root = data if data is not None else cache.meta.get("dataset_dir")
+    if not root:
+        raise ConfigError(f"{cache.path}: cache records no dataset_dir; pass --data BUILD_DIR")
+    if not (Path(root) / "manifest.json").is_file():
+        raise ConfigError(
+            f"{root}: no manifest.json (build recorded by cache {cache.path}); pass --data BUILD_DIR"
+        )
+    build = Build(root)
+    if build.fingerprint != cache.fingerprint:
+        raise ConfigError(
+            f"{cache.path}: cache fingerprint {str(cache.fingerprint)[:12]} differs from build "
+            f"{root} fingerprint {build.fingerprint[:12]}; the shards changed since caching - "
+            "re-run `spar-probe cache` or pass the matching --data"
+        )
+    if hasattr(cache, "check_matches"):
+        cache.check_matches(build)
+    return build
+
+
+def encoder_slug(cache) -> str:
+    """Run-directory name of a cache's encoder (``-random-init`` appended when so)."""
+    name = str(cache.meta.get("encoder") or Path(cache.path).stem)
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "encoder"
+    return slug + ("-random-init" if cache.random_init else "")
+
+
+def load_features(
+    cache, input_kind: str, level: str, split: str, layer: int, head=None
+) -> np.ndarray:
+    """Pooled ``(N, D)`` float32, or tokens ``(N, T, k)`` pre-projected by ``head``."""
+    if input_kind == "pooled":
+        return np.asarray(cache.pooled(level, split, layer=layer), dtype=np.float32)
+    n = len(cache.keys(level, split))
+    parts = []
+    for s in range(0, n, 1024):
+        tok = cache.tokens(level, split, layer=layer, rows=np.arange(s, min(s + 1024, n)))
+        parts.append(head.preproject(tok) if head is not None else np.asarray(tok, np.float32))
+    if not parts:
+        raise ConfigError(f"{cache.path}: {level}/{split} has no rows")
+    return np.concatenate(parts)
+
+
+def _versions() -> dict[str, str]:
+    import torch
+
+    import builder
+
+    return {"torch": torch.__version__, "numpy": np.__version__, "spar-bench": builder.__version__}
+
+
+# --------------------------------------------------------------------------- scoring
+def score(
+    t,
+    pred: np.ndarray,
+    rng: np.random.Generator | None,
+    n_boot: int,
+    majority: int | None = None,
+    y_train=None,
+) -> dict:
+    """Metrics of ``pred`` on targets ``t``; CIs (bootstrap over patients) when ``rng``."""
+    from . import metrics as M
+
+    groups = t.patient if rng is not None else None
+    level = t.task.level
+    if len(t) == 0:
+        return {"n": 0}
+    if level == "level1":
+        return M.level1_metrics(
+            pred, t.y["centroid"], t.y["present"], t.y["mm_per_pixel"], groups, rng, n_boot
+        )
+    if level == "level2":
+        return M.level2_metrics(pred, t.y["target_slot"], t.y["present_pos"], groups, rng, n_boot)
+    out = M.level3_metrics(t.y["answer"], pred, t.task.n_classes, y_train, groups, rng, n_boot)
+    if majority is not None and y_train is None:
+        out["majority_class"] = majority
+        out["majority"] = float(np.mean(t.y["answer"] == majority))
+    return out
+
+
+def _blind(t):
+    """The same items with every feature row pointing at a single all-zero row."""
+    b = t.subset(np.arange(len(t)))
+    b.rows = np.zeros(len(t), dtype=np.int64)
+    return b
+
+
+# --------------------------------------------------------------------------- one run
+def run_dir(out: str | Path, cache, probe: str, head: str, seed: int) -> Path:
+    return Path(out) / encoder_slug(cache) / probe / head / f"seed{seed}"
+
+
+def run_fit(
+    features: str | Path,
+    head: str,
+    probe: str,
+    seed: int,
+    out: str | Path,
+    layer: int = -1,
+    data: str | Path | None = None,
+    cfg=None,
+    head_cfg: dict[str, Any] | None = None,
+    n_boot: int = 1000,
+    controls: bool = True,
+    train_mirrors: bool = False,
+    progress: bool = True,
+) -> Path:
+    """Train and score one head; write the run directory; return its path."""
+    import torch
+
+    from builder.seeding import derive_seed
+
+    from .heads import Task, build_head, head_input
+    from .targets import holdout_patients, load_targets
+    from .train import TrainConfig, predict, seeded, train_head
+
+    cfg = cfg or TrainConfig()
+    head_cfg = dict(head_cfg or {})
+    task = Task(probe)
+    kind = head_input(head)
+    cache = open_cache(features)
+    build = resolve_build(cache, data)
+    level = task.level
+    if level not in cache.levels():
+        raise ConfigError(f"{features}: cache has no {level}; levels: {', '.join(cache.levels())}")
+    splits = cache.splits(level)
+    if "train" not in splits or "test" not in splits:
+        raise ConfigError(f"{features}: {level} needs train and test splits, cache has {splits}")
+
+    # targets
+    tr_all = load_targets(build, task, "train", cache.keys(level, "train"))
+    tr = tr_all if train_mirrors else tr_all.subset(~tr_all.is_mirror)
+    if "val" in splits:
+        va = load_targets(build, task, "val", cache.keys(level, "val"))
+        va = va.subset(~va.is_mirror)
+        val_source, val_split = "val split", "val"
+    else:
+        hold = holdout_patients(
+            tr.patient, cfg.val_fraction, np.random.default_rng(derive_seed(seed, "holdout", probe))
+        )
+        va, tr = tr.subset(hold), tr.subset(~hold)
+        val_source, val_split = (
+            f"held-out {cfg.val_fraction:.0%} of train patients (no val split)",
+            "train",
+        )
+    te_all = load_targets(build, task, "test", cache.keys(level, "test"))
+    te, te_mirror = te_all.subset(~te_all.is_mirror), te_all.subset(te_all.is_mirror)
+    if len(tr) == 0 or len(te) == 0:
+        raise ConfigError(
+            f"{features}: {probe} has no train or no test items in build {build.root}"
+        )
+
+    # features and head
+    first = (
+        np.asarray(cache.pooled(level, "train", layer=layer)[:1])
+        if kind == "pooled"
+        else np.asarray(cache.tokens(level, "train", layer=layer, rows=np.arange(1)))
+    )
+    in_dim, n_tokens = int(first.shape[-1]), (int(first.shape[1]) if kind == "tokens" else 1)
+    model = seeded(lambda: build_head(head, task, in_dim, n_tokens, **head_cfg), seed)
+    if kind == "tokens":
+        rng = np.random.default_rng(derive_seed(seed, "projection", probe))
+        n = len(cache.keys(level, "train"))
+        rows = np.sort(rng.choice(n, size=min(n, max(1, 50000 // n_tokens)), replace=False))
+        sample = np.asarray(cache.tokens(level, "train", layer=layer, rows=rows), np.float32)
+        model.fit_projection(sample.reshape(-1, in_dim))
+    f_train = load_features(cache, kind, level, "train", layer, model)
+    f_val = (
+        f_train if val_split == "train" else load_features(cache, kind, level, "val", layer, model)
+    )
+    f_test = load_features(cache, kind, level, "test", layer, model)
+    result = train_head(model, (f_train, tr), (f_val, va), cfg, seed, progress=progress)
+
+    boot = lambda tag: np.random.default_rng(derive_seed(seed, "bootstrap", probe, head, tag))  # noqa: E731
+    y_train = tr.y["answer"] if level == "level3" else None
+    metrics: dict[str, Any] = {
+        "probe": probe,
+        "head": head,
+        "seed": seed,
+        "encoder": encoder_slug(cache),
+        "random_init": bool(cache.random_init),
+        "layer": layer,
+        "headline": HEADLINE[level],
+        "val_source": val_source,
+        "n_items": {
+            "train": len(tr),
+            "val": len(va),
+            "test": len(te),
+            "test_mirror": len(te_mirror),
+        },
+        "n_patients": {
+            "train": int(np.unique(tr.patient).size),
+            "test": int(np.unique(te.patient).size),
+        },
+        "train": {k: getattr(result, k) for k in ("epochs_run", "best_epoch", "best_val_loss")},
+        "test": score(te, predict(model, f_test, te), boot("test"), n_boot, y_train=y_train),
+        "mirror": (
+            score(
+                te_mirror,
+                predict(model, f_test, te_mirror),
+                boot("mirror"),
+                n_boot,
+                y_train=y_train,
+            )
+            if len(te_mirror)
+            else None
+        ),
+        "controls": {},
+    }
+    ctrl = metrics["controls"]
+    if level == "level3":
+        ctrl["chance"] = 1.0 / task.n_classes
+        ctrl["majority"] = metrics["test"].get("majority")
+    elif level == "level2":
+        ctrl["chance"] = _perm_chance(te.y["present_pos"])
+    if level == "level1":
+        from .metrics import atlas_predictions
+
+        atlas = atlas_predictions(tr.y["centroid"], tr.y["present"], len(te))
+        ctrl["atlas"] = score(te, atlas, boot("atlas"), n_boot)
+        if len(te_mirror):
+            atlas_m = atlas_predictions(tr.y["centroid"], tr.y["present"], len(te_mirror))
+            ctrl["atlas_mirror"] = score(te_mirror, atlas_m, None, n_boot)
+    if controls:
+        zero = np.zeros((1, in_dim) if kind == "pooled" else (1, 1, model.proj_dim), np.float32)
+        blind = seeded(lambda: build_head(head, task, in_dim, n_tokens, **head_cfg), seed)
+        if kind == "tokens":
+            blind.load_state_dict(
+                {
+                    **blind.state_dict(),
+                    **{k: v for k, v in model.state_dict().items() if k.startswith("proj_")},
+                }
+            )
+        train_head(blind, (zero, _blind(tr)), (zero, _blind(va)), cfg, seed, progress=False)
+        ctrl["blind"] = score(
+            te, predict(blind, zero, _blind(te)), boot("blind"), n_boot, y_train=y_train
+        )
+        if len(te_mirror):
+            ctrl["blind_mirror"] = score(
+                te_mirror, predict(blind, zero, _blind(te_mirror)), None, n_boot, y_train=y_train
+            )
+
+    rd = run_dir(out, cache, probe, head, seed)
+    rd.mkdir(parents=True, exist_ok=True)
+    config = {
+        "probe": probe,
+        "head": head,
+        "seed": seed,
+        "seeds": {
+            "torch": seed,
+            "bootstrap": [derive_seed(seed, "bootstrap", probe, head, "test")],
+        },
+        "layer": layer,
+        "features": str(Path(features).resolve()),
+        "cache_fingerprint": cache.fingerprint,
+        "dataset_dir": str(Path(build.root).resolve()),
+        "dataset_fingerprint": build.fingerprint,
+        "encoder": cache.meta.get("encoder"),
+        "random_init": bool(cache.random_init),
+        "head_input": kind,
+        "head_config": model.cfg if hasattr(model, "cfg") else {},
+        "in_dim": in_dim,
+        "n_tokens": n_tokens,
+        "train_config": cfg.to_dict(),
+        "train_mirrors": train_mirrors,
+        "controls": controls,
+        "n_bootstrap": n_boot,
+        "versions": _versions(),
+    }
+    (rd / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
+    torch.save({"state_dict": model.state_dict(), "config": config}, rd / "head.pt")
+    tmp = rd / (METRICS_FILE + ".tmp")
+    tmp.write_text(json.dumps(_clean(metrics), indent=2) + "\n")
+    tmp.replace(rd / METRICS_FILE)  # metrics.json last: its presence marks a finished run
+    return rd
+
+
+def _perm_chance(present_pos: np.ndarray) -> float:
+    """Expected exact-permutation accuracy of a uniformly random assignment (mean 1/n!)."""
+    from math import factorial
+
+    n = np.asarray(present_pos, bool).sum(axis=1)
+    n = n[n > 0]
+    return float(np.mean([1.0 / factorial(int(k)) for k in n])) if n.size else float("nan")
+
+
+def _clean(obj):
+    """JSON-safe: numpy scalars -> Python, NaN -> None."""
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, (np.floating, float)):
+        v = float(obj)
+        return v if np.isfinite(v) else None
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.bool_):
+        return bool(obj)
+    return obj
+
+
+# --------------------------------------------------------------------------- eval (transfer)
+def run_eval(
+    run: str | Path, features: str | Path, data: str | Path | None = None, n_boot: int = 1000
+) -> Path:
+    """Score a trained run on another cache without retraining; write ``eval-<cache>.json``."""
+    import torch
+
+    from builder.seeding import derive_seed
+
+    from .heads import Task, build_head
+    from .targets import load_targets
+    from .train import predict
+
+    rd = Path(run)
+    if not (rd / "head.pt").is_file() or not (rd / METRICS_FILE).is_file():
+        raise ConfigError(f"{rd}: not a finished run directory (needs head.pt and metrics.json)")
+    saved = torch.load(rd / "head.pt", map_location="cpu", weights_only=False)
+    c = saved["config"]
+    task = Task(c["probe"])
+    model = build_head(c["head"], task, c["in_dim"], c["n_tokens"], **c["head_config"])
+    model.load_state_dict(saved["state_dict"])
+    trained = json.loads((rd / METRICS_FILE).read_text())
+    majority = trained["test"].get("majority_class")
+    cache = open_cache(features)
+    build = resolve_build(cache, data)
+    level = task.level
+    if level not in cache.levels():
+        raise ConfigError(f"{features}: cache has no {level}; levels: {', '.join(cache.levels())}")
+    splits = ["test"] if "test" in cache.splits(level) else cache.splits(level)
+    result: dict[str, Any] = {
+        "run": str(rd),
+        "features": str(Path(features).resolve()),
+        "cache_fingerprint": cache.fingerprint,
+        "encoder": encoder_slug(cache),
+        "random_init": bool(cache.random_init),
+        "splits": splits,
+        "probe": task.probe,
+        "head": c["head"],
+        "seed": c["seed"],
+    }
+    tests, preds = [], []
+    for split in splits:
+        t = load_targets(build, task, split, cache.keys(level, split))
+        f = load_features(cache, c["head_input"], level, split, c["layer"], model)
+        if f.shape[-1] != (model.proj_dim if c["head_input"] == "tokens" else c["in_dim"]):
+            raise ConfigError(
+                f"{features}: feature width {f.shape[-1]} does not match run {rd} ({c['in_dim']})"
+            )
+        tests.append(t)
+        preds.append(predict(model, f, t))
+    t = tests[0] if len(tests) == 1 else _concat(tests)
+    p = np.concatenate(preds)
+    rng = lambda tag: np.random.default_rng(derive_seed(c["seed"], "bootstrap", "eval", tag))  # noqa: E731
+    orig, mir = ~t.is_mirror, t.is_mirror
+    result["test"] = score(t.subset(orig), p[orig], rng("test"), n_boot, majority=majority)
+    result["mirror"] = (
+        score(t.subset(mir), p[mir], rng("mirror"), n_boot, majority=majority)
+        if mir.any()
+        else None
+    )
+    out = rd / f"eval-{Path(features).stem}.json"
+    out.write_text(json.dumps(_clean(result), indent=2) + "\n")
+    return out
+
+
+def _concat(ts):
+    from .targets import Targets
+
+    return Targets(
+        ts[0].task,
+        "+".join(t.split for t in ts),
+        np.concatenate([t.rows for t in ts]),
+        np.concatenate([t.patient for t in ts]),
+        np.concatenate([t.is_mirror for t in ts]),
+        {k: np.concatenate([t.y[k] for t in ts]) for k in ts[0].y},
+    )
+
+
+# --------------------------------------------------------------------------- CLI
+def parse_probes(text: tuple[str, ...] | str) -> list[str]:
+    """``all``, or probe names (comma-separated or repeated); validated against PROBES."""
+    from .heads import Task
+
+    items = [text] if isinstance(text, str) else list(text)
+    names = [p.strip() for item in items for p in item.split(",") if p.strip()]
+    if not names or "all" in names:
+        return list(PROBES)
+    for n in names:
+        Task(n)
+    return names
+
+
+def parse_seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise ConfigError(f"--seeds must be comma-separated integers, got {text!r}") from None
+    if not seeds:
+        raise ConfigError("--seeds is empty")
+    return seeds
+
+
+def train_config_from(max_epochs: int | None, batch_size: int, lr: float):
+    from .train import TrainConfig
+
+    return TrainConfig(max_epochs=max_epochs, batch_size=batch_size, lr=lr)
+
+
+@click.command("fit")
+@click.option(
+    "--features", required=True, type=click.Path(dir_okay=False), help="Feature cache (.h5)."
+)
+@click.option(
+    "--head", default="mlp", show_default=True, help="linear, mlp, attnpool or transformer."
+)
+@click.option(
+    "--probe",
+    "probe",
+    multiple=True,
+    default=("all",),
+    show_default=True,
+    help="Probe name(s) or 'all'.",
+)
+@click.option("--seeds", default="0", show_default=True, help="Comma-separated seeds.")
+@click.option("--layer", default=-1, show_default=True, type=int, help="Cached layer to read.")
+@click.option(
+    "--data",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Build dir (default: the cache's dataset_dir).",
+)
+@click.option("--out", default="runs", show_default=True, type=click.Path(file_okay=False))
+@click.option(
+    "--max-epochs", default=None, type=int, help="Default: 100 pooled heads, 40 token heads."
+)
+@click.option("--batch-size", default=256, show_default=True, type=int)
+@click.option("--lr", default=1e-3, show_default=True, type=float)
+@click.option(
+    "--bootstrap", "n_boot", default=1000, show_default=True, type=int, help="Bootstrap replicates."
+)
+@click.option("--no-controls", is_flag=True, help="Skip the blind baseline (faster).")
+@click.option(
+    "--train-mirrors", is_flag=True, help="Also train on mirrored counterfactual samples."
+)
+def fit_command(
+    features,
+    head,
+    probe,
+    seeds,
+    layer,
+    data,
+    out,
+    max_epochs,
+    batch_size,
+    lr,
+    n_boot,
+    no_controls,
+    train_mirrors,
+):
+    """Train a probe head on cached features and score it (one run per probe x seed)."""
+    cfg = train_config_from(max_epochs, batch_size, lr)
+    for p in parse_probes(probe):
+        for s in parse_seeds(seeds):
+            rd = run_fit(
+                features,
+                head,
+                p,
+                s,
+                out,
+                layer,
+                data,
+                cfg,
+                None,
+                n_boot,
+                not no_controls,
+                train_mirrors,
+            )
+            m = json.loads((rd / METRICS_FILE).read_text())
+            key = m["headline"]
+            click.echo(f"{p} {head} seed{s}: {key}={_fmt(m['test'].get(key))} -> {rd}")
+
+
+@click.command("eval")
+@click.option(
+    "--run",
+    "run",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="A finished run directory.",
+)
+@click.option(
+    "--features", required=True, type=click.Path(dir_okay=False), help="Another feature cache."
+)
+@click.option(
+    "--data",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Its build (default: cache's dataset_dir).",
+)
+@click.option("--bootstrap", "n_boot", default=1000, show_default=True, type=int)
+def eval_command(run, features, data, n_boot):
+    """Score a trained head on another cache (transfer), without retraining."""
+    out = run_eval(run, features, data, n_boot)
+    m = json.loads(out.read_text())
+    from .heads import Task
+
+    key = HEADLINE[Task(m["probe"]).level]
+    click.echo(
+        f"{m['probe']} {m['head']} on {Path(features).name}: {key}={_fmt(m['test'].get(key))} -> {out}"
+    )
+
+
+def _fmt(v) -> str:
+    return "n/a" if v is None else f"{v:.4f}"

@@ -1,0 +1,209 @@
+"""Training loop of a probe head with early stopping, and prediction.
+
+Defaults (:class:`TrainConfig`): AdamW, lr 1e-3, weight decay 0.01, batch 256, at
+most 100 epochs (pooled heads) / 40 epochs (token heads), early stopping when the
+validation loss has not improved for 8 epochs (the best epoch's weights are kept),
+gradient-norm clipping at 1.0. Losses: Level 1 mean squared error of the normalised
+(x, y) over present organs; Level 2 the permutation loss through 20 log-domain
+Sinkhorn iterations masked to present tiles and valid slots; Level 3 cross-entropy.
+
+Determinism: all torch randomness (initialisation, dropout, shuffling) happens inside
+``torch.random.fork_rng`` seeded from the run's seed, with
+``torch.use_deterministic_algorithms(True)``; the global RNG state of the caller is
+left untouched. Same seed, same data, same thread count -> same weights and metrics.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from .heads import Task
+from .targets import Targets
+
+
+@dataclass
+class TrainConfig:
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    batch_size: int = 256
+    max_epochs: int | None = None  # None: 100 for pooled heads, 40 for token heads
+    patience: int = 8
+    sinkhorn_iters: int = 20
+    grad_clip: float = 1.0
+    val_fraction: float = 0.15  # patient-grouped hold-out of train when there is no val split
+
+    def epochs_for(self, input_kind: str) -> int:
+        if self.max_epochs is not None:
+            return int(self.max_epochs)
+        return 100 if input_kind == "pooled" else 40
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class TrainResult:
+    epochs_run: int
+    best_epoch: int
+    best_val_loss: float
+    train_loss: list[float]
+    val_loss: list[float]
+
+
+def batch_tensors(feats: np.ndarray, t: Targets, idx: np.ndarray):
+    """``(x, q, y)`` tensors of the items ``idx`` of ``t`` (features gathered by cache row)."""
+    import torch
+
+    x = torch.from_numpy(np.ascontiguousarray(feats[t.rows[idx]], dtype=np.float32))
+    q = None
+    if t.task.level == "level3":
+        q = {k: torch.from_numpy(t.y[k][idx]) for k in ("organ_a", "organ_b", "axis", "probe")}
+    y = {k: torch.from_numpy(np.ascontiguousarray(v[idx])) for k, v in t.y.items()}
+    return x, q, y
+
+
+def loss_fn(task: Task, out, y: dict, sinkhorn_iters: int = 20):
+    """The level's training loss of head output ``out`` against targets ``y``."""
+    import torch
+    import torch.nn.functional as F
+
+    from .sinkhorn import log_sinkhorn, permutation_loss, slot_mask
+
+    if task.level == "level1":
+        m = y["present"].to(out.dtype)[..., None]
+        target = torch.nan_to_num(y["centroid"], nan=0.5)
+        return (((out - target) ** 2) * m).sum() / (2 * m.sum()).clamp(min=1.0)
+    if task.level == "level2":
+        rows = y["present_pos"]
+        log_p = log_sinkhorn(out, rows, slot_mask(rows), n_iters=sinkhorn_iters)
+        return permutation_loss(log_p, y["target_slot"], rows)
+    return F.cross_entropy(out, y["answer"])
+
+
+def predict(head, feats: np.ndarray, t: Targets, batch_size: int = 512) -> np.ndarray:
+    """Predictions of ``head`` on the items of ``t``.
+
+    Level 1: ``(N, 16, 2)`` normalised coordinates; Level 2: ``(N, 16)`` slots decoded
+    with the Hungarian algorithm over present tiles; Level 3: ``(N,)`` class indices.
+    """
+    import torch
+
+    from .sinkhorn import hungarian_decode
+
+    head.eval()
+    outs = []
+    with torch.no_grad():
+        for s in range(0, len(t), batch_size):
+            idx = np.arange(s, min(s + batch_size, len(t)))
+            x, q, _ = batch_tensors(feats, t, idx)
+            outs.append(head(x, q).float().numpy())
+    level = t.task.level
+    if not outs:
+        shape = {"level1": (0, 16, 2), "level2": (0, 16), "level3": (0,)}[level]
+        return np.zeros(shape, dtype=np.float32 if level == "level1" else np.int64)
+    out = np.concatenate(outs)
+    if level == "level1":
+        return out
+    if level == "level2":
+        return hungarian_decode(out, t.y["present_pos"]).astype(np.int64)
+    return out.argmax(axis=1)
+
+
+def _mean_loss(head, task: Task, feats, t: Targets, cfg: TrainConfig) -> float:
+    import torch
+
+    head.eval()
+    total, n = 0.0, 0
+    with torch.no_grad():
+        for s in range(0, len(t), 512):
+            idx = np.arange(s, min(s + 512, len(t)))
+            x, q, y = batch_tensors(feats, t, idx)
+            total += float(loss_fn(task, head(x, q), y, cfg.sinkhorn_iters)) * idx.size
+            n += idx.size
+    return total / max(n, 1)
+
+
+def train_head(
+    head,
+    train: tuple[np.ndarray, Targets],
+    val: tuple[np.ndarray, Targets],
+    cfg: TrainConfig,
+    seed: int,
+    progress: bool = False,
+) -> TrainResult:
+    """Train ``head`` in place on ``train`` = (features, targets), early-stopping on ``val``.
+
+    ``features`` are the arrays the head reads (pooled ``(R, D)`` or already
+    pre-projected tokens ``(R, T, k)``), indexed by ``targets.rows``. The head's
+    parameters must already be initialised (see :func:`seeded`); the weights of the
+    best validation epoch are restored at the end.
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    feats, tr = train
+    vfeats, va = val
+    if len(tr) == 0:
+        raise ValueError(f"no training items for {tr.task.probe}")
+    task = tr.task
+    epochs = cfg.epochs_for(getattr(head, "input_kind", "pooled"))
+    opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    gen = torch.Generator().manual_seed(int(seed))
+    best = (math.inf, 0, copy.deepcopy(head.state_dict()))
+    hist_tr: list[float] = []
+    hist_va: list[float] = []
+    bar = tqdm(range(epochs), desc=f"{task.probe}", leave=False, disable=not progress)
+    with torch.random.fork_rng(devices=[]), _deterministic():
+        torch.manual_seed(int(seed))
+        for epoch in bar:
+            head.train()
+            order = torch.randperm(len(tr), generator=gen).numpy()
+            total = 0.0
+            for s in range(0, len(tr), cfg.batch_size):
+                idx = np.sort(order[s : s + cfg.batch_size])
+                x, q, y = batch_tensors(feats, tr, idx)
+                loss = loss_fn(task, head(x, q), y, cfg.sinkhorn_iters)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                if cfg.grad_clip:
+                    torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)
+                opt.step()
+                total += float(loss) * idx.size
+            hist_tr.append(total / len(tr))
+            vl = _mean_loss(head, task, vfeats, va, cfg) if len(va) else hist_tr[-1]
+            hist_va.append(vl)
+            bar.set_postfix(train=f"{hist_tr[-1]:.4f}", val=f"{vl:.4f}")
+            if vl < best[0] - 1e-6:
+                best = (vl, epoch, copy.deepcopy(head.state_dict()))
+            elif epoch - best[1] >= cfg.patience:
+                break
+    head.load_state_dict(best[2])
+    return TrainResult(len(hist_tr), best[1], float(best[0]), hist_tr, hist_va)
+
+
+def seeded(factory, seed: int):
+    """Call ``factory()`` (e.g. building a head) with torch's RNG seeded, state restored after."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        return factory()
+
+
+class _deterministic:
+    """Context manager: ``torch.use_deterministic_algorithms(True)``, restored on exit."""
+
+    def __enter__(self):
+        import torch
+
+        self.prev = torch.are_deterministic_algorithms_enabled()
+        torch.use_deterministic_algorithms(True, warn_only=True)
+
+    def __exit__(self, *exc):
+        import torch
+
+        torch.use_deterministic_algorithms(self.prev)
