@@ -1,0 +1,159 @@
+"""``spar-build inspect``: read cases as the builder will, and show what it sees.
+
+For each case: orientation found in the file and the transform applied, spacing,
+shape, organs present with voxel counts, organs annotated but absent, organs the
+source does not annotate, repairs made, and problems. ``--png DIR`` writes an overlay of
+the axial slice showing the most organs, per case, in the display convention (column 0 = patient's right, so the
+patient's right is on the image's LEFT edge, marked "R"; "L" on the right edge).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import numpy as np
+
+from .errors import SparError
+from .schema import N_ORGANS, ORGANS
+
+
+def describe_case(case) -> list[str]:
+    """Human-readable lines describing one loaded :class:`~builder.case.Case`."""
+    info = case.provenance.get("orientation", {})
+    counts = np.bincount(case.mask.ravel(), minlength=N_ORGANS + 1)
+    present = [f"{o}={int(counts[i + 1])}" for i, o in enumerate(ORGANS) if counts[i + 1]]
+    absent = [o for i, o in enumerate(ORGANS) if case.annotated[i] and not counts[i + 1]]
+    unannotated = [o for i, o in enumerate(ORGANS) if not case.annotated[i]]
+    lines = [
+        f"case {case.case_id} (source {case.source}, split {case.split})",
+        f"  orientation: found {info.get('axcodes', '?')}, applied transform {info.get('transform')} "
+        f"then transpose {info.get('transpose')} -> [z,row,col] (col 0 = patient's right)",
+        f"  spacing (z,row,col) mm: {tuple(round(float(s), 4) for s in case.spacing)}; shape: {case.shape}",
+        f"  image: {'pseudo-CT (synthesized)' if case.image_synthesized else 'CT'}"
+        + (
+            f", HU range [{int(case.image.min())}, {int(case.image.max())}]"
+            if case.image is not None
+            else ""
+        ),
+        f"  present ({len(present)}): {', '.join(present) or 'none'}",
+        f"  absent (annotated, 0 voxels): {', '.join(absent) or 'none'}",
+        f"  not annotated by source: {', '.join(unannotated) or 'none'}",
+    ]
+    if case.lesion is not None:
+        lines.append(f"  lesion voxels: {int(np.count_nonzero(case.lesion))}")
+    repairs = case.provenance.get("repairs") or []
+    for r in repairs:
+        lines.append(f"  repair: {r}")
+    problems = []
+    obliq = info.get("obliquity_deg", 0.0) or 0.0
+    if obliq > 1.0:
+        problems.append(f"oblique volume ({obliq:.1f} deg): snapped to nearest axes, not resampled")
+    if case.provenance.get("overlap_voxels"):
+        problems.append(f"{case.provenance['overlap_voxels']} voxels claimed by two classes")
+    lines.append(f"  problems: {'; '.join(problems) or 'none'}")
+    return lines
+
+
+def overlay_slice(mask: np.ndarray) -> int:
+    """The axial slice showing the most organs (ties: the one nearest the labelled z-middle)."""
+    n_z = mask.shape[0]
+    per_slice = np.bincount(
+        (np.arange(n_z, dtype=np.int64)[:, None] * (N_ORGANS + 1) + mask.reshape(n_z, -1)).ravel(),
+        minlength=n_z * (N_ORGANS + 1),
+    ).reshape(n_z, N_ORGANS + 1)
+    n_organs = (per_slice[:, 1:] > 0).sum(axis=1)
+    zs = np.flatnonzero(n_organs)
+    if zs.size == 0:
+        return n_z // 2
+    middle = (zs[0] + zs[-1]) / 2.0
+    best = np.flatnonzero(n_organs == n_organs.max())
+    return int(best[np.argmin(np.abs(best - middle))])
+
+
+def write_overlay_png(case, path: Path) -> Path:
+    """Axial overlay (see :func:`overlay_slice`) in display convention, "R" on the image's left edge, "L" on its right."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    z = overlay_slice(case.mask)
+    sz, sr, sc = case.spacing
+    fig, ax = plt.subplots(figsize=(6, 6 * (case.shape[1] * sr) / max(case.shape[2] * sc, 1e-6) + 0.4))
+    extent = (0, case.shape[2] * sc, case.shape[1] * sr, 0)
+    if case.image is not None:
+        ax.imshow(np.clip(case.image[z], -160, 240), cmap="gray", extent=extent, interpolation="nearest")
+    overlay = np.ma.masked_equal(case.mask[z], 0)
+    ax.imshow(overlay, cmap="tab20", vmin=1, vmax=20, alpha=0.45, extent=extent, interpolation="nearest")
+    for organ_id in np.unique(case.mask[z]):
+        if organ_id == 0:
+            continue
+        rows, cols = np.nonzero(case.mask[z] == organ_id)
+        ax.text(cols.mean() * sc, rows.mean() * sr, ORGANS[organ_id - 1], color="white", fontsize=6,
+                ha="center", va="center")
+    style = {"color": "yellow", "fontsize": 16, "fontweight": "bold", "va": "center"}
+    ax.text(0.01, 0.5, "R", transform=ax.transAxes, ha="left", **style)
+    ax.text(0.99, 0.5, "L", transform=ax.transAxes, ha="right", **style)
+    ax.text(0.5, 0.99, "A", transform=ax.transAxes, ha="center", color="yellow", fontsize=12, va="top")
+    ax.set_title(f"{case.source}/{case.case_id} z={z} (patient's right on the left)", fontsize=9)
+    ax.set_axis_off()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+@click.command("inspect")
+@click.option("--source", "source_name", required=True, help="Source name (see `spar-build sources`).")
+@click.option("--root", type=click.Path(path_type=Path), required=True, help="Folder of the source.")
+@click.option("--case", "case_ids", multiple=True, help="Only this case id (repeatable).")
+@click.option("--images", type=click.Choice(["auto", "require", "synthesize"]), default="auto",
+              show_default=True, help="synthesize: render a pseudo-CT for masks-only folders.")
+@click.option("--png", "png_dir", type=click.Path(path_type=Path), default=None,
+              help="Write a mid-slice overlay PNG per case into this folder.")
+@click.option("--on-error", type=click.Choice(["fail", "skip"]), default="fail", show_default=True,
+              help="fail: stop at the first bad case; skip: report it and continue.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Global seed (pseudo-CT rendering).")
+def inspect_command(
+    source_name: str,
+    root: Path,
+    case_ids: tuple[str, ...],
+    images: str,
+    png_dir: Path | None,
+    on_error: str,
+    seed: int,
+) -> None:
+    """Read cases into the canonical frame and print what the builder will see."""
+    from .errors import ConfigError
+    from .registry import UnknownNameError
+    from .sources import SOURCES
+
+    try:
+        source_cls = SOURCES.get(source_name)
+    except UnknownNameError as e:
+        raise ConfigError(str(e)) from None
+    source = source_cls(root, images=images, seed=seed)
+    refs = source.find()
+    if case_ids:
+        known = {r.case_id for r in refs}
+        missing = [c for c in case_ids if c not in known]
+        if missing:
+            raise ConfigError(f"case(s) {', '.join(missing)} not found in {root} ({len(refs)} cases there)")
+        refs = [r for r in refs if r.case_id in set(case_ids)]
+    failed = 0
+    for ref in refs:
+        try:
+            case = source.load(ref)
+        except SparError as e:
+            if on_error == "fail":
+                raise
+            failed += 1
+            click.echo(f"case {ref.case_id}: SKIPPED: {e}")
+            continue
+        for line in describe_case(case):
+            click.echo(line)
+        if png_dir is not None:
+            out = write_overlay_png(case, Path(png_dir) / f"{source_name}_{case.case_id}.png")
+            click.echo(f"  png: {out}")
+    click.echo(f"{len(refs) - failed} case(s) read, {failed} skipped")
