@@ -197,8 +197,17 @@ class Encoder:
     def __init__(self, spec: EncoderSpec, module: torch.nn.Module):
         self.spec = spec
         self.module = module.eval()
+        self.channels_last = False
         for p in self.module.parameters():
             p.requires_grad_(False)
+
+    def use_channels_last(self) -> Encoder:
+        """Run a CNN in channels-last memory format (2-3x faster on CPU with bf16)."""
+        import torch
+
+        self.module.to(memory_format=torch.channels_last)
+        self.channels_last = True
+        return self
 
     def to(self, device: torch.device | str) -> Encoder:
         self.module.to(device)
@@ -252,7 +261,10 @@ class Encoder:
         c = self.spec.in_chans
         mean = torch.tensor(_fit(self.spec.mean, c), device=x.device).view(1, c, 1, 1)
         std = torch.tensor(_fit(self.spec.std, c), device=x.device).view(1, c, 1, 1)
-        return (x - mean) / std
+        x = (x - mean) / std
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x
 
     def _layer_tokens(self, x: torch.Tensor, layers: list[int]) -> dict[int, torch.Tensor]:
         raise NotImplementedError

@@ -1,0 +1,315 @@
+"""``spar-probe cache``: encode every image of a build once and store its tokens (docs/FORMATS.md).
+
+>>> from probes.cache import write_cache
+>>> write_cache("timm:resnet50", "shards/", "cache/resnet50.h5", weights="r50.safetensors",
+...             layers=[-1, -4], dtype="fp16")
+
+The cache is resumable: ``done`` marks the rows written, flushed after every batch. Rerun the
+same command after an interruption and it continues where it stopped; other arguments on an
+existing partial cache are refused. ``complete=True`` is written only after the last row, and
+:class:`probes.features.FeatureCache` refuses anything else.
+
+Compute: on CUDA, autocast bf16 (fp16 where bf16 is unsupported), pinned memory, workers
+reading shards, non-blocking copies. On CPU the same code; ``--compute auto`` picks bf16
+autocast there too (2.5-4x faster with AMX, see MEASUREMENTS.md). The compute and storage
+dtypes are recorded in the cache.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+
+from builder.errors import ConfigError, IntegrityError
+
+CACHE_SCHEMA = "1.0"
+STORAGE_DTYPES = {"fp16": "float16", "fp32": "float32"}
+COMPUTE_DTYPES = ("auto", "fp32", "bf16", "fp16")
+
+
+def parse_layers(text: str | Sequence[int]) -> list[int]:
+    """``"-1,-4"`` -> ``[-1, -4]``."""
+    if not isinstance(text, str):
+        return [int(v) for v in text]
+    try:
+        layers = [int(v) for v in text.replace(" ", "").split(",") if v]
+    except ValueError:
+        raise ConfigError(f"--layers must be comma-separated integers like -1,-4; got {text!r}") from None
+    if not layers:
+        raise ConfigError("--layers is empty; use e.g. -1 or -1,-4")
+    return layers
+
+
+def pick_device(device: str):
+    import torch
+
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"--device {device}: CUDA is not available on this machine; use --device cpu")
+    if device not in ("cpu",) and not device.startswith("cuda"):
+        raise ConfigError(f"--device must be auto, cpu or cuda[:N]; got {device!r}")
+    return torch.device(device)
+
+
+def pick_compute(compute: str, device) -> str:
+    import torch
+
+    if compute not in COMPUTE_DTYPES:
+        raise ConfigError(f"--compute must be one of {', '.join(COMPUTE_DTYPES)}; got {compute!r}")
+    if compute != "auto":
+        if compute == "fp16" and device.type == "cpu":
+            raise ConfigError("--compute fp16 is CUDA-only; use bf16 or fp32 on CPU")
+        return compute
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    return "bf16"
+
+
+def versions() -> dict[str, str | None]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, str | None] = {}
+    for dist, key in (("torch", "torch"), ("timm", "timm"), ("transformers", "transformers"),
+                      ("open_clip_torch", "open_clip"), ("spar-bench", "spar-bench"),
+                      ("h5py", "h5py"), ("numpy", "numpy")):
+        try:
+            out[key] = version(dist)
+        except PackageNotFoundError:
+            out[key] = None
+    return out
+
+
+class _Batches:
+    """Map-style dataset: item ``i`` = rows ``[starts[i], starts[i] + batch)`` of a split."""
+
+    def __init__(self, build, level: str, split: str, starts: list[int], batch: int, n: int):
+        self.build, self.level, self.split = build, level, split
+        self.starts, self.batch, self.n = starts, batch, n
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, i: int):
+        import torch
+
+        lo = self.starts[i]
+        hi = min(lo + self.batch, self.n)
+        _, images = next(self.build.iter_images(self.level, self.split, hi - lo, start=lo))
+        return lo, torch.from_numpy(np.ascontiguousarray(images))
+
+
+def _attr(value: Any) -> Any:
+    return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list, tuple)) else value
+
+
+def _check_args(f, path: Path, args: dict[str, Any], overwrite: bool) -> bool:
+    """True when ``f`` already holds a cache of ``args`` (resume); refuses a different one."""
+    old = f.attrs.get("cache_args")
+    if old is None:
+        if len(f.keys()) or len(f.attrs):
+            raise ConfigError(f"{path}: exists and is not a SPAR-Bench cache; choose another --out")
+        return False
+    old = json.loads(old)
+    if old != args:
+        diff = sorted(k for k in set(old) | set(args) if old.get(k) != args.get(k))
+        state = "complete" if f.attrs.get("complete") else "partial"
+        raise ConfigError(
+            f"{path}: a {state} cache made with other arguments (differs in: {', '.join(diff)}); "
+            "rerun with the original arguments to resume, pass --overwrite, or choose another --out"
+        )
+    return True
+
+
+def write_cache(
+    encoder: str,
+    data: str | Path,
+    out: str | Path,
+    *,
+    weights: str | None = None,
+    random_init: bool = False,
+    revision: str | None = None,
+    levels: Sequence[str] | None = None,
+    splits: Sequence[str] | None = None,
+    layers: Sequence[int] | str = (-1,),
+    device: str = "auto",
+    batch: int = 64,
+    dtype: str = "fp16",
+    compute: str = "auto",
+    workers: int | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+    encoder_obj: Any = None,
+    on_batch: Callable[[str, str, int, int], None] | None = None,
+) -> Path:
+    """Write (or resume) the feature cache of ``encoder`` over the build ``data`` at ``out``.
+
+    ``encoder_obj`` lets a caller pass an already-built :class:`probes.encoders.base.Encoder`
+    (its spec is what gets recorded). ``on_batch(level, split, lo, hi)`` is called after each
+    batch is flushed. Returns ``out``.
+    """
+    import h5py
+    import torch
+    from tqdm.auto import tqdm
+
+    from builder.shards import Build
+
+    from .encoders import load_encoder
+
+    out = Path(out)
+    if dtype not in STORAGE_DTYPES:
+        raise ConfigError(f"--dtype must be fp16 or fp32; got {dtype!r}")
+    if batch < 1:
+        raise ConfigError(f"--batch must be >= 1; got {batch}")
+    layers = parse_layers(layers)
+    build = Build(data)
+    levels = list(levels) if levels else build.levels()
+    for lv in levels:
+        build.splits(lv)  # raises ConfigError naming the build for an unknown level
+    plan = []
+    for lv in levels:
+        have = build.splits(lv)
+        chosen = [s for s in have if s in splits] if splits else have
+        if splits and not chosen:
+            raise ConfigError(f"{data}: {lv} has none of the splits {', '.join(splits)}; it has {', '.join(have)}")
+        plan += [(lv, s) for s in chosen]
+
+    enc = encoder_obj if encoder_obj is not None else load_encoder(
+        encoder, weights=weights, random_init=random_init, revision=revision)
+    layers = enc.check_layers(layers)
+    dev = pick_device(device)
+    comp = pick_compute(compute, dev)
+    if not enc.spec.extra.get("vit_like", True) and enc.spec.family in ("timm", "open_clip"):
+        enc.use_channels_last()
+    enc.to(dev)
+    if workers is None:
+        workers = 2 if dev.type == "cuda" else 0
+
+    spec = enc.spec
+    args = {
+        "encoder": spec.name, "encoder_config": spec.to_dict(), "layers": layers,
+        "dtype": dtype, "compute_dtype": comp, "dataset_fingerprint": build.fingerprint,
+        "plan": [list(p) for p in plan],
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if overwrite and out.exists():
+        out.unlink()
+    try:
+        f = h5py.File(out, "a")
+    except OSError as e:
+        raise ConfigError(
+            f"{out}: cannot open ({e}); if a run was killed while writing, delete it and rerun"
+        ) from None
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(comp)
+    store = np.dtype(STORAGE_DTYPES[dtype])
+    with f:
+        resumed = _check_args(f, out, args, overwrite)
+        if resumed and f.attrs.get("complete"):
+            if progress:
+                click.echo(f"{out}: already complete", err=True)
+            return out
+        if not resumed:
+            meta = {
+                "schema_version": CACHE_SCHEMA, "encoder": spec.name,
+                "encoder_config": dict(spec.to_dict(), preprocessing=spec.preprocessing()),
+                "weights": spec.weights, "random_init": bool(spec.random_init), "dtype": dtype,
+                "compute_dtype": comp, "versions": versions(),
+                "dataset_fingerprint": build.fingerprint, "dataset_dir": str(Path(data).resolve()),
+                "layers": layers, "cache_args": json.dumps(args, sort_keys=True), "complete": False,
+            }
+            for k, v in meta.items():
+                f.attrs[k] = _attr(v)
+        for lv, sp in plan:
+            n = build.count(lv, sp)
+            g = f.require_group(f"{lv}/{sp}")
+            if "done" not in g:
+                keys = build.read(lv, sp, ["key"])["key"]
+                g.create_dataset("key", data=np.asarray(keys, dtype=object), dtype=h5py.string_dtype())
+                g.create_dataset("done", shape=(n,), dtype=bool, fillvalue=False)
+            done = g["done"][()]
+            todo = np.flatnonzero(~done)
+            if todo.size == 0:
+                continue
+            start = int(todo[0])
+            starts = list(range(start, n, batch))
+            loader = torch.utils.data.DataLoader(
+                _Batches(build, lv, sp, starts, batch, n), batch_size=None, shuffle=False,
+                num_workers=workers, pin_memory=dev.type == "cuda",
+                persistent_workers=False, prefetch_factor=2 if workers else None,
+            )
+            bar = tqdm(total=n, initial=start, desc=f"{spec.name} {lv}/{sp}", unit="img",
+                       disable=not progress, dynamic_ncols=True)
+            t0, seen = time.perf_counter(), 0
+            for lo, images in loader:
+                lo = int(lo)
+                hi = lo + int(images.shape[0])
+                with torch.autocast(dev.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+                    res = enc(images.to(dev, non_blocking=True), layers)
+                for v in layers:
+                    toks, pooled = res[v]
+                    toks = toks.float().cpu().numpy().astype(store, copy=False)
+                    pooled = pooled.float().cpu().numpy().astype(store, copy=False)
+                    if not (np.isfinite(toks).all() and np.isfinite(pooled).all()):
+                        raise IntegrityError(
+                            f"{out}: {spec.name} layer {v} gave non-finite features for {lv}/{sp} rows "
+                            f"{lo}..{hi - 1}" + (" (fp16 overflow: use --dtype fp32)" if dtype == "fp16" else "")
+                        )
+                    name = f"layer{v}"
+                    if name not in g:
+                        lg = g.create_group(name)
+                        lg.create_dataset("tokens", shape=(n, *toks.shape[1:]), dtype=store,
+                                          chunks=(1, *toks.shape[1:]))
+                        lg.create_dataset("pooled", shape=(n, pooled.shape[1]), dtype=store,
+                                          chunks=(min(n, max(1, (1 << 20) // (pooled.shape[1] * store.itemsize))), pooled.shape[1]))
+                    g[name]["tokens"][lo:hi] = toks
+                    g[name]["pooled"][lo:hi] = pooled
+                g["done"][lo:hi] = True
+                f.flush()
+                seen += hi - lo
+                bar.update(hi - lo)
+                bar.set_postfix_str(f"{seen / max(time.perf_counter() - t0, 1e-9):.1f} img/s")
+                if on_batch is not None:
+                    on_batch(lv, sp, lo, hi)
+            bar.close()
+        for lv, sp in plan:
+            if not f[f"{lv}/{sp}/done"][()].all():
+                raise IntegrityError(f"{out}: {lv}/{sp} has unwritten rows after the run; rerun to resume")
+        f.attrs["complete"] = True
+        f.flush()
+    return out
+
+
+@click.command("cache")
+@click.option("--encoder", required=True, help="Encoder name (see `spar-probe encoders`), e.g. timm:resnet50.")
+@click.option("--weights", default=None, help="Weights file or folder for the encoder.")
+@click.option("--random-init", is_flag=True, help="Use a randomly initialised network on purpose (recorded).")
+@click.option("--revision", default=None, help="Pinned hub revision (hf: encoders).")
+@click.option("--data", required=True, type=click.Path(file_okay=False), help="Build folder (with manifest.json).")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Cache file, e.g. cache/resnet50.h5.")
+@click.option("--levels", default=None, help="Comma-separated levels (default: all in the build).")
+@click.option("--splits", default=None, help="Comma-separated splits (default: all).")
+@click.option("--layers", default="-1", show_default=True, help="Comma-separated layer indices, e.g. -1,-4.")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--batch", default=64, show_default=True, type=int)
+@click.option("--dtype", type=click.Choice(sorted(STORAGE_DTYPES)), default="fp16", show_default=True,
+              help="Storage dtype of tokens and pooled vectors.")
+@click.option("--compute", type=click.Choice(COMPUTE_DTYPES), default="auto", show_default=True,
+              help="Compute dtype (autocast); auto = bf16 (fp16 on GPUs without bf16).")
+@click.option("--workers", default=None, type=int, help="DataLoader workers reading shards (default: 2 on CUDA, 0 on CPU).")
+@click.option("--overwrite", is_flag=True, help="Delete an existing cache at --out first.")
+def cache_command(encoder, weights, random_init, revision, data, out, levels, splits, layers,
+                  device, batch, dtype, compute, workers, overwrite) -> None:
+    """Encode every image of a build and store tokens + pooled vectors (resumable)."""
+    split_list = lambda s: [v for v in s.split(",") if v] if s else None  # noqa: E731
+    path = write_cache(
+        encoder, data, out, weights=weights, random_init=random_init, revision=revision,
+        levels=split_list(levels), splits=split_list(splits), layers=layers, device=device,
+        batch=batch, dtype=dtype, compute=compute, workers=workers, overwrite=overwrite,
+    )
+    click.echo(str(path))

@@ -1,0 +1,319 @@
+"""Encoder registry and the four families, with tiny models saved and loaded OFFLINE in tmp_path."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from builder.errors import ConfigError
+from builder.registry import DuplicateNameError
+from probes.encoders import ENCODERS, load_encoder, register_encoder, registry_rows
+from probes.encoders.base import EncoderSpec
+
+TINY_VIT = dict(depth=2, embed_dim=32, num_heads=2)
+
+
+def images(n: int = 3, seed: int = 0) -> torch.Tensor:
+    rng = np.random.default_rng(seed)
+    return torch.from_numpy(rng.integers(0, 256, (n, 224, 224), dtype=np.uint8))
+
+
+# -- makers of tiny saved models (also used by test_cache.py) -------------------------------
+def make_timm_vit(tmp: Path) -> tuple[str, dict]:
+    import timm
+
+    torch.manual_seed(0)
+    m = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=0, **TINY_VIT)
+    path = tmp / "vit_tiny.pth"
+    torch.save(m.state_dict(), path)
+    return "timm:vit_tiny_patch16_224", {"weights": str(path), "model_kwargs": TINY_VIT}
+
+
+def make_timm_resnet(tmp: Path) -> tuple[str, dict]:
+    import timm
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    m = timm.create_model("resnet10t", pretrained=False, num_classes=0)
+    path = tmp / "resnet10t.safetensors"
+    save_file(m.state_dict(), str(path))
+    return "timm:resnet10t", {"weights": str(path)}
+
+
+def make_hf_dinov2(tmp: Path) -> tuple[str, dict]:
+    import transformers
+
+    cfg = transformers.Dinov2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                    intermediate_size=64, patch_size=14, image_size=224)
+    torch.manual_seed(0)
+    model = transformers.Dinov2Model(cfg)
+    d = tmp / "tiny_dinov2"
+    model.save_pretrained(d)
+    proc = transformers.BitImageProcessor(
+        size={"shortest_edge": 112}, crop_size={"height": 112, "width": 112}, do_center_crop=True,
+        image_mean=[0.5, 0.5, 0.5], image_std=[0.25, 0.25, 0.25], resample=3)
+    proc.save_pretrained(d)
+    return f"hf:{d}", {}
+
+
+def make_open_clip(tmp: Path) -> tuple[str, dict]:
+    import open_clip
+
+    d = tmp / "tiny_clip"
+    d.mkdir()
+    cfg = {
+        "model_cfg": {
+            "embed_dim": 16,
+            "vision_cfg": {"timm_model_name": "vit_tiny_patch16_224", "timm_model_pretrained": False,
+                           "timm_pool": "", "timm_proj": "linear", "image_size": 224},
+            "text_cfg": {"context_length": 8, "vocab_size": 64, "width": 16, "heads": 2, "layers": 1},
+        },
+        "preprocess_cfg": {"mean": [0.4, 0.4, 0.4], "std": [0.3, 0.3, 0.3], "interpolation": "bicubic"},
+    }
+    (d / "open_clip_config.json").write_text(json.dumps(cfg))
+    torch.manual_seed(0)
+    model = open_clip.create_model(f"local-dir:{d}")
+    torch.save(model.state_dict(), d / "open_clip_pytorch_model.bin")
+    return f"open_clip:local-dir:{d}", {}
+
+
+def make_torchscript(tmp: Path) -> tuple[str, dict]:
+    class Tok(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 8, kernel_size=28, stride=28)
+
+        def forward(self, x):
+            t = self.conv(x).flatten(2).transpose(1, 2)
+            return [t, torch.relu(t)]
+
+    torch.manual_seed(0)
+    path = tmp / "tok.pt"
+    torch.jit.script(Tok()).save(str(path))
+    (tmp / "tok.pt.json").write_text(json.dumps({"grid": [8, 8], "pooled": "avgpool"}))
+    return f"torchscript:{path}", {}
+
+
+MAKERS = {"dummy": lambda tmp: ("dummy", {}), "timm-vit": make_timm_vit,
+          "timm-resnet": make_timm_resnet, "hf": make_hf_dinov2, "open_clip": make_open_clip,
+          "torchscript": make_torchscript}
+
+
+# -- registry ------------------------------------------------------------------------------
+def test_import_is_cheap() -> None:
+    code = "import sys, probes.encoders, probes.cache, probes.features; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_unknown_name_suggests() -> None:
+    with pytest.raises(ConfigError, match="Did you mean 'dummy'"):
+        load_encoder("dumy")
+    with pytest.raises(ConfigError, match="unknown encoder family 'tim'.*Did you mean 'timm'"):
+        load_encoder("tim:resnet50", random_init=True)
+
+
+def test_register_user_encoder_and_duplicates(monkeypatch) -> None:
+    from probes.encoders.base import load_dummy
+
+    monkeypatch.setattr(ENCODERS, "_entries", dict(ENCODERS._entries))
+    monkeypatch.setattr(ENCODERS, "_meta", dict(ENCODERS._meta))
+    register_encoder("my-enc", lambda rest, **kw: load_dummy(rest, dim=8, **kw), family="custom")
+    enc = load_encoder("my-enc")
+    assert enc.spec.dim == 8
+    with pytest.raises(DuplicateNameError):
+        register_encoder("my-enc", load_dummy)
+    with pytest.raises(ValueError, match="':'"):
+        register_encoder("timm:x", load_dummy)
+    assert any(r["name"] == "my-enc" for r in registry_rows())
+
+
+def test_entry_point_group(monkeypatch) -> None:
+    import importlib.metadata as md
+
+    import probes.encoders as pe
+
+    ep = md.EntryPoint("ep-enc", "probes.encoders.base:load_dummy", pe.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(md, "entry_points", lambda group=None: [ep] if group == pe.ENTRY_POINT_GROUP else [])
+    monkeypatch.setattr(pe, "_entry_points_loaded", False)
+    monkeypatch.setattr(ENCODERS, "_entries", dict(ENCODERS._entries))
+    monkeypatch.setattr(ENCODERS, "_meta", dict(ENCODERS._meta))
+    assert load_encoder("ep-enc").spec.family == "dummy"
+
+
+def test_encoders_command_lists_without_downloads() -> None:
+    from click.testing import CliRunner
+
+    from probes.encoders import encoders_command
+
+    res = CliRunner().invoke(encoders_command, [])
+    assert res.exit_code == 0, res.output
+    assert "timm:<...>" in res.output and "raddino" in res.output and "dummy" in res.output
+    res = CliRunner().invoke(encoders_command, ["--json"])
+    rows = json.loads(res.output)
+    assert {"name", "family", "input", "tokens", "dim", "pooled", "weights"} <= set(rows[0])
+
+
+# -- weights / random init -----------------------------------------------------------------
+def test_random_init_must_be_explicit(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="--random-init"):
+        load_encoder("timm:resnet10t")
+    with pytest.raises(ConfigError, match="do not exist"):
+        load_encoder("timm:resnet10t", weights=str(tmp_path / "nope.pth"))
+    enc = load_encoder("timm:resnet10t", random_init=True)
+    assert enc.spec.random_init and enc.spec.weights == {"kind": "random-init"}
+
+
+def test_wrong_weights_are_refused(tmp_path: Path) -> None:
+    torch.save({"foo": torch.zeros(3)}, tmp_path / "bad.pth")
+    with pytest.raises(ConfigError, match="do not fit the model"):
+        load_encoder("timm:resnet10t", weights=str(tmp_path / "bad.pth"))
+
+
+def test_missing_extra_gives_one_line_hint(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    monkeypatch.setitem(sys.modules, "open_clip", None)
+    with pytest.raises(ConfigError, match=r"pip install 'spar-bench\[transformers\]'") as e:
+        load_encoder("hf:facebook/dinov2-small", revision="abc")
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match=r"spar-bench\[open_clip\]"):
+        load_encoder("open_clip:ViT-B-32", random_init=True)
+
+
+def test_hub_ids_need_a_pinned_revision() -> None:
+    pytest.importorskip("transformers")
+    with pytest.raises(ConfigError, match="--revision"):
+        load_encoder("raddino")
+
+
+# -- families: tokens equal the model's own forward ---------------------------------------
+def test_spec_is_json_roundtrip() -> None:
+    enc = load_encoder("dummy")
+    d = json.loads(enc.spec.to_json())
+    assert d["n_tokens"] == 50 and d["weights"]["kind"] == "random-init"
+    assert EncoderSpec(**{k: v for k, v in d.items() if k != "n_tokens"}).n_tokens == 50
+
+
+def test_dummy_is_deterministic() -> None:
+    a = load_encoder("dummy")(images(), [-1, -2])
+    b = load_encoder("dummy")(images(), [-1, -2])
+    for v in (-1, -2):
+        assert torch.equal(a[v][0], b[v][0]) and a[v][0].shape == (3, 50, 16)
+    assert not torch.equal(a[-1][0], a[-2][0])
+
+
+def test_timm_vit_matches_forward_features(tmp_path: Path) -> None:
+    import timm
+
+    name, kw = make_timm_vit(tmp_path)
+    enc = load_encoder(name, **kw)
+    s = enc.spec
+    assert (s.n_prefix, s.grid, s.dim, s.pooled, s.n_layers) == (1, (14, 14), 32, "cls", 2)
+    assert s.weights["kind"] == "file" and len(s.weights["sha256"]) == 64 and not s.random_init
+    ref = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=0, **TINY_VIT).eval()
+    ref.load_state_dict(torch.load(kw["weights"]))
+    x = images()
+    out = enc(x, [-1, 0])
+    with torch.no_grad():
+        px = (x.float() / 255).unsqueeze(1).expand(-1, 3, -1, -1)
+        px = (px - 0.5) / 0.5  # the model's pretrained_cfg mean/std
+        want = ref.forward_features(px)
+        b0 = ref.blocks[0](ref.norm_pre(ref.patch_drop(ref._pos_embed(ref.patch_embed(px)))))
+    torch.testing.assert_close(out[-1][0], want)
+    torch.testing.assert_close(out[-1][1], want[:, 0])
+    torch.testing.assert_close(out[0][0], b0)
+    with pytest.raises(ConfigError, match="out of range"):
+        enc(x, [5])
+
+
+def test_timm_resnet_flattens_feature_maps(tmp_path: Path) -> None:
+    import timm
+
+    name, kw = make_timm_resnet(tmp_path)
+    enc = load_encoder(name, **kw)
+    assert enc.spec.input_size == (176, 176)  # from timm's pretrained cfg, not hard-coded
+    assert enc.spec.pooled == "avgpool" and enc.spec.patch_size == 32
+    out = enc(images(2), [-1, -2])
+    ref = timm.create_model("resnet10t", pretrained=False, num_classes=0).eval()
+    from safetensors.torch import load_file
+
+    ref.load_state_dict(load_file(kw["weights"]))
+    with torch.no_grad():
+        fmap = ref.forward_features(enc.preprocess(images(2)))
+        pooled = ref(enc.preprocess(images(2)))
+    torch.testing.assert_close(out[-1][0], fmap.flatten(2).transpose(1, 2))
+    torch.testing.assert_close(out[-1][1], pooled)
+    assert out[-2][0].shape[-1] == 256
+
+
+def test_timm_weights_folder(tmp_path: Path) -> None:
+    import timm
+    from safetensors.torch import save_file
+
+    d = tmp_path / "folder"
+    d.mkdir()
+    m = timm.create_model("resnet10t", pretrained=False, num_classes=0)
+    save_file(m.state_dict(), str(d / "model.safetensors"))
+    cfg = {"architecture": "resnet10t", "pretrained_cfg": {"input_size": [3, 224, 224], "mean": [0.1] * 3}}
+    (d / "config.json").write_text(json.dumps(cfg))
+    enc = load_encoder("timm:resnet10t", weights=str(d))
+    assert enc.spec.input_size == (224, 224) and enc.spec.mean == (0.1, 0.1, 0.1)
+    assert enc.spec.weights["kind"] == "dir"
+    with pytest.raises(ConfigError, match="is for 'resnet10t'"):
+        load_encoder("timm:resnet18", weights=str(d))
+
+
+def test_hf_dinov2_local_dir(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    name, kw = make_hf_dinov2(tmp_path)
+    enc = load_encoder(name)
+    s = enc.spec
+    assert s.input_size == (112, 112) and s.grid == (8, 8) and s.n_prefix == 1 and s.dim == 32
+    assert s.mean == (0.5, 0.5, 0.5) and s.weights["kind"] == "dir"
+    ref = transformers.AutoModel.from_pretrained(name[3:], local_files_only=True).eval()
+    x = images(2)
+    out = enc(x, [-1, -2])
+    with torch.no_grad():
+        r = ref(pixel_values=enc.preprocess(x), output_hidden_states=True)
+    torch.testing.assert_close(out[-1][0], r.last_hidden_state)
+    torch.testing.assert_close(out[-2][0], r.hidden_states[-2])
+    torch.testing.assert_close(out[-1][1], r.last_hidden_state[:, 0])
+
+
+def test_open_clip_local_dir(tmp_path: Path) -> None:
+    open_clip = pytest.importorskip("open_clip")
+    name, kw = make_open_clip(tmp_path)
+    enc = load_encoder(name)
+    s = enc.spec
+    assert s.family == "open_clip" and s.mean == (0.4, 0.4, 0.4) and s.n_prefix == 1
+    assert s.weights["kind"] == "file" and s.weights["path"].endswith("open_clip_pytorch_model.bin")
+    model = open_clip.create_model(name[len("open_clip:"):]).eval()
+    x = images(2)
+    with torch.no_grad():
+        want = model.visual.trunk.forward_features(enc.preprocess(x))
+    torch.testing.assert_close(enc(x)[-1][0], want)
+
+
+def test_open_clip_without_checkpoint_needs_random_init(tmp_path: Path) -> None:
+    pytest.importorskip("open_clip")
+    name, _ = make_open_clip(tmp_path)
+    (tmp_path / "tiny_clip" / "open_clip_pytorch_model.bin").unlink()
+    with pytest.raises(ConfigError, match="--random-init"):
+        load_encoder(name)
+    assert load_encoder(name, random_init=True).spec.random_init
+
+
+def test_torchscript(tmp_path: Path) -> None:
+    name, _ = make_torchscript(tmp_path)
+    enc = load_encoder(name)
+    assert enc.spec.grid == (8, 8) and enc.spec.dim == 8 and enc.spec.n_layers == 2
+    out = enc(images(2), [-1, -2])
+    torch.testing.assert_close(out[-1][0], torch.relu(out[-2][0]))
+    torch.testing.assert_close(out[-1][1], out[-1][0].mean(1))
+    with pytest.raises(ConfigError, match="drop --weights"):
+        load_encoder(name, random_init=True)
