@@ -1,0 +1,399 @@
+"""Pseudo-CT rendering: HU-like intensities for a canonical label volume.
+
+One renderer serves two callers: the procedural phantom (:mod:`builder.phantom.generate`)
+and real masks-only cases (the WORD label maps ship without CT images), so a
+pseudo-CT of a real case and a phantom look alike and differ only in anatomy.
+
+Everything is in the canonical frame (:mod:`builder.schema`): arrays ``[z, row, col]``,
+row 0 anterior, column 0 the patient's right, ``spacing`` ``(z, row, col)`` in mm.
+
+Tissues and intensities
+-----------------------
+Each voxel gets one tissue, then a mean HU from :data:`ORGAN_HU` / :data:`TISSUE_HU`
+(every organ mean is jittered per case by N(0, 5 HU), from the seed):
+
+* organs: liver 60, spleen 50, kidneys 150 (contrast-enhanced, cortex-like),
+  stomach 30, gallbladder 10, esophagus 40, pancreas 45, duodenum 35, colon 25,
+  intestine 35, adrenal 30, rectum 30, bladder 10, femoral heads 500 (bone);
+* bowel gas: inside the stomach, duodenum, colon, intestine and rectum, a smooth random
+  field (correlation length ~12 mm) marks air pockets (-900 HU) in roughly 10% (small
+  bowel) to 25% (colon) of the organ's voxels;
+* liver lesions (``lesion`` channel): 20 HU, hypodense to the liver;
+* body wall: outside the organs, the body is subcutaneous fat (-100 HU, 8-22 mm thick),
+  then a muscle ring (45 HU, 8-14 mm), then visceral fat (-80 HU);
+* bone: a vertebral body (450 HU) posterior on the body midline, unless ``bone`` is given;
+* outside the body: air (-1000 HU).
+
+Then Gaussian noise (SD 25 HU) is added and the image is blurred in-plane with a
+Gaussian of 0.7 voxel, which leaves correlated noise of ~10 HU SD, like a
+smooth-kernel CT reconstruction. The result is rounded to int16.
+
+Body outline of a masks-only case
+---------------------------------
+When no ``body`` mask is given, one is derived from the organs (:func:`derive_body`):
+per axial slice, the convex hull of every organ voxel within +-25 mm in z, pushed out
+by a margin (30 mm laterally, 25 mm anteriorly, 60 mm posteriorly, where the spine
+and back muscles lie). Slices above or below all organs copy the nearest hull. The
+hull is computed on an in-plane grid of ~3 mm and evaluated exactly at full
+resolution, row by row, so a 512 x 512 x 250 volume costs well under a second.
+The fat and muscle rings of a derived body are the same hull offset inwards (exact
+erosion of a convex polygon); for a given ``body`` mask they come from an in-plane
+distance transform.
+
+Cost: memory is the int16 output plus uint8 tissue codes and float32 slabs of 16
+slices; nothing is float64.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from statistics import NormalDist
+
+import numpy as np
+
+from ..errors import SparError
+from ..schema import N_ORGANS, ORGANS
+
+#: Mean HU of each canonical organ (pseudo-CT, portal-venous-like contrast).
+ORGAN_HU: dict[str, float] = {
+    "liver": 60.0,
+    "spleen": 50.0,
+    "kidney_left": 150.0,
+    "kidney_right": 150.0,
+    "stomach": 30.0,
+    "gallbladder": 10.0,
+    "esophagus": 40.0,
+    "pancreas": 45.0,
+    "duodenum": 35.0,
+    "colon": 25.0,
+    "intestine": 35.0,
+    "adrenal": 30.0,
+    "rectum": 30.0,
+    "bladder": 10.0,
+    "head_of_femur_left": 500.0,
+    "head_of_femur_right": 500.0,
+}
+#: Mean HU of the non-organ tissues.
+TISSUE_HU: dict[str, float] = {
+    "air": -1000.0,
+    "lesion": 20.0,
+    "fat": -100.0,
+    "muscle": 45.0,
+    "bone": 450.0,
+    "visceral": -80.0,
+    "gas": -900.0,
+}
+#: Fraction of each hollow organ's voxels that become gas pockets.
+GAS_FRACTION: dict[str, float] = {
+    "stomach": 0.15,
+    "duodenum": 0.10,
+    "colon": 0.25,
+    "intestine": 0.10,
+    "rectum": 0.15,
+}
+
+# Tissue codes: 0 air, 1..16 organs, then these.
+_LESION, _FAT, _MUSCLE, _BONE, _VISCERAL, _GAS = range(N_ORGANS + 1, N_ORGANS + 7)
+_TISSUE_CODE = {
+    "lesion": _LESION,
+    "fat": _FAT,
+    "muscle": _MUSCLE,
+    "bone": _BONE,
+    "visceral": _VISCERAL,
+    "gas": _GAS,
+}
+
+NOISE_SD_HU = 25.0
+BLUR_SIGMA_VOXELS = 0.7
+_SLAB = 16
+
+
+class RenderError(SparError, ValueError):
+    """The arrays given to the renderer do not describe a canonical label volume."""
+
+
+@dataclass(frozen=True)
+class BodyHull:
+    """A derived body outline: per slice, the half-planes ``a . (row_mm, col_mm) <= b``.
+
+    ``normals[z]`` is ``(K, 2)`` unit normals (row, col) and ``offsets[z]`` is ``(K,)``;
+    the body of slice ``z`` is where every inequality holds. Offsetting all ``b`` by
+    ``-t`` erodes the (convex) body by exactly ``t`` mm.
+    """
+
+    normals: list[np.ndarray]
+    offsets: list[np.ndarray]
+
+
+def _check(mask: np.ndarray, spacing, lesion, body, bone) -> tuple[float, float, float]:
+    if not isinstance(mask, np.ndarray) or mask.ndim != 3:
+        raise RenderError(f"mask must be a 3-D [z,row,col] array, got {getattr(mask, 'shape', type(mask))}")
+    if mask.dtype.kind not in "ui":
+        raise RenderError(f"mask must hold integer label ids, got dtype {mask.dtype}")
+    if mask.size == 0:
+        raise RenderError(f"mask is empty (shape {mask.shape})")
+    top = int(mask.max())
+    if top > N_ORGANS or int(mask.min()) < 0:
+        raise RenderError(
+            f"mask holds label {top if top > N_ORGANS else int(mask.min())}; canonical ids are 0..{N_ORGANS} "
+            "(map source labels through a manifest first)"
+        )
+    try:
+        sp = tuple(float(s) for s in spacing)
+    except TypeError:
+        raise RenderError(f"spacing must be three numbers (z, row, col) in mm, got {spacing!r}") from None
+    if len(sp) != 3 or not all(np.isfinite(s) and s > 0 for s in sp):
+        raise RenderError(f"spacing must be three positive numbers (z, row, col) in mm, got {spacing!r}")
+    for name, arr in (("lesion", lesion), ("body", body), ("bone", bone)):
+        if arr is not None and np.shape(arr) != mask.shape:
+            raise RenderError(f"{name} shape {np.shape(arr)} != mask shape {mask.shape}")
+    return sp  # type: ignore[return-value]
+
+
+def _row_intervals(normals: np.ndarray, offsets: np.ndarray, rows_mm: np.ndarray, dc: float, n_cols: int):
+    """Column index interval [lo, hi) of a convex polygon on each row (empty: lo >= hi)."""
+    a_r, a_c = normals[:, 0], normals[:, 1]
+    # a_r * r + a_c * c <= b  ->  bound on c for each row.
+    rhs = offsets[None, :] - rows_mm[:, None] * a_r[None, :]  # (R, K)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bound = rhs / a_c[None, :]
+    upper = np.where(a_c[None, :] > 1e-9, bound, np.inf).min(axis=1)
+    lower = np.where(a_c[None, :] < -1e-9, bound, -np.inf).max(axis=1)
+    flat = np.abs(a_c) <= 1e-9
+    if flat.any():
+        ok = (rhs[:, flat] >= 0).all(axis=1)
+        upper = np.where(ok, upper, -np.inf)
+    lo = np.clip(np.ceil(lower / dc), 0, n_cols).astype(np.int64)
+    hi = np.clip(np.floor(upper / dc) + 1, 0, n_cols).astype(np.int64)
+    return lo, hi
+
+
+def _fill_hull(hull: BodyHull, shape, spacing, shrink_mm: float = 0.0) -> np.ndarray:
+    nz, nr, nc = shape
+    _, dr, dc = spacing
+    rows_mm = np.arange(nr, dtype=np.float64) * dr
+    cols = np.arange(nc)
+    out = np.zeros(shape, dtype=bool)
+    for z in range(nz):
+        lo, hi = _row_intervals(hull.normals[z], hull.offsets[z] - shrink_mm, rows_mm, dc, nc)
+        out[z] = (cols[None, :] >= lo[:, None]) & (cols[None, :] < hi[:, None])
+    return out
+
+
+def derive_body_hull(
+    mask: np.ndarray,
+    spacing,
+    *,
+    window_mm: float = 25.0,
+    margin_lateral_mm: float = 30.0,
+    margin_anterior_mm: float = 25.0,
+    margin_posterior_mm: float = 60.0,
+) -> BodyHull:
+    """The body outline of a masks-only case as per-slice convex polygons (see module doc).
+
+    Raises :class:`RenderError` when the mask has no organ voxel at all.
+    """
+    from scipy.spatial import ConvexHull, QhullError
+
+    sp = _check(mask, spacing, None, None, None)
+    dz, dr, dc = sp
+    nz, nr, nc = mask.shape
+    f = max(1, int(round(3.0 / min(dr, dc))))
+    hr, hc = -(-nr // f), -(-nc // f)
+    organ = mask > 0
+    pad = np.zeros((nz, hr * f, hc * f), dtype=bool)
+    pad[:, :nr, :nc] = organ
+    coarse = pad.reshape(nz, hr, f, hc, f).any(axis=(2, 4))
+    has = coarse.any(axis=2)  # (nz, hr)
+    if not has.any():
+        raise RenderError("mask has no organ voxel: cannot derive a body outline (pass body=...)")
+    cmin = np.argmax(coarse, axis=2)
+    cmax = hc - 1 - np.argmax(coarse[:, :, ::-1], axis=2)
+    # Extreme points of each slice, as corners of coarse cells, in mm.
+    corners = np.array([[0, 0], [0, 1], [1, 0], [1, 1]], dtype=np.float64)
+    per_slice: list[np.ndarray | None] = []
+    for z in range(nz):
+        r = np.nonzero(has[z])[0]
+        if r.size == 0:
+            per_slice.append(None)
+            continue
+        pts = np.concatenate([np.stack([r, cmin[z, r]], 1), np.stack([r, cmax[z, r]], 1)]).astype(np.float64)
+        pts = (pts[:, None, :] + corners[None]).reshape(-1, 2) * f * np.array([dr, dc])
+        try:
+            pts = pts[ConvexHull(pts).vertices]
+        except QhullError:  # degenerate (collinear) point sets keep all points
+            pass
+        per_slice.append(pts)
+    occupied = np.array([p is not None for p in per_slice])
+    idx = np.nonzero(occupied)[0]
+    w = max(0, int(round(window_mm / dz)))
+    normals: list[np.ndarray] = []
+    offsets: list[np.ndarray] = []
+    cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for z in range(nz):
+        # slices outside the organs' z-range copy the nearest occupied slice
+        zc = int(idx[np.argmin(np.abs(idx - z))]) if not occupied[z] else z
+        if zc not in cache:
+            group = [per_slice[k] for k in range(max(0, zc - w), min(nz, zc + w + 1)) if per_slice[k] is not None]
+            pts = np.concatenate(group)
+            hull = ConvexHull(pts, qhull_options="QJ")
+            eq = hull.equations  # n . p + d <= 0 inside, n unit
+            n = eq[:, :2]
+            b = -eq[:, 2]
+            margin = margin_lateral_mm * np.abs(n[:, 1]) + np.where(
+                n[:, 0] > 0, margin_posterior_mm, margin_anterior_mm
+            ) * np.abs(n[:, 0])
+            cache[zc] = (n, b + margin)
+        n, b = cache[zc]
+        normals.append(n)
+        offsets.append(b)
+    return BodyHull(normals, offsets)
+
+
+def derive_body(mask: np.ndarray, spacing, **margins: float) -> np.ndarray:
+    """Boolean body mask of a masks-only case (see :func:`derive_body_hull`)."""
+    sp = _check(mask, spacing, None, None, None)
+    return _fill_hull(derive_body_hull(mask, sp, **margins), mask.shape, sp)
+
+
+def _inplane_depth(body: np.ndarray, spacing) -> np.ndarray:
+    """In-plane distance (mm, float32) from each body voxel to the body's outline."""
+    from scipy import ndimage as ndi
+
+    _, dr, dc = spacing
+    nz, nr, nc = body.shape
+    f = max(1, int(round(2.0 / min(dr, dc))))
+    coarse = body[:, ::f, ::f]
+    # a huge z sampling makes the transform 2-D per slice
+    dist = ndi.distance_transform_edt(coarse, sampling=(1e6, dr * f, dc * f)).astype(np.float32)
+    if f > 1:
+        dist = np.repeat(np.repeat(dist, f, axis=1), f, axis=2)[:, :nr, :nc]
+    return dist
+
+
+def _synth_spine(body: np.ndarray, spacing, free: np.ndarray) -> np.ndarray:
+    """A vertebral body (ellipse 32 x 40 mm) 70 mm in front of the back, on the midline."""
+    nz, nr, nc = body.shape
+    _, dr, dc = spacing
+    rows = np.arange(nr, dtype=np.float32)[:, None] * dr
+    cols = np.arange(nc, dtype=np.float32)[None, :] * dc
+    out = np.zeros(body.shape, dtype=bool)
+    any_col = body.any(axis=1)  # (nz, nc)
+    for z in range(nz):
+        c = np.nonzero(any_col[z])[0]
+        if c.size == 0:
+            continue
+        c_mid = int(round((c[0] + c[-1]) / 2))
+        r = np.nonzero(body[z, :, c_mid])[0]
+        if r.size == 0:
+            continue
+        r0 = r[-1] * dr - 70.0
+        if r0 <= r[0] * dr:
+            continue
+        out[z] = ((rows - r0) / 16.0) ** 2 + ((cols - c_mid * dc) / 20.0) ** 2 <= 1.0
+    return out & free
+
+
+def _gas_field(shape, spacing, rng: np.random.Generator, points: tuple[np.ndarray, ...]) -> np.ndarray:
+    """A smooth standard-normal-ish random field sampled at ``points`` (corr. ~12 mm)."""
+    from scipy import ndimage as ndi
+
+    step = 6.0  # mm per coarse cell; smoothing by 2 cells -> ~12 mm correlation length
+    cshape = tuple(max(2, int(np.ceil(n * s / step)) + 2) for n, s in zip(shape, spacing, strict=True))
+    coarse = ndi.gaussian_filter(rng.standard_normal(cshape).astype(np.float32), 1.0, mode="wrap")
+    coarse /= max(float(coarse.std()), 1e-6)
+    coords = [p.astype(np.float32) * (s / step) for p, s in zip(points, spacing, strict=True)]
+    return ndi.map_coordinates(coarse, coords, order=1, mode="nearest")
+
+
+def render_pseudo_ct(
+    mask: np.ndarray,
+    spacing,
+    *,
+    lesion: np.ndarray | None = None,
+    seed: int,
+    body: np.ndarray | None = None,
+    bone: np.ndarray | None = None,
+) -> np.ndarray:
+    """Render an int16 pseudo-CT (HU) of a canonical label volume.
+
+    Args:
+        mask: ``[z, row, col]`` canonical organ ids (0 background, 1..16 ``ORGANS``).
+        spacing: ``(z, row, col)`` voxel size in mm.
+        lesion: optional 0/1 lesion channel (rendered at 20 HU where it is non-zero).
+        seed: seeds every random choice (HU jitter, gas pockets, noise): the same
+            inputs and seed give the same image, byte for byte.
+        body: optional boolean body mask; ``None`` derives one from the organs
+            (:func:`derive_body`).
+        bone: optional boolean bone mask (rendered at 450 HU where no organ is);
+            ``None`` places a vertebral body on the posterior midline.
+
+    Returns:
+        int16 array of ``mask.shape``, in the canonical frame.
+
+    Raises:
+        RenderError: the arrays are not a canonical label volume (wrong rank, label
+        ids above 16, mismatched shapes, bad spacing, no organ and no body).
+    """
+    from scipy import ndimage as ndi
+
+    sp = _check(mask, spacing, lesion, body, bone)
+    rng = np.random.default_rng(int(seed))
+    nz = mask.shape[0]
+    mask = np.ascontiguousarray(mask)
+    tissue = mask.astype(np.uint8, copy=True)
+    free = mask == 0
+
+    t_fat = float(rng.uniform(8.0, 22.0))
+    t_mus = float(rng.uniform(8.0, 14.0))
+    if body is None:
+        hull = derive_body_hull(mask, sp)
+        body_b = _fill_hull(hull, mask.shape, sp) | ~free
+        inner1 = _fill_hull(hull, mask.shape, sp, t_fat)
+        inner2 = _fill_hull(hull, mask.shape, sp, t_fat + t_mus)
+    else:
+        body_b = np.asarray(body, dtype=bool) | ~free
+        depth = _inplane_depth(body_b, sp)
+        inner1 = depth > t_fat
+        inner2 = depth > t_fat + t_mus
+        del depth
+    tissue[free & body_b] = _FAT
+    tissue[free & inner1] = _MUSCLE
+    tissue[free & inner2] = _VISCERAL
+    del inner1, inner2
+    bone_b = _synth_spine(body_b, sp, free) if bone is None else (np.asarray(bone, dtype=bool) & free)
+    tissue[bone_b] = _BONE
+    del bone_b, body_b
+    if lesion is not None:
+        tissue[(np.asarray(lesion) != 0) & ~free] = _LESION
+
+    lut = np.full(256, TISSUE_HU["air"], dtype=np.float32)
+    for name, hu in ORGAN_HU.items():
+        lut[ORGANS.index(name) + 1] = hu + float(rng.normal(0.0, 5.0))
+    for name, code in _TISSUE_CODE.items():
+        lut[code] = TISSUE_HU[name]
+
+    gas_ids = [ORGANS.index(n) + 1 for n in GAS_FRACTION]
+    hollow = np.isin(mask, gas_ids)
+    if hollow.any():
+        pts = np.nonzero(hollow)
+        field = _gas_field(mask.shape, sp, rng, pts)
+        labels = mask[pts]
+        thr = np.zeros(N_ORGANS + 1, dtype=np.float32)
+        for n, frac in GAS_FRACTION.items():
+            thr[ORGANS.index(n) + 1] = NormalDist().inv_cdf(1.0 - frac)
+        gas = field > thr[labels]
+        tissue[tuple(p[gas] for p in pts)] = _GAS
+        del field, labels, gas, pts
+    del hollow, free
+
+    out = np.empty(mask.shape, dtype=np.int16)
+    for z0 in range(0, nz, _SLAB):
+        z1 = min(nz, z0 + _SLAB)
+        slab = lut[tissue[z0:z1]]
+        slab += rng.standard_normal(slab.shape, dtype=np.float32) * np.float32(NOISE_SD_HU)
+        slab = ndi.gaussian_filter1d(slab, BLUR_SIGMA_VOXELS, axis=1, truncate=3.0)
+        slab = ndi.gaussian_filter1d(slab, BLUR_SIGMA_VOXELS, axis=2, truncate=3.0)
+        np.clip(slab, -1024, 3071, out=slab)
+        out[z0:z1] = np.rint(slab)
+    return out
