@@ -127,7 +127,9 @@ class BodyHull:
 
 def _check(mask: np.ndarray, spacing, lesion, body, bone) -> tuple[float, float, float]:
     if not isinstance(mask, np.ndarray) or mask.ndim != 3:
-        raise RenderError(f"mask must be a 3-D [z,row,col] array, got {getattr(mask, 'shape', type(mask))}")
+        raise RenderError(
+            f"mask must be a 3-D [z,row,col] array, got {getattr(mask, 'shape', type(mask))}"
+        )
     if mask.dtype.kind not in "ui":
         raise RenderError(f"mask must hold integer label ids, got dtype {mask.dtype}")
     if mask.size == 0:
@@ -141,16 +143,22 @@ def _check(mask: np.ndarray, spacing, lesion, body, bone) -> tuple[float, float,
     try:
         sp = tuple(float(s) for s in spacing)
     except TypeError:
-        raise RenderError(f"spacing must be three numbers (z, row, col) in mm, got {spacing!r}") from None
+        raise RenderError(
+            f"spacing must be three numbers (z, row, col) in mm, got {spacing!r}"
+        ) from None
     if len(sp) != 3 or not all(np.isfinite(s) and s > 0 for s in sp):
-        raise RenderError(f"spacing must be three positive numbers (z, row, col) in mm, got {spacing!r}")
+        raise RenderError(
+            f"spacing must be three positive numbers (z, row, col) in mm, got {spacing!r}"
+        )
     for name, arr in (("lesion", lesion), ("body", body), ("bone", bone)):
         if arr is not None and np.shape(arr) != mask.shape:
             raise RenderError(f"{name} shape {np.shape(arr)} != mask shape {mask.shape}")
     return sp  # type: ignore[return-value]
 
 
-def _row_intervals(normals: np.ndarray, offsets: np.ndarray, rows_mm: np.ndarray, dc: float, n_cols: int):
+def _row_intervals(
+    normals: np.ndarray, offsets: np.ndarray, rows_mm: np.ndarray, dc: float, n_cols: int
+):
     """Column index interval [lo, hi) of a convex polygon on each row (empty: lo >= hi)."""
     a_r, a_c = normals[:, 0], normals[:, 1]
     # a_r * r + a_c * c <= b  ->  bound on c for each row.
@@ -217,7 +225,9 @@ def derive_body_hull(
         if r.size == 0:
             per_slice.append(None)
             continue
-        pts = np.concatenate([np.stack([r, cmin[z, r]], 1), np.stack([r, cmax[z, r]], 1)]).astype(np.float64)
+        pts = np.concatenate([np.stack([r, cmin[z, r]], 1), np.stack([r, cmax[z, r]], 1)]).astype(
+            np.float64
+        )
         pts = (pts[:, None, :] + corners[None]).reshape(-1, 2) * f * np.array([dr, dc])
         try:
             pts = pts[ConvexHull(pts).vertices]
@@ -234,7 +244,11 @@ def derive_body_hull(
         # slices outside the organs' z-range copy the nearest occupied slice
         zc = int(idx[np.argmin(np.abs(idx - z))]) if not occupied[z] else z
         if zc not in cache:
-            group = [per_slice[k] for k in range(max(0, zc - w), min(nz, zc + w + 1)) if per_slice[k] is not None]
+            group = [
+                per_slice[k]
+                for k in range(max(0, zc - w), min(nz, zc + w + 1))
+                if per_slice[k] is not None
+            ]
             pts = np.concatenate(group)
             hull = ConvexHull(pts, qhull_options="QJ")
             eq = hull.equations  # n . p + d <= 0 inside, n unit
@@ -294,12 +308,16 @@ def _synth_spine(body: np.ndarray, spacing, free: np.ndarray) -> np.ndarray:
     return out & free
 
 
-def _gas_field(shape, spacing, rng: np.random.Generator, points: tuple[np.ndarray, ...]) -> np.ndarray:
+def _gas_field(
+    shape, spacing, rng: np.random.Generator, points: tuple[np.ndarray, ...]
+) -> np.ndarray:
     """A smooth standard-normal-ish random field sampled at ``points`` (corr. ~12 mm)."""
     from scipy import ndimage as ndi
 
     step = 6.0  # mm per coarse cell; smoothing by 2 cells -> ~12 mm correlation length
-    cshape = tuple(max(2, int(np.ceil(n * s / step)) + 2) for n, s in zip(shape, spacing, strict=True))
+    cshape = tuple(
+        max(2, int(np.ceil(n * s / step)) + 2) for n, s in zip(shape, spacing, strict=True)
+    )
     coarse = ndi.gaussian_filter(rng.standard_normal(cshape).astype(np.float32), 1.0, mode="wrap")
     coarse /= max(float(coarse.std()), 1e-6)
     coords = [p.astype(np.float32) * (s / step) for p, s in zip(points, spacing, strict=True)]
@@ -361,7 +379,9 @@ def render_pseudo_ct(
     tissue[free & inner1] = _MUSCLE
     tissue[free & inner2] = _VISCERAL
     del inner1, inner2
-    bone_b = _synth_spine(body_b, sp, free) if bone is None else (np.asarray(bone, dtype=bool) & free)
+    bone_b = (
+        _synth_spine(body_b, sp, free) if bone is None else (np.asarray(bone, dtype=bool) & free)
+    )
     tissue[bone_b] = _BONE
     del bone_b, body_b
     if lesion is not None:
