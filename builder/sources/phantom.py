@@ -1,0 +1,60 @@
+"""The procedural phantom (``spar-build phantom``) read as a source.
+
+A phantom dataset is a WORD-layout folder with labels per
+``manifests/labels/phantom.json`` (WORD ids 1..16, 17 = liver lesion) and a
+``phantom.json`` record; this adapter is :class:`~builder.sources.word.WordSource` with
+that label map, plus the layout (canonical, mirrored, random) in every case's provenance.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar
+
+from ..case import Case, CaseRef
+from ..errors import ConfigError
+from .word import WordSource
+
+
+class PhantomSource(WordSource):
+    """Phantom cases written by :func:`builder.phantom.generate.write_phantom_dataset`."""
+
+    name = "phantom"
+    needs = (
+        "ROOT/phantom.json and ROOT/imagesTr|imagesVal|imagesTs + labelsTr|labelsVal|labelsTs/"
+        "phantom_NNNN.nii.gz, as written by `spar-build phantom --out ROOT`"
+    )
+    has_lesions = True
+    labels_manifest: ClassVar[str] = "phantom"
+
+    def record(self) -> dict[str, Any]:
+        """The dataset's ``phantom.json`` (cached); ConfigError when missing or invalid."""
+        if not hasattr(self, "_record"):
+            path = self.root / "phantom.json"
+            if not path.is_file():
+                raise ConfigError(
+                    f"{path} is missing: {self.root} is not a phantom dataset; expected {self.needs}"
+                )
+            try:
+                self._record = json.loads(path.read_text(encoding="utf-8"))
+            except json.JSONDecodeError as e:
+                raise ConfigError(
+                    f"{path}: invalid JSON ({e}); regenerate with spar-build phantom"
+                ) from None
+        return self._record
+
+    def find(self) -> list[CaseRef]:
+        self.record()
+        return super().find()
+
+    def load(self, ref: CaseRef) -> Case:
+        case = super().load(ref)
+        rec = self.record()
+        case.provenance["phantom"] = {
+            "layout": rec.get("layout"),
+            "generator_version": rec.get("generator_version"),
+            "seed": rec.get("seed"),
+            "case_seed": rec.get("cases", {}).get(ref.case_id, {}).get("seed"),
+        }
+        case.provenance["layout"] = rec.get("layout")
+        return case
