@@ -1,0 +1,187 @@
+"""The feature cache: written from a build, aligned with its shards, resumable, fingerprinted."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from test_encoders import MAKERS
+
+from builder.errors import ConfigError, IntegrityError
+from builder.shards import Build
+from builder.writers.hdf5 import ShardSink
+from builder.writers.manifest import write_manifest
+from probes.cache import write_cache
+from probes.encoders import load_encoder
+from probes.features import FeatureCache
+
+
+def _rows(level: str, split: str, lo: int, hi: int, rng: np.random.Generator) -> dict:
+    n = hi - lo
+    keys = [f"phantom/c{(lo + i) // 2:03d}/{level}/{(lo + i) % 2:05d}" for i in range(n)]
+    img = rng.integers(0, 256, (n, 224, 224), dtype=np.uint8)
+    img[:, :112] //= 4  # some structure, so tokens differ between rows
+    return {"key": np.array(keys, dtype=object), "image": img,
+            "split": np.array([split] * n, dtype=object)}
+
+
+def make_build(out: Path, n_l1: int = 11, n_l3: int = 7, seed: int = 0) -> Path:
+    """A tiny build through builder.writers (images are random bytes)."""
+    rng = np.random.default_rng(seed)
+    shards: dict = {}
+    for level, split, n, per in (("level1", "train", n_l1, 5), ("level1", "test", 3, 5),
+                                 ("level3", "test", n_l3, 4)):
+        (out / level).mkdir(parents=True, exist_ok=True)
+        sink = ShardSink(out, level, split, n, per, {"schema_version": "1.0"})
+        for lo in range(0, n, 3):  # cases of 3 rows
+            sink.add(_rows(level, split, lo, min(lo + 3, n), rng))
+        shards.setdefault(level, {})[split] = sink.close()
+    write_manifest(out, {"schema_version": "1.0", "shards": shards, "hf": None})
+    return out
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory) -> Path:
+    return make_build(tmp_path_factory.mktemp("cache") / "build")
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+EXACT = dict(dtype="fp32", compute="fp32", batch=4, progress=False, device="cpu")
+
+
+@pytest.mark.parametrize("family", list(MAKERS))
+def test_cache_is_aligned_with_shards(family: str, build: Path, models: Path, tmp_path: Path) -> None:
+    if family in ("hf", "open_clip"):
+        pytest.importorskip({"hf": "transformers", "open_clip": "open_clip"}[family])
+    sub = models / family
+    sub.mkdir(exist_ok=True)
+    name, kw = MAKERS[family](sub)
+    enc = load_encoder(name, **kw)
+    layers = [-1] if family == "open_clip" else [-1, -2]
+    out = write_cache(name, build, tmp_path / "c.h5", layers=layers, encoder_obj=enc, **EXACT)
+    b = Build(build)
+    with FeatureCache(out) as fc:
+        fc.check_matches(b)
+        assert fc.levels() == ["level1", "level3"] and fc.splits("level1") == ["test", "train"]
+        assert fc.layers() == layers and fc.meta["complete"] and fc.meta["dtype"] == "fp32"
+        assert fc.meta["encoder_config"]["name"] == name
+        assert fc.meta["weights"] == enc.spec.weights and fc.random_init == enc.spec.random_init
+        assert set(fc.meta["versions"]) >= {"torch", "timm", "transformers", "open_clip", "spar-bench"}
+        for level in b.levels():
+            for split in b.splits(level):
+                keys = b.read(level, split, ["key"])["key"]
+                np.testing.assert_array_equal(fc.keys(level, split), keys)
+                rows = np.array([len(keys) - 1, 0, 2])
+                imgs = torch.from_numpy(b.images(level, split, rows))
+                want = enc(imgs, layers)
+                for v in layers:
+                    got = fc.tokens(level, split, v, rows=rows)
+                    np.testing.assert_allclose(got, want[v][0].numpy(), rtol=1e-4, atol=1e-4)
+                    np.testing.assert_allclose(fc.pooled(level, split, v)[rows], want[v][1].numpy(),
+                                               rtol=1e-4, atol=1e-4)
+                assert fc.tokens(level, split, layers[0]).shape[0] == len(keys)
+
+
+def test_resume_after_interruption_is_identical(build: Path, tmp_path: Path) -> None:
+    full = write_cache("dummy", build, tmp_path / "full.h5", layers="-1,-2", **EXACT)
+
+    class Stop(Exception):
+        pass
+
+    calls = []
+
+    def stop_after_two(level, split, lo, hi):
+        calls.append((level, split, lo))
+        if len(calls) == 2:  # mid-split: 2 of level1/train's 3 batches (train comes first)
+            raise Stop
+
+    part = tmp_path / "part.h5"
+    with pytest.raises(Stop):
+        write_cache("dummy", build, part, layers="-1,-2", on_batch=stop_after_two, **EXACT)
+    with pytest.raises(IntegrityError, match="incomplete.*rerun"):
+        FeatureCache(part)
+    with h5py.File(part) as f:
+        assert f["level1/train/done"][()].sum() == 8 and "level1/test" not in f and "level3" not in f
+    with pytest.raises(ConfigError, match="differs in: dtype"):
+        write_cache("dummy", build, part, layers="-1,-2", **dict(EXACT, dtype="fp16"))
+    resumed = []
+    write_cache("dummy", build, part, layers="-1,-2",
+                on_batch=lambda lv, sp, lo, hi: resumed.append((lv, sp, lo)), **EXACT)
+    assert resumed[0] == ("level1", "train", 8)  # continued, not restarted
+    with FeatureCache(full) as a, FeatureCache(part) as b:
+        for level in a.levels():
+            for split in a.splits(level):
+                np.testing.assert_array_equal(a.keys(level, split), b.keys(level, split))
+                for v in (-1, -2):
+                    np.testing.assert_array_equal(a.tokens(level, split, v), b.tokens(level, split, v))
+                    np.testing.assert_array_equal(a.pooled(level, split, v), b.pooled(level, split, v))
+    # a complete cache with the same arguments is left alone; other arguments are refused
+    write_cache("dummy", build, part, layers="-1,-2", **EXACT)
+    with pytest.raises(ConfigError, match="complete cache made with other arguments.*layers"):
+        write_cache("dummy", build, part, layers="-1", **EXACT)
+    write_cache("dummy", build, part, layers="-1", overwrite=True, **EXACT)
+    assert FeatureCache(part).layers() == [-1]
+
+
+def test_other_shards_are_rejected(build: Path, tmp_path: Path) -> None:
+    out = write_cache("dummy", build, tmp_path / "c.h5", **EXACT)
+    other = make_build(tmp_path / "other", seed=1)
+    with pytest.raises(ConfigError) as e:
+        FeatureCache(out).check_matches(Build(other))
+    msg = str(e.value)
+    assert str(out) in msg and str(other) in msg
+    assert Build(build).fingerprint[:16] in msg and Build(other).fingerprint[:16] in msg
+
+
+def test_fp16_storage_is_close_to_fp32(build: Path, tmp_path: Path) -> None:
+    a = write_cache("dummy", build, tmp_path / "32.h5", **EXACT)
+    b = write_cache("dummy", build, tmp_path / "16.h5", **dict(EXACT, dtype="fp16"))
+    with FeatureCache(a) as fa, FeatureCache(b) as fb:
+        x, y = fa.pooled("level1", "train"), fb.pooled("level1", "train")
+        assert fb.tokens("level1", "train").dtype == np.float16
+        assert np.abs(x - y).max() <= 1e-3 * np.abs(x).max() + 1e-6
+
+
+def test_bf16_compute_is_recorded(build: Path, tmp_path: Path) -> None:
+    out = write_cache("dummy", build, tmp_path / "bf.h5", **dict(EXACT, compute="auto"))
+    with FeatureCache(out) as fc:
+        assert fc.meta["compute_dtype"] == "bf16"
+        assert json.loads(fc._f.attrs["cache_args"])["compute_dtype"] == "bf16"
+
+
+def test_cli(build: Path, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from probes.cli import cli
+
+    out = tmp_path / "cli.h5"
+    args = ["cache", "--encoder", "timm:resnet10t", "--data", str(build), "--out", str(out),
+            "--levels", "level3", "--device", "cpu", "--batch", "8"]
+    r = CliRunner().invoke(cli, args)
+    assert isinstance(r.exception, ConfigError) and "--random-init" in str(r.exception)
+    r = CliRunner().invoke(cli, [*args, "--random-init", "--layers", "-1,-3"])
+    assert r.exit_code == 0, r.output
+    with FeatureCache(out) as fc:
+        assert fc.levels() == ["level3"] and fc.random_init and fc.meta["weights"]["kind"] == "random-init"
+        assert fc.meta["dtype"] == "fp16" and fc.layers() == [-1, -3]
+        assert fc.tokens("level3", "test", -1).shape == (7, 36, 512)
+    r = CliRunner().invoke(cli, [*args, "--random-init", "--layers", "-1,x"])
+    assert isinstance(r.exception, ConfigError)
+
+
+@pytest.mark.slow
+def test_full_size_paper_pair_on_cpu(build: Path, tmp_path: Path) -> None:
+    for name, shape in (("timm:resnet50", (49, 2048)), ("timm:vit_base_patch32_224", (50, 768))):
+        out = write_cache(name, build, tmp_path / "c.h5", random_init=True, levels=["level1"],
+                          splits=["train"], device="cpu", batch=16, progress=False, overwrite=True)
+        with FeatureCache(out) as fc:
+            assert fc.random_init and fc.tokens("level1", "train").shape == (11, *shape)
+            assert np.isfinite(fc.pooled("level1", "train")).all()
