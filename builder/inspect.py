@@ -15,13 +15,16 @@ import click
 import numpy as np
 
 from .errors import SparError
+from .ontology import label_counts
 from .schema import N_ORGANS, ORGANS
 
 
 def describe_case(case) -> list[str]:
     """Human-readable lines describing one loaded :class:`~builder.case.Case`."""
     info = case.provenance.get("orientation", {})
-    counts = np.bincount(case.mask.ravel(), minlength=N_ORGANS + 1)
+    counts = np.zeros(N_ORGANS + 1, dtype=np.int64)
+    found = label_counts(case.mask)
+    counts[: found.size] = found
     present = [f"{o}={int(counts[i + 1])}" for i, o in enumerate(ORGANS) if counts[i + 1]]
     absent = [o for i, o in enumerate(ORGANS) if case.annotated[i] and not counts[i + 1]]
     unannotated = [o for i, o in enumerate(ORGANS) if not case.annotated[i]]
