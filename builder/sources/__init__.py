@@ -17,7 +17,6 @@ SOURCES.register_lazy("phantom", "builder.sources.phantom:PhantomSource")
 __all__ = ["SOURCES", "Source", "IMAGE_MODES", "sources_command"]
 
 
-
 @click.command("sources")
 def sources_command() -> None:
     """List every registered source and what it needs on disk."""
