@@ -1,0 +1,204 @@
+"""Benchmark the feature cache: bare encoder throughput vs ``spar-probe cache`` end to end.
+
+    python bench/cache.py                                   # CPU, resnet50 + ViT-B/32, own build
+    python bench/cache.py --device cuda --batch 128 --n 2048
+    python bench/cache.py --data shards/ --encoders timm:resnet50 --levels level1
+
+Per encoder (random init: throughput does not depend on the weights) it prints:
+* bare img/s: ``Encoder.forward`` (preprocessing included) on random uint8 batches already
+  on the device, same autocast as the cache;
+* cache img/s: ``write_cache`` end to end on real shards (reading, H2D, compute, D2H,
+  HDF5 writes), and the ratio cache/bare (aim > 0.9);
+* bytes per sample on disk, and random 256-minibatch token reads from the finished cache;
+* storage and compute precision: max abs / relative error of pooled vectors stored in fp16
+  (vs fp32), and of bf16 autocast (vs fp32 compute) on one batch.
+
+Without ``--data`` it makes a small build in a temp dir: the phantom pipeline
+(``spar-build phantom`` + ``spar-build --source phantom``) when available, else
+synthetic shards through ``builder.writers`` (said in the output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def make_build(tmp: Path, n: int) -> tuple[Path, str]:
+    """A small build: the phantom pipeline if it works here, else synthetic shards."""
+    phantom, out = tmp / "phantom", tmp / "build"
+    n_cases = max(2, n // 4)
+    cmds = [
+        ["spar-build", "phantom", "--out", str(phantom), "--n", str(n_cases), "--layout", "canonical"],
+        ["spar-build", "--source", "phantom", "--root", str(phantom), "--out", str(out),
+         "--samples-per-case", "4", "--levels", "level1", "--no-hf", "--images", "synthesize"],
+    ]
+    try:
+        for c in cmds:
+            subprocess.run(c, check=True, capture_output=True, text=True, timeout=1800)
+        return out, f"phantom pipeline ({n_cases} cases, level1, 4 samples per case)"
+    except (subprocess.CalledProcessError, FileNotFoundError, subprocess.TimeoutExpired) as e:
+        why = (getattr(e, "stderr", "") or str(e)).strip().splitlines()[-1:] or ["?"]
+        from builder.writers.hdf5 import ShardSink
+        from builder.writers.manifest import write_manifest
+
+        rng = np.random.default_rng(0)
+        (out / "level1").mkdir(parents=True, exist_ok=True)
+        sink = ShardSink(out, "level1", "train", n, 512, {"schema_version": "1.0"})
+        for lo in range(0, n, 64):
+            m = min(64, n - lo)
+            img = rng.integers(0, 256, (m, 224, 224), dtype=np.uint8)
+            keys = np.array([f"synthetic/c{(lo + i) // 4:04d}/level1/{(lo + i) % 4:05d}" for i in range(m)], dtype=object)
+            sink.add({"key": keys, "image": img})
+        write_manifest(out, {"schema_version": "1.0", "shards": {"level1": {"train": sink.close()}}, "hf": None})
+        return out, f"synthetic shards via builder.writers ({n} random images; phantom pipeline unavailable: {why[0]})"
+
+
+def bare_throughput(enc, device, compute: str, batch: int, iters: int) -> float:
+    import torch
+
+    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(compute)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (batch, 224, 224), generator=g, dtype=torch.uint8).to(device)
+    with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+        for _ in range(2):
+            enc(x)
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            res = enc(x)
+            res[-1][0].float().cpu()  # the cache also brings tokens back to the host
+        _sync(device)
+    return batch * iters / (time.perf_counter() - t0)
+
+
+def precision(enc, build, device, batch: int) -> dict[str, float]:
+    """Errors of fp16 storage and of bf16 autocast, on one batch of real shards."""
+    import torch
+
+    from builder.shards import Build
+
+    b = Build(build)
+    lv = b.levels()[0]
+    _, imgs = next(b.iter_images(lv, b.splits(lv)[0], batch))
+    x = torch.from_numpy(imgs).to(device)
+    ref = enc(x)[-1][1].float().cpu().numpy()
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        bf = enc(x)[-1][1].float().cpu().numpy()
+    f16 = ref.astype(np.float16).astype(np.float32)
+    scale = float(np.abs(ref).max()) or 1.0
+    rel = lambda a: float(np.linalg.norm(a - ref) / (np.linalg.norm(ref) or 1.0))  # noqa: E731
+    return {"fp16_storage_max_abs": float(np.abs(f16 - ref).max()), "fp16_storage_rel_l2": rel(f16),
+            "bf16_compute_max_abs": float(np.abs(bf - ref).max()), "bf16_compute_rel_l2": rel(bf),
+            "pooled_abs_max": scale}
+
+
+def read_throughput(cache: Path, level: str, split: str, batch: int = 256, reps: int = 5) -> dict[str, float]:
+    from probes.features import FeatureCache
+
+    rng = np.random.default_rng(0)
+    with FeatureCache(cache) as fc:
+        n = fc.count(level, split)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fc.tokens(level, split, rows=rng.choice(n, size=min(batch, n), replace=False))
+        dt = (time.perf_counter() - t0) / reps
+        t1 = time.perf_counter()
+        fc.pooled(level, split)
+        dp = time.perf_counter() - t1
+    return {"random_batch": min(batch, n), "ms_per_random_batch": 1000 * dt,
+            "samples_per_s": min(batch, n) / dt, "pooled_full_read_ms": 1000 * dp}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--encoders", default="timm:resnet50,timm:vit_base_patch32_224")
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or auto")
+    ap.add_argument("--data", default=None, help="a build folder (default: make a small one)")
+    ap.add_argument("--levels", default=None, help="levels to cache (default: all)")
+    ap.add_argument("--n", type=int, default=256, help="images of the fallback synthetic build")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--iters", type=int, default=4, help="batches timed for the bare forward")
+    ap.add_argument("--dtype", default="fp16", choices=["fp16", "fp32"])
+    ap.add_argument("--compute", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
+    ap.add_argument("--workers", type=int, default=None)
+    ap.add_argument("--json", default=None, help="also write the results here")
+    a = ap.parse_args(argv)
+
+    import torch
+
+    from probes.cache import pick_compute, pick_device, write_cache
+    from probes.encoders import load_encoder
+
+    device = pick_device(a.device)
+    compute = pick_compute(a.compute, device)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="spar-bench-cache-") as tmp:
+        tmp = Path(tmp)
+        if a.data:
+            data, what = Path(a.data), f"build {a.data}"
+        else:
+            data, what = make_build(tmp, a.n)
+        from builder.shards import Build
+
+        b = Build(data)
+        levels = a.levels.split(",") if a.levels else b.levels()
+        n_rows = sum(b.count(lv, s) for lv in levels for s in b.splits(lv))
+        print(f"data: {what}; {n_rows} images; device {device}"
+              f" ({torch.cuda.get_device_name(device) if device.type == 'cuda' else f'{torch.get_num_threads()} threads'});"
+              f" compute {compute}; storage {a.dtype}; batch {a.batch}", flush=True)
+        for name in a.encoders.split(","):
+            enc = load_encoder(name, random_init=True)
+            if not enc.spec.extra.get("vit_like", True):
+                enc.use_channels_last()
+            enc.to(device)
+            bare = bare_throughput(enc, device, compute, a.batch, a.iters)
+            out = tmp / f"{name.replace(':', '_')}.h5"
+            t0 = time.perf_counter()
+            write_cache(name, data, out, encoder_obj=enc, levels=levels, device=str(device),
+                        batch=a.batch, dtype=a.dtype, compute=compute, workers=a.workers,
+                        progress=False)
+            dt = time.perf_counter() - t0
+            e2e = n_rows / dt
+            lv = levels[0]
+            r = {"encoder": name, "tokens": enc.spec.n_tokens, "dim": enc.spec.dim,
+                 "bare_img_s": bare, "cache_img_s": e2e, "ratio": e2e / bare,
+                 "bytes_per_sample": out.stat().st_size / n_rows,
+                 "token_bytes_per_sample": enc.spec.n_tokens * enc.spec.dim * (2 if a.dtype == "fp16" else 4),
+                 **read_throughput(out, lv, b.splits(lv)[0]),
+                 **precision(enc, data, device, min(a.batch, 32))}
+            results.append(r)
+            print(json.dumps(r, indent=None), flush=True)
+            out.unlink()
+    print()
+    print(f"{'encoder':28s} {'bare img/s':>10s} {'cache img/s':>11s} {'ratio':>6s} {'KB/sample':>9s} "
+          f"{'ms/rand256':>10s} {'fp16 rel':>9s} {'bf16 rel':>9s}")
+    for r in results:
+        print(f"{r['encoder']:28s} {r['bare_img_s']:10.1f} {r['cache_img_s']:11.1f} {r['ratio']:6.2f} "
+              f"{r['bytes_per_sample'] / 1024:9.1f} {r['ms_per_random_batch']:10.1f} "
+              f"{r['fp16_storage_rel_l2']:9.2e} {r['bf16_compute_rel_l2']:9.2e}")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"data": what, "device": str(device), "compute": compute,
+                                            "dtype": a.dtype, "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
