@@ -186,3 +186,9 @@ def test_bad_cases_raise_case_errors():
     bad[1, 0, 0] = 40
     with pytest.raises(CaseError, match="label id 40 on slice z=1"):
         process_case(Case("synth", "badlab", "train", bad, case.spacing, image=case.image), CFG, 0)
+    negative = case.mask.astype(np.int16)
+    negative[2, 3, 3] = -1
+    with pytest.raises(CaseError, match="neglab.*negative label id -1"):
+        process_case(
+            Case("synth", "neglab", "train", negative, case.spacing, image=case.image), CFG, 0
+        )

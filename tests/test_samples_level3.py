@@ -246,4 +246,7 @@ def test_apply_thresholds_pure_and_consistent():
 
 def test_fit_thresholds_refuses_empty():
     with pytest.raises(ConfigError, match="no size questions"):
-        fit_thresholds([empty_questions()])
+        fit_thresholds([empty_questions(), {}])
+    # empty tables (cases without Level 3 slices) are skipped, not an error
+    th = fit_thresholds([{}, empty_questions(), *_training()])
+    assert th == fit_thresholds(_training())

@@ -20,8 +20,6 @@ from builder.case import Case
 from builder.samples import SampleConfig, process_case
 from builder.schema import BILATERAL_PAIRS, LEVEL3_PROBES, ORGAN_ID, organ_index
 
-pytestmark = pytest.mark.slow
-
 CASES = ("word_0016", "word_0129")  # 0.72 mm pixels; uint16 label map
 CFG = SampleConfig(samples_per_case=4, counterfactual="mirror")
 

@@ -184,24 +184,35 @@ def slice_stats(case: Case) -> SliceStats:
         raise CaseError(
             case.case_id, None, f"mask must be an integer label map, got dtype {mask.dtype}"
         )
-    rows = np.repeat(np.arange(h, dtype=np.float64), w)
-    cols = np.tile(np.arange(w, dtype=np.float64), h)
+    if mask.dtype.kind == "i" and mask.size and int(mask.min()) < 0:
+        raise CaseError(
+            case.case_id,
+            None,
+            f"mask has negative label id {int(mask.min())}; canonical ids are 0..{N_ORGANS}",
+        )
+    # label + n_labels * row (resp. col): one integer bincount gives counts per (row, label)
+    row_code = np.repeat(np.arange(h, dtype=np.int64) * n_labels, w)
+    col_code = np.tile(np.arange(w, dtype=np.int64) * n_labels, h)
+    row_pos, col_pos = np.arange(h, dtype=np.float64), np.arange(w, dtype=np.float64)
     area = np.zeros((z_n, n_labels), dtype=np.int64)
     sums = np.zeros((z_n, n_labels, 2), dtype=np.float64)
     for z in range(z_n):
         lab = mask[z].ravel()
-        counts = np.bincount(lab, minlength=n_labels)
-        if len(counts) > n_labels:
-            bad = int(np.flatnonzero(counts[n_labels:])[0]) + n_labels
+        top = int(lab.max())
+        if top >= n_labels:
             raise CaseError(
                 case.case_id,
                 None,
-                f"mask has label id {bad} on slice z={z}; canonical ids are 0..{N_ORGANS}",
+                f"mask has label id {top} on slice z={z}; canonical ids are 0..{N_ORGANS}",
             )
-        area[z] = counts
-        if counts[1:].any():
-            sums[z, :, 0] = np.bincount(lab, weights=rows, minlength=n_labels)
-            sums[z, :, 1] = np.bincount(lab, weights=cols, minlength=n_labels)
+        if top == 0:
+            area[z, 0] = lab.size
+            continue
+        per_row = np.bincount(row_code + lab, minlength=h * n_labels).reshape(h, n_labels)
+        per_col = np.bincount(col_code + lab, minlength=w * n_labels).reshape(w, n_labels)
+        area[z] = per_row.sum(axis=0)
+        sums[z, :, 0] = row_pos @ per_row
+        sums[z, :, 1] = col_pos @ per_col
     with np.errstate(invalid="ignore", divide="ignore"):
         centroid = sums / area[..., None]
     centroid[area == 0] = np.nan

@@ -40,6 +40,8 @@ def _cuts(values: np.ndarray) -> list[float]:
 
 def _concat(questions: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     names = ("q_key", "q_probe", "q_organ_a", "q_organ_b", "q_area_a_mm2", "q_distance_mm")
+    # a case without Level 3 slices may hand over an empty dict: nothing to fit on there
+    questions = [q for q in questions if q and len(q.get("q_probe", q.get("q_key", ()))) > 0]
     if not questions:
         return {n: np.empty(0) for n in names}
     for i, q in enumerate(questions):
