@@ -177,11 +177,60 @@ def test_cli(build: Path, tmp_path: Path) -> None:
     assert isinstance(r.exception, ConfigError)
 
 
+@pytest.fixture(scope="session")
+def phantom_build(tmp_path_factory) -> Path:
+    """The real pipeline: ``spar-build phantom`` then ``spar-build --source phantom`` (~20-40 s)."""
+    from click.testing import CliRunner
+
+    from builder.cli import cli as build_cli
+
+    tmp = tmp_path_factory.mktemp("phantom")
+    runner = CliRunner()
+    r = runner.invoke(build_cli, ["phantom", "--out", str(tmp / "P"), "--n", "6", "--layout", "canonical"])
+    if r.exit_code != 0:
+        pytest.fail(f"spar-build phantom failed: {r.output} {r.exception!r}")
+    r = runner.invoke(build_cli, ["--source", "phantom", "--root", str(tmp / "P"), "--out", str(tmp / "B"),
+                                  "--samples-per-case", "2", "--no-hf", "--images", "synthesize"])
+    if r.exit_code != 0:
+        pytest.fail(f"spar-build --source phantom failed: {r.output} {r.exception!r}")
+    return tmp / "B"
+
+
 @pytest.mark.slow
-def test_full_size_paper_pair_on_cpu(build: Path, tmp_path: Path) -> None:
+def test_end_to_end_on_phantom_build(phantom_build: Path, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from probes.cli import cli
+
+    out = tmp_path / "dummy.h5"
+    r = CliRunner().invoke(cli, ["cache", "--encoder", "dummy", "--data", str(phantom_build), "--out",
+                                 str(out), "--layers", "-1,-2", "--device", "cpu", "--compute", "fp32",
+                                 "--dtype", "fp32", "--batch", "32"])
+    assert r.exit_code == 0, r.output
+    b = Build(phantom_build)
+    enc = load_encoder("dummy")
+    with FeatureCache(out) as fc:
+        fc.check_matches(b)
+        assert fc.levels() == b.levels() == ["level1", "level2", "level3"]
+        for level in b.levels():
+            assert fc.splits(level) == sorted(b.splits(level))
+            for split in b.splits(level):
+                keys = b.read(level, split, ["key"])["key"]
+                np.testing.assert_array_equal(fc.keys(level, split), keys)
+                rows = np.array([0, len(keys) - 1])
+                want = enc(torch.from_numpy(b.images(level, split, rows)), [-2])[-2]
+                np.testing.assert_allclose(fc.tokens(level, split, -2, rows=rows), want[0].numpy(),
+                                           rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_full_size_paper_pair_on_cpu(phantom_build: Path, tmp_path: Path) -> None:
+    n = Build(phantom_build).count("level1", "train")
     for name, shape in (("timm:resnet50", (49, 2048)), ("timm:vit_base_patch32_224", (50, 768))):
-        out = write_cache(name, build, tmp_path / "c.h5", random_init=True, levels=["level1"],
+        out = write_cache(name, phantom_build, tmp_path / "c.h5", random_init=True, levels=["level1"],
                           splits=["train"], device="cpu", batch=16, progress=False, overwrite=True)
         with FeatureCache(out) as fc:
-            assert fc.random_init and fc.tokens("level1", "train").shape == (11, *shape)
+            assert fc.random_init and fc.meta["weights"] == {"kind": "random-init"}
+            assert fc.tokens("level1", "train").shape == (n, *shape)
+            assert fc.tokens("level1", "train").dtype == np.float16
             assert np.isfinite(fc.pooled("level1", "train")).all()
