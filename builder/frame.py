@@ -63,6 +63,15 @@ def canonical_transform(affine: np.ndarray) -> dict[str, Any]:
     }
 
 
+def describe_transform(info: dict[str, Any]) -> str:
+    """``"i->col flipped, j->row flipped, k->z"``: where each file axis lands, in words."""
+    names = {0: "col", 1: "row", 2: "z"}  # axes after apply_orientation, before the transpose
+    parts = []
+    for in_axis, (out_axis, flip) in zip("ijk", info["transform"], strict=True):
+        parts.append(f"{in_axis}->{names[int(out_axis)]}{' flipped' if int(flip) < 0 else ''}")
+    return ", ".join(parts)
+
+
 def apply_canonical(data: np.ndarray, info: dict[str, Any]) -> np.ndarray:
     """Apply a transform from :func:`canonical_transform` (contiguous copy only if needed)."""
     from nibabel import orientations as nio

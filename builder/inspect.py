@@ -21,7 +21,10 @@ from .schema import N_ORGANS, ORGANS
 
 def describe_case(case) -> list[str]:
     """Human-readable lines describing one loaded :class:`~builder.case.Case`."""
+    from .frame import describe_transform
+
     info = case.provenance.get("orientation", {})
+    applied = describe_transform(info) if "transform" in info else "unknown transform"
     counts = np.zeros(N_ORGANS + 1, dtype=np.int64)
     found = label_counts(case.mask)
     counts[: found.size] = found
@@ -30,8 +33,8 @@ def describe_case(case) -> list[str]:
     unannotated = [o for i, o in enumerate(ORGANS) if not case.annotated[i]]
     lines = [
         f"case {case.case_id} (source {case.source}, split {case.split})",
-        f"  orientation: found {info.get('axcodes', '?')}, applied transform {info.get('transform')} "
-        f"then transpose {info.get('transpose')} -> [z,row,col] (col 0 = patient's right)",
+        f"  orientation: found {info.get('axcodes', '?')}; applied {applied} -> [z,row,col] "
+        "(row 0 anterior, col 0 = patient's right)",
         f"  spacing (z,row,col) mm: {tuple(round(float(s), 4) for s in case.spacing)}; shape: {case.shape}",
         f"  image: {'pseudo-CT (synthesized)' if case.image_synthesized else 'CT'}"
         + (

@@ -101,6 +101,25 @@ def read_nifti(path: str | Path, *, case_id: str) -> Volume:
     return _squeeze_to_3d(data, case_id=case_id, path=path), affine
 
 
+def nifti_has_orientation(path: str | Path) -> bool:
+    """Whether a NIfTI header declares its geometry (``sform_code`` or ``qform_code`` > 0).
+
+    With both codes 0 nibabel falls back to an affine built from the voxel sizes alone,
+    whose orientation is a guess. Reads the header only. A non-NIfTI path (a DICOM folder)
+    returns True: DICOM always states its geometry.
+    """
+    import nibabel as nib
+
+    path = Path(path)
+    if path.is_dir() or not is_nifti(path):
+        return True
+    try:
+        header = nib.load(str(path)).header
+        return bool(int(header["sform_code"]) > 0 or int(header["qform_code"]) > 0)
+    except Exception:  # unreadable files are reported by read_nifti itself
+        return True
+
+
 def sitk_to_ras_affine(direction: tuple[float, ...], spacing: tuple[float, ...], origin: tuple[float, ...]) -> np.ndarray:
     """The RAS affine of a SimpleITK image given as direction (row-major 3x3), spacing, origin (LPS)."""
     lps = np.eye(4)

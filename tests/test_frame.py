@@ -218,3 +218,12 @@ def test_check_same_geometry_names_both_files():
     msg = str(e.value)
     assert "case c" in msg and "img.nii" in msg and "m.nii" in msg
     assert "origin" in msg and "shape" in msg
+
+
+def test_describe_transform_words():
+    from builder.frame import describe_transform
+
+    assert describe_transform(canonical_transform(np.diag([1.0, 1, 1, 1]) * 0.9 + np.diag([0, 0, 0, 0.1]))) == (
+        "i->col flipped, j->row flipped, k->z"
+    )
+    assert describe_transform(canonical_transform(np.diag([-0.9, -0.9, 2.0, 1.0]))) == "i->col, j->row, k->z"

@@ -299,3 +299,33 @@ def test_totalsegmentator_meta_and_missing_classes(totalseg_dir, tmp_path):
     assert case.split == "train"
     assert case.annotated[ORGANS.index("liver")] and not case.annotated[ORGANS.index("kidney_left")]
     assert "kidney_left" in case.provenance["missing_classes"]
+
+
+def test_lits_header_without_sform_qform_uses_voxel_sizes(tmp_path):
+    seg = np.zeros(SHAPE, dtype=np.uint8)
+    seg[8:11, 2:6, 1:5] = 1
+    seg[9, 3, 2] = 2
+    for name, data in (("segmentation-5.nii", seg), ("volume-5.nii", np.zeros(SHAPE, dtype=np.int16))):
+        img = nib.Nifti1Image(data, None)
+        img.header.set_zooms((0.7, 0.7, 2.5))
+        img.set_sform(None, code=0)
+        img.set_qform(None, code=0)
+        nib.save(img, str(tmp_path / name))
+    src = LitsSource(tmp_path)
+    case = src.load(src.find()[0])
+    assert case.spacing == pytest.approx((2.5, 0.7, 0.7))
+    assert "from the header voxel sizes" in " ".join(case.provenance["repairs"])
+    assert columns(case.mask, "liver") < SHAPE[0] / 2 and int(case.lesion.sum()) == 1
+
+
+@pytest.mark.slow
+def test_word_real_masks_with_real_renderer(word_labels_dir):
+    pytest.importorskip("builder.phantom.render")
+    src = WordSource(word_labels_dir, images="synthesize", seed=3)
+    ref = src.find()[1]
+    a = src.load(ref)
+    assert a.image.dtype == np.int16 and a.image.shape == a.mask.shape
+    liver, air = a.image[a.mask == ORGAN_ID["liver"]], a.image[0, 0, :10]
+    assert float(np.median(liver)) > float(np.median(air))  # an organ is denser than the air corner
+    b = WordSource(word_labels_dir, images="synthesize", seed=3).load(ref)
+    assert np.array_equal(a.image, b.image)  # seeded per case: deterministic

@@ -7,13 +7,14 @@ not annotated.
 Broken headers
 --------------
 Several LiTS volumes carry an identity-like affine (identity, or axis-aligned 1 mm
-voxels: no spacing information). Rule, applied per case and REPORTED in
+voxels: no spacing information), or a header with ``sform_code == qform_code == 0``
+(no declared orientation). Such a header is "degenerate". Rule, applied per case and REPORTED in
 ``case.provenance["repairs"]``:
 
 1. If only one of image / segmentation has a degenerate affine, it takes the other
    file's affine (same voxel grid: the shapes must agree).
-2. If both are degenerate, the voxel grid is kept with 1 mm spacing (recorded as
-   assumed), and the lateral axis is decided from anatomy: the liver lies on the
+2. If both are degenerate, the voxel grid is kept, with the header's voxel sizes when
+   they are not all 1 mm, else 1 mm (recorded as assumed), and the lateral axis is decided from anatomy: the liver lies on the
    patient's right, so the ``i`` axis is oriented such that the liver's centroid falls
    on the patient's right half. Anterior/posterior and superior/inferior are taken from
    the header as they are and recorded as unverified.
@@ -33,8 +34,8 @@ import numpy as np
 
 from ..case import CaseRef
 from ..errors import CaseError, ConfigError
-from ..frame import is_degenerate_affine
-from ..readers import is_nifti, strip_nifti_suffix
+from ..frame import is_degenerate_affine, voxel_spacing
+from ..readers import is_nifti, nifti_has_orientation, strip_nifti_suffix
 from ..schema import ORGAN_ID, SPLITS
 from .word import VolumeSource, check_unique
 
@@ -93,11 +94,13 @@ class LitsSource(VolumeSource):
     def resolve_affines(
         self, ref: CaseRef, image_affine: np.ndarray | None, mask_affine: np.ndarray, mask: np.ndarray
     ) -> tuple[np.ndarray | None, np.ndarray, list[str]]:
-        bad_mask = is_degenerate_affine(mask_affine)
-        bad_image = image_affine is not None and is_degenerate_affine(image_affine)
+        mask_path, image_path = ref.files["mask"], ref.files.get("image")
+        bad_mask = is_degenerate_affine(mask_affine) or not nifti_has_orientation(mask_path)
+        bad_image = image_affine is not None and (
+            is_degenerate_affine(image_affine) or not nifti_has_orientation(image_path)
+        )
         if not (bad_mask or bad_image):
             return image_affine, mask_affine, []
-        mask_path, image_path = ref.files["mask"], ref.files.get("image")
         if self.degenerate_affine == "fail":
             which = mask_path if bad_mask else image_path
             raise CaseError(
@@ -121,9 +124,14 @@ class LitsSource(VolumeSource):
         centre = (mask.shape[0] - 1) / 2.0
         # Voxel axis i points to the patient's Right ("R") iff the liver sits at large i.
         sign_x = 1.0 if centroid_i >= centre else -1.0
-        affine = np.diag([sign_x, 1.0, 1.0, 1.0])
+        spacing = voxel_spacing(mask_affine)
+        if is_degenerate_affine(mask_affine):
+            spacing, spacing_note = (1.0, 1.0, 1.0), "spacing unknown, assumed 1 mm on every axis"
+        else:
+            spacing_note = f"spacing {tuple(round(v, 4) for v in spacing)} mm from the header voxel sizes"
+        affine = np.diag([sign_x * spacing[0], spacing[1], spacing[2], 1.0])
         repairs = [
-            "image and mask affines were degenerate (identity-like): spacing assumed 1 mm on every axis",
+            f"image and mask headers were degenerate (identity-like or no sform/qform): {spacing_note}",
             f"lateral axis from anatomy: liver centroid at i={centroid_i:.1f} of {mask.shape[0]}, so voxel axis i "
             f"points to the patient's {'right' if sign_x > 0 else 'left'}",
             "anterior/posterior and superior/inferior taken from the header unverified (j->A, k->S)",
