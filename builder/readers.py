@@ -74,6 +74,27 @@ def _squeeze_to_3d(data: np.ndarray, *, case_id: str, path: Path) -> np.ndarray:
     return data
 
 
+def _read_dataobj(proxy) -> np.ndarray:
+    """Voxel values of a nibabel array proxy, with integer scaling kept in integers.
+
+    CT files often store int16 with ``scl_inter = -1024``; nibabel would return float64
+    (8 bytes per voxel). An integral slope and intercept on integer storage are applied in
+    int32 (int64 for 32-bit storage) instead; anything else goes through nibabel.
+    """
+    slope = float(getattr(proxy, "slope", 1.0))
+    inter = float(getattr(proxy, "inter", 0.0))
+    dtype = np.dtype(getattr(proxy, "dtype", np.float64))
+    scaled = (slope, inter) != (1.0, 0.0)
+    if scaled and dtype.kind in "iu" and slope.is_integer() and inter.is_integer():
+        raw = proxy.get_unscaled()
+        data = raw.astype(np.int64 if dtype.itemsize >= 4 else np.int32)
+        if slope != 1.0:
+            data *= int(slope)
+        data += int(inter)
+        return data
+    return np.asanyarray(proxy)
+
+
 def read_nifti(path: str | Path, *, case_id: str) -> Volume:
     """Read a ``.nii`` / ``.nii.gz`` file into ``(data, affine)``; errors name the file."""
     import nibabel as nib
@@ -88,7 +109,7 @@ def read_nifti(path: str | Path, *, case_id: str) -> Volume:
         shape = tuple(int(s) for s in img.shape)
         if len(shape) < 3 or 0 in shape:
             return _squeeze_to_3d(np.empty(shape), case_id=case_id, path=path), img.affine
-        data = np.asanyarray(img.dataobj)
+        data = _read_dataobj(img.dataobj)
         affine = np.asarray(img.affine, dtype=np.float64)
     except CaseError:
         raise

@@ -159,3 +159,14 @@ def test_inspect_skip_continues_and_fail_stops(tmp_path, capsys):
     err_lines = captured.err.strip().splitlines()
     assert len(err_lines) == 1 and err_lines[0].startswith("error: case b_bad:")
     assert "case c_good" not in captured.out
+
+
+def test_integer_scaled_ct_is_read_without_float(tmp_path):
+    raw = np.array([0, 1000, 1040, 3000], dtype=np.int16).reshape(1, 2, 2).repeat(2, axis=0)
+    img = nib.Nifti1Image(raw, AFFINE)
+    img.header.set_slope_inter(1, -1024)
+    path = tmp_path / "ct.nii.gz"
+    nib.save(img, str(path))
+    data, _ = read_volume(path, case_id="ct")
+    assert data.dtype.kind == "i"
+    assert np.array_equal(data, raw.astype(np.int32) - 1024)
