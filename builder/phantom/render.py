@@ -325,11 +325,16 @@ def _hull_layers(
 
 
 def _synth_spine(body: np.ndarray, spacing, free: np.ndarray) -> np.ndarray:
-    """A vertebral body (ellipse 32 x 40 mm) 70 mm in front of the back, on the midline."""
+    """A vertebral body (ellipse 32 x 40 mm) on the midline, 70 mm in front of the back.
+
+    Where that spot is mostly organ (e.g. the rectum in the pelvis), the ellipse moves
+    back in 5 mm steps (up to 30 mm) to the position with the least organ overlap, like
+    the sacrum behind the rectum. Only organ-free voxels become bone.
+    """
     nz, nr, nc = body.shape
     _, dr, dc = spacing
-    rows = np.arange(nr, dtype=np.float32)[:, None] * dr
-    cols = np.arange(nc, dtype=np.float32)[None, :] * dc
+    semi_r, semi_c = 16.0, 20.0
+    hr, hc = int(np.ceil(semi_r / dr)) + 1, int(np.ceil(semi_c / dc)) + 1
     out = np.zeros(body.shape, dtype=bool)
     any_col = body.any(axis=1)  # (nz, nc)
     for z in range(nz):
@@ -340,10 +345,25 @@ def _synth_spine(body: np.ndarray, spacing, free: np.ndarray) -> np.ndarray:
         r = np.nonzero(body[z, :, c_mid])[0]
         if r.size == 0:
             continue
-        r0 = r[-1] * dr - 70.0
-        if r0 <= r[0] * dr:
-            continue
-        out[z] = ((rows - r0) / 16.0) ** 2 + ((cols - c_mid * dc) / 20.0) ** 2 <= 1.0
+        best = None
+        for shift in range(0, 35, 5):
+            r0 = r[-1] * dr - 70.0 + shift
+            if r0 <= r[0] * dr or r0 >= r[-1] * dr:
+                continue
+            ri = int(round(r0 / dr))
+            rs = slice(max(0, ri - hr), min(nr, ri + hr + 1))
+            cs = slice(max(0, c_mid - hc), min(nc, c_mid + hc + 1))
+            rr = np.arange(rs.start, rs.stop, dtype=np.float32)[:, None] * dr - r0
+            cc = np.arange(cs.start, cs.stop, dtype=np.float32)[None, :] * dc - c_mid * dc
+            ell = (rr / semi_r) ** 2 + (cc / semi_c) ** 2 <= 1.0
+            overlap = float((ell & ~free[z, rs, cs]).sum()) / max(int(ell.sum()), 1)
+            if best is None or overlap < best[0] - 1e-9:
+                best = (overlap, rs, cs, ell)
+            if overlap < 0.1:
+                break
+        if best is not None:
+            _, rs, cs, ell = best
+            out[z, rs, cs] = ell
     return out & free
 
 
