@@ -136,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=256, help="images of the fallback synthetic build")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--iters", type=int, default=4, help="batches timed for the bare forward")
+    ap.add_argument("--repeats", type=int, default=2, help="interleaved repeats (best is kept)")
     ap.add_argument("--dtype", default="fp16", choices=["fp16", "fp32"])
     ap.add_argument("--compute", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
     ap.add_argument("--workers", type=int, default=None)
@@ -169,17 +170,20 @@ def main(argv: list[str] | None = None) -> int:
             if not enc.spec.extra.get("vit_like", True):
                 enc.use_channels_last()
             enc.to(device)
-            bare = bare_throughput(enc, device, compute, a.batch, a.iters)
             out = tmp / f"{name.replace(':', '_')}.h5"
-            t0 = time.perf_counter()
-            write_cache(name, data, out, encoder_obj=enc, levels=levels, device=str(device),
-                        batch=a.batch, dtype=a.dtype, compute=compute, workers=a.workers,
-                        progress=False)
-            dt = time.perf_counter() - t0
-            e2e = n_rows / dt
+            bares, e2es = [], []
+            for _ in range(a.repeats):  # interleaved; the best of each (shared machines are noisy)
+                bares.append(bare_throughput(enc, device, compute, a.batch, a.iters))
+                t0 = time.perf_counter()
+                write_cache(name, data, out, encoder_obj=enc, levels=levels, device=str(device),
+                            batch=a.batch, dtype=a.dtype, compute=compute, workers=a.workers,
+                            progress=False, overwrite=True)
+                e2es.append(n_rows / (time.perf_counter() - t0))
+            bare, e2e = max(bares), max(e2es)
             lv = levels[0]
             r = {"encoder": name, "tokens": enc.spec.n_tokens, "dim": enc.spec.dim,
-                 "bare_img_s": bare, "cache_img_s": e2e, "ratio": e2e / bare,
+                 "bare_img_s": bare, "cache_img_s": e2e,
+                 "bare_all": bares, "cache_all": e2es, "ratio": e2e / bare,
                  "bytes_per_sample": out.stat().st_size / n_rows,
                  "token_bytes_per_sample": enc.spec.n_tokens * enc.spec.dim * (2 if a.dtype == "fp16" else 4),
                  **read_throughput(out, lv, b.splits(lv)[0]),
