@@ -23,11 +23,39 @@ COMMANDS = {
 
 
 @click.group(cls=LazyGroup, lazy_commands=COMMANDS, invoke_without_command=True)
+@click.option("--source", multiple=True, metavar="NAME",
+              help="Source to build from (repeat for a transfer build); see `spar-build sources`.")
+@click.option("--root", multiple=True, metavar="DIR",
+              help="Data folder, one per --source (default $SPAR_DATA_<SOURCE>, else ./data/<source>).")
+@click.option("--out", metavar="DIR", help="Output folder (required to build).")
+@click.option("--levels", metavar="LIST", help="Comma list of level1,level2,level3 (default all).")
+@click.option("--samples-per-case", type=int, help="Level 1/2 mosaics per case.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Global seed.")
+@click.option("--workers", type=int, default=1, show_default=True,
+              help="Worker processes (never changes the output).")
+@click.option("--counterfactual", type=click.Choice(["mirror"]), help="Add left-right mirrored copies.")
+@click.option("--images", type=click.Choice(["auto", "require", "synthesize"]), default="auto",
+              show_default=True, help="Use real CT, require it, or render pseudo-CT from masks.")
+@click.option("--arrangement", type=click.Choice(["rows-by-y", "rank-x", "rank-y"]),
+              help="Level 2 target arrangement.")
+@click.option("--shard-size", type=int, default=2000, show_default=True, help="Rows per shard.")
+@click.option("--thresholds-from", metavar="PATH",
+              help="Take size/distance thresholds from another build (folder or manifest.json).")
+@click.option("--fit-thresholds-on", metavar="SPLIT",
+              help="Fit thresholds on this split when the build has no train split.")
+@click.option("--resume", is_flag=True, help="Finish an interrupted build (reuses OUT.tmp).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing OUT.")
+@click.option("--on-error", type=click.Choice(["fail", "skip"]), default="fail", show_default=True,
+              help="On a bad case: stop, or skip it and record why in the manifest.")
+@click.option("--no-hf", is_flag=True, help="Do not write the Hugging Face folder OUT/hf.")
 @click.version_option(package_name="spar-bench")
 @click.pass_context
 def cli(ctx: click.Context, **options) -> None:
     """Build SPAR-Bench shards: spar-build --source SOURCE --out DIR [options]."""
     if ctx.invoked_subcommand is not None:
+        return
+    if not options.get("out") and not options.get("source"):
+        click.echo(ctx.get_help())
         return
     from .build import build_from_cli
 

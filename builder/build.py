@@ -1,0 +1,552 @@
+"""Build orchestration: sources -> per-case samples -> shards + Hugging Face folder + manifest.
+
+Pipeline of :func:`build`:
+
+1. find the cases of every source (cheap), sorted by ``(source, case_id)``;
+2. process cases in parallel (``workers`` processes): each worker loads ONE case
+   (volumes read once), runs :func:`builder.samples.process_case`, and spills the
+   arrays to ``OUT.tmp/cases/<source>__<case_id>.npz`` (+ a ``.json`` index written
+   after it, which marks the case done). Memory stays bounded; ``resume`` skips done
+   cases;
+3. fit the size/distance thresholds on the train split's original (non-mirror)
+   questions, or take them from another build's manifest, or fit them on a named split;
+4. stream the cases, in ``(source, case_id)`` order whatever the completion order,
+   through :class:`~builder.writers.hdf5.ShardSink` (thresholds applied on the way);
+5. convert each HDF5 shard to a Parquet shard and write the dataset card;
+6. write ``manifest.json`` last, then move ``OUT.tmp/out`` to ``OUT`` atomically.
+
+The worker count never changes a byte of the output.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import shutil
+from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import CaseError, ConfigError, SparError
+from .schema import LEVEL3_CLASS_NAMES, LEVEL3_PROBES, LEVELS, N_ORGANS, SCHEMA_VERSION
+
+ON_ERROR = ("fail", "skip")
+PARTS = ("level1", "level2", "level3", "level3_questions")
+#: Fields of the build config that never change the output bytes (kept out of the manifest).
+RUNTIME_FIELDS = ("out", "workers", "resume", "overwrite")
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """Everything that defines a build.
+
+    Attributes:
+        sources: source names (``SOURCES``); several make a transfer build.
+        roots: one data folder per source, same order.
+        out: output folder (must be empty or absent unless ``resume``/``overwrite``).
+        sample: :class:`builder.samples.SampleConfig` fields that differ from its defaults.
+        seed: global seed; every random draw derives from it.
+        workers: processes (>= 1). Never affects the output.
+        images: ``auto`` | ``require`` | ``synthesize`` (pseudo-CT for masks-only sources).
+        shard_size: rows (samples, or Level 3 slices) per HDF5/Parquet shard.
+        thresholds_from: a build folder or its manifest.json to copy thresholds from.
+        fit_thresholds_on: split whose questions fit the thresholds when there is no train split.
+        resume / overwrite: reuse ``OUT.tmp`` / replace an existing ``OUT``.
+        on_error: ``fail`` stops at the first bad case; ``skip`` records it in the manifest.
+        hf: also write the Hugging Face folder ``OUT/hf``.
+    """
+
+    sources: tuple[str, ...]
+    roots: tuple[str, ...]
+    out: str
+    sample: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    workers: int = 1
+    images: str = "auto"
+    shard_size: int = 2000
+    thresholds_from: str | None = None
+    fit_thresholds_on: str | None = None
+    resume: bool = False
+    overwrite: bool = False
+    on_error: str = "fail"
+    hf: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.sources:
+            raise ConfigError("no --source given; list them with `spar-build sources`")
+        if len(self.roots) != len(self.sources):
+            raise ConfigError(f"{len(self.sources)} source(s) but {len(self.roots)} --root folder(s)")
+        if self.on_error not in ON_ERROR:
+            raise ConfigError(f"--on-error must be one of {ON_ERROR}, got {self.on_error!r}")
+        if self.workers < 1:
+            raise ConfigError(f"--workers must be >= 1, got {self.workers}")
+        if self.shard_size < 1:
+            raise ConfigError(f"--shard-size must be >= 1, got {self.shard_size}")
+        if self.resume and self.overwrite:
+            raise ConfigError("--resume and --overwrite exclude each other; pick one")
+
+    def recorded(self) -> dict[str, Any]:
+        """The config as written to the manifest: everything that shapes the bytes."""
+        d = asdict(self)
+        for k in RUNTIME_FIELDS:
+            d.pop(k)
+        d["sources"], d["roots"] = list(self.sources), list(self.roots)
+        return d
+
+
+# -- the samples API (one indirection so tests can substitute a tiny fake) ----------------
+def _samples_api():
+    from . import samples
+
+    return samples
+
+
+def _sample_config(config: BuildConfig):
+    api = _samples_api()
+    return api.SampleConfig.from_dict(dict(config.sample))
+
+
+# -- work dir --------------------------------------------------------------------------
+def _case_stem(source: str, case_id: str) -> str:
+    return f"{source}__{case_id}".replace("/", "_")
+
+
+def _to_storable(arr: Any) -> np.ndarray:
+    arr = np.asarray(arr)
+    if arr.dtype.kind == "O":
+        return np.array([str(v) for v in arr.reshape(-1)], dtype=str).reshape(arr.shape)
+    return arr
+
+
+def _json_safe(obj: Any) -> Any:
+    """Provenance records as plain JSON (paths -> str, numpy scalars -> Python)."""
+    if isinstance(obj, dict):
+        return {str(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_json_safe(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    return obj
+
+
+def _spill(cases_dir: Path, stem: str, result: dict[str, dict[str, Any]], meta: dict[str, Any]) -> None:
+    arrays = {f"{part}/{name}": _to_storable(v) for part, d in result.items() for name, v in d.items()}
+    tmp = cases_dir / f"{stem}.part.npz"
+    np.savez(tmp, **arrays)
+    os.replace(tmp, cases_dir / f"{stem}.npz")
+    tmp_json = cases_dir / f"{stem}.part.json"
+    tmp_json.write_text(json.dumps(_json_safe(meta), sort_keys=True), encoding="utf-8")
+    os.replace(tmp_json, cases_dir / f"{stem}.json")
+
+
+def load_case_result(cases_dir: Path, stem: str, parts: Iterable[str] = PARTS) -> dict[str, dict[str, np.ndarray]]:
+    """Read a spilled case back (only the parts asked for)."""
+    out: dict[str, dict[str, np.ndarray]] = {p: {} for p in parts}
+    with np.load(cases_dir / f"{stem}.npz", allow_pickle=False) as z:
+        for key in z.files:
+            part, _, name = key.partition("/")
+            if part in out:
+                out[part][name] = z[key]
+    return out
+
+
+def _rows(d: dict[str, np.ndarray]) -> int:
+    return len(next(iter(d.values()))) if d else 0
+
+
+def process_one(job: dict[str, Any]) -> dict[str, Any]:
+    """Worker: load one case, make its samples, spill them; return its index record.
+
+    Top-level and argument-only (picklable), so it runs under any multiprocessing
+    start method. A :class:`CaseError` becomes ``{"status": "error", ...}``.
+    """
+    api = _samples_api()
+    ref, cases_dir = job["ref"], Path(job["cases_dir"])
+    meta: dict[str, Any] = {"source": ref.source, "case_id": ref.case_id, "split": ref.split,
+                            "patient_id": ref.patient}
+    try:
+        src = job["source_cls"](job["root"], images=job["images"], seed=job["seed"])
+        case = src.load(ref)
+        result = api.process_case(case, api.SampleConfig.from_dict(job["sample"]), job["seed"])
+    except CaseError as e:
+        return {**meta, "status": "error", "reason": str(e)}
+    wanted = list(job["sample"]["levels"])
+    if "level3" in wanted:
+        wanted.append("level3_questions")
+    missing = [p for p in wanted if p not in result]
+    if missing:
+        raise SparError(f"case {ref.case_id}: process_case returned no {', '.join(missing)}")
+    result = {p: result.get(p, {}) for p in PARTS}
+    for part in ("level1", "level2", "level3"):
+        if result[part] and "key" not in result[part]:
+            raise SparError(f"case {ref.case_id}: process_case gave {part} rows without 'key'")
+    meta.update(
+        status="ok",
+        provenance=case.provenance,
+        image_synthesized=bool(case.image_synthesized),
+        rows={p: _rows(result[p]) for p in PARTS},
+    )
+    _spill(cases_dir, _case_stem(ref.source, ref.case_id), result, meta)
+    return meta
+
+
+# -- thresholds ------------------------------------------------------------------------
+def _original_questions(res: dict[str, dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    q, s = res["level3_questions"], res["level3"]
+    if not q or not _rows(q):
+        return q
+    if "is_mirror" in s and _rows(s):
+        keep = ~s["is_mirror"][q["q_slice"]]
+        return {k: v[keep] for k, v in q.items()}
+    return q
+
+
+def _load_thresholds_from(path: str) -> dict[str, Any]:
+    p = Path(path)
+    p = p / "manifest.json" if p.is_dir() else p
+    if not p.is_file():
+        raise ConfigError(f"--thresholds-from {path}: no manifest.json there; give a finished build")
+    try:
+        th = json.loads(p.read_text(encoding="utf-8"))["thresholds"]["values"]
+    except (ValueError, KeyError, TypeError):
+        raise ConfigError(f"{p}: has no thresholds.values; is it a SPAR-Bench build manifest?") from None
+    if th is None:
+        raise ConfigError(f"{p}: that build recorded no thresholds (built without level3?)")
+    return th
+
+
+def _thresholds(config: BuildConfig, records: list[dict], cases_dir: Path, levels: tuple[str, ...]):
+    if "level3" not in levels:
+        return None, "not needed (no level3)"
+    if config.thresholds_from:
+        return _load_thresholds_from(config.thresholds_from), f"from {config.thresholds_from}"
+    splits = sorted({r["split"] for r in records})
+    fit_split = config.fit_thresholds_on or ("train" if "train" in splits else None)
+    if fit_split is None:
+        raise ConfigError(
+            f"this build has no train split (splits: {', '.join(splits) or 'none'}), so size/distance "
+            "thresholds cannot be fitted on it; pass --thresholds-from BUILD/manifest.json "
+            "(reuse a training build's thresholds) or --fit-thresholds-on SPLIT"
+        )
+    if fit_split not in splits:
+        raise ConfigError(f"--fit-thresholds-on {fit_split}: no such split; splits: {', '.join(splits)}")
+    qs = []
+    for r in records:
+        if r["split"] == fit_split:
+            res = load_case_result(cases_dir, _case_stem(r["source"], r["case_id"]),
+                                   ("level3", "level3_questions"))
+            res["level3"] = {k: v for k, v in res["level3"].items() if k == "is_mirror"}
+            qs.append(_original_questions(res))
+    th = _samples_api().fit_thresholds(qs)
+    return _json_safe(th), f"fitted on split {fit_split!r} (original, non-mirror questions)"
+
+
+# -- output ----------------------------------------------------------------------------
+def _prepare_dirs(config: BuildConfig) -> tuple[Path, Path]:
+    out = Path(config.out)
+    work = out.parent / (out.name + ".tmp")
+    out_nonempty = out.exists() and (not out.is_dir() or any(out.iterdir()))
+    if out_nonempty and not (config.overwrite or config.resume):
+        raise ConfigError(
+            f"{out} exists and is not empty; pass --overwrite to replace it, "
+            "--resume to finish an interrupted build, or choose another --out"
+        )
+    if config.resume and (out / "manifest.json").is_file() and not work.exists():
+        raise ConfigError(f"{out} is already a finished build; nothing to resume (use --overwrite)")
+    if config.resume and out_nonempty and not (out / "manifest.json").is_file():
+        raise ConfigError(f"{out} is not empty and not a SPAR-Bench build; refusing to touch it")
+    if config.overwrite and work.exists():
+        shutil.rmtree(work)
+    if work.exists() and not config.resume:
+        raise ConfigError(
+            f"{work} holds an interrupted build; pass --resume to finish it or --overwrite to start over"
+        )
+    (work / "cases").mkdir(parents=True, exist_ok=True)
+    recorded = json.dumps(config.recorded(), sort_keys=True, indent=2)
+    cfg = work / "config.json"
+    if cfg.exists() and cfg.read_text(encoding="utf-8") != recorded:
+        raise ConfigError(
+            f"{cfg}: the interrupted build used other options; resume with the same options "
+            "or pass --overwrite to start over"
+        )
+    cfg.write_text(recorded, encoding="utf-8")
+    if (work / "out").exists():
+        shutil.rmtree(work / "out")  # outputs are always rewritten from the spilled cases
+    return work, out
+
+
+def _find(config: BuildConfig) -> tuple[list[tuple[Any, str, type]], dict[str, Any]]:
+    from .sources import SOURCES
+
+    refs, label_maps = [], {}
+    for name, root in zip(config.sources, config.roots, strict=True):
+        cls = SOURCES.get(name)
+        src = cls(root, images=config.images, seed=config.seed)
+        found = src.find()
+        if not found:
+            raise ConfigError(f"source {name}: no cases found under {root} ({src.needs})")
+        refs += [(r, root, cls) for r in found]
+        label_maps[name] = {"root": str(root), "label_map": _json_safe(src.label_map()),
+                            "needs": src.needs, "n_cases": len(found)}
+    refs.sort(key=lambda t: (t[0].source, t[0].case_id))
+    seen = set()
+    for r, _, _ in refs:
+        if (r.source, r.case_id) in seen:
+            raise ConfigError(f"source {r.source}: case id {r.case_id!r} found twice; ids must be unique")
+        seen.add((r.source, r.case_id))
+    return refs, label_maps
+
+
+def _run_cases(config: BuildConfig, refs, cases_dir: Path, sample: dict) -> dict[tuple[str, str], dict]:
+    from tqdm.auto import tqdm
+
+    done: dict[tuple[str, str], dict] = {}
+    todo = []
+    for ref, root, cls in refs:
+        idx = cases_dir / f"{_case_stem(ref.source, ref.case_id)}.json"
+        if config.resume and idx.is_file():
+            done[(ref.source, ref.case_id)] = json.loads(idx.read_text(encoding="utf-8"))
+        else:
+            todo.append({"ref": ref, "source_cls": cls, "root": str(root), "images": config.images, "seed": config.seed,
+                         "sample": sample, "cases_dir": str(cases_dir)})
+    bar = tqdm(total=len(refs), initial=len(done), desc="cases", unit="case")
+
+    def accept(rec: dict) -> None:
+        if rec["status"] == "error" and config.on_error == "fail":
+            raise CaseError(rec["case_id"], None, rec["reason"].removeprefix(f"case {rec['case_id']}: ")
+                            + " (pass --on-error skip to leave bad cases out)")
+        done[(rec["source"], rec["case_id"])] = rec
+        bar.update(1)
+
+    try:
+        if config.workers == 1 or len(todo) <= 1:
+            for job in todo:
+                accept(process_one(job))
+        else:
+            # spawn, not fork: a forked child deadlocks on thread pools (torch, BLAS)
+            # that the parent has already started.
+            ctx = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(max_workers=config.workers, mp_context=ctx) as pool:
+                futures = [pool.submit(process_one, job) for job in todo]
+                try:
+                    for fut in as_completed(futures):
+                        accept(fut.result())
+                except BaseException:
+                    for f in futures:
+                        f.cancel()
+                    raise
+    finally:
+        bar.close()
+    return done
+
+
+def _class_counts(level: str, res: dict[str, dict[str, np.ndarray]], acc: dict) -> None:
+    if level in ("level1", "level2"):
+        d = res[level]
+        if "present" in d and _rows(d):
+            acc["present"] = (np.asarray(acc.get("present", np.zeros(N_ORGANS, np.int64)))
+                              + d["present"].sum(axis=0)).tolist()
+        return
+    q = res["level3_questions"]
+    if not q or not _rows(q):
+        return
+    for p, probe in enumerate(LEVEL3_PROBES):
+        sel = q["q_answer"][q["q_probe"] == p]
+        n_cls = len(LEVEL3_CLASS_NAMES[probe])
+        hist = np.bincount(sel[sel >= 0].astype(np.int64), minlength=n_cls)[:n_cls]
+        prev = acc.setdefault(probe, [0] * n_cls)
+        acc[probe] = [int(a + b) for a, b in zip(prev, hist, strict=True)]
+
+
+def _write_shards(config, records, cases_dir: Path, out_dir: Path, levels, thresholds, sample_cfg):
+    from tqdm.auto import tqdm
+
+    from . import __version__
+    from .writers.hdf5 import ShardSink
+
+    api = _samples_api()
+    splits = sorted({r["split"] for r in records}, key=lambda s: (["train", "val", "test"] + [s]).index(s))
+    shards: dict[str, dict[str, list]] = {}
+    counts: dict[str, dict[str, dict]] = {}
+    for level in levels:
+        shards[level], counts[level] = {}, {}
+        for split in splits:
+            recs = [r for r in records if r["split"] == split]
+            n_rows = sum(r["rows"][level] for r in recs)
+            attrs = {"schema_version": SCHEMA_VERSION, "builder_version": __version__}
+            if level == "level2":
+                attrs["arrangement"] = sample_cfg.arrangement
+            sink = ShardSink(out_dir, level, split, n_rows, config.shard_size, attrs)
+            classes: dict[str, Any] = {}
+            n_q = 0
+            for r in tqdm(recs, desc=f"{level}/{split}", unit="case", leave=False):
+                parts = (level, "level3_questions") if level == "level3" else (level,)
+                res = load_case_result(cases_dir, _case_stem(r["source"], r["case_id"]), parts)
+                if level == "level3":
+                    q = res["level3_questions"]
+                    if thresholds is not None and q and _rows(q):
+                        applied = api.apply_thresholds(q, thresholds)
+                        q = applied if applied is not None else q
+                    res["level3_questions"] = q
+                    n_q += _rows(q)
+                    sink.add(res["level3"], q)
+                else:
+                    sink.add(res[level])
+                _class_counts(level, res, classes)
+            shards[level][split] = sink.close()
+            unit = "slices" if level == "level3" else "samples"
+            counts[level][split] = {unit: n_rows, "questions": n_q, "classes": classes}
+    return shards, counts
+
+
+def _print_summary(counts: dict, skipped: list[dict]) -> None:
+    import click
+
+    click.echo(f"\n{'level':8} {'split':6} {'rows':>8} {'questions':>10}")
+    for level, by_split in counts.items():
+        for split, c in by_split.items():
+            rows = c.get("samples", c.get("slices", 0))
+            click.echo(f"{level:8} {split:6} {rows:>8} {c['questions']:>10}")
+    for level, by_split in counts.items():
+        if level != "level3":
+            continue
+        click.echo("\nLevel 3 class balance (fraction per class):")
+        for probe in LEVEL3_PROBES:
+            for split, c in by_split.items():
+                hist = c["classes"].get(probe)
+                if not hist or not sum(hist):
+                    continue
+                fr = " ".join(f"{n}={h / sum(hist):.2f}" for n, h in
+                              zip(LEVEL3_CLASS_NAMES[probe], hist, strict=True))
+                click.echo(f"  {probe:18} {split:6} n={sum(hist):<6} {fr}")
+    if skipped:
+        click.echo(f"\nskipped {len(skipped)} case(s):")
+        for s in skipped:
+            click.echo(f"  {s['source']}/{s['case_id']}: {s['reason']}")
+
+
+def build(config: BuildConfig, *, quiet: bool = False) -> Path:
+    """Run the whole pipeline; return the finished build folder ``config.out``."""
+    from . import __version__
+    from .writers.manifest import package_versions, write_manifest
+
+    sample_cfg = _sample_config(config)
+    levels = tuple(lv for lv in LEVELS if lv in sample_cfg.levels)
+    refs, sources_info = _find(config)
+    work, out = _prepare_dirs(config)
+    cases_dir = work / "cases"
+    done = _run_cases(config, refs, cases_dir, sample_cfg.to_dict())
+    ordered = [done[(r.source, r.case_id)] for r, _, _ in refs]
+    records = [r for r in ordered if r["status"] == "ok"]
+    skipped = [{k: r[k] for k in ("source", "case_id", "split", "reason")}
+               for r in ordered if r["status"] != "ok"]
+    if not records:
+        raise SparError(f"every case failed; first: {skipped[0]['reason'] if skipped else 'none found'}")
+    th, th_origin = _thresholds(config, records, cases_dir, levels)
+    out_dir = work / "out"
+    shards, counts = _write_shards(config, records, cases_dir, out_dir, levels, th, sample_cfg)
+    hf_info = None
+    if config.hf:
+        from .writers.hf import write_hf
+
+        hf_info = write_hf(out_dir, shards, config=config, sample_config=sample_cfg.to_dict(),
+                           sources=sources_info)
+    manifest = {
+        "schema_version": SCHEMA_VERSION,
+        "builder_version": __version__,
+        "config": config.recorded(),
+        "seed": config.seed,
+        "sample_config": sample_cfg.to_dict(),
+        "levels": list(levels),
+        "sources": sources_info,
+        "thresholds": {"values": th, "origin": th_origin},
+        "shards": shards,
+        "hf": hf_info,
+        "counts": counts,
+        "cases": [{k: r.get(k) for k in ("source", "case_id", "split", "patient_id",
+                                         "image_synthesized", "rows", "provenance")}
+                  for r in records],
+        "skipped": skipped,
+        "versions": package_versions(),
+    }
+    write_manifest(out_dir, _json_safe(manifest))
+    if out.exists():
+        shutil.rmtree(out)  # empty, or --overwrite / --resume agreed to replace it
+    os.replace(out_dir, out)
+    shutil.rmtree(work)
+    if not quiet:
+        _print_summary(counts, skipped)
+    return out
+
+
+def default_root(source: str) -> Path:
+    """``$SPAR_DATA_<SOURCE>`` if set, else ``./data/<source>``."""
+    env = f"SPAR_DATA_{source.upper()}"
+    return Path(os.environ[env]) if os.environ.get(env) else Path("data") / source
+
+
+def resolve_roots(sources: tuple[str, ...], roots: tuple[str, ...]) -> tuple[str, ...]:
+    """One root per source; missing ones from :func:`default_root`; each must exist."""
+    if roots and len(roots) != len(sources):
+        raise ConfigError(f"give one --root per --source ({len(sources)} source(s), {len(roots)} root(s))")
+    out = []
+    for i, src in enumerate(sources):
+        if roots:
+            path = Path(roots[i])
+            how = "--root"
+        else:
+            path = default_root(src)
+            env = f"SPAR_DATA_{src.upper()}"
+            how = f"${env}" if os.environ.get(env) else f"the default ./data/{src} (no ${env} set)"
+        if not path.is_dir():
+            raise ConfigError(
+                f"source {src}: data folder {path.resolve()} does not exist (looked at {how}); "
+                f"pass --root DIR or set SPAR_DATA_{src.upper()}=DIR"
+            )
+        out.append(str(path))
+    return tuple(out)
+
+
+def build_from_cli(**options: Any) -> Path:
+    """Entry point of ``spar-build`` without a subcommand (options as click passes them)."""
+    if not options.get("out"):
+        raise ConfigError("missing --out DIR (where the build is written); see spar-build --help")
+    sources = tuple(options.get("source") or ())
+    if not sources:
+        raise ConfigError("missing --source NAME; list the sources with `spar-build sources`")
+    sample: dict[str, Any] = {}
+    if options.get("levels"):
+        sample["levels"] = [s.strip() for s in options["levels"].split(",") if s.strip()]
+    for opt in ("samples_per_case", "arrangement", "counterfactual"):
+        if options.get(opt) is not None:
+            sample[opt] = options[opt]
+    config = BuildConfig(
+        sources=sources,
+        roots=resolve_roots(sources, tuple(options.get("root") or ())),
+        out=str(options["out"]),
+        sample=sample,
+        seed=int(options.get("seed") or 0),
+        workers=int(options.get("workers") or 1),
+        images=options.get("images") or "auto",
+        shard_size=int(options.get("shard_size") or 2000),
+        thresholds_from=options.get("thresholds_from"),
+        fit_thresholds_on=options.get("fit_thresholds_on"),
+        resume=bool(options.get("resume")),
+        overwrite=bool(options.get("overwrite")),
+        on_error=options.get("on_error") or "fail",
+        hf=not options.get("no_hf"),
+    )
+    path = build(config)
+    import click
+
+    click.echo(f"\nbuild written to {path}")
+    return path

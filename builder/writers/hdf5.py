@@ -1,0 +1,175 @@
+"""Sharded HDF5 writer: ``OUT/<level>/<split>-NNNNN-of-MMMMM.h5`` (docs/FORMATS.md).
+
+* Images (``image``, ``label``, ``lesion``) are uint8, chunked ONE SAMPLE PER CHUNK
+  and compressed with blosc-zstd (hdf5plugin): fast random reads.
+* Everything else is small and stored contiguous, uncompressed.
+* Strings are fixed-length UTF-8.
+* Bytes are reproducible: no object timestamps (``track_times=False``), fixed
+  ``libver``, datasets and attributes created in sorted order.
+* Level 3: a slice and all its questions land in the same shard; ``q_slice`` indexes
+  the shard's own slice rows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import SparError
+from .manifest import sha256_file
+
+#: Per-sample 2-D arrays that are chunked one sample per chunk and compressed.
+IMAGE_FIELDS = ("image", "label", "lesion")
+LIBVER = ("earliest", "v110")
+
+
+def shard_name(split: str, index: int, n_shards: int) -> str:
+    """``train-00003-of-00012.h5``."""
+    return f"{split}-{index:05d}-of-{n_shards:05d}.h5"
+
+
+def n_shards_for(n_rows: int, shard_size: int) -> int:
+    """Number of shards for ``n_rows`` rows (at least one, so an empty split still has a file)."""
+    if shard_size < 1:
+        raise ValueError(f"shard_size must be >= 1, got {shard_size}")
+    return max(1, math.ceil(n_rows / shard_size))
+
+
+def _encode(name: str, arr: np.ndarray) -> np.ndarray:
+    import h5py
+
+    arr = np.asarray(arr)
+    if arr.dtype.kind in ("U", "O"):
+        enc = np.array([str(v).encode("utf-8") for v in arr.reshape(-1)], dtype=object)
+        width = max([len(b) for b in enc] + [1])
+        return np.array(enc.tolist(), dtype=f"S{width}").reshape(arr.shape).astype(
+            h5py.string_dtype("utf-8", width)
+        )
+    return arr
+
+
+def write_shard(path: str | Path, fields: Mapping[str, np.ndarray], attrs: Mapping[str, Any]) -> str:
+    """Write one shard reproducibly; return its sha256."""
+    import h5py
+    import hdf5plugin
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with h5py.File(path, "w", libver=LIBVER, track_order=False) as f:
+        for name in sorted(fields):
+            arr = _encode(name, fields[name])
+            kw: dict[str, Any] = {"track_times": False}
+            if name in IMAGE_FIELDS and arr.ndim == 3:
+                kw.update(
+                    chunks=(1, *arr.shape[1:]),
+                    maxshape=(None, *arr.shape[1:]),
+                    **hdf5plugin.Blosc(cname="zstd", clevel=5, shuffle=hdf5plugin.Blosc.NOSHUFFLE),
+                )
+            f.create_dataset(name, data=arr, **kw)
+        for key in sorted(attrs):
+            f.attrs[key] = attrs[key]
+    return sha256_file(path)
+
+
+def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    if len(parts) == 1:
+        return dict(parts[0])
+    return {k: np.concatenate([p[k] for p in parts], axis=0) for k in parts[0]}
+
+
+def _rows(d: Mapping[str, np.ndarray]) -> int:
+    return len(next(iter(d.values()))) if d else 0
+
+
+class ShardSink:
+    """Streams cases of one (level, split) into shards of ``shard_size`` rows.
+
+    ``add(rows, questions)`` appends one case's rows (samples or slices) and, for
+    Level 3, its questions (``q_slice`` relative to that case's rows). Full shards are
+    written as soon as they fill, so memory stays at about one shard. ``n_rows`` (the
+    split's total, known from the per-case index) fixes the shard count up front.
+    """
+
+    def __init__(
+        self,
+        out_dir: str | Path,
+        level: str,
+        split: str,
+        n_rows: int,
+        shard_size: int,
+        attrs: Mapping[str, Any],
+    ):
+        self.out_dir, self.level, self.split = Path(out_dir), level, split
+        self.n_rows, self.shard_size = n_rows, shard_size
+        self.n_shards = n_shards_for(n_rows, shard_size)
+        self.attrs = dict(attrs)
+        self.entries: list[dict[str, Any]] = []
+        self._rows: list[dict[str, np.ndarray]] = []
+        self._qs: list[dict[str, np.ndarray]] = []
+        self._buffered = 0
+        self._written = 0
+        self._template: dict[str, np.ndarray] | None = None
+        self._qtemplate: dict[str, np.ndarray] | None = None
+
+    def add(self, rows: Mapping[str, np.ndarray], questions: Mapping[str, np.ndarray] | None = None) -> None:
+        n = _rows(rows)
+        if self._template is None and rows:
+            self._template = {k: np.asarray(v)[:0] for k, v in rows.items()}
+        if questions is not None and self._qtemplate is None and questions:
+            self._qtemplate = {k: np.asarray(v)[:0] for k, v in questions.items()}
+        if n == 0:
+            return
+        rows = {k: np.asarray(v) for k, v in rows.items()}
+        self._rows.append(rows)
+        if questions is not None and questions:
+            q = {k: np.asarray(v) for k, v in questions.items()}
+            q["q_slice"] = q["q_slice"].astype(np.int64) + self._buffered
+            self._qs.append(q)
+        self._buffered += n
+        while self._buffered >= self.shard_size and len(self.entries) < self.n_shards - 1:
+            self._flush(self.shard_size)
+
+    def _flush(self, n: int) -> None:
+        rows = _concat(self._rows) if self._rows else dict(self._template or {})
+        head = {k: v[:n] for k, v in rows.items()}
+        tail = {k: v[n:] for k, v in rows.items()}
+        qhead = None
+        if self._qtemplate is not None:
+            qs = _concat(self._qs) if self._qs else dict(self._qtemplate)
+            keep = qs["q_slice"] < n
+            qhead = {k: v[keep] for k, v in qs.items()}
+            qhead["q_slice"] = qhead["q_slice"].astype(np.int32)
+            qtail = {k: v[~keep] for k, v in qs.items()}
+            qtail["q_slice"] = qtail["q_slice"] - n
+            self._qs = [qtail] if _rows(qtail) else []
+        self._rows = [tail] if _rows(tail) else []
+        self._buffered -= min(n, self._buffered)
+        index = len(self.entries)
+        fields = dict(head)
+        if qhead is not None:
+            fields.update(qhead)
+        n_q = _rows(qhead) if qhead is not None else 0
+        attrs = dict(self.attrs, level=self.level, split=self.split, shard=index,
+                     n_shards=self.n_shards, n_rows=_rows(head), n_questions=n_q)
+        name = shard_name(self.split, index, self.n_shards)
+        sha = write_shard(self.out_dir / self.level / name, fields, attrs)
+        self._written += _rows(head)
+        self.entries.append({"path": f"{self.level}/{name}", "sha256": sha,
+                             "rows": _rows(head), "questions": n_q})
+
+    def close(self) -> list[dict[str, Any]]:
+        """Write the remaining shard(s); return the manifest entries of every shard."""
+        if self._template is None:
+            raise SparError(f"{self.level}/{self.split}: no case produced any field; nothing to write")
+        while len(self.entries) < self.n_shards:
+            self._flush(self.shard_size)
+        if self._written != self.n_rows or self._buffered:
+            raise SparError(
+                f"{self.level}/{self.split}: wrote {self._written} rows but the case index "
+                f"announced {self.n_rows}; the work dir is inconsistent - rebuild with --overwrite"
+            )
+        return self.entries

@@ -1,0 +1,281 @@
+"""Hugging Face dataset folder ``OUT/hf/`` and ``spar-build push``.
+
+One Parquet shard per HDF5 shard (same ``<split>-NNNNN-of-MMMMM`` name), written with
+pyarrow directly (deterministic bytes: no timestamps; the ``datasets`` features travel
+in the Arrow schema metadata). Images are the ``Image`` feature (PNG bytes) so the Hub
+viewer shows them. Level 3 rows are slices, with the slice's questions as a
+list-of-struct column ``questions``. ``README.md`` is the dataset card: YAML front
+matter (``configs``, ``dataset_info``) and prose. No loading script.
+
+Load offline with ``datasets.load_dataset("OUT/hf", "level3", split="test")``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+
+from ..errors import ConfigError
+from ..schema import LEVEL3_PROBES, ORGANS, SPLITS
+
+IMAGE_FIELDS = ("image", "label", "lesion")
+ROW_GROUP = 256
+#: Source licences as (SPDX-like Hub id, human name).
+LICENCES: dict[str, tuple[str, str]] = {
+    "word": ("gpl-3.0", "GPL-3.0 (WORD)"),
+    "totalsegmentator": ("cc-by-4.0", "CC BY 4.0 (TotalSegmentator)"),
+    "lits": ("cc-by-nc-sa-4.0", "CC BY-NC-SA 4.0 (LiTS)"),
+    "phantom": ("apache-2.0", "Apache-2.0 (SPAR-Bench synthetic phantom)"),
+    "nnunet": ("other", "that of the nnU-Net-format dataset used (see its own licence)"),
+}
+
+DESCRIPTIONS = {
+    "key": "unique sample key `<source>/<case_id>/<level>/<index>` (+ `/mirror` for a mirrored copy)",
+    "source": "source dataset", "case_id": "case within its source",
+    "patient_id": "patient (bootstrap confidence intervals resample patients)",
+    "split": "train / val / test (by patient)",
+    "sample_index": "index of the sample within its case",
+    "seed": "the sample's seed (builder.seeding.derive_seed); regenerates the sample alone",
+    "image": "224x224 uint8 windowed CT: a 4x4 mosaic of 56x56 organ tiles (Levels 1-2) or an axial slice (Level 3)",
+    "present": "per canonical organ (16, class order): visible in the sample",
+    "centroid": "per organ (16 x (x, y)) normalised centroid in its slice's 224 frame; x = column/224 "
+                "(0 = patient's RIGHT), y = row/224 (0 = anterior); NaN if absent",
+    "slice_index": "z of the slice (per tile for Levels 1-2, -1 if absent)",
+    "mm_per_pixel": "millimetres per pixel of the 224 frame",
+    "is_mirror": "left-right mirrored counterfactual copy",
+    "origin_key": "key of the original of a mirrored copy, empty otherwise",
+    "perm": "Level 2: perm[p] = organ index shown at mosaic position p",
+    "target_slot": "Level 2: slot of the tile at position p in the centroid-based arrangement; -1 if absent",
+    "present_pos": "Level 2: presence per mosaic position (= present[perm])",
+    "label": "Level 3: canonical organ ids (0 background, 1..16) in the slice's 224 frame (PNG)",
+    "lesion": "Level 3: lesion mask 0/1 (all zero when the source has none)",
+    "questions": "Level 3: the slice's questions (probe index into "
+                 + ", ".join(LEVEL3_PROBES) + "; answer = class index)",
+}
+
+
+def _png(arr: np.ndarray) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(arr, dtype=np.uint8), mode="L").save(
+        buf, format="PNG", compress_level=6
+    )
+    return buf.getvalue()
+
+
+def _value(dtype: np.dtype):
+    from datasets import Value
+
+    dtype = np.dtype(dtype)
+    if dtype.kind in ("S", "U", "O"):
+        return Value("string")
+    return Value("bool" if dtype.kind == "b" else str(dtype))
+
+
+def _feature(name: str, arr: np.ndarray):
+    from datasets import Image, List
+
+    if name in IMAGE_FIELDS and arr.ndim == 3:
+        return Image()
+    feat = _value(arr.dtype)
+    for n in reversed(arr.shape[1:]):
+        feat = List(feat, length=int(n))
+    return feat
+
+
+def _column(name: str, arr: np.ndarray) -> list:
+    if name in IMAGE_FIELDS and arr.ndim == 3:
+        return [{"bytes": _png(a), "path": None} for a in arr]
+    if arr.dtype.kind == "S":
+        return [b.decode("utf-8") for b in arr.tolist()]
+    return arr.tolist()
+
+
+def _read_h5(path: Path) -> dict[str, np.ndarray]:
+    import h5py
+    import hdf5plugin  # noqa: F401
+
+    with h5py.File(path, "r") as f:
+        return {k: f[k][()] for k in sorted(f.keys())}
+
+
+def shard_table(level: str, data: Mapping[str, np.ndarray]):
+    """(pyarrow Table, datasets Features) for one shard's arrays."""
+    import pyarrow as pa
+    from datasets import Features, List
+
+    row_fields = [k for k in data if not k.startswith("q_")]
+    feats = {k: _feature(k, data[k]) for k in row_fields}
+    cols = {k: _column(k, data[k]) for k in row_fields}
+    if level == "level3":
+        qf = [k for k in data if k.startswith("q_") and k != "q_slice"]
+        feats["questions"] = List({k[2:]: _feature(k, data[k]) for k in qf})
+        n = len(data["key"])
+        per: list[list[dict]] = [[] for _ in range(n)]
+        qcols = {k: _column(k, data[k]) for k in qf}
+        for j, s in enumerate(data["q_slice"].tolist()):
+            per[s].append({k[2:]: qcols[k][j] for k in qf})
+        cols["questions"] = per
+    features = Features(feats)
+    table = pa.Table.from_pydict(cols, schema=features.arrow_schema)
+    return table, features
+
+
+def write_hf(
+    out_dir: str | Path,
+    shards: Mapping[str, Mapping[str, list[dict]]],
+    *,
+    config: Any,
+    sample_config: Mapping[str, Any],
+    sources: Mapping[str, Any],
+) -> dict[str, Any]:
+    """Write ``out_dir/hf`` from the build's HDF5 shards; return the manifest's ``hf`` record."""
+    import pyarrow.parquet as pq
+
+    from .manifest import sha256_file
+
+    out_dir = Path(out_dir)
+    hf = out_dir / "hf"
+    files: list[dict[str, Any]] = []
+    features_by_level: dict[str, Any] = {}
+    split_rows: dict[str, dict[str, int]] = {}
+    for level, by_split in shards.items():
+        split_rows[level] = {}
+        for split, entries in by_split.items():
+            split_rows[level][split] = sum(e["rows"] for e in entries)
+            for e in entries:
+                data = _read_h5(out_dir / e["path"])
+                table, features = shard_table(level, data)
+                features_by_level.setdefault(level, features)
+                rel = Path(e["path"]).with_suffix(".parquet").as_posix()
+                dest = hf / rel
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                pq.write_table(table, dest, row_group_size=ROW_GROUP, compression="zstd",
+                               write_statistics=False)
+                files.append({"path": f"hf/{rel}", "sha256": sha256_file(dest), "rows": table.num_rows})
+    card = hf / "README.md"
+    card.write_text(dataset_card(features_by_level, split_rows, config=config,
+                                 sample_config=sample_config, sources=sources), encoding="utf-8")
+    return {"files": files, "card": {"path": "hf/README.md", "sha256": sha256_file(card)}}
+
+
+def dataset_card(features_by_level, split_rows, *, config, sample_config, sources) -> str:
+    """README.md with YAML front matter (configs, dataset_info) and a prose description."""
+    import yaml
+
+    from .. import __version__
+
+    names = list(sources)
+    lic_ids = sorted({LICENCES.get(s, ("other", s))[0] for s in names})
+    front: dict[str, Any] = {
+        "license": lic_ids[0] if len(lic_ids) == 1 else "other",
+        "task_categories": ["image-classification"],
+        "tags": ["medical", "ct", "spatial-reasoning", "probing", "spar-bench"],
+        "pretty_name": "SPAR-Bench",
+        "configs": [
+            {"config_name": level,
+             "data_files": [{"split": s, "path": f"{level}/{s}-*.parquet"}
+                            for s in _ordered(split_rows[level])]}
+            for level in features_by_level
+        ],
+        "dataset_info": [
+            {"config_name": level, "features": feats._to_yaml_list(),
+             "splits": [{"name": s, "num_examples": int(split_rows[level][s])}
+                        for s in _ordered(split_rows[level])]}
+            for level, feats in features_by_level.items()
+        ],
+    }
+    lines = ["---", yaml.safe_dump(front, sort_keys=False, allow_unicode=True).rstrip(), "---", ""]
+    lines += [
+        "# SPAR-Bench",
+        "",
+        "Spatial anatomical reasoning probes for vision encoders, built from abdominal CT "
+        "with the SPAR-Bench builder. Three configs: `level1` (organ localisation from a 4x4 "
+        "mosaic of organ tiles), `level2` (shuffled tiles; recover the centroid-based "
+        "arrangement), `level3` (whole axial slices with six kinds of spatial questions: "
+        + ", ".join(LEVEL3_PROBES) + ").",
+        "",
+        "## Canonical frame and left/right",
+        "",
+        "Every image is an axial slice (or tiles of slices) in the radiological display "
+        "convention: image row 0 is ANTERIOR, image column 0 is the PATIENT'S RIGHT; the "
+        "patient's left is at larger columns. Every left/right in a label or question is the "
+        "PATIENT's. Organs in class order: " + ", ".join(f"{i} {o}" for i, o in enumerate(ORGANS)) + ".",
+        "",
+        "## Columns",
+        "",
+    ]
+    seen = set()
+    for feats in features_by_level.values():
+        for k in feats:
+            if k not in seen:
+                seen.add(k)
+                lines.append(f"- `{k}`: {DESCRIPTIONS.get(k, 'see docs/FORMATS.md')}")
+    lines += [
+        "",
+        "Level 3 question fields (inside `questions`): `key`, `probe` (index into "
+        f"{list(LEVEL3_PROBES)}), `axis` (relative position: 0 left/right, 1 "
+        "anterior/posterior), `organ_a`/`organ_b` (organ indices), `answer` (class index), "
+        "`centroid_a`/`centroid_b` (pixels), `area_a_mm2`/`area_b_mm2`, `distance_mm`, "
+        "`count` (lesion components), `seed`.",
+        "",
+        "## Licences of the sources used",
+        "",
+    ]
+    lines += [f"- {s}: {LICENCES.get(s, ('other', 'unknown: check the source'))[1]}" for s in names]
+    lines += [
+        "",
+        "The derived data inherit the licence terms of their sources.",
+        "",
+        "## How it was built",
+        "",
+        f"SPAR-Bench builder version {__version__}; global seed {config.seed}. "
+        "The same command and inputs reproduce these files byte for byte.",
+        "",
+        "```json",
+        json.dumps({"config": config.recorded(), "sample_config": dict(sample_config)},
+                   indent=2, sort_keys=True),
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _ordered(splits) -> list[str]:
+    return [s for s in SPLITS if s in splits] + sorted(set(splits) - set(SPLITS))
+
+
+@click.command("push")
+@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--repo", required=True, help="Hub dataset repo ORG/NAME.")
+@click.option("--private", is_flag=True, help="Create the repo private.")
+@click.option("--revision", default=None, help="Branch to upload to (created if missing).")
+def push_command(out: Path, repo: str, private: bool, revision: str | None) -> None:
+    """Upload OUT/hf (Parquet shards + dataset card) to the Hugging Face Hub."""
+    from huggingface_hub import HfApi
+
+    from ..shards import Build
+
+    build = Build(out)
+    folder = out / "hf"
+    if not (folder / "README.md").is_file():
+        raise ConfigError(f"{folder}: no Hugging Face folder; rebuild without --no-hf")
+    if "/" not in repo:
+        raise ConfigError(f"--repo {repo!r}: expected ORG/NAME")
+    api = HfApi()
+    api.create_repo(repo_id=repo, repo_type="dataset", private=private, exist_ok=True)
+    if revision:
+        api.create_branch(repo_id=repo, branch=revision, repo_type="dataset", exist_ok=True)
+    api.upload_folder(
+        folder_path=str(folder), repo_id=repo, repo_type="dataset", revision=revision,
+        commit_message=f"SPAR-Bench build {build.fingerprint[:12]}",
+    )
+    click.echo(f"pushed {folder} to https://huggingface.co/datasets/{repo}"
+               + (f" (revision {revision})" if revision else ""))
