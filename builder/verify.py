@@ -1,0 +1,97 @@
+"""``spar-build verify OUT``: check a build against its manifest.
+
+Re-hashes every HDF5 shard, every Parquet file and the dataset card, re-counts rows
+(and Level 3 questions) per level and split from the files themselves, and recomputes
+the fingerprint. Prints ``OK`` or every difference, and exits non-zero on any.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .errors import IntegrityError
+from .writers.manifest import fingerprint, read_manifest, sha256_file, shard_entries
+
+
+def _h5_counts(path: Path) -> tuple[int, int]:
+    import h5py
+    import hdf5plugin  # noqa: F401
+
+    with h5py.File(path, "r") as f:
+        return len(f["key"]), (len(f["q_key"]) if "q_key" in f else 0)
+
+
+def verify_build(out: str | Path) -> list[str]:
+    """Every difference between ``out`` and its manifest (empty list = intact)."""
+    out = Path(out)
+    m = read_manifest(out)
+    problems: list[str] = []
+
+    def check_file(entry: dict) -> Path | None:
+        p = out / entry["path"]
+        if not p.is_file():
+            problems.append(f"{entry['path']}: missing")
+            return None
+        got = sha256_file(p)
+        if got != entry["sha256"]:
+            problems.append(f"{entry['path']}: sha256 {got[:16]}... != manifest {entry['sha256'][:16]}...")
+        return p
+
+    for level, by_split in m["shards"].items():
+        for split, entries in by_split.items():
+            rows = qs = 0
+            for e in entries:
+                p = check_file(e)
+                if p is None:
+                    continue
+                try:
+                    n, nq = _h5_counts(p)
+                except (OSError, KeyError) as err:
+                    problems.append(f"{e['path']}: unreadable HDF5 ({err})")
+                    continue
+                if n != e["rows"] or nq != e.get("questions", 0):
+                    problems.append(f"{e['path']}: {n} rows / {nq} questions, manifest says "
+                                    f"{e['rows']} / {e.get('questions', 0)}")
+                rows, qs = rows + n, qs + nq
+            c = m.get("counts", {}).get(level, {}).get(split)
+            if c is not None:
+                want = c.get("samples", c.get("slices"))
+                if want != rows or c.get("questions", 0) != qs:
+                    problems.append(f"{level}/{split}: {rows} rows / {qs} questions in the shards, "
+                                    f"counts say {want} / {c.get('questions', 0)}")
+    hf = m.get("hf")
+    if hf:
+        import pyarrow.parquet as pq
+
+        for e in hf.get("files", []):
+            p = check_file(e)
+            if p is not None:
+                try:
+                    n = pq.ParquetFile(p).metadata.num_rows
+                except Exception as err:  # pyarrow raises several types for corrupt files
+                    problems.append(f"{e['path']}: unreadable Parquet ({err})")
+                    continue
+                if n != e["rows"]:
+                    problems.append(f"{e['path']}: {n} rows, manifest says {e['rows']}")
+        if hf.get("card"):
+            check_file(hf["card"])
+    fp = fingerprint(shard_entries(m))
+    if fp != m["fingerprint"]:
+        problems.append(f"manifest.json: fingerprint {m['fingerprint'][:16]}... does not match its "
+                        f"shard list ({fp[:16]}...)")
+    return problems
+
+
+@click.command("verify")
+@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
+def verify_command(out: Path) -> None:
+    """Re-hash and re-count every file of build OUT against its manifest."""
+    problems = verify_build(out)
+    if problems:
+        for p in problems:
+            click.echo(f"DIFF {p}")
+        raise IntegrityError(f"{out}: {len(problems)} difference(s) from manifest.json")
+    m = read_manifest(out)
+    click.echo(f"OK {out} fingerprint {m['fingerprint']}")
