@@ -172,7 +172,7 @@ def train_head(
                 if cfg.grad_clip:
                     torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)
                 opt.step()
-                total += float(loss) * idx.size
+                total += float(loss.detach()) * idx.size
             hist_tr.append(total / len(tr))
             vl = _mean_loss(head, task, vfeats, va, cfg) if len(va) else hist_tr[-1]
             hist_va.append(vl)

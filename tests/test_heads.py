@@ -1,0 +1,180 @@
+"""Heads: registry, shapes, determinism, and a 'control works' check on a learnable Level 2."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from builder.errors import ConfigError
+from probes.heads import HEADS, Task, build_head, head_input
+from probes.targets import Targets
+from probes.train import TrainConfig, predict, seeded, train_head
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Heads are tiny: one thread avoids oversubscription on a busy 2-core machine."""
+    import torch
+
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(prev)
+
+
+def _question(n: int, rng: np.random.Generator) -> dict:
+    return {
+        "organ_a": rng.integers(0, 16, n),
+        "organ_b": rng.integers(0, 16, n),
+        "axis": np.zeros(n, np.int64),
+        "probe": np.zeros(n, np.int64),
+    }
+
+
+def synthetic_level2(n: int, n_present: int, seed: int):
+    """Tokens that encode each tile's slot (one-hot) at the tile's own position.
+
+    The pooled vector (mean of tokens) is the same for every sample, so a pooled head
+    cannot beat chance, while a head reading tokens can solve it exactly.
+    """
+    rng = np.random.default_rng(seed)
+    present = np.zeros((n, 16), bool)
+    slot = np.full((n, 16), -1, np.int64)
+    tokens = rng.normal(0, 0.05, (n, 16, 24)).astype(np.float32)
+    for i in range(n):
+        pos = rng.choice(16, n_present, replace=False)
+        present[i, pos] = True
+        slot[i, pos] = rng.permutation(n_present)
+        tokens[i, pos, slot[i, pos]] += 1.0
+        tokens[i, pos, 16] += 1.0
+    pooled = tokens.mean(axis=1)
+    t = Targets(
+        Task("level2.arrangement"),
+        "train",
+        np.arange(n),
+        np.repeat(np.arange(n // 10), 10).astype(str),
+        np.zeros(n, bool),
+        {"target_slot": slot, "present_pos": present},
+    )
+    return tokens, pooled, t
+
+
+def test_registry_names_and_errors():
+    assert {"linear", "mlp", "attnpool", "transformer"} <= set(HEADS.names())
+    assert head_input("mlp") == "pooled" and head_input("transformer") == "tokens"
+    with pytest.raises(ConfigError, match="did you mean|Did you mean"):
+        build_head("transfomer", Task("level2.arrangement"), 8)
+    with pytest.raises(ConfigError, match="no option"):
+        build_head("mlp", Task("level2.arrangement"), 8, widht=3)
+    with pytest.raises(ConfigError, match="unknown probe"):
+        Task("level3.colour")
+
+
+@pytest.mark.parametrize("name", ["linear", "mlp", "attnpool", "transformer"])
+@pytest.mark.parametrize(
+    "probe,shape",
+    [
+        ("level1.localisation", (3, 16, 2)),
+        ("level2.arrangement", (3, 16, 16)),
+        ("level3.symmetry", (3, 3)),
+    ],
+)
+def test_output_shapes(name, probe, shape):
+    import torch
+
+    head = build_head(name, Task(probe), 20, 9)
+    x = torch.randn(3, 20) if head.input_kind == "pooled" else torch.randn(3, 9, 20)
+    q = {k: torch.as_tensor(v) for k, v in _question(3, np.random.default_rng(0)).items()}
+    q["organ_b"][0] = -1  # "none"
+    assert tuple(head(x, q).shape) == shape
+
+
+def test_token_projection_is_fixed_pca_and_saved_in_state_dict():
+    head = build_head("transformer", Task("level1.localisation"), 32, 5, proj_dim=8)
+    rng = np.random.default_rng(0)
+    sample = rng.normal(size=(400, 32)) @ rng.normal(size=(32, 32))
+    head.fit_projection(sample)
+    out = head.preproject(sample.reshape(80, 5, 32))
+    assert out.shape == (80, 5, 8)
+    np.testing.assert_allclose(out.reshape(-1, 8).std(axis=0), 1.0, rtol=1e-2)
+    assert "proj_w" in head.state_dict()
+
+
+def _fit(name, feats, t, seed, epochs=30):
+    head = seeded(
+        lambda: build_head(name, t.task, feats.shape[-1], feats.shape[1] if feats.ndim == 3 else 1),
+        seed,
+    )
+    cfg = TrainConfig(max_epochs=epochs, batch_size=64, lr=3e-3, patience=100)
+    n = len(t)
+    tr, va = t.subset(np.arange(n) < n * 0.8), t.subset(np.arange(n) >= n * 0.8)
+    train_head(head, (feats, tr), (feats, va), cfg, seed)
+    return head, predict(head, feats, va), va
+
+
+def test_same_seed_same_predictions_different_seed_differs():
+    tokens, pooled, t = synthetic_level2(200, 5, 0)
+    _, p1, _ = _fit("mlp", pooled, t, seed=7, epochs=3)
+    _, p2, _ = _fit("mlp", pooled, t, seed=7, epochs=3)
+    h3, _, _ = _fit("mlp", pooled, t, seed=8, epochs=3)
+    h1, _, _ = _fit("mlp", pooled, t, seed=7, epochs=3)
+    np.testing.assert_array_equal(p1, p2)
+    w1 = h1.state_dict()["body.0.weight"]
+    assert not np.allclose(w1.numpy(), h3.state_dict()["body.0.weight"].numpy())
+
+
+@pytest.mark.slow
+def test_control_works_transformer_beats_pooled_mlp_on_learnable_level2():
+    from probes.metrics import level2_metrics
+
+    tokens, pooled, t = synthetic_level2(400, 5, 1)
+    _, p_mlp, va = _fit("mlp", pooled, t, seed=0, epochs=20)
+    _, p_tr, _ = _fit("transformer", tokens, t, seed=0, epochs=20)
+    m_mlp = level2_metrics(p_mlp, va.y["target_slot"], va.y["present_pos"])
+    m_tr = level2_metrics(p_tr, va.y["target_slot"], va.y["present_pos"])
+    assert m_mlp["tile_acc"] < 0.45  # pooled mean carries no arrangement: ~chance (1/5)
+    assert m_tr["tile_acc"] > m_mlp["tile_acc"] + 0.3
+    assert m_tr["perm_acc"] > m_mlp["perm_acc"]
+
+
+def test_level1_and_level3_heads_learn_a_simple_signal():
+    from probes.metrics import level1_metrics, level3_metrics
+
+    rng = np.random.default_rng(0)
+    n = 400
+    cent = rng.uniform(0.2, 0.8, (n, 16, 2)).astype(np.float32)
+    present = np.ones((n, 16), bool)
+    feats = np.concatenate([cent.reshape(n, 32), rng.normal(0, 0.01, (n, 8))], axis=1).astype(
+        np.float32
+    )
+    t1 = Targets(
+        Task("level1.localisation"),
+        "train",
+        np.arange(n),
+        np.arange(n).astype(str),
+        np.zeros(n, bool),
+        {"centroid": cent, "present": present, "mm_per_pixel": np.ones(n, np.float32)},
+    )
+    _, pred, va = _fit("linear", feats, t1, seed=0, epochs=60)
+    m = level1_metrics(pred, va.y["centroid"], va.y["present"], va.y["mm_per_pixel"])
+    atlas = level1_metrics(
+        np.full_like(va.y["centroid"], 0.5), va.y["centroid"], va.y["present"], va.y["mm_per_pixel"]
+    )
+    assert m["med_px"] < 0.6 * atlas["med_px"]
+
+    # relative position among three organs: is A's column larger than B's?
+    x = cent[:, :, 0]
+    a = rng.integers(0, 3, n)
+    b = (a + rng.integers(1, 3, n)) % 3
+    q = {"organ_a": a, "organ_b": b, "axis": np.zeros(n, np.int64), "probe": np.zeros(n, np.int64)}
+    answer = (x[np.arange(n), a] > x[np.arange(n), b]).astype(np.int64)
+    t3 = Targets(
+        Task("level3.relative_position"),
+        "train",
+        np.arange(n),
+        np.arange(n).astype(str),
+        np.zeros(n, bool),
+        {"answer": answer, **q},
+    )
+    _, pred, va = _fit("mlp", feats, t3, seed=0, epochs=40)
+    assert level3_metrics(va.y["answer"], pred, 2)["accuracy"] > 0.8
