@@ -18,6 +18,7 @@ dtypes are recorded in the cache.
 from __future__ import annotations
 
 import json
+import pickle
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -90,7 +91,10 @@ class _Batches:
     """Map-style dataset: item ``i`` = rows ``[starts[i], starts[i] + batch)`` of a split."""
 
     def __init__(self, build, level: str, split: str, starts: list[int], batch: int, n: int):
-        self.build, self.level, self.split = build, level, split
+        # a copy without open HDF5 handles (Build.__getstate__): forked DataLoader workers
+        # must not share the parent's HDF5 file ids
+        self.build = pickle.loads(pickle.dumps(build))
+        self.level, self.split = level, split
         self.starts, self.batch, self.n = starts, batch, n
 
     def __len__(self) -> int:
