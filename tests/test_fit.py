@@ -1,0 +1,167 @@
+"""``spar-probe fit`` / ``eval`` end to end on a real (tiny) pipeline.
+
+phantom -> ``spar-build`` shards (with mirrored counterfactuals) -> ``spar-probe cache``
+with the built-in ``dummy`` encoder -> fit. Built once per session (~20-40 s).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from builder.clitools import run_cli
+
+
+def _run(group, argv: list[str], capsys=None) -> int:
+    return run_cli(group, [str(a) for a in argv])
+
+
+def get_pipeline(tmp_path_factory) -> dict[str, Path]:
+    """Build (once per session, shared by test modules) phantom, shards and a dummy cache."""
+    from builder.cli import cli as build_cli
+    from probes.cli import cli as probe_cli
+
+    root = tmp_path_factory.getbasetemp() / "spar-pipeline"
+    paths = {
+        "root": root,
+        "shards": root / "shards",
+        "cache": root / "cache" / "dummy.h5",
+        "cache_noval": root / "cache" / "dummy-noval.h5",
+        "other": root / "other-shards",
+    }
+    if (root / "done").is_file():
+        return paths
+    root.mkdir(parents=True, exist_ok=True)
+    assert (
+        _run(build_cli, ["phantom", "--out", root / "ph", "--n", 10, "--layout", "canonical"]) == 0
+    )
+    assert (
+        _run(build_cli, ["--source", "phantom", "--root", root / "ph", "--out", paths["shards"],
+                         "--samples-per-case", 3, "--counterfactual", "mirror", "--no-hf"])
+        == 0
+    )  # fmt: skip
+    assert (
+        _run(build_cli, ["--source", "phantom", "--root", root / "ph", "--out", paths["other"],
+                         "--levels", "level1", "--samples-per-case", 1, "--seed", 1, "--no-hf"])
+        == 0
+    )  # fmt: skip
+    assert (
+        _run(
+            probe_cli,
+            ["cache", "--encoder", "dummy", "--data", paths["shards"], "--out", paths["cache"]],
+        )
+        == 0
+    )
+    assert (
+        _run(probe_cli, ["cache", "--encoder", "dummy", "--data", paths["shards"], "--out",
+                         paths["cache_noval"], "--splits", "train,test", "--levels", "level3"])
+        == 0
+    )  # fmt: skip
+    (root / "done").write_text("ok")
+    return paths
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+    return get_pipeline(tmp_path_factory)
+
+
+def _fit(pipeline, out, *extra) -> int:
+    from probes.cli import cli
+
+    return _run(
+        cli, ["fit", "--features", pipeline["cache"], "--out", out, "--bootstrap", 50, *extra]
+    )
+
+
+def _one(out: Path, probe: str, head: str, seed: int = 0) -> Path:
+    (rd,) = list(out.glob(f"*/{probe}/{head}/seed{seed}"))
+    return rd
+
+
+def test_fit_cli_writes_run_and_rerun_is_identical(pipeline, tmp_path):
+    args = [
+        "--head",
+        "mlp",
+        "--probe",
+        "level3.relative_position",
+        "--seeds",
+        "0",
+        "--max-epochs",
+        4,
+    ]
+    assert _fit(pipeline, tmp_path / "a", *args) == 0
+    assert _fit(pipeline, tmp_path / "b", *args) == 0
+    rd = _one(tmp_path / "a", "level3.relative_position", "mlp")
+    assert rd.parts[-4] == "dummy-random-init"
+    assert {"config.json", "metrics.json", "head.pt"} <= {p.name for p in rd.iterdir()}
+    cfg = json.loads((rd / "config.json").read_text())
+    assert cfg["random_init"] is True and cfg["seed"] == 0
+    assert {"torch", "numpy", "spar-bench"} <= set(cfg["versions"])
+    assert len(cfg["cache_fingerprint"]) == 64
+    m = json.loads((rd / "metrics.json").read_text())
+    assert 0.0 <= m["test"]["accuracy"] <= 1.0
+    lo, hi = m["test"]["ci"]["accuracy"]
+    assert lo <= m["test"]["accuracy"] <= hi
+    assert (
+        m["controls"]["chance"] == 0.5 and "blind" in m["controls"] and "majority" in m["controls"]
+    )
+    assert m["mirror"] is not None and m["n_items"]["test_mirror"] > 0
+    assert m["val_source"] == "val split"
+    rd_b = _one(tmp_path / "b", "level3.relative_position", "mlp")
+    assert (rd / "metrics.json").read_text() == (rd_b / "metrics.json").read_text()
+
+
+def test_fit_level1_level2_token_head_with_atlas_and_mirror(pipeline, tmp_path):
+    args = [
+        "--head",
+        "transformer",
+        "--probe",
+        "level1.localisation,level2.arrangement",
+        "--max-epochs",
+        2,
+    ]
+    assert _fit(pipeline, tmp_path, *args, "--no-controls") == 0
+    m1 = json.loads(
+        (_one(tmp_path, "level1.localisation", "transformer") / "metrics.json").read_text()
+    )
+    assert m1["test"]["med_px"] > 0 and set(m1["test"]["per_organ"]) >= {"liver", "spleen"}
+    assert m1["controls"]["atlas"]["med_px"] > 0 and "blind" not in m1["controls"]
+    assert m1["mirror"]["med_px"] > 0
+    m2 = json.loads(
+        (_one(tmp_path, "level2.arrangement", "transformer") / "metrics.json").read_text()
+    )
+    assert 0 <= m2["test"]["perm_acc"] <= 1 and 0 < m2["controls"]["chance"] < 1
+
+
+def test_fit_refuses_shards_with_another_fingerprint(pipeline, tmp_path, capsys):
+    code = _fit(pipeline, tmp_path, "--probe", "level1.localisation", "--data", pipeline["other"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "fingerprint" in err and "re-run `spar-probe cache`" in err
+    assert not list(tmp_path.rglob("metrics.json"))
+
+
+def test_fit_unknown_head_and_probe_are_one_line_errors(pipeline, tmp_path, capsys):
+    assert _fit(pipeline, tmp_path, "--head", "mpl", "--probe", "level1.localisation") == 2
+    assert "Did you mean 'mlp'" in capsys.readouterr().err
+    assert _fit(pipeline, tmp_path, "--probe", "level3.colour") == 2
+    assert "unknown probe" in capsys.readouterr().err
+
+
+def test_no_val_split_holds_out_patients_and_eval_transfers(pipeline, tmp_path):
+    from probes.cli import cli
+
+    args = ["fit", "--features", pipeline["cache_noval"], "--out", tmp_path, "--bootstrap", 20,
+            "--probe", "level3.counting", "--max-epochs", 3, "--no-controls"]  # fmt: skip
+    assert _run(cli, args) == 0
+    rd = _one(tmp_path, "level3.counting", "mlp")
+    m = json.loads((rd / "metrics.json").read_text())
+    assert m["val_source"].startswith("held-out") and m["n_items"]["val"] > 0
+    # eval on the full cache (same build): the test split gives the same predictions
+    assert _run(cli, ["eval", "--run", rd, "--features", pipeline["cache"], "--bootstrap", 20]) == 0
+    e = json.loads((rd / "eval-dummy.json").read_text())
+    assert e["test"]["accuracy"] == pytest.approx(m["test"]["accuracy"])
+    assert e["test"]["n"] == m["test"]["n"]

@@ -1,0 +1,70 @@
+"""``spar-probe sweep`` and ``spar-probe report`` on the tiny real pipeline of test_fit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_fit import _run, get_pipeline
+
+from probes.report import aggregate, collect, render_markdown
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+    return get_pipeline(tmp_path_factory)
+
+
+def test_sweep_two_jobs_skips_finished_and_report_writes_md_json_png(pipeline, tmp_path, capsys):
+    from probes.cli import cli
+
+    runs = tmp_path / "runs"
+    args = ["sweep", "--features", pipeline["cache"], "--heads", "mlp,linear",
+            "--probes", "level1.localisation,level3.symmetry", "--seeds", "0,1", "--out", runs,
+            "--jobs", 2, "--max-epochs", 2, "--bootstrap", 20]  # fmt: skip
+    assert _run(cli, args) == 0
+    assert len(list(runs.rglob("metrics.json"))) == 8
+    capsys.readouterr()
+    assert _run(cli, args) == 0
+    assert "skipping 8 finished run(s)" in capsys.readouterr().out
+
+    out = tmp_path / "report"
+    assert _run(cli, ["report", runs, "--out", out]) == 0
+    md = (out / "report.md").read_text()
+    assert "RANDOM-INIT FEATURES" in md
+    assert "## level1.localisation" in md and "## level3.symmetry" in md
+    assert "| dummy-random-init | mlp | 2 |" in md
+    for png in ("level1.localisation.png", "level3.symmetry.png", "level1-per-organ.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["random_init_used"] is True and rep["n_runs"] == 8
+    row = rep["probes"]["level3.symmetry"][0]
+    assert row["seeds"] == [0, 1] and row["chance"] == pytest.approx(1 / 3)
+
+
+def test_report_mean_std_over_seeds_and_no_banner_without_random_init(tmp_path):
+    for seed, acc in ((0, 0.6), (1, 0.8)):
+        d = tmp_path / "enc" / "level3.size" / "mlp" / f"seed{seed}"
+        d.mkdir(parents=True)
+        m = {"probe": "level3.size", "head": "mlp", "seed": seed, "encoder": "enc", "random_init": False,
+             "test": {"accuracy": acc, "macro_f1": acc, "ci": {"accuracy": [acc - 0.1, acc + 0.1]}},
+             "controls": {"chance": 1 / 3, "majority": 0.4, "blind": {"accuracy": 0.5}},
+             "mirror": {"accuracy": acc - 0.2}}  # fmt: skip
+        (d / "metrics.json").write_text(json.dumps(m))
+    table = aggregate(collect(tmp_path))
+    (row,) = table["level3.size"]
+    assert row["mean"] == pytest.approx(0.7) and row["std"] == pytest.approx(0.1414213, rel=1e-5)
+    assert row["ci_low"] == pytest.approx(0.6) and row["mirror"] == pytest.approx(0.5)
+    md = render_markdown(table, any_random=False)
+    assert "RANDOM-INIT" not in md
+    assert (
+        "| enc | mlp | 2 | 70.0 +- 14.1 | [60.0, 80.0] | 70.0 | 33.3 | 40.0 | 50.0 | 50.0 | - |"
+        in md
+    )
+
+
+def test_report_on_empty_folder_is_a_clear_error(tmp_path, capsys):
+    from probes.cli import cli
+
+    assert _run(cli, ["report", tmp_path, "--out", tmp_path / "r"]) == 2
+    assert "no metrics.json found" in capsys.readouterr().err
