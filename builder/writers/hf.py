@@ -64,9 +64,8 @@ def _png(arr: np.ndarray) -> bytes:
     from PIL import Image
 
     buf = io.BytesIO()
-    Image.fromarray(np.ascontiguousarray(arr, dtype=np.uint8), mode="L").save(
-        buf, format="PNG", compress_level=6
-    )
+    # 2-D uint8 -> mode "L". compress_level 3: half the time of 6 for ~10% more bytes.
+    Image.fromarray(np.ascontiguousarray(arr, dtype=np.uint8)).save(buf, format="PNG", compress_level=3)
     return buf.getvalue()
 
 
