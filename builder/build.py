@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from .errors import CaseError, ConfigError, SparError
-from .schema import LEVEL3_CLASS_NAMES, LEVEL3_PROBES, LEVELS, N_ORGANS, SCHEMA_VERSION
+from .schema import LEVEL3_CLASS_NAMES, LEVEL3_PROBES, LEVELS, N_ORGANS, ORGANS, SCHEMA_VERSION
 
 ON_ERROR = ("fail", "skip")
 PARTS = ("level1", "level2", "level3", "level3_questions")
@@ -416,6 +416,15 @@ def _print_summary(counts: dict, skipped: list[dict]) -> None:
         for split, c in by_split.items():
             rows = c.get("samples", c.get("slices", 0))
             click.echo(f"{level:8} {split:6} {rows:>8} {c['questions']:>10}")
+    for level, by_split in counts.items():
+        if level == "level3":
+            continue
+        for split, c in by_split.items():
+            present, n = c["classes"].get("present"), c.get("samples", 0)
+            if present and n:
+                rare = sorted(range(N_ORGANS), key=lambda i: present[i])[:3]
+                click.echo(f"  {level} {split}: {sum(present) / n:.1f} organs present per sample; "
+                           "rarest " + ", ".join(f"{ORGANS[i]} {present[i] / n:.0%}" for i in rare))
     for level, by_split in counts.items():
         if level != "level3":
             continue

@@ -193,3 +193,25 @@ def test_thresholds_without_train_split(fake_root: Path, tmp_path: Path) -> None
     m3 = json.loads((out3 / "manifest.json").read_text())
     assert m3["thresholds"]["values"] == m["thresholds"]["values"]
     assert m3["thresholds"]["origin"] == f"from {out}"
+
+
+@pytest.mark.slow
+def test_real_word_masks_build_identical_across_workers(word_labels_dir: Path, tmp_path: Path) -> None:
+    """Two real WORD label maps (pseudo-CT rendered): workers 1 and 2 give the same bytes."""
+    from builder.build import BuildConfig, build
+    from builder.shards import Build
+
+    sub = tmp_path / "word" / "labelsTs"
+    sub.mkdir(parents=True)
+    for f in sorted((word_labels_dir / "labelsTs").glob("*.nii.gz"))[:2]:
+        (sub / f.name).symlink_to(f.resolve())
+    hashes = []
+    for w in (1, 2):
+        cfg = BuildConfig(sources=("word",), roots=(str(tmp_path / "word"),), out=str(tmp_path / f"o{w}"),
+                          sample={"samples_per_case": 2}, images="synthesize", workers=w,
+                          fit_thresholds_on="test", shard_size=50)
+        hashes.append(tree_hashes(build(cfg, quiet=True)))
+    assert hashes[0] == hashes[1]
+    b = Build(tmp_path / "o1")
+    assert b.splits("level3") == ["test"] and b.count_questions("level3", "test") > 50
+    assert all(c["image_synthesized"] for c in b.manifest["cases"])
