@@ -163,3 +163,53 @@ def test_png_roundtrip_is_lossless() -> None:
 
     a = np.random.default_rng(0).integers(0, 256, (224, 224), dtype=np.uint8)
     np.testing.assert_array_equal(np.asarray(Image.open(io.BytesIO(_png(a)))), a)
+
+
+def _case_rows(case: int, n: int, nq_per: int):
+    keys = np.array([f"s/c{case}/level3/{i:05d}" for i in range(n)], dtype=object)
+    rows = {"key": keys, "image": np.full((n, 224, 224), case, np.uint8),
+            "slice_index": np.arange(n, dtype=np.int32)}
+    qs = {"q_key": np.array([f"{k}/q{j:03d}" for k in keys for j in range(nq_per)], dtype=object),
+          "q_slice": np.repeat(np.arange(n, dtype=np.int32), nq_per)}
+    return rows, qs
+
+
+def test_shard_sink_keeps_questions_with_their_slices(tmp_path: Path) -> None:
+    import hdf5plugin  # noqa: F401
+
+    from builder.writers.hdf5 import ShardSink
+
+    sizes = [3, 0, 5, 1]  # 9 slices, shard size 4 -> 3 shards; case 2 straddles two shards
+    sink = ShardSink(tmp_path, "level3", "test", sum(sizes), 4, {"schema_version": "1.0"})
+    for c, n in enumerate(sizes):
+        sink.add(*_case_rows(c, n, 2))
+    entries = sink.close()
+    assert [e["rows"] for e in entries] == [4, 4, 1]
+    assert [e["questions"] for e in entries] == [8, 8, 2]
+    for e in entries:
+        with h5py.File(tmp_path / e["path"], "r") as f:
+            keys = f["key"].asstr()[()]
+            for qk, s in zip(f["q_key"].asstr()[()], f["q_slice"][()], strict=True):
+                assert qk.rsplit("/q", 1)[0] == keys[s]
+            assert f.attrs["n_shards"] == 3
+
+
+def test_shard_sink_empty_split_and_count_mismatch(tmp_path: Path) -> None:
+    from builder.errors import SparError
+    from builder.shards import Build
+    from builder.writers.hdf5 import ShardSink
+    from builder.writers.manifest import write_manifest
+
+    sink = ShardSink(tmp_path, "level3", "val", 0, 4, {})
+    sink.add(*_case_rows(0, 0, 2))
+    entries = sink.close()
+    assert [e["rows"] for e in entries] == [0] and entries[0]["path"] == "level3/val-00000-of-00001.h5"
+    write_manifest(tmp_path, {"schema_version": "1.0", "shards": {"level3": {"val": entries}}})
+    b = Build(tmp_path)
+    assert b.count("level3", "val") == 0
+    assert b.read("level3", "val", ["q_slice"])["q_slice"].shape == (0,)
+    assert list(b.iter_images("level3", "val", 8)) == []
+    bad = ShardSink(tmp_path / "x", "level3", "val", 5, 4, {})
+    bad.add(*_case_rows(0, 3, 1))
+    with pytest.raises(SparError, match="announced 5"):
+        bad.close()
