@@ -468,7 +468,7 @@ def build(config: BuildConfig, *, quiet: bool = False) -> Path:
         from .writers.hf import write_hf
 
         hf_info = write_hf(out_dir, shards, config=config, sample_config=sample_cfg.to_dict(),
-                           sources=sources_info)
+                           sources=sources_info, workers=config.workers)
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "builder_version": __version__,

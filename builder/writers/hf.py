@@ -127,6 +127,22 @@ def shard_table(level: str, data: Mapping[str, np.ndarray]):
     return table, features
 
 
+def convert_shard(job: tuple[str, str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Worker: one HDF5 shard -> one Parquet shard; returns (manifest entry, features dict)."""
+    import pyarrow.parquet as pq
+
+    from .manifest import sha256_file
+
+    out_dir, level, h5_rel = Path(job[0]), job[1], job[2]
+    table, features = shard_table(level, _read_h5(out_dir / h5_rel))
+    rel = Path(h5_rel).with_suffix(".parquet").as_posix()
+    dest = out_dir / "hf" / rel
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, dest, row_group_size=ROW_GROUP, compression="zstd", write_statistics=False)
+    entry = {"path": f"hf/{rel}", "sha256": sha256_file(dest), "rows": table.num_rows}
+    return entry, features.to_dict()
+
+
 def write_hf(
     out_dir: str | Path,
     shards: Mapping[str, Mapping[str, list[dict]]],
@@ -134,32 +150,40 @@ def write_hf(
     config: Any,
     sample_config: Mapping[str, Any],
     sources: Mapping[str, Any],
+    workers: int = 1,
 ) -> dict[str, Any]:
-    """Write ``out_dir/hf`` from the build's HDF5 shards; return the manifest's ``hf`` record."""
-    import pyarrow.parquet as pq
+    """Write ``out_dir/hf`` from the build's HDF5 shards; return the manifest's ``hf`` record.
+
+    Shards are converted in ``workers`` processes (PNG encoding dominates); the bytes do
+    not depend on the worker count.
+    """
+    from datasets import Features
+    from tqdm.auto import tqdm
 
     from .manifest import sha256_file
 
     out_dir = Path(out_dir)
     hf = out_dir / "hf"
-    files: list[dict[str, Any]] = []
+    jobs = [(str(out_dir), level, e["path"]) for level, by_split in shards.items()
+            for entries in by_split.values() for e in entries]
+    if workers > 1 and len(jobs) > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            results = list(tqdm(pool.map(convert_shard, jobs), total=len(jobs), desc="parquet",
+                                unit="shard", leave=False))
+    else:
+        results = [convert_shard(j) for j in tqdm(jobs, desc="parquet", unit="shard", leave=False)]
+    files = [entry for entry, _ in results]
     features_by_level: dict[str, Any] = {}
-    split_rows: dict[str, dict[str, int]] = {}
-    for level, by_split in shards.items():
-        split_rows[level] = {}
-        for split, entries in by_split.items():
-            split_rows[level][split] = sum(e["rows"] for e in entries)
-            for e in entries:
-                data = _read_h5(out_dir / e["path"])
-                table, features = shard_table(level, data)
-                features_by_level.setdefault(level, features)
-                rel = Path(e["path"]).with_suffix(".parquet").as_posix()
-                dest = hf / rel
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                pq.write_table(table, dest, row_group_size=ROW_GROUP, compression="zstd",
-                               write_statistics=False)
-                files.append({"path": f"hf/{rel}", "sha256": sha256_file(dest), "rows": table.num_rows})
+    for (_, level, _), (_, feats) in zip(jobs, results, strict=True):
+        features_by_level.setdefault(level, Features.from_dict(feats))
+    split_rows = {level: {split: sum(e["rows"] for e in entries) for split, entries in by_split.items()}
+                  for level, by_split in shards.items()}
     card = hf / "README.md"
+    hf.mkdir(parents=True, exist_ok=True)
     card.write_text(dataset_card(features_by_level, split_rows, config=config,
                                  sample_config=sample_config, sources=sources), encoding="utf-8")
     return {"files": files, "card": {"path": "hf/README.md", "sha256": sha256_file(card)}}
