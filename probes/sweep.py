@@ -29,6 +29,7 @@ class Job:
     max_epochs: int | None
     n_boot: int
     controls: bool
+    batch_size: int = 256
 
 
 def plan(jobs: list[Job]) -> tuple[list[Job], list[Job]]:
@@ -61,7 +62,7 @@ def run_job(job: Job) -> tuple[Job, str, float, str | None]:
     try:
         rd = run_fit(
             job.features, job.head, job.probe, job.seed, job.out, job.layer, job.data,
-            train_config_from(job.max_epochs, 256, 1e-3), None, job.n_boot, job.controls,
+            train_config_from(job.max_epochs, job.batch_size, 1e-3), None, job.n_boot, job.controls,
             progress=False,
         )  # fmt: skip
     except SparError as e:
@@ -118,10 +119,22 @@ def run_sweep(jobs: list[Job], n_jobs: int = 2) -> list[tuple[Job, str, float, s
 @click.option(
     "--max-epochs", default=None, type=int, help="Default: 100 pooled heads, 40 token heads."
 )
+@click.option("--batch-size", default=256, show_default=True, type=int)
 @click.option("--bootstrap", "n_boot", default=1000, show_default=True, type=int)
 @click.option("--no-controls", is_flag=True, help="Skip the blind baselines.")
 def sweep_command(
-    features, heads, probes, seeds, out, jobs, layer, data, max_epochs, n_boot, no_controls
+    features,
+    heads,
+    probes,
+    seeds,
+    out,
+    jobs,
+    layer,
+    data,
+    max_epochs,
+    batch_size,
+    n_boot,
+    no_controls,
 ):
     """Fit every probe x head x seed from one cache (skips finished runs)."""
     from builder.errors import ConfigError
@@ -134,7 +147,19 @@ def sweep_command(
         head_input(h)  # unknown head -> ConfigError with suggestions
     resolve_build(open_cache(features), data)  # fail fast on a fingerprint mismatch
     all_jobs = [
-        Job(str(features), h, p, s, str(out), layer, data, max_epochs, n_boot, not no_controls)
+        Job(
+            str(features),
+            h,
+            p,
+            s,
+            str(out),
+            layer,
+            data,
+            max_epochs,
+            n_boot,
+            not no_controls,
+            batch_size,
+        )
         for h in head_list
         for p in parse_probes(probes)
         for s in parse_seeds(seeds)
