@@ -28,12 +28,15 @@ def test_sweep_two_jobs_skips_finished_and_report_writes_md_json_png(pipeline, t
     assert _run(cli, args) == 0
     assert "skipping 8 finished run(s)" in capsys.readouterr().out
 
+    (rd,) = list(runs.glob("*/level3.symmetry/mlp/seed0"))
+    assert _run(cli, ["eval", "--run", rd, "--features", pipeline["cache"], "--bootstrap", 20]) == 0
     out = tmp_path / "report"
     assert _run(cli, ["report", runs, "--out", out]) == 0
     md = (out / "report.md").read_text()
     assert "RANDOM-INIT FEATURES" in md
     assert "## level1.localisation" in md and "## level3.symmetry" in md
     assert "| dummy-random-init | mlp | 2 |" in md
+    assert "transfer: dummy" in md
     for png in ("level1.localisation.png", "level3.symmetry.png", "level1-per-organ.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rep = json.loads((out / "report.json").read_text())
