@@ -20,7 +20,9 @@ from __future__ import annotations
 import json
 import pickle
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -88,25 +90,27 @@ def versions() -> dict[str, str | None]:
 
 
 class _Batches:
-    """Map-style dataset: item ``i`` = rows ``[starts[i], starts[i] + batch)`` of a split."""
+    """Map-style dataset over the whole plan: item ``i`` = images of ``items[i] = (level, split, lo, hi)``.
 
-    def __init__(self, build, level: str, split: str, starts: list[int], batch: int, n: int):
+    One dataset (and so one DataLoader with one set of workers) serves every level and
+    split: starting workers once per split cost more than the encoder on a GPU.
+    """
+
+    def __init__(self, build, items: list[tuple[str, str, int, int]]):
         # a copy without open HDF5 handles (Build.__getstate__): forked DataLoader workers
         # must not share the parent's HDF5 file ids
         self.build = pickle.loads(pickle.dumps(build))
-        self.level, self.split = level, split
-        self.starts, self.batch, self.n = starts, batch, n
+        self.items = items
 
     def __len__(self) -> int:
-        return len(self.starts)
+        return len(self.items)
 
     def __getitem__(self, i: int):
         import torch
 
-        lo = self.starts[i]
-        hi = min(lo + self.batch, self.n)
-        _, images = next(self.build.iter_images(self.level, self.split, hi - lo, start=lo))
-        return lo, torch.from_numpy(np.ascontiguousarray(images))
+        level, split, lo, hi = self.items[i]
+        _, images = next(self.build.iter_images(level, split, hi - lo, start=lo))
+        return i, torch.from_numpy(np.ascontiguousarray(images))
 
 
 def _attr(value: Any) -> Any:
@@ -229,6 +233,7 @@ def write_cache(
             }
             for k, v in meta.items():
                 f.attrs[k] = _attr(v)
+        items: list[tuple[str, str, int, int]] = []
         for lv, sp in plan:
             n = build.count(lv, sp)
             g = f.require_group(f"{lv}/{sp}")
@@ -236,50 +241,69 @@ def write_cache(
                 keys = build.read(lv, sp, ["key"])["key"]
                 g.create_dataset("key", data=np.asarray(keys, dtype=object), dtype=h5py.string_dtype())
                 g.create_dataset("done", shape=(n,), dtype=bool, fillvalue=False)
-            done = g["done"][()]
-            todo = np.flatnonzero(~done)
-            if todo.size == 0:
-                continue
-            start = int(todo[0])
-            starts = list(range(start, n, batch))
+            todo = np.flatnonzero(~g["done"][()])
+            if todo.size:
+                items += [(lv, sp, lo, min(lo + batch, n)) for lo in range(int(todo[0]), n, batch)]
+
+        def write(item: tuple[str, str, int, int], res: dict) -> None:
+            """Runs in the single writer thread: device->host copy, checks, HDF5 write, flush."""
+            lv, sp, lo, hi = item
+            g = f[f"{lv}/{sp}"]
+            n = g["done"].shape[0]
+            for v in layers:
+                toks, pooled = res[v]
+                toks = toks.float().cpu().numpy().astype(store, copy=False)
+                pooled = pooled.float().cpu().numpy().astype(store, copy=False)
+                if not (np.isfinite(toks).all() and np.isfinite(pooled).all()):
+                    raise IntegrityError(
+                        f"{out}: {spec.name} layer {v} gave non-finite features for {lv}/{sp} rows "
+                        f"{lo}..{hi - 1}" + (" (fp16 overflow: use --dtype fp32)" if dtype == "fp16" else "")
+                    )
+                name = f"layer{v}"
+                if name not in g:
+                    lg = g.create_group(name)
+                    lg.create_dataset("tokens", shape=(n, *toks.shape[1:]), dtype=store,
+                                      chunks=(1, *toks.shape[1:]))
+                    lg.create_dataset("pooled", shape=(n, pooled.shape[1]), dtype=store,
+                                      chunks=(min(n, max(1, (1 << 20) // (pooled.shape[1] * store.itemsize))), pooled.shape[1]))
+                g[name]["tokens"][lo:hi] = toks
+                g[name]["pooled"][lo:hi] = pooled
+            g["done"][lo:hi] = True
+            f.flush()
+            if on_batch is not None:
+                on_batch(lv, sp, lo, hi)
+
+        if items:
             loader = torch.utils.data.DataLoader(
-                _Batches(build, lv, sp, starts, batch, n), batch_size=None, shuffle=False,
+                _Batches(build, items), batch_size=None, shuffle=False,
                 num_workers=workers, pin_memory=dev.type == "cuda",
-                persistent_workers=False, prefetch_factor=2 if workers else None,
+                prefetch_factor=4 if workers else None,
             )
-            bar = tqdm(total=n, initial=start, desc=f"{spec.name} {lv}/{sp}", unit="img",
+            bar = tqdm(total=sum(hi - lo for _, _, lo, hi in items), desc=f"{spec.name}", unit="img",
                        disable=not progress, dynamic_ncols=True)
             t0, seen = time.perf_counter(), 0
-            for lo, images in loader:
-                lo = int(lo)
-                hi = lo + int(images.shape[0])
-                with torch.autocast(dev.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
-                    res = enc(images.to(dev, non_blocking=True), layers)
-                for v in layers:
-                    toks, pooled = res[v]
-                    toks = toks.float().cpu().numpy().astype(store, copy=False)
-                    pooled = pooled.float().cpu().numpy().astype(store, copy=False)
-                    if not (np.isfinite(toks).all() and np.isfinite(pooled).all()):
-                        raise IntegrityError(
-                            f"{out}: {spec.name} layer {v} gave non-finite features for {lv}/{sp} rows "
-                            f"{lo}..{hi - 1}" + (" (fp16 overflow: use --dtype fp32)" if dtype == "fp16" else "")
-                        )
-                    name = f"layer{v}"
-                    if name not in g:
-                        lg = g.create_group(name)
-                        lg.create_dataset("tokens", shape=(n, *toks.shape[1:]), dtype=store,
-                                          chunks=(1, *toks.shape[1:]))
-                        lg.create_dataset("pooled", shape=(n, pooled.shape[1]), dtype=store,
-                                          chunks=(min(n, max(1, (1 << 20) // (pooled.shape[1] * store.itemsize))), pooled.shape[1]))
-                    g[name]["tokens"][lo:hi] = toks
-                    g[name]["pooled"][lo:hi] = pooled
-                g["done"][lo:hi] = True
-                f.flush()
-                seen += hi - lo
-                bar.update(hi - lo)
-                bar.set_postfix_str(f"{seen / max(time.perf_counter() - t0, 1e-9):.1f} img/s")
-                if on_batch is not None:
-                    on_batch(lv, sp, lo, hi)
+            # one writer thread: the next batch's forward overlaps this batch's copy + write;
+            # at most two batches wait, so memory stays bounded, and an error in a write
+            # (or in on_batch) surfaces at the next submission
+            pending: deque = deque()
+            with ThreadPoolExecutor(max_workers=1) as writer:
+                try:
+                    for i, images in loader:
+                        item = items[int(i)]
+                        with torch.autocast(dev.type, dtype=amp_dtype or torch.float32,
+                                            enabled=amp_dtype is not None):
+                            res = enc(images.to(dev, non_blocking=True), layers)
+                        pending.append(writer.submit(write, item, res))
+                        while len(pending) > 2:
+                            pending.popleft().result()
+                        seen += item[3] - item[2]
+                        bar.update(item[3] - item[2])
+                        bar.set_postfix_str(f"{seen / max(time.perf_counter() - t0, 1e-9):.1f} img/s")
+                    while pending:
+                        pending.popleft().result()
+                finally:
+                    for fut in pending:
+                        fut.cancel()
             bar.close()
         for lv, sp in plan:
             if not f[f"{lv}/{sp}/done"][()].all():
