@@ -216,6 +216,7 @@ def write_cache(
         ) from None
     amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(comp)
     store = np.dtype(STORAGE_DTYPES[dtype])
+    store_t = torch.float16 if store == np.float16 else torch.float32
     with f:
         resumed = _check_args(f, out, args, overwrite)
         if resumed and f.attrs.get("complete"):
@@ -252,8 +253,10 @@ def write_cache(
             n = g["done"].shape[0]
             for v in layers:
                 toks, pooled = res[v]
-                toks = toks.float().cpu().numpy().astype(store, copy=False)
-                pooled = pooled.float().cpu().numpy().astype(store, copy=False)
+                # cast on the device: half the bytes to copy for fp16 storage (IEEE rounding
+                # is the same as numpy's)
+                toks = toks.to(store_t).cpu().numpy()
+                pooled = pooled.to(store_t).cpu().numpy()
                 if not (np.isfinite(toks).all() and np.isfinite(pooled).all()):
                     raise IntegrityError(
                         f"{out}: {spec.name} layer {v} gave non-finite features for {lv}/{sp} rows "
