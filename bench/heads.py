@@ -147,9 +147,9 @@ def time_sweep(
           for h in heads for p in parse_probes("all")]  # fmt: skip
     t0 = time.perf_counter()
     results = run_sweep(js, jobs)
-    bad = [r for r in results if r[3]]
+    bad = [r for r in results if r.error]
     if bad:
-        raise SystemExit(f"sweep failed: {bad[0][3]}")
+        raise SystemExit(f"sweep failed: {bad[0].error}")
     return time.perf_counter() - t0, len(results)
 
 

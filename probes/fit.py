@@ -131,6 +131,10 @@ def score(
     return out
 
 
+class ProbeUnavailable(ConfigError):
+    """The build has no items of this probe (e.g. counting without lesion masks)."""
+
+
 def _blind(t):
     """The same items with every feature row pointing at a single all-zero row."""
     b = t.subset(np.arange(len(t)))
@@ -199,7 +203,7 @@ def run_fit(
     te_all = load_targets(build, task, "test", cache.keys(level, "test"))
     te, te_mirror = te_all.subset(~te_all.is_mirror), te_all.subset(te_all.is_mirror)
     if len(tr) == 0 or len(te) == 0:
-        raise ConfigError(
+        raise ProbeUnavailable(
             f"{features}: {probe} has no train or no test items in build {build.root}"
         )
 
@@ -514,22 +518,20 @@ def fit_command(
 ):
     """Train a probe head on cached features and score it (one run per probe x seed)."""
     cfg = train_config_from(max_epochs, batch_size, lr)
-    for p in parse_probes(probe):
+    probes = parse_probes(probe)
+    explicit = all(p.strip() != "all" for item in probe for p in item.split(","))
+    for p in probes:
         for s in parse_seeds(seeds):
-            rd = run_fit(
-                features,
-                head,
-                p,
-                s,
-                out,
-                layer,
-                data,
-                cfg,
-                None,
-                n_boot,
-                not no_controls,
-                train_mirrors,
-            )
+            try:
+                rd = run_fit(
+                    features, head, p, s, out, layer, data, cfg, None, n_boot,
+                    not no_controls, train_mirrors,
+                )  # fmt: skip
+            except ProbeUnavailable as e:
+                if explicit:
+                    raise
+                click.echo(f"{p}: not available on this build ({e}); skipped", err=True)
+                break
             m = json.loads((rd / METRICS_FILE).read_text())
             key = m["headline"]
             click.echo(f"{p} {head} seed{s}: {key}={_fmt(m['test'].get(key))} -> {rd}")

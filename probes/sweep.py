@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import click
 
@@ -51,11 +52,20 @@ def plan(jobs: list[Job]) -> tuple[list[Job], list[Job]]:
     return todo, done
 
 
-def run_job(job: Job) -> tuple[Job, str, float, str | None]:
-    """Worker entry: one run with one torch thread. Returns (job, run dir, seconds, error)."""
+class JobResult(NamedTuple):
+    job: Job
+    run_dir: str
+    seconds: float
+    error: str | None = None
+    #: why the probe could not run on this build (no items): reported, not a failure
+    unavailable: str | None = None
+
+
+def run_job(job: Job) -> JobResult:
+    """Worker entry: one run with one torch thread."""
     import torch
 
-    from .fit import run_fit, train_config_from
+    from .fit import ProbeUnavailable, run_fit, train_config_from
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()
@@ -65,12 +75,14 @@ def run_job(job: Job) -> tuple[Job, str, float, str | None]:
             train_config_from(job.max_epochs, job.batch_size, 1e-3), None, job.n_boot, job.controls,
             progress=False,
         )  # fmt: skip
+    except ProbeUnavailable as e:
+        return JobResult(job, "", time.perf_counter() - t0, unavailable=str(e))
     except SparError as e:
-        return job, "", time.perf_counter() - t0, str(e)
-    return job, str(rd), time.perf_counter() - t0, None
+        return JobResult(job, "", time.perf_counter() - t0, error=str(e))
+    return JobResult(job, str(rd), time.perf_counter() - t0)
 
 
-def run_sweep(jobs: list[Job], n_jobs: int = 2) -> list[tuple[Job, str, float, str | None]]:
+def run_sweep(jobs: list[Job], n_jobs: int = 2) -> list[JobResult]:
     """Run the unfinished ``jobs`` with ``n_jobs`` processes (1: in this process)."""
     from tqdm.auto import tqdm
 
@@ -166,12 +178,17 @@ def sweep_command(
     ]
     t0 = time.perf_counter()
     results = run_sweep(all_jobs, jobs)
-    failed = [(j, err) for j, _, _, err in results if err]
-    for j, _rd, secs, err in sorted(results, key=lambda r: (r[0].probe, r[0].head, r[0].seed)):
-        status = f"FAILED: {err}" if err else f"{secs:.1f}s"
+    failed = [(r.job, r.error) for r in results if r.error]
+    n_unavailable = sum(r.unavailable is not None for r in results)
+    for r in sorted(results, key=lambda r: (r.job.probe, r.job.head, r.job.seed)):
+        j = r.job
+        status = (f"FAILED: {r.error}" if r.error
+                  else f"not available on this build: {r.unavailable}" if r.unavailable
+                  else f"{r.seconds:.1f}s")  # fmt: skip
         click.echo(f"{j.probe:28s} {j.head:12s} seed{j.seed}  {status}")
     click.echo(
-        f"sweep: {len(results) - len(failed)} run(s) done in {time.perf_counter() - t0:.1f}s -> {Path(out)}"
+        f"sweep: {len(results) - len(failed) - n_unavailable} run(s) done, {n_unavailable} probe run(s)"
+        f" not available on this build, in {time.perf_counter() - t0:.1f}s -> {Path(out)}"
     )
     if failed:
         raise ConfigError(
