@@ -19,7 +19,6 @@ or infinite intensities, non-integer label values.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -42,20 +41,6 @@ def strip_nifti_suffix(name: str) -> str:
 
 def is_nifti(path: Path) -> bool:
     return path.name.endswith(NIFTI_SUFFIXES)
-
-
-def file_sha256(path: str | Path, *, chunk: int = 1 << 20) -> str:
-    """SHA-256 of a file, or of a DICOM folder (its files' names and bytes, sorted by name)."""
-    path = Path(path)
-    h = hashlib.sha256()
-    files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
-    for f in files:
-        if path.is_dir():
-            h.update(f.name.encode("utf-8") + b"\0")
-        with open(f, "rb") as fh:
-            while block := fh.read(chunk):
-                h.update(block)
-    return h.hexdigest()
 
 
 def _squeeze_to_3d(data: np.ndarray, *, case_id: str, path: Path) -> np.ndarray:

@@ -17,11 +17,11 @@ import numpy as np
 
 from ..case import Case, CaseRef
 from ..errors import CaseError, ConfigError
+from ..hashing import sha256_file
 from ..ontology import LabelMap, apply_label_map, label_map_from_ids
 from ..readers import (
     as_hu_int16,
     as_integer_labels,
-    file_sha256,
     is_nifti,
     read_volume,
     strip_nifti_suffix,
@@ -140,7 +140,7 @@ class VolumeSource(Source):
         hashed = [("image", image_path)] if image is not None else []
         hashed += [(f"mask:{p.name}" if len(mask_files) > 1 else "mask", p) for p, _, _ in mask_files]
         for role, p in hashed:
-            provenance["sha256"][role] = file_sha256(p)
+            provenance["sha256"][role] = sha256_file(p)
         synthesized = image_c is None
         if synthesized:
             seed = derive_seed(self.seed, self.name, cid, "pseudo-ct")

@@ -31,19 +31,12 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..hashing import sha256_file  # noqa: F401  (re-exported for writers and verify)
+
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "spar-bench-build"
 #: Keys without which a manifest is not a usable build.
 REQUIRED_KEYS = ("format", "schema_version", "complete", "shards", "fingerprint")
-
-
-def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
-    """Hex sha256 of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def fingerprint(entries: Iterable[tuple[str, str]]) -> str:

@@ -9,7 +9,6 @@ Torch is imported inside functions only: ``spar-probe --help`` must stay cheap.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import json
 from collections.abc import Callable, Sequence
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from builder.errors import ConfigError
+from builder.hashing import sha256_file
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -87,14 +87,6 @@ class EncoderSpec:
         }
 
 
-def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def require_extra(module: str, extra: str) -> Any:
     """Import an optional dependency, or raise a one-line :class:`ConfigError` naming the extra."""
     try:
@@ -119,11 +111,7 @@ def weights_record(weights: str | Path | None, random_init: bool, name: str) -> 
         if not p.exists():
             raise ConfigError(f"encoder {name}: weights {p} do not exist")
         if p.is_dir():
-            files = sorted(q for q in p.iterdir() if q.is_file())
-            digest = hashlib.sha256()
-            for q in files:
-                digest.update(q.name.encode() + b"\0" + sha256_file(q).encode())
-            return {"kind": "dir", "path": str(p.resolve()), "sha256": digest.hexdigest()}
+            return {"kind": "dir", "path": str(p.resolve()), "sha256": sha256_file(p)}
         return {"kind": "file", "path": str(p.resolve()), "sha256": sha256_file(p)}
     if not random_init:
         raise ConfigError(
