@@ -135,6 +135,119 @@ def _check_args(f, path: Path, args: dict[str, Any], overwrite: bool) -> bool:
     return True
 
 
+Item = tuple[str, str, int, int]  # (level, split, first row, end row) of one batch
+
+
+def _plan(build, data, levels: Sequence[str] | None, splits: Sequence[str] | None) -> list[tuple[str, str]]:
+    """The (level, split) pairs to cache, in the build's order."""
+    levels = list(levels) if levels else build.levels()
+    plan = []
+    for lv in levels:
+        have = build.splits(lv)  # raises ConfigError naming the build for an unknown level
+        chosen = [s for s in have if s in splits] if splits else have
+        if splits and not chosen:
+            raise ConfigError(f"{data}: {lv} has none of the splits {', '.join(splits)}; it has {', '.join(have)}")
+        plan += [(lv, s) for s in chosen]
+    return plan
+
+
+def _pending_items(f, build, plan: list[tuple[str, str]], batch: int) -> list[Item]:
+    """Create each split's ``key``/``done`` datasets once; the batches still to encode."""
+    import h5py
+
+    items: list[Item] = []
+    for lv, sp in plan:
+        n = build.count(lv, sp)
+        g = f.require_group(f"{lv}/{sp}")
+        if "done" not in g:
+            keys = build.read(lv, sp, ["key"])["key"]
+            g.create_dataset("key", data=np.asarray(keys, dtype=object), dtype=h5py.string_dtype())
+            g.create_dataset("done", shape=(n,), dtype=bool, fillvalue=False)
+        todo = np.flatnonzero(~g["done"][()])
+        if todo.size:
+            items += [(lv, sp, lo, min(lo + batch, n)) for lo in range(int(todo[0]), n, batch)]
+    return items
+
+
+def _store_batch(f, item: Item, res: dict, *, dtype: str, where: str) -> None:
+    """Copy one batch's features to the host in the storage dtype, check them, write, flush.
+
+    The cast happens on the device (half the bytes to copy for fp16; IEEE rounding is the
+    same as numpy's). ``done`` is set only after the features are written.
+    """
+    import torch
+
+    lv, sp, lo, hi = item
+    store = np.dtype(STORAGE_DTYPES[dtype])
+    store_t = torch.float16 if store == np.float16 else torch.float32
+    g = f[f"{lv}/{sp}"]
+    n = g["done"].shape[0]
+    for v, (toks, pooled) in res.items():
+        toks, pooled = toks.to(store_t).cpu().numpy(), pooled.to(store_t).cpu().numpy()
+        if not (np.isfinite(toks).all() and np.isfinite(pooled).all()):
+            raise IntegrityError(
+                f"{where} layer {v} gave non-finite features for {lv}/{sp} rows {lo}..{hi - 1}"
+                + (" (fp16 overflow: use --dtype fp32)" if dtype == "fp16" else "")
+            )
+        name = f"layer{v}"
+        if name not in g:
+            lg = g.create_group(name)
+            lg.create_dataset("tokens", shape=(n, *toks.shape[1:]), dtype=store, chunks=(1, *toks.shape[1:]))
+            rows_per_mb = max(1, (1 << 20) // (pooled.shape[1] * store.itemsize))
+            lg.create_dataset("pooled", shape=(n, pooled.shape[1]), dtype=store,
+                              chunks=(min(n, rows_per_mb), pooled.shape[1]))
+        g[name]["tokens"][lo:hi] = toks
+        g[name]["pooled"][lo:hi] = pooled
+    g["done"][lo:hi] = True
+    f.flush()
+
+
+def _encode_items(f, build, items: list[Item], enc, layers: list[int], *, dev, comp: str, dtype: str,
+                  workers: int, where: str, desc: str, progress: bool,
+                  on_batch: Callable[[str, str, int, int], None] | None) -> None:
+    """Encode ``items`` and store them, reads, compute and writes overlapping.
+
+    One DataLoader (one set of reader workers) serves every level and split; one writer
+    thread stores batch k while batch k+1 is encoded. At most two batches wait, so memory
+    stays bounded, and an error in a write (or in ``on_batch``) surfaces at the next batch.
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(comp)
+    loader = torch.utils.data.DataLoader(
+        _Batches(build, items), batch_size=None, shuffle=False, num_workers=workers,
+        pin_memory=dev.type == "cuda", prefetch_factor=4 if workers else None,
+    )
+
+    def store(item: Item, res: dict) -> None:
+        _store_batch(f, item, res, dtype=dtype, where=where)
+        if on_batch is not None:
+            on_batch(*item)
+
+    bar = tqdm(total=sum(hi - lo for _, _, lo, hi in items), desc=desc, unit="img",
+               disable=not progress, dynamic_ncols=True)
+    t0, seen, pending = time.perf_counter(), 0, deque()
+    with ThreadPoolExecutor(max_workers=1) as writer:
+        try:
+            for i, images in loader:
+                item = items[int(i)]
+                with torch.autocast(dev.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+                    res = enc(images.to(dev, non_blocking=True), layers)
+                pending.append(writer.submit(store, item, res))
+                while len(pending) > 2:
+                    pending.popleft().result()
+                seen += item[3] - item[2]
+                bar.update(item[3] - item[2])
+                bar.set_postfix_str(f"{seen / max(time.perf_counter() - t0, 1e-9):.1f} img/s")
+            while pending:
+                pending.popleft().result()
+        finally:
+            for fut in pending:
+                fut.cancel()
+            bar.close()
+
+
 def write_cache(
     encoder: str,
     data: str | Path,
@@ -163,8 +276,6 @@ def write_cache(
     batch is flushed. Returns ``out``.
     """
     import h5py
-    import torch
-    from tqdm.auto import tqdm
 
     from builder.shards import Build
 
@@ -177,16 +288,7 @@ def write_cache(
         raise ConfigError(f"--batch must be >= 1; got {batch}")
     layers = parse_layers(layers)
     build = Build(data)
-    levels = list(levels) if levels else build.levels()
-    for lv in levels:
-        build.splits(lv)  # raises ConfigError naming the build for an unknown level
-    plan = []
-    for lv in levels:
-        have = build.splits(lv)
-        chosen = [s for s in have if s in splits] if splits else have
-        if splits and not chosen:
-            raise ConfigError(f"{data}: {lv} has none of the splits {', '.join(splits)}; it has {', '.join(have)}")
-        plan += [(lv, s) for s in chosen]
+    plan = _plan(build, data, levels, splits)
 
     enc = encoder_obj if encoder_obj is not None else load_encoder(
         encoder, weights=weights, random_init=random_init, revision=revision)
@@ -214,9 +316,6 @@ def write_cache(
         raise ConfigError(
             f"{out}: cannot open ({e}); if a run was killed while writing, delete it and rerun"
         ) from None
-    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(comp)
-    store = np.dtype(STORAGE_DTYPES[dtype])
-    store_t = torch.float16 if store == np.float16 else torch.float32
     with f:
         resumed = _check_args(f, out, args, overwrite)
         if resumed and f.attrs.get("complete"):
@@ -234,80 +333,11 @@ def write_cache(
             }
             for k, v in meta.items():
                 f.attrs[k] = _attr(v)
-        items: list[tuple[str, str, int, int]] = []
-        for lv, sp in plan:
-            n = build.count(lv, sp)
-            g = f.require_group(f"{lv}/{sp}")
-            if "done" not in g:
-                keys = build.read(lv, sp, ["key"])["key"]
-                g.create_dataset("key", data=np.asarray(keys, dtype=object), dtype=h5py.string_dtype())
-                g.create_dataset("done", shape=(n,), dtype=bool, fillvalue=False)
-            todo = np.flatnonzero(~g["done"][()])
-            if todo.size:
-                items += [(lv, sp, lo, min(lo + batch, n)) for lo in range(int(todo[0]), n, batch)]
-
-        def write(item: tuple[str, str, int, int], res: dict) -> None:
-            """Runs in the single writer thread: device->host copy, checks, HDF5 write, flush."""
-            lv, sp, lo, hi = item
-            g = f[f"{lv}/{sp}"]
-            n = g["done"].shape[0]
-            for v in layers:
-                toks, pooled = res[v]
-                # cast on the device: half the bytes to copy for fp16 storage (IEEE rounding
-                # is the same as numpy's)
-                toks = toks.to(store_t).cpu().numpy()
-                pooled = pooled.to(store_t).cpu().numpy()
-                if not (np.isfinite(toks).all() and np.isfinite(pooled).all()):
-                    raise IntegrityError(
-                        f"{out}: {spec.name} layer {v} gave non-finite features for {lv}/{sp} rows "
-                        f"{lo}..{hi - 1}" + (" (fp16 overflow: use --dtype fp32)" if dtype == "fp16" else "")
-                    )
-                name = f"layer{v}"
-                if name not in g:
-                    lg = g.create_group(name)
-                    lg.create_dataset("tokens", shape=(n, *toks.shape[1:]), dtype=store,
-                                      chunks=(1, *toks.shape[1:]))
-                    lg.create_dataset("pooled", shape=(n, pooled.shape[1]), dtype=store,
-                                      chunks=(min(n, max(1, (1 << 20) // (pooled.shape[1] * store.itemsize))), pooled.shape[1]))
-                g[name]["tokens"][lo:hi] = toks
-                g[name]["pooled"][lo:hi] = pooled
-            g["done"][lo:hi] = True
-            f.flush()
-            if on_batch is not None:
-                on_batch(lv, sp, lo, hi)
-
+        items = _pending_items(f, build, plan, batch)
         if items:
-            loader = torch.utils.data.DataLoader(
-                _Batches(build, items), batch_size=None, shuffle=False,
-                num_workers=workers, pin_memory=dev.type == "cuda",
-                prefetch_factor=4 if workers else None,
-            )
-            bar = tqdm(total=sum(hi - lo for _, _, lo, hi in items), desc=f"{spec.name}", unit="img",
-                       disable=not progress, dynamic_ncols=True)
-            t0, seen = time.perf_counter(), 0
-            # one writer thread: the next batch's forward overlaps this batch's copy + write;
-            # at most two batches wait, so memory stays bounded, and an error in a write
-            # (or in on_batch) surfaces at the next submission
-            pending: deque = deque()
-            with ThreadPoolExecutor(max_workers=1) as writer:
-                try:
-                    for i, images in loader:
-                        item = items[int(i)]
-                        with torch.autocast(dev.type, dtype=amp_dtype or torch.float32,
-                                            enabled=amp_dtype is not None):
-                            res = enc(images.to(dev, non_blocking=True), layers)
-                        pending.append(writer.submit(write, item, res))
-                        while len(pending) > 2:
-                            pending.popleft().result()
-                        seen += item[3] - item[2]
-                        bar.update(item[3] - item[2])
-                        bar.set_postfix_str(f"{seen / max(time.perf_counter() - t0, 1e-9):.1f} img/s")
-                    while pending:
-                        pending.popleft().result()
-                finally:
-                    for fut in pending:
-                        fut.cancel()
-            bar.close()
+            _encode_items(f, build, items, enc, layers, dev=dev, comp=comp, dtype=dtype,
+                          workers=workers, where=f"{out}: {spec.name}", desc=spec.name, progress=progress,
+                          on_batch=on_batch)
         for lv, sp in plan:
             if not f[f"{lv}/{sp}/done"][()].all():
                 raise IntegrityError(f"{out}: {lv}/{sp} has unwritten rows after the run; rerun to resume")
