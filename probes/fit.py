@@ -147,6 +147,115 @@ def run_dir(out: str | Path, cache, probe: str, head: str, seed: int) -> Path:
     return Path(out) / encoder_slug(cache) / probe / head / f"seed{seed}"
 
 
+def _split_targets(build, cache, task, features, seed: int, cfg, train_mirrors: bool):
+    """Train / validation / test targets aligned to the cache, and where validation came from.
+
+    Returns ``(tr, va, te, te_mirror, val_source, val_split)``. Without a val split, a
+    patient-grouped fraction of train is held out (seeded); mirrored samples are evaluated
+    separately and trained on only with ``train_mirrors``.
+    """
+    from builder.seeding import derive_seed
+
+    from .targets import holdout_patients, load_targets
+
+    level, probe = task.level, task.probe
+    splits = cache.splits(level)
+    tr_all = load_targets(build, task, "train", cache.keys(level, "train"))
+    tr = tr_all if train_mirrors else tr_all.subset(~tr_all.is_mirror)
+    if "val" in splits:
+        va = load_targets(build, task, "val", cache.keys(level, "val"))
+        va = va.subset(~va.is_mirror)
+        val_source, val_split = "val split", "val"
+    else:
+        hold = holdout_patients(
+            tr.patient, cfg.val_fraction, np.random.default_rng(derive_seed(seed, "holdout", probe))
+        )
+        va, tr = tr.subset(hold), tr.subset(~hold)
+        val_source = f"held-out {cfg.val_fraction:.0%} of train patients (no val split)"
+        val_split = "train"
+    te_all = load_targets(build, task, "test", cache.keys(level, "test"))
+    te, te_mirror = te_all.subset(~te_all.is_mirror), te_all.subset(te_all.is_mirror)
+    if len(tr) == 0 or len(te) == 0:
+        raise ProbeUnavailable(
+            f"{features}: {probe} has no train or no test items in build {build.root}"
+        )
+    return tr, va, te, te_mirror, val_source, val_split
+
+
+def _new_head(cache, head: str, task, kind: str, layer: int, seed: int, head_cfg: dict):
+    """A seeded head sized from the cache; token heads get their fixed PCA projection."""
+    from builder.seeding import derive_seed
+
+    from .heads import build_head
+    from .train import seeded
+
+    level = task.level
+    first = (
+        np.asarray(cache.pooled(level, "train", layer=layer)[:1])
+        if kind == "pooled"
+        else np.asarray(cache.tokens(level, "train", layer=layer, rows=np.arange(1)))
+    )
+    in_dim, n_tokens = int(first.shape[-1]), (int(first.shape[1]) if kind == "tokens" else 1)
+    model = seeded(lambda: build_head(head, task, in_dim, n_tokens, **head_cfg), seed)
+    if kind == "tokens":
+        rng = np.random.default_rng(derive_seed(seed, "projection", task.probe))
+        n = len(cache.keys(level, "train"))
+        rows = np.sort(rng.choice(n, size=min(n, max(1, 50000 // n_tokens)), replace=False))
+        sample = np.asarray(cache.tokens(level, "train", layer=layer, rows=rows), np.float32)
+        model.fit_projection(sample.reshape(-1, in_dim))
+    return model, in_dim, n_tokens
+
+
+def _controls(task, head: str, kind: str, model, dims: tuple[int, int], head_cfg: dict,
+              data: tuple, cfg, seed: int, n_boot: int, boot, controls: bool) -> dict:
+    """Chance, majority, Level 1 atlas and the blind baseline (same head, no image)."""
+    from .heads import build_head
+    from .train import predict, seeded, train_head
+
+    tr, va, te, te_mirror, y_train, test_metrics = data
+    level, ctrl = task.level, {}
+    if level == "level3":
+        ctrl["chance"] = 1.0 / task.n_classes
+        ctrl["majority"] = test_metrics.get("majority")
+    elif level == "level2":
+        ctrl["chance"] = _perm_chance(te.y["present_pos"])
+    if level == "level1":
+        from .metrics import atlas_predictions
+
+        atlas = atlas_predictions(tr.y["centroid"], tr.y["present"], len(te))
+        ctrl["atlas"] = score(te, atlas, boot("atlas"), n_boot)
+        if len(te_mirror):
+            atlas_m = atlas_predictions(tr.y["centroid"], tr.y["present"], len(te_mirror))
+            ctrl["atlas_mirror"] = score(te_mirror, atlas_m, None, n_boot)
+    if not controls:
+        return ctrl
+    in_dim, n_tokens = dims
+    zero = np.zeros((1, in_dim) if kind == "pooled" else (1, 1, model.proj_dim), np.float32)
+    blind = seeded(lambda: build_head(head, task, in_dim, n_tokens, **head_cfg), seed)
+    if kind == "tokens":  # the same fixed projection as the real head
+        proj = {k: v for k, v in model.state_dict().items() if k.startswith("proj_")}
+        blind.load_state_dict({**blind.state_dict(), **proj})
+    train_head(blind, (zero, _blind(tr)), (zero, _blind(va)), cfg, seed, progress=False)
+    ctrl["blind"] = score(te, predict(blind, zero, _blind(te)), boot("blind"), n_boot, y_train=y_train)
+    if len(te_mirror):
+        ctrl["blind_mirror"] = score(
+            te_mirror, predict(blind, zero, _blind(te_mirror)), None, n_boot, y_train=y_train
+        )
+    return ctrl
+
+
+def _write_run(rd: Path, config: dict, metrics: dict, model) -> None:
+    """config.json, head.pt, then metrics.json last: its presence marks a finished run."""
+    import torch
+
+    rd.mkdir(parents=True, exist_ok=True)
+    (rd / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
+    torch.save({"state_dict": model.state_dict(), "config": config}, rd / "head.pt")
+    tmp = rd / (METRICS_FILE + ".tmp")
+    tmp.write_text(json.dumps(_clean(metrics), indent=2) + "\n")
+    tmp.replace(rd / METRICS_FILE)
+
+
 def run_fit(
     features: str | Path,
     head: str,
@@ -163,13 +272,10 @@ def run_fit(
     progress: bool = True,
 ) -> Path:
     """Train and score one head; write the run directory; return its path."""
-    import torch
-
     from builder.seeding import derive_seed
 
-    from .heads import Task, build_head, head_input
-    from .targets import holdout_patients, load_targets
-    from .train import TrainConfig, predict, seeded, train_head
+    from .heads import Task, head_input
+    from .train import TrainConfig, predict, train_head
 
     cfg = cfg or TrainConfig()
     head_cfg = dict(head_cfg or {})
@@ -184,43 +290,10 @@ def run_fit(
     if "train" not in splits or "test" not in splits:
         raise ConfigError(f"{features}: {level} needs train and test splits, cache has {splits}")
 
-    # targets
-    tr_all = load_targets(build, task, "train", cache.keys(level, "train"))
-    tr = tr_all if train_mirrors else tr_all.subset(~tr_all.is_mirror)
-    if "val" in splits:
-        va = load_targets(build, task, "val", cache.keys(level, "val"))
-        va = va.subset(~va.is_mirror)
-        val_source, val_split = "val split", "val"
-    else:
-        hold = holdout_patients(
-            tr.patient, cfg.val_fraction, np.random.default_rng(derive_seed(seed, "holdout", probe))
-        )
-        va, tr = tr.subset(hold), tr.subset(~hold)
-        val_source, val_split = (
-            f"held-out {cfg.val_fraction:.0%} of train patients (no val split)",
-            "train",
-        )
-    te_all = load_targets(build, task, "test", cache.keys(level, "test"))
-    te, te_mirror = te_all.subset(~te_all.is_mirror), te_all.subset(te_all.is_mirror)
-    if len(tr) == 0 or len(te) == 0:
-        raise ProbeUnavailable(
-            f"{features}: {probe} has no train or no test items in build {build.root}"
-        )
-
-    # features and head
-    first = (
-        np.asarray(cache.pooled(level, "train", layer=layer)[:1])
-        if kind == "pooled"
-        else np.asarray(cache.tokens(level, "train", layer=layer, rows=np.arange(1)))
+    tr, va, te, te_mirror, val_source, val_split = _split_targets(
+        build, cache, task, features, seed, cfg, train_mirrors
     )
-    in_dim, n_tokens = int(first.shape[-1]), (int(first.shape[1]) if kind == "tokens" else 1)
-    model = seeded(lambda: build_head(head, task, in_dim, n_tokens, **head_cfg), seed)
-    if kind == "tokens":
-        rng = np.random.default_rng(derive_seed(seed, "projection", probe))
-        n = len(cache.keys(level, "train"))
-        rows = np.sort(rng.choice(n, size=min(n, max(1, 50000 // n_tokens)), replace=False))
-        sample = np.asarray(cache.tokens(level, "train", layer=layer, rows=rows), np.float32)
-        model.fit_projection(sample.reshape(-1, in_dim))
+    model, in_dim, n_tokens = _new_head(cache, head, task, kind, layer, seed, head_cfg)
     f_train = load_features(cache, kind, level, "train", layer, model)
     f_val = (
         f_train if val_split == "train" else load_features(cache, kind, level, "val", layer, model)
@@ -230,6 +303,12 @@ def run_fit(
 
     boot = lambda tag: np.random.default_rng(derive_seed(seed, "bootstrap", probe, head, tag))  # noqa: E731
     y_train = tr.y["answer"] if level == "level3" else None
+    test = score(te, predict(model, f_test, te), boot("test"), n_boot, y_train=y_train)
+    mirror = (
+        score(te_mirror, predict(model, f_test, te_mirror), boot("mirror"), n_boot, y_train=y_train)
+        if len(te_mirror)
+        else None
+    )
     metrics: dict[str, Any] = {
         "probe": probe,
         "head": head,
@@ -239,66 +318,19 @@ def run_fit(
         "layer": layer,
         "headline": HEADLINE[level],
         "val_source": val_source,
-        "n_items": {
-            "train": len(tr),
-            "val": len(va),
-            "test": len(te),
-            "test_mirror": len(te_mirror),
-        },
+        "n_items": {"train": len(tr), "val": len(va), "test": len(te), "test_mirror": len(te_mirror)},
         "n_patients": {
             "train": int(np.unique(tr.patient).size),
             "test": int(np.unique(te.patient).size),
         },
         "train": {k: getattr(result, k) for k in ("epochs_run", "best_epoch", "best_val_loss")},
-        "test": score(te, predict(model, f_test, te), boot("test"), n_boot, y_train=y_train),
-        "mirror": (
-            score(
-                te_mirror,
-                predict(model, f_test, te_mirror),
-                boot("mirror"),
-                n_boot,
-                y_train=y_train,
-            )
-            if len(te_mirror)
-            else None
-        ),
-        "controls": {},
+        "test": test,
+        "mirror": mirror,
+        "controls": _controls(
+            task, head, kind, model, (in_dim, n_tokens), head_cfg,
+            (tr, va, te, te_mirror, y_train, test), cfg, seed, n_boot, boot, controls,
+        ),  # fmt: skip
     }
-    ctrl = metrics["controls"]
-    if level == "level3":
-        ctrl["chance"] = 1.0 / task.n_classes
-        ctrl["majority"] = metrics["test"].get("majority")
-    elif level == "level2":
-        ctrl["chance"] = _perm_chance(te.y["present_pos"])
-    if level == "level1":
-        from .metrics import atlas_predictions
-
-        atlas = atlas_predictions(tr.y["centroid"], tr.y["present"], len(te))
-        ctrl["atlas"] = score(te, atlas, boot("atlas"), n_boot)
-        if len(te_mirror):
-            atlas_m = atlas_predictions(tr.y["centroid"], tr.y["present"], len(te_mirror))
-            ctrl["atlas_mirror"] = score(te_mirror, atlas_m, None, n_boot)
-    if controls:
-        zero = np.zeros((1, in_dim) if kind == "pooled" else (1, 1, model.proj_dim), np.float32)
-        blind = seeded(lambda: build_head(head, task, in_dim, n_tokens, **head_cfg), seed)
-        if kind == "tokens":
-            blind.load_state_dict(
-                {
-                    **blind.state_dict(),
-                    **{k: v for k, v in model.state_dict().items() if k.startswith("proj_")},
-                }
-            )
-        train_head(blind, (zero, _blind(tr)), (zero, _blind(va)), cfg, seed, progress=False)
-        ctrl["blind"] = score(
-            te, predict(blind, zero, _blind(te)), boot("blind"), n_boot, y_train=y_train
-        )
-        if len(te_mirror):
-            ctrl["blind_mirror"] = score(
-                te_mirror, predict(blind, zero, _blind(te_mirror)), None, n_boot, y_train=y_train
-            )
-
-    rd = run_dir(out, cache, probe, head, seed)
-    rd.mkdir(parents=True, exist_ok=True)
     config = {
         "probe": probe,
         "head": head,
@@ -324,11 +356,8 @@ def run_fit(
         "n_bootstrap": n_boot,
         "versions": _versions(),
     }
-    (rd / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
-    torch.save({"state_dict": model.state_dict(), "config": config}, rd / "head.pt")
-    tmp = rd / (METRICS_FILE + ".tmp")
-    tmp.write_text(json.dumps(_clean(metrics), indent=2) + "\n")
-    tmp.replace(rd / METRICS_FILE)  # metrics.json last: its presence marks a finished run
+    rd = run_dir(out, cache, probe, head, seed)
+    _write_run(rd, config, metrics, model)
     return rd
 
 
@@ -501,6 +530,13 @@ def train_config_from(max_epochs: int | None, batch_size: int, lr: float):
 @click.option(
     "--train-mirrors", is_flag=True, help="Also train on mirrored counterfactual samples."
 )
+@click.option(
+    "--threads",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1),
+    help="torch CPU threads (1, as in sweep workers: the same metrics either way you run).",
+)
 def fit_command(
     features,
     head,
@@ -515,8 +551,12 @@ def fit_command(
     n_boot,
     no_controls,
     train_mirrors,
+    threads,
 ):
     """Train a probe head on cached features and score it (one run per probe x seed)."""
+    import torch
+
+    torch.set_num_threads(threads)
     cfg = train_config_from(max_epochs, batch_size, lr)
     probes = parse_probes(probe)
     explicit = all(p.strip() != "all" for item in probe for p in item.split(","))

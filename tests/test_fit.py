@@ -165,3 +165,16 @@ def test_no_val_split_holds_out_patients_and_eval_transfers(pipeline, tmp_path):
     e = json.loads((rd / "eval-dummy.json").read_text())
     assert e["test"]["accuracy"] == pytest.approx(m["test"]["accuracy"])
     assert e["test"]["n"] == m["test"]["n"]
+
+
+def test_fit_and_sweep_give_identical_metrics(pipeline, tmp_path):
+    """One run, two ways (``fit`` in this process, ``sweep`` in a worker): same bytes."""
+    from probes.cli import cli
+
+    probe = "level3.relative_position"
+    assert _fit(pipeline, tmp_path / "fit", "--head", "mlp", "--probe", probe) == 0
+    assert _run(cli, ["sweep", "--features", pipeline["cache"], "--heads", "mlp", "--probes", probe,
+                      "--seeds", 0, "--jobs", 1, "--bootstrap", 50, "--out", tmp_path / "sweep"]) == 0  # fmt: skip
+    a = (_one(tmp_path / "fit", probe, "mlp") / "metrics.json").read_bytes()
+    b = (_one(tmp_path / "sweep", probe, "mlp") / "metrics.json").read_bytes()
+    assert a == b
