@@ -11,7 +11,10 @@ Measures, in one run, on the same data (Level 1 train split of a small phantom b
    shards and pushed through the frozen encoder again (the usual research script).
    ``--encode-epochs`` epochs are measured and the rest extrapolated linearly (said so);
 3. ``sweep``    - a full sweep from one cache: ``--heads`` x all 8 probes x 1 seed, ``--jobs``
-   processes, with blind controls (what `spar-probe sweep` does).
+   processes, with blind controls (what `spar-probe sweep` does);
+4. ``level3``   - seconds per training epoch of the ``transformer`` head on Level 3
+   ``relative_position``: questions batched slice by slice with the slice body encoded
+   once (what ``train_head`` does) vs the same head re-encoding the slice per question.
 
 Prints seconds and the re-encode / cache ratio. Random-init weights: timing only.
 """
@@ -46,7 +49,9 @@ def prepare(
         args = ["--source", "phantom", "--root", str(work / "ph"), "--out", str(shards), "--no-hf",
                 "--samples-per-case", str(samples), "--overwrite"]  # fmt: skip
         assert run_cli(build_cli, args) == 0
+    t_cache = None
     if not cache.is_file():
+        t0 = time.perf_counter()
         args = [
             "cache",
             "--encoder",
@@ -58,7 +63,8 @@ def prepare(
             str(cache),
         ]
         assert run_cli(probe_cli, args) == 0
-    return shards, cache
+        t_cache = time.perf_counter() - t0
+    return shards, cache, t_cache
 
 
 def train_from_cache(cache_path: Path, epochs: int, seed: int = 0) -> float:
@@ -137,6 +143,43 @@ def _fit_epochs(head, task, epochs: int, features, t, batch: int = 64) -> None:
             opt.step()
 
 
+def time_level3_transformer(cache_path: Path, epochs: int) -> tuple[float, float, int, int]:
+    """Seconds per epoch: shared slice body vs one body per question; questions, slices."""
+    import torch
+
+    from builder.shards import Build
+    from probes.features import FeatureCache
+    from probes.fit import load_features
+    from probes.heads import Task, build_head
+    from probes.targets import load_targets
+    from probes.train import epoch_order, group_batch, loss_fn
+
+    cache = FeatureCache(cache_path)
+    task = Task("level3.relative_position")
+    t = load_targets(Build(cache.meta["dataset_dir"]), task, "train", cache.keys("level3", "train"))
+    raw = load_features(cache, "tokens", "level3", "train", -1)
+    torch.manual_seed(0)
+    head = build_head("transformer", task, raw.shape[-1], raw.shape[1])
+    head.fit_projection(raw.reshape(-1, raw.shape[-1])[::7])
+    feats = head.preproject(raw)
+    opt = torch.optim.AdamW(head.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(0)
+    seconds = []
+    for shared in (True, False):
+        t0 = time.perf_counter()
+        for _ in range(epochs):
+            order = epoch_order(head, t, gen)
+            for s in range(0, len(t), 256):
+                x, index, q, y = group_batch(feats, t, order[s : s + 256])
+                out = head(x, q, index) if shared else head(x[index], q)
+                loss = loss_fn(task, out, y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        seconds.append((time.perf_counter() - t0) / epochs)
+    return seconds[0], seconds[1], len(t), int(np.unique(t.rows).size)
+
+
 def time_sweep(
     cache_path: Path, heads: list[str], jobs: int, out: Path, max_epochs: int
 ) -> tuple[float, int]:
@@ -166,6 +209,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--heads", default="mlp", help="heads of the timed sweep")
     ap.add_argument("--sweep-epochs", type=int, default=10)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--level3-epochs", type=int, default=3, help="timed Level 3 transformer epochs")
     args = ap.parse_args(argv)
 
     import torch
@@ -181,6 +225,7 @@ def main(argv: list[str] | None = None) -> None:
         t_sweep, n_runs = time_sweep(
             cache, args.heads.split(","), args.jobs, sweep_out, args.sweep_epochs
         )
+        l3 = time_level3_transformer(cache, args.level3_epochs)
 
     print(
         f"\nencoder {args.encoder} (random init), Level 1 train, mlp head, {args.epochs} epochs, 1 torch thread"
@@ -195,6 +240,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"  full sweep from one cache ({args.heads} x 8 probes x 1 seed, {args.jobs} jobs, "
           f"{args.sweep_epochs} max epochs, blind controls): {t_sweep:.1f} s for {n_runs} runs "
           f"({t_sweep / max(n_runs, 1):.1f} s/run; one re-encoded head ~ {t_enc / max(t_sweep / max(n_runs, 1), 1e-9):.0f} cached runs)")  # fmt: skip
+    print(f"  Level 3 transformer, relative_position train ({l3[2]} questions on {l3[3]} slices): "
+          f"{l3[0]:.2f} s/epoch with one body per slice, {l3[1]:.2f} s/epoch with one per "
+          f"question ({l3[1] / max(l3[0], 1e-9):.1f} x)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -7,6 +7,13 @@ gradient-norm clipping at 1.0. Losses: Level 1 mean squared error of the normali
 (x, y) over present organs; Level 2 the permutation loss through 20 log-domain
 Sinkhorn iterations masked to present tiles and valid slots; Level 3 cross-entropy.
 
+Level 3 batching: token heads receive each batch's DISTINCT slices once plus an item ->
+slice index (:func:`group_batch`), and a head that encodes a slice once for all its
+questions (``head.shares_body``, the Level 3 ``transformer``) is trained on epochs that
+shuffle slices and keep each slice's questions together (:func:`epoch_order`), so a
+batch of 256 questions holds ~256 / (questions per slice) slices. Its answers do not
+depend on the batch, so prediction groups items by slice too.
+
 Determinism: all torch randomness (initialisation, dropout, shuffling) happens inside
 ``torch.random.fork_rng`` seeded from the run's seed, with
 ``torch.use_deterministic_algorithms(True)``; the global RNG state of the caller is
@@ -59,11 +66,70 @@ def batch_tensors(feats: np.ndarray, t: Targets, idx: np.ndarray):
     import torch
 
     x = torch.from_numpy(np.ascontiguousarray(feats[t.rows[idx]], dtype=np.float32))
+    return (x, *_question_and_targets(t, idx))
+
+
+def _question_and_targets(t: Targets, idx: np.ndarray):
+    import torch
+
     q = None
     if t.task.level == "level3":
         q = {k: torch.from_numpy(t.y[k][idx]) for k in ("organ_a", "organ_b", "axis", "probe")}
     y = {k: torch.from_numpy(np.ascontiguousarray(v[idx])) for k, v in t.y.items()}
-    return x, q, y
+    return q, y
+
+
+def group_batch(feats: np.ndarray, t: Targets, idx: np.ndarray):
+    """``(x, index, q, y)``: the DISTINCT cache rows of items ``idx`` once, and each item's row.
+
+    ``x`` is ``(U, ...)`` for the ``U`` distinct rows, ``index`` ``(len(idx),)`` int64
+    maps each item to its row of ``x``; ``q`` and ``y`` are as in :func:`batch_tensors`.
+    A token head called as ``head(x, q, index)`` then encodes each slice once for all
+    of its Level 3 questions.
+    """
+    import torch
+
+    uniq, inv = np.unique(t.rows[idx], return_inverse=True)
+    x = torch.from_numpy(np.ascontiguousarray(feats[uniq], dtype=np.float32))
+    return (x, torch.from_numpy(inv.reshape(-1).astype(np.int64)), *_question_and_targets(t, idx))
+
+
+def _grouped(head, t: Targets) -> bool:
+    """Whether ``head`` reads Level 3 items through :func:`group_batch` (token heads)."""
+    return t.task.level == "level3" and getattr(head, "input_kind", "pooled") == "tokens"
+
+
+def _run(head, feats: np.ndarray, t: Targets, idx: np.ndarray):
+    """``(output, y)`` of ``head`` on items ``idx``; Level 3 token heads get distinct rows once."""
+    if _grouped(head, t):
+        x, index, q, y = group_batch(feats, t, idx)
+        return head(x, q, index), y
+    x, q, y = batch_tensors(feats, t, idx)
+    return head(x, q), y
+
+
+def _eval_order(head, t: Targets) -> np.ndarray:
+    """Item order for evaluation: by cache row for heads sharing a body per row, else as is."""
+    if getattr(head, "shares_body", False):
+        return np.argsort(t.rows, kind="stable")
+    return np.arange(len(t))
+
+
+def epoch_order(head, t: Targets, gen) -> np.ndarray:
+    """A seeded item order for one training epoch (``gen``: a ``torch.Generator``).
+
+    Heads that share one body per cache row (``head.shares_body``) get the rows in a
+    random order with all items of a row kept together, so a minibatch holds whole
+    slices and each slice is encoded once; other heads get a random item order.
+    """
+    import torch
+
+    if not getattr(head, "shares_body", False):
+        return torch.randperm(len(t), generator=gen).numpy()
+    uniq, inv = np.unique(t.rows, return_inverse=True)
+    rank = np.empty(uniq.size, dtype=np.int64)
+    rank[torch.randperm(uniq.size, generator=gen).numpy()] = np.arange(uniq.size)
+    return np.argsort(rank[inv.reshape(-1)], kind="stable")
 
 
 def loss_fn(task: Task, out, y: dict, sinkhorn_iters: int = 20):
@@ -96,16 +162,17 @@ def predict(head, feats: np.ndarray, t: Targets, batch_size: int = 512) -> np.nd
 
     head.eval()
     outs = []
+    order = _eval_order(head, t)
     with torch.no_grad():
         for s in range(0, len(t), batch_size):
-            idx = np.arange(s, min(s + batch_size, len(t)))
-            x, q, _ = batch_tensors(feats, t, idx)
-            outs.append(head(x, q).float().numpy())
+            idx = order[s : s + batch_size]
+            outs.append(_run(head, feats, t, idx)[0].float().numpy())
     level = t.task.level
     if not outs:
         shape = {"level1": (0, 16, 2), "level2": (0, 16), "level3": (0,)}[level]
         return np.zeros(shape, dtype=np.float32 if level == "level1" else np.int64)
-    out = np.concatenate(outs)
+    out = np.empty_like(np.concatenate(outs))
+    out[order] = np.concatenate(outs)
     if level == "level1":
         return out
     if level == "level2":
@@ -118,11 +185,12 @@ def _mean_loss(head, task: Task, feats, t: Targets, cfg: TrainConfig) -> float:
 
     head.eval()
     total, n = 0.0, 0
+    order = _eval_order(head, t)
     with torch.no_grad():
         for s in range(0, len(t), 512):
-            idx = np.arange(s, min(s + 512, len(t)))
-            x, q, y = batch_tensors(feats, t, idx)
-            total += float(loss_fn(task, head(x, q), y, cfg.sinkhorn_iters)) * idx.size
+            idx = order[s : s + 512]
+            out, y = _run(head, feats, t, idx)
+            total += float(loss_fn(task, out, y, cfg.sinkhorn_iters)) * idx.size
             n += idx.size
     return total / max(n, 1)
 
@@ -161,12 +229,12 @@ def train_head(
         torch.manual_seed(int(seed))
         for epoch in bar:
             head.train()
-            order = torch.randperm(len(tr), generator=gen).numpy()
+            order = epoch_order(head, tr, gen)
             total = 0.0
             for s in range(0, len(tr), cfg.batch_size):
                 idx = np.sort(order[s : s + cfg.batch_size])
-                x, q, y = batch_tensors(feats, tr, idx)
-                loss = loss_fn(task, head(x, q), y, cfg.sinkhorn_iters)
+                out, y = _run(head, feats, tr, idx)
+                loss = loss_fn(task, out, y, cfg.sinkhorn_iters)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 if cfg.grad_clip:

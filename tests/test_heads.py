@@ -178,3 +178,66 @@ def test_level1_and_level3_heads_learn_a_simple_signal():
     )
     _, pred, va = _fit("mlp", feats, t3, seed=0, epochs=40)
     assert level3_metrics(va.y["answer"], pred, 2)["accuracy"] > 0.8
+
+
+def _level3_slices(n_slices: int, per_slice: int, n_tokens: int, width: int, seed: int):
+    """Random token slices and ``per_slice`` random questions on each (items grouped by row)."""
+    rng = np.random.default_rng(seed)
+    feats = rng.normal(size=(n_slices, n_tokens, width)).astype(np.float32)
+    n = n_slices * per_slice
+    q = _question(n, rng)
+    q["organ_b"][::5] = -1  # some questions without organ B
+    t = Targets(
+        Task("level3.relative_position"),
+        "test",
+        rng.permutation(np.repeat(np.arange(n_slices), per_slice)),
+        np.repeat(np.arange(n_slices), per_slice).astype(str),
+        np.zeros(n, bool),
+        {"answer": rng.integers(0, 2, n), **q},
+    )
+    return feats, t
+
+
+def test_level3_transformer_answer_does_not_depend_on_the_other_questions_in_the_batch():
+    import torch
+
+    from probes.train import group_batch
+
+    feats, t = _level3_slices(6, 5, 7, 12, seed=0)
+    head = seeded(lambda: build_head("transformer", t.task, 12, 7), 0)
+    assert head.shares_body
+    head.eval()
+    everything = np.arange(len(t))
+    with torch.no_grad():
+        x, index, q, _ = group_batch(feats, t, everything)
+        assert x.shape[0] == 6 and index.shape == (len(t),)  # each slice encoded once
+        full = head(x, q, index).numpy()
+        # the same questions one at a time, in another order, and with a slice per item
+        perm = np.random.default_rng(1).permutation(len(t))
+        for idx in (perm, perm[:7], perm[7:8], everything[::-1]):
+            x, index, q, _ = group_batch(feats, t, idx)
+            np.testing.assert_allclose(head(x, q, index).numpy(), full[idx], atol=1e-5)
+        x_items = torch.from_numpy(feats[t.rows])
+        q_all = {k: torch.as_tensor(t.y[k]) for k in ("organ_a", "organ_b", "axis", "probe")}
+        np.testing.assert_allclose(head(x_items, q_all).numpy(), full, atol=1e-5)
+    # predict: batch size and item order change nothing
+    p = predict(head, feats, t)
+    np.testing.assert_array_equal(predict(head, feats, t, batch_size=3), p)
+    np.testing.assert_array_equal(predict(head, feats, t.subset(perm)), p[perm])
+    np.testing.assert_array_equal(p, full.argmax(axis=1))
+
+
+def test_level3_transformer_trains_on_whole_slices_deterministically():
+    import torch
+
+    from probes.train import epoch_order
+
+    feats, t = _level3_slices(12, 4, 5, 10, seed=2)
+    head = build_head("transformer", t.task, 10, 5)
+    order = epoch_order(head, t, torch.Generator().manual_seed(0))
+    assert sorted(order) == list(range(len(t)))
+    runs = np.flatnonzero(np.diff(t.rows[order])).size + 1
+    assert runs == 12  # the questions of a slice are consecutive
+    _, p1, _ = _fit("transformer", feats, t, seed=3, epochs=2)
+    _, p2, _ = _fit("transformer", feats, t, seed=3, epochs=2)
+    np.testing.assert_array_equal(p1, p2)

@@ -10,6 +10,9 @@ once on every split and trains on the small tokens.
 Queries: Levels 1-2 use 16 learned tile queries (query p belongs to organ p in
 Level 1, to mosaic position p in Level 2); Level 3 uses one query token built from the
 question (sum of organ A, organ B, axis and probe embeddings).
+Token heads take ``forward(x, q=None, index=None)``: with ``index`` ``(B,)``, ``x``
+holds only the distinct cache rows of the batch and item ``i`` reads row ``index[i]``
+(Level 3: one slice, many questions; see :func:`probes.train.group_batch`).
 Outputs: Level 1 a linear (x, y) per tile query; Level 2 tile-query x slot-embedding
 dot products (scaled by 1/sqrt(d)); Level 3 a linear classifier on the query output.
 
@@ -32,6 +35,9 @@ from .pooled import QuestionEmbedding
 
 class TokenHead(nn.Module):
     input_kind = "tokens"
+    #: True when the head encodes each cache row once and the training loop should batch
+    #: items row by row (Level 3 ``transformer``: one body per slice for all its questions).
+    shares_body = False
     DEFAULTS: dict = {"d_model": 128, "n_heads": 4, "dropout": 0.1, "proj_dim": 128}
 
     def __init__(self, task: Task, in_dim: int, n_tokens: int = 1, **cfg):
@@ -127,9 +133,14 @@ class AttnPoolHead(TokenHead):
             nn.LayerNorm(d), nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d)
         )
 
-    def forward(self, x: torch.Tensor, q: dict | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, q: dict | None = None, index: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Outputs of the level; ``index`` (optional) maps each item to its row of ``x``."""
         kv = self.kv_norm(self.token_embed(x))
-        qs = self.query_tokens(x.shape[0], q)
+        if index is not None:
+            kv = kv[index]
+        qs = self.query_tokens(kv.shape[0], q)
         h = qs + self.attn(qs, kv, kv, need_weights=False)[0]
         h = h + self.mlp(h)
         return self.readout(h)

@@ -1,13 +1,26 @@
-"""``transformer``: a few pre-norm Transformer layers over [query tokens; all tokens].
+"""``transformer``: pre-norm Transformer layers over the projected token set.
 
 Tokens are projected once to ``proj_dim`` (fixed PCA, see :mod:`probes.heads.attnpool`),
-then by a learned layer to ``d_model`` with learned position embeddings; the query
-tokens (16 tile queries for Levels 1-2, one question token for Level 3) are prepended
-and the layers run over the whole set; outputs are read at the query tokens.
+then by a learned layer to ``d_model`` with learned position embeddings.
 
-Defaults: ``d_model`` 128, ``n_layers`` 2, ``n_heads`` 4, feed-forward 2 x d_model,
-``dropout`` 0.1, ``proj_dim`` 128 (MEASUREMENTS.md: ~20 s/epoch for 10k samples of
-50 tokens at d_model 128 on 2 CPU cores, half the cost at 256).
+* Levels 1-2: the 16 tile queries are prepended and ``n_layers`` self-attention layers
+  run over [queries; tokens]; outputs are read at the query tokens.
+* Level 3: an item is a QUESTION and a slice carries many, so the token set is
+  encoded ONCE per slice by a question-agnostic body (``n_layers`` self-attention
+  layers over the tokens, then a LayerNorm). Each question is one query token (organ A
+  + organ B + axis + probe embeddings + a learned query) that reads its slice's body
+  through ``n_cross_layers`` pre-norm cross-attention blocks (cross-attention, then a
+  feed-forward layer, each residual). Questions never attend to each other, so an
+  answer does not depend on which other questions share the batch. ``forward(x, q,
+  index)`` takes the UNIQUE slices ``x`` ``(U, T, k)`` and ``index`` ``(B,)``, the row
+  of ``x`` of each question; the training loop batches questions slice by slice
+  (:func:`probes.train.group_batch`), so the body runs once per slice, not per question.
+
+Defaults: ``d_model`` 128, ``n_layers`` 2, ``n_cross_layers`` 2 (Level 3 only),
+``n_heads`` 4, feed-forward 2 x d_model, ``dropout`` 0.1, ``proj_dim`` 128
+(MEASUREMENTS.md: ~20 s/epoch for 10k samples of 50 tokens at d_model 128 on 2 CPU
+cores, half the cost at 256; Level 3 with the shared body costs about the body of one
+slice per ~10-15 questions instead of one per question).
 """
 
 from __future__ import annotations
@@ -19,8 +32,48 @@ from . import Task
 from .attnpool import TokenHead
 
 
+class CrossBlock(nn.Module):
+    """Pre-norm block: query ``h`` cross-attends to per-row memory, then a feed-forward layer.
+
+    Keys and values are projected once per memory row ``(U, T, d)`` and gathered per
+    query with ``index``; every query attends only to its own row's memory.
+    """
+
+    def __init__(self, d: int, n_heads: int, dropout: float):
+        super().__init__()
+        if d % n_heads:
+            raise ValueError(f"d_model {d} is not divisible by n_heads {n_heads}")
+        self.n_heads = n_heads
+        self.norm_q = nn.LayerNorm(d)
+        self.q = nn.Linear(d, d)
+        self.kv = nn.Linear(d, 2 * d)
+        self.o = nn.Linear(d, d)
+        self.attn_drop = nn.Dropout(dropout)
+        self.drop = nn.Dropout(dropout)
+        self.ff = nn.Sequential(
+            nn.LayerNorm(d),
+            nn.Linear(d, 2 * d),
+            nn.GELU(),
+            nn.Dropout(dropout),
+            nn.Linear(2 * d, d),
+        )
+
+    def forward(self, h: torch.Tensor, mem: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """``h`` ``(B, d)`` queries, ``mem`` ``(U, T, d)``, ``index`` ``(B,)`` -> ``(B, d)``."""
+        b, d = h.shape
+        u, t, _ = mem.shape
+        nh, dh = self.n_heads, d // self.n_heads
+        k, v = self.kv(mem).view(u, t, 2, nh, dh).permute(2, 0, 3, 1, 4)  # (U, nh, T, dh)
+        k, v = k[index], v[index]  # (B, nh, T, dh)
+        q = self.q(self.norm_q(h)).view(b, nh, 1, dh)
+        w = torch.softmax((q @ k.transpose(-1, -2)) * dh**-0.5, dim=-1)  # (B, nh, 1, T)
+        a = (self.attn_drop(w) @ v).reshape(b, d)
+        h = h + self.drop(self.o(a))
+        return h + self.drop(self.ff(h))
+
+
 class TransformerHead(TokenHead):
-    DEFAULTS = {**TokenHead.DEFAULTS, "n_layers": 2}
+    DEFAULTS = {**TokenHead.DEFAULTS, "n_layers": 2, "n_cross_layers": 2}
 
     def __init__(self, task: Task, in_dim: int, n_tokens: int = 1, **cfg):
         super().__init__(task, in_dim, n_tokens, **cfg)
@@ -37,8 +90,32 @@ class TransformerHead(TokenHead):
         self.encoder = nn.TransformerEncoder(
             layer, self.cfg["n_layers"], enable_nested_tensor=False
         )
+        self.shares_body = task.level == "level3"
+        if self.shares_body:
+            self.body_norm = nn.LayerNorm(d)
+            self.decoder = nn.ModuleList(
+                CrossBlock(d, self.cfg["n_heads"], self.cfg["dropout"])
+                for _ in range(int(self.cfg["n_cross_layers"]))
+            )
 
-    def forward(self, x: torch.Tensor, q: dict | None = None) -> torch.Tensor:
-        qs = self.query_tokens(x.shape[0], q)
-        h = self.encoder(torch.cat([qs, self.token_embed(x)], dim=1))
-        return self.readout(h[:, : qs.shape[1]])
+    def body(self, x: torch.Tensor) -> torch.Tensor:
+        """Level 3: the question-agnostic encoding ``(U, T, d)`` of slices ``x`` ``(U, T, k)``."""
+        return self.body_norm(self.encoder(self.token_embed(x)))
+
+    def forward(
+        self, x: torch.Tensor, q: dict | None = None, index: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Outputs of the level; ``index`` (optional) maps each item to its row of ``x``."""
+        if not self.shares_body:
+            if index is not None:
+                x = x[index]
+            qs = self.query_tokens(x.shape[0], q)
+            h = self.encoder(torch.cat([qs, self.token_embed(x)], dim=1))
+            return self.readout(h[:, : qs.shape[1]])
+        if index is None:
+            index = torch.arange(x.shape[0])
+        mem = self.body(x)
+        h = self.query_tokens(index.shape[0], q)[:, 0]
+        for block in self.decoder:
+            h = block(h, mem, index)
+        return self.readout(h[:, None])
