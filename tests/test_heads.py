@@ -205,7 +205,7 @@ def test_level3_transformer_answer_does_not_depend_on_the_other_questions_in_the
 
     feats, t = _level3_slices(6, 5, 7, 12, seed=0)
     head = seeded(lambda: build_head("transformer", t.task, 12, 7), 0)
-    assert head.shares_body
+    assert head.shares_body and len(head.body_layers) == 1
     head.eval()
     everything = np.arange(len(t))
     with torch.no_grad():

@@ -5,25 +5,31 @@ then by a learned layer to ``d_model`` with learned position embeddings.
 
 * Levels 1-2: the 16 tile queries are prepended and ``n_layers`` self-attention layers
   run over [queries; tokens]; outputs are read at the query tokens.
-* Level 3: an item is a QUESTION and a slice carries many, so the token set is
-  encoded ONCE per slice by a question-agnostic body (``n_layers`` self-attention
-  layers over the tokens, then a LayerNorm). Each question is one query token (organ A
-  + organ B + axis + probe embeddings + a learned query) that reads its slice's body
-  through ``n_cross_layers`` pre-norm cross-attention blocks (cross-attention, then a
-  feed-forward layer, each residual). Questions never attend to each other, so an
-  answer does not depend on which other questions share the batch. ``forward(x, q,
-  index)`` takes the UNIQUE slices ``x`` ``(U, T, k)`` and ``index`` ``(B,)``, the row
-  of ``x`` of each question; the training loop batches questions slice by slice
-  (:func:`probes.train.group_batch`), so the body runs once per slice, not per question.
+* Level 3: an item is a QUESTION and a slice carries many, so the slice's tokens are
+  encoded ONCE, without the question: ``n_layers - 1`` self-attention layers (the
+  body). Each question is one query token (organ A + organ B + axis + probe
+  embeddings + a learned query) passing through ``n_layers`` pre-norm cross-attention
+  blocks (cross-attention, then a feed-forward layer, each residual); block ``l``
+  reads the tokens as they enter body layer ``l`` (block 0 the embedded tokens, the
+  last block the body output), as the query of the joint encoder does, except that
+  the tokens never see the question. Questions never attend to each other, so an
+  answer does not depend on which other questions share the batch.
+  ``forward(x, q, index)`` takes the DISTINCT slices ``x`` ``(U, T, k)`` and
+  ``index`` ``(B,)``, the row of ``x`` of each question; the training loop batches
+  questions slice by slice (:func:`probes.train.epoch_order`,
+  :func:`probes.train.group_batch`), so the body runs once per slice per batch.
 
-Defaults: ``d_model`` 128, ``n_layers`` 2, ``n_cross_layers`` 2 (Level 3 only),
-``n_heads`` 4, feed-forward 2 x d_model, ``dropout`` 0.1, ``proj_dim`` 128
-(MEASUREMENTS.md: ~20 s/epoch for 10k samples of 50 tokens at d_model 128 on 2 CPU
-cores, half the cost at 256; Level 3 with the shared body costs about the body of one
-slice per ~10-15 questions instead of one per question).
+Defaults: ``d_model`` 128, ``n_layers`` 2, ``n_heads`` 4, feed-forward 2 x d_model,
+``dropout`` 0.1, ``proj_dim`` 128 (MEASUREMENTS.md: ~20 s/epoch for 10k samples of
+50 tokens at d_model 128 on 2 CPU cores, half the cost at 256). Level 3 per slice
+token costs one body layer plus two key/value projections, once per slice instead of
+two full layers once per question: ~3 x faster per epoch at ~3.5 questions per slice
+(phantom, ``relative_position``), more with more questions per slice.
 """
 
 from __future__ import annotations
+
+import copy
 
 import torch
 from torch import nn
@@ -45,6 +51,7 @@ class CrossBlock(nn.Module):
             raise ValueError(f"d_model {d} is not divisible by n_heads {n_heads}")
         self.n_heads = n_heads
         self.norm_q = nn.LayerNorm(d)
+        self.norm_kv = nn.LayerNorm(d)
         self.q = nn.Linear(d, d)
         self.kv = nn.Linear(d, 2 * d)
         self.o = nn.Linear(d, d)
@@ -63,8 +70,8 @@ class CrossBlock(nn.Module):
         b, d = h.shape
         u, t, _ = mem.shape
         nh, dh = self.n_heads, d // self.n_heads
-        k, v = self.kv(mem).view(u, t, 2, nh, dh).permute(2, 0, 3, 1, 4)  # (U, nh, T, dh)
-        k, v = k[index], v[index]  # (B, nh, T, dh)
+        kv = self.kv(self.norm_kv(mem)).view(u, t, 2, nh, dh).permute(2, 0, 3, 1, 4)
+        k, v = kv[0][index], kv[1][index]  # (B, nh, T, dh): each query's own row
         q = self.q(self.norm_q(h)).view(b, nh, 1, dh)
         w = torch.softmax((q @ k.transpose(-1, -2)) * dh**-0.5, dim=-1)  # (B, nh, 1, T)
         a = (self.attn_drop(w) @ v).reshape(b, d)
@@ -73,11 +80,11 @@ class CrossBlock(nn.Module):
 
 
 class TransformerHead(TokenHead):
-    DEFAULTS = {**TokenHead.DEFAULTS, "n_layers": 2, "n_cross_layers": 2}
+    DEFAULTS = {**TokenHead.DEFAULTS, "n_layers": 2}
 
     def __init__(self, task: Task, in_dim: int, n_tokens: int = 1, **cfg):
         super().__init__(task, in_dim, n_tokens, **cfg)
-        d = self.cfg["d_model"]
+        d, n_layers = self.cfg["d_model"], int(self.cfg["n_layers"])
         layer = nn.TransformerEncoderLayer(
             d,
             self.cfg["n_heads"],
@@ -87,20 +94,23 @@ class TransformerHead(TokenHead):
             batch_first=True,
             norm_first=True,
         )
-        self.encoder = nn.TransformerEncoder(
-            layer, self.cfg["n_layers"], enable_nested_tensor=False
-        )
         self.shares_body = task.level == "level3"
-        if self.shares_body:
-            self.body_norm = nn.LayerNorm(d)
-            self.decoder = nn.ModuleList(
-                CrossBlock(d, self.cfg["n_heads"], self.cfg["dropout"])
-                for _ in range(int(self.cfg["n_cross_layers"]))
-            )
+        if not self.shares_body:
+            self.encoder = nn.TransformerEncoder(layer, n_layers, enable_nested_tensor=False)
+            return
+        # Level 3: query layer l reads the slice's tokens as they enter body layer l, as
+        # in the joint encoder, but the tokens never see the question.
+        self.body_layers = nn.ModuleList(copy.deepcopy(layer) for _ in range(n_layers - 1))
+        self.decoder = nn.ModuleList(
+            CrossBlock(d, self.cfg["n_heads"], self.cfg["dropout"]) for _ in range(n_layers)
+        )
 
-    def body(self, x: torch.Tensor) -> torch.Tensor:
-        """Level 3: the question-agnostic encoding ``(U, T, d)`` of slices ``x`` ``(U, T, k)``."""
-        return self.body_norm(self.encoder(self.token_embed(x)))
+    def body(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Level 3: the question-agnostic token states ``(U, T, d)`` entering each layer."""
+        states = [self.token_embed(x)]
+        for layer in self.body_layers:
+            states.append(layer(states[-1]))
+        return states
 
     def forward(
         self, x: torch.Tensor, q: dict | None = None, index: torch.Tensor | None = None
@@ -114,8 +124,7 @@ class TransformerHead(TokenHead):
             return self.readout(h[:, : qs.shape[1]])
         if index is None:
             index = torch.arange(x.shape[0])
-        mem = self.body(x)
         h = self.query_tokens(index.shape[0], q)[:, 0]
-        for block in self.decoder:
+        for block, mem in zip(self.decoder, self.body(x), strict=True):
             h = block(h, mem, index)
         return self.readout(h[:, None])
