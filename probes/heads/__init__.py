@@ -6,8 +6,10 @@ Registry names (``HEADS``, lazily imported so listing them never imports torch):
 * ``mlp``         - a 2-layer MLP on the pooled vector (:mod:`probes.heads.pooled`);
 * ``attnpool``    - learned queries attending once over the token set
   (:mod:`probes.heads.attnpool`);
-* ``transformer`` - a few Transformer layers over query tokens + the full token set,
-  tokens first projected to a small width (:mod:`probes.heads.transformer`).
+* ``transformer`` - a few Transformer layers over the full token set, tokens first
+  projected to a small width; Levels 1-2 prepend the tile queries, Level 3 encodes each
+  slice once and lets every question read it by cross-attention
+  (:mod:`probes.heads.transformer`).
 
 Every head maps features (and, for Level 3, the question) to the output of its level:
 
