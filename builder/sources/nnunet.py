@@ -17,8 +17,7 @@ from pathlib import Path
 from ..case import CaseRef
 from ..errors import ConfigError
 from ..ontology import LabelMap, label_map_from_names
-from ..readers import is_nifti, strip_nifti_suffix
-from .word import VolumeSource, check_unique, find_image
+from .word import VolumeSource
 
 
 def read_dataset_labels(path: Path) -> dict[str, int]:
@@ -65,20 +64,6 @@ class NnUNetSource(VolumeSource):
             raise ConfigError(f"nnunet root {self.root} is not a folder; expected {self.needs}")
         # Fail early on a missing or bad dataset.json; lesions only if a label names them.
         self.has_lesions = self.get_label_map().has_lesions  # type: ignore[misc]
-        refs: list[CaseRef] = []
-        for suffix, split in (("Tr", "train"), ("Ts", "test")):
-            folder = self.root / f"labels{suffix}"
-            if not folder.is_dir():
-                continue
-            for path in sorted(folder.iterdir()):
-                if not is_nifti(path) or path.name.startswith("."):
-                    continue
-                case_id = strip_nifti_suffix(path.name)
-                files = {"mask": path}
-                image = find_image(self.root / f"images{suffix}", f"{case_id}_0000")
-                if image is not None:
-                    files["image"] = image
-                refs.append(CaseRef(self.name, case_id, split, files))
-        if not refs:
-            raise ConfigError(f"no nnunet cases found in {self.root}; expected {self.needs}")
-        return check_unique(refs, self.root)
+        return self.find_pairs(
+            (("imagesTr", "labelsTr", "train"), ("imagesTs", "labelsTs", "test")), image_suffix="_0000"
+        )

@@ -161,6 +161,32 @@ class VolumeSource(Source):
             provenance=provenance,
         )
 
+    def find_pairs(self, split_dirs, image_suffix: str = "") -> list[CaseRef]:
+        """Cases of a folder layout: each mask in ``label_dir`` with its image, if any.
+
+        ``split_dirs`` lists ``(image_dir, label_dir, split)``; the image of mask
+        ``X.nii.gz`` is ``image_dir/X<image_suffix>.nii[.gz]`` or a DICOM folder.
+        """
+        if not self.root.is_dir():
+            raise ConfigError(f"{self.name} root {self.root} is not a folder; expected {self.needs}")
+        refs: list[CaseRef] = []
+        for image_dir, label_dir, split in split_dirs:
+            folder = self.root / label_dir
+            if not folder.is_dir():
+                continue
+            for path in sorted(folder.iterdir()):
+                if not is_nifti(path) or path.name.startswith("."):
+                    continue
+                case_id = strip_nifti_suffix(path.name)
+                files = {"mask": path}
+                image = find_image(self.root / image_dir, f"{case_id}{image_suffix}")
+                if image is not None:
+                    files["image"] = image
+                refs.append(CaseRef(self.name, case_id, split, files))
+        if not refs:
+            raise ConfigError(f"no {self.name} cases found in {self.root}; expected {self.needs}")
+        return check_unique(refs, self.root)
+
 
 def render_pseudo_ct_checked(
     mask: np.ndarray, spacing: tuple[float, float, float], *, lesion: np.ndarray | None, seed: int, case_id: str
@@ -176,6 +202,7 @@ def render_pseudo_ct_checked(
     if image.shape != mask.shape:
         raise CaseError(case_id, None, f"pseudo-CT has shape {image.shape}, mask {mask.shape}")
     return np.asarray(image, dtype=np.int16)
+
 
 
 class WordSource(VolumeSource):
@@ -195,22 +222,4 @@ class WordSource(VolumeSource):
     )
 
     def find(self) -> list[CaseRef]:
-        if not self.root.is_dir():
-            raise ConfigError(f"{self.name} root {self.root} is not a folder; expected {self.needs}")
-        refs: list[CaseRef] = []
-        for image_dir, label_dir, split in self.split_dirs:
-            folder = self.root / label_dir
-            if not folder.is_dir():
-                continue
-            for path in sorted(folder.iterdir()):
-                if not is_nifti(path) or path.name.startswith("."):
-                    continue
-                case_id = strip_nifti_suffix(path.name)
-                files = {"mask": path}
-                image = find_image(self.root / image_dir, case_id)
-                if image is not None:
-                    files["image"] = image
-                refs.append(CaseRef(self.name, case_id, split, files))
-        if not refs:
-            raise ConfigError(f"no {self.name} cases found in {self.root}; expected {self.needs}")
-        return check_unique(refs, self.root)
+        return self.find_pairs(self.split_dirs)
