@@ -204,7 +204,6 @@ def render_pseudo_ct_checked(
     return np.asarray(image, dtype=np.int16)
 
 
-
 class WordSource(VolumeSource):
     """WORD: ``imagesTr|imagesVal|imagesTs`` + ``labelsTr|labelsVal|labelsTs``, any ``*.nii[.gz]``."""
 
