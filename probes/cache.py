@@ -231,6 +231,8 @@ def _encode_items(f, build, items: list[Item], enc, layers: list[int], *, dev, c
     with ThreadPoolExecutor(max_workers=1) as writer:
         try:
             for i, images in loader:
+                while pending and pending[0].done():  # surface a failed write at once
+                    pending.popleft().result()
                 item = items[int(i)]
                 with torch.autocast(dev.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
                     res = enc(images.to(dev, non_blocking=True), layers)

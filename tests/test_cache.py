@@ -111,10 +111,11 @@ def test_resume_after_interruption_is_identical(build: Path, tmp_path: Path) -> 
     b = Build(build)
     plan = [(lv, sp) for lv in b.levels() for sp in b.splits(lv)]
     with h5py.File(part) as f:
-        # the writer thread may also finish the batch in flight when on_batch raised
+        # batches already handed to the writer thread (at most two behind the one that
+        # raised) may still land; every row marked done is written
         done = {(lv, sp): f[f"{lv}/{sp}/done"][()] for lv, sp in plan}
     n_done = sum(int(d.sum()) for d in done.values())
-    assert 8 <= n_done <= 12 and n_done < sum(d.size for d in done.values())
+    assert 8 <= n_done <= 16 and n_done < sum(d.size for d in done.values())
     first_todo = next((lv, sp, int(np.flatnonzero(~d)[0])) for (lv, sp), d in done.items() if not d.all())
     assert first_todo != (*plan[0], 0)
     with pytest.raises(ConfigError, match="differs in: dtype"):
