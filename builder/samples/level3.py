@@ -107,6 +107,20 @@ def _pick(rng: np.random.Generator, n_candidates: int, k: int) -> np.ndarray:
     return np.sort(rng.choice(n_candidates, size=min(k, n_candidates), replace=False))
 
 
+def _pick_pairs(rng: np.random.Generator, cands: list[tuple], k: int) -> list[tuple]:
+    """Up to ``k`` candidates ``(a, b, *rest)``, each with A/B swapped with probability 1/2.
+
+    The random order makes both answers of an asymmetric question equally likely.
+    """
+    picks = _pick(rng, len(cands), k)
+    swaps = rng.random(len(picks)) < 0.5
+    out = []
+    for p, swap in zip(picks, swaps, strict=True):
+        a, b, *rest = cands[p]
+        out.append((b, a, *rest) if swap else (a, b, *rest))
+    return out
+
+
 def slice_questions(
     z: int,
     stats: SliceStats,
@@ -151,12 +165,7 @@ def slice_questions(
         if abs((col_mm if axis == 0 else row_mm)[a] - (col_mm if axis == 0 else row_mm)[b])
         >= config.rel_margin_mm
     ]
-    picks = _pick(rng, len(cands), k)
-    swaps = rng.random(len(picks)) < 0.5
-    for p, swap in zip(picks, swaps, strict=True):
-        a, b, axis = cands[p]
-        if swap:
-            a, b = b, a
+    for a, b, axis in _pick_pairs(rng, cands, k):
         ans = int(col_mm[a] > col_mm[b]) if axis == 0 else int(row_mm[a] < row_mm[b])
         out.append(q("relative_position", a, b, ans, axis))
     # orientation
@@ -165,12 +174,7 @@ def slice_questions(
         for a, b in pairs
         if math.hypot(col_mm[a] - col_mm[b], row_mm[a] - row_mm[b]) >= config.rel_margin_mm
     ]
-    picks = _pick(rng, len(cands2), k)
-    swaps = rng.random(len(picks)) < 0.5
-    for p, swap in zip(picks, swaps, strict=True):
-        a, b = cands2[p]
-        if swap:
-            a, b = b, a
+    for a, b in _pick_pairs(rng, cands2, k):
         sector = orientation_sector(col_mm[b] - col_mm[a], row_mm[a] - row_mm[b])
         out.append(q("orientation", a, b, sector))
     # symmetry
@@ -189,12 +193,7 @@ def slice_questions(
         a = organs[p]
         out.append(q("size", a, q_area_a_mm2=area[a]))
     # distance
-    picks = _pick(rng, len(pairs), k)
-    swaps = rng.random(len(picks)) < 0.5
-    for p, swap in zip(picks, swaps, strict=True):
-        a, b = pairs[p]
-        if swap:
-            a, b = b, a
+    for a, b in _pick_pairs(rng, pairs, k):
         dist = math.hypot(col_mm[a] - col_mm[b], row_mm[a] - row_mm[b])
         out.append(q("distance", a, b, q_distance_mm=dist))
     # counting
