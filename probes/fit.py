@@ -250,7 +250,8 @@ def _write_run(rd: Path, config: dict, metrics: dict, model) -> None:
 
     rd.mkdir(parents=True, exist_ok=True)
     (rd / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
-    torch.save({"state_dict": model.state_dict(), "config": config}, rd / "head.pt")
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    torch.save({"state_dict": state, "config": config}, rd / "head.pt")
     tmp = rd / (METRICS_FILE + ".tmp")
     tmp.write_text(json.dumps(_clean(metrics), indent=2) + "\n")
     tmp.replace(rd / METRICS_FILE)
@@ -488,10 +489,17 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def train_config_from(max_epochs: int | None, batch_size: int, lr: float):
+def train_config_from(max_epochs: int | None, batch_size: int, lr: float, device: str = "cpu"):
     from .train import TrainConfig
 
-    return TrainConfig(max_epochs=max_epochs, batch_size=batch_size, lr=lr)
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {device}: no CUDA device is visible; use --device cpu")
+    elif device != "cpu":
+        raise ConfigError(f"--device must be cpu or cuda[:N], got {device!r}")
+    return TrainConfig(max_epochs=max_epochs, batch_size=batch_size, lr=lr, device=device)
 
 
 @click.command("fit")
@@ -531,6 +539,12 @@ def train_config_from(max_epochs: int | None, batch_size: int, lr: float):
     "--train-mirrors", is_flag=True, help="Also train on mirrored counterfactual samples."
 )
 @click.option(
+    "--device",
+    default="cpu",
+    show_default=True,
+    help="Where heads train: cpu, or cuda[:N] (heads are light; the Level 1-2 transformer gains most).",
+)
+@click.option(
     "--threads",
     default=1,
     show_default=True,
@@ -551,13 +565,14 @@ def fit_command(
     n_boot,
     no_controls,
     train_mirrors,
+    device,
     threads,
 ):
     """Train a probe head on cached features and score it (one run per probe x seed)."""
     import torch
 
     torch.set_num_threads(threads)
-    cfg = train_config_from(max_epochs, batch_size, lr)
+    cfg = train_config_from(max_epochs, batch_size, lr, device)
     probes = parse_probes(probe)
     explicit = all(p.strip() != "all" for item in probe for p in item.split(","))
     for p in probes:

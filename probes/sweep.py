@@ -31,6 +31,7 @@ class Job:
     n_boot: int
     controls: bool
     batch_size: int = 256
+    device: str = "cpu"
 
 
 def plan(jobs: list[Job]) -> tuple[list[Job], list[Job]]:
@@ -72,7 +73,7 @@ def run_job(job: Job) -> JobResult:
     try:
         rd = run_fit(
             job.features, job.head, job.probe, job.seed, job.out, job.layer, job.data,
-            train_config_from(job.max_epochs, job.batch_size, 1e-3), None, job.n_boot, job.controls,
+            train_config_from(job.max_epochs, job.batch_size, 1e-3, job.device), None, job.n_boot, job.controls,
             progress=False,
         )  # fmt: skip
     except ProbeUnavailable as e:
@@ -134,6 +135,7 @@ def run_sweep(jobs: list[Job], n_jobs: int = 2) -> list[JobResult]:
 @click.option("--batch-size", default=256, show_default=True, type=int)
 @click.option("--bootstrap", "n_boot", default=1000, show_default=True, type=int)
 @click.option("--no-controls", is_flag=True, help="Skip the blind baselines.")
+@click.option("--device", default="cpu", show_default=True, help="Where heads train: cpu or cuda[:N].")
 def sweep_command(
     features,
     heads,
@@ -147,17 +149,19 @@ def sweep_command(
     batch_size,
     n_boot,
     no_controls,
+    device,
 ):
     """Fit every probe x head x seed from one cache (skips finished runs)."""
     from builder.errors import ConfigError
 
-    from .fit import open_cache, parse_probes, parse_seeds, resolve_build
+    from .fit import open_cache, parse_probes, parse_seeds, resolve_build, train_config_from
     from .heads import head_input
 
     head_list = [h.strip() for h in heads.split(",") if h.strip()]
     for h in head_list:
         head_input(h)  # unknown head -> ConfigError with suggestions
     resolve_build(open_cache(features), data)  # fail fast on a fingerprint mismatch
+    train_config_from(None, batch_size, 1e-3, device)  # fail fast on an unusable --device
     all_jobs = [
         Job(
             str(features),
@@ -171,6 +175,7 @@ def sweep_command(
             n_boot,
             not no_controls,
             batch_size,
+            device,
         )
         for h in head_list
         for p in parse_probes(probes)

@@ -42,6 +42,7 @@ class TrainConfig:
     sinkhorn_iters: int = 20
     grad_clip: float = 1.0
     val_fraction: float = 0.15  # patient-grouped hold-out of train when there is no val split
+    device: str = "cpu"  # "cuda" trains the head on a GPU (same seeds; float results may differ)
 
     def epochs_for(self, input_kind: str) -> int:
         if self.max_epochs is not None:
@@ -99,12 +100,27 @@ def _grouped(head, t: Targets) -> bool:
     return t.task.level == "level3" and getattr(head, "input_kind", "pooled") == "tokens"
 
 
+def _to(device, obj):
+    """``obj`` (a tensor, a dict of tensors or None) on ``device``."""
+    if obj is None:
+        return None
+    if isinstance(obj, dict):
+        return {k: v.to(device, non_blocking=True) for k, v in obj.items()}
+    return obj.to(device, non_blocking=True)
+
+
+def _device_of(head):
+    return next(head.parameters()).device
+
+
 def _run(head, feats: np.ndarray, t: Targets, idx: np.ndarray):
-    """``(output, y)`` of ``head`` on items ``idx``; Level 3 token heads get distinct rows once."""
+    """``(output, y)`` of ``head`` on items ``idx`` (on the head's device); Level 3 token
+    heads get distinct rows once."""
+    dev = _device_of(head)
     if _grouped(head, t):
-        x, index, q, y = group_batch(feats, t, idx)
+        x, index, q, y = (_to(dev, v) for v in group_batch(feats, t, idx))
         return head(x, q, index), y
-    x, q, y = batch_tensors(feats, t, idx)
+    x, q, y = (_to(dev, v) for v in batch_tensors(feats, t, idx))
     return head(x, q), y
 
 
@@ -166,7 +182,7 @@ def predict(head, feats: np.ndarray, t: Targets, batch_size: int = 512) -> np.nd
     with torch.no_grad():
         for s in range(0, len(t), batch_size):
             idx = order[s : s + batch_size]
-            outs.append(_run(head, feats, t, idx)[0].float().numpy())
+            outs.append(_run(head, feats, t, idx)[0].float().cpu().numpy())
     level = t.task.level
     if not outs:
         shape = {"level1": (0, 16, 2), "level2": (0, 16), "level3": (0,)}[level]
@@ -218,6 +234,7 @@ def train_head(
     if len(tr) == 0:
         raise ValueError(f"no training items for {tr.task.probe}")
     task = tr.task
+    head.to(cfg.device)
     epochs = cfg.epochs_for(getattr(head, "input_kind", "pooled"))
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     gen = torch.Generator().manual_seed(int(seed))
