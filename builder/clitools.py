@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 
 import click
@@ -63,6 +62,3 @@ def run_cli(group: click.Command, argv: list[str] | None = None) -> int:
         return 2
     return 0
 
-
-def exit_with(code: int) -> None:
-    sys.exit(code)

@@ -138,25 +138,14 @@ def test_organs_inside_body_off_spine_lesions_in_liver(batch, layout):
 
 def test_first_painted_organ_is_never_carved():
     """Non-overlap by priority: the first organ painted keeps its whole shape."""
-    from builder.phantom.generate import _blob
+    from builder.phantom.generate import organ_shape
     from builder.phantom.render import _inplane_depth
 
     vol = make_phantom(2, "canonical", **GRID)
     first = vol.params["organs"][0]
     assert first["name"] == PAINT_ORDER[0]
     shape, sp = vol.mask.shape, vol.spacing
-    full = np.zeros(shape, dtype=bool)
-    for lb in first["lobes"]:
-        box, inside = _blob(
-            lb["center_mm"],
-            lb["semi_mm"],
-            lb["angles_deg"],
-            lb["mirror"],
-            lb["harmonics"],
-            shape,
-            sp,
-        )
-        full[box] |= inside
+    full = organ_shape(first, shape, sp)
     full &= (_inplane_depth(vol.body, sp) > vol.params["wall_mm"]) & ~vol.bone
     np.testing.assert_array_equal(vol.mask == first["id"], full)
 

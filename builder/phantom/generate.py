@@ -414,6 +414,18 @@ def _body_mask(params: dict[str, Any]) -> np.ndarray:
     return out
 
 
+def organ_shape(organ: dict, shape: tuple[int, int, int], spacing) -> np.ndarray:
+    """The union of an organ's lobes (its params record), before carving by other organs."""
+    region = np.zeros(shape, dtype=bool)
+    for lb in organ["lobes"]:
+        got = _blob(
+            lb["center_mm"], lb["semi_mm"], lb["angles_deg"], lb["mirror"], lb["harmonics"], shape, spacing
+        )
+        if got is not None:
+            region[got[0]] |= got[1]
+    return region
+
+
 def render_phantom(params: dict[str, Any]) -> PhantomVolume:
     """Render the subject described by ``params`` (from :func:`sample_phantom_params`).
 
@@ -440,19 +452,7 @@ def render_phantom(params: dict[str, Any]) -> PhantomVolume:
 
     mask = np.zeros(shape, dtype=np.uint8)
     for organ in organs:
-        region = np.zeros(shape, dtype=bool)
-        for lb in organ["lobes"]:
-            got = _blob(
-                lb["center_mm"],
-                lb["semi_mm"],
-                lb["angles_deg"],
-                lb["mirror"],
-                lb["harmonics"],
-                shape,
-                spacing,
-            )
-            if got is not None:
-                region[got[0]] |= got[1]
+        region = organ_shape(organ, shape, spacing)
         region &= interior & (mask == 0)
         mask[region] = organ["id"]
 
