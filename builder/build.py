@@ -251,21 +251,42 @@ def _thresholds(config: BuildConfig, records: list[dict], cases_dir: Path, level
 
 
 # -- output ----------------------------------------------------------------------------
+WORK_ENTRIES = {"config.json", "cases", "out"}
+
+
+def _owned_work(work: Path) -> set[str] | None:
+    """All files of an interrupted build's ``OUT.tmp``, or None if it is not one."""
+    from .outputs import files_under
+
+    names = {p.name for p in work.iterdir()} if work.is_dir() else set()
+    if "config.json" not in names or not names <= WORK_ENTRIES:
+        return None
+    return files_under(work)
+
+
 def _prepare_dirs(config: BuildConfig) -> tuple[Path, Path]:
+    """Check OUT and OUT.tmp before any work; never delete what SPAR-Bench did not write."""
+    from .outputs import check_target, claim, remove
+    from .writers.manifest import owned_build
+
     out = Path(config.out)
     work = out.parent / (out.name + ".tmp")
-    out_nonempty = out.exists() and (not out.is_dir() or any(out.iterdir()))
-    if out_nonempty and not (config.overwrite or config.resume):
-        raise ConfigError(
-            f"{out} exists and is not empty; pass --overwrite to replace it, "
-            "--resume to finish an interrupted build, or choose another --out"
-        )
-    if config.resume and (out / "manifest.json").is_file() and not work.exists():
-        raise ConfigError(f"{out} is already a finished build; nothing to resume (use --overwrite)")
-    if config.resume and out_nonempty and not (out / "manifest.json").is_file():
-        raise ConfigError(f"{out} is not empty and not a SPAR-Bench build; refusing to touch it")
-    if config.overwrite and work.exists():
-        shutil.rmtree(work)
+    inputs = list(config.roots) + ([config.thresholds_from] if config.thresholds_from else [])
+    check_target(out, inputs=inputs)
+    check_target(work, inputs=inputs, option="work folder")
+    is_build = owned_build(out) is not None
+    if config.resume:
+        if is_build and not work.exists():
+            raise ConfigError(f"{out} is already a finished build; nothing to resume (use --overwrite)")
+        if out.exists() and any(out.iterdir()) and not is_build:
+            raise ConfigError(f"{out} is not empty and not a SPAR-Bench build; refusing to touch it")
+    else:
+        claim(out, overwrite=config.overwrite, owned=owned_build, what="build",
+              hint=", --resume to finish an interrupted build")
+    if work.exists() and config.overwrite:
+        claim(work, overwrite=True, owned=_owned_work, what="work folder (OUT.tmp)",
+              option="work folder")
+        remove(work)
     if work.exists() and not config.resume:
         raise ConfigError(
             f"{work} holds an interrupted build; pass --resume to finish it or --overwrite to start over"
@@ -450,8 +471,8 @@ def build(config: BuildConfig, *, quiet: bool = False) -> Path:
 
     sample_cfg = _sample_config(config)
     levels = tuple(lv for lv in LEVELS if lv in sample_cfg.levels)
-    refs, sources_info = _find(config)
-    work, out = _prepare_dirs(config)
+    refs, sources_info = _find(config)  # reads only
+    work, out = _prepare_dirs(config)  # refuses a bad OUT before anything is written
     cases_dir = work / "cases"
     done = _run_cases(config, refs, cases_dir, sample_cfg.to_dict())
     ordered = [done[(r.source, r.case_id)] for r, _, _ in refs]
@@ -488,8 +509,12 @@ def build(config: BuildConfig, *, quiet: bool = False) -> Path:
         "versions": package_versions(),
     }
     write_manifest(out_dir, _json_safe(manifest))
-    if out.exists():
-        shutil.rmtree(out)  # empty, or --overwrite / --resume agreed to replace it
+    if out.exists():  # empty, or an earlier build that --overwrite / --resume may replace
+        from .outputs import claim, remove
+        from .writers.manifest import owned_build
+
+        claim(out, overwrite=True, owned=owned_build, what="build")
+        remove(out)
     os.replace(out_dir, out)
     shutil.rmtree(work)
     if not quiet:

@@ -117,6 +117,17 @@ def _attr(value: Any) -> Any:
     return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list, tuple)) else value
 
 
+def owned_cache(path: Path) -> set[str] | None:
+    """``set()`` when ``path`` is a SPAR-Bench feature cache (complete or not), else None."""
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as f:
+            return set() if "cache_args" in f.attrs else None
+    except OSError:
+        return None
+
+
 def _check_args(f, path: Path, args: dict[str, Any], overwrite: bool) -> bool:
     """True when ``f`` already holds a cache of ``args`` (resume); refuses a different one."""
     old = f.attrs.get("cache_args")
@@ -279,11 +290,15 @@ def write_cache(
     """
     import h5py
 
+    from builder.outputs import check_target, claim, remove
     from builder.shards import Build
 
     from .encoders import load_encoder
 
     out = Path(out)
+    check_target(out, inputs=[data], folder=False)  # before any work
+    if overwrite and out.exists():
+        claim(out, overwrite=True, owned=owned_cache, what="feature cache")
     if dtype not in STORAGE_DTYPES:
         raise ConfigError(f"--dtype must be fp16 or fp32; got {dtype!r}")
     if batch < 1:
@@ -309,9 +324,9 @@ def write_cache(
         "dtype": dtype, "compute_dtype": comp, "dataset_fingerprint": build.fingerprint,
         "plan": [list(p) for p in plan],
     }
+    if overwrite and claim(out, overwrite=True, owned=owned_cache, what="feature cache"):
+        remove(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    if overwrite and out.exists():
-        out.unlink()
     try:
         f = h5py.File(out, "a")
     except OSError as e:

@@ -244,10 +244,29 @@ def _controls(task, head: str, kind: str, model, dims: tuple[int, int], head_cfg
     return ctrl
 
 
+RUN_FILES = frozenset({"config.json", "head.pt", METRICS_FILE, METRICS_FILE + ".tmp"})
+
+
+def owned_run(rd: Path) -> set[str] | None:
+    """The files of an earlier run in ``rd``, or None if ``rd`` is not a run folder."""
+    try:
+        config = json.loads((Path(rd) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict) or not {"probe", "head", "seed"} <= set(config):
+        return None
+    return set(RUN_FILES) | {p.name for p in Path(rd).glob("eval-*.json")}
+
+
 def _write_run(rd: Path, config: dict, metrics: dict, model) -> None:
     """config.json, head.pt, then metrics.json last: its presence marks a finished run."""
     import torch
 
+    from builder.outputs import check_target, claim, remove
+
+    check_target(rd)
+    if claim(rd, overwrite=True, owned=owned_run, what="run folder"):
+        remove(rd)  # an earlier run of the same probe, head and seed is replaced whole
     rd.mkdir(parents=True, exist_ok=True)
     (rd / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}

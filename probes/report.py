@@ -256,19 +256,42 @@ def plot(table: dict[str, list[dict]], out: Path) -> list[Path]:
     return written
 
 
+REPORT_GENERATOR = "spar-bench report"
+
+
+def owned_report(out: Path) -> set[str] | None:
+    """The files of an earlier report in ``out``, or None if ``out`` holds no such report."""
+    try:
+        meta = json.loads((Path(out) / "report.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict) or meta.get("generator") != REPORT_GENERATOR:
+        return None
+    return {str(f) for f in meta.get("files", [])} | {"report.json"}
+
+
 def write_report(runs: str | Path, out: str | Path) -> Path:
-    """Write report.md, report.json and PNGs for the runs under ``runs``; return report.md."""
+    """Write report.md, report.json and PNGs for the runs under ``runs``; return report.md.
+
+    ``out`` must be absent, empty, or an earlier report (replaced whole); anything else
+    is refused and left untouched.
+    """
+    from builder.outputs import check_target, claim, remove
+
+    out = Path(out)
+    check_target(out)
+    replace = claim(out, overwrite=True, owned=owned_report, what="report folder")
     ms = collect(runs)
     table = aggregate(ms)
-    out = Path(out)
+    if replace:
+        remove(out)
     out.mkdir(parents=True, exist_ok=True)
     any_random = any(m.get("random_init") for m in ms)
     (out / "report.md").write_text(render_markdown(table, any_random))
-    (out / "report.json").write_text(
-        json.dumps({"random_init_used": any_random, "n_runs": len(ms), "probes": table}, indent=2)
-        + "\n"
-    )
-    plot(table, out)
+    plots = plot(table, out)
+    meta = {"generator": REPORT_GENERATOR, "random_init_used": any_random, "n_runs": len(ms),
+            "files": sorted(["report.md"] + [p.name for p in plots]), "probes": table}
+    (out / "report.json").write_text(json.dumps(meta, indent=2) + "\n")
     return out / "report.md"
 
 

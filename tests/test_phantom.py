@@ -312,7 +312,7 @@ def test_writer_refuses_non_empty_out(written, tmp_path):
     other = tmp_path / "mine"
     other.mkdir()
     (other / "notes.txt").write_text("keep me")
-    with pytest.raises(ConfigError, match="no phantom.json"):
+    with pytest.raises(ConfigError, match="not a SPAR-Bench phantom dataset"):
         write_phantom_dataset(other, 1, overwrite=True, progress=False, in_plane=48, n_slices=10)
     assert (other / "notes.txt").read_text() == "keep me"
 

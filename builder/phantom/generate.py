@@ -537,17 +537,28 @@ def _save_nifti(path: Path, canonical: np.ndarray, spacing, dtype) -> None:
     nib.save(img, str(path))
 
 
-def _prepare_out(out_dir: Path, overwrite: bool) -> None:
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ConfigError(f"--out {out_dir} exists and is not a folder")
-    if out_dir.is_dir() and any(out_dir.iterdir()):
-        if not overwrite:
-            raise ConfigError(f"--out {out_dir} is not empty; pass --overwrite to replace it")
-        if not (out_dir / "phantom.json").is_file():
-            raise ConfigError(
-                f"--out {out_dir} is not empty and holds no phantom.json: refusing to delete a "
-                "folder that is not a phantom dataset; choose another --out"
-            )
+def owned_phantom(out_dir: Path) -> set[str] | None:
+    """The files of the phantom dataset at ``out_dir``, or None if it is not one."""
+    try:
+        record = json.loads((Path(out_dir) / "phantom.json").read_text(encoding="utf-8"))
+        cases = record["cases"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    files = {"phantom.json"}
+    for case_id, case in cases.items():
+        dirs = SPLIT_DIRS.get(case.get("split")) if isinstance(case, dict) else None
+        if dirs is None:
+            return None
+        files |= {f"{d}/{case_id}.nii.gz" for d in dirs}
+    return files
+
+
+def _prepare_out(out_dir: Path, overwrite: bool) -> bool:
+    """True when ``out_dir`` holds an earlier phantom dataset that may be replaced."""
+    from ..outputs import check_target, claim
+
+    check_target(out_dir)
+    return claim(out_dir, overwrite=overwrite, owned=owned_phantom, what="phantom dataset")
 
 
 def write_phantom_dataset(
@@ -586,6 +597,7 @@ def write_phantom_dataset(
 
     from tqdm.auto import tqdm
 
+    from ..outputs import remove
     from ..seeding import derive_seed
 
     out = Path(out_dir)
@@ -646,7 +658,8 @@ def write_phantom_dataset(
         }
         (tmp / "phantom.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
         if out.exists():
-            shutil.rmtree(out)
+            _prepare_out(out, overwrite)  # still only what an earlier phantom run wrote
+            remove(out)
         tmp.rename(out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -92,6 +92,26 @@ def write_manifest(out_dir: str | Path, manifest: dict[str, Any]) -> Path:
     return path
 
 
+def listed_files(manifest: Mapping[str, Any]) -> set[str]:
+    """Every file a build consists of, relative to ``OUT``: shards, Parquet, card, manifest."""
+    files = {path for path, _ in shard_entries(manifest)} | {MANIFEST_NAME}
+    card = (manifest.get("hf") or {}).get("card")
+    if card:
+        files.add(card["path"])
+    return files
+
+
+def owned_build(out: Path) -> set[str] | None:
+    """The files of the SPAR-Bench build at ``out``, or None if its manifest does not say so."""
+    try:
+        manifest = json.loads((Path(out) / MANIFEST_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        return None
+    return listed_files(manifest)
+
+
 def read_manifest(out_dir: str | Path) -> dict[str, Any]:
     """Read and sanity-check ``out_dir/manifest.json`` (raises ConfigError)."""
     from ..errors import ConfigError
