@@ -7,7 +7,7 @@
 For the same cases in one run and per worker count it prints:
 * read s: every input file (mask, and image where one exists) loaded with nibabel
   ``np.asanyarray(img.dataobj)`` (the same worker count, processes, spawn);
-* build s: ``builder.build.build`` end to end (find, load + canonicalise, pseudo-CT
+* build s: ``spar_bench.builder.build.build`` end to end (find, load + canonicalise, pseudo-CT
   when ``--images synthesize``, samples, spill, thresholds, HDF5, Parquet, manifest);
 * ratio = build / read (1.0 would mean the builder costs no more than reading its input).
 
@@ -56,7 +56,7 @@ def time_read(files: list[str], workers: int) -> float:
 
 
 def input_files(source: str, root: Path, images: str) -> list[str]:
-    from builder.sources import SOURCES
+    from spar_bench.builder.sources import SOURCES
 
     refs = SOURCES.get(source)(root, images=images).find()
     return [str(p) for r in refs for role, p in sorted(r.files.items()) if role in ("image", "mask")]
@@ -64,7 +64,7 @@ def input_files(source: str, root: Path, images: str) -> list[str]:
 
 def time_build(source: str, root: Path, out: Path, workers: int, images: str, fit_on: str | None,
                profile: bool = False) -> tuple[float, str]:
-    from builder.build import BuildConfig, build
+    from spar_bench.builder.build import BuildConfig, build
 
     cfg = BuildConfig(sources=(source,), roots=(str(root),), out=str(out), workers=workers,
                       images=images, fit_thresholds_on=fit_on, overwrite=True)
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
             else:
                 print(f"skipping WORD: {args.root} not found (pass --root)")
         if args.phantom_n:
-            from builder.phantom.generate import write_phantom_dataset
+            from spar_bench.builder.phantom.generate import write_phantom_dataset
 
             write_phantom_dataset(tmp / "phantom", args.phantom_n, size=args.phantom_size, seed=0,
                                   progress=False)

@@ -15,7 +15,7 @@ Per encoder (random init: throughput does not depend on the weights) it prints:
 
 Without ``--data`` it makes a small build in a temp dir: the phantom pipeline
 (``spar-build phantom`` + ``spar-build --source phantom``) when available, else
-synthetic shards through ``builder.writers`` (said in the output).
+synthetic shards through ``spar_bench.builder.writers`` (said in the output).
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ def make_build(tmp: Path, n: int) -> tuple[Path, str]:
         return out, f"phantom pipeline ({n_cases} cases, level1, 4 samples per case)"
     except (subprocess.CalledProcessError, FileNotFoundError, subprocess.TimeoutExpired) as e:
         why = (getattr(e, "stderr", "") or str(e)).strip().splitlines()[-1:] or ["?"]
-        from builder.writers.hdf5 import ShardSink
-        from builder.writers.manifest import write_manifest
+        from spar_bench.builder.writers.hdf5 import ShardSink
+        from spar_bench.builder.writers.manifest import write_manifest
 
         rng = np.random.default_rng(0)
         (out / "level1").mkdir(parents=True, exist_ok=True)
@@ -68,7 +68,7 @@ def make_build(tmp: Path, n: int) -> tuple[Path, str]:
             keys = np.array([f"synthetic/c{(lo + i) // 4:04d}/level1/{(lo + i) % 4:05d}" for i in range(m)], dtype=object)
             sink.add({"key": keys, "image": img})
         write_manifest(out, {"schema_version": "1.0", "shards": {"level1": {"train": sink.close()}}, "hf": None})
-        return out, f"synthetic shards via builder.writers ({n} random images; phantom pipeline unavailable: {why[0]})"
+        return out, f"synthetic shards via spar_bench.builder.writers ({n} random images; phantom pipeline unavailable: {why[0]})"
 
 
 def bare_throughput(enc, device, compute: str, batch: int, iters: int) -> float:
@@ -92,8 +92,7 @@ def bare_throughput(enc, device, compute: str, batch: int, iters: int) -> float:
 def precision(enc, build, device, batch: int) -> dict[str, float]:
     """Errors of fp16 storage and of bf16 autocast, on one batch of real shards."""
     import torch
-
-    from builder.shards import Build
+    from spar_bench.builder.shards import Build
 
     b = Build(build)
     lv = b.levels()[0]
@@ -111,7 +110,7 @@ def precision(enc, build, device, batch: int) -> dict[str, float]:
 
 
 def read_throughput(cache: Path, level: str, split: str, batch: int = 256, reps: int = 5) -> dict[str, float]:
-    from probes.features import FeatureCache
+    from spar_bench.probes.features import FeatureCache
 
     rng = np.random.default_rng(0)
     with FeatureCache(cache) as fc:
@@ -144,9 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
 
     import torch
-
-    from probes.cache import pick_compute, pick_device, write_cache
-    from probes.encoders import load_encoder
+    from spar_bench.probes.cache import pick_compute, pick_device, write_cache
+    from spar_bench.probes.encoders import load_encoder
 
     device = pick_device(a.device)
     compute = pick_compute(a.compute, device)
@@ -157,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             data, what = Path(a.data), f"build {a.data}"
         else:
             data, what = make_build(tmp, a.n)
-        from builder.shards import Build
+        from spar_bench.builder.shards import Build
 
         b = Build(data)
         levels = a.levels.split(",") if a.levels else b.levels()

@@ -33,9 +33,10 @@ def prepare(
     work: Path, encoder: str, n_cases: int, samples: int
 ) -> tuple[Path, Path, float | None]:
     """Phantom -> shards -> cache under ``work`` (reused when there); also the caching seconds."""
-    from builder.cli import cli as build_cli
-    from builder.clitools import run_cli
-    from probes.cli import cli as probe_cli
+    from spar_bench.builder.cli import cli as build_cli
+    from spar_bench.probes.cli import cli as probe_cli
+
+    from spar_bench.clitools import run_cli
 
     shards, cache = work / "shards", work / "cache" / "bench.h5"
     if not (shards / "manifest.json").is_file():
@@ -69,13 +70,12 @@ def prepare(
 
 def train_from_cache(cache_path: Path, epochs: int, seed: int = 0) -> float:
     import torch
-
-    from builder.shards import Build
-    from probes.heads import Task, build_head
-    from probes.targets import load_targets
+    from spar_bench.builder.shards import Build
+    from spar_bench.probes.heads import Task, build_head
+    from spar_bench.probes.targets import load_targets
 
     t0 = time.perf_counter()
-    from probes.features import FeatureCache
+    from spar_bench.probes.features import FeatureCache
 
     cache = FeatureCache(cache_path)
     build = Build(cache.meta["dataset_dir"])
@@ -93,12 +93,11 @@ def train_reencoding(
 ) -> tuple[float, int]:
     """Seconds for ``epochs`` epochs re-encoding images each batch (``measured`` run, rest extrapolated)."""
     import torch
-
-    from builder.shards import Build
-    from probes.encoders import load_encoder
-    from probes.features import FeatureCache
-    from probes.heads import Task, build_head
-    from probes.targets import load_targets
+    from spar_bench.builder.shards import Build
+    from spar_bench.probes.encoders import load_encoder
+    from spar_bench.probes.features import FeatureCache
+    from spar_bench.probes.heads import Task, build_head
+    from spar_bench.probes.targets import load_targets
 
     t0 = time.perf_counter()
     cache = FeatureCache(cache_path)
@@ -126,8 +125,7 @@ def train_reencoding(
 
 def _fit_epochs(head, task, epochs: int, features, t, batch: int = 64) -> None:
     import torch
-
-    from probes.train import batch_tensors, loss_fn
+    from spar_bench.probes.train import batch_tensors, loss_fn
 
     opt = torch.optim.AdamW(head.parameters(), lr=1e-3, weight_decay=0.01)
     gen = torch.Generator().manual_seed(0)
@@ -146,13 +144,12 @@ def _fit_epochs(head, task, epochs: int, features, t, batch: int = 64) -> None:
 def time_level3_transformer(cache_path: Path, epochs: int) -> tuple[float, float, int, int]:
     """Seconds per epoch: shared slice body vs one body per question; questions, slices."""
     import torch
-
-    from builder.shards import Build
-    from probes.features import FeatureCache
-    from probes.fit import load_features
-    from probes.heads import Task, build_head
-    from probes.targets import load_targets
-    from probes.train import epoch_order, group_batch, loss_fn
+    from spar_bench.builder.shards import Build
+    from spar_bench.probes.features import FeatureCache
+    from spar_bench.probes.fit import load_features
+    from spar_bench.probes.heads import Task, build_head
+    from spar_bench.probes.targets import load_targets
+    from spar_bench.probes.train import epoch_order, group_batch, loss_fn
 
     cache = FeatureCache(cache_path)
     task = Task("level3.relative_position")
@@ -183,8 +180,8 @@ def time_level3_transformer(cache_path: Path, epochs: int) -> tuple[float, float
 def time_sweep(
     cache_path: Path, heads: list[str], jobs: int, out: Path, max_epochs: int
 ) -> tuple[float, int]:
-    from probes.fit import parse_probes
-    from probes.sweep import Job, run_sweep
+    from spar_bench.probes.fit import parse_probes
+    from spar_bench.probes.sweep import Job, run_sweep
 
     js = [Job(str(cache_path), h, p, 0, str(out), -1, None, max_epochs, 200, True, 64)
           for h in heads for p in parse_probes("all")]  # fmt: skip

@@ -4,14 +4,14 @@ Pipeline of :func:`build`:
 
 1. find the cases of every source (cheap), sorted by ``(source, case_id)``;
 2. process cases in parallel (``workers`` processes): each worker loads ONE case
-   (volumes read once), runs :func:`builder.samples.process_case`, and spills the
+   (volumes read once), runs :func:`spar_bench.builder.samples.process_case`, and spills the
    arrays to ``OUT.tmp/cases/<source>__<case_id>.npz`` (+ a ``.json`` index written
    after it, which marks the case done). Memory stays bounded; ``resume`` skips done
    cases;
 3. fit the size/distance thresholds on the train split's original (non-mirror)
    questions, or take them from another build's manifest, or fit them on a named split;
 4. stream the cases, in ``(source, case_id)`` order whatever the completion order,
-   through :class:`~builder.writers.hdf5.ShardSink` (thresholds applied on the way);
+   through :class:`~spar_bench.builder.writers.hdf5.ShardSink` (thresholds applied on the way);
 5. convert each HDF5 shard to a Parquet shard and write the dataset card;
 6. write ``manifest.json`` last, then move ``OUT.tmp/out`` to ``OUT`` atomically.
 
@@ -32,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import CaseError, ConfigError, SparError
+from spar_bench.errors import CaseError, ConfigError, SparError
+
 from .schema import LEVEL3_CLASS_NAMES, LEVEL3_PROBES, LEVELS, N_ORGANS, ORGANS, SCHEMA_VERSION
 
 ON_ERROR = ("fail", "skip")
@@ -49,7 +50,7 @@ class BuildConfig:
         sources: source names (``SOURCES``); several make a transfer build.
         roots: one data folder per source, same order.
         out: output folder (must be empty or absent unless ``resume``/``overwrite``).
-        sample: :class:`builder.samples.SampleConfig` fields that differ from its defaults.
+        sample: :class:`spar_bench.builder.samples.SampleConfig` fields that differ from its defaults.
         seed: global seed; every random draw derives from it.
         workers: processes (>= 1). Never affects the output.
         images: ``auto`` | ``require`` | ``synthesize`` (pseudo-CT for masks-only sources).
@@ -256,7 +257,7 @@ WORK_ENTRIES = {"config.json", "cases", "out"}
 
 def _owned_work(work: Path) -> set[str] | None:
     """All files of an interrupted build's ``OUT.tmp``, or None if it is not one."""
-    from .outputs import files_under
+    from spar_bench.outputs import files_under
 
     names = {p.name for p in work.iterdir()} if work.is_dir() else set()
     if "config.json" not in names or not names <= WORK_ENTRIES:
@@ -266,7 +267,8 @@ def _owned_work(work: Path) -> set[str] | None:
 
 def _prepare_dirs(config: BuildConfig) -> tuple[Path, Path]:
     """Check OUT and OUT.tmp before any work; never delete what SPAR-Bench did not write."""
-    from .outputs import check_target, claim, remove
+    from spar_bench.outputs import check_target, claim, remove
+
     from .writers.manifest import owned_build
 
     out = Path(config.out)
@@ -510,7 +512,8 @@ def build(config: BuildConfig, *, quiet: bool = False) -> Path:
     }
     write_manifest(out_dir, _json_safe(manifest))
     if out.exists():  # empty, or an earlier build that --overwrite / --resume may replace
-        from .outputs import claim, remove
+        from spar_bench.outputs import claim, remove
+
         from .writers.manifest import owned_build
 
         claim(out, overwrite=True, owned=owned_build, what="build")

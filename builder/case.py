@@ -33,7 +33,7 @@ class CaseRef:
 
 @dataclass
 class Case:
-    """A case in the canonical frame (see :mod:`builder.schema`).
+    """A case in the canonical frame (see :mod:`spar_bench.builder.schema`).
 
     Arrays are indexed ``[z, row, col]``: z inferior->superior, row 0 anterior,
     col 0 = patient's right.

@@ -11,14 +11,14 @@ import sys
 
 import click
 
-from .clitools import LazyGroup, run_cli
+from spar_bench.clitools import LazyGroup, run_cli
 
 COMMANDS = {
-    "sources": "builder.sources:sources_command",
-    "inspect": "builder.inspect:inspect_command",
-    "phantom": "builder.phantom.cli:phantom_command",
-    "verify": "builder.verify:verify_command",
-    "push": "builder.writers.hf:push_command",
+    "sources": "spar_bench.builder.sources:sources_command",
+    "inspect": "spar_bench.builder.inspect:inspect_command",
+    "phantom": "spar_bench.builder.phantom.cli:phantom_command",
+    "verify": "spar_bench.builder.verify:verify_command",
+    "push": "spar_bench.builder.writers.hf:push_command",
 }
 
 

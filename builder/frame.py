@@ -1,6 +1,6 @@
 """Reorient volumes into the canonical frame and check that image and mask share a grid.
 
-The canonical frame (see :mod:`builder.schema`) is the voxel orientation
+The canonical frame (see :mod:`spar_bench.builder.schema`) is the voxel orientation
 ``("L", "P", "S")`` for axes ``(i, j, k)``, transposed to ``[z, row, col]``: z inferior to
 superior, row 0 anterior, column 0 the patient's right. The reorientation is decided
 from the affine alone (``nibabel.orientations``), only flips and permutes axes (no
@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import CaseError
+from spar_bench.errors import CaseError
+
 from .schema import CANONICAL_AXCODES
 
 #: Default tolerance of :func:`check_same_geometry` (mm for spacing and origin).

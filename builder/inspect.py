@@ -14,13 +14,14 @@ from pathlib import Path
 import click
 import numpy as np
 
-from .errors import SparError
+from spar_bench.errors import SparError
+
 from .ontology import label_counts
 from .schema import N_ORGANS, ORGANS
 
 
 def describe_case(case) -> list[str]:
-    """Human-readable lines describing one loaded :class:`~builder.case.Case`."""
+    """Human-readable lines describing one loaded :class:`~spar_bench.builder.case.Case`."""
     from .frame import describe_transform
 
     info = case.provenance.get("orientation", {})
@@ -131,8 +132,9 @@ def inspect_command(
     seed: int,
 ) -> None:
     """Read cases into the canonical frame and print what the builder will see."""
-    from .errors import ConfigError
-    from .registry import UnknownNameError
+    from spar_bench.errors import ConfigError
+    from spar_bench.registry import UnknownNameError
+
     from .sources import SOURCES
 
     try:

@@ -1,9 +1,9 @@
 """Map each source's labels to the canonical organs (by name), from manifests/labels/*.json.
 
 A :class:`LabelMap` turns a raw label array into canonical ``uint8`` organ ids
-(``builder.schema.ORGAN_ID``) plus an optional binary lesion channel, and says which
+(``spar_bench.builder.schema.ORGAN_ID``) plus an optional binary lesion channel, and says which
 canonical organs the source annotates at all. Raw values the map does not know raise
-a :class:`~builder.errors.CaseError` naming the case, the file and the values: a label
+a :class:`~spar_bench.errors.CaseError` naming the case, the file and the values: a label
 is never dropped or renamed silently.
 
 Manifests (``manifests/labels/<name>.json``):
@@ -26,16 +26,18 @@ import json
 import re
 from dataclasses import dataclass, field
 from functools import cache
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .errors import CaseError, ConfigError
+from spar_bench.errors import CaseError, ConfigError
+
 from .schema import N_ORGANS, ORGAN_ID, ORGANS
 
-MANIFESTS = Path(__file__).resolve().parents[1] / "manifests"
-LABELS_DIR = MANIFESTS / "labels"
+#: The shipped label maps (package data of ``spar_bench.manifests``; works from a wheel).
+LABELS_DIR = resources.files("spar_bench.manifests") / "labels"
 
 _SIDE_WORDS = {"r": "right", "rt": "right", "l": "left", "lt": "left"}
 
@@ -45,8 +47,8 @@ def load_manifest(name: str) -> dict[str, Any]:
     """The parsed ``manifests/labels/<name>.json``; ConfigError if missing or invalid."""
     path = LABELS_DIR / f"{name}.json"
     if not path.is_file():
-        known = sorted(p.stem for p in LABELS_DIR.glob("*.json"))
-        raise ConfigError(f"no label manifest {path}; known label maps: {', '.join(known)}")
+        known = sorted(p.name[:-5] for p in LABELS_DIR.iterdir() if p.name.endswith(".json"))
+        raise ConfigError(f"no label manifest {name!r}; known label maps: {', '.join(known)}")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:

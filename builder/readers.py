@@ -3,7 +3,7 @@
 Every reader returns ``(data, affine)``: ``data`` is indexed ``(i, j, k)`` exactly as
 stored in the file, and ``affine`` is the 4x4 voxel-to-world matrix in nibabel's RAS+
 convention (world ``x`` grows towards the patient's Right, ``y`` towards Anterior, ``z``
-towards Superior). :mod:`builder.frame` turns this into the canonical ``[z, row, col]``.
+towards Superior). :mod:`spar_bench.builder.frame` turns this into the canonical ``[z, row, col]``.
 
 * NIfTI is read with nibabel through ``np.asanyarray(img.dataobj)`` (never
   ``get_fdata``: no float64 copy of a 100 MB volume).
@@ -12,7 +12,7 @@ towards Superior). :mod:`builder.frame` turns this into the canonical ``[z, row,
   to ``(x, y, z)`` and the affine built from direction, spacing and origin, then its
   first two rows are negated (LPS -> RAS).
 
-Every problem becomes a :class:`~builder.errors.CaseError` naming the case and the
+Every problem becomes a :class:`~spar_bench.errors.CaseError` naming the case and the
 file: missing file, unreadable / truncated / empty file, 4-D or zero-size data, NaN
 or infinite intensities, non-integer label values.
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import CaseError
+from spar_bench.errors import CaseError
 
 NIFTI_SUFFIXES = (".nii.gz", ".nii")
 

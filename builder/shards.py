@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ConfigError, IntegrityError
+from spar_bench.errors import ConfigError, IntegrityError
+
 from .schema import LEVELS, SPLITS
 from .writers.manifest import fingerprint, read_manifest, shard_entries
 

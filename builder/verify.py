@@ -11,7 +11,8 @@ from pathlib import Path
 
 import click
 
-from .errors import IntegrityError
+from spar_bench.errors import IntegrityError
+
 from .writers.manifest import fingerprint, read_manifest, sha256_file, shard_entries
 
 

@@ -3,6 +3,6 @@
 Importing this package is cheap; torch is imported inside the commands that use it.
 """
 
-from builder import __version__  # one version for the distribution
+from spar_bench import __version__  # one version for the distribution
 
 __all__ = ["__version__"]

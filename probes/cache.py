@@ -1,13 +1,13 @@
 """``spar-probe cache``: encode every image of a build once and store its tokens (docs/FORMATS.md).
 
->>> from probes.cache import write_cache
+>>> from spar_bench.probes.cache import write_cache
 >>> write_cache("timm:resnet50", "shards/", "cache/resnet50.h5", weights="r50.safetensors",
 ...             layers=[-1, -4], dtype="fp16")
 
 The cache is resumable: ``done`` marks the rows written, flushed after every batch. Rerun the
 same command after an interruption and it continues where it stopped; other arguments on an
 existing partial cache are refused. ``complete=True`` is written only after the last row, and
-:class:`probes.features.FeatureCache` refuses anything else.
+:class:`spar_bench.probes.features.FeatureCache` refuses anything else.
 
 Compute: on CUDA, autocast bf16 (fp16 where bf16 is unsupported), pinned memory, workers
 reading shards, non-blocking copies. On CPU the same code; ``--compute auto`` picks bf16
@@ -29,7 +29,7 @@ from typing import Any
 import click
 import numpy as np
 
-from builder.errors import ConfigError, IntegrityError
+from spar_bench.errors import ConfigError, IntegrityError
 
 CACHE_SCHEMA = "1.0"
 STORAGE_DTYPES = {"fp16": "float16", "fp32": "float32"}
@@ -284,14 +284,14 @@ def write_cache(
 ) -> Path:
     """Write (or resume) the feature cache of ``encoder`` over the build ``data`` at ``out``.
 
-    ``encoder_obj`` lets a caller pass an already-built :class:`probes.encoders.base.Encoder`
+    ``encoder_obj`` lets a caller pass an already-built :class:`spar_bench.probes.encoders.base.Encoder`
     (its spec is what gets recorded). ``on_batch(level, split, lo, hi)`` is called after each
     batch is flushed. Returns ``out``.
     """
     import h5py
+    from spar_bench.builder.shards import Build
 
-    from builder.outputs import check_target, claim, remove
-    from builder.shards import Build
+    from spar_bench.outputs import check_target, claim, remove
 
     from .encoders import load_encoder
 

@@ -6,15 +6,15 @@ import sys
 
 import click
 
-from builder.clitools import LazyGroup, run_cli
+from spar_bench.clitools import LazyGroup, run_cli
 
 COMMANDS = {
-    "encoders": "probes.encoders:encoders_command",
-    "cache": "probes.cache:cache_command",
-    "fit": "probes.fit:fit_command",
-    "sweep": "probes.sweep:sweep_command",
-    "eval": "probes.fit:eval_command",
-    "report": "probes.report:report_command",
+    "encoders": "spar_bench.probes.encoders:encoders_command",
+    "cache": "spar_bench.probes.cache:cache_command",
+    "fit": "spar_bench.probes.fit:fit_command",
+    "sweep": "spar_bench.probes.sweep:sweep_command",
+    "eval": "spar_bench.probes.fit:eval_command",
+    "report": "spar_bench.probes.report:report_command",
 }
 
 

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from builder.errors import ConfigError, IntegrityError
+from spar_bench.errors import ConfigError, IntegrityError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from builder.shards import Build
+    from spar_bench.builder.shards import Build
 
 _JSON_ATTRS = ("encoder_config", "weights", "versions", "layers", "cache_args")
 

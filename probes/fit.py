@@ -25,9 +25,9 @@ from typing import Any
 
 import click
 import numpy as np
+from spar_bench.builder.schema import PROBES
 
-from builder.errors import ConfigError
-from builder.schema import PROBES
+from spar_bench.errors import ConfigError
 
 METRICS_FILE = "metrics.json"
 HEADLINE = {"level1": "med_px", "level2": "perm_acc", "level3": "accuracy"}
@@ -35,7 +35,7 @@ HEADLINE = {"level1": "med_px", "level2": "perm_acc", "level3": "accuracy"}
 
 # --------------------------------------------------------------------------- inputs
 def open_cache(path: str | Path):
-    """Open a feature cache (``probes.features.FeatureCache``) with a clear error."""
+    """Open a feature cache (``spar_bench.probes.features.FeatureCache``) with a clear error."""
     from .features import FeatureCache
 
     p = Path(path)
@@ -50,7 +50,7 @@ def resolve_build(cache, data: str | Path | None):
     Raises :class:`ConfigError` when it is missing or its fingerprint differs from the
     one the cache was made from.
     """
-    from builder.shards import Build
+    from spar_bench.builder.shards import Build
 
     root = data if data is not None else cache.meta.get("dataset_dir")
     if not root:
@@ -97,9 +97,9 @@ def load_features(
 def _versions() -> dict[str, str]:
     import torch
 
-    import builder
+    import spar_bench
 
-    return {"torch": torch.__version__, "numpy": np.__version__, "spar-bench": builder.__version__}
+    return {"torch": torch.__version__, "numpy": np.__version__, "spar-bench": spar_bench.builder.__version__}
 
 
 # --------------------------------------------------------------------------- scoring
@@ -154,7 +154,7 @@ def _split_targets(build, cache, task, features, seed: int, cfg, train_mirrors: 
     patient-grouped fraction of train is held out (seeded); mirrored samples are evaluated
     separately and trained on only with ``train_mirrors``.
     """
-    from builder.seeding import derive_seed
+    from spar_bench.seeding import derive_seed
 
     from .targets import holdout_patients, load_targets
 
@@ -184,7 +184,7 @@ def _split_targets(build, cache, task, features, seed: int, cfg, train_mirrors: 
 
 def _new_head(cache, head: str, task, kind: str, layer: int, seed: int, head_cfg: dict):
     """A seeded head sized from the cache; token heads get their fixed PCA projection."""
-    from builder.seeding import derive_seed
+    from spar_bench.seeding import derive_seed
 
     from .heads import build_head
     from .train import seeded
@@ -262,7 +262,7 @@ def _write_run(rd: Path, config: dict, metrics: dict, model) -> None:
     """config.json, head.pt, then metrics.json last: its presence marks a finished run."""
     import torch
 
-    from builder.outputs import check_target, claim, remove
+    from spar_bench.outputs import check_target, claim, remove
 
     check_target(rd)
     if claim(rd, overwrite=True, owned=owned_run, what="run folder"):
@@ -292,7 +292,7 @@ def run_fit(
     progress: bool = True,
 ) -> Path:
     """Train and score one head; write the run directory; return its path."""
-    from builder.seeding import derive_seed
+    from spar_bench.seeding import derive_seed
 
     from .heads import Task, head_input
     from .train import TrainConfig, predict, train_head
@@ -413,7 +413,7 @@ def run_eval(
     """Score a trained run on another cache without retraining; write ``eval-<cache>.json``."""
     import torch
 
-    from builder.seeding import derive_seed
+    from spar_bench.seeding import derive_seed
 
     from .heads import Task, build_head
     from .targets import load_targets

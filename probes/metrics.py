@@ -10,7 +10,7 @@
   rate (majority class taken from TRAIN, its rate measured on the evaluated split).
 
 Every ``*_metrics`` function also accepts ``groups`` (patient ids) to add 95 %
-bootstrap-over-patients confidence intervals (see :mod:`probes.bootstrap`).
+bootstrap-over-patients confidence intervals (see :mod:`spar_bench.probes.bootstrap`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-
-from builder.schema import IMAGE_SIZE, ORGANS
+from spar_bench.builder.schema import IMAGE_SIZE, ORGANS
 
 from .bootstrap import DEFAULT_REPS, bootstrap_ci
 

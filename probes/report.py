@@ -22,9 +22,9 @@ from typing import Any
 
 import click
 import numpy as np
+from spar_bench.builder.schema import ORGANS, PROBES
 
-from builder.errors import ConfigError
-from builder.schema import ORGANS, PROBES
+from spar_bench.errors import ConfigError
 
 HEADLINE = {
     "level1": ("med_px", "MED (px)"),
@@ -276,7 +276,7 @@ def write_report(runs: str | Path, out: str | Path) -> Path:
     ``out`` must be absent, empty, or an earlier report (replaced whole); anything else
     is refused and left untouched.
     """
-    from builder.outputs import check_target, claim, remove
+    from spar_bench.outputs import check_target, claim, remove
 
     out = Path(out)
     check_target(out)

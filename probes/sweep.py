@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import click
 
-from builder.errors import SparError
+from spar_bench.errors import SparError
 
 
 @dataclass(frozen=True)
@@ -152,7 +152,7 @@ def sweep_command(
     device,
 ):
     """Fit every probe x head x seed from one cache (skips finished runs)."""
-    from builder.errors import ConfigError
+    from spar_bench.errors import ConfigError
 
     from .fit import open_cache, parse_probes, parse_seeds, resolve_build, train_config_from
     from .heads import head_input

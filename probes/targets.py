@@ -5,7 +5,7 @@ the split's canonical order, with the sample/slice keys. :func:`load_targets` re
 the targets of one probe and one split from the build and maps every item (a mosaic
 sample, or a Level 3 question) to its cache row BY KEY, so a cache written in another
 order, or holding only part of a split, can never silently pair features with the
-wrong labels: a key the cache lacks raises :class:`~builder.errors.IntegrityError`.
+wrong labels: a key the cache lacks raises :class:`~spar_bench.errors.IntegrityError`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from builder.errors import ConfigError, IntegrityError
+from spar_bench.errors import ConfigError, IntegrityError
 
 from .heads import Task
 
@@ -78,7 +78,7 @@ def _cache_index(cache_keys: np.ndarray, build_keys: np.ndarray, where: str) -> 
 
 
 def load_targets(build, task: Task, split: str, cache_keys: np.ndarray) -> Targets:
-    """Targets of ``task`` on ``split`` of ``build`` (a ``builder.shards.Build``).
+    """Targets of ``task`` on ``split`` of ``build`` (a ``spar_bench.builder.shards.Build``).
 
     ``cache_keys`` are the cache's keys for ``(task.level, split)``.
     """

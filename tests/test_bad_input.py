@@ -7,12 +7,12 @@ from pathlib import Path
 import nibabel as nib
 import numpy as np
 import pytest
+from spar_bench.builder.cli import cli
+from spar_bench.builder.readers import read_volume
+from spar_bench.builder.sources.word import WordSource
 
-from builder.cli import cli
-from builder.clitools import run_cli
-from builder.errors import CaseError
-from builder.readers import read_volume
-from builder.sources.word import WordSource
+from spar_bench.clitools import run_cli
+from spar_bench.errors import CaseError
 
 AFFINE = np.diag([-0.8, -0.8, 2.5, 1.0])
 

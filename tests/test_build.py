@@ -1,4 +1,4 @@
-"""builder.build end to end on tiny synthetic cases (fake source + the real samplers)."""
+"""spar_bench.builder.build end to end on tiny synthetic cases (fake source + the real samplers)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from spar_bench.builder.case import Case, CaseRef
+from spar_bench.builder.schema import ORGAN_ID
+from spar_bench.builder.sources import SOURCES
+from spar_bench.builder.sources.base import Source
 
-from builder.case import Case, CaseRef
-from builder.errors import CaseError, ConfigError
-from builder.schema import ORGAN_ID
-from builder.sources import SOURCES
-from builder.sources.base import Source
+from spar_bench.errors import CaseError, ConfigError
 
 SMALL_SAMPLE = {"samples_per_case": 2, "l3_stride": 4, "l3_questions_per_probe": 2}
 
@@ -76,7 +76,7 @@ def fake_root(tmp_path: Path) -> Path:
 
 
 def config(root: Path, out: Path, **kw):
-    from builder.build import BuildConfig
+    from spar_bench.builder.build import BuildConfig
 
     base = dict(sources=("fake",), roots=(str(root),), out=str(out), sample=dict(SMALL_SAMPLE),
                 seed=7, shard_size=5)
@@ -90,8 +90,8 @@ def tree_hashes(out: Path) -> dict[str, str]:
 
 
 def test_build_end_to_end(fake_root: Path, tmp_path: Path) -> None:
-    from builder.build import build
-    from builder.shards import Build
+    from spar_bench.builder.build import build
+    from spar_bench.builder.shards import Build
 
     out = build(config(fake_root, tmp_path / "out"), quiet=True)
     assert not (tmp_path / "out.tmp").exists()
@@ -117,7 +117,7 @@ def test_build_end_to_end(fake_root: Path, tmp_path: Path) -> None:
 
 
 def test_build_is_byte_identical_across_runs_and_workers(fake_root: Path, tmp_path: Path) -> None:
-    from builder.build import build
+    from spar_bench.builder.build import build
 
     a = tree_hashes(build(config(fake_root, tmp_path / "a", workers=1), quiet=True))
     b = tree_hashes(build(config(fake_root, tmp_path / "b", workers=2), quiet=True))
@@ -128,7 +128,7 @@ def test_build_is_byte_identical_across_runs_and_workers(fake_root: Path, tmp_pa
 
 
 def test_refuses_non_empty_out(fake_root: Path, tmp_path: Path) -> None:
-    from builder.build import build
+    from spar_bench.builder.build import build
 
     out = tmp_path / "out"
     out.mkdir()
@@ -141,7 +141,7 @@ def test_refuses_non_empty_out(fake_root: Path, tmp_path: Path) -> None:
 
 
 def test_resume_after_interruption_equals_clean_build(fake_root: Path, tmp_path: Path, monkeypatch) -> None:
-    import builder.build as bb
+    import spar_bench.builder.build as bb
 
     clean = tree_hashes(bb.build(config(fake_root, tmp_path / "clean"), quiet=True))
     real = bb.process_one
@@ -169,8 +169,8 @@ def test_resume_after_interruption_equals_clean_build(fake_root: Path, tmp_path:
 
 
 def test_on_error_fail_and_skip(fake_root: Path, tmp_path: Path) -> None:
-    from builder.build import build
-    from builder.shards import Build
+    from spar_bench.builder.build import build
+    from spar_bench.builder.shards import Build
 
     listing = json.loads((fake_root / "cases.json").read_text()) + [["c9bad", "train"]]
     (fake_root / "cases.json").write_text(json.dumps(listing))
@@ -182,7 +182,7 @@ def test_on_error_fail_and_skip(fake_root: Path, tmp_path: Path) -> None:
 
 
 def test_thresholds_without_train_split(fake_root: Path, tmp_path: Path) -> None:
-    from builder.build import build
+    from spar_bench.builder.build import build
 
     (fake_root / "cases.json").write_text(json.dumps([["c1", "test"], ["c2", "test"]]))
     with pytest.raises(ConfigError, match="--thresholds-from.*--fit-thresholds-on"):
@@ -198,8 +198,8 @@ def test_thresholds_without_train_split(fake_root: Path, tmp_path: Path) -> None
 @pytest.mark.slow
 def test_real_word_masks_build_identical_across_workers(word_labels_dir: Path, tmp_path: Path) -> None:
     """Two real WORD label maps (pseudo-CT rendered): workers 1 and 2 give the same bytes."""
-    from builder.build import BuildConfig, build
-    from builder.shards import Build
+    from spar_bench.builder.build import BuildConfig, build
+    from spar_bench.builder.shards import Build
 
     sub = tmp_path / "word" / "labelsTs"
     sub.mkdir(parents=True)

@@ -9,15 +9,15 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from spar_bench.builder.shards import Build
+from spar_bench.builder.writers.hdf5 import ShardSink
+from spar_bench.builder.writers.manifest import write_manifest
+from spar_bench.probes.cache import write_cache
+from spar_bench.probes.encoders import load_encoder
+from spar_bench.probes.features import FeatureCache
 from test_encoders import MAKERS
 
-from builder.errors import ConfigError, IntegrityError
-from builder.shards import Build
-from builder.writers.hdf5 import ShardSink
-from builder.writers.manifest import write_manifest
-from probes.cache import write_cache
-from probes.encoders import load_encoder
-from probes.features import FeatureCache
+from spar_bench.errors import ConfigError, IntegrityError
 
 
 def _rows(level: str, split: str, lo: int, hi: int, rng: np.random.Generator) -> dict:
@@ -30,7 +30,7 @@ def _rows(level: str, split: str, lo: int, hi: int, rng: np.random.Generator) ->
 
 
 def make_build(out: Path, n_l1: int = 11, n_l3: int = 7, seed: int = 0) -> Path:
-    """A tiny build through builder.writers (images are random bytes)."""
+    """A tiny build through spar_bench.builder.writers (images are random bytes)."""
     rng = np.random.default_rng(seed)
     shards: dict = {}
     for level, split, n, per in (("level1", "train", n_l1, 5), ("level1", "test", 3, 5),
@@ -169,8 +169,7 @@ def test_bf16_compute_is_recorded(build: Path, tmp_path: Path) -> None:
 
 def test_cli(build: Path, tmp_path: Path) -> None:
     from click.testing import CliRunner
-
-    from probes.cli import cli
+    from spar_bench.probes.cli import cli
 
     out = tmp_path / "cli.h5"
     args = ["cache", "--encoder", "timm:resnet10t", "--data", str(build), "--out", str(out),
@@ -191,8 +190,7 @@ def test_cli(build: Path, tmp_path: Path) -> None:
 def phantom_build(tmp_path_factory) -> Path:
     """The real pipeline: ``spar-build phantom`` then ``spar-build --source phantom`` (~20-40 s)."""
     from click.testing import CliRunner
-
-    from builder.cli import cli as build_cli
+    from spar_bench.builder.cli import cli as build_cli
 
     tmp = tmp_path_factory.mktemp("phantom")
     runner = CliRunner()
@@ -209,8 +207,7 @@ def phantom_build(tmp_path_factory) -> Path:
 @pytest.mark.slow
 def test_end_to_end_on_phantom_build(phantom_build: Path, tmp_path: Path) -> None:
     from click.testing import CliRunner
-
-    from probes.cli import cli
+    from spar_bench.probes.cli import cli
 
     out = tmp_path / "dummy.h5"
     r = CliRunner().invoke(cli, ["cache", "--encoder", "dummy", "--data", str(phantom_build), "--out",

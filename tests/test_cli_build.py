@@ -9,16 +9,16 @@ import sys
 from pathlib import Path
 
 import pytest
+from spar_bench.builder.cli import cli
 from test_build import fake_root, tree_hashes  # noqa: F401  (fixture)
 
-from builder.cli import cli
-from builder.clitools import run_cli
+from spar_bench.clitools import run_cli
 
 SMALL = ["--samples-per-case", "2", "--shard-size", "5", "--seed", "3"]
 
 
 def test_help_lists_options_without_importing_heavy_libraries() -> None:
-    code = ("import sys\nfrom builder.cli import main\ntry:\n    main(['--help'])\n"
+    code = ("import sys\nfrom spar_bench.builder.cli import main\ntry:\n    main(['--help'])\n"
             "except SystemExit:\n    pass\n"
             "heavy = [m for m in ('torch', 'h5py', 'datasets', 'SimpleITK', 'pyarrow') if m in sys.modules]\n"
             "assert not heavy, heavy\n")
@@ -59,7 +59,7 @@ def test_refuses_non_empty_out(fake_root: Path, tmp_path: Path, capsys) -> None:
 def test_cli_resume_after_interruption_equals_clean_build(
     fake_root: Path, tmp_path: Path, monkeypatch  # noqa: F811
 ) -> None:
-    import builder.build as bb
+    import spar_bench.builder.build as bb
 
     args = ["--source", "fake", "--root", str(fake_root), *SMALL, "--workers", "2"]
     assert run_cli(cli, [*args, "--out", str(tmp_path / "clean")]) == 0
@@ -88,8 +88,8 @@ def test_cli_resume_after_interruption_equals_clean_build(
 
 @pytest.mark.slow
 def test_phantom_build_end_to_end_and_verify(tmp_path: Path) -> None:
-    from builder.phantom.generate import write_phantom_dataset
-    from builder.shards import Build
+    from spar_bench.builder.phantom.generate import write_phantom_dataset
+    from spar_bench.builder.shards import Build
 
     write_phantom_dataset(tmp_path / "ph", 4, layout="canonical", seed=1, progress=False)
     out = tmp_path / "out"

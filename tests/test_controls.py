@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from builder.clitools import run_cli
+from spar_bench.clitools import run_cli
 
 
 def _blind_relative_position(root: Path, layout: str) -> dict:
-    from builder.cli import cli as build_cli
-    from probes.cli import cli as probe_cli
+    from spar_bench.builder.cli import cli as build_cli
+    from spar_bench.probes.cli import cli as probe_cli
 
     ph, shards, cache, runs = (root / f"{x}-{layout}" for x in ("ph", "shards", "cache", "runs"))
     steps = [

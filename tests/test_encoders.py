@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from spar_bench.probes.encoders import ENCODERS, load_encoder, register_encoder, registry_rows
+from spar_bench.probes.encoders.base import EncoderSpec
 
-from builder.errors import ConfigError
-from builder.registry import DuplicateNameError
-from probes.encoders import ENCODERS, load_encoder, register_encoder, registry_rows
-from probes.encoders.base import EncoderSpec
+from spar_bench.errors import ConfigError
+from spar_bench.registry import DuplicateNameError
 
 TINY_VIT = dict(depth=2, embed_dim=32, num_heads=2)
 
@@ -107,7 +107,7 @@ MAKERS = {"dummy": lambda tmp: ("dummy", {}), "timm-vit": make_timm_vit,
 
 # -- registry ------------------------------------------------------------------------------
 def test_import_is_cheap() -> None:
-    code = "import sys, probes.encoders, probes.cache, probes.features; sys.exit('torch' in sys.modules)"
+    code = "import sys, spar_bench.probes.encoders, spar_bench.probes.cache, spar_bench.probes.features; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
@@ -119,7 +119,7 @@ def test_unknown_name_suggests() -> None:
 
 
 def test_register_user_encoder_and_duplicates(monkeypatch) -> None:
-    from probes.encoders.base import load_dummy
+    from spar_bench.probes.encoders.base import load_dummy
 
     monkeypatch.setattr(ENCODERS, "_entries", dict(ENCODERS._entries))
     monkeypatch.setattr(ENCODERS, "_meta", dict(ENCODERS._meta))
@@ -136,9 +136,9 @@ def test_register_user_encoder_and_duplicates(monkeypatch) -> None:
 def test_entry_point_group(monkeypatch) -> None:
     import importlib.metadata as md
 
-    import probes.encoders as pe
+    import spar_bench.probes.encoders as pe
 
-    ep = md.EntryPoint("ep-enc", "probes.encoders.base:load_dummy", pe.ENTRY_POINT_GROUP)
+    ep = md.EntryPoint("ep-enc", "spar_bench.probes.encoders.base:load_dummy", pe.ENTRY_POINT_GROUP)
     monkeypatch.setattr(md, "entry_points", lambda group=None: [ep] if group == pe.ENTRY_POINT_GROUP else [])
     monkeypatch.setattr(pe, "_entry_points_loaded", False)
     monkeypatch.setattr(ENCODERS, "_entries", dict(ENCODERS._entries))
@@ -148,8 +148,7 @@ def test_entry_point_group(monkeypatch) -> None:
 
 def test_encoders_command_lists_without_downloads() -> None:
     from click.testing import CliRunner
-
-    from probes.encoders import encoders_command
+    from spar_bench.probes.encoders import encoders_command
 
     res = CliRunner().invoke(encoders_command, [])
     assert res.exit_code == 0, res.output

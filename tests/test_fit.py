@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.clitools import run_cli
+from spar_bench.clitools import run_cli
 
 
 def _run(group, argv: list[str], capsys=None) -> int:
@@ -20,8 +20,8 @@ def _run(group, argv: list[str], capsys=None) -> int:
 
 def get_pipeline(tmp_path_factory) -> dict[str, Path]:
     """Build (once per session, shared by test modules) phantom, shards and a dummy cache."""
-    from builder.cli import cli as build_cli
-    from probes.cli import cli as probe_cli
+    from spar_bench.builder.cli import cli as build_cli
+    from spar_bench.probes.cli import cli as probe_cli
 
     root = tmp_path_factory.getbasetemp() / "spar-pipeline"
     paths = {
@@ -69,7 +69,7 @@ def pipeline(tmp_path_factory):
 
 
 def _fit(pipeline, out, *extra) -> int:
-    from probes.cli import cli
+    from spar_bench.probes.cli import cli
 
     return _run(
         cli, ["fit", "--features", pipeline["cache"], "--out", out, "--bootstrap", 50, *extra]
@@ -152,7 +152,7 @@ def test_fit_unknown_head_and_probe_are_one_line_errors(pipeline, tmp_path, caps
 
 
 def test_no_val_split_holds_out_patients_and_eval_transfers(pipeline, tmp_path):
-    from probes.cli import cli
+    from spar_bench.probes.cli import cli
 
     args = ["fit", "--features", pipeline["cache_noval"], "--out", tmp_path, "--bootstrap", 20,
             "--probe", "level3.counting", "--max-epochs", 3, "--no-controls"]  # fmt: skip
@@ -169,7 +169,7 @@ def test_no_val_split_holds_out_patients_and_eval_transfers(pipeline, tmp_path):
 
 def test_fit_and_sweep_give_identical_metrics(pipeline, tmp_path):
     """One run, two ways (``fit`` in this process, ``sweep`` in a worker): same bytes."""
-    from probes.cli import cli
+    from spar_bench.probes.cli import cli
 
     probe = "level3.relative_position"
     assert _fit(pipeline, tmp_path / "fit", "--head", "mlp", "--probe", probe) == 0

@@ -8,17 +8,17 @@ import nibabel as nib
 import numpy as np
 import pytest
 from scipy import ndimage as ndi
-
-from builder.errors import CaseError
-from builder.frame import (
+from spar_bench.builder.frame import (
     canonical_transform,
     check_same_geometry,
     is_degenerate_affine,
     to_canonical,
     voxel_spacing,
 )
-from builder.readers import read_dicom_series, read_nifti, sitk_to_ras_affine
-from builder.schema import ORGAN_ID
+from spar_bench.builder.readers import read_dicom_series, read_nifti, sitk_to_ras_affine
+from spar_bench.builder.schema import ORGAN_ID
+
+from spar_bench.errors import CaseError
 
 
 def organ_columns(mask: np.ndarray, organs: tuple[str, ...]) -> dict[str, float]:
@@ -66,7 +66,7 @@ def test_two_real_word_maps_anatomy(word_labels_dir):
 
 
 def test_real_totalsegmentator_case_ras_gives_same_answers(totalseg_dir):
-    from builder.sources.totalsegmentator import TotalSegmentatorSource
+    from spar_bench.builder.sources.totalsegmentator import TotalSegmentatorSource
 
     src = TotalSegmentatorSource(totalseg_dir)
     case = src.load(src.find()[0])
@@ -221,7 +221,7 @@ def test_check_same_geometry_names_both_files():
 
 
 def test_describe_transform_words():
-    from builder.frame import describe_transform
+    from spar_bench.builder.frame import describe_transform
 
     assert describe_transform(canonical_transform(np.diag([1.0, 1, 1, 1]) * 0.9 + np.diag([0, 0, 0, 0.1]))) == (
         "i->col flipped, j->row flipped, k->z"

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from spar_bench.probes.heads import HEADS, Task, build_head, head_input
+from spar_bench.probes.targets import Targets
+from spar_bench.probes.train import TrainConfig, predict, seeded, train_head
 
-from builder.errors import ConfigError
-from probes.heads import HEADS, Task, build_head, head_input
-from probes.targets import Targets
-from probes.train import TrainConfig, predict, seeded, train_head
+from spar_bench.errors import ConfigError
 
 
 @pytest.fixture(autouse=True)
@@ -125,7 +125,7 @@ def test_same_seed_same_predictions_different_seed_differs():
 
 @pytest.mark.slow
 def test_control_works_transformer_beats_pooled_mlp_on_learnable_level2():
-    from probes.metrics import level2_metrics
+    from spar_bench.probes.metrics import level2_metrics
 
     tokens, pooled, t = synthetic_level2(400, 5, 1)
     _, p_mlp, va = _fit("mlp", pooled, t, seed=0, epochs=20)
@@ -138,7 +138,7 @@ def test_control_works_transformer_beats_pooled_mlp_on_learnable_level2():
 
 
 def test_level1_and_level3_heads_learn_a_simple_signal():
-    from probes.metrics import level1_metrics, level3_metrics
+    from spar_bench.probes.metrics import level1_metrics, level3_metrics
 
     rng = np.random.default_rng(0)
     n = 400
@@ -200,8 +200,7 @@ def _level3_slices(n_slices: int, per_slice: int, n_tokens: int, width: int, see
 
 def test_level3_transformer_answer_does_not_depend_on_the_other_questions_in_the_batch():
     import torch
-
-    from probes.train import group_batch
+    from spar_bench.probes.train import group_batch
 
     feats, t = _level3_slices(6, 5, 7, 12, seed=0)
     head = seeded(lambda: build_head("transformer", t.task, 12, 7), 0)
@@ -229,8 +228,7 @@ def test_level3_transformer_answer_does_not_depend_on_the_other_questions_in_the
 
 def test_level3_transformer_trains_on_whole_slices_deterministically():
     import torch
-
-    from probes.train import epoch_order
+    from spar_bench.probes.train import epoch_order
 
     feats, t = _level3_slices(12, 4, 5, 10, seed=2)
     head = build_head("transformer", t.task, 10, 5)
@@ -244,7 +242,7 @@ def test_level3_transformer_trains_on_whole_slices_deterministically():
 
 
 def test_unusable_device_is_a_one_line_error():
-    from probes.fit import train_config_from
+    from spar_bench.probes.fit import train_config_from
 
     with pytest.raises(ConfigError, match="--device must be cpu or cuda"):
         train_config_from(None, 64, 1e-3, "tpu")
@@ -259,7 +257,7 @@ def test_heads_train_on_cuda_like_on_cpu():
     either device); compared here: the mean over 3 seeds without dropout
     (measured: CPU 0.73, CUDA 0.79).
     """
-    from probes.metrics import level2_metrics
+    from spar_bench.probes.metrics import level2_metrics
 
     tokens, _pooled, t = synthetic_level2(400, 5, 1)
     n = len(t)

@@ -7,16 +7,16 @@ import sys
 import types
 
 import numpy as np
+from spar_bench.builder.cli import cli
+from spar_bench.builder.inspect import overlay_slice
 
-from builder.cli import cli
-from builder.clitools import run_cli
-from builder.inspect import overlay_slice
+from spar_bench.clitools import run_cli
 
 
 def test_inspect_totalsegmentator_png_subprocess(totalseg_dir, tmp_path):
     png_dir = tmp_path / "png"
     proc = subprocess.run(
-        [sys.executable, "-m", "builder.cli", "inspect", "--source", "totalsegmentator",
+        [sys.executable, "-m", "spar_bench.builder.cli", "inspect", "--source", "totalsegmentator",
          "--root", str(totalseg_dir), "--png", str(png_dir)],
         capture_output=True, text=True, timeout=300,
     )
@@ -35,9 +35,9 @@ def test_inspect_real_word_masks_only(word_labels_dir, monkeypatch, capsys):
     captured = capsys.readouterr()
     assert code == 2 and "--images synthesize" in captured.err
 
-    module = types.ModuleType("builder.phantom.render")
+    module = types.ModuleType("spar_bench.builder.phantom.render")
     module.render_pseudo_ct = lambda mask, spacing, *, lesion=None, seed: np.zeros(mask.shape, np.int16)
-    monkeypatch.setitem(sys.modules, "builder.phantom.render", module)
+    monkeypatch.setitem(sys.modules, "spar_bench.builder.phantom.render", module)
     code = run_cli(cli, ["inspect", "--source", "word", "--root", str(word_labels_dir),
                          "--case", "word_0014", "--images", "synthesize"])
     out = capsys.readouterr().out

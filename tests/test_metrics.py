@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from probes import metrics as M
-from probes.bootstrap import bootstrap_ci, group_indices
-from probes.sinkhorn import hungarian_decode
+from spar_bench.probes import metrics as M
+from spar_bench.probes.bootstrap import bootstrap_ci, group_indices
+from spar_bench.probes.sinkhorn import hungarian_decode
 
 
 def test_level1_med_sdr_hand_computed_and_absent_excluded():
@@ -100,8 +99,7 @@ def test_hungarian_decode_over_present_tiles_only():
 
 def test_sinkhorn_rows_and_columns_sum_to_one_within_masks():
     import torch
-
-    from probes.sinkhorn import log_sinkhorn, slot_mask
+    from spar_bench.probes.sinkhorn import log_sinkhorn, slot_mask
 
     g = torch.Generator().manual_seed(0)
     scores = torch.randn(4, 16, 16, generator=g)

@@ -7,11 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
+from spar_bench.builder.cli import cli
 
-from builder.cli import cli
-from builder.clitools import run_cli
-from builder.errors import ConfigError
-from builder.outputs import check_target, claim
+from spar_bench.clitools import run_cli
+from spar_bench.errors import ConfigError
+from spar_bench.outputs import check_target, claim
 
 
 def tree_digest(root: Path) -> dict[str, str]:
@@ -125,7 +125,7 @@ def test_claim_rules(tmp_path: Path) -> None:
 
 
 def test_cache_overwrite_refuses_a_foreign_file(tmp_path: Path, capsys) -> None:
-    from probes.cli import cli as probe_cli
+    from spar_bench.probes.cli import cli as probe_cli
 
     build = tmp_path / "b"
     build.mkdir()
@@ -142,7 +142,7 @@ def test_cache_overwrite_refuses_a_foreign_file(tmp_path: Path, capsys) -> None:
 
 
 def test_report_refuses_a_foreign_folder(tmp_path: Path) -> None:
-    from probes.report import write_report
+    from spar_bench.probes.report import write_report
 
     out = tmp_path / "report"
     out.mkdir()
@@ -155,8 +155,7 @@ def test_report_refuses_a_foreign_folder(tmp_path: Path) -> None:
 
 def test_run_folder_with_foreign_files_is_refused(tmp_path: Path) -> None:
     import torch
-
-    from probes.fit import _write_run
+    from spar_bench.probes.fit import _write_run
 
     rd = tmp_path / "enc" / "level3.size" / "mlp" / "seed0"
     rd.mkdir(parents=True)

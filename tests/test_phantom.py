@@ -7,9 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from builder.errors import ConfigError, SparError
-from builder.phantom.generate import (
+from spar_bench.builder.phantom.generate import (
     PAINT_ORDER,
     assign_splits,
     make_phantom,
@@ -18,8 +16,10 @@ from builder.phantom.generate import (
     split_counts,
     write_phantom_dataset,
 )
-from builder.phantom.render import RenderError, derive_body, render_pseudo_ct
-from builder.schema import ORGAN_ID, ORGANS
+from spar_bench.builder.phantom.render import RenderError, derive_body, render_pseudo_ct
+from spar_bench.builder.schema import ORGAN_ID, ORGANS
+
+from spar_bench.errors import ConfigError, SparError
 
 GRID = {"in_plane": 96, "n_slices": 32}  # small grid: fast, big enough for every organ
 
@@ -138,8 +138,8 @@ def test_organs_inside_body_off_spine_lesions_in_liver(batch, layout):
 
 def test_first_painted_organ_is_never_carved():
     """Non-overlap by priority: the first organ painted keeps its whole shape."""
-    from builder.phantom.generate import organ_shape
-    from builder.phantom.render import _inplane_depth
+    from spar_bench.builder.phantom.generate import organ_shape
+    from spar_bench.builder.phantom.render import _inplane_depth
 
     vol = make_phantom(2, "canonical", **GRID)
     first = vol.params["organs"][0]
@@ -227,7 +227,7 @@ def test_derived_body_encloses_organs_with_margin():
 
 @pytest.mark.slow
 def test_render_real_word_label_map(word_labels_dir):
-    from builder.sources.word import WordSource
+    from spar_bench.builder.sources.word import WordSource
 
     src = WordSource(word_labels_dir, images="synthesize", seed=0)
     ref = next(r for r in src.find() if r.case_id == "word_0014")
@@ -286,7 +286,7 @@ def test_write_layout_and_record(written):
 
 
 def test_written_cases_read_back_through_phantom_source(written):
-    from builder.sources import SOURCES
+    from spar_bench.builder.sources import SOURCES
 
     out, record = written
     src = SOURCES.get("phantom")(out)
@@ -329,8 +329,9 @@ def test_overwrite_replaces_a_phantom_dataset(tmp_path):
 
 
 def test_cli_writes_and_reports(tmp_path, capsys):
-    from builder.cli import cli
-    from builder.clitools import run_cli
+    from spar_bench.builder.cli import cli
+
+    from spar_bench.clitools import run_cli
 
     out = tmp_path / "cli"
     rc = run_cli(

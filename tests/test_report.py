@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from spar_bench.probes.report import aggregate, collect, render_markdown
 from test_fit import _run, get_pipeline
-
-from probes.report import aggregate, collect, render_markdown
 
 
 @pytest.fixture(scope="module")
@@ -16,7 +15,7 @@ def pipeline(tmp_path_factory):
 
 
 def test_sweep_two_jobs_skips_finished_and_report_writes_md_json_png(pipeline, tmp_path, capsys):
-    from probes.cli import cli
+    from spar_bench.probes.cli import cli
 
     runs = tmp_path / "runs"
     args = ["sweep", "--features", pipeline["cache"], "--heads", "mlp,linear",
@@ -67,7 +66,7 @@ def test_report_mean_std_over_seeds_and_no_banner_without_random_init(tmp_path):
 
 
 def test_report_on_empty_folder_is_a_clear_error(tmp_path, capsys):
-    from probes.cli import cli
+    from spar_bench.probes.cli import cli
 
     assert _run(cli, ["report", tmp_path, "--out", tmp_path / "r"]) == 2
     assert "no metrics.json found" in capsys.readouterr().err

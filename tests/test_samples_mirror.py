@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from builder.case import Case
-from builder.samples import SampleConfig, mirror_case, process_case
-from builder.schema import BILATERAL_PAIRS, LEVEL3_PROBES, ORGAN_ID, organ_index
+from spar_bench.builder.case import Case
+from spar_bench.builder.samples import SampleConfig, mirror_case, process_case
+from spar_bench.builder.schema import BILATERAL_PAIRS, LEVEL3_PROBES, ORGAN_ID, organ_index
 
 P = {name: i for i, name in enumerate(LEVEL3_PROBES)}
 

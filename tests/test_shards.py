@@ -1,4 +1,4 @@
-"""builder.shards.Build on a tiny hand-written build (h5py directly, no builder)."""
+"""spar_bench.builder.shards.Build on a tiny hand-written build (h5py directly, no builder)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from spar_bench.builder.shards import Build
+from spar_bench.builder.writers.manifest import fingerprint, sha256_file, write_manifest
 
-from builder.errors import ConfigError, IntegrityError
-from builder.shards import Build
-from builder.writers.manifest import fingerprint, sha256_file, write_manifest
+from spar_bench.errors import ConfigError, IntegrityError
 
 
 def _str(f: h5py.File, name: str, values: list[str]) -> None:

@@ -12,21 +12,21 @@ import nibabel as nib
 import numpy as np
 import pytest
 from click.testing import CliRunner
-
-from builder.errors import CaseError, ConfigError
-from builder.ontology import (
+from spar_bench.builder.ontology import (
     apply_label_map,
     label_map_from_ids,
     label_map_from_names,
     normalise_name,
 )
-from builder.schema import N_ORGANS, ORGAN_ID, ORGANS
-from builder.seeding import derive_seed
-from builder.sources import SOURCES, sources_command
-from builder.sources.lits import LitsSource
-from builder.sources.nnunet import NnUNetSource
-from builder.sources.totalsegmentator import TotalSegmentatorSource
-from builder.sources.word import WordSource
+from spar_bench.builder.schema import N_ORGANS, ORGAN_ID, ORGANS
+from spar_bench.builder.sources import SOURCES, sources_command
+from spar_bench.builder.sources.lits import LitsSource
+from spar_bench.builder.sources.nnunet import NnUNetSource
+from spar_bench.builder.sources.totalsegmentator import TotalSegmentatorSource
+from spar_bench.builder.sources.word import WordSource
+
+from spar_bench.errors import CaseError, ConfigError
+from spar_bench.seeding import derive_seed
 
 LPS = np.diag([-0.8, -0.8, 2.5, 1.0])
 SHAPE = (12, 10, 6)
@@ -52,16 +52,16 @@ def columns(mask: np.ndarray, organ: str) -> float:
 
 @pytest.fixture
 def fake_renderer(monkeypatch):
-    """A stand-in for builder.phantom.render.render_pseudo_ct that records its calls."""
+    """A stand-in for spar_bench.builder.phantom.render.render_pseudo_ct that records its calls."""
     calls = []
 
     def render_pseudo_ct(mask, spacing, *, lesion=None, seed):
         calls.append({"shape": mask.shape, "spacing": spacing, "seed": seed, "lesion": lesion})
         return np.where(mask > 0, 50, -1000).astype(np.int16)
 
-    module = types.ModuleType("builder.phantom.render")
+    module = types.ModuleType("spar_bench.builder.phantom.render")
     module.render_pseudo_ct = render_pseudo_ct
-    monkeypatch.setitem(sys.modules, "builder.phantom.render", module)
+    monkeypatch.setitem(sys.modules, "spar_bench.builder.phantom.render", module)
     return calls
 
 
@@ -320,7 +320,7 @@ def test_lits_header_without_sform_qform_uses_voxel_sizes(tmp_path):
 
 @pytest.mark.slow
 def test_word_real_masks_with_real_renderer(word_labels_dir):
-    pytest.importorskip("builder.phantom.render")
+    pytest.importorskip("spar_bench.builder.phantom.render")
     src = WordSource(word_labels_dir, images="synthesize", seed=3)
     ref = src.find()[1]
     a = src.load(ref)

@@ -8,14 +8,13 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from spar_bench.builder.cli import cli
 from test_build import config, fake_root  # noqa: F401  (fixture)
-
-from builder.cli import cli
 
 
 @pytest.fixture()
 def built(fake_root: Path, tmp_path: Path) -> Path:  # noqa: F811
-    from builder.build import build
+    from spar_bench.builder.build import build
 
     return build(config(fake_root, tmp_path / "out"), quiet=True)
 
@@ -62,7 +61,7 @@ def test_swapped_shard_with_matching_manifest_entry_is_counted(built: Path) -> N
     m = json.loads((built / "manifest.json").read_text())
     a = built / "level1" / "train-00000-of-00002.h5"
     shutil.copy(built / "level1" / "train-00001-of-00002.h5", a)
-    from builder.writers.manifest import dumps, fingerprint, sha256_file, shard_entries
+    from spar_bench.builder.writers.manifest import dumps, fingerprint, sha256_file, shard_entries
 
     m["shards"]["level1"]["train"][0]["sha256"] = sha256_file(a)
     m["fingerprint"] = fingerprint(shard_entries(m))

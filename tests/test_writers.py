@@ -8,16 +8,15 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from spar_bench.builder.sources import SOURCES
 from test_build import FakeSource, config
-
-from builder.sources import SOURCES
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
     import json
 
-    from builder.build import build
+    from spar_bench.builder.build import build
 
     SOURCES.register("fake", FakeSource, override=True)
     root = tmp_path_factory.mktemp("data")
@@ -51,7 +50,7 @@ def test_hdf5_layout_and_attributes(built: Path) -> None:
 
 
 def test_slices_and_their_questions_share_a_shard(built: Path) -> None:
-    from builder.shards import Build
+    from spar_bench.builder.shards import Build
 
     b = Build(built)
     keys = b.read("level3", "test", ["key"])["key"]
@@ -65,8 +64,7 @@ def test_slices_and_their_questions_share_a_shard(built: Path) -> None:
 def test_hf_folder_loads_offline_and_matches_hdf5(built: Path, monkeypatch) -> None:
     import datasets
     from PIL import Image
-
-    from builder.shards import Build
+    from spar_bench.builder.shards import Build
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -110,9 +108,8 @@ def test_dataset_card(built: Path) -> None:
 
 def test_card_lists_source_licences(built: Path) -> None:
     import yaml
-
-    from builder.build import BuildConfig
-    from builder.writers.hf import dataset_card
+    from spar_bench.builder.build import BuildConfig
+    from spar_bench.builder.writers.hf import dataset_card
 
     cfg = BuildConfig(sources=("word", "phantom"), roots=("a", "b"), out="o")
     text = dataset_card({}, {}, config=cfg, sample_config={}, sources={"word": {}, "phantom": {}})
@@ -125,8 +122,7 @@ def test_card_lists_source_licences(built: Path) -> None:
 def test_push_calls_hub_api(built: Path, monkeypatch) -> None:
     import huggingface_hub
     from click.testing import CliRunner
-
-    from builder.cli import cli
+    from spar_bench.builder.cli import cli
 
     calls = []
 
@@ -158,8 +154,7 @@ def test_push_calls_hub_api(built: Path, monkeypatch) -> None:
 
 def test_png_roundtrip_is_lossless() -> None:
     from PIL import Image
-
-    from builder.writers.hf import _png
+    from spar_bench.builder.writers.hf import _png
 
     a = np.random.default_rng(0).integers(0, 256, (224, 224), dtype=np.uint8)
     np.testing.assert_array_equal(np.asarray(Image.open(io.BytesIO(_png(a)))), a)
@@ -176,8 +171,7 @@ def _case_rows(case: int, n: int, nq_per: int):
 
 def test_shard_sink_keeps_questions_with_their_slices(tmp_path: Path) -> None:
     import hdf5plugin  # noqa: F401
-
-    from builder.writers.hdf5 import ShardSink
+    from spar_bench.builder.writers.hdf5 import ShardSink
 
     sizes = [3, 0, 5, 1]  # 9 slices, shard size 4 -> 3 shards; case 2 straddles two shards
     sink = ShardSink(tmp_path, "level3", "test", sum(sizes), 4, {"schema_version": "1.0"})
@@ -195,10 +189,11 @@ def test_shard_sink_keeps_questions_with_their_slices(tmp_path: Path) -> None:
 
 
 def test_shard_sink_empty_split_and_count_mismatch(tmp_path: Path) -> None:
-    from builder.errors import SparError
-    from builder.shards import Build
-    from builder.writers.hdf5 import ShardSink
-    from builder.writers.manifest import write_manifest
+    from spar_bench.builder.shards import Build
+    from spar_bench.builder.writers.hdf5 import ShardSink
+    from spar_bench.builder.writers.manifest import write_manifest
+
+    from spar_bench.errors import SparError
 
     sink = ShardSink(tmp_path, "level3", "val", 0, 4, {})
     sink.add(*_case_rows(0, 0, 2))

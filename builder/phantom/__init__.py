@@ -1,9 +1,9 @@
 """The procedural abdominal phantom and the pseudo-CT renderer.
 
-* :mod:`builder.phantom.generate`: :func:`sample_phantom_params` (seeded record),
+* :mod:`spar_bench.builder.phantom.generate`: :func:`sample_phantom_params` (seeded record),
   :func:`render_phantom` (pure rendering), :func:`write_phantom_dataset` (a WORD-layout
-  folder read back by ``builder.sources.phantom.PhantomSource``);
-* :mod:`builder.phantom.render`: :func:`render_pseudo_ct`, HU-like intensities for any
+  folder read back by ``spar_bench.builder.sources.phantom.PhantomSource``);
+* :mod:`spar_bench.builder.phantom.render`: :func:`render_pseudo_ct`, HU-like intensities for any
   canonical label volume (the phantom's and real masks-only cases').
 
 ``spar-build phantom --out DIR --n N --layout canonical|mirrored|random`` writes a dataset.

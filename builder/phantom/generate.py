@@ -7,7 +7,7 @@ function of that record. The record is stored with every written case
 
 Frame and coordinates
 ---------------------
-Everything is in the canonical frame of :mod:`builder.schema`: arrays ``[z, row, col]``,
+Everything is in the canonical frame of :mod:`spar_bench.builder.schema`: arrays ``[z, row, col]``,
 z inferior -> superior, row 0 anterior, column 0 the PATIENT'S RIGHT. The record holds
 millimetre positions ``(z, row, col)`` measured from the centre of voxel ``[0, 0, 0]``.
 
@@ -59,7 +59,7 @@ Layouts
   shape mirrored to match), so recall of canonical anatomy cannot help: the liver is
   left of the spleen in about half of the subjects.
 
-Intensities come from :func:`builder.phantom.render.render_pseudo_ct`.
+Intensities come from :func:`spar_bench.builder.phantom.render.render_pseudo_ct`.
 """
 
 from __future__ import annotations
@@ -73,7 +73,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, SparError
+from spar_bench.errors import ConfigError, SparError
+
 from ..schema import ORGAN_ID, ORGANS
 
 PHANTOM_VERSION = "1.0"
@@ -248,7 +249,7 @@ def sample_phantom_params(
     """Draw one phantom subject: a JSON-serialisable record for :func:`render_phantom`.
 
     Args:
-        rng: the only source of randomness (seed it with ``builder.seeding.derive_seed``).
+        rng: the only source of randomness (seed it with ``spar_bench.seeding.derive_seed``).
         layout: ``canonical``, ``mirrored`` or ``random`` (see the module docstring).
         size: a :data:`SIZES` preset (``small``, ``medium``, ``large``).
         lesions: draw 0-4 liver lesions.
@@ -503,7 +504,7 @@ def split_counts(n: int) -> dict[str, int]:
 
 def assign_splits(n: int, seed: int) -> list[str]:
     """Split of each case index: :func:`split_counts` shuffled by ``seed`` (deterministic)."""
-    from ..seeding import derive_seed
+    from spar_bench.seeding import derive_seed
 
     counts = split_counts(n)
     labels = [s for s in ("train", "val", "test") for _ in range(counts[s])]
@@ -555,7 +556,7 @@ def owned_phantom(out_dir: Path) -> set[str] | None:
 
 def _prepare_out(out_dir: Path, overwrite: bool) -> bool:
     """True when ``out_dir`` holds an earlier phantom dataset that may be replaced."""
-    from ..outputs import check_target, claim
+    from spar_bench.outputs import check_target, claim
 
     check_target(out_dir)
     return claim(out_dir, overwrite=overwrite, owned=owned_phantom, what="phantom dataset")
@@ -597,8 +598,8 @@ def write_phantom_dataset(
 
     from tqdm.auto import tqdm
 
-    from ..outputs import remove
-    from ..seeding import derive_seed
+    from spar_bench.outputs import remove
+    from spar_bench.seeding import derive_seed
 
     out = Path(out_dir)
     if layout not in LAYOUTS:
@@ -643,7 +644,7 @@ def write_phantom_dataset(
                 "params": params,
             }
         record = {
-            "generator": "spar-bench phantom (builder.phantom.generate)",
+            "generator": "spar-bench phantom (spar_bench.builder.phantom.generate)",
             "generator_version": PHANTOM_VERSION,
             "seed": int(seed),
             "layout": layout,

@@ -1,10 +1,10 @@
 """Pseudo-CT rendering: HU-like intensities for a canonical label volume.
 
-One renderer serves two callers: the procedural phantom (:mod:`builder.phantom.generate`)
+One renderer serves two callers: the procedural phantom (:mod:`spar_bench.builder.phantom.generate`)
 and real masks-only cases (the WORD label maps ship without CT images), so a
 pseudo-CT of a real case and a phantom look alike and differ only in anatomy.
 
-Everything is in the canonical frame (:mod:`builder.schema`): arrays ``[z, row, col]``,
+Everything is in the canonical frame (:mod:`spar_bench.builder.schema`): arrays ``[z, row, col]``,
 row 0 anterior, column 0 the patient's right, ``spacing`` ``(z, row, col)`` in mm.
 
 Tissues and intensities
@@ -54,7 +54,8 @@ from statistics import NormalDist
 
 import numpy as np
 
-from ..errors import SparError
+from spar_bench.errors import SparError
+
 from ..schema import N_ORGANS, ORGANS
 
 #: Mean HU of each canonical organ (pseudo-CT, portal-venous-like contrast).

@@ -11,7 +11,8 @@ import difflib
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from ..errors import ConfigError
+from spar_bench.errors import ConfigError
+
 from ..schema import ARRANGEMENTS, LEVELS
 
 COUNTERFACTUALS = (None, "mirror")
@@ -22,9 +23,9 @@ class SampleConfig:
     """How samples are drawn and labelled (defaults follow docs/PROTOCOL.md).
 
     Attributes:
-        levels: which levels :func:`builder.samples.process_case` produces.
+        levels: which levels :func:`spar_bench.builder.samples.process_case` produces.
         samples_per_case: Level 1/2 mosaics per case.
-        arrangement: Level 2 target arrangement, one of ``builder.schema.ARRANGEMENTS``.
+        arrangement: Level 2 target arrangement, one of ``spar_bench.builder.schema.ARRANGEMENTS``.
         window_level, window_width: CT window (HU) mapped to uint8 0..255.
         fov_margin_mm: margin around the body's bounding box of the square field of view.
         tile_min_area_frac: a Level 1/2 tile's slice must show the organ with at least

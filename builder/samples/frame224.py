@@ -33,8 +33,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from spar_bench.errors import CaseError
+
 from ..case import Case
-from ..errors import CaseError
 from ..schema import IMAGE_SIZE, N_ORGANS
 
 #: HU threshold of the body, and the value padded outside the volume.

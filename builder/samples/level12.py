@@ -35,9 +35,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from spar_bench.seeding import derive_seed
+
 from ..case import Case
 from ..schema import IMAGE_SIZE, N_ORGANS, TILE_GRID, TILE_SIZE
-from ..seeding import derive_seed
 from .config import SampleConfig
 from .frame224 import Frame224, ResampledSlices, SliceStats
 

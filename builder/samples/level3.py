@@ -31,9 +31,9 @@ for pair probes the A/B order is then swapped with probability 1/2):
   on a tie), B = the other; ``d = (area_A - area_B) / ((area_A + area_B) / 2)``; answer
   0 if ``d > symmetry_band`` (left larger), 1 if ``|d| <= band``, 2 if ``d < -band``.
 * size: an eligible organ A; ``q_area_a_mm2`` is measured, ``q_answer`` = -1 until
-  :func:`builder.samples.apply_thresholds` (tertiles fixed on the training split).
+  :func:`spar_bench.builder.samples.apply_thresholds` (tertiles fixed on the training split).
 * distance: a pair; ``q_distance_mm`` = centroid distance, ``q_answer`` = -1 until
-  :func:`builder.samples.apply_thresholds`.
+  :func:`spar_bench.builder.samples.apply_thresholds`.
 * counting (only when the case has a lesion mask): connected components of the lesion
   on the native slice (8-connectivity) with ``>= lesion_min_voxels`` voxels;
   ``q_count`` = n, answer ``min(n, 3)``; organs -1; one question per slice.
@@ -46,9 +46,10 @@ from itertools import combinations
 
 import numpy as np
 
+from spar_bench.seeding import derive_seed
+
 from ..case import Case
 from ..schema import BILATERAL_PAIRS, LEVEL3_PROBES, organ_index
-from ..seeding import derive_seed
 from .config import SampleConfig
 from .frame224 import Frame224, ResampledSlices, SliceStats
 

@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
+from spar_bench.errors import ConfigError
+
 from ..schema import LEVEL3_PROBES, ORGANS
 
 METHOD = "tertiles"

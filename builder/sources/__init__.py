@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import click
 
-from ..registry import Registry
+from spar_bench.registry import Registry
+
 from .base import IMAGE_MODES, Source
 
 SOURCES: Registry[type[Source]] = Registry("source")
-SOURCES.register_lazy("word", "builder.sources.word:WordSource")
-SOURCES.register_lazy("lits", "builder.sources.lits:LitsSource")
-SOURCES.register_lazy("totalsegmentator", "builder.sources.totalsegmentator:TotalSegmentatorSource")
-SOURCES.register_lazy("nnunet", "builder.sources.nnunet:NnUNetSource")
-SOURCES.register_lazy("phantom", "builder.sources.phantom:PhantomSource")
+SOURCES.register_lazy("word", "spar_bench.builder.sources.word:WordSource")
+SOURCES.register_lazy("lits", "spar_bench.builder.sources.lits:LitsSource")
+SOURCES.register_lazy("totalsegmentator", "spar_bench.builder.sources.totalsegmentator:TotalSegmentatorSource")
+SOURCES.register_lazy("nnunet", "spar_bench.builder.sources.nnunet:NnUNetSource")
+SOURCES.register_lazy("phantom", "spar_bench.builder.sources.phantom:PhantomSource")
 
 __all__ = ["SOURCES", "Source", "IMAGE_MODES", "sources_command"]
 

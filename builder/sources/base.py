@@ -20,7 +20,7 @@ class Source(ABC):
     Subclasses set ``name`` and ``needs`` (one line: what must be on disk) and
     implement :meth:`find` and :meth:`load`. ``find`` is cheap (lists files, reads no
     voxels) and returns refs sorted by ``case_id``; ``load`` reads one case into the
-    canonical frame or raises :class:`~builder.errors.CaseError`.
+    canonical frame or raises :class:`~spar_bench.errors.CaseError`.
     """
 
     name: ClassVar[str]

@@ -32,8 +32,9 @@ from typing import ClassVar
 
 import numpy as np
 
+from spar_bench.errors import CaseError, ConfigError
+
 from ..case import CaseRef
-from ..errors import CaseError, ConfigError
 from ..frame import is_degenerate_affine, voxel_spacing
 from ..readers import is_nifti, nifti_has_orientation, strip_nifti_suffix
 from ..schema import ORGAN_ID, SPLITS

@@ -14,8 +14,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from spar_bench.errors import ConfigError
+
 from ..case import CaseRef
-from ..errors import ConfigError
 from ..ontology import LabelMap, label_map_from_names
 from .word import VolumeSource
 

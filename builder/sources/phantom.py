@@ -2,7 +2,7 @@
 
 A phantom dataset is a WORD-layout folder with labels per
 ``manifests/labels/phantom.json`` (WORD ids 1..16, 17 = liver lesion) and a
-``phantom.json`` record; this adapter is :class:`~builder.sources.word.WordSource` with
+``phantom.json`` record; this adapter is :class:`~spar_bench.builder.sources.word.WordSource` with
 that label map, plus the layout (canonical, mirrored, random) in every case's provenance.
 """
 
@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 from typing import Any, ClassVar
 
+from spar_bench.errors import ConfigError
+
 from ..case import Case, CaseRef
-from ..errors import ConfigError
 from .word import WordSource
 
 
 class PhantomSource(WordSource):
-    """Phantom cases written by :func:`builder.phantom.generate.write_phantom_dataset`."""
+    """Phantom cases written by :func:`spar_bench.builder.phantom.generate.write_phantom_dataset`."""
 
     name = "phantom"
     needs = (

@@ -17,8 +17,9 @@ from typing import ClassVar
 
 import numpy as np
 
+from spar_bench.errors import CaseError, ConfigError
+
 from ..case import CaseRef
-from ..errors import CaseError, ConfigError
 from ..ontology import LabelMap, totalsegmentator_classes
 from ..readers import as_integer_labels, read_volume
 from ..schema import ORGAN_ID, ORGANS

@@ -5,7 +5,7 @@ WORD (Luo et al., MedIA 2022) ships ``imagesTr/labelsTr`` (train), ``imagesVal/l
 An image may also be a folder of DICOM slices named ``<case>/``. A folder with labels
 but no images (the public WORD label maps) is read with ``images="synthesize"``: the
 image is then a pseudo-CT rendered from the masks by
-:func:`builder.phantom.render.render_pseudo_ct`, seeded per case and recorded.
+:func:`spar_bench.builder.phantom.render.render_pseudo_ct`, seeded per case and recorded.
 """
 
 from __future__ import annotations
@@ -15,9 +15,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from spar_bench.errors import CaseError, ConfigError
+from spar_bench.hashing import sha256_file
+from spar_bench.seeding import derive_seed
+
 from ..case import Case, CaseRef
-from ..errors import CaseError, ConfigError
-from ..hashing import sha256_file
 from ..ontology import LabelMap, apply_label_map, label_map_from_ids
 from ..readers import (
     as_hu_int16,
@@ -26,7 +28,6 @@ from ..readers import (
     read_volume,
     strip_nifti_suffix,
 )
-from ..seeding import derive_seed
 from .base import Source
 
 #: A mask ready for canonicalisation: (raw-grid uint8 ids, lesion or None, affine,
@@ -191,12 +192,12 @@ class VolumeSource(Source):
 def render_pseudo_ct_checked(
     mask: np.ndarray, spacing: tuple[float, float, float], *, lesion: np.ndarray | None, seed: int, case_id: str
 ) -> np.ndarray:
-    """Call :func:`builder.phantom.render.render_pseudo_ct` and check what it returns."""
+    """Call :func:`spar_bench.builder.phantom.render.render_pseudo_ct` and check what it returns."""
     try:
-        from builder.phantom.render import render_pseudo_ct
+        from spar_bench.builder.phantom.render import render_pseudo_ct
     except ImportError as e:
         raise ConfigError(
-            f"--images synthesize needs the pseudo-CT renderer builder.phantom.render ({e})"
+            f"--images synthesize needs the pseudo-CT renderer spar_bench.builder.phantom.render ({e})"
         ) from None
     image = render_pseudo_ct(mask, spacing, lesion=lesion, seed=seed)
     if image.shape != mask.shape:

@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import SparError
+from spar_bench.errors import SparError
+
 from .manifest import sha256_file
 
 #: Per-sample 2-D arrays that are chunked one sample per chunk and compressed.

@@ -21,7 +21,8 @@ from typing import Any
 import click
 import numpy as np
 
-from ..errors import ConfigError
+from spar_bench.errors import ConfigError
+
 from ..schema import LEVEL3_PROBES, ORGANS, SPLITS
 
 IMAGE_FIELDS = ("image", "label", "lesion")
@@ -41,7 +42,7 @@ DESCRIPTIONS = {
     "patient_id": "patient (bootstrap confidence intervals resample patients)",
     "split": "train / val / test (by patient)",
     "sample_index": "index of the sample within its case",
-    "seed": "the sample's seed (builder.seeding.derive_seed); regenerates the sample alone",
+    "seed": "the sample's seed (spar_bench.seeding.derive_seed); regenerates the sample alone",
     "image": "224x224 uint8 windowed CT: a 4x4 mosaic of 56x56 organ tiles (Levels 1-2) or an axial slice (Level 3)",
     "present": "per canonical organ (16, class order): visible in the sample",
     "centroid": "per organ (16 x (x, y)) normalised centroid in its slice's 224 frame; x = column/224 "

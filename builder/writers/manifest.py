@@ -4,8 +4,8 @@ The manifest is written LAST, after every shard: its presence means the build is
 complete. Layout (top-level keys)::
 
     format            "spar-bench-build"
-    schema_version    builder.schema.SCHEMA_VERSION
-    builder_version   builder.__version__
+    schema_version    spar_bench.builder.schema.SCHEMA_VERSION
+    builder_version   spar_bench.builder.__version__
     complete          true
     config            the full build config (never the worker count)
     seed              the global seed
@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..hashing import sha256_file  # noqa: F401  (re-exported for writers and verify)
+from spar_bench.hashing import sha256_file  # noqa: F401  (re-exported for writers and verify)
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "spar-bench-build"
@@ -114,7 +114,7 @@ def owned_build(out: Path) -> set[str] | None:
 
 def read_manifest(out_dir: str | Path) -> dict[str, Any]:
     """Read and sanity-check ``out_dir/manifest.json`` (raises ConfigError)."""
-    from ..errors import ConfigError
+    from spar_bench.errors import ConfigError
 
     path = Path(out_dir) / MANIFEST_NAME
     if not path.is_file():

@@ -4,7 +4,7 @@ Encoders are named ``<family>:<rest>`` (``timm:resnet50``, ``hf:microsoft/rad-di
 ``hf:/path/to/saved``, ``open_clip:local-dir:/path``, ``torchscript:model.pt``) or by a
 registered name (``dummy``, aliases such as ``raddino``, and your own)::
 
-    from probes.encoders import load_encoder, register_encoder
+    from spar_bench.probes.encoders import load_encoder, register_encoder
     enc = load_encoder("timm:vit_base_patch32_224", weights="vit_b32.safetensors")
     out = enc(images_uint8, layers=[-1, -4])      # {layer: (tokens (B,T,D), pooled (B,D))}
 
@@ -23,19 +23,19 @@ from typing import Any
 
 import click
 
-from builder.errors import ConfigError
-from builder.registry import Registry, UnknownNameError
+from spar_bench.errors import ConfigError
+from spar_bench.registry import Registry, UnknownNameError
 
 #: families, chosen by the prefix before the first ":".
 FAMILIES: Registry = Registry("encoder family")
-FAMILIES.register_lazy("timm", "probes.encoders.timm_family:load_timm")
-FAMILIES.register_lazy("hf", "probes.encoders.hf_family:load_hf", extra="transformers")
-FAMILIES.register_lazy("open_clip", "probes.encoders.open_clip_family:load_open_clip", extra="open_clip")
-FAMILIES.register_lazy("torchscript", "probes.encoders.torchscript_family:load_torchscript")
+FAMILIES.register_lazy("timm", "spar_bench.probes.encoders.timm_family:load_timm")
+FAMILIES.register_lazy("hf", "spar_bench.probes.encoders.hf_family:load_hf", extra="transformers")
+FAMILIES.register_lazy("open_clip", "spar_bench.probes.encoders.open_clip_family:load_open_clip", extra="open_clip")
+FAMILIES.register_lazy("torchscript", "spar_bench.probes.encoders.torchscript_family:load_torchscript")
 
 #: named encoders (factories called with ``rest=""``), aliases and user registrations.
 ENCODERS: Registry = Registry("encoder")
-ENCODERS.register_lazy("dummy", "probes.encoders.base:load_dummy", family="dummy", input="224x224",
+ENCODERS.register_lazy("dummy", "spar_bench.probes.encoders.base:load_dummy", family="dummy", input="224x224",
                        tokens="1+7x7", dim="16", pooled="cls", weights="random-init (fixed seed)")
 
 ENTRY_POINT_GROUP = "spar_bench.encoders"

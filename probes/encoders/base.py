@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from builder.errors import ConfigError
-from builder.hashing import sha256_file
+from spar_bench.errors import ConfigError
+from spar_bench.hashing import sha256_file
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch

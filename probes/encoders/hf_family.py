@@ -1,7 +1,7 @@
 """``hf:<hub repo or local dir>``: transformers ``AutoModel`` vision encoders (DINOv2, RadDINO).
 
 Hub ids load at a pinned revision (``--revision``, or the one in the alias table of
-:mod:`probes.encoders`); ``HF_HUB_OFFLINE=1`` is respected by transformers itself. Local
+:mod:`spar_bench.probes.encoders`); ``HF_HUB_OFFLINE=1`` is respected by transformers itself. Local
 folders load with ``local_files_only=True`` and are fingerprinted by sha256.
 
 Preprocessing comes from the folder's image processor config (``image_mean``,
@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from builder.errors import ConfigError
+from spar_bench.errors import ConfigError
 
 from .base import IMAGENET_MEAN, IMAGENET_STD, Encoder, EncoderSpec, require_extra, weights_record
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from builder.errors import ConfigError
+from spar_bench.errors import ConfigError
 
 from .base import Encoder, EncoderSpec, require_extra, sha256_file, weights_record
 from .timm_family import TimmEncoder, timm_spec_from_model

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from builder.errors import ConfigError
+from spar_bench.errors import ConfigError
 
 from .base import (
     Encoder,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from builder.errors import ConfigError
+from spar_bench.errors import ConfigError
 
 from .base import Encoder, EncoderSpec, sha256_file
 

@@ -2,14 +2,14 @@
 
 Registry names (``HEADS``, lazily imported so listing them never imports torch):
 
-* ``linear``      - one linear layer on the pooled vector (:mod:`probes.heads.pooled`);
-* ``mlp``         - a 2-layer MLP on the pooled vector (:mod:`probes.heads.pooled`);
+* ``linear``      - one linear layer on the pooled vector (:mod:`spar_bench.probes.heads.pooled`);
+* ``mlp``         - a 2-layer MLP on the pooled vector (:mod:`spar_bench.probes.heads.pooled`);
 * ``attnpool``    - learned queries attending once over the token set
-  (:mod:`probes.heads.attnpool`);
+  (:mod:`spar_bench.probes.heads.attnpool`);
 * ``transformer`` - a few Transformer layers over the full token set, tokens first
   projected to a small width; Levels 1-2 prepend the tile queries, Level 3 encodes each
   slice once and lets every question read it by cross-attention
-  (:mod:`probes.heads.transformer`).
+  (:mod:`spar_bench.probes.heads.transformer`).
 
 Every head maps features (and, for Level 3, the question) to the output of its level:
 
@@ -25,20 +25,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from builder.errors import ConfigError
-from builder.registry import Registry, UnknownNameError
-from builder.schema import LEVEL3_N_CLASSES, LEVEL3_PROBES, N_ORGANS, PROBES
+from spar_bench.builder.schema import LEVEL3_N_CLASSES, LEVEL3_PROBES, N_ORGANS, PROBES
+
+from spar_bench.errors import ConfigError
+from spar_bench.registry import Registry, UnknownNameError
 
 HEADS: Registry = Registry("head")
-HEADS.register_lazy("linear", "probes.heads.pooled:LinearHead", input="pooled")
-HEADS.register_lazy("mlp", "probes.heads.pooled:MLPHead", input="pooled")
-HEADS.register_lazy("attnpool", "probes.heads.attnpool:AttnPoolHead", input="tokens")
-HEADS.register_lazy("transformer", "probes.heads.transformer:TransformerHead", input="tokens")
+HEADS.register_lazy("linear", "spar_bench.probes.heads.pooled:LinearHead", input="pooled")
+HEADS.register_lazy("mlp", "spar_bench.probes.heads.pooled:MLPHead", input="pooled")
+HEADS.register_lazy("attnpool", "spar_bench.probes.heads.attnpool:AttnPoolHead", input="tokens")
+HEADS.register_lazy("transformer", "spar_bench.probes.heads.transformer:TransformerHead", input="tokens")
 
 
 @dataclass(frozen=True)
 class Task:
-    """What a head must predict: one probe of ``builder.schema.PROBES``."""
+    """What a head must predict: one probe of ``spar_bench.builder.schema.PROBES``."""
 
     probe: str
 

@@ -12,7 +12,7 @@ Level 1, to mosaic position p in Level 2); Level 3 uses one query token built fr
 question (sum of organ A, organ B, axis and probe embeddings).
 Token heads take ``forward(x, q=None, index=None)``: with ``index`` ``(B,)``, ``x``
 holds only the distinct cache rows of the batch and item ``i`` reads row ``index[i]``
-(Level 3: one slice, many questions; see :func:`probes.train.group_batch`).
+(Level 3: one slice, many questions; see :func:`spar_bench.probes.train.group_batch`).
 Outputs: Level 1 a linear (x, y) per tile query; Level 2 tile-query x slot-embedding
 dot products (scaled by 1/sqrt(d)); Level 3 a linear classifier on the query output.
 
@@ -25,9 +25,8 @@ import math
 
 import numpy as np
 import torch
+from spar_bench.builder.schema import N_ORGANS
 from torch import nn
-
-from builder.schema import N_ORGANS
 
 from . import Task
 from .pooled import QuestionEmbedding

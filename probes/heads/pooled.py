@@ -11,9 +11,8 @@ Defaults: ``mlp`` hidden 512, GELU, dropout 0.1; question embeddings of width 32
 from __future__ import annotations
 
 import torch
+from spar_bench.builder.schema import LEVEL3_PROBES, N_ORGANS
 from torch import nn
-
-from builder.schema import LEVEL3_PROBES, N_ORGANS
 
 from . import Task
 

@@ -1,6 +1,6 @@
 """``transformer``: pre-norm Transformer layers over the projected token set.
 
-Tokens are projected once to ``proj_dim`` (fixed PCA, see :mod:`probes.heads.attnpool`),
+Tokens are projected once to ``proj_dim`` (fixed PCA, see :mod:`spar_bench.probes.heads.attnpool`),
 then by a learned layer to ``d_model`` with learned position embeddings.
 
 * Levels 1-2: the 16 tile queries are prepended and ``n_layers`` self-attention layers
@@ -16,8 +16,8 @@ then by a learned layer to ``d_model`` with learned position embeddings.
   answer does not depend on which other questions share the batch.
   ``forward(x, q, index)`` takes the DISTINCT slices ``x`` ``(U, T, k)`` and
   ``index`` ``(B,)``, the row of ``x`` of each question; the training loop batches
-  questions slice by slice (:func:`probes.train.epoch_order`,
-  :func:`probes.train.group_batch`), so the body runs once per slice per batch.
+  questions slice by slice (:func:`spar_bench.probes.train.epoch_order`,
+  :func:`spar_bench.probes.train.group_batch`), so the body runs once per slice per batch.
 
 Defaults: ``d_model`` 128, ``n_layers`` 2, ``n_heads`` 4, feed-forward 2 x d_model,
 ``dropout`` 0.1, ``proj_dim`` 128 (MEASUREMENTS.md: ~20 s/epoch for 10k samples of

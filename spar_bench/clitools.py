@@ -2,7 +2,7 @@
 
 * :class:`LazyGroup`: a click group whose subcommands are ``"module:attr"`` strings,
   imported only when that subcommand runs (``spar-build --help`` imports no torch).
-* :func:`run_cli`: runs a group and turns :class:`~builder.errors.SparError` into one
+* :func:`run_cli`: runs a group and turns :class:`~spar_bench.errors.SparError` into one
   line on stderr and exit status 2, instead of a traceback.
 """
 
@@ -12,8 +12,8 @@ from collections.abc import Mapping
 
 import click
 
-from .errors import SparError
-from .registry import import_target
+from spar_bench.errors import SparError
+from spar_bench.registry import import_target
 
 
 class LazyGroup(click.Group):

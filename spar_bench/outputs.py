@@ -25,7 +25,7 @@ import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from .errors import ConfigError
+from spar_bench.errors import ConfigError
 
 #: ``owned(path)`` -> relative POSIX paths of the files that output accounts for, or None.
 Owned = Callable[[Path], "set[str] | None"]

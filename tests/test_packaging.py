@@ -1,0 +1,78 @@
+"""The distribution as a user installs it: one import package, label maps inside, runs anywhere."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+MAPPED = {"builder": "spar_bench/builder", "probes": "spar_bench/probes",
+          "manifests": "spar_bench/manifests", "spar_bench": "spar_bench"}
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(out), str(REPO)],
+        capture_output=True, text=True, timeout=600, cwd=out,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    (whl,) = out.glob("spar_bench-*.whl")
+    return whl
+
+
+def _expected_modules() -> set[str]:
+    """Every module of the source folders, at the path the namespace maps it to."""
+    found = set()
+    for folder, target in MAPPED.items():
+        for p in (REPO / folder).rglob("*.py"):
+            found.add(f"{target}/{p.relative_to(REPO / folder).as_posix()}")
+    return found
+
+
+def test_wheel_holds_one_import_package_and_every_label_map(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
+    assert tops == {"spar_bench"}, tops
+    labels = {f"spar_bench/manifests/labels/{p.name}" for p in (REPO / "manifests/labels").glob("*.json")}
+    assert labels and labels <= names
+    missing = _expected_modules() - names
+    assert not missing, f"modules not packaged (list their package in setup.cfg): {sorted(missing)}"
+
+
+@pytest.mark.slow
+def test_wheel_install_builds_and_fits_outside_the_repo(wheel: Path, tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True,
+                   timeout=300)
+    py, bindir = venv / "bin" / "python", venv / "bin"
+    r = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", str(wheel)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PATH"] = f"{bindir}{os.pathsep}{env['PATH']}"
+
+    def run(*cmd: str) -> str:
+        p = subprocess.run(list(cmd), capture_output=True, text=True, timeout=600, cwd=work, env=env)
+        assert p.returncode == 0, f"{cmd}: {p.stderr[-2000:]}"
+        return p.stdout
+
+    where = run(str(py), "-c", "import spar_bench.builder.ontology as o; print(o.__file__)")
+    assert str(venv) in where, where  # the installed copy, not the checkout
+    assert "word" in run("spar-build", "sources")
+    run("spar-build", "phantom", "--out", "ph", "--n", "4")
+    run("spar-build", "--source", "phantom", "--root", "ph", "--out", "b", "--levels", "level3",
+        "--samples-per-case", "1", "--no-hf")
+    run("spar-probe", "cache", "--encoder", "dummy", "--data", "b", "--out", "c.h5")
+    run("spar-probe", "fit", "--features", "c.h5", "--head", "mlp", "--probe", "level3.size",
+        "--seeds", "0", "--max-epochs", "2", "--out", "runs")
+    assert list((work / "runs").rglob("metrics.json"))
