@@ -143,11 +143,12 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
 
     import torch
-    from spar_bench.probes.cache import pick_compute, pick_device, write_cache
+    from spar_bench.probes.cache import write_cache
     from spar_bench.probes.encoders import load_encoder
+    from spar_bench.probes.hardware import pick_compute, pick_device
 
     device = pick_device(a.device)
-    compute = pick_compute(a.compute, device)
+    compute = pick_compute(a.compute, device).dtype
     results = []
     with tempfile.TemporaryDirectory(prefix="spar-bench-cache-") as tmp:
         tmp = Path(tmp)

@@ -11,8 +11,8 @@ existing partial cache are refused. ``complete=True`` is written only after the 
 
 Compute: on CUDA, autocast bf16 (fp16 where bf16 is unsupported), pinned memory, workers
 reading shards, non-blocking copies. On CPU the same code; ``--compute auto`` picks bf16
-autocast there too (2.5-4x faster with AMX, see MEASUREMENTS.md). The compute and storage
-dtypes are recorded in the cache.
+autocast only where the CPU has native bf16 (:mod:`spar_bench.probes.hardware`), else fp32.
+The compute dtype, the reason for it and the storage dtype are recorded in the cache.
 """
 
 from __future__ import annotations
@@ -31,9 +31,10 @@ import numpy as np
 
 from spar_bench.errors import ConfigError, IntegrityError
 
+from .hardware import COMPUTE_DTYPES, Precision, pick_compute, pick_device
+
 CACHE_SCHEMA = "1.0"
 STORAGE_DTYPES = {"fp16": "float16", "fp32": "float32"}
-COMPUTE_DTYPES = ("auto", "fp32", "bf16", "fp16")
 
 
 def parse_layers(text: str | Sequence[int]) -> list[int]:
@@ -47,32 +48,6 @@ def parse_layers(text: str | Sequence[int]) -> list[int]:
     if not layers:
         raise ConfigError("--layers is empty; use e.g. -1 or -1,-4")
     return layers
-
-
-def pick_device(device: str):
-    import torch
-
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"--device {device}: CUDA is not available on this machine; use --device cpu")
-    if device not in ("cpu",) and not device.startswith("cuda"):
-        raise ConfigError(f"--device must be auto, cpu or cuda[:N]; got {device!r}")
-    return torch.device(device)
-
-
-def pick_compute(compute: str, device) -> str:
-    import torch
-
-    if compute not in COMPUTE_DTYPES:
-        raise ConfigError(f"--compute must be one of {', '.join(COMPUTE_DTYPES)}; got {compute!r}")
-    if compute != "auto":
-        if compute == "fp16" and device.type == "cpu":
-            raise ConfigError("--compute fp16 is CUDA-only; use bf16 or fp32 on CPU")
-        return compute
-    if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    return "bf16"
 
 
 def versions() -> dict[str, str | None]:
@@ -115,6 +90,21 @@ class _Batches:
 
 def _attr(value: Any) -> Any:
     return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list, tuple)) else value
+
+
+def _resumed_precision(out: Path, compute: str) -> Precision | None:
+    """With ``--compute auto``, an interrupted cache keeps the precision it started with."""
+    import h5py
+
+    if compute != "auto" or not out.is_file():
+        return None
+    try:
+        with h5py.File(out, "r") as f:
+            args = json.loads(f.attrs["cache_args"])
+            reason = str(f.attrs.get("compute_reason", "recorded"))
+    except (OSError, KeyError, ValueError):
+        return None
+    return Precision(args["compute_dtype"], f"resumed a cache started with {reason}")
 
 
 def owned_cache(path: Path) -> set[str] | None:
@@ -311,7 +301,8 @@ def write_cache(
         encoder, weights=weights, random_init=random_init, revision=revision)
     layers = enc.check_layers(layers)
     dev = pick_device(device)
-    comp = pick_compute(compute, dev)
+    precision = _resumed_precision(out, compute) or pick_compute(compute, dev)
+    comp = precision.dtype
     if not enc.spec.extra.get("vit_like", True) and enc.spec.family in ("timm", "open_clip"):
         enc.use_channels_last()
     enc.to(dev)
@@ -344,7 +335,7 @@ def write_cache(
                 "schema_version": CACHE_SCHEMA, "encoder": spec.name,
                 "encoder_config": dict(spec.to_dict(), preprocessing=spec.preprocessing()),
                 "weights": spec.weights, "random_init": bool(spec.random_init), "dtype": dtype,
-                "compute_dtype": comp, "versions": versions(),
+                "compute_dtype": comp, "compute_reason": precision.reason, "versions": versions(),
                 "dataset_fingerprint": build.fingerprint, "dataset_dir": str(Path(data).resolve()),
                 "layers": layers, "cache_args": json.dumps(args, sort_keys=True), "complete": False,
             }
@@ -378,7 +369,8 @@ def write_cache(
 @click.option("--dtype", type=click.Choice(sorted(STORAGE_DTYPES)), default="fp16", show_default=True,
               help="Storage dtype of tokens and pooled vectors.")
 @click.option("--compute", type=click.Choice(COMPUTE_DTYPES), default="auto", show_default=True,
-              help="Compute dtype (autocast); auto = bf16 (fp16 on GPUs without bf16).")
+              help="Compute dtype (autocast); auto = bf16 on GPUs (fp16 without bf16) and on CPUs with "
+                   "native bf16 (AMX/AVX512-BF16), else fp32; the choice and reason are recorded.")
 @click.option("--workers", default=None, type=int, help="DataLoader workers reading shards (default: 2 on CUDA, 0 on CPU).")
 @click.option("--overwrite", is_flag=True, help="Delete an existing cache at --out first.")
 def cache_command(encoder, weights, random_init, revision, data, out, levels, splits, layers,

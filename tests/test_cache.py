@@ -160,11 +160,56 @@ def test_fp16_storage_is_close_to_fp32(build: Path, tmp_path: Path) -> None:
         assert np.abs(x - y).max() <= 1e-3 * np.abs(x).max() + 1e-6
 
 
-def test_bf16_compute_is_recorded(build: Path, tmp_path: Path) -> None:
-    out = write_cache("dummy", build, tmp_path / "bf.h5", **dict(EXACT, compute="auto"))
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_compute_follows_the_cpu_and_is_recorded(build: Path, tmp_path: Path, monkeypatch,
+                                                      native: bool) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native, raising=False)
+    out = write_cache("dummy", build, tmp_path / "auto.h5", **dict(EXACT, compute="auto"))
+    want = "bf16" if native else "fp32"
+    with FeatureCache(out) as fc:
+        assert fc.meta["compute_dtype"] == want
+        assert json.loads(fc._f.attrs["cache_args"])["compute_dtype"] == want
+        reason = fc._f.attrs["compute_reason"]
+    assert ("native bf16 (AVX512-BF16)" in reason) if native else ("emulated" in reason)
+
+
+def test_auto_compute_resumes_with_the_recorded_choice(build: Path, tmp_path: Path,
+                                                       monkeypatch) -> None:
+    """An interrupted cache started in bf16 is finished in bf16, whatever this CPU reports."""
+    import torch
+
+    out = tmp_path / "r.h5"
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True, raising=False)
+
+    def stop(level, split, lo, hi):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        write_cache("dummy", build, out, on_batch=stop, **dict(EXACT, compute="auto"))
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    write_cache("dummy", build, out, **dict(EXACT, compute="auto"))
     with FeatureCache(out) as fc:
         assert fc.meta["compute_dtype"] == "bf16"
-        assert json.loads(fc._f.attrs["cache_args"])["compute_dtype"] == "bf16"
+
+
+def test_cpu_precision_selection_logic() -> None:
+    from spar_bench.probes.hardware import cpu_precision
+
+    assert cpu_precision(lambda: {"AMX": True, "AVX512-BF16": False}).dtype == "bf16"
+    p = cpu_precision(lambda: {"AMX": False, "AVX512-BF16": False})
+    assert p.dtype == "fp32" and "AMX and AVX512-BF16" in p.reason
+    # no probes in this torch: the timing decides, with a margin against noise
+    slow_bf16 = {"bf16": 0.030, "fp32": 0.001}
+    assert cpu_precision(lambda: None, slow_bf16.__getitem__).dtype == "fp32"
+    fast_bf16 = {"bf16": 0.0004, "fp32": 0.001}
+    p = cpu_precision(lambda: None, fast_bf16.__getitem__)
+    assert p.dtype == "bf16" and "bf16 0.40 ms, fp32 1.00 ms" in p.reason
+    close = {"bf16": 0.0009, "fp32": 0.001}
+    assert cpu_precision(lambda: None, close.__getitem__).dtype == "fp32"
 
 
 def test_cli(build: Path, tmp_path: Path) -> None:
