@@ -3,6 +3,7 @@
     python bench/cache.py                                   # CPU, resnet50 + ViT-B/32, own build
     python bench/cache.py --device cuda --batch 128 --n 2048
     python bench/cache.py --data shards/ --encoders timm:resnet50 --levels level1
+    python bench/cache.py --synthetic 20000 --device cuda --batch 256 --workers 8   # bare GPU box
 
 Per encoder (random init: throughput does not depend on the weights) it prints:
 * bare img/s: ``Encoder.forward`` (preprocessing included) on random uint8 batches already
@@ -13,9 +14,14 @@ Per encoder (random init: throughput does not depend on the weights) it prints:
 * storage and compute precision: max abs / relative error of pooled vectors stored in fp16
   (vs fp32), and of bf16 autocast (vs fp32 compute) on one batch.
 
-Without ``--data`` it makes a small build in a temp dir: the phantom pipeline
-(``spar-build phantom`` + ``spar-build --source phantom``) when available, else
-synthetic shards through ``spar_bench.builder.writers`` (said in the output).
+* start-up: seconds from the call to the first batch written, and its share of the run;
+* the process's peak RSS.
+
+``--synthetic N`` writes a build of N synthetic images with numpy and h5py only
+(:mod:`spar_bench.builder.synthetic`, gzip shards: no hdf5plugin, nibabel or datasets needed),
+so a bare GPU machine makes its own large build. Without ``--data`` or ``--synthetic`` it
+makes a small build with the phantom pipeline, falling back to a synthetic one (said in
+the output).
 """
 
 from __future__ import annotations
@@ -56,19 +62,22 @@ def make_build(tmp: Path, n: int) -> tuple[Path, str]:
         return out, f"phantom pipeline ({n_cases} cases, level1, 4 samples per case)"
     except (subprocess.CalledProcessError, FileNotFoundError, subprocess.TimeoutExpired) as e:
         why = (getattr(e, "stderr", "") or str(e)).strip().splitlines()[-1:] or ["?"]
-        from spar_bench.builder.writers.hdf5 import ShardSink
-        from spar_bench.builder.writers.manifest import write_manifest
+        return synthetic_build(tmp, n, "gzip", f"; phantom pipeline unavailable: {why[0]}")
 
-        rng = np.random.default_rng(0)
-        (out / "level1").mkdir(parents=True, exist_ok=True)
-        sink = ShardSink(out, "level1", "train", n, 512, {"schema_version": "1.0"})
-        for lo in range(0, n, 64):
-            m = min(64, n - lo)
-            img = rng.integers(0, 256, (m, 224, 224), dtype=np.uint8)
-            keys = np.array([f"synthetic/c{(lo + i) // 4:04d}/level1/{(lo + i) % 4:05d}" for i in range(m)], dtype=object)
-            sink.add({"key": keys, "image": img})
-        write_manifest(out, {"schema_version": "1.0", "shards": {"level1": {"train": sink.close()}}, "hf": None})
-        return out, f"synthetic shards via spar_bench.builder.writers ({n} random images; phantom pipeline unavailable: {why[0]})"
+
+def synthetic_build(tmp: Path, n: int, compression: str, note: str = "") -> tuple[Path, str]:
+    from spar_bench.builder.synthetic import write_synthetic_build
+
+    t0 = time.perf_counter()
+    out = write_synthetic_build(tmp / "synthetic", n, compression=compression)
+    return out, (f"synthetic build ({n} images, {compression} shards, written in "
+                 f"{time.perf_counter() - t0:.1f} s{note})")
+
+
+def peak_rss_mib() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def bare_throughput(enc, device, compute: str, batch: int, iters: int) -> float:
@@ -132,7 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu", help="cpu, cuda or auto")
     ap.add_argument("--data", default=None, help="a build folder (default: make a small one)")
     ap.add_argument("--levels", default=None, help="levels to cache (default: all)")
-    ap.add_argument("--n", type=int, default=256, help="images of the fallback synthetic build")
+    ap.add_argument("--n", type=int, default=256, help="images of the default small build")
+    ap.add_argument("--synthetic", type=int, default=None, metavar="N",
+                    help="make a synthetic build of N images (numpy + h5py only)")
+    ap.add_argument("--compression", default="gzip", choices=["blosc", "gzip", "lzf", "none"],
+                    help="shard compression of the --synthetic build")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--iters", type=int, default=4, help="batches timed for the bare forward")
     ap.add_argument("--repeats", type=int, default=2, help="interleaved repeats (best is kept)")
@@ -154,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tmp)
         if a.data:
             data, what = Path(a.data), f"build {a.data}"
+        elif a.synthetic:
+            data, what = synthetic_build(tmp, a.synthetic, a.compression)
         else:
             data, what = make_build(tmp, a.n)
         from spar_bench.builder.shards import Build
@@ -170,21 +185,27 @@ def main(argv: list[str] | None = None) -> int:
                 enc.use_channels_last()
             enc.to(device)
             out = tmp / f"{name.replace(':', '_')}.h5"
-            bares, e2es = [], []
+            bares, e2es, startups = [], [], []
             # interleaved repeats: throughputs are the best of each, the ratio the median of the
             # paired ratios (robust on a shared, noisy machine)
             for _ in range(a.repeats):
                 bares.append(bare_throughput(enc, device, compute, a.batch, a.iters))
+                first: list[float] = []
                 t0 = time.perf_counter()
                 write_cache(name, data, out, encoder_obj=enc, levels=levels, device=str(device),
                             batch=a.batch, dtype=a.dtype, compute=compute, workers=a.workers,
-                            progress=False, overwrite=True)
-                e2es.append(n_rows / (time.perf_counter() - t0))
+                            progress=False, overwrite=True,
+                            on_batch=lambda *_, f=first: f or f.append(time.perf_counter()))
+                total = time.perf_counter() - t0
+                e2es.append(n_rows / total)
+                startups.append(((first[0] - t0) if first else total, total))
             bare, e2e = max(bares), max(e2es)
             lv = levels[0]
             r = {"encoder": name, "tokens": enc.spec.n_tokens, "dim": enc.spec.dim,
                  "bare_img_s": bare, "cache_img_s": e2e,
-                 "bare_all": bares, "cache_all": e2es, "ratio": float(np.median([c / b for b, c in zip(bares, e2es, strict=True)])),
+                 "bare_all": bares, "cache_all": e2es,
+                 "startup_s": min(st for st, _ in startups),
+                 "startup_share": min(st / tot for st, tot in startups), "ratio": float(np.median([c / b for b, c in zip(bares, e2es, strict=True)])),
                  "bytes_per_sample": out.stat().st_size / n_rows,
                  "token_bytes_per_sample": enc.spec.n_tokens * enc.spec.dim * (2 if a.dtype == "fp16" else 4),
                  **read_throughput(out, lv, b.splits(lv)[0]),
@@ -194,11 +215,13 @@ def main(argv: list[str] | None = None) -> int:
             out.unlink()
     print()
     print(f"{'encoder':28s} {'bare img/s':>10s} {'cache img/s':>11s} {'ratio':>6s} {'KB/sample':>9s} "
-          f"{'ms/rand256':>10s} {'fp16 rel':>9s} {'bf16 rel':>9s}")
+          f"{'ms/rand256':>10s} {'fp16 rel':>9s} {'bf16 rel':>9s} {'start s':>7s} {'start %':>7s}")
     for r in results:
         print(f"{r['encoder']:28s} {r['bare_img_s']:10.1f} {r['cache_img_s']:11.1f} {r['ratio']:6.2f} "
               f"{r['bytes_per_sample'] / 1024:9.1f} {r['ms_per_random_batch']:10.1f} "
-              f"{r['fp16_storage_rel_l2']:9.2e} {r['bf16_compute_rel_l2']:9.2e}")
+              f"{r['fp16_storage_rel_l2']:9.2e} {r['bf16_compute_rel_l2']:9.2e} "
+              f"{r['startup_s']:7.2f} {100 * r['startup_share']:6.1f}%")
+    print(f"peak RSS {peak_rss_mib():.0f} MiB")
     if a.json:
         Path(a.json).write_text(json.dumps({"data": what, "device": str(device), "compute": compute,
                                             "dtype": a.dtype, "results": results}, indent=1))

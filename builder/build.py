@@ -35,6 +35,7 @@ import numpy as np
 from spar_bench.errors import CaseError, ConfigError, SparError
 
 from .schema import LEVEL3_CLASS_NAMES, LEVEL3_PROBES, LEVELS, N_ORGANS, ORGANS, SCHEMA_VERSION
+from .writers.hdf5 import COMPRESSIONS
 
 ON_ERROR = ("fail", "skip")
 PARTS = ("level1", "level2", "level3", "level3_questions")
@@ -55,6 +56,8 @@ class BuildConfig:
         workers: processes (>= 1). Never affects the output.
         images: ``auto`` | ``require`` | ``synthesize`` (pseudo-CT for masks-only sources).
         shard_size: rows (samples, or Level 3 slices) per HDF5/Parquet shard.
+        compression: HDF5 image compression, ``blosc`` (needs hdf5plugin to read) or
+            ``gzip`` | ``lzf`` | ``none`` (plain h5py reads them).
         thresholds_from: a build folder or its manifest.json to copy thresholds from.
         fit_thresholds_on: split whose questions fit the thresholds when there is no train split.
         resume / overwrite: reuse ``OUT.tmp`` / replace an existing ``OUT``.
@@ -70,6 +73,7 @@ class BuildConfig:
     workers: int = 1
     images: str = "auto"
     shard_size: int = 2000
+    compression: str = "blosc"
     thresholds_from: str | None = None
     fit_thresholds_on: str | None = None
     resume: bool = False
@@ -86,6 +90,9 @@ class BuildConfig:
             raise ConfigError(f"--on-error must be one of {ON_ERROR}, got {self.on_error!r}")
         if self.workers < 1:
             raise ConfigError(f"--workers must be >= 1, got {self.workers}")
+        if self.compression not in COMPRESSIONS:
+            raise ConfigError(f"--compression must be one of {', '.join(COMPRESSIONS)}, "
+                              f"got {self.compression!r}")
         if self.shard_size < 1:
             raise ConfigError(f"--shard-size must be >= 1, got {self.shard_size}")
         if self.resume and self.overwrite:
@@ -408,7 +415,8 @@ def _write_shards(config, records, cases_dir: Path, out_dir: Path, levels, thres
             attrs = {"schema_version": SCHEMA_VERSION, "builder_version": __version__}
             if level == "level2":
                 attrs["arrangement"] = sample_cfg.arrangement
-            sink = ShardSink(out_dir, level, split, n_rows, config.shard_size, attrs)
+            sink = ShardSink(out_dir, level, split, n_rows, config.shard_size, attrs,
+                             compression=config.compression)
             classes: dict[str, Any] = {}
             n_q = 0
             for r in tqdm(recs, desc=f"{level}/{split}", unit="case", leave=False):
@@ -575,6 +583,7 @@ def build_from_cli(**options: Any) -> Path:
         workers=int(options.get("workers") or 1),
         images=options.get("images") or "auto",
         shard_size=int(options.get("shard_size") or 2000),
+        compression=options.get("compression") or "blosc",
         thresholds_from=options.get("thresholds_from"),
         fit_thresholds_on=options.get("fit_thresholds_on"),
         resume=bool(options.get("resume")),

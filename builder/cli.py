@@ -39,6 +39,8 @@ COMMANDS = {
 @click.option("--arrangement", type=click.Choice(["rows-by-y", "rank-x", "rank-y"]),
               help="Level 2 target arrangement.")
 @click.option("--shard-size", type=int, default=2000, show_default=True, help="Rows per shard.")
+@click.option("--compression", type=click.Choice(["blosc", "gzip", "lzf", "none"]), default="blosc",
+              show_default=True, help="HDF5 image compression; gzip, lzf and none read without hdf5plugin.")
 @click.option("--thresholds-from", metavar="PATH",
               help="Take size/distance thresholds from another build (folder or manifest.json).")
 @click.option("--fit-thresholds-on", metavar="SPLIT",

@@ -28,14 +28,43 @@ from .writers.manifest import fingerprint, read_manifest, shard_entries
 QUESTION_PREFIX = "q_"
 
 
-def _open_h5(path: Path):
+BLOSC_FILTER_ID = 32001
+
+
+def _uses_blosc(f) -> bool:
+    dset = f.get("image")
+    if dset is None or not hasattr(dset, "id"):
+        return False
+    plist = dset.id.get_create_plist()
+    return any(plist.get_filter(i)[0] == BLOSC_FILTER_ID for i in range(plist.get_nfilters()))
+
+
+def open_shard(path: str | Path):
+    """Open one HDF5 shard for reading: the one place that knows about compression filters.
+
+    hdf5plugin is loaded when installed (blosc shards need it); gzip, lzf and uncompressed
+    shards (``spar-build --compression``) read with plain h5py.
+    """
     import h5py
-    import hdf5plugin  # noqa: F401  (registers the blosc filter for reading)
 
     try:
-        return h5py.File(path, "r")
+        import hdf5plugin  # noqa: F401  (registers the blosc filter for reading)
+
+        have_plugin = True
+    except ImportError:
+        have_plugin = False
+    path = Path(path)
+    try:
+        f = h5py.File(path, "r")
     except OSError as e:
         raise IntegrityError(f"{path}: cannot open shard ({e}); run `spar-build verify`") from None
+    if not have_plugin and _uses_blosc(f):
+        f.close()
+        raise ConfigError(
+            f"{path}: shard images are blosc-compressed and hdf5plugin is not installed; "
+            "`pip install hdf5plugin`, or rebuild with --compression gzip|lzf|none"
+        )
+    return f
 
 
 def _decode(arr: np.ndarray) -> np.ndarray:
@@ -136,7 +165,7 @@ class Build:
     def _file(self, path: Path):
         f = self._files.get(path)
         if f is None:
-            f = self._files[path] = _open_h5(path)
+            f = self._files[path] = open_shard(path)
         return f
 
     def close(self) -> None:

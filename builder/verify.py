@@ -11,16 +11,15 @@ from pathlib import Path
 
 import click
 
-from spar_bench.errors import IntegrityError
+from spar_bench.errors import IntegrityError, SparError
 
 from .writers.manifest import fingerprint, read_manifest, sha256_file, shard_entries
 
 
 def _h5_counts(path: Path) -> tuple[int, int]:
-    import h5py
-    import hdf5plugin  # noqa: F401
+    from .shards import open_shard
 
-    with h5py.File(path, "r") as f:
+    with open_shard(path) as f:
         return len(f["key"]), (len(f["q_key"]) if "q_key" in f else 0)
 
 
@@ -49,7 +48,7 @@ def verify_build(out: str | Path) -> list[str]:
                     continue
                 try:
                     n, nq = _h5_counts(p)
-                except (OSError, KeyError) as err:
+                except (OSError, KeyError, SparError) as err:
                     problems.append(f"{e['path']}: unreadable HDF5 ({err})")
                     continue
                 if n != e["rows"] or nq != e.get("questions", 0):

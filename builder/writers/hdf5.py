@@ -1,7 +1,9 @@
 """Sharded HDF5 writer: ``OUT/<level>/<split>-NNNNN-of-MMMMM.h5`` (docs/FORMATS.md).
 
 * Images (``image``, ``label``, ``lesion``) are uint8, chunked ONE SAMPLE PER CHUNK
-  and compressed with blosc-zstd (hdf5plugin): fast random reads.
+  and compressed with blosc-zstd (hdf5plugin) by default: fast random reads.
+  ``compression="gzip"|"lzf"|"none"`` writes shards that plain h5py reads, without
+  hdf5plugin (a bare GPU machine); the bytes differ, the arrays do not.
 * Everything else is small and stored contiguous, uncompressed.
 * Strings are fixed-length UTF-8.
 * Bytes are reproducible: no object timestamps (``track_times=False``), fixed
@@ -26,6 +28,23 @@ from .manifest import sha256_file
 #: Per-sample 2-D arrays that are chunked one sample per chunk and compressed.
 IMAGE_FIELDS = ("image", "label", "lesion")
 LIBVER = ("earliest", "v110")
+#: Image compressions: blosc needs hdf5plugin to write and read; the others are built into h5py.
+COMPRESSIONS = ("blosc", "gzip", "lzf", "none")
+
+
+def _image_filter(compression: str) -> dict[str, Any]:
+    """h5py ``create_dataset`` keywords of one image compression."""
+    if compression == "blosc":
+        import hdf5plugin
+
+        return dict(hdf5plugin.Blosc(cname="zstd", clevel=5, shuffle=hdf5plugin.Blosc.NOSHUFFLE))
+    if compression == "gzip":
+        return {"compression": "gzip", "compression_opts": 4}
+    if compression == "lzf":
+        return {"compression": "lzf"}
+    if compression == "none":
+        return {}
+    raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
 
 
 def shard_name(split: str, index: int, n_shards: int) -> str:
@@ -53,10 +72,12 @@ def _encode(name: str, arr: np.ndarray) -> np.ndarray:
     return arr
 
 
-def write_shard(path: str | Path, fields: Mapping[str, np.ndarray], attrs: Mapping[str, Any]) -> str:
+def write_shard(
+    path: str | Path, fields: Mapping[str, np.ndarray], attrs: Mapping[str, Any],
+    compression: str = "blosc",
+) -> str:
     """Write one shard reproducibly; return its sha256."""
     import h5py
-    import hdf5plugin
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -65,11 +86,8 @@ def write_shard(path: str | Path, fields: Mapping[str, np.ndarray], attrs: Mappi
             arr = _encode(name, fields[name])
             kw: dict[str, Any] = {"track_times": False}
             if name in IMAGE_FIELDS and arr.ndim == 3:
-                kw.update(
-                    chunks=(1, *arr.shape[1:]),
-                    maxshape=(None, *arr.shape[1:]),
-                    **hdf5plugin.Blosc(cname="zstd", clevel=5, shuffle=hdf5plugin.Blosc.NOSHUFFLE),
-                )
+                kw.update(chunks=(1, *arr.shape[1:]), maxshape=(None, *arr.shape[1:]),
+                          **_image_filter(compression))
             f.create_dataset(name, data=arr, **kw)
         for key in sorted(attrs):
             f.attrs[key] = attrs[key]
@@ -103,8 +121,10 @@ class ShardSink:
         n_rows: int,
         shard_size: int,
         attrs: Mapping[str, Any],
+        compression: str = "blosc",
     ):
         self.out_dir, self.level, self.split = Path(out_dir), level, split
+        self.compression = compression
         self.n_rows, self.shard_size = n_rows, shard_size
         self.n_shards = n_shards_for(n_rows, shard_size)
         self.attrs = dict(attrs)
@@ -157,7 +177,7 @@ class ShardSink:
         attrs = dict(self.attrs, level=self.level, split=self.split, shard=index,
                      n_shards=self.n_shards, n_rows=_rows(head), n_questions=n_q)
         name = shard_name(self.split, index, self.n_shards)
-        sha = write_shard(self.out_dir / self.level / name, fields, attrs)
+        sha = write_shard(self.out_dir / self.level / name, fields, attrs, self.compression)
         self._written += _rows(head)
         self.entries.append({"path": f"{self.level}/{name}", "sha256": sha,
                              "rows": _rows(head), "questions": n_q})

@@ -99,10 +99,9 @@ def _column(name: str, arr: np.ndarray) -> list:
 
 
 def _read_h5(path: Path) -> dict[str, np.ndarray]:
-    import h5py
-    import hdf5plugin  # noqa: F401
+    from ..shards import open_shard
 
-    with h5py.File(path, "r") as f:
+    with open_shard(path) as f:
         return {k: f[k][()] for k in sorted(f.keys())}
 
 
