@@ -574,21 +574,25 @@ def build_from_cli(**options: Any) -> Path:
     for opt in ("samples_per_case", "arrangement", "counterfactual"):
         if options.get(opt) is not None:
             sample[opt] = options[opt]
+    def given(name: str, default: Any) -> Any:  # 0 and "" are values, not "absent"
+        value = options.get(name)
+        return default if value is None else value
+
     config = BuildConfig(
         sources=sources,
         roots=resolve_roots(sources, tuple(options.get("root") or ())),
         out=str(options["out"]),
         sample=sample,
-        seed=int(options.get("seed") or 0),
-        workers=int(options.get("workers") or 1),
-        images=options.get("images") or "auto",
-        shard_size=int(options.get("shard_size") or 2000),
-        compression=options.get("compression") or "blosc",
+        seed=int(given("seed", 0)),
+        workers=int(given("workers", 1)),
+        images=given("images", "auto"),
+        shard_size=int(given("shard_size", 2000)),
+        compression=given("compression", "blosc"),
         thresholds_from=options.get("thresholds_from"),
         fit_thresholds_on=options.get("fit_thresholds_on"),
         resume=bool(options.get("resume")),
         overwrite=bool(options.get("overwrite")),
-        on_error=options.get("on_error") or "fail",
+        on_error=given("on_error", "fail"),
         hf=not options.get("no_hf"),
     )
     path = build(config)

@@ -1,8 +1,9 @@
 """``spar-build verify OUT``: check a build against its manifest.
 
 Re-hashes every HDF5 shard, every Parquet file and the dataset card, re-counts rows
-(and Level 3 questions) per level and split from the files themselves, and recomputes
-the fingerprint. Prints ``OK`` or every difference, and exits non-zero on any.
+(and Level 3 questions) per level and split from the files themselves, recomputes
+the fingerprint, and flags every file in the build that the manifest does not list.
+Prints ``OK`` or every difference, and exits non-zero on any.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import click
 
 from spar_bench.errors import IntegrityError, SparError
 
-from .writers.manifest import fingerprint, read_manifest, sha256_file, shard_entries
+from .writers.manifest import fingerprint, listed_files, read_manifest, sha256_file, shard_entries
 
 
 def _h5_counts(path: Path) -> tuple[int, int]:
@@ -21,6 +22,13 @@ def _h5_counts(path: Path) -> tuple[int, int]:
 
     with open_shard(path) as f:
         return len(f["key"]), (len(f["q_key"]) if "q_key" in f else 0)
+
+
+def _unlisted(out: Path, manifest: dict) -> list[str]:
+    """Files under ``out`` that the manifest does not list (a stray Parquet or HDF5 file)."""
+    from spar_bench.outputs import files_under
+
+    return sorted(files_under(out) - listed_files(manifest))
 
 
 def verify_build(out: str | Path) -> list[str]:
@@ -77,6 +85,8 @@ def verify_build(out: str | Path) -> list[str]:
                     problems.append(f"{e['path']}: {n} rows, manifest says {e['rows']}")
         if hf.get("card"):
             check_file(hf["card"])
+    problems += [f"{path}: not listed in manifest.json (a stray file: readers that glob the "
+                 "folder would load it; remove it)" for path in _unlisted(out, m)]
     fp = fingerprint(shard_entries(m))
     if fp != m["fingerprint"]:
         problems.append(f"manifest.json: fingerprint {m['fingerprint'][:16]}... does not match its "

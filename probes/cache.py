@@ -293,6 +293,8 @@ def write_cache(
         raise ConfigError(f"--dtype must be fp16 or fp32; got {dtype!r}")
     if batch < 1:
         raise ConfigError(f"--batch must be >= 1; got {batch}")
+    if workers is not None and workers < 0:
+        raise ConfigError(f"--workers must be >= 0 (0 reads shards in the main process); got {workers}")
     layers = parse_layers(layers)
     build = Build(data)
     plan = _plan(build, data, levels, splits)
