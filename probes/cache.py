@@ -31,6 +31,7 @@ import numpy as np
 
 from spar_bench.errors import ConfigError, IntegrityError
 
+from .distributed import Ranks, all_parts, barrier, merge_parts, part_path
 from .hardware import COMPUTE_DTYPES, Precision, pick_compute, pick_device
 
 CACHE_SCHEMA = "1.0"
@@ -92,6 +93,19 @@ def _attr(value: Any) -> Any:
     return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list, tuple)) else value
 
 
+DIST_TIMEOUT_S = 3600.0
+
+
+def _is_complete(out: Path, args: dict[str, Any]) -> bool:
+    """Whether ``out`` is already a complete cache of ``args``."""
+    import h5py
+
+    if not out.is_file():
+        return False
+    with h5py.File(out, "r") as f:
+        return bool(f.attrs.get("complete")) and json.loads(f.attrs.get("cache_args", "null")) == args
+
+
 def _resumed_precision(out: Path, compute: str) -> Precision | None:
     """With ``--compute auto``, an interrupted cache keeps the precision it started with."""
     import h5py
@@ -118,7 +132,7 @@ def owned_cache(path: Path) -> set[str] | None:
         return None
 
 
-def _check_args(f, path: Path, args: dict[str, Any], overwrite: bool) -> bool:
+def _check_args(f, path: Path, args: dict[str, Any]) -> bool:
     """True when ``f`` already holds a cache of ``args`` (resume); refuses a different one."""
     old = f.attrs.get("cache_args")
     if old is None:
@@ -152,11 +166,17 @@ def _plan(build, data, levels: Sequence[str] | None, splits: Sequence[str] | Non
     return plan
 
 
-def _pending_items(f, build, plan: list[tuple[str, str]], batch: int) -> list[Item]:
-    """Create each split's ``key``/``done`` datasets once; the batches still to encode."""
+def _pending_items(f, build, plan: list[tuple[str, str]], batch: int,
+                   ranks: Ranks = Ranks()) -> list[Item]:
+    """Create each split's ``key``/``done`` datasets once; this rank's batches still to encode.
+
+    Batches are numbered over the whole plan, so which rank owns a batch never depends on
+    what is already done.
+    """
     import h5py
 
     items: list[Item] = []
+    index = 0
     for lv, sp in plan:
         n = build.count(lv, sp)
         g = f.require_group(f"{lv}/{sp}")
@@ -164,10 +184,29 @@ def _pending_items(f, build, plan: list[tuple[str, str]], batch: int) -> list[It
             keys = build.read(lv, sp, ["key"])["key"]
             g.create_dataset("key", data=np.asarray(keys, dtype=object), dtype=h5py.string_dtype())
             g.create_dataset("done", shape=(n,), dtype=bool, fillvalue=False)
-        todo = np.flatnonzero(~g["done"][()])
-        if todo.size:
-            items += [(lv, sp, lo, min(lo + batch, n)) for lo in range(int(todo[0]), n, batch)]
+        done = g["done"][()]
+        for lo in range(0, n, batch):
+            hi = min(lo + batch, n)
+            if ranks.owns(index) and not done[lo:hi].all():
+                items.append((lv, sp, lo, hi))
+            index += 1
     return items
+
+
+def _finish(f, path: Path, plan: list[tuple[str, str]], batch: int, ranks: Ranks) -> None:
+    """Check every row this process owns is written, then mark the file complete."""
+    owned = 0
+    for lv, sp in plan:
+        done = f[f"{lv}/{sp}/done"][()]
+        for lo in range(0, len(done), batch):
+            if ranks.owns(owned) and not done[lo:lo + batch].all():
+                raise IntegrityError(f"{path}: {lv}/{sp} has unwritten rows after the run; rerun to resume")
+            owned += 1
+    if ranks.distributed:
+        f.attrs["part_rank"], f.attrs["part_world"], f.attrs["part_complete"] = ranks.rank, ranks.world, True
+    else:
+        f.attrs["complete"] = True
+    f.flush()
 
 
 def _store_batch(f, item: Item, res: dict, *, dtype: str, where: str) -> None:
@@ -278,7 +317,7 @@ def write_cache(
     (its spec is what gets recorded). ``on_batch(level, split, lo, hi)`` is called after each
     batch is flushed. Returns ``out``.
     """
-    import h5py
+    import torch
     from spar_bench.builder.shards import Build
 
     from spar_bench.outputs import check_target, claim, remove
@@ -302,7 +341,10 @@ def write_cache(
     enc = encoder_obj if encoder_obj is not None else load_encoder(
         encoder, weights=weights, random_init=random_init, revision=revision)
     layers = enc.check_layers(layers)
+    ranks = Ranks.from_env()
     dev = pick_device(device)
+    if dev.type == "cuda" and ranks.distributed and dev.index is None:
+        dev = torch.device("cuda", ranks.local_rank)
     precision = _resumed_precision(out, compute) or pick_compute(compute, dev)
     comp = precision.dtype
     if not enc.spec.extra.get("vit_like", True) and enc.spec.family in ("timm", "open_clip"):
@@ -320,40 +362,52 @@ def write_cache(
     if overwrite and claim(out, overwrite=True, owned=owned_cache, what="feature cache"):
         remove(out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "schema_version": CACHE_SCHEMA, "encoder": spec.name,
+        "encoder_config": dict(spec.to_dict(), preprocessing=spec.preprocessing()),
+        "weights": spec.weights, "random_init": bool(spec.random_init), "dtype": dtype,
+        "compute_dtype": comp, "compute_reason": precision.reason, "versions": versions(),
+        "dataset_fingerprint": build.fingerprint, "dataset_dir": str(Path(data).resolve()),
+        "layers": layers, "cache_args": json.dumps(args, sort_keys=True), "complete": False,
+    }
+    if ranks.distributed and _is_complete(out, args):
+        return out  # every rank sees the same finished file
+    target = part_path(out, ranks) if ranks.distributed else out
+    fill = dict(layers=layers, dev=dev, comp=comp, dtype=dtype, workers=workers,
+                where=f"{target}: {spec.name}", desc=spec.name, progress=progress, on_batch=on_batch)
+    _fill(target, build, plan, enc, args, meta, batch, ranks, fill)
+    if ranks.distributed:
+        barrier(ranks, DIST_TIMEOUT_S)
+        if ranks.rank == 0:
+            merge_parts(out, all_parts(out, ranks.world))
+        barrier(ranks, DIST_TIMEOUT_S)
+    return out
+
+
+def _fill(target: Path, build, plan, enc, args: dict, meta: dict, batch: int, ranks: Ranks,
+          fill: dict[str, Any]) -> None:
+    """Open (or resume) ``target``, encode this process's pending batches, mark it finished."""
+    import h5py
+
     try:
-        f = h5py.File(out, "a")
+        f = h5py.File(target, "a")
     except OSError as e:
         raise ConfigError(
-            f"{out}: cannot open ({e}); if a run was killed while writing, delete it and rerun"
+            f"{target}: cannot open ({e}); if a run was killed while writing, delete it and rerun"
         ) from None
     with f:
-        resumed = _check_args(f, out, args, overwrite)
-        if resumed and f.attrs.get("complete"):
-            if progress:
-                click.echo(f"{out}: already complete", err=True)
-            return out
+        resumed = _check_args(f, target, args)
+        if resumed and (f.attrs.get("complete") or f.attrs.get("part_complete")):
+            if fill["progress"]:
+                click.echo(f"{target}: already complete", err=True)
+            return
         if not resumed:
-            meta = {
-                "schema_version": CACHE_SCHEMA, "encoder": spec.name,
-                "encoder_config": dict(spec.to_dict(), preprocessing=spec.preprocessing()),
-                "weights": spec.weights, "random_init": bool(spec.random_init), "dtype": dtype,
-                "compute_dtype": comp, "compute_reason": precision.reason, "versions": versions(),
-                "dataset_fingerprint": build.fingerprint, "dataset_dir": str(Path(data).resolve()),
-                "layers": layers, "cache_args": json.dumps(args, sort_keys=True), "complete": False,
-            }
             for k, v in meta.items():
                 f.attrs[k] = _attr(v)
-        items = _pending_items(f, build, plan, batch)
+        items = _pending_items(f, build, plan, batch, ranks)
         if items:
-            _encode_items(f, build, items, enc, layers, dev=dev, comp=comp, dtype=dtype,
-                          workers=workers, where=f"{out}: {spec.name}", desc=spec.name, progress=progress,
-                          on_batch=on_batch)
-        for lv, sp in plan:
-            if not f[f"{lv}/{sp}/done"][()].all():
-                raise IntegrityError(f"{out}: {lv}/{sp} has unwritten rows after the run; rerun to resume")
-        f.attrs["complete"] = True
-        f.flush()
-    return out
+            _encode_items(f, build, items, enc, **fill)
+        _finish(f, target, plan, batch, ranks)
 
 
 @click.command("cache")

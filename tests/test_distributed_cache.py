@@ -1,0 +1,115 @@
+"""A cache written by several ranks equals the one-process cache; a killed rank resumes."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from spar_bench.builder.synthetic import write_synthetic_build
+from spar_bench.errors import IntegrityError
+from spar_bench.probes import cache as cache_mod
+from spar_bench.probes.cache import write_cache
+from spar_bench.probes.distributed import Ranks, all_parts
+from spar_bench.probes.features import FeatureCache
+
+ARGS = dict(dtype="fp32", compute="fp32", batch=3, progress=False, device="cpu", workers=0)
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory) -> Path:
+    return write_synthetic_build(tmp_path_factory.mktemp("dist") / "b", 26, shard_size=5)
+
+
+@pytest.fixture(scope="module")
+def single(build: Path, tmp_path_factory) -> Path:
+    return write_cache("dummy", build, tmp_path_factory.mktemp("one") / "one.h5", **ARGS)
+
+
+def content(path: Path) -> dict:
+    """Every dataset and attribute of an HDF5 file, for equality checks."""
+    found: dict = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda name, obj: found.__setitem__(name, obj[()]) if isinstance(obj, h5py.Dataset) else None)
+        found["attrs"] = {k: (v if k != "versions" else None) for k, v in f.attrs.items()}
+    return found
+
+
+def assert_same(a: Path, b: Path) -> None:
+    ca, cb = content(a), content(b)
+    assert ca.keys() == cb.keys()
+    assert ca.pop("attrs") == cb.pop("attrs")
+    for k in ca:
+        np.testing.assert_array_equal(ca[k], cb[k], err_msg=k)
+
+
+def as_rank(monkeypatch, rank: int, world: int) -> None:
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("LOCAL_RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    monkeypatch.setattr(cache_mod, "barrier", lambda ranks, timeout: None)  # ranks run in turn here
+
+
+def test_batches_are_split_without_overlap() -> None:
+    owners = [[r for r in range(3) if Ranks(r, 3, r).owns(b)] for b in range(10)]
+    assert all(len(o) == 1 for o in owners)
+
+
+def test_two_ranks_merge_to_the_single_process_cache(build, single, tmp_path, monkeypatch) -> None:
+    out = tmp_path / "two.h5"
+    as_rank(monkeypatch, 1, 2)
+    write_cache("dummy", build, out, **ARGS)
+    assert not out.exists() and all_parts(out, 2)[1].is_file()
+    as_rank(monkeypatch, 0, 2)
+    write_cache("dummy", build, out, **ARGS)
+    assert not any(p.exists() for p in all_parts(out, 2))
+    assert_same(out, single)
+    FeatureCache(out).close()
+
+
+def test_a_killed_rank_resumes_and_an_unfinished_part_blocks_the_merge(
+    build, single, tmp_path, monkeypatch
+) -> None:
+    out = tmp_path / "killed.h5"
+    as_rank(monkeypatch, 1, 2)
+
+    def die(*_):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        write_cache("dummy", build, out, on_batch=die, **ARGS)
+    as_rank(monkeypatch, 0, 2)
+    with pytest.raises(IntegrityError, match="part of rank 1 is unfinished"):
+        write_cache("dummy", build, out, **ARGS)
+    assert not out.exists()  # nothing that looks like a cache
+    as_rank(monkeypatch, 1, 2)
+    write_cache("dummy", build, out, **ARGS)  # resumes its own part
+    as_rank(monkeypatch, 0, 2)
+    write_cache("dummy", build, out, **ARGS)
+    assert_same(out, single)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_torchrun_two_cpu_processes(build, single, tmp_path) -> None:
+    out = tmp_path / "torchrun.h5"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+           "-m", "spar_bench.probes.cli", "cache", "--encoder", "dummy", "--data", str(build),
+           "--out", str(out), "--dtype", "fp32", "--compute", "fp32", "--batch", "3",
+           "--device", "cpu", "--workers", "0"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert_same(out, single)
