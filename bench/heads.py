@@ -71,7 +71,8 @@ def prepare(
 def train_from_cache(cache_path: Path, epochs: int, seed: int = 0) -> float:
     import torch
     from spar_bench.builder.shards import Build
-    from spar_bench.probes.heads import Task, build_head
+    from spar_bench.probes.heads import build_head
+    from spar_bench.probes.tasks import get_probe
     from spar_bench.probes.targets import load_targets
 
     t0 = time.perf_counter()
@@ -79,7 +80,7 @@ def train_from_cache(cache_path: Path, epochs: int, seed: int = 0) -> float:
 
     cache = FeatureCache(cache_path)
     build = Build(cache.meta["dataset_dir"])
-    task = Task("level1.localisation")
+    task = get_probe("level1.localisation")
     feats = np.asarray(cache.pooled("level1", "train"), np.float32)
     t = load_targets(build, task, "train", cache.keys("level1", "train"))
     torch.manual_seed(seed)
@@ -96,13 +97,14 @@ def train_reencoding(
     from spar_bench.builder.shards import Build
     from spar_bench.probes.encoders import load_encoder
     from spar_bench.probes.features import FeatureCache
-    from spar_bench.probes.heads import Task, build_head
+    from spar_bench.probes.heads import build_head
+    from spar_bench.probes.tasks import get_probe
     from spar_bench.probes.targets import load_targets
 
     t0 = time.perf_counter()
     cache = FeatureCache(cache_path)
     build = Build(cache.meta["dataset_dir"])
-    task = Task("level1.localisation")
+    task = get_probe("level1.localisation")
     t = load_targets(build, task, "train", cache.keys("level1", "train"))
     enc = load_encoder(encoder_name, random_init=True)
     dim = int(np.asarray(cache.pooled("level1", "train")[:1]).shape[1])
@@ -147,12 +149,13 @@ def time_level3_transformer(cache_path: Path, epochs: int) -> tuple[float, float
     from spar_bench.builder.shards import Build
     from spar_bench.probes.features import FeatureCache
     from spar_bench.probes.fit import load_features
-    from spar_bench.probes.heads import Task, build_head
+    from spar_bench.probes.heads import build_head
+    from spar_bench.probes.tasks import get_probe
     from spar_bench.probes.targets import load_targets
     from spar_bench.probes.train import epoch_order, group_batch, loss_fn
 
     cache = FeatureCache(cache_path)
-    task = Task("level3.relative_position")
+    task = get_probe("level3.relative_position")
     t = load_targets(Build(cache.meta["dataset_dir"]), task, "train", cache.keys("level3", "train"))
     raw = load_features(cache, "tokens", "level3", "train", -1)
     torch.manual_seed(0)

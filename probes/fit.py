@@ -6,7 +6,7 @@ One run = one (cache, probe, head, seed). Its directory
 * ``config.json``  - the options, train config, head config, seeds, package versions,
   cache path + fingerprint, build path, layer, ``random_init``;
 * ``metrics.json`` - test metrics on ORIGINAL samples with 95 % patient-bootstrap CIs,
-  controls (chance, majority, blind baseline, atlas for Level 1), metrics on the mirrored
+  controls (chance, majority, the prior, blind baseline), metrics on the mirrored
   counterfactual test samples (when the build has them), training curve summary;
 * ``head.pt``      - the trained head (``state_dict`` + what is needed to rebuild it).
 
@@ -25,12 +25,12 @@ from typing import Any
 
 import click
 import numpy as np
-from spar_bench.builder.schema import PROBES
 
 from spar_bench.errors import ConfigError
 
+from .tasks import get_probe, probe_names
+
 METRICS_FILE = "metrics.json"
-HEADLINE = {"level1": "med_px", "level2": "perm_acc", "level3": "accuracy"}
 
 
 # --------------------------------------------------------------------------- inputs
@@ -103,32 +103,9 @@ def _versions() -> dict[str, str]:
 
 
 # --------------------------------------------------------------------------- scoring
-def score(
-    t,
-    pred: np.ndarray,
-    rng: np.random.Generator | None,
-    n_boot: int,
-    majority: int | None = None,
-    y_train=None,
-) -> dict:
-    """Metrics of ``pred`` on targets ``t``; CIs (bootstrap over patients) when ``rng``."""
-    from . import metrics as M
-
-    groups = t.patient if rng is not None else None
-    level = t.task.level
-    if len(t) == 0:
-        return {"n": 0}
-    if level == "level1":
-        return M.level1_metrics(
-            pred, t.y["centroid"], t.y["present"], t.y["mm_per_pixel"], groups, rng, n_boot
-        )
-    if level == "level2":
-        return M.level2_metrics(pred, t.y["target_slot"], t.y["present_pos"], groups, rng, n_boot)
-    out = M.level3_metrics(t.y["answer"], pred, t.task.n_classes, y_train, groups, rng, n_boot)
-    if majority is not None and y_train is None:
-        out["majority_class"] = majority
-        out["majority"] = float(np.mean(t.y["answer"] == majority))
-    return out
+def score(t, pred: np.ndarray, rng: np.random.Generator | None, n_boot: int) -> dict:
+    """Every metric the probe declares, of ``pred`` on ``t``; CIs (over patients) when ``rng``."""
+    return t.spec.score(t, pred, rng, n_boot)
 
 
 class ProbeUnavailable(ConfigError):
@@ -147,7 +124,7 @@ def run_dir(out: str | Path, cache, probe: str, head: str, seed: int) -> Path:
     return Path(out) / encoder_slug(cache) / probe / head / f"seed{seed}"
 
 
-def _split_targets(build, cache, task, features, seed: int, cfg, train_mirrors: bool):
+def _split_targets(build, cache, spec, features, seed: int, cfg, train_mirrors: bool):
     """Train / validation / test targets aligned to the cache, and where validation came from.
 
     Returns ``(tr, va, te, te_mirror, val_source, val_split)``. Without a val split, a
@@ -158,12 +135,12 @@ def _split_targets(build, cache, task, features, seed: int, cfg, train_mirrors: 
 
     from .targets import holdout_patients, load_targets
 
-    level, probe = task.level, task.probe
+    level, probe = spec.level, spec.name
     splits = cache.splits(level)
-    tr_all = load_targets(build, task, "train", cache.keys(level, "train"))
+    tr_all = load_targets(build, spec, "train", cache.keys(level, "train"))
     tr = tr_all if train_mirrors else tr_all.subset(~tr_all.is_mirror)
     if "val" in splits:
-        va = load_targets(build, task, "val", cache.keys(level, "val"))
+        va = load_targets(build, spec, "val", cache.keys(level, "val"))
         va = va.subset(~va.is_mirror)
         val_source, val_split = "val split", "val"
     else:
@@ -173,7 +150,7 @@ def _split_targets(build, cache, task, features, seed: int, cfg, train_mirrors: 
         va, tr = tr.subset(hold), tr.subset(~hold)
         val_source = f"held-out {cfg.val_fraction:.0%} of train patients (no val split)"
         val_split = "train"
-    te_all = load_targets(build, task, "test", cache.keys(level, "test"))
+    te_all = load_targets(build, spec, "test", cache.keys(level, "test"))
     te, te_mirror = te_all.subset(~te_all.is_mirror), te_all.subset(te_all.is_mirror)
     if len(tr) == 0 or len(te) == 0:
         raise ProbeUnavailable(
@@ -182,23 +159,23 @@ def _split_targets(build, cache, task, features, seed: int, cfg, train_mirrors: 
     return tr, va, te, te_mirror, val_source, val_split
 
 
-def _new_head(cache, head: str, task, kind: str, layer: int, seed: int, head_cfg: dict):
+def _new_head(cache, head: str, spec, kind: str, layer: int, seed: int, head_cfg: dict):
     """A seeded head sized from the cache; token heads get their fixed PCA projection."""
     from spar_bench.seeding import derive_seed
 
     from .heads import build_head
     from .train import seeded
 
-    level = task.level
+    level = spec.level
     first = (
         np.asarray(cache.pooled(level, "train", layer=layer)[:1])
         if kind == "pooled"
         else np.asarray(cache.tokens(level, "train", layer=layer, rows=np.arange(1)))
     )
     in_dim, n_tokens = int(first.shape[-1]), (int(first.shape[1]) if kind == "tokens" else 1)
-    model = seeded(lambda: build_head(head, task, in_dim, n_tokens, **head_cfg), seed)
+    model = seeded(lambda: build_head(head, spec, in_dim, n_tokens, **head_cfg), seed)
     if kind == "tokens":
-        rng = np.random.default_rng(derive_seed(seed, "projection", task.probe))
+        rng = np.random.default_rng(derive_seed(seed, "projection", spec.name))
         n = len(cache.keys(level, "train"))
         rows = np.sort(rng.choice(n, size=min(n, max(1, 50000 // n_tokens)), replace=False))
         sample = np.asarray(cache.tokens(level, "train", layer=layer, rows=rows), np.float32)
@@ -206,40 +183,35 @@ def _new_head(cache, head: str, task, kind: str, layer: int, seed: int, head_cfg
     return model, in_dim, n_tokens
 
 
-def _controls(task, head: str, kind: str, model, dims: tuple[int, int], head_cfg: dict,
+def _controls(spec, head: str, kind: str, model, dims: tuple[int, int], head_cfg: dict,
               data: tuple, cfg, seed: int, n_boot: int, boot, controls: bool) -> dict:
-    """Chance, majority, Level 1 atlas and the blind baseline (same head, no image)."""
+    """Chance, majority, the prior (input-free optimum) and the blind baseline (same head, no image)."""
     from .heads import build_head
     from .train import predict, seeded, train_head
 
-    tr, va, te, te_mirror, y_train, test_metrics = data
-    level, ctrl = task.level, {}
-    if level == "level3":
-        ctrl["chance"] = 1.0 / task.n_classes
-        ctrl["majority"] = test_metrics.get("majority")
-    elif level == "level2":
-        ctrl["chance"] = _perm_chance(te.y["present_pos"])
-    if level == "level1":
-        from .metrics import atlas_predictions
-
-        atlas = atlas_predictions(tr.y["centroid"], tr.y["present"], len(te))
-        ctrl["atlas"] = score(te, atlas, boot("atlas"), n_boot)
-        if len(te_mirror):
-            atlas_m = atlas_predictions(tr.y["centroid"], tr.y["present"], len(te_mirror))
-            ctrl["atlas_mirror"] = score(te_mirror, atlas_m, None, n_boot)
+    tr, va, te, te_mirror = data
+    majority = spec.majority(tr)
+    ctrl: dict[str, Any] = {"chance": spec.chance(te)}
+    if majority is not None:
+        ctrl["majority_class"] = majority
+        ctrl["majority"] = spec.majority_rate(majority, te)
+    prior = spec.fit_prior(tr)
+    ctrl["prior"] = score(te, spec.prior_predict(prior, te), boot("prior"), n_boot)
+    if len(te_mirror):
+        ctrl["prior_mirror"] = score(te_mirror, spec.prior_predict(prior, te_mirror), boot("prior-mirror"), n_boot)
     if not controls:
         return ctrl
     in_dim, n_tokens = dims
     zero = np.zeros((1, in_dim) if kind == "pooled" else (1, 1, model.proj_dim), np.float32)
-    blind = seeded(lambda: build_head(head, task, in_dim, n_tokens, **head_cfg), seed)
+    blind = seeded(lambda: build_head(head, spec, in_dim, n_tokens, **head_cfg), seed)
     if kind == "tokens":  # the same fixed projection as the real head
         proj = {k: v for k, v in model.state_dict().items() if k.startswith("proj_")}
         blind.load_state_dict({**blind.state_dict(), **proj})
     train_head(blind, (zero, _blind(tr)), (zero, _blind(va)), cfg, seed, progress=False)
-    ctrl["blind"] = score(te, predict(blind, zero, _blind(te)), boot("blind"), n_boot, y_train=y_train)
+    ctrl["blind"] = score(te, predict(blind, zero, _blind(te)), boot("blind"), n_boot)
     if len(te_mirror):
         ctrl["blind_mirror"] = score(
-            te_mirror, predict(blind, zero, _blind(te_mirror)), None, n_boot, y_train=y_train
+            te_mirror, predict(blind, zero, _blind(te_mirror)), boot("blind-mirror"), n_boot
         )
     return ctrl
 
@@ -294,16 +266,16 @@ def run_fit(
     """Train and score one head; write the run directory; return its path."""
     from spar_bench.seeding import derive_seed
 
-    from .heads import Task, head_input
+    from .heads import head_input
     from .train import TrainConfig, predict, train_head
 
     cfg = cfg or TrainConfig()
     head_cfg = dict(head_cfg or {})
-    task = Task(probe)
+    spec = get_probe(probe)
     kind = head_input(head)
     cache = open_cache(features)
     build = resolve_build(cache, data)
-    level = task.level
+    level = spec.level
     if level not in cache.levels():
         raise ConfigError(f"{features}: cache has no {level}; levels: {', '.join(cache.levels())}")
     splits = cache.splits(level)
@@ -311,9 +283,9 @@ def run_fit(
         raise ConfigError(f"{features}: {level} needs train and test splits, cache has {splits}")
 
     tr, va, te, te_mirror, val_source, val_split = _split_targets(
-        build, cache, task, features, seed, cfg, train_mirrors
+        build, cache, spec, features, seed, cfg, train_mirrors
     )
-    model, in_dim, n_tokens = _new_head(cache, head, task, kind, layer, seed, head_cfg)
+    model, in_dim, n_tokens = _new_head(cache, head, spec, kind, layer, seed, head_cfg)
     f_train = load_features(cache, kind, level, "train", layer, model)
     f_val = (
         f_train if val_split == "train" else load_features(cache, kind, level, "val", layer, model)
@@ -322,10 +294,9 @@ def run_fit(
     result = train_head(model, (f_train, tr), (f_val, va), cfg, seed, progress=progress)
 
     boot = lambda tag: np.random.default_rng(derive_seed(seed, "bootstrap", probe, head, tag))  # noqa: E731
-    y_train = tr.y["answer"] if level == "level3" else None
-    test = score(te, predict(model, f_test, te), boot("test"), n_boot, y_train=y_train)
+    test = score(te, predict(model, f_test, te), boot("test"), n_boot)
     mirror = (
-        score(te_mirror, predict(model, f_test, te_mirror), boot("mirror"), n_boot, y_train=y_train)
+        score(te_mirror, predict(model, f_test, te_mirror), boot("mirror"), n_boot)
         if len(te_mirror)
         else None
     )
@@ -336,7 +307,7 @@ def run_fit(
         "encoder": encoder_slug(cache),
         "random_init": bool(cache.random_init),
         "layer": layer,
-        "headline": HEADLINE[level],
+        "headline": spec.headline,
         "val_source": val_source,
         "n_items": {"train": len(tr), "val": len(va), "test": len(te), "test_mirror": len(te_mirror)},
         "n_patients": {
@@ -347,8 +318,8 @@ def run_fit(
         "test": test,
         "mirror": mirror,
         "controls": _controls(
-            task, head, kind, model, (in_dim, n_tokens), head_cfg,
-            (tr, va, te, te_mirror, y_train, test), cfg, seed, n_boot, boot, controls,
+            spec, head, kind, model, (in_dim, n_tokens), head_cfg,
+            (tr, va, te, te_mirror), cfg, seed, n_boot, boot, controls,
         ),  # fmt: skip
     }
     config = {
@@ -381,15 +352,6 @@ def run_fit(
     return rd
 
 
-def _perm_chance(present_pos: np.ndarray) -> float:
-    """Expected exact-permutation accuracy of a uniformly random assignment (mean 1/n!)."""
-    from math import factorial
-
-    n = np.asarray(present_pos, bool).sum(axis=1)
-    n = n[n > 0]
-    return float(np.mean([1.0 / factorial(int(k)) for k in n])) if n.size else float("nan")
-
-
 def _clean(obj):
     """JSON-safe: numpy scalars -> Python, NaN -> None."""
     if isinstance(obj, dict):
@@ -415,8 +377,8 @@ def run_eval(
 
     from spar_bench.seeding import derive_seed
 
-    from .heads import Task, build_head
-    from .targets import load_targets
+    from .heads import build_head
+    from .targets import concat, load_targets
     from .train import predict
 
     rd = Path(run)
@@ -424,14 +386,14 @@ def run_eval(
         raise ConfigError(f"{rd}: not a finished run directory (needs head.pt and metrics.json)")
     saved = torch.load(rd / "head.pt", map_location="cpu", weights_only=False)
     c = saved["config"]
-    task = Task(c["probe"])
-    model = build_head(c["head"], task, c["in_dim"], c["n_tokens"], **c["head_config"])
+    spec = get_probe(c["probe"])
+    model = build_head(c["head"], spec, c["in_dim"], c["n_tokens"], **c["head_config"])
     model.load_state_dict(saved["state_dict"])
     trained = json.loads((rd / METRICS_FILE).read_text())
-    majority = trained["test"].get("majority_class")
+    majority = (trained.get("controls") or {}).get("majority_class")
     cache = open_cache(features)
     build = resolve_build(cache, data)
-    level = task.level
+    level = spec.level
     if level not in cache.levels():
         raise ConfigError(f"{features}: cache has no {level}; levels: {', '.join(cache.levels())}")
     splits = ["test"] if "test" in cache.splits(level) else cache.splits(level)
@@ -442,13 +404,13 @@ def run_eval(
         "encoder": encoder_slug(cache),
         "random_init": bool(cache.random_init),
         "splits": splits,
-        "probe": task.probe,
+        "probe": spec.name,
         "head": c["head"],
         "seed": c["seed"],
     }
     tests, preds = [], []
     for split in splits:
-        t = load_targets(build, task, split, cache.keys(level, split))
+        t = load_targets(build, spec, split, cache.keys(level, split))
         f = load_features(cache, c["head_input"], level, split, c["layer"], model)
         if f.shape[-1] != (model.proj_dim if c["head_input"] == "tokens" else c["in_dim"]):
             raise ConfigError(
@@ -456,45 +418,28 @@ def run_eval(
             )
         tests.append(t)
         preds.append(predict(model, f, t))
-    t = tests[0] if len(tests) == 1 else _concat(tests)
+    t = concat(tests)
     p = np.concatenate(preds)
     rng = lambda tag: np.random.default_rng(derive_seed(c["seed"], "bootstrap", "eval", tag))  # noqa: E731
     orig, mir = ~t.is_mirror, t.is_mirror
-    result["test"] = score(t.subset(orig), p[orig], rng("test"), n_boot, majority=majority)
-    result["mirror"] = (
-        score(t.subset(mir), p[mir], rng("mirror"), n_boot, majority=majority)
-        if mir.any()
-        else None
-    )
+    result["test"] = score(t.subset(orig), p[orig], rng("test"), n_boot)
+    result["mirror"] = score(t.subset(mir), p[mir], rng("mirror"), n_boot) if mir.any() else None
+    result["controls"] = {"chance": spec.chance(t.subset(orig)),
+                          "majority": spec.majority_rate(majority, t.subset(orig))}  # fmt: skip
     out = rd / f"eval-{Path(features).stem}.json"
     out.write_text(json.dumps(_clean(result), indent=2) + "\n")
     return out
 
 
-def _concat(ts):
-    from .targets import Targets
-
-    return Targets(
-        ts[0].task,
-        "+".join(t.split for t in ts),
-        np.concatenate([t.rows for t in ts]),
-        np.concatenate([t.patient for t in ts]),
-        np.concatenate([t.is_mirror for t in ts]),
-        {k: np.concatenate([t.y[k] for t in ts]) for k in ts[0].y},
-    )
-
-
 # --------------------------------------------------------------------------- CLI
 def parse_probes(text: tuple[str, ...] | str) -> list[str]:
-    """``all``, or probe names (comma-separated or repeated); validated against PROBES."""
-    from .heads import Task
-
+    """``all``, or probe names (comma-separated or repeated); validated against the probe specs."""
     items = [text] if isinstance(text, str) else list(text)
     names = [p.strip() for item in items for p in item.split(",") if p.strip()]
     if not names or "all" in names:
-        return list(PROBES)
+        return probe_names()
     for n in names:
-        Task(n)
+        get_probe(n)
     return names
 
 
@@ -633,9 +578,7 @@ def eval_command(run, features, data, n_boot):
     """Score a trained head on another cache (transfer), without retraining."""
     out = run_eval(run, features, data, n_boot)
     m = json.loads(out.read_text())
-    from .heads import Task
-
-    key = HEADLINE[Task(m["probe"]).level]
+    key = get_probe(m["probe"]).headline
     click.echo(
         f"{m['probe']} {m['head']} on {Path(features).name}: {key}={_fmt(m['test'].get(key))} -> {out}"
     )

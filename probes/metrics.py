@@ -4,8 +4,8 @@
   (``|pred - true| * 224`` on normalised coordinates) and in mm (times the sample's
   ``mm_per_pixel``), success detection rate within 10 px (SDR@10), and both per organ.
 * Level 2 (arrangement): exact permutation accuracy (every present tile at its right
-  slot: the headline), per-tile accuracy, mean Kendall's tau between predicted and
-  true slots of the present tiles.
+  slot: the headline), per-tile accuracy (overall and, given the tiles' organs, per
+  organ), mean Kendall's tau between predicted and true slots of the present tiles.
 * Level 3 (questions): accuracy, macro-F1, chance (1/n_classes) and the majority-class
   rate (majority class taken from TRAIN, its rate measured on the evaluated split).
 
@@ -150,8 +150,14 @@ def level2_metrics(
     groups: np.ndarray | None = None,
     rng: np.random.Generator | None = None,
     n_reps: int = DEFAULT_REPS,
+    perm: np.ndarray | None = None,
 ) -> dict:
-    """Exact permutation accuracy, per-tile accuracy (pooled over tiles) and mean tau."""
+    """Exact permutation accuracy, per-tile accuracy (pooled over tiles) and mean tau.
+
+    With ``perm`` ``(N, 16)`` (the organ shown at each mosaic position) the result also
+    holds ``per_organ`` (name -> {tile_acc, n}): how often each organ's tile is put in
+    its right slot.
+    """
     s = level2_item_scores(pred_slot, target_slot, present_pos)
     ntile = np.asarray(present_pos, bool).sum(axis=1).astype(np.float64)
     correct = np.nan_to_num(s["tile"]) * ntile
@@ -166,6 +172,8 @@ def level2_metrics(
         "kendall_tau": _nanmean(s["tau"]),
         "n": int(np.isfinite(s["exact"]).sum()),
     }
+    if perm is not None:
+        out["per_organ"] = _tile_acc_per_organ(pred_slot, target_slot, present_pos, perm)
     if groups is not None:
         out["ci"] = _cis(
             {"perm_acc": s["exact"], "kendall_tau": s["tau"]},
@@ -175,6 +183,18 @@ def level2_metrics(
             n_reps,
         )
         out["ci"]["tile_acc"] = list(bootstrap_ci(tile_acc, groups, _rng(rng), n_reps))
+    return out
+
+
+def _tile_acc_per_organ(pred_slot, target_slot, present_pos, perm) -> dict[str, dict]:
+    present = np.asarray(present_pos, bool)
+    ok = (np.asarray(pred_slot) == np.asarray(target_slot)) & present
+    organ = np.asarray(perm)
+    out = {}
+    for j, name in enumerate(ORGANS):
+        at = present & (organ == j)
+        n = int(at.sum())
+        out[name] = {"tile_acc": float(ok[at].mean()) if n else float("nan"), "n": n}
     return out
 
 

@@ -3,14 +3,16 @@
 Reads every ``metrics.json`` under RUNS (``<encoder>/<probe>/<head>/seed<k>/``) and
 writes to ``--out``:
 
-* ``report.md``   - a loud banner when any run used random-init features; one Markdown
-  table per probe: mean +- std over seeds of the headline metric, the 95 % patient-
-  bootstrap CI (mean of the per-seed CI bounds), chance, majority, blind baseline,
-  atlas (Level 1), the score on mirrored counterfactual samples; a per-organ
-  localisation table; transfer results (``eval-*.json``) when present;
+* ``report.md``   - a loud banner when any run used random-init features; per probe (what
+  is shown comes from its spec, :mod:`spar_bench.probes.tasks`): a table of mean +- std
+  over seeds of the headline metric, the 95 % patient-bootstrap CI (mean of the per-seed
+  CI bounds), the other declared metrics, chance, majority, the prior (input-free
+  optimum), the blind baseline, the mirrored counterfactual, and transfer results
+  (``eval-*.json``: mean +- std [CI]); a table of every declared metric on every
+  evaluation (test, mirror, each transfer); the per-organ metric when the spec has one;
 * ``report.json`` - the same numbers, machine-readable;
-* ``<probe>.png``  - bars per configuration with chance / majority / blind lines;
-* ``level1-per-organ.png`` - localisation error per organ and configuration.
+* ``<probe>.png``  - bars per configuration with chance / majority / prior / blind lines;
+* ``<probe>-per-organ.png`` - the per-organ metric (Level 1 MED, Level 2 tile accuracy).
 """
 
 from __future__ import annotations
@@ -22,21 +24,11 @@ from typing import Any
 
 import click
 import numpy as np
-from spar_bench.builder.schema import ORGANS, PROBES
+from spar_bench.builder.schema import ORGANS
 
 from spar_bench.errors import ConfigError
 
-HEADLINE = {
-    "level1": ("med_px", "MED (px)"),
-    "level2": ("perm_acc", "perm. acc."),
-    "level3": ("accuracy", "accuracy"),
-}
-SECONDARY = {
-    "level1": ("sdr10", "SDR@10"),
-    "level2": ("tile_acc", "tile acc."),
-    "level3": ("macro_f1", "macro-F1"),
-}
-
+from .tasks import METRICS, get_probe, probe_names
 
 def collect(runs: str | Path) -> list[dict[str, Any]]:
     """Every finished run's metrics (plus ``_dir``) under ``runs``."""
@@ -78,6 +70,58 @@ def _stat(values: list) -> tuple[float | None, float | None]:
     return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else 0.0
 
 
+def _summary(ms: list[dict], *path) -> dict[str, float | None]:
+    """Mean, std over seeds and the mean per-seed CI bounds of the metric at ``path``."""
+    *where, key = path
+    mean, std = _stat([_get(m, *where, key) for m in ms])
+    lo, _ = _stat([(_get(m, *where, "ci", key) or [None])[0] for m in ms])
+    hi, _ = _stat([(_get(m, *where, "ci", key) or [None, None])[1] for m in ms])
+    return {"mean": mean, "std": std, "ci_low": lo, "ci_high": hi}
+
+
+def _evaluations(ms: list[dict]) -> dict[str, list[dict]]:
+    """Per evaluation (``test``, ``mirror``, ``transfer: <cache>``) the per-seed metric dicts."""
+    evals: dict[str, list[dict]] = {"test": [], "mirror": []}
+    for m in ms:
+        evals["test"].append({"x": m.get("test")})
+        evals["mirror"].append({"x": m.get("mirror")})
+        for e in m["_evals"]:
+            name = f"transfer: {Path(e['features']).stem}"
+            evals.setdefault(name, []).append({"x": e.get("test")})
+            evals.setdefault(f"{name} (mirror)", []).append({"x": e.get("mirror")})
+    return {k: v for k, v in evals.items() if any(d["x"] for d in v)}
+
+
+def _row(spec, enc: str, head: str, ms: list[dict]) -> dict[str, Any]:
+    key = spec.headline
+    row: dict[str, Any] = {
+        "encoder": enc,
+        "head": head,
+        "random_init": any(m.get("random_init") for m in ms),
+        "seeds": sorted(m["seed"] for m in ms),
+        "metric": key,
+        **_summary(ms, "test", key),
+    }
+    for name in ("chance", "majority"):
+        row[name], _ = _stat([_get(m, "controls", name) for m in ms])
+    for name in ("prior", "blind", "prior_mirror", "blind_mirror"):
+        row[name], _ = _stat([_get(m, "controls", name, key) for m in ms])
+    row["mirror"], _ = _stat([_get(m, "mirror", key) for m in ms])
+    row["metrics"] = {
+        ev: {k: _summary(runs, "x", k) for k in spec.metrics}
+        for ev, runs in _evaluations(ms).items()
+    }
+    row["transfer"] = {
+        ev.split(": ", 1)[1]: row["metrics"][ev][key]
+        for ev in row["metrics"] if ev.startswith("transfer: ") and not ev.endswith("(mirror)")
+    }  # fmt: skip
+    if spec.per_organ:
+        row["per_organ"] = {
+            o: _stat([_get(m, "test", "per_organ", o, spec.per_organ) for m in ms])[0] for o in ORGANS
+        }
+    return row
+
+
 def aggregate(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """Per probe, one row per (encoder, head) with statistics over seeds."""
     groups: dict[tuple[str, str, str], list[dict]] = defaultdict(list)
@@ -85,36 +129,7 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
         groups[(m["probe"], m["encoder"], m["head"])].append(m)
     table: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for (probe, enc, head), ms in sorted(groups.items()):
-        level = probe.split(".")[0]
-        key, _ = HEADLINE[level]
-        key2, _ = SECONDARY[level]
-        row: dict[str, Any] = {
-            "encoder": enc,
-            "head": head,
-            "random_init": any(m.get("random_init") for m in ms),
-            "seeds": sorted(m["seed"] for m in ms),
-            "metric": key,
-        }
-        row["mean"], row["std"] = _stat([_get(m, "test", key) for m in ms])
-        row["secondary"], _ = _stat([_get(m, "test", key2) for m in ms])
-        row["ci_low"], _ = _stat([(_get(m, "test", "ci", key) or [None])[0] for m in ms])
-        row["ci_high"], _ = _stat([(_get(m, "test", "ci", key) or [None, None])[1] for m in ms])
-        row["chance"], _ = _stat([_get(m, "controls", "chance") for m in ms])
-        row["majority"], _ = _stat([_get(m, "controls", "majority") for m in ms])
-        row["blind"], _ = _stat([_get(m, "controls", "blind", key) for m in ms])
-        row["atlas"], _ = _stat([_get(m, "controls", "atlas", key) for m in ms])
-        row["mirror"], _ = _stat([_get(m, "mirror", key) for m in ms])
-        row["blind_mirror"], _ = _stat([_get(m, "controls", "blind_mirror", key) for m in ms])
-        if level == "level1":
-            row["per_organ"] = {
-                o: _stat([_get(m, "test", "per_organ", o, "med_px") for m in ms])[0] for o in ORGANS
-            }
-        evals = defaultdict(list)
-        for m in ms:
-            for e in m["_evals"]:
-                evals[Path(e["features"]).stem].append(_get(e, "test", key))
-        row["transfer"] = {name: _stat(v)[0] for name, v in sorted(evals.items())}
-        table[probe].append(row)
+        table[probe].append(_row(get_probe(probe), enc, head, ms))
     return dict(table)
 
 
@@ -122,6 +137,68 @@ def _f(v, pct: bool) -> str:
     if v is None:
         return "-"
     return f"{100 * v:.1f}" if pct else f"{v:.2f}"
+
+
+def _fs(s: dict, pct: bool, ci: bool = True) -> str:
+    """``mean +- std [low, high]`` of a summary (paper style)."""
+    if s.get("mean") is None:
+        return "-"
+    text = f"{_f(s['mean'], pct)} +- {_f(s['std'], pct)}"
+    if ci and s.get("ci_low") is not None:
+        text += f" [{_f(s['ci_low'], pct)}, {_f(s['ci_high'], pct)}]"
+    return text
+
+
+def _label(r: dict) -> str:
+    return r["encoder"] + (
+        " **(random-init)**" if r["random_init"] and "random-init" not in r["encoder"] else ""
+    )
+
+
+def _main_table(spec, rows: list[dict]) -> list[str]:
+    key = spec.headline
+    pct = METRICS[key].percent
+    others = [k for k in spec.metrics if k != key]
+    transfer = sorted({k for r in rows for k in r["transfer"]})
+    cols = ["encoder", "head", "seeds", METRICS[key].label, "95% CI"]
+    cols += [METRICS[k].label for k in others]
+    cols += ["chance", "majority", "prior", "blind", "mirror", "prior (mirror)", "blind (mirror)"]
+    cols += [f"transfer: {t}" for t in transfer]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        score = "-" if r["mean"] is None else f"{_f(r['mean'], pct)} +- {_f(r['std'], pct)}"
+        ci = "-" if r["ci_low"] is None else f"[{_f(r['ci_low'], pct)}, {_f(r['ci_high'], pct)}]"
+        cells = [_label(r), r["head"], str(len(r["seeds"])), score, ci]
+        cells += [_f(r["metrics"]["test"][k]["mean"], METRICS[k].percent) for k in others]
+        cells += [_f(r[c], pct) for c in ("chance", "majority", "prior", "blind", "mirror",
+                                          "prior_mirror", "blind_mirror")]  # fmt: skip
+        cells += [_fs(r["transfer"][t], pct) if t in r["transfer"] else "-" for t in transfer]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _metrics_table(spec, rows: list[dict]) -> list[str]:
+    """Every declared metric on every evaluation: mean +- std over seeds [mean 95% CI]."""
+    cols = ["encoder", "head", "evaluation", *(METRICS[k].label for k in spec.metrics)]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        for ev, ms in r["metrics"].items():
+            cells = [_label(r), r["head"], ev]
+            cells += [_fs(ms[k], METRICS[k].percent) for k in spec.metrics]
+            lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _per_organ_table(spec, probe: str, rows: list[dict]) -> list[str]:
+    m = METRICS[spec.per_organ]
+    lines = [f"### {m.label} per organ", "", f"![per organ]({probe}-per-organ.png)", ""]
+    lines += ["| organ | " + " | ".join(f"{r['encoder']} / {r['head']}" for r in rows) + " |"]
+    lines += ["|" + "---|" * (len(rows) + 1)]
+    for o in ORGANS:
+        lines.append(
+            f"| {o} | " + " | ".join(_f(r["per_organ"].get(o), m.percent) for r in rows) + " |"
+        )
+    return lines + [""]
 
 
 def render_markdown(table: dict[str, list[dict]], any_random: bool) -> str:
@@ -135,72 +212,27 @@ def render_markdown(table: dict[str, list[dict]], any_random: bool) -> str:
         ]
     lines += [
         "Scores on original test samples; mean +- std over seeds. CI: 95 % bootstrap over patients",
-        "(mean of the per-seed bounds). Blind: the same head trained on the question alone (no image",
-        "features). Mirror: the same trained head on left-right mirrored counterfactual test samples",
-        "(a model that computes keeps its score; one that recalls canonical anatomy collapses).",
-        "Accuracies in %; Level 1 errors in pixels of the 224 frame (lower is better).",
+        "(mean of the per-seed bounds). Prior: the best input-free prediction, fitted in closed form",
+        "on the training split (a trained blind head below it is under-trained). Blind: the same head",
+        "trained on the question alone (no image features). Mirror: the same trained head on",
+        "left-right mirrored counterfactual test samples (a model that computes keeps its score; one",
+        "that recalls canonical anatomy collapses). Transfer: mean +- std [95% CI] on another cache.",
+        "Rates in %; Level 1 errors in pixels of the 224 frame (lower is better).",
         "",
     ]
-    for probe in [p for p in PROBES if p in table] + sorted(set(table) - set(PROBES)):
-        rows = table[probe]
-        level = probe.split(".")[0]
-        pct = level != "level1"
-        name, label = HEADLINE[level]
-        _, label2 = SECONDARY[level]
-        cols = ["encoder", "head", "seeds", label, "95% CI", label2, "chance", "majority", "blind"]
-        cols += ["atlas"] if level == "level1" else []
-        cols += ["mirror", "blind (mirror)"]
-        transfer = sorted({k for r in rows for k in r["transfer"]})
-        cols += [f"transfer: {t}" for t in transfer]
-        lines += [f"## {probe}", "", f"![{probe}]({probe}.png)", ""]
-        lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-        for r in rows:
-            enc = r["encoder"] + (
-                " **(random-init)**"
-                if r["random_init"] and "random-init" not in r["encoder"]
-                else ""
-            )
-            score = "-" if r["mean"] is None else f"{_f(r['mean'], pct)} +- {_f(r['std'], pct)}"
-            ci = (
-                "-" if r["ci_low"] is None else f"[{_f(r['ci_low'], pct)}, {_f(r['ci_high'], pct)}]"
-            )
-            cells = [
-                enc,
-                r["head"],
-                str(len(r["seeds"])),
-                score,
-                ci,
-                _f(r["secondary"], level != "level1" or True),
-            ]
-            if level == "level1":
-                cells[-1] = _f(r["secondary"], True)
-            cells += [_f(r["chance"], pct), _f(r["majority"], pct), _f(r["blind"], pct)]
-            cells += [_f(r["atlas"], pct)] if level == "level1" else []
-            cells += [_f(r["mirror"], pct), _f(r["blind_mirror"], pct)]
-            cells += [_f(r["transfer"].get(t), pct) for t in transfer]
-            lines.append("| " + " | ".join(cells) + " |")
-        lines.append("")
-        if level == "level1":
-            lines += [
-                "### Localisation error per organ (MED, px)",
-                "",
-                "![per organ](level1-per-organ.png)",
-                "",
-            ]
-            lines += [
-                "| organ | " + " | ".join(f"{r['encoder']} / {r['head']}" for r in rows) + " |"
-            ]
-            lines += ["|" + "---|" * (len(rows) + 1)]
-            for o in ORGANS:
-                lines.append(
-                    f"| {o} | " + " | ".join(_f(r["per_organ"].get(o), False) for r in rows) + " |"
-                )
-            lines.append("")
+    known = probe_names()
+    for probe in [p for p in known if p in table] + sorted(set(table) - set(known)):
+        spec, rows = get_probe(probe), table[probe]
+        lines += [f"## {probe}", "", f"Prior: {spec.prior_rule}.", "", f"![{probe}]({probe}.png)", ""]
+        lines += _main_table(spec, rows) + [""]
+        lines += ["### Every metric, every evaluation", ""] + _metrics_table(spec, rows) + [""]
+        if spec.per_organ:
+            lines += _per_organ_table(spec, probe, rows)
     return "\n".join(lines) + "\n"
 
 
 def plot(table: dict[str, list[dict]], out: Path) -> list[Path]:
-    """Bar charts per probe and the per-organ localisation chart (matplotlib Agg)."""
+    """Bar charts per probe and its per-organ chart when it has one (matplotlib Agg)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -208,7 +240,7 @@ def plot(table: dict[str, list[dict]], out: Path) -> list[Path]:
 
     written = []
     for probe, rows in table.items():
-        level = probe.split(".")[0]
+        spec = get_probe(probe)
         fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(rows) + 2), 3.5))
         labels = [f"{r['encoder']}\n{r['head']}" for r in rows]
         x = np.arange(len(rows))
@@ -219,12 +251,12 @@ def plot(table: dict[str, list[dict]], out: Path) -> list[Path]:
                label="mirror", color="tab:orange")  # fmt: skip
         ax.scatter(x, [r["blind"] if r["blind"] is not None else np.nan for r in rows], marker="_", s=600,
                    color="k", zorder=3, label="blind")  # fmt: skip
-        for name, style in (("chance", ":"), ("majority", "--"), ("atlas", "-.")):
+        for name, style in (("chance", ":"), ("majority", "--"), ("prior", "-.")):
             vals = [r[name] for r in rows if r.get(name) is not None]
             if vals:
                 ax.axhline(float(np.mean(vals)), ls=style, color="gray", label=name)
         ax.set_xticks(x, labels, fontsize=7)
-        ax.set_ylabel(HEADLINE[level][1])
+        ax.set_ylabel(METRICS[spec.headline].label)
         ax.set_title(probe)
         ax.legend(fontsize=7)
         fig.tight_layout()
@@ -232,28 +264,27 @@ def plot(table: dict[str, list[dict]], out: Path) -> list[Path]:
         fig.savefig(p, dpi=100)
         plt.close(fig)
         written.append(p)
-    if "level1.localisation" in table:
-        rows = table["level1.localisation"]
-        fig, ax = plt.subplots(figsize=(10, 3.5))
-        w = 0.8 / max(len(rows), 1)
-        for i, r in enumerate(rows):
-            v = [
-                r["per_organ"].get(o) if r["per_organ"].get(o) is not None else np.nan
-                for o in ORGANS
-            ]
-            ax.bar(np.arange(len(ORGANS)) + i * w, v, w, label=f"{r['encoder']} / {r['head']}")
-        ax.set_xticks(
-            np.arange(len(ORGANS)) + 0.4 - w / 2, ORGANS, rotation=60, ha="right", fontsize=7
-        )
-        ax.set_ylabel("MED (px)")
-        ax.set_title("Level 1 localisation error per organ")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        p = out / "level1-per-organ.png"
-        fig.savefig(p, dpi=100)
-        plt.close(fig)
-        written.append(p)
+        if spec.per_organ:
+            written.append(_plot_per_organ(plt, spec, probe, rows, out))
     return written
+
+
+def _plot_per_organ(plt, spec, probe: str, rows: list[dict], out: Path) -> Path:
+    """The per-organ metric of ``probe`` per configuration."""
+    fig, ax = plt.subplots(figsize=(10, 3.5))
+    w = 0.8 / max(len(rows), 1)
+    for i, r in enumerate(rows):
+        v = [r["per_organ"].get(o) if r["per_organ"].get(o) is not None else np.nan for o in ORGANS]
+        ax.bar(np.arange(len(ORGANS)) + i * w, v, w, label=f"{r['encoder']} / {r['head']}")
+    ax.set_xticks(np.arange(len(ORGANS)) + 0.4 - w / 2, ORGANS, rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel(METRICS[spec.per_organ].label)
+    ax.set_title(f"{probe}: {METRICS[spec.per_organ].label} per organ")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    p = out / f"{probe}-per-organ.png"
+    fig.savefig(p, dpi=100)
+    plt.close(fig)
+    return p
 
 
 REPORT_GENERATOR = "spar-bench report"

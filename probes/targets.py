@@ -2,26 +2,22 @@
 
 A feature cache stores one feature row per Level 1/2 sample or per Level 3 slice, in
 the split's canonical order, with the sample/slice keys. :func:`load_targets` reads
-the targets of one probe and one split from the build and maps every item (a mosaic
-sample, or a Level 3 question) to its cache row BY KEY, so a cache written in another
-order, or holding only part of a split, can never silently pair features with the
-wrong labels: a key the cache lacks raises :class:`~spar_bench.errors.IntegrityError`.
+the targets of one probe and one split from the build (what it reads is the probe
+spec's business: :meth:`spar_bench.probes.tasks.ProbeSpec.load_targets`) and maps every
+item (a mosaic sample, or a Level 3 question) to its cache row BY KEY, so a cache
+written in another order, or holding only part of a split, can never silently pair
+features with the wrong labels: a key the cache lacks raises
+:class:`~spar_bench.errors.IntegrityError`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from spar_bench.errors import ConfigError, IntegrityError
-
-from .heads import Task
-
-L12_FIELDS = ("key", "patient_id", "present", "centroid", "mm_per_pixel")
-L2_FIELDS = ("target_slot", "present_pos")
-L3_SLICE_FIELDS = ("key", "patient_id", "mm_per_pixel")
-L3_Q_FIELDS = ("q_slice", "q_probe", "q_axis", "q_organ_a", "q_organ_b", "q_answer")
 
 
 @dataclass
@@ -29,18 +25,18 @@ class Targets:
     """The items of one probe on one split.
 
     Attributes:
-        task: the probe.
+        spec: the probe (a :class:`~spar_bench.probes.tasks.ProbeSpec`).
         split: split name.
         rows: ``(N,)`` int64 cache row of each item's features.
         patient: ``(N,)`` str patient id (the bootstrap unit).
         is_mirror: ``(N,)`` bool, item comes from a left-right mirrored counterfactual.
-        y: per-level arrays: Level 1 ``centroid`` (N,16,2), ``present`` (N,16),
-            ``mm_per_pixel`` (N,); Level 2 additionally ``target_slot`` (N,16) and
-            ``present_pos`` (N,16); Level 3 ``answer``, ``organ_a``, ``organ_b``,
-            ``axis``, ``probe`` (N,) int64.
+        y: the spec's arrays: Level 1 ``centroid`` (N,16,2), ``present`` (N,16),
+            ``mm_per_pixel`` (N,); Level 2 additionally ``target_slot``, ``present_pos``
+            and ``perm`` (N,16); Level 3 ``answer``, ``organ_a``, ``organ_b``, ``axis``,
+            ``probe`` (N,) int64.
     """
 
-    task: Task
+    spec: Any
     split: str
     rows: np.ndarray
     patient: np.ndarray
@@ -54,7 +50,7 @@ class Targets:
         """The items selected by a boolean mask or an index array."""
         s = mask_or_index
         return Targets(
-            self.task,
+            self.spec,
             self.split,
             self.rows[s],
             self.patient[s],
@@ -63,7 +59,22 @@ class Targets:
         )
 
 
-def _cache_index(cache_keys: np.ndarray, build_keys: np.ndarray, where: str) -> np.ndarray:
+def concat(ts: list[Targets]) -> Targets:
+    """The items of several :class:`Targets` of one probe, in order."""
+    if len(ts) == 1:
+        return ts[0]
+    return Targets(
+        ts[0].spec,
+        "+".join(t.split for t in ts),
+        np.concatenate([t.rows for t in ts]),
+        np.concatenate([t.patient for t in ts]),
+        np.concatenate([t.is_mirror for t in ts]),
+        {k: np.concatenate([t.y[k] for t in ts]) for k in ts[0].y},
+    )
+
+
+def cache_rows(cache_keys: np.ndarray, build_keys: np.ndarray, where: str) -> np.ndarray:
+    """The cache row of every build key; a key the cache lacks is an :class:`IntegrityError`."""
     index = {str(k): i for i, k in enumerate(cache_keys)}
     rows = np.fromiter(
         (index.get(str(k), -1) for k in build_keys), dtype=np.int64, count=len(build_keys)
@@ -77,65 +88,29 @@ def _cache_index(cache_keys: np.ndarray, build_keys: np.ndarray, where: str) -> 
     return rows
 
 
-def load_targets(build, task: Task, split: str, cache_keys: np.ndarray) -> Targets:
-    """Targets of ``task`` on ``split`` of ``build`` (a ``spar_bench.builder.shards.Build``).
-
-    ``cache_keys`` are the cache's keys for ``(task.level, split)``.
-    """
-    level = task.level
+def read_fields(build, level: str, split: str, names: list[str]) -> dict[str, np.ndarray]:
+    """``names`` of ``level``/``split`` of ``build``; a missing level or field is one line."""
     if level not in build.levels():
         raise ConfigError(
             f"{build.root}: build has no {level}; levels: {', '.join(build.levels())}"
         )
-    where = f"{build.root}/{level}/{split}"
-    have = set(build.fields(level, split))
-    mirror_field = ["is_mirror"] if "is_mirror" in have else []
-    if level in ("level1", "level2"):
-        names = [*L12_FIELDS, *(L2_FIELDS if level == "level2" else ()), *mirror_field]
-        d = build.read(level, split, names)
-        n = len(d["key"])
-        y = {
-            "centroid": d["centroid"].astype(np.float32),
-            "present": d["present"].astype(bool),
-            "mm_per_pixel": d["mm_per_pixel"].astype(np.float32),
-        }
-        if level == "level2":
-            y["target_slot"] = d["target_slot"].astype(np.int64)
-            y["present_pos"] = d["present_pos"].astype(bool)
-        return Targets(
-            task,
-            split,
-            _cache_index(cache_keys, d["key"], where),
-            d["patient_id"].astype(str),
-            d["is_mirror"].astype(bool) if mirror_field else np.zeros(n, bool),
-            y,
+    missing = sorted(set(names) - set(build.fields(level, split)))
+    if missing:
+        raise ConfigError(
+            f"{build.root}/{level}/{split}: shards lack field(s) {missing}; rebuild with this version"
         )
-    s = build.read(level, split, [*L3_SLICE_FIELDS, *mirror_field])
-    q = build.read(level, split, list(L3_Q_FIELDS))
-    keep = q["q_probe"].astype(np.int64) == task.probe_index
-    qs = q["q_slice"][keep].astype(np.int64)
-    slice_rows = _cache_index(cache_keys, s["key"], where)
-    is_mirror = s["is_mirror"].astype(bool) if mirror_field else np.zeros(len(s["key"]), bool)
-    answer = q["q_answer"][keep].astype(np.int64)
-    if answer.size and (answer.min() < 0 or answer.max() >= task.n_classes):
-        raise IntegrityError(
-            f"{where}: {task.probe} answers outside 0..{task.n_classes - 1}; the shards are corrupt"
-        )
-    return Targets(
-        task,
-        split,
-        slice_rows[qs],
-        s["patient_id"].astype(str)[qs],
-        is_mirror[qs],
-        {
-            "answer": answer,
-            "organ_a": q["q_organ_a"][keep].astype(np.int64),
-            "organ_b": q["q_organ_b"][keep].astype(np.int64),
-            "axis": q["q_axis"][keep].astype(np.int64),
-            "probe": np.full(answer.shape, task.probe_index, dtype=np.int64),
-            "mm_per_pixel": s["mm_per_pixel"].astype(np.float32)[qs],
-        },
-    )
+    return build.read(level, split, names)
+
+
+def load_targets(build, spec, split: str, cache_keys: np.ndarray) -> Targets:
+    """Targets of probe ``spec`` (a spec or its name) on ``split`` of ``build``.
+
+    ``build`` is a ``spar_bench.builder.shards.Build``; ``cache_keys`` are the cache's
+    keys for ``(spec.level, split)``.
+    """
+    from .tasks import get_probe
+
+    return get_probe(spec).load_targets(build, split, cache_keys)
 
 
 def holdout_patients(patient: np.ndarray, fraction: float, rng: np.random.Generator) -> np.ndarray:

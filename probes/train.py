@@ -3,11 +3,13 @@
 Defaults (:class:`TrainConfig`): AdamW, lr 1e-3, weight decay 0.01, batch 256, at
 most 100 epochs (pooled heads) / 40 epochs (token heads), early stopping when the
 validation loss has not improved for 8 epochs (the best epoch's weights are kept),
-gradient-norm clipping at 1.0. Losses: Level 1 mean squared error of the normalised
-(x, y) over present organs; Level 2 the permutation loss through 20 log-domain
-Sinkhorn iterations masked to present tiles and valid slots; Level 3 cross-entropy.
+gradient-norm clipping at 1.0. The loss, the question a head reads and the decoding of
+predictions are the probe spec's (:mod:`spar_bench.probes.tasks`): Level 1 mean squared
+error of the normalised (x, y) over present organs; Level 2 the permutation loss
+through 20 log-domain Sinkhorn iterations masked to present tiles and valid slots,
+decoded by the Hungarian algorithm; Level 3 cross-entropy.
 
-Level 3 batching: token heads receive each batch's DISTINCT slices once plus an item ->
+Batching of probes that ask questions (Level 3): token heads receive each batch's DISTINCT slices once plus an item ->
 slice index (:func:`group_batch`), and a head that encodes a slice once for all its
 questions (``head.shares_body``, the Level 3 ``transformer``) is trained on epochs that
 shuffle slices and keep each slice's questions together (:func:`epoch_order`), so a
@@ -28,7 +30,6 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .heads import Task
 from .targets import Targets
 
 
@@ -73,9 +74,9 @@ def batch_tensors(feats: np.ndarray, t: Targets, idx: np.ndarray):
 def _question_and_targets(t: Targets, idx: np.ndarray):
     import torch
 
-    q = None
-    if t.task.level == "level3":
-        q = {k: torch.from_numpy(t.y[k][idx]) for k in ("organ_a", "organ_b", "axis", "probe")}
+    q = t.spec.question(t, idx)
+    if q is not None:
+        q = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in q.items()}
     y = {k: torch.from_numpy(np.ascontiguousarray(v[idx])) for k, v in t.y.items()}
     return q, y
 
@@ -96,8 +97,8 @@ def group_batch(feats: np.ndarray, t: Targets, idx: np.ndarray):
 
 
 def _grouped(head, t: Targets) -> bool:
-    """Whether ``head`` reads Level 3 items through :func:`group_batch` (token heads)."""
-    return t.task.level == "level3" and getattr(head, "input_kind", "pooled") == "tokens"
+    """Whether ``head`` reads question items through :func:`group_batch` (token heads)."""
+    return t.spec.asks and getattr(head, "input_kind", "pooled") == "tokens"
 
 
 def _to(device, obj):
@@ -148,33 +149,18 @@ def epoch_order(head, t: Targets, gen) -> np.ndarray:
     return np.argsort(rank[inv.reshape(-1)], kind="stable")
 
 
-def loss_fn(task: Task, out, y: dict, sinkhorn_iters: int = 20):
-    """The level's training loss of head output ``out`` against targets ``y``."""
-    import torch
-    import torch.nn.functional as F
-
-    from .sinkhorn import log_sinkhorn, permutation_loss, slot_mask
-
-    if task.level == "level1":
-        m = y["present"].to(out.dtype)[..., None]
-        target = torch.nan_to_num(y["centroid"], nan=0.5)
-        return (((out - target) ** 2) * m).sum() / (2 * m.sum()).clamp(min=1.0)
-    if task.level == "level2":
-        rows = y["present_pos"]
-        log_p = log_sinkhorn(out, rows, slot_mask(rows), n_iters=sinkhorn_iters)
-        return permutation_loss(log_p, y["target_slot"], rows)
-    return F.cross_entropy(out, y["answer"])
+def loss_fn(spec, out, y: dict, sinkhorn_iters: int = 20):
+    """The probe's training loss of head output ``out`` against targets ``y``."""
+    return spec.loss_value(out, y, sinkhorn_iters)
 
 
 def predict(head, feats: np.ndarray, t: Targets, batch_size: int = 512) -> np.ndarray:
-    """Predictions of ``head`` on the items of ``t``.
+    """Predictions of ``head`` on the items of ``t``, decoded by the probe spec.
 
     Level 1: ``(N, 16, 2)`` normalised coordinates; Level 2: ``(N, 16)`` slots decoded
     with the Hungarian algorithm over present tiles; Level 3: ``(N,)`` class indices.
     """
     import torch
-
-    from .sinkhorn import hungarian_decode
 
     head.eval()
     outs = []
@@ -183,20 +169,14 @@ def predict(head, feats: np.ndarray, t: Targets, batch_size: int = 512) -> np.nd
         for s in range(0, len(t), batch_size):
             idx = order[s : s + batch_size]
             outs.append(_run(head, feats, t, idx)[0].float().cpu().numpy())
-    level = t.task.level
     if not outs:
-        shape = {"level1": (0, 16, 2), "level2": (0, 16), "level3": (0,)}[level]
-        return np.zeros(shape, dtype=np.float32 if level == "level1" else np.int64)
+        return t.spec.empty_prediction()
     out = np.empty_like(np.concatenate(outs))
     out[order] = np.concatenate(outs)
-    if level == "level1":
-        return out
-    if level == "level2":
-        return hungarian_decode(out, t.y["present_pos"]).astype(np.int64)
-    return out.argmax(axis=1)
+    return t.spec.decode(out, t)
 
 
-def _mean_loss(head, task: Task, feats, t: Targets, cfg: TrainConfig) -> float:
+def _mean_loss(head, spec, feats, t: Targets, cfg: TrainConfig) -> float:
     import torch
 
     head.eval()
@@ -206,7 +186,7 @@ def _mean_loss(head, task: Task, feats, t: Targets, cfg: TrainConfig) -> float:
         for s in range(0, len(t), 512):
             idx = order[s : s + 512]
             out, y = _run(head, feats, t, idx)
-            total += float(loss_fn(task, out, y, cfg.sinkhorn_iters)) * idx.size
+            total += float(loss_fn(spec, out, y, cfg.sinkhorn_iters)) * idx.size
             n += idx.size
     return total / max(n, 1)
 
@@ -232,8 +212,8 @@ def train_head(
     feats, tr = train
     vfeats, va = val
     if len(tr) == 0:
-        raise ValueError(f"no training items for {tr.task.probe}")
-    task = tr.task
+        raise ValueError(f"no training items for {tr.spec.name}")
+    spec = tr.spec
     head.to(cfg.device)
     epochs = cfg.epochs_for(getattr(head, "input_kind", "pooled"))
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -241,7 +221,7 @@ def train_head(
     best = (math.inf, 0, copy.deepcopy(head.state_dict()))
     hist_tr: list[float] = []
     hist_va: list[float] = []
-    bar = tqdm(range(epochs), desc=f"{task.probe}", leave=False, disable=not progress)
+    bar = tqdm(range(epochs), desc=f"{spec.name}", leave=False, disable=not progress)
     with torch.random.fork_rng(devices=[]), _deterministic():
         torch.manual_seed(int(seed))
         for epoch in bar:
@@ -251,7 +231,7 @@ def train_head(
             for s in range(0, len(tr), cfg.batch_size):
                 idx = np.sort(order[s : s + cfg.batch_size])
                 out, y = _run(head, feats, tr, idx)
-                loss = loss_fn(task, out, y, cfg.sinkhorn_iters)
+                loss = loss_fn(spec, out, y, cfg.sinkhorn_iters)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 if cfg.grad_clip:
@@ -259,7 +239,7 @@ def train_head(
                 opt.step()
                 total += float(loss.detach()) * idx.size
             hist_tr.append(total / len(tr))
-            vl = _mean_loss(head, task, vfeats, va, cfg) if len(va) else hist_tr[-1]
+            vl = _mean_loss(head, spec, vfeats, va, cfg) if len(va) else hist_tr[-1]
             hist_va.append(vl)
             bar.set_postfix(train=f"{hist_tr[-1]:.4f}", val=f"{vl:.4f}")
             if vl < best[0] - 1e-6:

@@ -128,7 +128,7 @@ def test_fit_level1_level2_token_head_with_atlas_and_mirror(pipeline, tmp_path):
         (_one(tmp_path, "level1.localisation", "transformer") / "metrics.json").read_text()
     )
     assert m1["test"]["med_px"] > 0 and set(m1["test"]["per_organ"]) >= {"liver", "spleen"}
-    assert m1["controls"]["atlas"]["med_px"] > 0 and "blind" not in m1["controls"]
+    assert m1["controls"]["prior"]["med_px"] > 0 and "blind" not in m1["controls"]
     assert m1["mirror"]["med_px"] > 0
     m2 = json.loads(
         (_one(tmp_path, "level2.arrangement", "transformer") / "metrics.json").read_text()

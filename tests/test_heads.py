@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from spar_bench.probes.heads import HEADS, Task, build_head, head_input
+from spar_bench.probes.heads import HEADS, build_head, head_input
+from spar_bench.probes.tasks import get_probe
 from spar_bench.probes.targets import Targets
 from spar_bench.probes.train import TrainConfig, predict, seeded, train_head
 
@@ -49,7 +50,7 @@ def synthetic_level2(n: int, n_present: int, seed: int):
         tokens[i, pos, 16] += 1.0
     pooled = tokens.mean(axis=1)
     t = Targets(
-        Task("level2.arrangement"),
+        get_probe("level2.arrangement"),
         "train",
         np.arange(n),
         np.repeat(np.arange(n // 10), 10).astype(str),
@@ -63,11 +64,11 @@ def test_registry_names_and_errors():
     assert {"linear", "mlp", "attnpool", "transformer"} <= set(HEADS.names())
     assert head_input("mlp") == "pooled" and head_input("transformer") == "tokens"
     with pytest.raises(ConfigError, match="did you mean|Did you mean"):
-        build_head("transfomer", Task("level2.arrangement"), 8)
+        build_head("transfomer", get_probe("level2.arrangement"), 8)
     with pytest.raises(ConfigError, match="no option"):
-        build_head("mlp", Task("level2.arrangement"), 8, widht=3)
+        build_head("mlp", get_probe("level2.arrangement"), 8, widht=3)
     with pytest.raises(ConfigError, match="unknown probe"):
-        Task("level3.colour")
+        get_probe("level3.colour")
 
 
 @pytest.mark.parametrize("name", ["linear", "mlp", "attnpool", "transformer"])
@@ -82,7 +83,7 @@ def test_registry_names_and_errors():
 def test_output_shapes(name, probe, shape):
     import torch
 
-    head = build_head(name, Task(probe), 20, 9)
+    head = build_head(name, get_probe(probe), 20, 9)
     x = torch.randn(3, 20) if head.input_kind == "pooled" else torch.randn(3, 9, 20)
     q = {k: torch.as_tensor(v) for k, v in _question(3, np.random.default_rng(0)).items()}
     q["organ_b"][0] = -1  # "none"
@@ -90,7 +91,7 @@ def test_output_shapes(name, probe, shape):
 
 
 def test_token_projection_is_fixed_pca_and_saved_in_state_dict():
-    head = build_head("transformer", Task("level1.localisation"), 32, 5, proj_dim=8)
+    head = build_head("transformer", get_probe("level1.localisation"), 32, 5, proj_dim=8)
     rng = np.random.default_rng(0)
     sample = rng.normal(size=(400, 32)) @ rng.normal(size=(32, 32))
     head.fit_projection(sample)
@@ -102,7 +103,7 @@ def test_token_projection_is_fixed_pca_and_saved_in_state_dict():
 
 def _fit(name, feats, t, seed, epochs=30):
     head = seeded(
-        lambda: build_head(name, t.task, feats.shape[-1], feats.shape[1] if feats.ndim == 3 else 1),
+        lambda: build_head(name, t.spec, feats.shape[-1], feats.shape[1] if feats.ndim == 3 else 1),
         seed,
     )
     cfg = TrainConfig(max_epochs=epochs, batch_size=64, lr=3e-3, patience=100)
@@ -148,7 +149,7 @@ def test_level1_and_level3_heads_learn_a_simple_signal():
         np.float32
     )
     t1 = Targets(
-        Task("level1.localisation"),
+        get_probe("level1.localisation"),
         "train",
         np.arange(n),
         np.arange(n).astype(str),
@@ -169,7 +170,7 @@ def test_level1_and_level3_heads_learn_a_simple_signal():
     q = {"organ_a": a, "organ_b": b, "axis": np.zeros(n, np.int64), "probe": np.zeros(n, np.int64)}
     answer = (x[np.arange(n), a] > x[np.arange(n), b]).astype(np.int64)
     t3 = Targets(
-        Task("level3.relative_position"),
+        get_probe("level3.relative_position"),
         "train",
         np.arange(n),
         np.arange(n).astype(str),
@@ -188,7 +189,7 @@ def _level3_slices(n_slices: int, per_slice: int, n_tokens: int, width: int, see
     q = _question(n, rng)
     q["organ_b"][::5] = -1  # some questions without organ B
     t = Targets(
-        Task("level3.relative_position"),
+        get_probe("level3.relative_position"),
         "test",
         rng.permutation(np.repeat(np.arange(n_slices), per_slice)),
         np.repeat(np.arange(n_slices), per_slice).astype(str),
@@ -203,7 +204,7 @@ def test_level3_transformer_answer_does_not_depend_on_the_other_questions_in_the
     from spar_bench.probes.train import group_batch
 
     feats, t = _level3_slices(6, 5, 7, 12, seed=0)
-    head = seeded(lambda: build_head("transformer", t.task, 12, 7), 0)
+    head = seeded(lambda: build_head("transformer", t.spec, 12, 7), 0)
     assert head.shares_body and len(head.body_layers) == 1
     head.eval()
     everything = np.arange(len(t))
@@ -231,7 +232,7 @@ def test_level3_transformer_trains_on_whole_slices_deterministically():
     from spar_bench.probes.train import epoch_order
 
     feats, t = _level3_slices(12, 4, 5, 10, seed=2)
-    head = build_head("transformer", t.task, 10, 5)
+    head = build_head("transformer", t.spec, 10, 5)
     order = epoch_order(head, t, torch.Generator().manual_seed(0))
     assert sorted(order) == list(range(len(t)))
     runs = np.flatnonzero(np.diff(t.rows[order])).size + 1
@@ -266,7 +267,7 @@ def test_heads_train_on_cuda_like_on_cpu():
     for device in acc:
         for seed in (0, 1, 2):
             head = seeded(
-                lambda: build_head("transformer", t.task, tokens.shape[-1], tokens.shape[1], dropout=0.0),
+                lambda: build_head("transformer", t.spec, tokens.shape[-1], tokens.shape[1], dropout=0.0),
                 seed,
             )
             cfg = TrainConfig(max_epochs=20, batch_size=64, lr=3e-3, patience=100, device=device)

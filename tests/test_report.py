@@ -36,7 +36,7 @@ def test_sweep_two_jobs_skips_finished_and_report_writes_md_json_png(pipeline, t
     assert "## level1.localisation" in md and "## level3.symmetry" in md
     assert "| dummy-random-init | mlp | 2 |" in md
     assert "transfer: dummy" in md
-    for png in ("level1.localisation.png", "level3.symmetry.png", "level1-per-organ.png"):
+    for png in ("level1.localisation.png", "level3.symmetry.png", "level1.localisation-per-organ.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rep = json.loads((out / "report.json").read_text())
     assert rep["random_init_used"] is True and rep["n_runs"] == 8
@@ -50,17 +50,20 @@ def test_report_mean_std_over_seeds_and_no_banner_without_random_init(tmp_path):
         d.mkdir(parents=True)
         m = {"probe": "level3.size", "head": "mlp", "seed": seed, "encoder": "enc", "random_init": False,
              "test": {"accuracy": acc, "macro_f1": acc, "ci": {"accuracy": [acc - 0.1, acc + 0.1]}},
-             "controls": {"chance": 1 / 3, "majority": 0.4, "blind": {"accuracy": 0.5}},
+             "controls": {"chance": 1 / 3, "majority": 0.4, "blind": {"accuracy": 0.5},
+                          "prior": {"accuracy": 0.55}},
              "mirror": {"accuracy": acc - 0.2}}  # fmt: skip
         (d / "metrics.json").write_text(json.dumps(m))
     table = aggregate(collect(tmp_path))
     (row,) = table["level3.size"]
     assert row["mean"] == pytest.approx(0.7) and row["std"] == pytest.approx(0.1414213, rel=1e-5)
     assert row["ci_low"] == pytest.approx(0.6) and row["mirror"] == pytest.approx(0.5)
+    assert row["prior"] == pytest.approx(0.55)
     md = render_markdown(table, any_random=False)
     assert "RANDOM-INIT" not in md
+    # headline, CI, macro-F1, chance, majority, prior, blind, mirror, prior (mirror), blind (mirror)
     assert (
-        "| enc | mlp | 2 | 70.0 +- 14.1 | [60.0, 80.0] | 70.0 | 33.3 | 40.0 | 50.0 | 50.0 | - |"
+        "| enc | mlp | 2 | 70.0 +- 14.1 | [60.0, 80.0] | 70.0 | 33.3 | 40.0 | 55.0 | 50.0 | 50.0 | - | - |"
         in md
     )
 

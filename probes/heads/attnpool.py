@@ -7,14 +7,17 @@ stored as buffers in the head (it travels with the state_dict, so ``eval`` on an
 cache applies the same one). The training loop calls :meth:`TokenHead.preproject`
 once on every split and trains on the small tokens.
 
-Queries: Levels 1-2 use 16 learned tile queries (query p belongs to organ p in
-Level 1, to mosaic position p in Level 2); Level 3 uses one query token built from the
-question (sum of organ A, organ B, axis and probe embeddings).
+Queries: ``spec.n_queries`` learned query tokens - 16 tile queries for Levels 1-2
+(query p belongs to organ p in Level 1, to mosaic position p in Level 2), one query
+for a probe that asks questions (Level 3), plus the question (sum of organ A, organ B,
+axis and probe embeddings).
 Token heads take ``forward(x, q=None, index=None)``: with ``index`` ``(B,)``, ``x``
 holds only the distinct cache rows of the batch and item ``i`` reads row ``index[i]``
 (Level 3: one slice, many questions; see :func:`spar_bench.probes.train.group_batch`).
-Outputs: Level 1 a linear (x, y) per tile query; Level 2 tile-query x slot-embedding
-dot products (scaled by 1/sqrt(d)); Level 3 a linear classifier on the query output.
+Outputs (the spec's ``output``): ``"assignment"`` probes get query x slot-embedding
+dot products (scaled by 1/sqrt(d)); every other output is a linear layer on each
+query's output, to the last dimension of ``spec.output_shape`` ((x, y) per tile query,
+or the logits of the question's answer).
 
 ``attnpool`` defaults: ``d_model`` 128, ``n_heads`` 4, ``dropout`` 0.1, ``proj_dim`` 128.
 """
@@ -25,10 +28,8 @@ import math
 
 import numpy as np
 import torch
-from spar_bench.builder.schema import N_ORGANS
 from torch import nn
 
-from . import Task
 from .pooled import QuestionEmbedding
 
 
@@ -39,9 +40,9 @@ class TokenHead(nn.Module):
     shares_body = False
     DEFAULTS: dict = {"d_model": 128, "n_heads": 4, "dropout": 0.1, "proj_dim": 128}
 
-    def __init__(self, task: Task, in_dim: int, n_tokens: int = 1, **cfg):
+    def __init__(self, spec, in_dim: int, n_tokens: int = 1, **cfg):
         super().__init__()
-        self.task = task
+        self.spec = spec
         self.cfg = {**self.DEFAULTS, **cfg}
         d = self.cfg["d_model"]
         k = min(int(self.cfg["proj_dim"]), in_dim) if self.cfg["proj_dim"] else in_dim
@@ -51,18 +52,13 @@ class TokenHead(nn.Module):
         self.register_buffer("proj_scale", torch.ones(k))
         self.embed = nn.Linear(k, d)
         self.pos = nn.Parameter(torch.randn(max(n_tokens, 1), d) * 0.02)
-        if task.level == "level3":
-            self.question = QuestionEmbedding(d, mode="sum")
-            self.queries = nn.Parameter(torch.randn(1, d) * 0.02)
-        else:
-            self.question = None
-            self.queries = nn.Parameter(torch.randn(N_ORGANS, d) * 0.02)
-        if task.level == "level2":
-            self.slots = nn.Parameter(torch.randn(N_ORGANS, d) * 0.02)
+        self.question = QuestionEmbedding(d, mode="sum") if spec.asks else None
+        self.queries = nn.Parameter(torch.randn(spec.n_queries, d) * 0.02)
+        width = spec.output_shape[-1]
+        if spec.output == "assignment":  # query x slot scores
+            self.slots = nn.Parameter(torch.randn(width, d) * 0.02)
         self.out_norm = nn.LayerNorm(d)
-        self.out = nn.Linear(
-            d, 2 if task.level == "level1" else (d if task.level == "level2" else task.n_classes)
-        )
+        self.out = nn.Linear(d, d if spec.output == "assignment" else width)
 
     # ---------------------------------------------------------------- projection
     @torch.no_grad()
@@ -98,7 +94,7 @@ class TokenHead(nn.Module):
         qs = self.queries.unsqueeze(0).expand(batch, -1, -1)
         if self.question is not None:
             if q is None:
-                raise ValueError("a Level 3 head needs the question (q=...)")
+                raise ValueError(f"a {self.spec.name} head needs the question (q=...)")
             qs = qs + self.question(q).unsqueeze(1)
         return qs
 
@@ -109,20 +105,18 @@ class TokenHead(nn.Module):
         return self.embed(x) + self.pos[:t]
 
     def readout(self, h: torch.Tensor) -> torch.Tensor:
-        """Query outputs ``(B, Q, d)`` -> the level's output."""
+        """Query outputs ``(B, Q, d)`` -> the probe's output ``(B, *spec.output_shape)``."""
         o = self.out(self.out_norm(h))
-        if self.task.level == "level1":
-            return 0.5 + o
-        if self.task.level == "level2":
-            return o @ self.slots.T / math.sqrt(o.shape[-1])
-        return o[:, 0]
+        if self.spec.output == "assignment":
+            o = o @ self.slots.T / math.sqrt(o.shape[-1])
+        return self.spec.shape_output(o.flatten(1))
 
 
 class AttnPoolHead(TokenHead):
     """Learned queries attend once (multi-head) over the projected tokens."""
 
-    def __init__(self, task: Task, in_dim: int, n_tokens: int = 1, **cfg):
-        super().__init__(task, in_dim, n_tokens, **cfg)
+    def __init__(self, spec, in_dim: int, n_tokens: int = 1, **cfg):
+        super().__init__(spec, in_dim, n_tokens, **cfg)
         d = self.cfg["d_model"]
         self.kv_norm = nn.LayerNorm(d)
         self.attn = nn.MultiheadAttention(

@@ -1,7 +1,7 @@
 """Heads on the pooled feature vector: ``linear`` and ``mlp``; the question embedding.
 
 Both read ``x`` of shape ``(B, D)`` (the cached pooled vector, LayerNorm-ed first).
-For Level 3 the question enters as embeddings of organ A, organ B (index 16 =
+For probes that ask questions (Level 3) the question enters as embeddings of organ A, organ B (index 16 =
 "none"), the relative-position axis (0 none, 1 left/right, 2 anterior/posterior) and
 the probe, concatenated to the features.
 
@@ -13,8 +13,6 @@ from __future__ import annotations
 import torch
 from spar_bench.builder.schema import LEVEL3_PROBES, N_ORGANS
 from torch import nn
-
-from . import Task
 
 N_ORGAN_TOKENS = N_ORGANS + 1  # + "none"
 N_AXES = 3  # none, left/right, anterior/posterior
@@ -46,47 +44,38 @@ class QuestionEmbedding(nn.Module):
         return torch.cat(parts, dim=-1) if self.mode == "concat" else sum(parts)
 
 
-def shape_output(task: Task, flat: torch.Tensor) -> torch.Tensor:
-    """Reshape a flat output to the level's shape; Level 1 is centred on 0.5."""
-    if task.level == "level1":
-        return 0.5 + flat.view(-1, N_ORGANS, 2)
-    if task.level == "level2":
-        return flat.view(-1, N_ORGANS, N_ORGANS)
-    return flat
-
-
 class PooledHead(nn.Module):
     """Base of pooled-vector heads: LayerNorm(x) [+ question] -> body -> output."""
 
     input_kind = "pooled"
     DEFAULTS: dict = {"q_dim": 32}
 
-    def __init__(self, task: Task, in_dim: int, n_tokens: int = 1, **cfg):
+    def __init__(self, spec, in_dim: int, n_tokens: int = 1, **cfg):
         super().__init__()
-        self.task = task
+        self.spec = spec
         self.cfg = {**self.DEFAULTS, **cfg}
         self.norm = nn.LayerNorm(in_dim)
-        self.question = QuestionEmbedding(self.cfg["q_dim"]) if task.level == "level3" else None
+        self.question = QuestionEmbedding(self.cfg["q_dim"]) if spec.asks else None
         self.body_in = in_dim + (self.question.out_dim if self.question is not None else 0)
 
     def features(self, x: torch.Tensor, q: dict | None) -> torch.Tensor:
         h = self.norm(x)
         if self.question is not None:
             if q is None:
-                raise ValueError("a Level 3 head needs the question (q=...)")
+                raise ValueError(f"a {self.spec.name} head needs the question (q=...)")
             h = torch.cat([h, self.question(q)], dim=-1)
         return h
 
     def forward(self, x: torch.Tensor, q: dict | None = None) -> torch.Tensor:
-        return shape_output(self.task, self.body(self.features(x, q)))
+        return self.spec.shape_output(self.body(self.features(x, q)))
 
 
 class LinearHead(PooledHead):
     """One linear layer: ``LayerNorm(x) [+ question] -> Linear -> output``."""
 
-    def __init__(self, task: Task, in_dim: int, n_tokens: int = 1, **cfg):
-        super().__init__(task, in_dim, n_tokens, **cfg)
-        self.body = nn.Linear(self.body_in, task.n_outputs)
+    def __init__(self, spec, in_dim: int, n_tokens: int = 1, **cfg):
+        super().__init__(spec, in_dim, n_tokens, **cfg)
+        self.body = nn.Linear(self.body_in, spec.n_outputs)
 
 
 class MLPHead(PooledHead):
@@ -97,12 +86,12 @@ class MLPHead(PooledHead):
 
     DEFAULTS = {"q_dim": 32, "hidden": 512, "dropout": 0.1}
 
-    def __init__(self, task: Task, in_dim: int, n_tokens: int = 1, **cfg):
-        super().__init__(task, in_dim, n_tokens, **cfg)
+    def __init__(self, spec, in_dim: int, n_tokens: int = 1, **cfg):
+        super().__init__(spec, in_dim, n_tokens, **cfg)
         h = self.cfg["hidden"]
         self.body = nn.Sequential(
             nn.Linear(self.body_in, h),
             nn.GELU(),
             nn.Dropout(self.cfg["dropout"]),
-            nn.Linear(h, task.n_outputs),
+            nn.Linear(h, spec.n_outputs),
         )

@@ -3,9 +3,9 @@
 Tokens are projected once to ``proj_dim`` (fixed PCA, see :mod:`spar_bench.probes.heads.attnpool`),
 then by a learned layer to ``d_model`` with learned position embeddings.
 
-* Levels 1-2: the 16 tile queries are prepended and ``n_layers`` self-attention layers
+* Probes without questions (Levels 1-2): the 16 tile queries are prepended and ``n_layers`` self-attention layers
   run over [queries; tokens]; outputs are read at the query tokens.
-* Level 3: an item is a QUESTION and a slice carries many, so the slice's tokens are
+* Probes that ask questions (Level 3): an item is a QUESTION and a slice carries many, so the slice's tokens are
   encoded ONCE, without the question: ``n_layers - 1`` self-attention layers (the
   body). Each question is one query token (organ A + organ B + axis + probe
   embeddings + a learned query) passing through ``n_layers`` pre-norm cross-attention
@@ -34,7 +34,6 @@ import copy
 import torch
 from torch import nn
 
-from . import Task
 from .attnpool import TokenHead
 
 
@@ -82,8 +81,8 @@ class CrossBlock(nn.Module):
 class TransformerHead(TokenHead):
     DEFAULTS = {**TokenHead.DEFAULTS, "n_layers": 2}
 
-    def __init__(self, task: Task, in_dim: int, n_tokens: int = 1, **cfg):
-        super().__init__(task, in_dim, n_tokens, **cfg)
+    def __init__(self, spec, in_dim: int, n_tokens: int = 1, **cfg):
+        super().__init__(spec, in_dim, n_tokens, **cfg)
         d, n_layers = self.cfg["d_model"], int(self.cfg["n_layers"])
         layer = nn.TransformerEncoderLayer(
             d,
@@ -94,7 +93,7 @@ class TransformerHead(TokenHead):
             batch_first=True,
             norm_first=True,
         )
-        self.shares_body = task.level == "level3"
+        self.shares_body = spec.asks  # many questions per slice: encode the slice once
         if not self.shares_body:
             self.encoder = nn.TransformerEncoder(layer, n_layers, enable_nested_tensor=False)
             return

@@ -1,0 +1,449 @@
+"""Probe specs: the one place that knows what a probe (and a level) is.
+
+Modelled on lm-evaluation-harness's ``Task``: each of the eight probes is one frozen
+:class:`ProbeSpec` in the :data:`PROBE_SPECS` registry. A spec owns
+
+* ``name`` and ``level`` (the cache and shard group its items live in);
+* ``fields``: the shard fields it reads (:meth:`ProbeSpec.load_targets`);
+* ``output`` and ``output_shape``: what a head must produce per item
+  (``"points"`` ``(16, 2)`` normalised (x, y) per organ; ``"assignment"`` ``(16, 16)``
+  scores of (mosaic position, slot); ``"classes"`` ``(n_classes,)`` logits);
+  ``asks``: items are questions (organ A, organ B, axis, probe) about a shared image;
+* ``loss``: the training loss (:meth:`ProbeSpec.loss_value`);
+* ``metrics``: the declared metrics, headline first (:data:`METRICS` gives each
+  one's label and direction), and ``per_organ``: the metric also reported per organ;
+* ``chance``, ``majority`` and the **prior**: the best input-free prediction, fitted in
+  closed form on the training split (:meth:`ProbeSpec.fit_prior`);
+* ``class_names`` (Level 3).
+
+``fit``, ``eval``, ``sweep``, ``report`` and the heads read these specs; none of them
+branches on a level name. Adding a probe = one entry here (or ``register_probe``) plus
+its sampler in the builder.
+
+The priors:
+
+* Level 1 (``localisation``): every organ at its mean training centroid (the atlas);
+* Level 2 (``arrangement``): every tile in its organ's most frequent training slot (the
+  slots of one mosaic resolved by the Hungarian algorithm on the per-organ slot
+  frequencies). It is given which organ each tile shows - what a model that recognises
+  the organs but ignores where they lie could do - which the blind head is not;
+* Level 3: the majority training answer per question type (organ A, organ B, axis) of
+  the probe; a question type unseen in training gets the probe's majority answer.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from spar_bench.builder.schema import (
+    LEVEL3_CLASS_NAMES,
+    LEVEL3_N_CLASSES,
+    LEVEL3_PROBES,
+    N_ORGANS,
+)
+
+from spar_bench.errors import ConfigError, IntegrityError
+from spar_bench.registry import Registry, UnknownNameError
+
+from .targets import Targets, cache_rows, read_fields
+
+
+@dataclass(frozen=True)
+class Metric:
+    """How a metric is shown: label, direction, and whether it is a rate (shown in %)."""
+
+    key: str
+    label: str
+    higher_is_better: bool
+    percent: bool
+
+
+METRICS: dict[str, Metric] = {
+    m.key: m
+    for m in (
+        Metric("med_px", "MED (px)", False, False),
+        Metric("med_mm", "MED (mm)", False, False),
+        Metric("sdr10", "SDR@10", True, True),
+        Metric("perm_acc", "perm. acc.", True, True),
+        Metric("tile_acc", "tile acc.", True, True),
+        Metric("kendall_tau", "Kendall tau", True, False),
+        Metric("accuracy", "accuracy", True, True),
+        Metric("macro_f1", "macro-F1", True, True),
+    )
+}
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    """One probe: what it reads, predicts, optimises and reports (see the module doc)."""
+
+    name: str
+    level: str
+    fields: tuple[str, ...]
+    output: str
+    output_shape: tuple[int, ...]
+    loss: str
+    metrics: tuple[str, ...]
+    per_organ: str | None = None
+    class_names: tuple[str, ...] = ()
+    asks: bool = False
+    prior_rule: str = ""
+
+    # ------------------------------------------------------------------ declared facts
+    @property
+    def headline(self) -> str:
+        return self.metrics[0]
+
+    @property
+    def higher_is_better(self) -> bool:
+        return METRICS[self.headline].higher_is_better
+
+    @property
+    def n_classes(self) -> int:
+        """Answer classes (question probes); 0 otherwise."""
+        return len(self.class_names)
+
+    @property
+    def n_outputs(self) -> int:
+        """Width of a flat output layer (32, 256 or n_classes)."""
+        return int(np.prod(self.output_shape))
+
+    @property
+    def n_queries(self) -> int:
+        """Query tokens of a token head: one per organ/position, or one per question."""
+        return 1 if self.asks else self.output_shape[0]
+
+    def shape_output(self, flat):
+        """A flat ``(B, n_outputs)`` head output in this probe's shape."""
+        return flat.reshape(-1, *self.output_shape)
+
+    # ------------------------------------------------------------------ behaviour
+    def load_targets(self, build, split: str, cache_keys: np.ndarray) -> Targets:
+        raise NotImplementedError
+
+    def question(self, t: Targets, idx: np.ndarray) -> dict[str, np.ndarray] | None:
+        """The question arrays a head reads beside the features (None: no question)."""
+        return None
+
+    def loss_value(self, out, y: dict, sinkhorn_iters: int = 20):
+        raise NotImplementedError
+
+    def decode(self, out: np.ndarray, t: Targets) -> np.ndarray:
+        """Predictions from raw head outputs ``(N, *output_shape)``."""
+        raise NotImplementedError
+
+    def empty_prediction(self) -> np.ndarray:
+        raise NotImplementedError
+
+    def score(self, t: Targets, pred: np.ndarray, rng, n_boot: int) -> dict:
+        """Every declared metric of ``pred`` on ``t``; bootstrap CIs over patients when ``rng``."""
+        raise NotImplementedError
+
+    def chance(self, t: Targets) -> float | None:
+        return None
+
+    def majority(self, train: Targets) -> int | None:
+        """The majority training answer (question probes), else None."""
+        return None
+
+    def majority_rate(self, majority: int | None, t: Targets) -> float | None:
+        return None
+
+    def fit_prior(self, train: Targets) -> dict:
+        """The input-free optimum fitted in closed form on ``train`` (JSON-safe)."""
+        raise NotImplementedError
+
+    def prior_predict(self, prior: dict, t: Targets) -> np.ndarray:
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, Any]:
+        """The spec as JSON-safe data (recorded in runs and reports)."""
+        return {
+            "name": self.name, "level": self.level, "fields": list(self.fields),
+            "output": self.output, "output_shape": list(self.output_shape), "loss": self.loss,
+            "metrics": list(self.metrics), "headline": self.headline,
+            "higher_is_better": self.higher_is_better, "per_organ": self.per_organ,
+            "class_names": list(self.class_names), "prior": self.prior_rule,
+        }  # fmt: skip
+
+
+def _mirror_flags(build, level: str, split: str, n: int, d: dict) -> np.ndarray:
+    return d["is_mirror"].astype(bool) if "is_mirror" in d else np.zeros(n, bool)
+
+
+def _with_mirror(build, level: str, split: str, names: list[str]) -> list[str]:
+    return [*names, "is_mirror"] if "is_mirror" in build.fields(level, split) else names
+
+
+# ---------------------------------------------------------------------- Level 1
+@dataclass(frozen=True)
+class LocalisationSpec(ProbeSpec):
+    """Level 1: each organ's normalised centroid from a class-ordered mosaic."""
+
+    def load_targets(self, build, split, cache_keys):
+        names = _with_mirror(build, self.level, split, list(self.fields))
+        d = read_fields(build, self.level, split, names)
+        y = {
+            "centroid": d["centroid"].astype(np.float32),
+            "present": d["present"].astype(bool),
+            "mm_per_pixel": d["mm_per_pixel"].astype(np.float32),
+        }
+        return self._targets(build, split, cache_keys, d, y)
+
+    def _targets(self, build, split, cache_keys, d, y):
+        n = len(d["key"])
+        rows = cache_rows(cache_keys, d["key"], f"{build.root}/{self.level}/{split}")
+        return Targets(self, split, rows, d["patient_id"].astype(str),
+                       _mirror_flags(build, self.level, split, n, d), y)  # fmt: skip
+
+    def shape_output(self, flat):
+        return 0.5 + flat.reshape(-1, *self.output_shape)  # centred on the image
+
+    def loss_value(self, out, y, sinkhorn_iters=20):
+        import torch
+
+        m = y["present"].to(out.dtype)[..., None]
+        target = torch.nan_to_num(y["centroid"], nan=0.5)
+        return (((out - target) ** 2) * m).sum() / (2 * m.sum()).clamp(min=1.0)
+
+    def decode(self, out, t):
+        return out
+
+    def empty_prediction(self):
+        return np.zeros((0, *self.output_shape), np.float32)
+
+    def score(self, t, pred, rng, n_boot):
+        from .metrics import level1_metrics
+
+        if len(t) == 0:
+            return {"n": 0}
+        groups = t.patient if rng is not None else None
+        return level1_metrics(pred, t.y["centroid"], t.y["present"], t.y["mm_per_pixel"],
+                              groups, rng, n_boot)  # fmt: skip
+
+    def fit_prior(self, train):
+        from .metrics import atlas_predictions
+
+        return {"centroid": atlas_predictions(train.y["centroid"], train.y["present"], 1)[0].tolist()}
+
+    def prior_predict(self, prior, t):
+        c = np.asarray(prior["centroid"], np.float32)
+        return np.broadcast_to(c, (len(t), *c.shape)).copy()
+
+
+# ---------------------------------------------------------------------- Level 2
+@dataclass(frozen=True)
+class ArrangementSpec(LocalisationSpec):
+    """Level 2: the arrangement slot of each shuffled tile (Sinkhorn loss, Hungarian decode)."""
+
+    def load_targets(self, build, split, cache_keys):
+        names = _with_mirror(build, self.level, split, list(self.fields))
+        d = read_fields(build, self.level, split, names)
+        y = {
+            "centroid": d["centroid"].astype(np.float32),
+            "present": d["present"].astype(bool),
+            "mm_per_pixel": d["mm_per_pixel"].astype(np.float32),
+            "target_slot": d["target_slot"].astype(np.int64),
+            "present_pos": d["present_pos"].astype(bool),
+            "perm": d["perm"].astype(np.int64),
+        }
+        return self._targets(build, split, cache_keys, d, y)
+
+    def shape_output(self, flat):
+        return flat.reshape(-1, *self.output_shape)
+
+    def loss_value(self, out, y, sinkhorn_iters=20):
+        from .sinkhorn import log_sinkhorn, permutation_loss, slot_mask
+
+        rows = y["present_pos"]
+        log_p = log_sinkhorn(out, rows, slot_mask(rows), n_iters=sinkhorn_iters)
+        return permutation_loss(log_p, y["target_slot"], rows)
+
+    def decode(self, out, t):
+        from .sinkhorn import hungarian_decode
+
+        return hungarian_decode(out, t.y["present_pos"]).astype(np.int64)
+
+    def empty_prediction(self):
+        return np.zeros((0, self.output_shape[0]), np.int64)
+
+    def score(self, t, pred, rng, n_boot):
+        from .metrics import level2_metrics
+
+        if len(t) == 0:
+            return {"n": 0}
+        groups = t.patient if rng is not None else None
+        return level2_metrics(pred, t.y["target_slot"], t.y["present_pos"], groups, rng, n_boot,
+                              perm=t.y.get("perm"))  # fmt: skip
+
+    def chance(self, t):
+        """Expected exact-permutation accuracy of a uniformly random assignment (mean 1/n!)."""
+        from math import factorial
+
+        n = np.asarray(t.y["present_pos"], bool).sum(axis=1)
+        n = n[n > 0]
+        return float(np.mean([1.0 / factorial(int(k)) for k in n])) if n.size else None
+
+    def fit_prior(self, train):
+        pos = train.y["present_pos"]
+        organ, slot = train.y["perm"][pos], train.y["target_slot"][pos]
+        counts = np.zeros((N_ORGANS, self.output_shape[1]), np.int64)
+        np.add.at(counts, (organ, slot), 1)
+        return {"slot_counts": counts.tolist()}
+
+    def prior_predict(self, prior, t):
+        """Each tile's organ's slot frequencies, resolved into one arrangement per mosaic."""
+        from .sinkhorn import hungarian_decode
+
+        counts = np.asarray(prior["slot_counts"], np.float64)
+        freq = (counts + 1e-3) / (counts + 1e-3).sum(axis=1, keepdims=True)
+        scores = np.log(freq)[np.clip(t.y["perm"], 0, N_ORGANS - 1)]
+        return hungarian_decode(scores, t.y["present_pos"]).astype(np.int64)
+
+
+# ---------------------------------------------------------------------- Level 3
+Q_FIELDS = ("q_slice", "q_probe", "q_axis", "q_organ_a", "q_organ_b", "q_answer")
+QUESTION_KEYS = ("organ_a", "organ_b", "axis", "probe")
+
+
+@dataclass(frozen=True)
+class QuestionSpec(ProbeSpec):
+    """Level 3: one multiple-choice question about a slice (cross-entropy, accuracy)."""
+
+    index: int = -1  # the probe's id in the shards' ``q_probe`` (LEVEL3_PROBES order)
+
+    def load_targets(self, build, split, cache_keys):
+        slice_fields = [f for f in self.fields if not f.startswith("q_")]
+        s = read_fields(build, self.level, split, _with_mirror(build, self.level, split, slice_fields))
+        q = read_fields(build, self.level, split, list(Q_FIELDS))
+        where = f"{build.root}/{self.level}/{split}"
+        keep = q["q_probe"].astype(np.int64) == self.index
+        qs = q["q_slice"][keep].astype(np.int64)
+        slice_rows = cache_rows(cache_keys, s["key"], where)
+        is_mirror = _mirror_flags(build, self.level, split, len(s["key"]), s)
+        answer = q["q_answer"][keep].astype(np.int64)
+        if answer.size and (answer.min() < 0 or answer.max() >= self.n_classes):
+            raise IntegrityError(
+                f"{where}: {self.name} answers outside 0..{self.n_classes - 1}; the shards are corrupt"
+            )
+        y = {
+            "answer": answer,
+            "organ_a": q["q_organ_a"][keep].astype(np.int64),
+            "organ_b": q["q_organ_b"][keep].astype(np.int64),
+            "axis": q["q_axis"][keep].astype(np.int64),
+            "probe": np.full(answer.shape, self.index, dtype=np.int64),
+            "mm_per_pixel": s["mm_per_pixel"].astype(np.float32)[qs],
+        }
+        return Targets(self, split, slice_rows[qs], s["patient_id"].astype(str)[qs], is_mirror[qs], y)
+
+    def question(self, t, idx):
+        return {k: t.y[k][idx] for k in QUESTION_KEYS}
+
+    def loss_value(self, out, y, sinkhorn_iters=20):
+        import torch.nn.functional as F
+
+        return F.cross_entropy(out, y["answer"])
+
+    def decode(self, out, t):
+        return out.argmax(axis=1)
+
+    def empty_prediction(self):
+        return np.zeros((0,), np.int64)
+
+    def score(self, t, pred, rng, n_boot):
+        from .metrics import level3_metrics
+
+        if len(t) == 0:
+            return {"n": 0}
+        groups = t.patient if rng is not None else None
+        return level3_metrics(t.y["answer"], pred, self.n_classes, None, groups, rng, n_boot)
+
+    def chance(self, t):
+        return 1.0 / self.n_classes
+
+    def majority(self, train):
+        from .metrics import majority_class
+
+        return majority_class(train.y["answer"], self.n_classes) if len(train) else None
+
+    def majority_rate(self, majority, t):
+        if majority is None or len(t) == 0:
+            return None
+        return float(np.mean(t.y["answer"] == majority))
+
+    def fit_prior(self, train):
+        by_type: dict[str, Counter] = {}
+        for key, ans in zip(_question_types(train), train.y["answer"].tolist(), strict=True):
+            by_type.setdefault(key, Counter())[ans] += 1
+        answers = {k: min(c, key=lambda a: (-c[a], a)) for k, c in sorted(by_type.items())}
+        return {"answer": answers, "default": self.majority(train) or 0}
+
+    def prior_predict(self, prior, t):
+        table, default = prior["answer"], int(prior["default"])
+        return np.array([table.get(k, default) for k in _question_types(t)], np.int64)
+
+
+def _question_types(t: Targets) -> list[str]:
+    """One key per item: ``"organA|organB|axis"`` (organ -1 = none)."""
+    cols = zip(t.y["organ_a"].tolist(), t.y["organ_b"].tolist(), t.y["axis"].tolist(), strict=True)
+    return [f"{a}|{b}|{x}" for a, b, x in cols]
+
+
+# ---------------------------------------------------------------------- the registry
+L12_FIELDS = ("key", "patient_id", "present", "centroid", "mm_per_pixel")
+
+PROBE_SPECS: Registry = Registry("probe")
+
+
+def register_probe(spec: ProbeSpec, *, override: bool = False) -> ProbeSpec:
+    """Add ``spec`` to :data:`PROBE_SPECS` (its name must be new unless ``override``)."""
+    unknown = set(spec.metrics) - set(METRICS)
+    if unknown:
+        raise ConfigError(f"probe {spec.name!r}: unknown metric(s) {sorted(unknown)}; known: {sorted(METRICS)}")
+    order = PROBE_SPECS.meta(spec.name)["order"] if spec.name in PROBE_SPECS else len(PROBE_SPECS)
+    PROBE_SPECS.register(spec.name, spec, override=override, level=spec.level, order=order)
+    return spec
+
+
+register_probe(LocalisationSpec(
+    name="level1.localisation", level="level1", fields=L12_FIELDS, output="points",
+    output_shape=(N_ORGANS, 2), loss="masked MSE of normalised (x, y) over present organs",
+    metrics=("med_px", "med_mm", "sdr10"), per_organ="med_px",
+    prior_rule="mean training centroid per organ (atlas)",
+))  # fmt: skip
+register_probe(ArrangementSpec(
+    name="level2.arrangement", level="level2",
+    fields=(*L12_FIELDS, "perm", "target_slot", "present_pos"), output="assignment",
+    output_shape=(N_ORGANS, N_ORGANS), loss="permutation loss through log-domain Sinkhorn",
+    metrics=("perm_acc", "tile_acc", "kendall_tau"), per_organ="tile_acc",
+    prior_rule="most frequent training slot per organ (Hungarian per mosaic; knows each tile's organ)",
+))  # fmt: skip
+for _i, _p in enumerate(LEVEL3_PROBES):
+    register_probe(QuestionSpec(
+        name=f"level3.{_p}", level="level3", fields=("key", "patient_id", "mm_per_pixel", *Q_FIELDS),
+        output="classes", output_shape=(LEVEL3_N_CLASSES[_p],), loss="cross-entropy",
+        metrics=("accuracy", "macro_f1"), class_names=LEVEL3_CLASS_NAMES[_p], asks=True,
+        prior_rule="majority training answer per question type (organ A, organ B, axis)", index=_i,
+    ))  # fmt: skip
+
+
+def get_probe(name: str) -> ProbeSpec:
+    """The spec of probe ``name``; an unknown name is a :class:`ConfigError` with suggestions."""
+    if isinstance(name, ProbeSpec):
+        return name
+    try:
+        return PROBE_SPECS.get(name)
+    except UnknownNameError as e:
+        raise ConfigError(str(e)) from None
+
+
+def probe_names() -> list[str]:
+    """Every registered probe, in registration order (Level 1, Level 2, Level 3 ...)."""
+    return sorted(PROBE_SPECS.names(), key=lambda n: PROBE_SPECS.meta(n)["order"])
+
+
+__all__ = ["METRICS", "PROBE_SPECS", "Metric", "ProbeSpec", "get_probe", "probe_names",
+           "register_probe"]  # fmt: skip
