@@ -568,6 +568,10 @@ def build_from_cli(**options: Any) -> Path:
     sources = tuple(options.get("source") or ())
     if not sources:
         raise ConfigError("missing --source NAME; list the sources with `spar-build sources`")
+    from .sources import SOURCES
+
+    for name in sources:  # names first: a typo is named before any folder is looked at
+        SOURCES.check(name)
     sample: dict[str, Any] = {}
     if options.get("levels"):
         sample["levels"] = [s.strip() for s in options["levels"].split(",") if s.strip()]

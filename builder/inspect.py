@@ -133,14 +133,10 @@ def inspect_command(
 ) -> None:
     """Read cases into the canonical frame and print what the builder will see."""
     from spar_bench.errors import ConfigError
-    from spar_bench.registry import UnknownNameError
 
     from .sources import SOURCES
 
-    try:
-        source_cls = SOURCES.get(source_name)
-    except UnknownNameError as e:
-        raise ConfigError(str(e)) from None
+    source_cls = SOURCES.get(source_name)
     source = source_cls(root, images=images, seed=seed)
     refs = source.find()
     if case_ids:

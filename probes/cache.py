@@ -322,8 +322,10 @@ def write_cache(
 
     from spar_bench.outputs import check_target, claim, remove
 
-    from .encoders import load_encoder
+    from .encoders import check_encoder_name, load_encoder
 
+    if encoder_obj is None:
+        check_encoder_name(encoder)  # names first: a typo is named before any file is read
     out = Path(out)
     check_target(out, inputs=[data], folder=False)  # before any work
     if overwrite and out.exists():

@@ -535,9 +535,12 @@ def fit_command(
     """Train a probe head on cached features and score it (one run per probe x seed)."""
     import torch
 
+    from .heads import HEADS
+
+    HEADS.check(head)  # names first: an unknown head is named before any file is read
+    probes = parse_probes(probe)
     torch.set_num_threads(threads)
     cfg = train_config_from(max_epochs, batch_size, lr, device)
-    probes = parse_probes(probe)
     explicit = all(p.strip() != "all" for item in probe for p in item.split(","))
     for p in probes:
         for s in parse_seeds(seeds):

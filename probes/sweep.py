@@ -160,6 +160,7 @@ def sweep_command(
     head_list = [h.strip() for h in heads.split(",") if h.strip()]
     for h in head_list:
         head_input(h)  # unknown head -> ConfigError with suggestions
+    probe_list = parse_probes(probes)  # names first, before any file is read
     resolve_build(open_cache(features), data)  # fail fast on a fingerprint mismatch
     train_config_from(None, batch_size, 1e-3, device)  # fail fast on an unusable --device
     all_jobs = [
@@ -178,7 +179,7 @@ def sweep_command(
             device,
         )
         for h in head_list
-        for p in parse_probes(probes)
+        for p in probe_list
         for s in parse_seeds(seeds)
     ]
     t0 = time.perf_counter()

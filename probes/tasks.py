@@ -46,7 +46,7 @@ from spar_bench.builder.schema import (
 )
 
 from spar_bench.errors import ConfigError, IntegrityError
-from spar_bench.registry import Registry, UnknownNameError
+from spar_bench.registry import Registry
 
 from .targets import Targets, cache_rows, read_fields
 
@@ -434,10 +434,7 @@ def get_probe(name: str) -> ProbeSpec:
     """The spec of probe ``name``; an unknown name is a :class:`ConfigError` with suggestions."""
     if isinstance(name, ProbeSpec):
         return name
-    try:
-        return PROBE_SPECS.get(name)
-    except UnknownNameError as e:
-        raise ConfigError(str(e)) from None
+    return PROBE_SPECS.get(name)
 
 
 def probe_names() -> list[str]:

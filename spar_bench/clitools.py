@@ -2,8 +2,9 @@
 
 * :class:`LazyGroup`: a click group whose subcommands are ``"module:attr"`` strings,
   imported only when that subcommand runs (``spar-build --help`` imports no torch).
-* :func:`run_cli`: runs a group and turns :class:`~spar_bench.errors.SparError` into one
-  line on stderr and exit status 2, instead of a traceback.
+* :func:`run_cli`: runs a group and turns :class:`~spar_bench.errors.SparError` (an unknown
+  registry name included) into one newline-terminated line on stderr and exit status 2,
+  instead of a traceback.
 """
 
 from __future__ import annotations
@@ -45,6 +46,11 @@ class LazyGroup(click.Group):
             raise
 
 
+def error_line(e: BaseException) -> str:
+    """``error: <message>`` on one line (a message's own line breaks become spaces)."""
+    return "error: " + " ".join(part.strip() for part in str(e).splitlines() if part.strip())
+
+
 def run_cli(group: click.Command, argv: list[str] | None = None) -> int:
     """Run ``group``; a :class:`SparError` becomes ``error: <message>`` and exit 2."""
     try:
@@ -58,7 +64,7 @@ def run_cli(group: click.Command, argv: list[str] | None = None) -> int:
         click.echo("aborted", err=True)
         return 130
     except SparError as e:
-        click.echo(f"error: {e}", err=True)
+        click.echo(error_line(e), err=True)  # echo ends the line with a newline
         return 2
     return 0
 

@@ -6,7 +6,11 @@ Modelled on timm's ``register_model`` and lm-evaluation-harness's lazy registry:
   ``"module:attr"`` string that is imported only when the entry is first used, so
   listing a registry never imports torch;
 * registering a name twice is an error unless ``override=True``;
-* an unknown name raises :class:`UnknownNameError` with "did you mean" suggestions.
+* an unknown name raises :class:`UnknownNameError`, a
+  :class:`~spar_bench.errors.ConfigError`, with "did you mean" suggestions, so the CLI
+  prints it as one line and exits 2;
+* tests add and remove entries through the public :meth:`Registry.register`,
+  :meth:`Registry.unregister` and the :meth:`Registry.registered` context manager.
 """
 
 from __future__ import annotations
@@ -14,20 +18,32 @@ from __future__ import annotations
 import difflib
 import importlib
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, Generic, TypeVar
+
+from spar_bench.errors import ConfigError
 
 T = TypeVar("T")
 
 
-class UnknownNameError(KeyError):
-    """Raised for a name that no entry of the registry has."""
+def unknown_name_message(kind: str, name: str, known: list[str]) -> str:
+    """``unknown source 'wrod'. Did you mean 'word'? Known: lits, ..., word``."""
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+    hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    listing = ", ".join(known) if known else "(none registered)"
+    return f"unknown {kind} {name!r}.{hint} Known: {listing}"
+
+
+class UnknownNameError(ConfigError, KeyError):
+    """Raised for a name that no entry of the registry has.
+
+    A :class:`~spar_bench.errors.ConfigError` (the CLI prints one line, exit 2) and, for
+    code that looks names up like a mapping, a ``KeyError``.
+    """
 
     def __init__(self, kind: str, name: str, known: list[str]):
-        self.kind, self.name, self.known = kind, name, known
-        close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
-        hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-        listing = ", ".join(known) if known else "(none registered)"
-        super().__init__(f"unknown {kind} {name!r}.{hint} Known: {listing}")
+        self.kind, self.name, self.known = kind, name, list(known)
+        super().__init__(unknown_name_message(kind, name, self.known))
 
     def __str__(self) -> str:  # KeyError would quote the message
         return self.args[0]
@@ -86,9 +102,45 @@ class Registry(Generic[T]):
         self._entries[name] = target
         self._meta[name] = dict(meta)
 
-    def get(self, name: str) -> T:
+    def unregister(self, name: str) -> None:
+        """Remove ``name`` (raises :class:`UnknownNameError` if it is not registered)."""
         if name not in self._entries:
             raise UnknownNameError(self.kind, name, self.names())
+        del self._entries[name]
+        del self._meta[name]
+
+    @contextmanager
+    def registered(self, name: str, obj: T | str, **meta: Any) -> Iterator[T | str]:
+        """Register ``obj`` (or a lazy ``"module:attr"``) for the ``with`` block only.
+
+        An entry it replaces (the name may already exist) is restored afterwards::
+
+            with SOURCES.registered("fake", FakeSource):
+                build(config)
+        """
+        old = (self._entries[name], self._meta[name]) if name in self._entries else None
+        if isinstance(obj, str):
+            self.register_lazy(name, obj, override=True, **meta)
+        else:
+            self.register(name, obj, override=True, **meta)
+        try:
+            yield obj
+        finally:
+            if old is None:
+                self._entries.pop(name, None)
+                self._meta.pop(name, None)
+            else:
+                self._entries[name], self._meta[name] = old
+
+    def check(self, name: str) -> str:
+        """``name`` if it is registered, else :class:`UnknownNameError` (imports nothing)."""
+        if name not in self._entries:
+            raise UnknownNameError(self.kind, name, self.names())
+        return name
+
+    def get(self, name: str) -> T:
+        """The entry ``name`` (a lazy one is imported now)."""
+        self.check(name)
         entry = self._entries[name]
         if isinstance(entry, str):
             entry = import_target(entry)
@@ -96,8 +148,8 @@ class Registry(Generic[T]):
         return entry  # type: ignore[return-value]
 
     def meta(self, name: str) -> dict[str, Any]:
-        if name not in self._entries:
-            raise UnknownNameError(self.kind, name, self.names())
+        """The keyword metadata ``name`` was registered with."""
+        self.check(name)
         return dict(self._meta[name])
 
     def names(self) -> list[str]:

@@ -66,13 +66,12 @@ class FakeSource(Source):
 
 @pytest.fixture()
 def fake_root(tmp_path: Path) -> Path:
-    SOURCES.register("fake", FakeSource, override=True)
     root = tmp_path / "data"
     root.mkdir()
     cases = [["c1", "train"], ["c2", "train"], ["c3", "train"], ["c4", "val"], ["c5", "test"]]
     (root / "cases.json").write_text(json.dumps(cases))
-    yield root
-    SOURCES._entries.pop("fake", None)
+    with SOURCES.registered("fake", FakeSource):
+        yield root
 
 
 def config(root: Path, out: Path, **kw):

@@ -118,19 +118,21 @@ def test_unknown_name_suggests() -> None:
         load_encoder("tim:resnet50", random_init=True)
 
 
-def test_register_user_encoder_and_duplicates(monkeypatch) -> None:
+def test_register_user_encoder_and_duplicates() -> None:
     from spar_bench.probes.encoders.base import load_dummy
 
-    monkeypatch.setattr(ENCODERS, "_entries", dict(ENCODERS._entries))
-    monkeypatch.setattr(ENCODERS, "_meta", dict(ENCODERS._meta))
     register_encoder("my-enc", lambda rest, **kw: load_dummy(rest, dim=8, **kw), family="custom")
-    enc = load_encoder("my-enc")
-    assert enc.spec.dim == 8
-    with pytest.raises(DuplicateNameError):
-        register_encoder("my-enc", load_dummy)
-    with pytest.raises(ValueError, match="':'"):
-        register_encoder("timm:x", load_dummy)
-    assert any(r["name"] == "my-enc" for r in registry_rows())
+    try:
+        enc = load_encoder("my-enc")
+        assert enc.spec.dim == 8
+        with pytest.raises(DuplicateNameError):
+            register_encoder("my-enc", load_dummy)
+        with pytest.raises(ValueError, match="':'"):
+            register_encoder("timm:x", load_dummy)
+        assert any(r["name"] == "my-enc" for r in registry_rows())
+    finally:
+        ENCODERS.unregister("my-enc")
+    assert "my-enc" not in ENCODERS
 
 
 def test_entry_point_group(monkeypatch) -> None:
@@ -141,9 +143,10 @@ def test_entry_point_group(monkeypatch) -> None:
     ep = md.EntryPoint("ep-enc", "spar_bench.probes.encoders.base:load_dummy", pe.ENTRY_POINT_GROUP)
     monkeypatch.setattr(md, "entry_points", lambda group=None: [ep] if group == pe.ENTRY_POINT_GROUP else [])
     monkeypatch.setattr(pe, "_entry_points_loaded", False)
-    monkeypatch.setattr(ENCODERS, "_entries", dict(ENCODERS._entries))
-    monkeypatch.setattr(ENCODERS, "_meta", dict(ENCODERS._meta))
-    assert load_encoder("ep-enc").spec.family == "dummy"
+    try:
+        assert load_encoder("ep-enc").spec.family == "dummy"
+    finally:
+        ENCODERS.unregister("ep-enc")
 
 
 def test_encoders_command_lists_without_downloads() -> None:

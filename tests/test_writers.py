@@ -18,16 +18,13 @@ def built(tmp_path_factory) -> Path:
 
     from spar_bench.builder.build import build
 
-    SOURCES.register("fake", FakeSource, override=True)
     root = tmp_path_factory.mktemp("data")
     (root / "cases.json").write_text(json.dumps([["c1", "train"], ["c2", "val"], ["c3", "test"],
                                                  ["c4", "test"]]))
-    try:
+    with SOURCES.registered("fake", FakeSource):
         yield build(config(root, root.parent / "out", sample={
             "samples_per_case": 2, "l3_stride": 3, "l3_questions_per_probe": 2,
             "counterfactual": "mirror"}), quiet=True)
-    finally:
-        SOURCES._entries.pop("fake", None)
 
 
 def test_hdf5_layout_and_attributes(built: Path) -> None:

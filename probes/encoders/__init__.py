@@ -23,7 +23,6 @@ from typing import Any
 
 import click
 
-from spar_bench.errors import ConfigError
 from spar_bench.registry import Registry, UnknownNameError
 
 #: families, chosen by the prefix before the first ":".
@@ -95,22 +94,29 @@ def resolve_name(name: str, revision: str | None = None) -> tuple[str, str | Non
     return name, revision
 
 
+def check_encoder_name(name: str) -> tuple[str, str]:
+    """``(registered name or family, rest)`` of ``name``, without importing or loading anything.
+
+    Raises :class:`~spar_bench.registry.UnknownNameError` (a ConfigError, with "did you mean")
+    for a name that is neither registered, an alias, nor ``<family>:<rest>``.
+    """
+    _load_entry_points()
+    name, _ = resolve_name(name)
+    if name in ENCODERS:
+        return name, ""
+    family, sep, rest = name.partition(":")
+    if not sep or not rest:
+        known = ENCODERS.names() + sorted(ALIASES) + [f"{f}:<...>" for f in FAMILIES.names()]
+        raise UnknownNameError("encoder", name, known)
+    return FAMILIES.check(family), rest
+
+
 def load_encoder(name: str, *, weights: str | None = None, random_init: bool = False,
                  revision: str | None = None, **kwargs: Any):
     """Build the encoder ``name`` on CPU (see the module docstring). Raises ConfigError."""
-    _load_entry_points()
-    name, revision = resolve_name(name, revision)
-    if name in ENCODERS:
-        factory, rest = ENCODERS.get(name), ""
-    else:
-        family, sep, rest = name.partition(":")
-        if not sep or not rest:
-            known = ENCODERS.names() + sorted(ALIASES) + [f"{f}:<...>" for f in FAMILIES.names()]
-            raise ConfigError(str(UnknownNameError("encoder", name, known)))
-        try:
-            factory = FAMILIES.get(family)
-        except UnknownNameError as e:
-            raise ConfigError(str(e)) from None
+    entry, rest = check_encoder_name(name)
+    _, revision = resolve_name(name, revision)
+    factory = ENCODERS.get(entry) if not rest else FAMILIES.get(entry)
     return factory(rest, weights=weights, random_init=random_init, revision=revision, **kwargs)
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from spar_bench.errors import ConfigError
-from spar_bench.registry import Registry, UnknownNameError
+from spar_bench.registry import Registry
 
 HEADS: Registry = Registry("head")
 HEADS.register_lazy("linear", "spar_bench.probes.heads.pooled:LinearHead", input="pooled")
@@ -36,10 +36,7 @@ HEADS.register_lazy("transformer", "spar_bench.probes.heads.transformer:Transfor
 
 def head_input(name: str) -> str:
     """``"pooled"`` or ``"tokens"``: which cached features the head reads."""
-    try:
-        return HEADS.meta(name)["input"]
-    except UnknownNameError as e:
-        raise ConfigError(str(e)) from None
+    return HEADS.meta(name)["input"]
 
 
 def build_head(name: str, spec, in_dim: int, n_tokens: int = 1, **cfg: Any):
@@ -48,10 +45,7 @@ def build_head(name: str, spec, in_dim: int, n_tokens: int = 1, **cfg: Any):
     ``n_tokens`` is the token count (token heads); ``cfg`` overrides the head's
     documented defaults (unknown keys raise :class:`ConfigError`).
     """
-    try:
-        cls = HEADS.get(name)
-    except UnknownNameError as e:
-        raise ConfigError(str(e)) from None
+    cls = HEADS.get(name)
     unknown = set(cfg) - set(cls.DEFAULTS)
     if unknown:
         raise ConfigError(
@@ -64,10 +58,7 @@ def build_head(name: str, spec, in_dim: int, n_tokens: int = 1, **cfg: Any):
 
 def head_defaults(name: str) -> dict[str, Any]:
     """The documented options of head ``name`` and their defaults."""
-    try:
-        return dict(HEADS.get(name).DEFAULTS)
-    except UnknownNameError as e:
-        raise ConfigError(str(e)) from None
+    return dict(HEADS.get(name).DEFAULTS)
 
 
 __all__ = ["HEADS", "build_head", "head_defaults", "head_input"]
