@@ -126,6 +126,26 @@ def is_degenerate_affine(affine: np.ndarray) -> bool:
     return bool(np.allclose(np.abs(lin).sum(axis=0), 1.0) and np.allclose(np.abs(lin).max(axis=0), 1.0))
 
 
+def canonical_grid(affine: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, tuple[int, int, int]]:
+    """``(affine, shape)`` of a volume AFTER :func:`apply_canonical`: voxel ``[z, row, col]`` -> world (RAS mm).
+
+    Two files that store the same voxels in a different axis order (flips, permutations)
+    have the same canonical grid.
+    """
+    from nibabel import orientations as nio
+
+    info = canonical_transform(affine)
+    transform = np.asarray(info["transform"], dtype=np.float64)
+    reoriented = np.asarray(affine, dtype=np.float64) @ nio.inv_ornt_aff(transform, tuple(shape[:3]))
+    shape_o = [0, 0, 0]
+    for in_axis, (out_axis, _flip) in enumerate(transform):
+        shape_o[int(out_axis)] = int(shape[in_axis])
+    perm = list(info["transpose"])
+    out = reoriented.copy()
+    out[:3, :3] = reoriented[:3, perm]
+    return out, tuple(shape_o[a] for a in perm)  # type: ignore[return-value]
+
+
 def check_same_geometry(
     image_affine: np.ndarray,
     image_shape: tuple[int, ...],
@@ -138,25 +158,30 @@ def check_same_geometry(
     atol_mm: float = GEOMETRY_ATOL_MM,
     direction_atol: float = DIRECTION_ATOL,
 ) -> None:
-    """Raise :class:`CaseError` naming BOTH files unless image and mask share one voxel grid.
+    """Raise :class:`CaseError` naming BOTH files unless image and mask describe one voxel grid.
 
-    Compares shape, spacing (``atol_mm``), origin (``atol_mm``) and direction cosines
-    (``direction_atol``). Spacing and origin tolerances are absolute, in mm.
+    Both grids are first brought into the canonical frame (:func:`canonical_grid`), so a
+    mask that stores the image's voxels in another axis order (an axis flipped, axes
+    permuted: same spacing and extent) is the same grid. Then shape (``[z, row, col]``),
+    spacing (``atol_mm``), origin of the canonical first voxel (``atol_mm``) and direction
+    cosines (``direction_atol``: a different obliquity) are compared. Tolerances are
+    absolute, in mm.
     """
+    image_c, image_shape_c = canonical_grid(image_affine, image_shape)
+    mask_c, mask_shape_c = canonical_grid(mask_affine, mask_shape)
     problems: list[str] = []
-    if tuple(image_shape) != tuple(mask_shape):
-        problems.append(f"shape {tuple(image_shape)} vs {tuple(mask_shape)}")
-    si, sm = np.array(voxel_spacing(image_affine)), np.array(voxel_spacing(mask_affine))
+    if image_shape_c != mask_shape_c:
+        problems.append(f"shape [z,row,col] {image_shape_c} vs {mask_shape_c}")
+    si, sm = np.array(voxel_spacing(image_c)), np.array(voxel_spacing(mask_c))
     if not np.allclose(si, sm, rtol=0, atol=atol_mm):
-        problems.append(f"spacing {np.round(si, 4).tolist()} vs {np.round(sm, 4).tolist()} mm")
-    oi = np.asarray(image_affine, dtype=np.float64)[:3, 3]
-    om = np.asarray(mask_affine, dtype=np.float64)[:3, 3]
+        problems.append(f"spacing [z,row,col] {np.round(si, 4).tolist()} vs {np.round(sm, 4).tolist()} mm")
+    oi, om = image_c[:3, 3], mask_c[:3, 3]
     if not np.allclose(oi, om, rtol=0, atol=atol_mm):
         problems.append(
             f"origin {np.round(oi, 3).tolist()} vs {np.round(om, 3).tolist()} mm "
             f"(differs by {float(np.abs(oi - om).max()):.3g} mm)"
         )
-    di, dm = _direction(image_affine), _direction(mask_affine)
+    di, dm = _direction(image_c), _direction(mask_c)
     if not np.allclose(di, dm, rtol=0, atol=direction_atol):
         problems.append(
             f"direction {np.round(di, 4).tolist()} vs {np.round(dm, 4).tolist()}"
@@ -167,5 +192,6 @@ def check_same_geometry(
             None,
             f"image {image_path} and mask {mask_path} are not on the same voxel grid: "
             + "; ".join(problems)
-            + " (image vs mask). Resample the mask onto the image grid, or fix the header.",
+            + " (image vs mask, compared in the canonical frame). Resample the mask onto the image grid, "
+            "or fix the header.",
         )

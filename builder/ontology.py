@@ -39,6 +39,11 @@ from .schema import N_ORGANS, ORGAN_ID, ORGANS
 #: The shipped label maps (package data of ``spar_bench.manifests``; works from a wheel).
 LABELS_DIR = resources.files("spar_bench.manifests") / "labels"
 
+#: A label naming both members of a bilateral pair, by stem: split by side after reorientation.
+SIDED_PAIRS: dict[str, tuple[str, str]] = {"kidney": ("kidney_left", "kidney_right")}
+#: Temporary id of sided voxels in a raw-grid mask, until :func:`split_sided`.
+SIDED_ID = 255
+
 _SIDE_WORDS = {"r": "right", "rt": "right", "l": "left", "lt": "left"}
 
 
@@ -89,6 +94,9 @@ class LabelMap:
     approximations: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     ignored: tuple[str, ...] = field(default=())
+    #: raw id -> sided stem (``"kidney"``): one label for both members of a bilateral pair,
+    #: written as :data:`SIDED_ID` and split by side after reorientation (:func:`split_sided`).
+    sided: dict[int, str] = field(default_factory=dict)
 
     @property
     def max_id(self) -> int:
@@ -98,7 +106,7 @@ class LabelMap:
         """uint8 lookup table raw id -> canonical id (unknown ids map to 0; check first)."""
         table = np.zeros(self.max_id + 1, dtype=np.uint8)
         for raw, organ in self.ids.items():
-            table[raw] = ORGAN_ID[organ] if organ else 0
+            table[raw] = SIDED_ID if organ in SIDED_PAIRS else ORGAN_ID[organ] if organ else 0
         return table
 
     def known(self) -> np.ndarray:
@@ -123,6 +131,7 @@ class LabelMap:
             "approximations": list(self.approximations),
             "ignored": list(self.ignored),
             "notes": list(self.notes),
+            **({"sided": {str(k): v for k, v in sorted(self.sided.items())}} if self.sided else {}),
         }
 
 
@@ -167,21 +176,39 @@ def totalsegmentator_classes() -> tuple[dict[str, str], tuple[bool, ...], dict[s
     return classes, annotated, m
 
 
+def _synonym_tables(m: dict[str, Any], where: str) -> tuple[dict[str, str], dict[str, str | None]]:
+    """(normalised name -> organ or sided stem, normalised lesion name -> host or None) of nnunet.json."""
+    synonyms: dict[str, str] = {}
+    for organ, names in m["synonyms"].items():
+        _check_organ(organ, where)
+        synonyms.update({normalise_name(n): organ for n in names})
+    for stem, names in m.get("sided_synonyms", {}).items():
+        if stem not in SIDED_PAIRS:
+            raise ConfigError(f"{where}: sided stem {stem!r} unknown; known: {', '.join(SIDED_PAIRS)}")
+        synonyms.update({normalise_name(n): stem for n in names})
+    lesions = {normalise_name(k): v for k, v in m.get("lesion_synonyms", {}).items()}
+    for host in lesions.values():
+        if host is not None and host not in SIDED_PAIRS:
+            _check_organ(host, where)
+    return synonyms, lesions
+
+
+def _organs_of(value: str | None) -> set[str]:
+    return set(SIDED_PAIRS[value]) if value in SIDED_PAIRS else {value} if value else set()
+
+
 def label_map_from_names(name: str, labels: dict[str, int]) -> LabelMap:
     """A :class:`LabelMap` for a dataset whose labels are given by name (nnU-Net ``dataset.json``).
 
     ``labels`` maps label name -> raw id (background included or not). Names are
     matched to canonical organs through ``manifests/labels/nnunet.json``; names that
-    match nothing become background and are listed in ``ignored``.
+    match nothing become background and are listed in ``ignored``. A lesion name
+    without an organ (``tumor``, ``cancer``) belongs to the dataset's only organ label
+    when there is exactly one (MSD Liver, MSD Pancreas, KiTS); a lesion alone never makes
+    its organ annotated.
     """
     m = load_manifest("nnunet")
-    where = str(LABELS_DIR / "nnunet.json")
-    synonyms: dict[str, str] = {}
-    for organ, names in m["synonyms"].items():
-        _check_organ(organ, where)
-        for n in names:
-            synonyms[normalise_name(n)] = organ
-    lesions = {normalise_name(k): v for k, v in m.get("lesion_synonyms", {}).items()}
+    synonyms, lesions = _synonym_tables(m, str(LABELS_DIR / "nnunet.json"))
     ids: dict[int, str | None] = {}
     lesion_ids: list[int] = []
     ignored: list[str] = []
@@ -197,10 +224,12 @@ def label_map_from_names(name: str, labels: dict[str, int]) -> LabelMap:
         else:
             ids[raw] = None
             ignored.append(label_name)
-    mapped = {o for raw, o in ids.items() if o and raw not in lesion_ids}
+    organ_values = {o for raw, o in ids.items() if o and raw not in lesion_ids}
+    only_host = next(iter(organ_values)) if len(organ_values) == 1 else None
     for raw in lesion_ids:  # a lesion alone does not annotate its organ: keep it background
-        if ids[raw] not in mapped:
-            ids[raw] = None
+        host = ids[raw] or only_host
+        ids[raw] = host if host in organ_values else None
+    mapped = set().union(*(_organs_of(o) for o in organ_values)) if organ_values else set()
     return LabelMap(
         name=f"nnunet:{name}",
         ids=ids,
@@ -210,7 +239,29 @@ def label_map_from_names(name: str, labels: dict[str, int]) -> LabelMap:
         approximations=tuple(m.get("approximations", [])),
         notes=tuple(m.get("notes", [])),
         ignored=tuple(ignored),
+        sided={raw: o for raw, o in ids.items() if o in SIDED_PAIRS},
     )
+
+
+def split_sided(mask: np.ndarray, image: np.ndarray | None) -> dict[str, Any] | None:
+    """Split :data:`SIDED_ID` voxels of a CANONICAL mask by side, in place; return the record.
+
+    The midline is the centre column of the body (image voxels > -500 HU) when there is
+    an image, else of every labelled voxel. Voxels at a larger column (the patient's left)
+    become the left member of the pair. Returns None when no voxel is sided.
+    """
+    sided = mask == SIDED_ID
+    if not sided.any():
+        return None
+    body = (image > -500) if image is not None else (mask > 0)
+    cols = np.flatnonzero(body.any(axis=(0, 1)))
+    midline = (cols[0] + cols[-1]) / 2.0 if cols.size else (mask.shape[2] - 1) / 2.0
+    left, right = SIDED_PAIRS["kidney"]
+    on_left = np.arange(mask.shape[2]) > midline
+    mask[sided & on_left[None, None, :]] = ORGAN_ID[left]
+    mask[sided & ~on_left[None, None, :]] = ORGAN_ID[right]
+    return {"stem": "kidney", "midline_col": float(midline),
+            "midline_from": "body (image > -500 HU)" if image is not None else "labelled voxels"}
 
 
 def label_counts(raw: np.ndarray, *, chunk: int = 1 << 20) -> np.ndarray:

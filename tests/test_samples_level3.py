@@ -161,10 +161,31 @@ def test_counting_components():
     out = process_case(layout_case(lesion=True), CFG, 5)
     q = out["level3_questions"]
     cnt = by_probe(q, "counting")
-    assert len(cnt) == 3  # one per slice
-    assert q["q_count"][cnt].tolist() == [2, 1, 0] and q["q_answer"][cnt].tolist() == [2, 1, 0]
+    # eligibility per probe: slice 6 shows only the liver, so it carries counting alone
+    assert out["level3"]["slice_index"].tolist() == [0, 2, 4, 6]
+    assert len(cnt) == 4  # one per slice
+    assert q["q_count"][cnt].tolist() == [2, 1, 0, 0] and q["q_answer"][cnt].tolist() == [2, 1, 0, 0]
     assert (q["q_organ_a"][cnt] == -1).all()
     assert out["level3"]["lesion"][0].any() and not out["level3"]["lesion"][2].any()
+    on_6 = q["q_slice"] == 3
+    assert on_6.sum() == 1 and q["q_probe"][on_6][0] == P["counting"]
+
+
+def test_counting_slices_whatever_the_organ_count():
+    """A lesion case: a slice with one organ, or a lesion outside any organ, carries counting only;
+    a slice with no organ and no counted lesion is not a Level 3 slice; organ probes keep 2 organs."""
+    case = layout_case(lesion=True)
+    mask, les = case.mask.copy(), case.lesion.copy()
+    mask[mask != ORGAN_ID["liver"]] = 0  # only the liver is left: no slice has two organs
+    les[4, 30:33, 40:43] = 1  # a lesion on slice 4, outside the liver
+    mask[6] = 0  # slice 6: nothing at all
+    out = process_case(Case("synth", "one", "train", mask, SPACING, image=case.image, lesion=les), CFG, 5)
+    q = out["level3_questions"]
+    assert out["level3"]["slice_index"].tolist() == [0, 2, 4]
+    assert set(q["q_probe"].tolist()) == {P["counting"]}
+    assert q["q_answer"].tolist() == [2, 1, 1]
+    no_lesion = process_case(Case("synth", "one", "train", mask, SPACING, image=case.image), CFG, 5)
+    assert len(no_lesion["level3"]["slice_index"]) == 0  # without lesions: the two-organ rule
 
 
 def test_questions_per_probe_cap_and_determinism():

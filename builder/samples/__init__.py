@@ -40,7 +40,7 @@ def _process_one(
         plan_level12(case, stats, config, global_seed) if want12 else np.empty((0, 16), np.int64)
     )
     zs3 = (
-        plan_level3(stats, case.spacing, config)
+        plan_level3(stats, case.spacing, config, case.lesion)
         if "level3" in config.levels
         else np.empty(0, np.int64)
     )

@@ -2,9 +2,16 @@
 
 Slices
 ------
-Slice ``z`` of a case is a Level 3 slice when ``z % l3_stride == 0`` and at least
-``l3_min_organs`` organs cover ``>= l3_min_area_mm2`` on it (native area = pixel count x
-row spacing x column spacing). Only those organs ("eligible") take part in questions.
+Eligibility is per probe; every slice considered has ``z % l3_stride == 0``.
+
+* Organ probes (relative_position, orientation, symmetry, size, distance): at least
+  ``l3_min_organs`` organs cover ``>= l3_min_area_mm2`` on the slice (native area = pixel
+  count x row spacing x column spacing). Only those organs ("eligible") take part.
+* counting (cases with a lesion channel only): the slice shows at least one organ of
+  ``>= l3_min_area_mm2`` or at least one counted lesion component, whatever its organ
+  count. A slice eligible only for counting carries only the counting question.
+
+A Level 3 slice is a slice eligible for at least one probe.
 Image (windowed uint8), label (canonical ids, nearest) and lesion (0/1, nearest) are
 stored in the case's 224 frame. Key index = ``z``; the slice's seed is
 ``derive_seed(global_seed, source, case_id, "level3", z)`` and its rng draws every
@@ -77,12 +84,35 @@ def area_mm2(stats: SliceStats, spacing: tuple[float, float, float]) -> np.ndarr
     return stats.area_px[:, 1:] * (float(spacing[1]) * float(spacing[2]))
 
 
-def plan_level3(
-    stats: SliceStats, spacing: tuple[float, float, float], config: SampleConfig
-) -> np.ndarray:
-    """Slice indices of the Level 3 slices of a case (sorted)."""
+def organ_probe_slices(stats: SliceStats, spacing: tuple[float, float, float], config: SampleConfig) -> np.ndarray:
+    """Per slice: eligible for the organ probes (``l3_min_organs`` organs of ``l3_min_area_mm2``)."""
     eligible = area_mm2(stats, spacing) >= config.l3_min_area_mm2
-    zs = np.flatnonzero(eligible.sum(axis=1) >= config.l3_min_organs)
+    return eligible.sum(axis=1) >= config.l3_min_organs
+
+
+def counting_slices(
+    stats: SliceStats, spacing: tuple[float, float, float], lesion: np.ndarray | None, config: SampleConfig
+) -> np.ndarray:
+    """Per slice: eligible for counting (lesion channel, and an organ or a counted lesion on it)."""
+    n_z = stats.area_px.shape[0]
+    if lesion is None:
+        return np.zeros(n_z, dtype=bool)
+    any_organ = (area_mm2(stats, spacing) >= config.l3_min_area_mm2).any(axis=1)
+    has_lesion = lesion.reshape(n_z, -1).any(axis=1)
+    for z in np.flatnonzero(has_lesion & ~any_organ):
+        has_lesion[z] = count_lesions(lesion[z], config.lesion_min_voxels) > 0
+    return any_organ | has_lesion
+
+
+def plan_level3(
+    stats: SliceStats,
+    spacing: tuple[float, float, float],
+    config: SampleConfig,
+    lesion: np.ndarray | None = None,
+) -> np.ndarray:
+    """Slice indices of the Level 3 slices of a case (sorted): eligible for at least one probe."""
+    ok = organ_probe_slices(stats, spacing, config) | counting_slices(stats, spacing, lesion, config)
+    zs = np.flatnonzero(ok)
     return zs[zs % config.l3_stride == 0]
 
 
@@ -134,6 +164,8 @@ def slice_questions(
     """The questions of slice ``z`` as dicts (fields of :data:`QUESTION_FIELDS` minus keys/slice/seed)."""
     area = area_mm2(stats, spacing)[z]
     organs = [int(o) for o in np.flatnonzero(area >= config.l3_min_area_mm2)]
+    if len(organs) < config.l3_min_organs:  # a counting-only slice: no organ probe here
+        organs = []
     rc = stats.centroid_rc[z, 1:]  # (16, 2) native (row, col)
     row_mm, col_mm = rc[:, 0] * float(spacing[1]), rc[:, 1] * float(spacing[2])
     fx, fy = frame.to_frame(rc[:, 0], rc[:, 1])

@@ -120,9 +120,10 @@ class TotalSegmentatorSource(VolumeSource):
                 )
             if mask is None:
                 mask, affine = np.zeros(raw.shape, dtype=np.uint8), aff
-            elif raw.shape != mask.shape:
+            elif raw.shape != mask.shape or not np.allclose(aff, affine, rtol=0, atol=1e-3):
                 raise CaseError(
-                    ref.case_id, path, f"shape {raw.shape} differs from the other class masks {mask.shape}"
+                    ref.case_id, path, f"shape {raw.shape} or affine differs from the other class masks "
+                    f"(shape {mask.shape}); every class mask must share one voxel grid and axis order"
                 )
             hit = raw.astype(bool, copy=False)
             overlap += int(np.count_nonzero(mask[hit]))

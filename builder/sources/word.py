@@ -20,7 +20,7 @@ from spar_bench.hashing import sha256_file
 from spar_bench.seeding import derive_seed
 
 from ..case import Case, CaseRef
-from ..ontology import LabelMap, apply_label_map, label_map_from_ids
+from ..ontology import LabelMap, apply_label_map, label_map_from_ids, split_sided
 from ..readers import (
     as_hu_int16,
     as_integer_labels,
@@ -125,9 +125,16 @@ class VolumeSource(Source):
         ref_affine = image_affine if image is not None else mask_affine
         info = canonical_transform(ref_affine)
         spacing = canonical_spacing(ref_affine, info)
-        mask_c = apply_canonical(mask, info)
-        lesion_c = apply_canonical(lesion, info) if lesion is not None else None
+        # the mask goes through its OWN transform: another axis order of the same grid is fine
+        mask_info = canonical_transform(mask_affine)
+        if mask_info["transform"] != info["transform"]:
+            extra["mask_orientation"] = mask_info
+        mask_c = apply_canonical(mask, mask_info)
+        lesion_c = apply_canonical(lesion, mask_info) if lesion is not None else None
         image_c = apply_canonical(image, info) if image is not None else None
+        sided = split_sided(mask_c, image_c) if self.get_label_map().sided else None
+        if sided:
+            extra["sided_split"] = sided
         provenance: dict[str, Any] = {
             "source": self.name,
             "files": {role: str(p) for role, p in ref.files.items()},
