@@ -38,6 +38,10 @@ from .schema import LEVEL3_CLASS_NAMES, LEVEL3_PROBES, LEVELS, N_ORGANS, ORGANS,
 from .writers.hdf5 import COMPRESSIONS
 
 ON_ERROR = ("fail", "skip")
+UNKNOWN_LABELS = ("fail", "ignore")
+#: Options added after builder 0.1.0: left out of the recorded config while at their
+#: default, so a build without them keeps the bytes of its dataset card and manifest config.
+OPTIONAL_FIELDS = {"cases": {}, "limit": {}, "split_ratio": {}, "split_file": None, "unknown_labels": "fail"}
 PARTS = ("level1", "level2", "level3", "level3_questions")
 #: Fields of the build config that never change the output bytes (kept out of the manifest).
 RUNTIME_FIELDS = ("out", "workers", "resume", "overwrite")
@@ -63,6 +67,12 @@ class BuildConfig:
         resume / overwrite: reuse ``OUT.tmp`` / replace an existing ``OUT``.
         on_error: ``fail`` stops at the first bad case; ``skip`` records it in the manifest.
         hf: also write the Hugging Face folder ``OUT/hf``.
+        cases / limit / split_ratio: per source (key a source name, or ``"*"`` for every
+            source): case ids to keep, a seeded patient-level number of cases, a
+            patient-level train/val/test ratio (:mod:`spar_bench.builder.selection`).
+        split_file: CSV ``case_id,split[,source]`` giving the split of listed cases.
+        unknown_labels: ``fail`` on a label id the label map does not know, or
+            ``ignore`` it (background; listed per case in the manifest).
     """
 
     sources: tuple[str, ...]
@@ -80,6 +90,11 @@ class BuildConfig:
     overwrite: bool = False
     on_error: str = "fail"
     hf: bool = True
+    cases: dict[str, list[str]] = field(default_factory=dict)
+    limit: dict[str, int] = field(default_factory=dict)
+    split_ratio: dict[str, list[float]] = field(default_factory=dict)
+    split_file: str | None = None
+    unknown_labels: str = "fail"
 
     def __post_init__(self) -> None:
         if not self.sources:
@@ -95,6 +110,11 @@ class BuildConfig:
                               f"got {self.compression!r}")
         if self.shard_size < 1:
             raise ConfigError(f"--shard-size must be >= 1, got {self.shard_size}")
+        if self.unknown_labels not in UNKNOWN_LABELS:
+            raise ConfigError(f"--unknown-labels must be one of {UNKNOWN_LABELS}, got {self.unknown_labels!r}")
+        for key, n in self.limit.items():
+            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+                raise ConfigError(f"--limit {key}={n!r}: must be an integer >= 1")
         if self.resume and self.overwrite:
             raise ConfigError("--resume and --overwrite exclude each other; pick one")
 
@@ -104,6 +124,9 @@ class BuildConfig:
         for k in RUNTIME_FIELDS:
             d.pop(k)
         d["sources"], d["roots"] = list(self.sources), list(self.roots)
+        for k, default in OPTIONAL_FIELDS.items():
+            if d[k] == default:
+                d.pop(k)
         return d
 
 
@@ -182,7 +205,8 @@ def process_one(job: dict[str, Any]) -> dict[str, Any]:
     meta: dict[str, Any] = {"source": ref.source, "case_id": ref.case_id, "split": ref.split,
                             "patient_id": ref.patient}
     try:
-        src = job["source_cls"](job["root"], images=job["images"], seed=job["seed"])
+        src = job["source_cls"](job["root"], images=job["images"], seed=job["seed"],
+                                unknown_labels=job.get("unknown_labels", "fail"))
         case = src.load(ref)
         result = api.process_case(case, api.SampleConfig.from_dict(job["sample"]), job["seed"])
     except CaseError as e:
@@ -314,26 +338,30 @@ def _prepare_dirs(config: BuildConfig) -> tuple[Path, Path]:
     return work, out
 
 
-def _find(config: BuildConfig) -> tuple[list[tuple[Any, str, type]], dict[str, Any]]:
+def _find(config: BuildConfig) -> tuple[list[tuple[Any, str, type]], dict[str, Any], dict[tuple[str, str], str]]:
+    """Every chosen case ``(ref, root, source class)`` sorted, the sources' records, split origins."""
+    from .selection import select
     from .sources import SOURCES
 
-    refs, label_maps = [], {}
+    found, label_maps, where, rules = {}, {}, {}, {}
     for name, root in zip(config.sources, config.roots, strict=True):
         cls = SOURCES.get(name)
-        src = cls(root, images=config.images, seed=config.seed)
-        found = src.find()
-        if not found:
+        src = cls(root, images=config.images, seed=config.seed, unknown_labels=config.unknown_labels)
+        found[name] = src.find()
+        if not found[name]:
             raise ConfigError(f"source {name}: no cases found under {root} ({src.needs})")
-        refs += [(r, root, cls) for r in found]
+        where[name], rules[name] = (root, cls), src.split_rule
         label_maps[name] = {"root": str(root), "label_map": _json_safe(src.label_map()),
-                            "needs": src.needs, "n_cases": len(found)}
+                            "needs": src.needs, "n_cases": len(found[name])}
+    chosen, origins = select(config, found, rules)
+    refs = [(r, *where[r.source]) for r in chosen]
     refs.sort(key=lambda t: (t[0].source, t[0].case_id))
     seen = set()
     for r, _, _ in refs:
         if (r.source, r.case_id) in seen:
             raise ConfigError(f"source {r.source}: case id {r.case_id!r} found twice; ids must be unique")
         seen.add((r.source, r.case_id))
-    return refs, label_maps
+    return refs, label_maps, origins
 
 
 def _run_cases(config: BuildConfig, refs, cases_dir: Path, sample: dict) -> dict[tuple[str, str], dict]:
@@ -347,7 +375,7 @@ def _run_cases(config: BuildConfig, refs, cases_dir: Path, sample: dict) -> dict
             done[(ref.source, ref.case_id)] = json.loads(idx.read_text(encoding="utf-8"))
         else:
             todo.append({"ref": ref, "source_cls": cls, "root": str(root), "images": config.images, "seed": config.seed,
-                         "sample": sample, "cases_dir": str(cases_dir)})
+                         "sample": sample, "cases_dir": str(cases_dir), "unknown_labels": config.unknown_labels})
     bar = tqdm(total=len(refs), initial=len(done), desc="cases", unit="case")
 
     def accept(rec: dict) -> None:
@@ -481,7 +509,7 @@ def build(config: BuildConfig, *, quiet: bool = False) -> Path:
 
     sample_cfg = _sample_config(config)
     levels = tuple(lv for lv in LEVELS if lv in sample_cfg.levels)
-    refs, sources_info = _find(config)  # reads only
+    refs, sources_info, origins = _find(config)  # reads only
     work, out = _prepare_dirs(config)  # refuses a bad OUT before anything is written
     cases_dir = work / "cases"
     done = _run_cases(config, refs, cases_dir, sample_cfg.to_dict())
@@ -512,8 +540,9 @@ def build(config: BuildConfig, *, quiet: bool = False) -> Path:
         "shards": shards,
         "hf": hf_info,
         "counts": counts,
-        "cases": [{k: r.get(k) for k in ("source", "case_id", "split", "patient_id",
-                                         "image_synthesized", "rows", "provenance")}
+        "cases": [{**{k: r.get(k) for k in ("source", "case_id", "split", "patient_id",
+                                            "image_synthesized", "rows", "provenance")},
+                   "split_origin": origins[(r["source"], r["case_id"])]}
                   for r in records],
         "skipped": skipped,
         "versions": package_versions(),
@@ -561,6 +590,36 @@ def resolve_roots(sources: tuple[str, ...], roots: tuple[str, ...]) -> tuple[str
     return tuple(out)
 
 
+def _choice_options(options: dict[str, Any], sources: tuple[str, ...]) -> dict[str, Any]:
+    """``--cases``, ``--limit``, ``--split-ratio``, ``--split-file`` as BuildConfig fields."""
+    from .selection import parse_per_source, parse_ratio
+
+    def ints(key: str, text: str) -> int:
+        try:
+            return int(text)
+        except ValueError:
+            raise ConfigError(f"--limit {key}={text!r}: not an integer") from None
+
+    def ids(text: str) -> list[str]:
+        path = Path(text)
+        if text.startswith("@"):
+            path = Path(text[1:])
+            if not path.is_file():
+                raise ConfigError(f"--cases {text}: no such file")
+            return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        return [c.strip() for c in text.split(",") if c.strip()]
+
+    cases = parse_per_source(options.get("cases") or (), "--cases", sources)
+    limit = parse_per_source(options.get("limit") or (), "--limit", sources)
+    ratio = parse_per_source(options.get("split_ratio") or (), "--split-ratio", sources)
+    return {
+        "cases": {k: ids(v) for k, v in cases.items()},
+        "limit": {k: ints(k, v) for k, v in limit.items()},
+        "split_ratio": {k: parse_ratio(v) for k, v in ratio.items()},
+        "split_file": options.get("split_file"),
+    }
+
+
 def build_from_cli(**options: Any) -> Path:
     """Entry point of ``spar-build`` without a subcommand (options as click passes them)."""
     if not options.get("out"):
@@ -598,6 +657,8 @@ def build_from_cli(**options: Any) -> Path:
         overwrite=bool(options.get("overwrite")),
         on_error=given("on_error", "fail"),
         hf=not options.get("no_hf"),
+        unknown_labels=options.get("unknown_labels") or "fail",
+        **_choice_options(options, sources),
     )
     path = build(config)
     import click

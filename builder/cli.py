@@ -50,6 +50,15 @@ COMMANDS = {
 @click.option("--on-error", type=click.Choice(["fail", "skip"]), default="fail", show_default=True,
               help="On a bad case: stop, or skip it and record why in the manifest.")
 @click.option("--no-hf", is_flag=True, help="Do not write the Hugging Face folder OUT/hf.")
+@click.option("--cases", multiple=True, metavar="[SOURCE=]IDS",
+              help="Only these case ids (comma list, or @FILE with one id a line); per source.")
+@click.option("--limit", multiple=True, metavar="[SOURCE=]N",
+              help="Keep N cases, chosen by a seeded patient-level draw; per source.")
+@click.option("--split-ratio", multiple=True, metavar="[SOURCE=]TRAIN,VAL,TEST",
+              help="Split a source by patient in this ratio (seeded), e.g. lits=0.7,0.1,0.2.")
+@click.option("--split-file", metavar="CSV", help="Splits of listed cases: columns case_id,split[,source].")
+@click.option("--unknown-labels", type=click.Choice(["fail", "ignore"]), default="fail", show_default=True,
+              help="A label id the label map does not know: stop, or ignore it (recorded per case).")
 @click.version_option(package_name="spar-bench")
 @click.pass_context
 def cli(ctx: click.Context, **options) -> None:

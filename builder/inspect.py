@@ -2,7 +2,9 @@
 
 For each case: orientation found in the file and the transform applied, spacing,
 shape, organs present with voxel counts, organs annotated but absent, organs the
-source does not annotate, repairs made, and problems. ``--png DIR`` writes an overlay of
+source does not annotate, label ids ignored, repairs made, and problems. A case without
+an image (a masks-only folder) is inspected from its masks alone (``--images auto``, the
+default): the report says there is no image and the PNG draws the masks alone. ``--png DIR`` writes an overlay of
 the axial slice showing the most organs, per case, in the display convention (column 0 = patient's right, so the
 patient's right is on the image's LEFT edge, marked "R"; "L" on the right edge).
 """
@@ -32,23 +34,30 @@ def describe_case(case) -> list[str]:
     present = [f"{o}={int(counts[i + 1])}" for i, o in enumerate(ORGANS) if counts[i + 1]]
     absent = [o for i, o in enumerate(ORGANS) if case.annotated[i] and not counts[i + 1]]
     unannotated = [o for i, o in enumerate(ORGANS) if not case.annotated[i]]
+    if case.image is not None:
+        image_line = f"  image: {'pseudo-CT (synthesized)' if case.image_synthesized else 'CT'}, HU range " \
+                     f"[{int(case.image.min())}, {int(case.image.max())}]"
+    else:
+        image_line = "  image: none (masks only; a build needs the CT images, or --images synthesize)"
     lines = [
         f"case {case.case_id} (source {case.source}, split {case.split})",
         f"  orientation: found {info.get('axcodes', '?')}; applied {applied} -> [z,row,col] "
         "(row 0 anterior, col 0 = patient's right)",
         f"  spacing (z,row,col) mm: {tuple(round(float(s), 4) for s in case.spacing)}; shape: {case.shape}",
-        f"  image: {'pseudo-CT (synthesized)' if case.image_synthesized else 'CT'}"
-        + (
-            f", HU range [{int(case.image.min())}, {int(case.image.max())}]"
-            if case.image is not None
-            else ""
-        ),
+        image_line,
         f"  present ({len(present)}): {', '.join(present) or 'none'}",
         f"  absent (annotated, 0 voxels): {', '.join(absent) or 'none'}",
         f"  not annotated by source: {', '.join(unannotated) or 'none'}",
     ]
     if case.lesion is not None:
         lines.append(f"  lesion voxels: {int(np.count_nonzero(case.lesion))}")
+    ignored = case.provenance.get("ignored_label_ids") or {}
+    if ignored:
+        lines.append("  ignored label ids: " + ", ".join(f"{k} ({v} voxels)" for k, v in ignored.items()))
+    mask_info = case.provenance.get("mask_orientation")
+    if mask_info:
+        lines.append(f"  mask axis order: found {mask_info.get('axcodes', '?')} (another order of the image's grid); "
+                     f"applied {describe_transform(mask_info)}")
     repairs = case.provenance.get("repairs") or []
     for r in repairs:
         lines.append(f"  repair: {r}")
@@ -92,7 +101,8 @@ def write_overlay_png(case, path: Path) -> Path:
     if case.image is not None:
         ax.imshow(np.clip(case.image[z], -160, 240), cmap="gray", extent=extent, interpolation="nearest")
     overlay = np.ma.masked_equal(case.mask[z], 0)
-    ax.imshow(overlay, cmap="tab20", vmin=1, vmax=20, alpha=0.45, extent=extent, interpolation="nearest")
+    ax.imshow(overlay, cmap="tab20", vmin=1, vmax=20, alpha=0.45 if case.image is not None else 0.9,
+              extent=extent, interpolation="nearest")
     for organ_id in np.unique(case.mask[z]):
         if organ_id == 0:
             continue
@@ -103,7 +113,8 @@ def write_overlay_png(case, path: Path) -> Path:
     ax.text(0.01, 0.5, "R", transform=ax.transAxes, ha="left", **style)
     ax.text(0.99, 0.5, "L", transform=ax.transAxes, ha="right", **style)
     ax.text(0.5, 0.99, "A", transform=ax.transAxes, ha="center", color="yellow", fontsize=12, va="top")
-    ax.set_title(f"{case.source}/{case.case_id} z={z} (patient's right on the left)", fontsize=9)
+    alone = "" if case.image is not None else ", masks only: no image"
+    ax.set_title(f"{case.source}/{case.case_id} z={z} (patient's right on the left{alone})", fontsize=9)
     ax.set_axis_off()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100, bbox_inches="tight")
@@ -116,7 +127,10 @@ def write_overlay_png(case, path: Path) -> Path:
 @click.option("--root", type=click.Path(path_type=Path), required=True, help="Folder of the source.")
 @click.option("--case", "case_ids", multiple=True, help="Only this case id (repeatable).")
 @click.option("--images", type=click.Choice(["auto", "require", "synthesize"]), default="auto",
-              show_default=True, help="synthesize: render a pseudo-CT for masks-only folders.")
+              show_default=True, help="auto: read images where they exist, masks alone where not; "
+              "synthesize: render a pseudo-CT for masks-only folders.")
+@click.option("--unknown-labels", type=click.Choice(["fail", "ignore"]), default="fail", show_default=True,
+              help="A label id the label map does not know: stop, or ignore it (listed).")
 @click.option("--png", "png_dir", type=click.Path(path_type=Path), default=None,
               help="Write a mid-slice overlay PNG per case into this folder.")
 @click.option("--on-error", type=click.Choice(["fail", "skip"]), default="fail", show_default=True,
@@ -130,6 +144,7 @@ def inspect_command(
     png_dir: Path | None,
     on_error: str,
     seed: int,
+    unknown_labels: str,
 ) -> None:
     """Read cases into the canonical frame and print what the builder will see."""
     from spar_bench.errors import ConfigError
@@ -137,7 +152,7 @@ def inspect_command(
     from .sources import SOURCES
 
     source_cls = SOURCES.get(source_name)
-    source = source_cls(root, images=images, seed=seed)
+    source = source_cls(root, images=images, seed=seed, unknown_labels=unknown_labels)
     refs = source.find()
     if case_ids:
         known = {r.case_id for r in refs}
@@ -148,7 +163,8 @@ def inspect_command(
     failed = 0
     for ref in refs:
         try:
-            case = source.load(ref)
+            masks_only = images == "auto" and "image" not in ref.files and hasattr(source, "read_case")
+            case = source.read_case(ref, masks_only=True) if masks_only else source.load(ref)
         except SparError as e:
             if on_error == "fail":
                 raise

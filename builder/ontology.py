@@ -287,35 +287,51 @@ def label_counts(raw: np.ndarray, *, chunk: int = 1 << 20) -> np.ndarray:
 def apply_label_map(
     raw: np.ndarray, label_map: LabelMap, *, case_id: str, path: str | Path
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """``(canonical uint8 ids, uint8 lesion channel or None)`` for a raw integer label array.
+    """``(canonical uint8 ids, uint8 lesion channel or None)``; unknown label values raise.
 
-    Raises :class:`CaseError` for label values the map does not know, and for a mask
-    without any labelled voxel.
+    The strict form of :func:`map_labels` (``unknown="fail"``).
+    """
+    mask, lesion, _ = map_labels(raw, label_map, case_id=case_id, path=path)
+    return mask, lesion
+
+
+def map_labels(
+    raw: np.ndarray, label_map: LabelMap, *, case_id: str, path: str | Path, unknown: str = "fail"
+) -> tuple[np.ndarray, np.ndarray | None, dict[int, int]]:
+    """``(canonical uint8 ids, uint8 lesion channel or None, {ignored raw id: voxels})``.
+
+    A label value the map does not know raises :class:`CaseError` (``unknown="fail"``) or
+    becomes background and is returned in the ignored table (``unknown="ignore"``). A
+    mask without any labelled voxel always raises.
     """
     counts = label_counts(raw)
     known = label_map.known()
     present = np.flatnonzero(counts)
-    unknown = [int(v) for v in present if v >= known.size or not known[v]]
-    if unknown:
+    unknown_ids = [int(v) for v in present if v >= known.size or not known[v]]
+    if unknown_ids and unknown != "ignore":
         known_ids = sorted(int(v) for v in np.flatnonzero(known))
         raise CaseError(
             case_id,
             path,
-            f"unknown label value(s) {unknown[:10]} for label map {label_map.name!r} "
-            f"(known ids: {known_ids}); fix the mask or use the right --source",
+            f"unknown label value(s) {unknown_ids[:10]} for label map {label_map.name!r} "
+            f"(known ids: {known_ids}); fix the mask, use the right --source, "
+            "or pass --unknown-labels ignore to treat them as background (recorded)",
         )
     if present.size == 0 or (present.size == 1 and present[0] == 0):
         raise CaseError(case_id, path, "mask is empty: no labelled voxel")
-    if label_map.is_identity() and raw.dtype == np.uint8:
+    if label_map.is_identity() and raw.dtype == np.uint8 and not unknown_ids:
         mask = raw
-    elif label_map.is_identity():
+    elif label_map.is_identity() and not unknown_ids:
         mask = raw.astype(np.uint8)
     else:
-        mask = label_map.lut()[raw]
+        lut = label_map.lut()
+        if counts.size > lut.size:  # ignored ids above the map's largest id: background
+            lut = np.concatenate([lut, np.zeros(counts.size - lut.size, np.uint8)])
+        mask = lut[raw]
     lesion = None
     if label_map.has_lesions:
         lesion = np.zeros(raw.shape, dtype=np.uint8)
         for v in label_map.lesion_ids:
             if v < counts.size and counts[v]:
                 lesion |= (raw == v).view(np.uint8)
-    return mask, lesion
+    return mask, lesion, {v: int(counts[v]) for v in unknown_ids}

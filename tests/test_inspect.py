@@ -30,10 +30,20 @@ def test_inspect_totalsegmentator_png_subprocess(totalseg_dir, tmp_path):
     assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_inspect_real_word_masks_only(word_labels_dir, monkeypatch, capsys):
-    code = run_cli(cli, ["inspect", "--source", "word", "--root", str(word_labels_dir), "--case", "word_0014"])
-    captured = capsys.readouterr()
-    assert code == 2 and "--images synthesize" in captured.err
+def test_inspect_real_word_masks_only(word_labels_dir, monkeypatch, capsys, tmp_path):
+    """A masks-only folder is inspected from its masks alone: no image asked for, none drawn."""
+    png_dir = tmp_path / "png"
+    code = run_cli(cli, ["inspect", "--source", "word", "--root", str(word_labels_dir), "--case", "word_0014",
+                         "--png", str(png_dir)])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "found LPS" in out and "spacing (z,row,col) mm:" in out and "present (16)" in out
+    assert "image: none (masks only" in out and "problems: none" in out
+    png = png_dir / "word_word_0014.png"
+    assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    code = run_cli(cli, ["inspect", "--source", "word", "--root", str(word_labels_dir), "--case", "word_0014",
+                         "--images", "require"])
+    assert code == 2 and "--images synthesize" in capsys.readouterr().err
 
     module = types.ModuleType("spar_bench.builder.phantom.render")
     module.render_pseudo_ct = lambda mask, spacing, *, lesion=None, seed: np.zeros(mask.shape, np.int16)

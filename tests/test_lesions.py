@@ -81,3 +81,102 @@ def test_kits_like_folder_kidneys_split_by_side_with_lesions(tmp_path):
     q = process_case(case, CFG, 0)["level3_questions"]
     probes = set(q["q_probe"].tolist())
     assert COUNTING in probes and LEVEL3_PROBES.index("symmetry") in probes  # two kidneys: pair probes too
+
+
+# --- splits and case choice -------------------------------------------------------------
+
+
+def refs_of(n: int, source: str = "lits") -> list:
+    from spar_bench.builder.case import CaseRef
+
+    return [CaseRef(source, f"c{i:03d}", "test", {}) for i in range(n)]
+
+
+def test_split_ratio_and_limit_are_seeded_patient_level_and_order_free():
+    from spar_bench.builder.selection import choose_cases, split_by_ratio, split_counts
+
+    assert split_counts(20, [0.7, 0.1, 0.2]) == [14, 2, 4] and split_counts(3, [1 / 3] * 3) == [1, 1, 1]
+    refs = refs_of(40)
+    a = split_by_ratio(choose_cases(refs, cases=None, limit=20, seed=7), [0.7, 0.1, 0.2], 7)
+    b = split_by_ratio(choose_cases(refs[::-1], cases=None, limit=20, seed=7), [0.7, 0.1, 0.2], 7)
+    assert [(r.case_id, r.split) for r in a] == [(r.case_id, r.split) for r in b]  # listing order free
+    assert [sum(r.split == s for r in a) for s in ("train", "val", "test")] == [14, 2, 4]
+    c = choose_cases(refs, cases=None, limit=20, seed=8)
+    assert {r.case_id for r in c} != {r.case_id for r in a}  # the seed matters
+    # patients stay together: two scans per patient never straddle a split
+    from dataclasses import replace
+
+    paired = [replace(r, patient_id=f"p{i // 2}") for i, r in enumerate(refs)]
+    split = split_by_ratio(paired, [0.5, 0.25, 0.25], 1)
+    by_patient = {}
+    for r in split:
+        by_patient.setdefault(r.patient_id, set()).add(r.split)
+    assert all(len(s) == 1 for s in by_patient.values())
+
+
+def test_cases_list_and_split_file_refuse_unknown_ids(tmp_path):
+    from spar_bench.builder.selection import apply_split_file, choose_cases, read_split_file
+    from spar_bench.errors import ConfigError
+
+    refs = refs_of(5)
+    assert [r.case_id for r in choose_cases(refs, cases=["c003", "c001"], limit=None, seed=0)] == ["c001", "c003"]
+    with pytest.raises(ConfigError, match="did you mean 'c001'"):
+        choose_cases(refs, cases=["c01"], limit=None, seed=0)
+    csv = tmp_path / "splits.csv"
+    csv.write_text("case_id,split\nc000,train\nc004,val\n")
+    out, listed = apply_split_file(refs, read_split_file(csv), str(csv), set())
+    assert [r.split for r in out] == ["train", "test", "test", "test", "val"] and len(listed) == 2
+    csv.write_text("case_id,split\nc009,train\n")
+    with pytest.raises(ConfigError, match="c009"):
+        apply_split_file(refs, read_split_file(csv), str(csv), set())
+    csv.write_text("case_id,split\nc000,training\n")
+    with pytest.raises(ConfigError, match="line 2"):
+        read_split_file(csv)
+
+
+def word_plus_lits_args(tmp_path):
+    from lesion_folders import make_word_folder
+
+    word = make_word_folder(tmp_path / "word")
+    lits = make_lits_folder(tmp_path / "lits", 8)
+    return ["--source", "word", "--root", str(word), "--source", "lits", "--root", str(lits),
+            "--limit", "lits=6", "--split-ratio", "lits=0.5,0.17,0.33", "--levels", "level3",
+            "--no-hf", "--seed", "2"]
+
+
+def test_word_plus_lits_build_counting_in_train_and_test(tmp_path, capsys):
+    """The paper's training build, small: WORD's official split + LiTS chosen and split by patient."""
+    import json
+
+    from spar_bench.builder.cli import cli
+
+    from spar_bench.clitools import run_cli
+
+    out = tmp_path / "out"
+    assert run_cli(cli, [*word_plus_lits_args(tmp_path), "--out", str(out)]) == 0, capsys.readouterr().err
+    m = json.loads((out / "manifest.json").read_text())
+    lits_cases = [c for c in m["cases"] if c["source"] == "lits"]
+    assert len(lits_cases) == 6 and m["config"]["limit"] == {"lits": 6}
+    assert {c["split"] for c in lits_cases} == {"train", "val", "test"}
+    assert all(c["split_origin"].startswith("split-ratio 0.5,0.17,0.33 by patient") for c in lits_cases)
+    assert all(c["split_origin"].startswith("official split") for c in m["cases"] if c["source"] == "word")
+    counting = {s: c["classes"]["counting"] for s, c in m["counts"]["level3"].items()}
+    assert sum(counting["train"]) > 0 and sum(counting["test"]) > 0
+    assert m["sample_config"]["lesion_min_voxels"] == 3
+
+
+@pytest.mark.slow
+def test_word_plus_lits_choice_independent_of_workers(tmp_path):
+    """Same seed: the same cases, splits and bytes with 1 or 2 workers."""
+    import json
+
+    from spar_bench.builder.cli import cli
+
+    from spar_bench.clitools import run_cli
+
+    args = word_plus_lits_args(tmp_path)
+    assert run_cli(cli, [*args, "--out", str(tmp_path / "a")]) == 0
+    assert run_cli(cli, [*args, "--out", str(tmp_path / "b"), "--workers", "2"]) == 0
+    a, b = (json.loads((tmp_path / d / "manifest.json").read_text()) for d in "ab")
+    assert [(c["case_id"], c["split"]) for c in a["cases"]] == [(c["case_id"], c["split"]) for c in b["cases"]]
+    assert a["fingerprint"] == b["fingerprint"]

@@ -26,10 +26,15 @@ class Source(ABC):
     name: ClassVar[str]
     needs: ClassVar[str]
     has_lesions: ClassVar[bool] = False
+    #: How :meth:`find` assigns splits (recorded per case as ``split_origin``).
+    split_rule: ClassVar[str] = "as the source lists it"
 
-    def __init__(self, root: str | Path, *, images: str = "auto", seed: int = 0):
+    def __init__(self, root: str | Path, *, images: str = "auto", seed: int = 0, unknown_labels: str = "fail"):
         if images not in IMAGE_MODES:
             raise ValueError(f"images must be one of {IMAGE_MODES}, got {images!r}")
+        if unknown_labels not in ("fail", "ignore"):
+            raise ValueError(f"unknown_labels must be 'fail' or 'ignore', got {unknown_labels!r}")
+        self.unknown_labels = unknown_labels
         self.root = Path(root)
         self.images = images
         self.seed = seed  # for pseudo-CT rendering of masks-only cases

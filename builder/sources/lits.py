@@ -51,6 +51,7 @@ class LitsSource(VolumeSource):
     needs = "ROOT/volume-N.nii[.gz] and ROOT/segmentation-N.nii[.gz] (any subfolders; 1 liver, 2 tumour)"
     has_lesions = True
     labels_manifest: ClassVar[str] = "lits"
+    split_rule: ClassVar[str] = "default: test (LiTS has no official split here; see --split-ratio)"
 
     def __init__(
         self,
@@ -60,8 +61,9 @@ class LitsSource(VolumeSource):
         seed: int = 0,
         split: str = "test",
         degenerate_affine: str = "repair",
+        unknown_labels: str = "fail",
     ):
-        super().__init__(root, images=images, seed=seed)
+        super().__init__(root, images=images, seed=seed, unknown_labels=unknown_labels)
         if split not in SPLITS:
             raise ConfigError(f"lits split must be one of {SPLITS}, got {split!r}")
         if degenerate_affine not in DEGENERATE_MODES:

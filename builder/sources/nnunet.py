@@ -52,6 +52,7 @@ class NnUNetSource(VolumeSource):
     """nnU-Net raw layout: ``dataset.json``, ``imagesTr/labelsTr`` (train), ``imagesTs/labelsTs`` (test)."""
 
     name = "nnunet"
+    split_rule = "folders (Tr = train, Ts = test)"
     needs = "ROOT/dataset.json ('labels' by name), ROOT/labelsTr|labelsTs/<case>.nii.gz, ROOT/imagesTr|imagesTs/<case>_0000.nii.gz"
 
     def get_label_map(self) -> LabelMap:

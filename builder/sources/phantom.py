@@ -27,6 +27,7 @@ class PhantomSource(WordSource):
     )
     has_lesions = True
     labels_manifest: ClassVar[str] = "phantom"
+    split_rule: ClassVar[str] = "phantom folders (generator's 100/20/30-proportioned split)"
 
     def record(self) -> dict[str, Any]:
         """The dataset's ``phantom.json`` (cached); ConfigError when missing or invalid."""

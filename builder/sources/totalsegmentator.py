@@ -1,5 +1,11 @@
 """TotalSegmentator v2 layout: ``sXXXX/ct.nii.gz`` + ``sXXXX/segmentations/<class>.nii.gz``.
 
+A case's masks are either one binary file per class (``segmentations/<class>.nii.gz``,
+the dataset's layout) or TotalSegmentator's single multi-label file
+(``segmentations.nii.gz`` written by ``TotalSegmentator --ml``), whose class table
+(id -> class name) is read from its NIfTI header extension (the Caret XML ``LabelTable``
+TotalSegmentator writes); ids outside that table are unknown labels (``--unknown-labels``).
+
 The per-class binary masks named in ``manifests/labels/totalsegmentator.json`` are
 united into canonical ids (``small_bowel`` -> intestine, both adrenal glands ->
 adrenal, ``femur_left/right`` stand for the femoral heads, ...); only those files are
@@ -12,6 +18,7 @@ missing makes that organ not annotated for the case (recorded in provenance
 from __future__ import annotations
 
 import csv
+import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import ClassVar
 
@@ -21,12 +28,42 @@ from spar_bench.errors import CaseError, ConfigError
 
 from ..case import CaseRef
 from ..ontology import LabelMap, totalsegmentator_classes
+from ..ontology import map_labels
 from ..readers import as_integer_labels, read_volume
 from ..schema import ORGAN_ID, ORGANS
 from .word import MaskRead, VolumeSource, check_unique, find_image
 
 #: meta.csv split names -> canonical split.
 SPLIT_NAMES = {"train": "train", "val": "val", "validation": "val", "test": "test"}
+
+
+def _segmentations(case_dir: Path) -> Path | None:
+    """``case_dir/segmentations/`` (one file per class), else ``segmentations.nii[.gz]`` (multi-label)."""
+    for candidate in ("segmentations", "segmentations.nii.gz", "segmentations.nii"):
+        path = case_dir / candidate
+        if (path.is_dir() if candidate == "segmentations" else path.is_file()):
+            return path
+    return None
+
+
+def read_class_table(path: Path, *, case_id: str) -> dict[int, str]:
+    """``{id: class name}`` from the Caret XML ``LabelTable`` in a NIfTI header extension."""
+    import nibabel as nib
+
+    try:
+        extensions = nib.load(str(path)).header.extensions
+    except Exception as e:
+        raise CaseError(case_id, path, f"unreadable NIfTI header ({type(e).__name__}: {e})") from None
+    for ext in extensions:
+        try:
+            root = ET.fromstring(ext.get_content())
+        except (ET.ParseError, TypeError, ValueError):
+            continue
+        table = {int(lab.get("Key")): (lab.text or "").strip() for lab in root.iter("Label") if lab.get("Key")}
+        if table:
+            return table
+    raise CaseError(case_id, path, "multi-label file has no class table (TotalSegmentator --ml writes one "
+                                   "in the NIfTI header extension); use the one-file-per-class folder instead")
 
 
 def read_meta_csv(path: Path) -> dict[str, str]:
@@ -58,6 +95,7 @@ class TotalSegmentatorSource(VolumeSource):
     name = "totalsegmentator"
     needs = "ROOT/meta.csv (image_id;split) and ROOT/<image_id>/ct.nii.gz + ROOT/<image_id>/segmentations/<class>.nii.gz"
     labels_manifest: ClassVar[str] = "totalsegmentator"
+    split_rule: ClassVar[str] = "meta.csv"
 
     def get_label_map(self) -> LabelMap:
         if not hasattr(self, "_label_map_cache"):
@@ -80,7 +118,7 @@ class TotalSegmentatorSource(VolumeSource):
     def find(self) -> list[CaseRef]:
         if not self.root.is_dir():
             raise ConfigError(f"totalsegmentator root {self.root} is not a folder; expected {self.needs}")
-        case_dirs = sorted(p for p in self.root.iterdir() if p.is_dir() and (p / "segmentations").is_dir())
+        case_dirs = sorted(p for p in self.root.iterdir() if p.is_dir() and _segmentations(p) is not None)
         if not case_dirs:
             raise ConfigError(f"no totalsegmentator cases found in {self.root}; expected {self.needs}")
         splits = read_meta_csv(self.root / "meta.csv")
@@ -88,7 +126,7 @@ class TotalSegmentatorSource(VolumeSource):
         for d in case_dirs:
             if d.name not in splits:
                 raise ConfigError(f"{self.root / 'meta.csv'} has no row for case folder {d}; add image_id {d.name}")
-            files = {"segmentations": d / "segmentations"}
+            files = {"segmentations": _segmentations(d)}
             image = find_image(d, "ct")
             if image is not None:
                 files["image"] = image
@@ -98,6 +136,8 @@ class TotalSegmentatorSource(VolumeSource):
     def read_mask(self, ref: CaseRef) -> MaskRead:
         self.get_label_map()
         seg_dir = Path(ref.files["segmentations"])
+        if seg_dir.is_file():
+            return self.read_multilabel(ref, seg_dir)
         mask: np.ndarray | None = None
         affine = None
         geometry: list[tuple[Path, np.ndarray, tuple]] = []
@@ -142,3 +182,21 @@ class TotalSegmentatorSource(VolumeSource):
         )
         extra = {"missing_classes": missing, "overlap_voxels": overlap, "annotated": annotated}
         return mask, None, affine, geometry, extra
+
+    def read_multilabel(self, ref: CaseRef, path: Path) -> MaskRead:
+        """The single multi-label file: ids mapped through its own class table."""
+        table = read_class_table(path, case_id=ref.case_id)
+        raw, affine = read_volume(path, case_id=ref.case_id)
+        raw = as_integer_labels(raw, case_id=ref.case_id, path=path)
+        ids = {i: self._classes.get(name) for i, name in table.items() if i > 0}
+        base = self.get_label_map()
+        lm = LabelMap(name="totalsegmentator:multilabel", ids=ids, annotated=base.annotated)
+        mask, _lesion, ignored = map_labels(raw, lm, case_id=ref.case_id, path=path, unknown=self.unknown_labels)
+        missing = sorted(c for c in self._classes if c not in set(table.values()))
+        missing_organs = {self._classes[c] for c in missing} - {o for o in ids.values() if o}
+        annotated = tuple(a and o not in missing_organs for o, a in zip(ORGANS, base.annotated, strict=True))
+        extra = {"missing_classes": missing, "overlap_voxels": 0, "annotated": annotated,
+                 "class_table": {str(k): v for k, v in sorted(table.items()) if v in self._classes}}
+        if ignored:
+            extra["ignored_label_ids"] = {str(k): v for k, v in ignored.items()}
+        return mask, None, affine, [(path, affine, tuple(raw.shape))], extra

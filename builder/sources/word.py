@@ -20,7 +20,7 @@ from spar_bench.hashing import sha256_file
 from spar_bench.seeding import derive_seed
 
 from ..case import Case, CaseRef
-from ..ontology import LabelMap, apply_label_map, label_map_from_ids, split_sided
+from ..ontology import LabelMap, label_map_from_ids, map_labels, split_sided
 from ..readers import (
     as_hu_int16,
     as_integer_labels,
@@ -79,8 +79,10 @@ class VolumeSource(Source):
         path = ref.files["mask"]
         raw, affine = read_volume(path, case_id=ref.case_id)
         raw = as_integer_labels(raw, case_id=ref.case_id, path=path)
-        mask, lesion = apply_label_map(raw, self.get_label_map(), case_id=ref.case_id, path=path)
-        return mask, lesion, affine, [(Path(path), affine, tuple(raw.shape))], {}
+        mask, lesion, ignored = map_labels(raw, self.get_label_map(), case_id=ref.case_id, path=path,
+                                           unknown=self.unknown_labels)
+        extra = {"ignored_label_ids": {str(k): v for k, v in ignored.items()}} if ignored else {}
+        return mask, lesion, affine, [(Path(path), affine, tuple(raw.shape))], extra
 
     def resolve_affines(
         self, ref: CaseRef, image_affine: np.ndarray | None, mask_affine: np.ndarray, mask: np.ndarray
@@ -90,6 +92,10 @@ class VolumeSource(Source):
 
     # ---- load --------------------------------------------------------------------------
     def load(self, ref: CaseRef) -> Case:
+        return self.read_case(ref)
+
+    def read_case(self, ref: CaseRef, *, masks_only: bool = False) -> Case:
+        """:meth:`load`; ``masks_only`` reads only the masks (no image, nothing rendered: inspect)."""
         from ..frame import (
             apply_canonical,
             canonical_spacing,
@@ -99,7 +105,9 @@ class VolumeSource(Source):
 
         cid = ref.case_id
         image_path = ref.files.get("image")
-        if self.images != "synthesize" and image_path is None:
+        if masks_only:
+            image_path = None
+        elif self.images != "synthesize" and image_path is None:
             mask_path = ref.files.get("mask") or next(iter(ref.files.values()), None)
             raise CaseError(
                 cid,
@@ -110,7 +118,7 @@ class VolumeSource(Source):
         mask, lesion, mask_affine, mask_files, extra = self.read_mask(ref)
         annotated = extra.pop("annotated", self.get_label_map().annotated)
         image = image_affine = None
-        if self.images != "synthesize":
+        if self.images != "synthesize" and image_path is not None:
             data, image_affine = read_volume(image_path, case_id=cid)
             image = as_hu_int16(data, case_id=cid, path=image_path)
         image_affine, mask_affine, repairs = self.resolve_affines(ref, image_affine, mask_affine, mask)
@@ -149,7 +157,7 @@ class VolumeSource(Source):
         hashed += [(f"mask:{p.name}" if len(mask_files) > 1 else "mask", p) for p, _, _ in mask_files]
         for role, p in hashed:
             provenance["sha256"][role] = sha256_file(p)
-        synthesized = image_c is None
+        synthesized = image_c is None and not masks_only
         if synthesized:
             seed = derive_seed(self.seed, self.name, cid, "pseudo-ct")
             image_c = render_pseudo_ct_checked(mask_c, spacing, lesion=lesion_c, seed=seed, case_id=cid)
@@ -221,6 +229,7 @@ class WordSource(VolumeSource):
         "(NIfTI or DICOM folder <case>/); masks-only folders need --images synthesize"
     )
     labels_manifest: ClassVar[str] = "word"
+    split_rule: ClassVar[str] = "official split (folders Tr = train, Val = val, Ts = test)"
     #: (image folder, label folder, split).
     split_dirs: ClassVar[tuple[tuple[str, str, str], ...]] = (
         ("imagesTr", "labelsTr", "train"),
