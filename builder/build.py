@@ -601,7 +601,6 @@ def _choice_options(options: dict[str, Any], sources: tuple[str, ...]) -> dict[s
             raise ConfigError(f"--limit {key}={text!r}: not an integer") from None
 
     def ids(text: str) -> list[str]:
-        path = Path(text)
         if text.startswith("@"):
             path = Path(text[1:])
             if not path.is_file():
