@@ -37,13 +37,13 @@ def _body(shape=SHAPE) -> np.ndarray:
 
 
 def _add_lesions(organ: np.ndarray, rng: np.random.Generator, n: int) -> np.ndarray:
-    """``n`` small ellipsoids (2-5 slices, radius 1.5-3.5 px) centred inside ``organ``."""
+    """``n`` small ellipsoids (1-5 slices, radius 1.2-3 px) centred inside ``organ``."""
     lesion = np.zeros(organ.shape, bool)
     zz, rr, cc = np.nonzero(organ)
     z_i, r_i, c_i = np.mgrid[: organ.shape[0], : organ.shape[1], : organ.shape[2]]
     for _ in range(n):
         k = rng.integers(len(zz))
-        rad, half = rng.uniform(1.5, 3.5), rng.integers(1, 3)
+        rad, half = rng.uniform(1.2, 3.0), rng.integers(0, 3)
         blob = ((r_i - rr[k]) ** 2 + (c_i - cc[k]) ** 2 <= rad * rad) & (np.abs(z_i - zz[k]) <= half)
         lesion |= blob
     return lesion & organ
@@ -55,7 +55,7 @@ def lits_case(seed: int) -> tuple[np.ndarray, np.ndarray]:
     body = _body()
     liver = np.zeros(SHAPE, bool)
     liver[3:17, 14:40, 8 + rng.integers(0, 3) : 30] = True
-    lesion = _add_lesions(liver, rng, int(rng.integers(2, 7)))
+    lesion = _add_lesions(liver, rng, int(rng.integers(0, 14)))
     labels = np.where(lesion, 2, np.where(liver, 1, 0)).astype(np.uint8)
     image = np.where(body, 40, -1000).astype(np.int16)
     image[liver] = 60
@@ -79,7 +79,7 @@ def kits_case(seed: int) -> tuple[np.ndarray, np.ndarray]:
     kidneys = np.zeros(SHAPE, bool)
     kidneys[4:16, 34:50, 10:22] = True  # patient's right
     kidneys[5:17, 34:50, 42:54] = True  # patient's left
-    lesion = _add_lesions(kidneys, rng, int(rng.integers(1, 6)))
+    lesion = _add_lesions(kidneys, rng, int(rng.integers(0, 10)))
     labels = np.where(lesion, 2, np.where(kidneys, 1, 0)).astype(np.uint8)
     image = np.where(body, 40, -1000).astype(np.int16)
     image[kidneys] = 150

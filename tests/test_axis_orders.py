@@ -139,3 +139,31 @@ def test_check_same_geometry_accepts_flips_and_permutations_only():
     _, aff = reorder(labelled_mask(), AFFINE, (1, 0, 2), (False, False, False))
     with pytest.raises(CaseError, match="shape"):  # permuted affine, but the data kept its shape
         check_same_geometry(AFFINE, SHAPE, aff, SHAPE, case_id="c", image_path="i", mask_path="m")
+
+
+def test_a_build_with_the_mask_in_another_axis_order_gives_the_same_shards(tmp_path):
+    """Done-when: an image/mask pair in different axis orders builds, with the labels of the one-order pair."""
+    import json
+
+    from lesion_folders import make_word_folder
+    from spar_bench.builder.cli import cli
+
+    from spar_bench.clitools import run_cli
+
+    one = make_word_folder(tmp_path / "one", (2, 0, 1))
+    other = tmp_path / "other"
+    import shutil
+
+    shutil.copytree(one, other)
+    for path in sorted((other / "labelsTr").glob("*.nii.gz")):
+        img = nib.load(str(path))
+        data, aff = reorder(np.asarray(img.dataobj), img.affine, (2, 0, 1), (True, False, True))
+        nib.save(nib.Nifti1Image(data, aff), str(path))
+    args = ["--source", "word", "--levels", "level1,level3", "--samples-per-case", "2", "--no-hf"]
+    assert run_cli(cli, [*args, "--root", str(one), "--out", str(tmp_path / "a")]) == 0
+    assert run_cli(cli, [*args, "--root", str(other), "--out", str(tmp_path / "b")]) == 0
+    a, b = (json.loads((tmp_path / d / "manifest.json").read_text()) for d in "ab")
+    assert a["fingerprint"] == b["fingerprint"]  # every shard byte-identical: same labels, same questions
+    reordered = [c["provenance"].get("mask_orientation") for c in b["cases"]]
+    assert [m is not None for m in reordered] == [True, True, False]
+    assert reordered[0]["axcodes"] != a["cases"][0]["provenance"]["orientation"]["axcodes"]
