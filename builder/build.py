@@ -44,7 +44,7 @@ UNKNOWN_LABELS = ("fail", "ignore")
 OPTIONAL_FIELDS = {"cases": {}, "limit": {}, "split_ratio": {}, "split_file": None, "unknown_labels": "fail"}
 PARTS = ("level1", "level2", "level3", "level3_questions")
 #: Fields of the build config that never change the output bytes (kept out of the manifest).
-RUNTIME_FIELDS = ("out", "workers", "resume", "overwrite")
+RUNTIME_FIELDS = ("out", "workers", "resume", "overwrite", "partition")
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,8 @@ class BuildConfig:
         split_file: CSV ``case_id,split[,source]`` giving the split of listed cases.
         unknown_labels: ``fail`` on a label id the label map does not know, or
             ``ignore`` it (background; listed per case in the manifest).
+        partition: ``(i, n)``: run phase 1 only, for the cases of partition i of n, into a
+            partition folder that ``spar-build merge`` combines (:mod:`.partition`).
     """
 
     sources: tuple[str, ...]
@@ -95,6 +97,7 @@ class BuildConfig:
     split_ratio: dict[str, list[float]] = field(default_factory=dict)
     split_file: str | None = None
     unknown_labels: str = "fail"
+    partition: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if not self.sources:
@@ -300,6 +303,7 @@ def _prepare_dirs(config: BuildConfig) -> tuple[Path, Path]:
     """Check OUT and OUT.tmp before any work; never delete what SPAR-Bench did not write."""
     from spar_bench.outputs import check_target, claim, remove
 
+    from .partition import owned_partition
     from .writers.manifest import owned_build
 
     out = Path(config.out)
@@ -307,14 +311,15 @@ def _prepare_dirs(config: BuildConfig) -> tuple[Path, Path]:
     inputs = list(config.roots) + ([config.thresholds_from] if config.thresholds_from else [])
     check_target(out, inputs=inputs)
     check_target(work, inputs=inputs, option="work folder")
-    is_build = owned_build(out) is not None
+    owned, what = (owned_partition, "partition folder") if config.partition else (owned_build, "build")
+    is_build = owned(out) is not None
     if config.resume:
         if is_build and not work.exists():
             raise ConfigError(f"{out} is already a finished build; nothing to resume (use --overwrite)")
         if out.exists() and any(out.iterdir()) and not is_build:
             raise ConfigError(f"{out} is not empty and not a SPAR-Bench build; refusing to touch it")
     else:
-        claim(out, overwrite=config.overwrite, owned=owned_build, what="build",
+        claim(out, overwrite=config.overwrite, owned=owned, what=what,
               hint=", --resume to finish an interrupted build")
     if work.exists() and config.overwrite:
         claim(work, overwrite=True, owned=_owned_work, what="work folder (OUT.tmp)",
@@ -325,7 +330,10 @@ def _prepare_dirs(config: BuildConfig) -> tuple[Path, Path]:
             f"{work} holds an interrupted build; pass --resume to finish it or --overwrite to start over"
         )
     (work / "cases").mkdir(parents=True, exist_ok=True)
-    recorded = json.dumps(config.recorded(), sort_keys=True, indent=2)
+    rec = config.recorded()
+    if config.partition:  # a partition resumes only as the same partition
+        rec["partition"] = list(config.partition)
+    recorded = json.dumps(rec, sort_keys=True, indent=2)
     cfg = work / "config.json"
     if cfg.exists() and cfg.read_text(encoding="utf-8") != recorded:
         raise ConfigError(
@@ -503,17 +511,45 @@ def _print_summary(counts: dict, skipped: list[dict]) -> None:
 
 
 def build(config: BuildConfig, *, quiet: bool = False) -> Path:
-    """Run the whole pipeline; return the finished build folder ``config.out``."""
+    """Run the whole pipeline; return the finished build (or partition) folder ``config.out``."""
+    sample_cfg = _sample_config(config)
+    refs, sources_info, origins = _find(config)  # reads only
+    selection = [[r.source, r.case_id] for r, _, _ in refs]
+    if config.partition:
+        from .partition import partition_of
+
+        i, n = config.partition
+        refs = [t for t in refs if partition_of(t[0].source, t[0].case_id, n) == i]
+    work, out = _prepare_dirs(config)  # refuses a bad OUT before anything is written
+    done = _run_cases(config, refs, work / "cases", sample_cfg.to_dict())
+    ordered = [done[(r.source, r.case_id)] for r, _, _ in refs]
+    if config.partition:
+        from .partition import finish_partition
+
+        path = finish_partition(config.recorded(), config.partition, selection, _json_safe(ordered),
+                                sources_info, origins, work, out)
+        if not quiet:
+            import click
+
+            click.echo(f"partition {config.partition[0]}/{config.partition[1]}: {len(ordered)} "
+                       f"of {len(selection)} cases")
+        return path
+    return write_outputs(config, ordered, sources_info, origins, work, out, quiet=quiet)
+
+
+def write_outputs(config: BuildConfig, ordered: list[dict], sources_info: dict[str, Any],
+                  origins: dict, work: Path, out: Path, *, quiet: bool = False) -> Path:
+    """Phase 2: thresholds over all cases, shards, HF folder, manifest; move ``work/out`` to ``out``.
+
+    ``ordered`` holds every case's index record in ``(source, case_id)`` order; their spill
+    files are in ``work/cases``.
+    """
     from . import __version__
     from .writers.manifest import package_versions, write_manifest
 
     sample_cfg = _sample_config(config)
     levels = tuple(lv for lv in LEVELS if lv in sample_cfg.levels)
-    refs, sources_info, origins = _find(config)  # reads only
-    work, out = _prepare_dirs(config)  # refuses a bad OUT before anything is written
     cases_dir = work / "cases"
-    done = _run_cases(config, refs, cases_dir, sample_cfg.to_dict())
-    ordered = [done[(r.source, r.case_id)] for r, _, _ in refs]
     records = [r for r in ordered if r["status"] == "ok"]
     skipped = [{k: r[k] for k in ("source", "case_id", "split", "reason")}
                for r in ordered if r["status"] != "ok"]
@@ -626,6 +662,7 @@ def build_from_cli(**options: Any) -> Path:
     sources = tuple(options.get("source") or ())
     if not sources:
         raise ConfigError("missing --source NAME; list the sources with `spar-build sources`")
+    from .partition import parse_partition
     from .sources import SOURCES
 
     for name in sources:  # names first: a typo is named before any folder is looked at
@@ -657,10 +694,12 @@ def build_from_cli(**options: Any) -> Path:
         on_error=given("on_error", "fail"),
         hf=not options.get("no_hf"),
         unknown_labels=options.get("unknown_labels") or "fail",
+        partition=parse_partition(options.get("partition")),
         **_choice_options(options, sources),
     )
     path = build(config)
     import click
 
-    click.echo(f"\nbuild written to {path}")
+    what = "partition" if config.partition else "build"
+    click.echo(f"\n{what} written to {path}")
     return path

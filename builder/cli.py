@@ -18,6 +18,7 @@ COMMANDS = {
     "inspect": "spar_bench.builder.inspect:inspect_command",
     "phantom": "spar_bench.builder.phantom.cli:phantom_command",
     "verify": "spar_bench.builder.verify:verify_command",
+    "merge": "spar_bench.builder.partition:merge_command",
     "push": "spar_bench.builder.writers.hf:push_command",
 }
 
@@ -38,6 +39,9 @@ COMMANDS = {
               show_default=True, help="Use real CT, require it, or render pseudo-CT from masks.")
 @click.option("--arrangement", type=click.Choice(["rows-by-y", "rank-x", "rank-y"]),
               help="Level 2 target arrangement.")
+@click.option("--partition", metavar="I/N", default=None,
+              help="Build only partition I of N (cases by hash of their id) into a partition "
+                   "folder; combine all N with `spar-build merge`.")
 @click.option("--shard-size", type=int, default=2000, show_default=True, help="Rows per shard.")
 @click.option("--compression", type=click.Choice(["blosc", "gzip", "lzf", "none"]), default="blosc",
               show_default=True, help="HDF5 image compression; gzip, lzf and none read without hdf5plugin.")

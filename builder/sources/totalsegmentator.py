@@ -27,8 +27,7 @@ import numpy as np
 from spar_bench.errors import CaseError, ConfigError
 
 from ..case import CaseRef
-from ..ontology import LabelMap, totalsegmentator_classes
-from ..ontology import map_labels
+from ..ontology import LabelMap, map_labels, totalsegmentator_classes
 from ..readers import as_integer_labels, read_volume
 from ..schema import ORGAN_ID, ORGANS
 from .word import MaskRead, VolumeSource, check_unique, find_image

@@ -1,0 +1,198 @@
+"""Partitioned builds: ``spar-build ... --partition i/N`` on N machines, then ``spar-build merge``.
+
+A build has two phases. Phase 1 turns each case into its samples and raw measurements
+(the per-case spill files); phase 2 fits the size/distance thresholds on the training
+split's original questions *over all cases*, then writes shards, the Hugging Face folder
+and the manifest. A partition runs phase 1 for its share of the cases; ``merge`` runs
+phase 2 once over all of them, with the code of a one-machine build, so the result is
+byte-identical to ``spar-build`` without ``--partition`` (same options, same seed).
+
+* Case ``(source, case_id)`` belongs to partition ``sha256("source/case_id") mod N``: stable
+  under any reordering of the files and independent of the machine.
+* Case choice and splits (``--cases``, ``--limit``, ``--split-ratio``, ``--split-file``) are
+  decided before partitioning, on the full list of cases every partition sees, so each
+  partition records the same selection and merge checks that they agree.
+* A partition folder holds ``partition.json`` (format ``spar-bench-partition``: config,
+  ``i/N``, the whole selection, this partition's case records, sha256 of every spill file)
+  and ``cases/``. It is written through ``OUT.tmp`` like a build, so ``--resume`` works per
+  partition and an interrupted one never looks finished.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import click
+
+from spar_bench.errors import ConfigError, IntegrityError
+from spar_bench.hashing import sha256_file
+
+PARTITION_FORMAT = "spar-bench-partition"
+PARTITION_FILE = "partition.json"
+
+
+def parse_partition(text: str | None) -> tuple[int, int] | None:
+    """``"2/8"`` -> ``(2, 8)``; i in 0..N-1."""
+    if text is None or text == "":
+        return None
+    i, sep, n = str(text).partition("/")
+    try:
+        part = (int(i), int(n))
+    except ValueError:
+        part = None
+    if not sep or part is None or part[1] < 1 or not 0 <= part[0] < part[1]:
+        raise ConfigError(f"--partition {text!r}: give I/N with 0 <= I < N, e.g. 0/4")
+    return part
+
+
+def partition_of(source: str, case_id: str, n: int) -> int:
+    """The partition of one case: sha256 of ``source/case_id`` modulo ``n``."""
+    return int(hashlib.sha256(f"{source}/{case_id}".encode()).hexdigest(), 16) % n
+
+
+def owned_partition(out: Path) -> set[str] | None:
+    """The files of the partition folder at ``out``, or None if it is not one."""
+    try:
+        record = json.loads((Path(out) / PARTITION_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("format") != PARTITION_FORMAT:
+        return None
+    return {PARTITION_FILE} | {f"cases/{name}" for name in record.get("files", {})}
+
+
+def finish_partition(recorded: dict[str, Any], partition: tuple[int, int], selection: list[list[str]],
+                     records: list[dict], sources: dict[str, Any], origins: dict, work: Path,
+                     out: Path) -> Path:
+    """Phase 1 is done: move the spills and ``partition.json`` into ``out``; return it."""
+    from spar_bench.outputs import claim, remove
+
+    folder = work / "out"
+    folder.mkdir()
+    os.replace(work / "cases", folder / "cases")
+    files = {p.name: sha256_file(p) for p in sorted((folder / "cases").iterdir())}
+    record = {
+        "format": PARTITION_FORMAT, "partition": list(partition), "config": recorded,
+        "selection": selection, "records": records, "sources": sources,
+        "origins": [[s, c, o] for (s, c), o in sorted(origins.items())], "files": files,
+    }
+    (folder / PARTITION_FILE).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n",
+                                         encoding="utf-8")
+    if out.exists():
+        claim(out, overwrite=True, owned=owned_partition, what="partition folder")
+        remove(out)
+    os.replace(folder, out)
+    shutil.rmtree(work)
+    return out
+
+
+def read_partitions(parts: list[Path]) -> list[dict[str, Any]]:
+    """Read and cross-check every ``partition.json``: one config, one selection, all of 0..N-1."""
+    records = []
+    for p in parts:
+        try:
+            rec = json.loads((p / PARTITION_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            raise ConfigError(f"{p}: no readable {PARTITION_FILE}; is it a finished "
+                              "`spar-build --partition I/N` folder?") from None
+        if rec.get("format") != PARTITION_FORMAT:
+            raise ConfigError(f"{p / PARTITION_FILE}: not a SPAR-Bench partition")
+        records.append(rec)
+    first = records[0]
+    n = first["partition"][1]
+    for p, rec in zip(parts, records, strict=True):
+        for key in ("config", "selection", "sources"):
+            if rec[key] != first[key]:
+                raise ConfigError(f"{p}: its {key} differs from {parts[0]}'s; partitions of one "
+                                  "build need the same options, data and seed")
+        if rec["partition"][1] != n:
+            raise ConfigError(f"{p}: partition {rec['partition'][0]}/{rec['partition'][1]} is not of N={n}")
+    have = sorted(rec["partition"][0] for rec in records)
+    if have != list(range(n)):
+        missing = sorted(set(range(n)) - set(have))
+        raise ConfigError(f"merge needs partitions 0..{n - 1} exactly once; got {have}"
+                          + (f" (missing {missing})" if missing else " (repeated)"))
+    return records
+
+
+def gather_cases(parts: list[Path], records: list[dict[str, Any]], cases_dir: Path) -> None:
+    """Link (or copy) every partition's spill files into one ``cases_dir``, checking sha256."""
+    cases_dir.mkdir(parents=True, exist_ok=True)
+    for part, rec in zip(parts, records, strict=True):
+        for name, sha in rec["files"].items():
+            src, dst = part / "cases" / name, cases_dir / name
+            if dst.exists():
+                raise IntegrityError(f"{src}: case file also in another partition")
+            try:
+                os.link(src, dst)
+            except OSError:
+                shutil.copyfile(src, dst)
+            if sha256_file(dst) != sha:
+                raise IntegrityError(f"{src}: sha256 differs from {part / PARTITION_FILE}; "
+                                     "rebuild that partition with --overwrite")
+
+
+def config_from_recorded(recorded: dict[str, Any], **runtime: Any):
+    """The BuildConfig whose ``recorded()`` is ``recorded`` (checked), with runtime fields."""
+    from .build import BuildConfig
+
+    fields = dict(recorded, **runtime)
+    fields["sources"], fields["roots"] = tuple(fields["sources"]), tuple(fields["roots"])
+    try:
+        config = BuildConfig(**fields)
+    except TypeError as e:
+        raise ConfigError(f"partition config is not one this builder knows ({e}); merge with the "
+                          "spar-bench version that built the partitions") from None
+    if config.recorded() != recorded:
+        raise IntegrityError("partition config does not round-trip; merge with the spar-bench "
+                             "version that built the partitions")
+    return config
+
+
+def merge(parts: list[Path], out: Path, *, workers: int = 1, overwrite: bool = False,
+          quiet: bool = False) -> Path:
+    """Phase 2 over every partition's cases: the build a one-machine run would have written."""
+    from spar_bench.outputs import check_target, claim, remove
+
+    from .build import _owned_work, write_outputs
+    from .writers.manifest import owned_build
+
+    if not parts:
+        raise ConfigError("merge: give the partition folders, e.g. spar-build merge parts/* --out OUT")
+    records = read_partitions(parts)
+    config = config_from_recorded(records[0]["config"], out=str(out), workers=workers)
+    work = out.parent / (out.name + ".tmp")
+    for target, option in ((out, "--out"), (work, "work folder")):
+        check_target(target, inputs=parts, option=option)
+    claim(out, overwrite=overwrite, owned=owned_build, what="build")
+    if claim(work, overwrite=True, owned=_owned_work, what="work folder (OUT.tmp)", option="work folder"):
+        remove(work)  # phase 2 always starts over from the partitions' spills
+    gather_cases(parts, records, work / "cases")
+    (work / "config.json").write_text(json.dumps(config.recorded(), sort_keys=True, indent=2),
+                                      encoding="utf-8")
+    ordered = sorted((r for rec in records for r in rec["records"]),
+                     key=lambda r: (r["source"], r["case_id"]))
+    if [[r["source"], r["case_id"]] for r in ordered] != records[0]["selection"]:
+        raise IntegrityError("the partitions' cases do not add up to their selection; rebuild "
+                             "the partitions with the same options")
+    origins = {(s, c): o for s, c, o in records[0]["origins"]}
+    return write_outputs(config, ordered, records[0]["sources"], origins, work, out, quiet=quiet)
+
+
+@click.command("merge")
+@click.argument("parts", nargs=-1, required=True, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="The merged build folder.")
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Processes for the Parquet conversion (never changes a byte).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing build at --out.")
+def merge_command(parts: tuple[Path, ...], out: Path, workers: int, overwrite: bool) -> None:
+    """Merge the folders of `spar-build ... --partition I/N` into one build (byte-identical
+    to a one-machine build with the same options)."""
+    path = merge(list(parts), out, workers=workers, overwrite=overwrite)
+    click.echo(f"\nbuild written to {path}")
