@@ -197,6 +197,14 @@ def _rows(d: dict[str, np.ndarray]) -> int:
     return len(next(iter(d.values()))) if d else 0
 
 
+def open_source(cls: type, root: str, *, images: str, seed: int, unknown_labels: str = "fail"):
+    """A source instance; ``unknown_labels`` is passed only when set, so plugin sources
+    written before the option keep working."""
+    if unknown_labels == "fail":
+        return cls(root, images=images, seed=seed)
+    return cls(root, images=images, seed=seed, unknown_labels=unknown_labels)
+
+
 def process_one(job: dict[str, Any]) -> dict[str, Any]:
     """Worker: load one case, make its samples, spill them; return its index record.
 
@@ -208,8 +216,8 @@ def process_one(job: dict[str, Any]) -> dict[str, Any]:
     meta: dict[str, Any] = {"source": ref.source, "case_id": ref.case_id, "split": ref.split,
                             "patient_id": ref.patient}
     try:
-        src = job["source_cls"](job["root"], images=job["images"], seed=job["seed"],
-                                unknown_labels=job.get("unknown_labels", "fail"))
+        src = open_source(job["source_cls"], job["root"], images=job["images"], seed=job["seed"],
+                          unknown_labels=job.get("unknown_labels", "fail"))
         case = src.load(ref)
         result = api.process_case(case, api.SampleConfig.from_dict(job["sample"]), job["seed"])
     except CaseError as e:
@@ -259,11 +267,23 @@ def _load_thresholds_from(path: str) -> dict[str, Any]:
     return th
 
 
+def _has_threshold_questions(records: list[dict], cases_dir: Path) -> bool:
+    """Whether any case has a size or distance question (which need fitted thresholds)."""
+    wanted = [LEVEL3_PROBES.index("size"), LEVEL3_PROBES.index("distance")]
+    for r in records:
+        q = load_case_result(cases_dir, _case_stem(r["source"], r["case_id"]), ("level3_questions",))
+        if np.isin(q["level3_questions"].get("q_probe", np.empty(0)), wanted).any():
+            return True
+    return False
+
+
 def _thresholds(config: BuildConfig, records: list[dict], cases_dir: Path, levels: tuple[str, ...]):
     if "level3" not in levels:
         return None, "not needed (no level3)"
     if config.thresholds_from:
         return _load_thresholds_from(config.thresholds_from), f"from {config.thresholds_from}"
+    if not _has_threshold_questions(records, cases_dir):  # e.g. a lesion-only (LiTS) build
+        return None, "not needed (no size or distance questions in this build)"
     splits = sorted({r["split"] for r in records})
     fit_split = config.fit_thresholds_on or ("train" if "train" in splits else None)
     if fit_split is None:
@@ -354,7 +374,7 @@ def _find(config: BuildConfig) -> tuple[list[tuple[Any, str, type]], dict[str, A
     found, label_maps, where, rules = {}, {}, {}, {}
     for name, root in zip(config.sources, config.roots, strict=True):
         cls = SOURCES.get(name)
-        src = cls(root, images=config.images, seed=config.seed, unknown_labels=config.unknown_labels)
+        src = open_source(cls, root, images=config.images, seed=config.seed, unknown_labels=config.unknown_labels)
         found[name] = src.find()
         if not found[name]:
             raise ConfigError(f"source {name}: no cases found under {root} ({src.needs})")
@@ -362,6 +382,10 @@ def _find(config: BuildConfig) -> tuple[list[tuple[Any, str, type]], dict[str, A
         label_maps[name] = {"root": str(root), "label_map": _json_safe(src.label_map()),
                             "needs": src.needs, "n_cases": len(found[name])}
     chosen, origins = select(config, found, rules)
+    for name, info in label_maps.items():
+        n_chosen = sum(r.source == name for r in chosen)
+        if n_chosen != info["n_cases"]:
+            info["n_chosen"] = n_chosen
     refs = [(r, *where[r.source]) for r in chosen]
     refs.sort(key=lambda t: (t[0].source, t[0].case_id))
     seen = set()

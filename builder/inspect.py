@@ -98,22 +98,24 @@ def write_overlay_png(case, path: Path) -> Path:
     sz, sr, sc = case.spacing
     fig, ax = plt.subplots(figsize=(6, 6 * (case.shape[1] * sr) / max(case.shape[2] * sc, 1e-6) + 0.4))
     extent = (0, case.shape[2] * sc, case.shape[1] * sr, 0)
-    if case.image is not None:
+    has_image = case.image is not None
+    if has_image:
         ax.imshow(np.clip(case.image[z], -160, 240), cmap="gray", extent=extent, interpolation="nearest")
     overlay = np.ma.masked_equal(case.mask[z], 0)
-    ax.imshow(overlay, cmap="tab20", vmin=1, vmax=20, alpha=0.45 if case.image is not None else 0.9,
-              extent=extent, interpolation="nearest")
+    ax.imshow(overlay, cmap="tab20", vmin=1, vmax=20, alpha=0.45 if has_image else 0.9,
+              extent=extent, interpolation="nearest")  # masks alone: opaque on white
     for organ_id in np.unique(case.mask[z]):
         if organ_id == 0:
             continue
         rows, cols = np.nonzero(case.mask[z] == organ_id)
-        ax.text(cols.mean() * sc, rows.mean() * sr, ORGANS[organ_id - 1], color="white", fontsize=6,
-                ha="center", va="center")
-    style = {"color": "yellow", "fontsize": 16, "fontweight": "bold", "va": "center"}
+        ax.text(cols.mean() * sc, rows.mean() * sr, ORGANS[organ_id - 1], color="white" if has_image else "black",
+                fontsize=6, ha="center", va="center")
+    mark = "yellow" if has_image else "darkorange"
+    style = {"color": mark, "fontsize": 16, "fontweight": "bold", "va": "center"}
     ax.text(0.01, 0.5, "R", transform=ax.transAxes, ha="left", **style)
     ax.text(0.99, 0.5, "L", transform=ax.transAxes, ha="right", **style)
-    ax.text(0.5, 0.99, "A", transform=ax.transAxes, ha="center", color="yellow", fontsize=12, va="top")
-    alone = "" if case.image is not None else ", masks only: no image"
+    ax.text(0.5, 0.99, "A", transform=ax.transAxes, ha="center", color=mark, fontsize=12, va="top")
+    alone = "" if has_image else ", masks only: no image"
     ax.set_title(f"{case.source}/{case.case_id} z={z} (patient's right on the left{alone})", fontsize=9)
     ax.set_axis_off()
     path.parent.mkdir(parents=True, exist_ok=True)

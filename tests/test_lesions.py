@@ -163,6 +163,8 @@ def test_word_plus_lits_build_counting_in_train_and_test(tmp_path, capsys):
     counting = {s: c["classes"]["counting"] for s, c in m["counts"]["level3"].items()}
     assert sum(counting["train"]) > 0 and sum(counting["test"]) > 0
     assert m["sample_config"]["lesion_min_voxels"] == 3
+    assert m["sources"]["lits"]["n_cases"] == 8 and m["sources"]["lits"]["n_chosen"] == 6
+    assert "n_chosen" not in m["sources"]["word"]
 
 
 @pytest.mark.slow
@@ -180,3 +182,40 @@ def test_word_plus_lits_choice_independent_of_workers(tmp_path):
     a, b = (json.loads((tmp_path / d / "manifest.json").read_text()) for d in "ab")
     assert [(c["case_id"], c["split"]) for c in a["cases"]] == [(c["case_id"], c["split"]) for c in b["cases"]]
     assert a["fingerprint"] == b["fingerprint"]
+
+
+def test_choice_options_refuse_bad_values():
+    from spar_bench.builder.selection import parse_per_source, parse_ratio
+    from spar_bench.errors import ConfigError
+
+    assert parse_per_source(["lits=20", "5"], "--limit", ["word", "lits"]) == {"lits": "20", "*": "5"}
+    with pytest.raises(ConfigError, match="'wrod' is not a --source"):
+        parse_per_source(["wrod=3"], "--limit", ["word", "lits"])
+    with pytest.raises(ConfigError, match="given twice"):
+        parse_per_source(["lits=3", "lits=4"], "--limit", ["lits"])
+    assert parse_ratio("70,10,20") == pytest.approx([0.7, 0.1, 0.2])
+    for bad in ("1,2", "a,b,c", "-1,1,1", "0,0,0"):
+        with pytest.raises(ConfigError, match="--split-ratio"):
+            parse_ratio(bad)
+
+
+def test_split_file_with_a_source_column_through_the_cli(tmp_path, capsys):
+    import json
+
+    from spar_bench.builder.cli import cli
+
+    from spar_bench.clitools import run_cli
+
+    lits = make_lits_folder(tmp_path / "lits", 3)
+    csv = tmp_path / "splits.csv"
+    csv.write_text("source,case_id,split\nlits,lits_0000,train\nlits,lits_0002,val\n")
+    out = tmp_path / "out"
+    args = ["--source", "lits", "--root", str(lits), "--levels", "level3", "--no-hf", "--split-file", str(csv),
+            "--cases", "lits_0000,lits_0002", "--out", str(out)]
+    assert run_cli(cli, args) == 0, capsys.readouterr().err
+    m = json.loads((out / "manifest.json").read_text())
+    assert [(c["case_id"], c["split"], c["split_origin"]) for c in m["cases"]] == [
+        ("lits_0000", "train", "split-file splits.csv"), ("lits_0002", "val", "split-file splits.csv")]
+    csv.write_text("case_id,split\nlits_0009,train\n")
+    assert run_cli(cli, [*args[:-1], str(tmp_path / "bad")]) == 2
+    assert "lits_0009" in capsys.readouterr().err and not (tmp_path / "bad").exists()
