@@ -15,6 +15,7 @@ COMMANDS = {
     "sweep": "spar_bench.probes.sweep:sweep_command",
     "eval": "spar_bench.probes.fit:eval_command",
     "report": "spar_bench.probes.report:report_command",
+    "vqa": "spar_bench.probes.vqa.cli:vqa_command",
 }
 
 

@@ -10,6 +10,8 @@ writes to ``--out``:
   optimum), the blind baseline, the mirrored counterfactual, and transfer results
   (``eval-*.json``: mean +- std [CI]); a table of every declared metric on every
   evaluation (test, mirror, each transfer); the per-organ metric when the spec has one;
+  for multimodal LLM runs (``spar-probe vqa``, heads ``vqa-*``) also the parse rate and
+  CircularEval;
 * ``report.json`` - the same numbers, machine-readable;
 * ``<probe>.png``  - bars per configuration with chance / majority / prior / blind lines;
 * ``<probe>-per-organ.png`` - the per-organ metric (Level 1 MED, Level 2 tile accuracy).
@@ -29,6 +31,14 @@ from spar_bench.builder.schema import ORGANS
 from spar_bench.errors import ConfigError
 
 from .tasks import METRICS, get_probe, probe_names
+
+#: Columns added to a probe's table when a row is an MLLM run (``spar-probe vqa``):
+#: row key -> (column label, path in metrics.json).
+VQA_COLUMNS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "parse_rate": ("parse", ("parse_rate",)),
+    "circular": ("circular (all rot.)", ("circular", "strict")),
+    "circular_mean": ("circular (mean)", ("circular", "mean")),
+}
 
 def collect(runs: str | Path) -> list[dict[str, Any]]:
     """Every finished run's metrics (plus ``_dir``) under ``runs``."""
@@ -107,6 +117,9 @@ def _row(spec, enc: str, head: str, ms: list[dict]) -> dict[str, Any]:
     for name in ("prior", "blind", "prior_mirror", "blind_mirror"):
         row[name], _ = _stat([_get(m, "controls", name, key) for m in ms])
     row["mirror"], _ = _stat([_get(m, "mirror", key) for m in ms])
+    row["track"] = ms[0].get("track", "probe")  # "vqa": a multimodal LLM asked directly
+    for name, path in VQA_COLUMNS.items():
+        row[name], _ = _stat([_get(m, *path[1]) for m in ms])
     row["metrics"] = {
         ev: {k: _summary(runs, "x", k) for k in spec.metrics}
         for ev, runs in _evaluations(ms).items()
@@ -164,6 +177,8 @@ def _main_table(spec, rows: list[dict]) -> list[str]:
     cols += [METRICS[k].label for k in others]
     cols += ["chance", "majority", "prior", "blind", "mirror", "prior (mirror)", "blind (mirror)"]
     cols += [f"transfer: {t}" for t in transfer]
+    vqa = [c for c in VQA_COLUMNS if any(r.get(c) is not None for r in rows)]
+    cols += [VQA_COLUMNS[c][0] for c in vqa]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         score = "-" if r["mean"] is None else f"{_f(r['mean'], pct)} +- {_f(r['std'], pct)}"
@@ -173,6 +188,7 @@ def _main_table(spec, rows: list[dict]) -> list[str]:
         cells += [_f(r[c], pct) for c in ("chance", "majority", "prior", "blind", "mirror",
                                           "prior_mirror", "blind_mirror")]  # fmt: skip
         cells += [_fs(r["transfer"][t], pct) if t in r["transfer"] else "-" for t in transfer]
+        cells += [_f(r.get(c), True) for c in vqa]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -220,6 +236,14 @@ def render_markdown(table: dict[str, list[dict]], any_random: bool) -> str:
         "Rates in %; Level 1 errors in pixels of the 224 frame (lower is better).",
         "",
     ]
+    if any(r.get("track") == "vqa" for rows in table.values() for r in rows):
+        lines += [
+            "Heads named `vqa-*` are multimodal LLMs asked the questions directly (`spar-probe vqa`):",
+            "their blind control is the same prompt without the image; parse: answers that named",
+            "exactly one option (the rest count wrong); circular: right under every rotation of the",
+            "options (CircularEval), and the mean accuracy over rotations.",
+            "",
+        ]
     known = probe_names()
     for probe in [p for p in known if p in table] + sorted(set(table) - set(known)):
         spec, rows = get_probe(probe), table[probe]

@@ -1,0 +1,35 @@
+"""The MLLM track: Level 3 questions asked to multimodal LLMs (``spar-probe vqa``).
+
+Backends are named ``<kind>[:<rest>]`` and live in one lazy registry, so listing them
+imports neither torch nor transformers:
+
+* ``hf:PATH_OR_ID`` - a local transformers image-text model (processor + chat template);
+  constrained answers by default (each option's log-likelihood), ``--generate`` to parse;
+* ``openai:MODEL`` - an OpenAI-compatible chat server (``--base-url``): vLLM, SGLang,
+  llama.cpp, Ollama;
+* ``dummy`` / ``dummy:A`` - seeded or fixed answers, for tests and dry runs.
+
+Modules: :mod:`.prompts` (versioned templates), :mod:`.parse` (strict parser),
+:mod:`.cache` (response cache), :mod:`.questions` (questions from a build),
+:mod:`.run` (asking, scoring, run folders), :mod:`.cli` (the command).
+"""
+
+from __future__ import annotations
+
+from spar_bench.registry import Registry
+
+from .base import Backend, BackendOptions
+
+BACKENDS: Registry = Registry("MLLM backend")
+BACKENDS.register_lazy("dummy", "spar_bench.probes.vqa.dummy:load_dummy")
+BACKENDS.register_lazy("hf", "spar_bench.probes.vqa.hf:load_hf", extra="transformers")
+BACKENDS.register_lazy("openai", "spar_bench.probes.vqa.openai:load_openai")
+
+
+def load_backend(spec: str, options: BackendOptions) -> Backend:
+    """The backend of ``spec`` (``hf:/models/x``, ``openai:qwen2-vl``, ``dummy``)."""
+    kind, _, rest = spec.partition(":")
+    return BACKENDS.get(kind)(rest, options)
+
+
+__all__ = ["BACKENDS", "Backend", "BackendOptions", "load_backend"]

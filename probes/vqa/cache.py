@@ -1,0 +1,94 @@
+"""The response cache: every model answer stored once, keyed by everything it depends on.
+
+A key is a JSON object: the model's identity (local folder name + sha256 of its files, or
+hub id + revision, or server URL + model name + declared revision), the template version
+and the sha256 of the rendered prompt, the question key, the option order, whether the
+image was shown and at what size, the decoding parameters and the tool's version. It is
+stored under the sha256 of its canonical JSON, *with the key itself*; a read compares the
+stored key with the one asked for, so one model's answer can never be returned for
+another, even on a hash collision or a hand-edited file.
+
+Answers are committed after each batch, so an interrupted run resumes where it stopped,
+and rescoring (a new parser, new bootstrap replicates) costs no model call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from spar_bench.errors import ConfigError, IntegrityError
+
+SCHEMA = "spar-bench-vqa-cache/1"
+
+
+def canonical(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def key_hash(key: dict[str, Any]) -> str:
+    return hashlib.sha256(canonical(key).encode("utf-8")).hexdigest()
+
+
+class ResponseCache:
+    """A SQLite file of ``(sha256(key), key, reply)`` rows.
+
+    >>> with ResponseCache("runs/.vqa-cache/model.sqlite") as c:
+    ...     c.get(key)            # the stored reply dict, or None
+    ...     c.put_many([(key, reply), ...])
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._db = sqlite3.connect(str(self.path))
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)"
+            )
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS replies "
+                "(hash TEXT PRIMARY KEY, key TEXT NOT NULL, reply TEXT NOT NULL)"
+            )
+            self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (SCHEMA,))
+            self._db.commit()
+            (schema,) = self._db.execute("SELECT value FROM meta WHERE name='schema'").fetchone()
+        except sqlite3.DatabaseError as e:
+            raise ConfigError(f"{self.path}: not a SPAR-Bench response cache ({e})") from None
+        if schema != SCHEMA:
+            raise ConfigError(f"{self.path}: response cache schema {schema!r}, expected {SCHEMA!r}")
+
+    def get(self, key: dict[str, Any]) -> dict[str, Any] | None:
+        """The reply stored for exactly ``key``, or None."""
+        row = self._db.execute(
+            "SELECT key, reply FROM replies WHERE hash=?", (key_hash(key),)
+        ).fetchone()
+        if row is None:
+            return None
+        if row[0] != canonical(key):
+            raise IntegrityError(
+                f"{self.path}: a stored answer's key differs from the key it is filed under; "
+                "delete the cache file"
+            )
+        return json.loads(row[1])
+
+    def put_many(self, items: list[tuple[dict[str, Any], dict[str, Any]]]) -> None:
+        """Store replies and commit (one transaction)."""
+        rows = [(key_hash(k), canonical(k), canonical(r)) for k, r in items]
+        with self._db:
+            self._db.executemany("INSERT OR REPLACE INTO replies VALUES (?, ?, ?)", rows)
+
+    def __len__(self) -> int:
+        return int(self._db.execute("SELECT COUNT(*) FROM replies").fetchone()[0])
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> ResponseCache:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

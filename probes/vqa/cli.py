@@ -1,0 +1,115 @@
+"""``spar-probe vqa``: ask a multimodal LLM the Level 3 questions of a build."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import click
+
+from spar_bench.builder.schema import LEVEL3_PROBES
+from spar_bench.errors import ConfigError
+
+from .base import MODES, BackendOptions
+from .openai import GUIDED
+
+
+def parse_level3_probes(text: str) -> list[str]:
+    """``all`` or comma-separated Level 3 probe names (``size`` or ``level3.size``)."""
+    from ..heads import Task
+
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    if not names or "all" in names:
+        return list(LEVEL3_PROBES)
+    out = []
+    for n in names:
+        task = Task(n if "." in n else f"level3.{n}")
+        if task.level != "level3":
+            raise ConfigError(f"--probe {n}: the MLLM track asks Level 3 questions only")
+        out.append(task.name)
+    return out
+
+
+def options_from(generate: bool, **kw) -> BackendOptions:
+    return BackendOptions(mode=MODES[1] if generate else MODES[0], **kw)
+
+
+def default_cache(out: str | Path, model: str) -> Path:
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", model).strip("-") or "model"
+    return Path(out) / ".vqa-cache" / f"{slug[-80:]}.sqlite"
+
+
+@click.command("vqa")
+@click.option("--model", required=True, help="hf:PATH_OR_ID, openai:MODEL or dummy[:LETTER].")
+@click.option("--data", required=True, type=click.Path(file_okay=False), help="Build folder.")
+@click.option("--probe", default="all", show_default=True, help="Level 3 probe(s), comma-separated, or all.")
+@click.option("--splits", default="test", show_default=True, help="Splits whose questions are asked.")
+@click.option("--out", default="runs", show_default=True, type=click.Path(file_okay=False))
+@click.option("--revision", default=None, help="Hub revision (required for hf: hub ids).")
+@click.option("--base-url", default=None, help="OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1.")
+@click.option("--api-key-env", default="OPENAI_API_KEY", show_default=True,
+              help="Environment variable holding the API key (never stored).")
+@click.option("--generate", is_flag=True, help="Generate and parse (default for hf: option log-likelihoods).")
+@click.option("--guided", type=click.Choice(GUIDED), default="none", show_default=True,
+              help="openai: ask the server to decode one of the option letters.")
+@click.option("--no-convention-hint", is_flag=True, help="Drop the display-convention sentence.")
+@click.option("--no-circular", is_flag=True, help="Skip the option rotations (CircularEval).")
+@click.option("--no-blind", is_flag=True, help="Skip the blind (no image) control.")
+@click.option("--image-size", default=224, show_default=True, type=click.IntRange(16, 4096),
+              help="Upscale the stored 224 slice to this size (bicubic) before the model sees it.")
+@click.option("--batch-size", default=8, show_default=True, type=click.IntRange(1))
+@click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(1))
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--dtype", default="float32", show_default=True,
+              type=click.Choice(["float32", "bfloat16", "float16"]))
+@click.option("--timeout", default=120.0, show_default=True, type=float, help="Seconds per HTTP request.")
+@click.option("--retries", default=3, show_default=True, type=click.IntRange(0, 20))
+@click.option("--concurrency", default=4, show_default=True, type=click.IntRange(1, 64))
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--bootstrap", "n_boot", default=1000, show_default=True, type=int)
+@click.option("--cache", "cache_path", default=None, type=click.Path(dir_okay=False),
+              help="Response cache (default OUT/.vqa-cache/<model>.sqlite).")
+def vqa_command(model, data, probe, splits, out, revision, base_url, api_key_env, generate, guided,
+                no_convention_hint, no_circular, no_blind, image_size, batch_size, max_new_tokens,
+                device, dtype, timeout, retries, concurrency, seed, n_boot, cache_path):
+    """Ask a multimodal LLM every Level 3 question; score it like a probe head."""
+    from spar_bench.builder.shards import Build
+
+    from . import load_backend
+    from .cache import ResponseCache
+    from .run import AskConfig, run_probe
+
+    probes = parse_level3_probes(probe)
+    if not (Path(data) / "manifest.json").is_file():
+        raise ConfigError(f"--data {data}: no manifest.json; pass a finished build folder")
+    build = Build(data)
+    split_list = tuple(s.strip() for s in splits.split(",") if s.strip())
+    for s in split_list:
+        if s not in build.splits("level3"):
+            raise ConfigError(f"--splits {s}: {data} level3 has splits {', '.join(build.splits('level3'))}")
+    opts = options_from(generate, seed=seed, revision=revision, base_url=base_url,
+                        api_key_env=api_key_env, device=device, dtype=dtype, batch_size=batch_size,
+                        max_new_tokens=max_new_tokens, guided=guided, timeout=timeout,
+                        retries=retries, concurrency=concurrency)
+    cfg = AskConfig(split_list, not no_convention_hint, not no_circular, not no_blind,
+                    image_size, seed, n_boot)
+    backend = load_backend(model, opts)
+    with ResponseCache(cache_path or default_cache(out, backend.name)) as cache:
+        for p in probes:
+            rd = run_probe(backend, build, p, out, cfg, cache)
+            if rd is None:
+                click.echo(f"level3.{p}: no questions on {', '.join(split_list)}; skipped", err=True)
+                continue
+            _echo(p, rd)
+    backend.close()
+
+
+def _echo(probe: str, rd: Path) -> None:
+    m = json.loads((rd / "metrics.json").read_text())
+    f = lambda v: "n/a" if v is None else f"{100 * v:.1f}%"  # noqa: E731
+    circ = m.get("circular") or {}
+    blind = (m["controls"].get("blind") or {}).get("accuracy")
+    click.echo(f"level3.{probe}: accuracy={f(m['test']['accuracy'])} parse={f(m['parse_rate'])} "
+               f"circular={f(circ.get('strict'))} blind={f(blind)} "
+               f"mirror={f((m.get('mirror') or {}).get('accuracy'))} -> {rd}")

@@ -1,0 +1,120 @@
+"""``openai:MODEL --base-url URL``: any OpenAI-compatible chat server (vLLM, SGLang,
+llama.cpp, Ollama), over the standard library's HTTP client.
+
+* The image goes as a base64 PNG ``image_url`` part; the API key is read from the
+  environment variable ``--api-key-env`` (default ``OPENAI_API_KEY``; none is sent when
+  it is unset) and is never written anywhere.
+* Greedy decoding (temperature 0). ``--guided guided_choice`` adds vLLM's
+  ``guided_choice`` parameter, ``--guided structured_outputs`` vLLM's newer
+  ``structured_outputs: {"choice": [...]}``, listing the option letters; the reply is
+  still parsed strictly. A server that refuses the parameter stops the run with its error.
+* Bounded everywhere: ``--concurrency`` requests in flight, ``--timeout`` seconds each,
+  ``--retries`` more attempts with exponential back-off on timeouts, connection errors,
+  429 and 5xx answers and malformed JSON; any other 4xx stops at once. A request that
+  still fails stops the run (the answers so far are cached: a rerun resumes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from spar_bench.errors import ConfigError, SparError
+
+from .base import Backend, BackendOptions, Reply, Request, png_base64
+
+GUIDED = ("none", "guided_choice", "structured_outputs")
+MAX_BACKOFF_S = 30.0
+
+
+class ServerError(SparError):
+    """The server failed a request after every retry, or refused it."""
+
+
+class _Retry(Exception):
+    """A failure worth another attempt (timeout, 5xx, 429, malformed JSON)."""
+
+
+class OpenAIBackend(Backend):
+    def __init__(self, model: str, options: BackendOptions):
+        if not model:
+            raise ConfigError("model openai:MODEL needs the served model's name, e.g. openai:Qwen2-VL-7B")
+        if not options.base_url or not options.base_url.startswith(("http://", "https://")):
+            raise ConfigError(f"model openai:{model}: pass --base-url http://HOST:PORT/v1")
+        if options.guided not in GUIDED:
+            raise ConfigError(f"--guided {options.guided}: expected one of {', '.join(GUIDED)}")
+        self.model = model
+        self.url = options.base_url.rstrip("/") + "/chat/completions"
+        self.key = os.environ.get(options.api_key_env) or None
+        self.timeout, self.retries, self.backoff = options.timeout, options.retries, options.backoff
+        self.concurrency = options.concurrency
+        self.guided = options.guided
+        self.mode = "generate"
+        self.name = "openai-" + model.replace("/", "-").replace(":", "-")
+        self.identity = {"kind": "openai", "base_url": options.base_url.rstrip("/"), "model": model,
+                         "revision": options.revision}
+        self.decoding = {"mode": "generate", "temperature": 0, "max_tokens": options.max_new_tokens,
+                         "guided": self.guided}
+        self.batch_size = max(options.batch_size, options.concurrency)
+
+    def body(self, r: Request) -> dict[str, Any]:
+        content: list[dict[str, Any]] = [{"type": "text", "text": r.text}]
+        if r.image is not None:
+            content.insert(0, {"type": "image_url", "image_url": {"url": png_base64(r.image)}})
+        body: dict[str, Any] = {"model": self.model, "messages": [{"role": "user", "content": content}],
+                                "temperature": 0, "max_tokens": self.decoding["max_tokens"]}
+        if self.guided == "guided_choice":
+            body["guided_choice"] = list(r.letters)
+        elif self.guided == "structured_outputs":
+            body["structured_outputs"] = {"choice": list(r.letters)}
+        return body
+
+    def _post(self, data: bytes) -> str:
+        headers = {"Content-Type": "application/json"}
+        if self.key:
+            headers["Authorization"] = f"Bearer {self.key}"
+        req = urllib.request.Request(self.url, data=data, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                raw = resp.read()
+        except urllib.error.HTTPError as e:
+            detail = e.read(300).decode("utf-8", "replace").strip().replace("\n", " ")
+            if e.code == 429 or e.code >= 500:
+                raise _Retry(f"HTTP {e.code}: {detail}") from None
+            raise ServerError(f"{self.url}: HTTP {e.code}: {detail}") from None
+        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as e:
+            raise _Retry(f"{type(e).__name__}: {getattr(e, 'reason', e)}") from None
+        try:
+            content = json.loads(raw)["choices"][0]["message"]["content"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise _Retry(f"malformed reply: {raw[:120]!r}") from None
+        return content if isinstance(content, str) else ""
+
+    def ask_one(self, r: Request) -> Reply:
+        """One request, at most ``retries + 1`` attempts."""
+        data = json.dumps(self.body(r)).encode("utf-8")
+        last = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(min(MAX_BACKOFF_S, self.backoff * 2 ** (attempt - 1)))
+            try:
+                return Reply(text=self._post(data), meta={"attempts": attempt + 1})
+            except _Retry as e:
+                last = str(e)
+        raise ServerError(
+            f"{self.url}: question {r.key} failed {self.retries + 1} times (last: {last}); "
+            "answers so far are cached, rerun to resume"
+        )
+
+    def answer(self, requests: list[Request]) -> list[Reply]:
+        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+            return list(pool.map(self.ask_one, requests))
+
+
+def load_openai(rest: str, options: BackendOptions) -> OpenAIBackend:
+    return OpenAIBackend(rest, options)

@@ -1,0 +1,126 @@
+"""Scores of an MLLM run, in the probes' metrics format, plus the MLLM controls.
+
+Unparseable answers (class -1) count wrong: in accuracy, and in macro-F1 as a miss of
+the true class (never as a prediction of some other class). Confidence intervals are the
+probes' 95 % bootstrap over patients (:mod:`spar_bench.probes.bootstrap`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from spar_bench.seeding import derive_seed
+
+from ..bootstrap import bootstrap_ci
+from ..metrics import majority_class
+from .questions import Questions
+
+
+def macro_f1_with_misses(y: np.ndarray, pred: np.ndarray, n: int) -> float:
+    """Macro-F1 over the classes present in ``y`` or predicted; ``pred == -1`` is a miss."""
+    if y.size == 0:
+        return float("nan")
+    col = np.where(pred < 0, n, pred)
+    cm = np.bincount(y * (n + 1) + col, minlength=n * (n + 1)).reshape(n, n + 1)
+    tp = np.diag(cm[:, :n]).astype(np.float64)
+    fp = cm[:, :n].sum(axis=0) - tp
+    fn = cm.sum(axis=1) - tp
+    used = (cm[:, :n].sum(axis=0) + cm.sum(axis=1)) > 0
+    denom = 2 * tp + fp + fn
+    return float(np.where(denom > 0, 2 * tp / np.maximum(denom, 1), 0.0)[used].mean())
+
+
+def answer_metrics(y: np.ndarray, pred: np.ndarray, n: int, y_train: np.ndarray | None,
+                   groups: np.ndarray | None, rng: np.random.Generator | None,
+                   n_boot: int) -> dict[str, Any]:
+    """Accuracy, macro-F1, chance, majority, parse rate (+ patient-bootstrap CIs)."""
+    y, pred = np.asarray(y, np.int64), np.asarray(pred, np.int64)
+    if y.size == 0:
+        return {"n": 0}
+    hit = (y == pred).astype(np.float64)
+    out: dict[str, Any] = {
+        "accuracy": float(hit.mean()), "macro_f1": macro_f1_with_misses(y, pred, n),
+        "chance": 1.0 / n, "n": int(y.size),
+        "parse_rate": float((pred >= 0).mean()), "n_unparsed": int((pred < 0).sum()),
+    }
+    if y_train is not None and y_train.size:
+        maj = majority_class(y_train, n)
+        out["majority_class"], out["majority"] = maj, float((y == maj).mean())
+    if groups is not None and rng is not None:
+        out["ci"] = {
+            "accuracy": list(bootstrap_ci(lambda i: float(hit[i].mean()), groups, rng, n_boot)),
+            "macro_f1": list(bootstrap_ci(lambda i: macro_f1_with_misses(y[i], pred[i], n),
+                                          groups, rng, n_boot)),
+        }
+    return out
+
+
+def _tables(qs: Questions, records: list[dict], n: int) -> dict[str, np.ndarray]:
+    """Predicted class per question: ``image`` (Q, rotations), ``blind`` (Q,), -2 = not asked."""
+    index = {str(k): i for i, k in enumerate(qs.key)}
+    image = np.full((len(qs), n), -2, dtype=np.int64)
+    blind = np.full(len(qs), -2, dtype=np.int64)
+    position = np.zeros(n, dtype=np.int64)
+    for r in records:
+        i = index[r["key"]]
+        if r["variant"] == "blind":
+            blind[i] = r["class"]
+        else:
+            image[i, r["rotation"]] = r["class"]
+            if r["choice"] is not None and not qs.is_mirror[i]:
+                position[r["choice"]] += 1
+    return {"image": image, "blind": blind, "position": position}
+
+
+def circular_metrics(y: np.ndarray, image: np.ndarray, groups: np.ndarray,
+                     rng: np.random.Generator, n_boot: int) -> dict[str, Any] | None:
+    """CircularEval: right under every rotation (strict), and the mean over rotations."""
+    asked = (image != -2).all(axis=1)
+    if image.shape[1] < 2 or not asked.any():
+        return None
+    right = image[asked] == y[asked, None]
+    strict, mean = right.all(axis=1).astype(np.float64), right.mean(axis=1)
+    g = groups[asked]
+    return {
+        "strict": float(strict.mean()), "mean": float(mean.mean()),
+        "per_rotation": [float(v) for v in right.mean(axis=0)],
+        "n_rotations": int(image.shape[1]), "n": int(asked.sum()),
+        "ci": {"strict": list(bootstrap_ci(lambda i: float(strict[i].mean()), g, rng, n_boot)),
+               "mean": list(bootstrap_ci(lambda i: float(mean[i].mean()), g, rng, n_boot))},
+    }
+
+
+def score_run(qs: Questions, records: list[dict], n: int, y_train: np.ndarray | None,
+              seed: int, n_boot: int, head: str) -> dict[str, Any]:
+    """The metrics.json body: test (rotation 0), mirror, CircularEval, controls."""
+    t = _tables(qs, records, n)
+    probe = f"level3.{qs.probe}"
+    boot = lambda tag: np.random.default_rng(derive_seed(seed, "bootstrap", probe, head, tag))  # noqa: E731
+    orig, mir = ~qs.is_mirror, qs.is_mirror
+    y, g = qs.answer, qs.patient
+
+    def part(mask, pred, tag):
+        if not mask.any() or (pred[mask] == -2).all():
+            return None
+        return answer_metrics(y[mask], pred[mask], n, y_train, g[mask], boot(tag), n_boot)
+
+    test = part(orig, t["image"][:, 0], "test")
+    pos = t["position"]
+    controls: dict[str, Any] = {
+        "chance": 1.0 / n, "majority": (test or {}).get("majority"),
+        "blind": part(orig, t["blind"], "blind"), "blind_mirror": part(mir, t["blind"], "blind_mirror"),
+        "position_rate": [float(v) for v in pos / max(pos.sum(), 1)],
+    }
+    return {
+        "headline": "accuracy",
+        "splits": sorted({str(s) for s in qs.split}),
+        "n_items": {"test": int(orig.sum()), "test_mirror": int(mir.sum())},
+        "n_patients": {"test": int(np.unique(g[orig]).size)},
+        "test": test,
+        "parse_rate": (test or {}).get("parse_rate"),
+        "mirror": part(mir, t["image"][:, 0], "mirror"),
+        "circular": circular_metrics(y[orig], t["image"][orig], g[orig], boot("circular"), n_boot),
+        "controls": controls,
+    }
