@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from spar_bench.builder.schema import LEVEL3_CLASS_NAMES, LEVEL3_PROBES, ORGANS
-from spar_bench.errors import IntegrityError
 from spar_bench.probes.vqa.prompts import CONVENTION_HINT, render, rotations, template_version
+
+from spar_bench.errors import IntegrityError
 
 
 def test_prompts_name_organs_options_and_patient_frame():
@@ -96,10 +96,11 @@ def test_backend_registry_is_lazy_and_suggests():
     import sys
 
     from spar_bench.probes.vqa import BACKENDS, BackendOptions, load_backend
-    from spar_bench.registry import UnknownNameError
+
+    from spar_bench.errors import ConfigError
 
     assert {"dummy", "hf", "openai"} <= set(BACKENDS.names())
-    with pytest.raises(UnknownNameError, match="Did you mean 'openai'"):
+    with pytest.raises(ConfigError, match="Did you mean 'openai'"):
         load_backend("opneai:x", BackendOptions())
     code = "import sys, spar_bench.probes.vqa.cli; print('torch' in sys.modules, 'transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -16,7 +16,8 @@ Modules: :mod:`.prompts` (versioned templates), :mod:`.parse` (strict parser),
 
 from __future__ import annotations
 
-from spar_bench.registry import Registry
+from spar_bench.errors import ConfigError
+from spar_bench.registry import Registry, UnknownNameError
 
 from .base import Backend, BackendOptions
 
@@ -29,7 +30,11 @@ BACKENDS.register_lazy("openai", "spar_bench.probes.vqa.openai:load_openai")
 def load_backend(spec: str, options: BackendOptions) -> Backend:
     """The backend of ``spec`` (``hf:/models/x``, ``openai:qwen2-vl``, ``dummy``)."""
     kind, _, rest = spec.partition(":")
-    return BACKENDS.get(kind)(rest, options)
+    try:
+        factory = BACKENDS.get(kind)
+    except UnknownNameError as e:
+        raise ConfigError(f"--model {spec}: {e}") from None
+    return factory(rest, options)
 
 
 __all__ = ["BACKENDS", "Backend", "BackendOptions", "load_backend"]

@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 
 import click
-
 from spar_bench.builder.schema import LEVEL3_PROBES
+
 from spar_bench.errors import ConfigError
 
 from .base import MODES, BackendOptions

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
 from spar_bench.builder.schema import LEVEL3_PROBES
+
 from spar_bench.errors import ConfigError, IntegrityError
 
 Q_FIELDS = ("q_key", "q_slice", "q_probe", "q_axis", "q_organ_a", "q_organ_b", "q_answer")

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from spar_bench.builder.schema import LEVEL3_CLASS_NAMES, LEVEL3_N_CLASSES
+
 from spar_bench.errors import ConfigError
 
 from .base import Backend, Reply, Request, to_pil

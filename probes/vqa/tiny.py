@@ -37,9 +37,15 @@ def make_tiny_llava(path: str | Path, seed: int = 0, hidden: int = 32, image_siz
     """Save a tiny random LLaVA (model, processor, tokenizer, chat template) into ``path``."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import (CLIPImageProcessor, CLIPVisionConfig, LlamaConfig, LlavaConfig,
-                              LlavaForConditionalGeneration, LlavaProcessor,
-                              PreTrainedTokenizerFast)
+    from transformers import (
+        CLIPImageProcessor,
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+        PreTrainedTokenizerFast,
+    )
 
     words = _vocabulary()
     vocab = {w: i for i, w in enumerate(words)}

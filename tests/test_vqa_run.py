@@ -1,0 +1,173 @@
+"""``spar-probe vqa`` end to end on the shared phantom pipeline (see test_fit.get_pipeline).
+
+A tiny random LLaVA is made and saved locally (word-level tokenizer trained on the
+prompts, nothing downloaded) and asked through ``hf:`` in constrained and generation
+modes; ``dummy`` runs every probe; a linear head is fitted beside them so the report shows
+MLLMs and encoders in one table.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from spar_bench.probes.cli import cli
+from test_fit import _run, get_pipeline
+
+
+def _vqa(*args) -> int:
+    return _run(cli, ["vqa", "--bootstrap", 30, *args])
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    p = get_pipeline(tmp_path_factory)
+    root = tmp_path_factory.mktemp("vqa")
+    runs = root / "runs"
+    assert _run(cli, ["fit", "--features", p["cache"], "--probe", "level3.symmetry", "--head", "linear",
+                      "--out", runs, "--bootstrap", 30, "--max-epochs", 3]) == 0
+    assert _vqa("--model", "dummy", "--data", p["shards"], "--out", runs) == 0
+    return {**p, "root": root, "runs": runs}
+
+
+@pytest.fixture(scope="module")
+def tiny(env):
+    pytest.importorskip("transformers")
+    from spar_bench.probes.vqa.tiny import make_tiny_llava
+
+    path = make_tiny_llava(env["root"] / "models" / "tiny", seed=0)
+    assert _vqa("--model", f"hf:{path}", "--data", env["shards"], "--out", env["runs"],
+                "--probe", "symmetry") == 0
+    return path
+
+
+def _metrics(runs: Path, model: str, probe: str, head: str) -> dict:
+    return json.loads((runs / model / f"level3.{probe}" / head / "seed0" / "metrics.json").read_text())
+
+
+def test_dummy_run_folder_scores_and_controls(env):
+    runs = env["runs"]
+    rd = runs / "dummy" / "level3.relative_position" / "vqa-loglik" / "seed0"
+    assert sorted(f.name for f in rd.iterdir()) == ["answers.jsonl", "config.json", "metrics.json"]
+    m = json.loads((rd / "metrics.json").read_text())
+    cfg = json.loads((rd / "config.json").read_text())
+    assert m["headline"] == "accuracy" and 0 <= m["test"]["accuracy"] <= 1
+    assert len(m["test"]["ci"]["accuracy"]) == 2 and m["parse_rate"] == 1.0
+    assert m["controls"]["chance"] == 0.5 and m["controls"]["majority"] is not None
+    assert m["controls"]["blind"]["n"] == m["test"]["n"] and m["mirror"]["n"] > 0
+    assert m["circular"]["n_rotations"] == 2 and m["circular"]["strict"] <= m["circular"]["mean"]
+    assert cfg["template_version"] == "relative_position@1" and cfg["convention_hint"] is True
+    assert str(env["root"]) not in (rd / "config.json").read_text()  # no local path published
+    recs = [json.loads(line) for line in (rd / "answers.jsonl").read_text().splitlines()]
+    n, nm = m["n_items"]["test"], m["n_items"]["test_mirror"]
+    assert len(recs) == 2 * n + nm + (n + nm)  # 2 rotations + mirrors + blind
+    assert all(r["template"] == "relative_position@1" for r in recs)
+    assert {r["variant"] for r in recs} == {"image", "blind"}
+    assert (runs / "dummy" / "level3.counting").is_dir()  # every probe the build has
+
+
+def test_position_bias_is_caught_by_circular_eval(env):
+    assert _vqa("--model", "dummy:A", "--data", env["shards"], "--out", env["runs"],
+                "--probe", "relative_position", "--no-blind") == 0
+    m = _metrics(env["runs"], "dummy-A", "relative_position", "vqa-loglik")
+    assert m["controls"]["position_rate"] == [1.0, 0.0]
+    assert m["circular"]["strict"] == 0.0 and m["circular"]["mean"] == pytest.approx(0.5)
+    assert m["controls"]["blind"] is None
+
+
+def test_hf_tiny_constrained_beside_encoder_in_report(env, tiny):
+    m = _metrics(env["runs"], "hf-tiny", "symmetry", "vqa-loglik")
+    assert m["parse_rate"] == 1.0 and m["circular"]["n_rotations"] == 3
+    assert m["random_init"] is False and m["mode"] == "constrained"
+    recs = [json.loads(x) for x in (env["runs"] / "hf-tiny/level3.symmetry/vqa-loglik/seed0/answers.jsonl")
+            .read_text().splitlines()]
+    assert all(len(r["scores"]) == 3 and r["choice"] == max(range(3), key=lambda j, r=r: r["scores"][j])
+               for r in recs)
+    cfg = json.loads((env["runs"] / "hf-tiny/level3.symmetry/vqa-loglik/seed0/config.json").read_text())
+    assert cfg["model_identity"]["kind"] == "dir" and len(cfg["model_identity"]["sha256"]) == 64
+    out = env["root"] / "report"
+    assert _run(cli, ["report", env["runs"], "--out", out]) == 0
+    md = (out / "report.md").read_text()
+    table = md.split("## level3.symmetry")[1].split("## ")[0]
+    assert "| linear |" in table and "| vqa-loglik |" in table and "hf-tiny" in table
+    assert "parse" in table and "circular (all rot.)" in table
+
+
+def test_rerun_reads_the_cache_and_another_model_does_not(env, tiny, monkeypatch):
+    from spar_bench.probes.vqa import hf
+    from spar_bench.probes.vqa.cache import ResponseCache
+    from spar_bench.probes.vqa.tiny import make_tiny_llava
+
+    rd = env["runs"] / "hf-tiny/level3.symmetry/vqa-loglik/seed0"
+    before = (rd / "metrics.json").read_bytes()
+    real = hf.HFBackend._constrained
+
+    def refuse(self, reqs):
+        raise AssertionError("cached answers were asked again")
+
+    monkeypatch.setattr(hf.HFBackend, "_constrained", refuse)
+    assert _vqa("--model", f"hf:{tiny}", "--data", env["shards"], "--out", env["runs"], "--probe", "symmetry") == 0
+    assert (rd / "metrics.json").read_bytes() == before  # resumed and rescored identically
+    # another model with the same folder name: same slug and cache file, never the same answers
+    other = make_tiny_llava(env["root"] / "models2" / "tiny", seed=1)
+    calls = []
+    monkeypatch.setattr(hf.HFBackend, "_constrained", lambda self, reqs: calls.append(len(reqs)) or real(self, reqs))
+    cache = env["runs"] / ".vqa-cache" / "hf-tiny.sqlite"
+    with ResponseCache(cache) as c:
+        n_before = len(c)
+    assert _vqa("--model", f"hf:{other}", "--data", env["shards"], "--out", env["root"] / "runs2",
+                "--probe", "symmetry", "--cache", cache) == 0
+    with ResponseCache(cache) as c:
+        assert len(c) == 2 * n_before
+    assert sum(calls) == n_before
+
+
+def test_hf_tiny_generation_mode_parses_strictly(env, tiny):
+    assert _vqa("--model", f"hf:{tiny}", "--data", env["shards"], "--out", env["runs"], "--probe",
+                "symmetry", "--generate", "--max-new-tokens", 4, "--no-circular") == 0
+    m = _metrics(env["runs"], "hf-tiny", "symmetry", "vqa-generate")
+    assert 0.0 <= m["parse_rate"] <= 1.0 and m["circular"] is None
+    recs = [json.loads(x) for x in (env["runs"] / "hf-tiny/level3.symmetry/vqa-generate/seed0/answers.jsonl")
+            .read_text().splitlines()]
+    assert all(isinstance(r["text"], str) for r in recs)
+    unparsed = [r for r in recs if not r["parsed"]]
+    assert all(r["answer"] is None and r["correct"] is False for r in unparsed)
+    assert m["test"]["n_unparsed"] == sum(1 for r in unparsed if r["variant"] == "image" and not r["mirror"])
+
+
+def test_one_line_errors(env, capsys):
+    assert _vqa("--model", "hf:org/name", "--data", env["shards"], "--out", env["runs"]) == 2
+    assert "--revision" in capsys.readouterr().err
+    assert _vqa("--model", "dumy", "--data", env["shards"], "--out", env["runs"]) == 2
+    assert "Did you mean 'dummy'" in capsys.readouterr().err
+    assert _vqa("--model", "dummy", "--data", env["shards"], "--probe", "level1.localisation") == 2
+    assert "Level 3" in capsys.readouterr().err
+    assert _vqa("--model", "dummy", "--data", env["shards"], "--splits", "tset") == 2
+    assert "tset" in capsys.readouterr().err
+
+
+def test_openai_backend_end_to_end_on_stub_server(env, capsys):
+    import base64
+    import io
+
+    from PIL import Image
+    from test_vqa_openai import running_stub
+
+    with running_stub() as srv:
+        srv.plan = ["text:I am not sure."] * 5 + ["text:A or B"] * 2
+        srv.default = "text:Answer: B"
+        url = f"http://127.0.0.1:{srv.server_address[1]}/v1"
+        assert _vqa("--model", "openai:stub-vlm", "--base-url", url, "--data", env["shards"], "--out",
+                    env["runs"], "--probe", "symmetry", "--image-size", 448, "--concurrency", 3,
+                    "--retries", 0, "--timeout", 10) == 0
+    rd = env["runs"] / "openai-stub-vlm/level3.symmetry/vqa-generate-448px/seed0"
+    recs = [json.loads(x) for x in (rd / "answers.jsonl").read_text().splitlines()]
+    assert len(recs) == len(srv.seen) and sum(not r["parsed"] for r in recs) == 7
+    m = json.loads((rd / "metrics.json").read_text())
+    assert m["parse_rate"] < 1.0 and m["mode"] == "generate"
+    png = next(s["body"]["messages"][0]["content"][0]["image_url"]["url"] for s in srv.seen
+               if s["body"]["messages"][0]["content"][0]["type"] == "image_url")
+    img = Image.open(io.BytesIO(base64.b64decode(png.split(",", 1)[1])))
+    assert img.size == (448, 448) and img.mode == "RGB"
+    assert "parse=" in capsys.readouterr().out
