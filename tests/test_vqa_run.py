@@ -55,6 +55,7 @@ def test_dummy_run_folder_scores_and_controls(env):
     assert m["headline"] == "accuracy" and 0 <= m["test"]["accuracy"] <= 1
     assert len(m["test"]["ci"]["accuracy"]) == 2 and m["parse_rate"] == 1.0
     assert m["controls"]["chance"] == 0.5 and m["controls"]["majority"] is not None
+    assert m["controls"]["prior"]["n"] == m["test"]["n"]  # the spec's input-free optimum
     assert m["controls"]["blind"]["n"] == m["test"]["n"] and m["mirror"]["n"] > 0
     assert m["circular"]["n_rotations"] == 2 and m["circular"]["strict"] <= m["circular"]["mean"]
     assert cfg["template_version"] == "relative_position@1" and cfg["convention_hint"] is True
@@ -142,7 +143,7 @@ def test_one_line_errors(env, capsys):
     assert _vqa("--model", "dumy", "--data", env["shards"], "--out", env["runs"]) == 2
     assert "Did you mean 'dummy'" in capsys.readouterr().err
     assert _vqa("--model", "dummy", "--data", env["shards"], "--probe", "level1.localisation") == 2
-    assert "Level 3" in capsys.readouterr().err
+    assert "Level 3 questions only" in capsys.readouterr().err
     assert _vqa("--model", "dummy", "--data", env["shards"], "--splits", "tset") == 2
     assert "tset" in capsys.readouterr().err
 

@@ -74,9 +74,11 @@ def test_unparseable_answers_count_wrong_never_as_another_class():
 
     y = np.array([0, 1, 2, 0])
     pred = np.array([0, -1, 2, -1])
-    m = answer_metrics(y, pred, 3, np.array([0, 0, 1]), None, None, 10)
+    m = answer_metrics(y, pred, 3, None, None, 10)
     assert m["accuracy"] == 0.5 and m["parse_rate"] == 0.5 and m["n_unparsed"] == 2
-    assert m["majority_class"] == 0 and m["majority"] == 0.5
+    assert m["chance"] == pytest.approx(1 / 3) and "ci" not in m
+    ci = answer_metrics(y, pred, 3, np.array(["p", "p", "q", "q"]), np.random.default_rng(0), 20)["ci"]
+    assert ci["accuracy"][0] <= 0.5 <= ci["accuracy"][1]
     # class 0: tp 1, fn 1 -> 2/3; class 1: fn 1 -> 0; class 2: tp 1 -> 1
     assert macro_f1_with_misses(y, pred, 3) == pytest.approx((2 / 3 + 0 + 1) / 3)
 

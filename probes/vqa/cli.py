@@ -7,7 +7,6 @@ import re
 from pathlib import Path
 
 import click
-from spar_bench.builder.schema import LEVEL3_PROBES
 
 from spar_bench.errors import ConfigError
 
@@ -15,19 +14,21 @@ from .base import MODES, BackendOptions
 from .openai import GUIDED
 
 
-def parse_level3_probes(text: str) -> list[str]:
-    """``all`` or comma-separated Level 3 probe names (``size`` or ``level3.size``)."""
-    from ..heads import Task
+def parse_question_probes(text: str) -> list[str]:
+    """``all`` or comma-separated question probes (``size`` or ``level3.size``), full names."""
+    from ..tasks import get_probe, probe_names
 
+    asking = [n for n in probe_names() if get_probe(n).asks]
     names = [p.strip() for p in text.split(",") if p.strip()]
     if not names or "all" in names:
-        return list(LEVEL3_PROBES)
+        return asking
     out = []
     for n in names:
-        task = Task(n if "." in n else f"level3.{n}")
-        if task.level != "level3":
-            raise ConfigError(f"--probe {n}: the MLLM track asks Level 3 questions only")
-        out.append(task.name)
+        spec = get_probe(n if "." in n else f"level3.{n}")
+        if not spec.asks:
+            raise ConfigError(f"--probe {n}: the MLLM track asks the Level 3 questions only "
+                              f"({', '.join(asking)})")
+        out.append(spec.name)
     return out
 
 
@@ -80,7 +81,7 @@ def vqa_command(model, data, probe, splits, out, revision, base_url, api_key_env
     from .cache import ResponseCache
     from .run import AskConfig, run_probe
 
-    probes = parse_level3_probes(probe)
+    probes = parse_question_probes(probe)
     if not (Path(data) / "manifest.json").is_file():
         raise ConfigError(f"--data {data}: no manifest.json; pass a finished build folder")
     build = Build(data)
@@ -99,7 +100,7 @@ def vqa_command(model, data, probe, splits, out, revision, base_url, api_key_env
         for p in probes:
             rd = run_probe(backend, build, p, out, cfg, cache)
             if rd is None:
-                click.echo(f"level3.{p}: no questions on {', '.join(split_list)}; skipped", err=True)
+                click.echo(f"{p}: no questions on {', '.join(split_list)}; skipped", err=True)
                 continue
             _echo(p, rd)
     backend.close()
@@ -110,6 +111,6 @@ def _echo(probe: str, rd: Path) -> None:
     f = lambda v: "n/a" if v is None else f"{100 * v:.1f}%"  # noqa: E731
     circ = m.get("circular") or {}
     blind = (m["controls"].get("blind") or {}).get("accuracy")
-    click.echo(f"level3.{probe}: accuracy={f(m['test']['accuracy'])} parse={f(m['parse_rate'])} "
+    click.echo(f"{probe}: accuracy={f(m['test']['accuracy'])} parse={f(m['parse_rate'])} "
                f"circular={f(circ.get('strict'))} blind={f(blind)} "
                f"mirror={f((m.get('mirror') or {}).get('accuracy'))} -> {rd}")

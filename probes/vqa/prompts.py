@@ -16,7 +16,9 @@ from __future__ import annotations
 import string
 from dataclasses import dataclass
 
-from spar_bench.builder.schema import LEVEL3_CLASS_NAMES, LEVEL3_PROBES, ORGANS
+from spar_bench.builder.schema import LEVEL3_PROBES, ORGANS
+
+from spar_bench.errors import ConfigError
 
 TEMPLATE_VERSION = "1"
 
@@ -113,7 +115,7 @@ class Prompt:
 
 def question_text(probe: str, organ_a: int, organ_b: int, axis: int) -> str:
     if probe not in LEVEL3_PROBES:
-        raise KeyError(f"unknown Level 3 probe {probe!r}; probes: {', '.join(LEVEL3_PROBES)}")
+        raise ConfigError(f"no prompt template for probe {probe!r}; templates: {', '.join(LEVEL3_PROBES)}")
     key = f"{probe}.{axis}" if probe == "relative_position" else probe
     a = organ_text(organ_a) if organ_a >= 0 else ""
     b = organ_text(organ_b) if organ_b >= 0 else ""
@@ -123,7 +125,9 @@ def question_text(probe: str, organ_a: int, organ_b: int, axis: int) -> str:
 def render(probe: str, organ_a: int, organ_b: int, axis: int, order: tuple[int, ...],
            hint: bool = True) -> Prompt:
     """The prompt of one question with its options shown in ``order``."""
-    names = LEVEL3_CLASS_NAMES[probe]
+    from ..tasks import get_probe
+
+    names = get_probe(f"level3.{probe}").class_names
     if sorted(order) != list(range(len(names))):
         raise ValueError(f"order {order} is not a permutation of {len(names)} options")
     letters = tuple(string.ascii_uppercase[: len(names)])

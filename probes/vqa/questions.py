@@ -1,81 +1,93 @@
-"""Level 3 questions of one probe, read from a build, with their slices' images on demand."""
+"""Level 3 questions of one probe on some splits, read through the probe's spec.
+
+The answers, organs, axis, patients and mirror flags come from
+:meth:`spar_bench.probes.tasks.QuestionSpec.load_targets` (the same reader ``fit`` uses);
+here the question keys and splits are added, and each question's ``row`` is its
+slice's row in its split (``Build.images("level3", split, row)``).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
-from spar_bench.builder.schema import LEVEL3_PROBES
 
-from spar_bench.errors import ConfigError, IntegrityError
+from spar_bench.errors import ConfigError
 
-Q_FIELDS = ("q_key", "q_slice", "q_probe", "q_axis", "q_organ_a", "q_organ_b", "q_answer")
+from ..targets import Targets, concat
 
 
 @dataclass(frozen=True)
 class Questions:
-    """The questions of one probe on some splits (arrays of equal length, sorted by key).
+    """The questions of one probe (``t``: its Targets) with their keys and splits."""
 
-    ``split`` and ``row`` locate each question's slice (``Build.images("level3", split, row)``).
-    """
-
-    probe: str
+    t: Targets
     key: np.ndarray
     split: np.ndarray
-    row: np.ndarray
-    patient: np.ndarray
-    is_mirror: np.ndarray
-    answer: np.ndarray
-    organ_a: np.ndarray
-    organ_b: np.ndarray
-    axis: np.ndarray
+
+    @property
+    def spec(self):
+        return self.t.spec
+
+    @property
+    def probe(self) -> str:
+        """The Level 3 probe's short name (``relative_position``)."""
+        return self.t.spec.name.split(".", 1)[1]
 
     def __len__(self) -> int:
-        return int(self.key.shape[0])
+        return len(self.t)
 
-    def subset(self, mask: np.ndarray) -> Questions:
-        return Questions(self.probe, *(getattr(self, f)[mask] for f in _ARRAYS))
+    @property
+    def answer(self) -> np.ndarray:
+        return self.t.y["answer"]
+
+    @property
+    def organ_a(self) -> np.ndarray:
+        return self.t.y["organ_a"]
+
+    @property
+    def organ_b(self) -> np.ndarray:
+        return self.t.y["organ_b"]
+
+    @property
+    def axis(self) -> np.ndarray:
+        return self.t.y["axis"]
+
+    @property
+    def row(self) -> np.ndarray:
+        return self.t.rows
+
+    @property
+    def patient(self) -> np.ndarray:
+        return self.t.patient
+
+    @property
+    def is_mirror(self) -> np.ndarray:
+        return self.t.is_mirror
 
 
-_ARRAYS = ("key", "split", "row", "patient", "is_mirror", "answer", "organ_a", "organ_b", "axis")
+def _targets(build, spec, split: str) -> tuple[Targets, np.ndarray]:
+    slice_keys = build.read("level3", split, ["key"])["key"]
+    t = spec.load_targets(build, split, slice_keys)  # rows = the slices' rows in the split
+    q = build.read("level3", split, ["q_key", "q_probe"])
+    keys = q["q_key"][q["q_probe"].astype(np.int64) == spec.index].astype(str)
+    return t, keys
 
 
-def _one_split(build, probe: str, split: str) -> dict[str, np.ndarray]:
-    have = set(build.fields("level3", split))
-    s = build.read("level3", split, ["patient_id", *(["is_mirror"] if "is_mirror" in have else [])])
-    q = build.read("level3", split, list(Q_FIELDS))
-    keep = q["q_probe"].astype(np.int64) == LEVEL3_PROBES.index(probe)
-    rows = q["q_slice"][keep].astype(np.int64)
-    mirror = s["is_mirror"].astype(bool) if "is_mirror" in s else np.zeros(len(s["patient_id"]), bool)
-    return {
-        "key": q["q_key"][keep].astype(str),
-        "split": np.full(rows.shape, split, dtype=object).astype(str),
-        "row": rows,
-        "patient": s["patient_id"].astype(str)[rows],
-        "is_mirror": mirror[rows],
-        "answer": q["q_answer"][keep].astype(np.int64),
-        "organ_a": q["q_organ_a"][keep].astype(np.int64),
-        "organ_b": q["q_organ_b"][keep].astype(np.int64),
-        "axis": q["q_axis"][keep].astype(np.int64),
-    }
-
-
-def load_questions(build, probe: str, splits: list[str], n_classes: int) -> Questions:
-    """Every question of ``probe`` on ``splits``, ordered by question key (deterministic)."""
+def load_questions(build, spec, splits: list[str]) -> Questions:
+    """Every question of ``spec`` on ``splits``, in the splits' canonical order."""
     if "level3" not in build.levels():
         raise ConfigError(f"{build.root}: build has no level3; levels: {', '.join(build.levels())}")
-    parts = [_one_split(build, probe, s) for s in splits]
-    cat = {f: np.concatenate([p[f] for p in parts]) for f in _ARRAYS}
-    a = cat["answer"]
-    if a.size and (a.min() < 0 or a.max() >= n_classes):
-        raise IntegrityError(f"{build.root}: {probe} answers outside 0..{n_classes - 1}; shards corrupt")
-    order = np.argsort(cat["key"], kind="stable")
-    return Questions(probe, *(cat[f][order] for f in _ARRAYS))
+    parts = [(_targets(build, spec, s), s) for s in splits]
+    t = concat([p[0][0] for p in parts])
+    keys = np.concatenate([p[0][1] for p in parts])
+    split = np.concatenate([np.full(len(p[0][1]), p[1]) for p in parts]).astype(str)
+    return Questions(t, keys, split)
 
 
-def train_answers(build, probe: str) -> np.ndarray | None:
-    """Answers of the probe's original training questions (for the majority control)."""
+def train_targets(build, spec) -> Targets | None:
+    """The probe's original training questions (majority and prior controls), or None."""
     if "train" not in build.splits("level3"):
         return None
-    d = _one_split(build, probe, "train")
-    return d["answer"][~d["is_mirror"]]
+    t, _ = _targets(build, spec, "train")
+    return t.subset(~t.is_mirror)

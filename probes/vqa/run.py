@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from spar_bench.builder.schema import LEVEL3_CLASS_NAMES, LEVEL3_N_CLASSES
 
 from spar_bench.errors import ConfigError
 
@@ -35,7 +34,7 @@ from .base import Backend, Reply, Request, to_pil
 from .cache import ResponseCache
 from .parse import parse_answer
 from .prompts import Prompt, render, rotations
-from .questions import Questions, load_questions, train_answers
+from .questions import Questions, load_questions, train_targets
 from .score import score_run
 
 METRICS_FILE = "metrics.json"
@@ -81,7 +80,7 @@ def head_name(backend: Backend, cfg: AskConfig) -> str:
 def plan(qs: Questions, cfg: AskConfig) -> list[Item]:
     """Requests per question: every rotation (originals, with CircularEval), rotation 0
     for mirrors, and rotation 0 without the image (blind)."""
-    n = LEVEL3_N_CLASSES[qs.probe]
+    n = qs.spec.n_classes
     orders = rotations(n)
     items = []
     for i in range(len(qs)):
@@ -157,7 +156,7 @@ def decide(backend: Backend, it: Item, reply: Reply) -> tuple[int | None, bool]:
 
 def answer_records(qs: Questions, items: list[Item], replies: list[Reply], backend: Backend) -> list[dict]:
     """One JSON record per answer (answers.jsonl), in plan order."""
-    names = LEVEL3_CLASS_NAMES[qs.probe]
+    names = qs.spec.class_names
     out = []
     for it, rep in zip(items, replies, strict=True):
         pos, ok = decide(backend, it, rep)
@@ -220,25 +219,27 @@ def versions() -> dict[str, str]:
 
 def run_probe(backend: Backend, build, probe: str, out: str | Path, cfg: AskConfig,
               cache: ResponseCache, progress=None) -> Path | None:
-    """Ask, score and write one probe; None when the build has no such question."""
-    n = LEVEL3_N_CLASSES[probe]
-    qs = load_questions(build, probe, list(cfg.splits), n)
+    """Ask, score and write one probe (``level3.<name>``); None when the build has no such question."""
+    from ..tasks import get_probe
+
+    spec = get_probe(probe)
+    qs = load_questions(build, spec, list(cfg.splits))
     if not (~qs.is_mirror).any():
         return None
     items = plan(qs, cfg)
     replies = ask(backend, cache, build, qs, items, cfg, progress)
     records = answer_records(qs, items, replies, backend)
     head = head_name(backend, cfg)
-    metrics = score_run(qs, records, n, train_answers(build, probe), cfg.seed, cfg.n_boot, head)
-    metrics.update({"probe": f"level3.{probe}", "head": head, "seed": cfg.seed,
+    metrics = score_run(qs, records, train_targets(build, spec), cfg.seed, cfg.n_boot, head)
+    metrics.update({"probe": probe, "head": head, "seed": cfg.seed,
                     "encoder": backend.name, "random_init": backend.random_init,
                     "track": "vqa", "mode": backend.mode, "template_version": items[0].prompt.version})
-    config = {"track": "vqa", "probe": f"level3.{probe}", "head": head, "seed": cfg.seed,
+    config = {"track": "vqa", "probe": probe, "head": head, "seed": cfg.seed,
               "model": backend.name, "model_identity": backend.identity,
               "decoding": backend.decoding, "mode": backend.mode, **cfg.to_dict(),
-              "template_version": items[0].prompt.version,
+              "template_version": items[0].prompt.version, "probe_spec": spec.describe(),
               "dataset": Path(build.root).resolve().name,
               "dataset_fingerprint": build.fingerprint, "versions": versions()}
-    rd = Path(out) / backend.name / f"level3.{probe}" / head / f"seed{cfg.seed}"
+    rd = Path(out) / backend.name / probe / head / f"seed{cfg.seed}"
     write_run(rd, config, records, metrics)
     return rd

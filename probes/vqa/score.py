@@ -14,7 +14,6 @@ import numpy as np
 from spar_bench.seeding import derive_seed
 
 from ..bootstrap import bootstrap_ci
-from ..metrics import majority_class
 from .questions import Questions
 
 
@@ -32,10 +31,14 @@ def macro_f1_with_misses(y: np.ndarray, pred: np.ndarray, n: int) -> float:
     return float(np.where(denom > 0, 2 * tp / np.maximum(denom, 1), 0.0)[used].mean())
 
 
-def answer_metrics(y: np.ndarray, pred: np.ndarray, n: int, y_train: np.ndarray | None,
-                   groups: np.ndarray | None, rng: np.random.Generator | None,
-                   n_boot: int) -> dict[str, Any]:
-    """Accuracy, macro-F1, chance, majority, parse rate (+ patient-bootstrap CIs)."""
+def answer_metrics(y: np.ndarray, pred: np.ndarray, n: int, groups: np.ndarray | None,
+                   rng: np.random.Generator | None, n_boot: int) -> dict[str, Any]:
+    """Accuracy, macro-F1, chance and parse rate (+ patient-bootstrap CIs).
+
+    The probe spec's own ``score`` (:mod:`spar_bench.probes.tasks`) takes class indices
+    only; an MLLM's answer may be none (-1), which must count as a miss, so the track
+    scores here, with the same metric names, chance and bootstrap.
+    """
     y, pred = np.asarray(y, np.int64), np.asarray(pred, np.int64)
     if y.size == 0:
         return {"n": 0}
@@ -45,9 +48,6 @@ def answer_metrics(y: np.ndarray, pred: np.ndarray, n: int, y_train: np.ndarray 
         "chance": 1.0 / n, "n": int(y.size),
         "parse_rate": float((pred >= 0).mean()), "n_unparsed": int((pred < 0).sum()),
     }
-    if y_train is not None and y_train.size:
-        maj = majority_class(y_train, n)
-        out["majority_class"], out["majority"] = maj, float((y == maj).mean())
     if groups is not None and rng is not None:
         out["ci"] = {
             "accuracy": list(bootstrap_ci(lambda i: float(hit[i].mean()), groups, rng, n_boot)),
@@ -92,29 +92,45 @@ def circular_metrics(y: np.ndarray, image: np.ndarray, groups: np.ndarray,
     }
 
 
-def score_run(qs: Questions, records: list[dict], n: int, y_train: np.ndarray | None,
-              seed: int, n_boot: int, head: str) -> dict[str, Any]:
+def _controls(qs: Questions, t: dict[str, np.ndarray], train, part) -> dict[str, Any]:
+    """Chance, majority and the prior (from the probe spec, as for heads), blind runs, and
+    how often each displayed position was chosen (a letter bias CircularEval exposes)."""
+    spec, orig, mir = qs.spec, ~qs.is_mirror, qs.is_mirror
+    te, te_m = qs.t.subset(orig), qs.t.subset(mir)
+    ctrl: dict[str, Any] = {"chance": spec.chance(te)}
+    if train is not None and len(train):
+        maj = spec.majority(train)
+        ctrl["majority_class"], ctrl["majority"] = maj, spec.majority_rate(maj, te)
+        prior = spec.fit_prior(train)
+        ctrl["prior"] = part(orig, spec.prior_predict(prior, te), "prior", full=True)
+        ctrl["prior_mirror"] = part(mir, spec.prior_predict(prior, te_m), "prior-mirror", full=True)
+    ctrl["blind"] = part(orig, t["blind"], "blind")
+    ctrl["blind_mirror"] = part(mir, t["blind"], "blind-mirror")
+    pos = t["position"]
+    ctrl["position_rate"] = [float(v) for v in pos / max(pos.sum(), 1)]
+    return ctrl
+
+
+def score_run(qs: Questions, records: list[dict], train, seed: int, n_boot: int,
+              head: str) -> dict[str, Any]:
     """The metrics.json body: test (rotation 0), mirror, CircularEval, controls."""
+    n = qs.spec.n_classes
     t = _tables(qs, records, n)
-    probe = f"level3.{qs.probe}"
+    probe = qs.spec.name
     boot = lambda tag: np.random.default_rng(derive_seed(seed, "bootstrap", probe, head, tag))  # noqa: E731
     orig, mir = ~qs.is_mirror, qs.is_mirror
     y, g = qs.answer, qs.patient
 
-    def part(mask, pred, tag):
-        if not mask.any() or (pred[mask] == -2).all():
+    def part(mask, pred, tag, full=False):
+        """Metrics of ``pred`` (all items, or only those of ``mask`` when not ``full``)."""
+        p = pred if full else pred[mask]
+        if not mask.any() or (p == -2).all():
             return None
-        return answer_metrics(y[mask], pred[mask], n, y_train, g[mask], boot(tag), n_boot)
+        return answer_metrics(y[mask], p, n, g[mask], boot(tag), n_boot)
 
     test = part(orig, t["image"][:, 0], "test")
-    pos = t["position"]
-    controls: dict[str, Any] = {
-        "chance": 1.0 / n, "majority": (test or {}).get("majority"),
-        "blind": part(orig, t["blind"], "blind"), "blind_mirror": part(mir, t["blind"], "blind_mirror"),
-        "position_rate": [float(v) for v in pos / max(pos.sum(), 1)],
-    }
     return {
-        "headline": "accuracy",
+        "headline": qs.spec.headline,
         "splits": sorted({str(s) for s in qs.split}),
         "n_items": {"test": int(orig.sum()), "test_mirror": int(mir.sum())},
         "n_patients": {"test": int(np.unique(g[orig]).size)},
@@ -122,5 +138,5 @@ def score_run(qs: Questions, records: list[dict], n: int, y_train: np.ndarray | 
         "parse_rate": (test or {}).get("parse_rate"),
         "mirror": part(mir, t["image"][:, 0], "mirror"),
         "circular": circular_metrics(y[orig], t["image"][orig], g[orig], boot("circular"), n_boot),
-        "controls": controls,
+        "controls": _controls(qs, t, train, part),
     }
