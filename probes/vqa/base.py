@@ -122,7 +122,7 @@ class BackendOptions:
         batch_size: requests per batch (``hf:``) or per concurrent wave (``openai:``).
         max_new_tokens: generation budget (``generate`` mode).
         guided: ``none``, ``guided_choice`` (vLLM's extra parameter) or
-            ``structured_outputs`` (vLLM >= 0.10's ``{"choice": [...]}``).
+            ``structured_outputs`` (current vLLM: ``{"choice": [...]}``).
         timeout, retries, backoff, concurrency: HTTP bounds (``openai:``).
     """
 

@@ -77,6 +77,7 @@ def vqa_command(model, data, probe, splits, out, revision, base_url, api_key_env
     """Ask a multimodal LLM every Level 3 question; score it like a probe head."""
     from spar_bench.builder.shards import Build
 
+    from ..tasks import get_probe
     from . import load_backend
     from .cache import ResponseCache
     from .run import AskConfig, run_probe
@@ -86,9 +87,10 @@ def vqa_command(model, data, probe, splits, out, revision, base_url, api_key_env
         raise ConfigError(f"--data {data}: no manifest.json; pass a finished build folder")
     build = Build(data)
     split_list = tuple(s.strip() for s in splits.split(",") if s.strip())
-    for s in split_list:
-        if s not in build.splits("level3"):
-            raise ConfigError(f"--splits {s}: {data} level3 has splits {', '.join(build.splits('level3'))}")
+    for level in sorted({get_probe(p).level for p in probes}):
+        for s in split_list:
+            if s not in build.splits(level):
+                raise ConfigError(f"--splits {s}: {data} {level} has splits {', '.join(build.splits(level))}")
     opts = options_from(generate, seed=seed, revision=revision, base_url=base_url,
                         api_key_env=api_key_env, device=device, dtype=dtype, batch_size=batch_size,
                         max_new_tokens=max_new_tokens, guided=guided, timeout=timeout,

@@ -3,7 +3,7 @@
 The answers, organs, axis, patients and mirror flags come from
 :meth:`spar_bench.probes.tasks.QuestionSpec.load_targets` (the same reader ``fit`` uses);
 here the question keys and splits are added, and each question's ``row`` is its
-slice's row in its split (``Build.images("level3", split, row)``).
+slice's row in its split (``Build.images(spec.level, split, row)``).
 """
 
 from __future__ import annotations
@@ -67,17 +67,17 @@ class Questions:
 
 
 def _targets(build, spec, split: str) -> tuple[Targets, np.ndarray]:
-    slice_keys = build.read("level3", split, ["key"])["key"]
+    slice_keys = build.read(spec.level, split, ["key"])["key"]
     t = spec.load_targets(build, split, slice_keys)  # rows = the slices' rows in the split
-    q = build.read("level3", split, ["q_key", "q_probe"])
+    q = build.read(spec.level, split, ["q_key", "q_probe"])
     keys = q["q_key"][q["q_probe"].astype(np.int64) == spec.index].astype(str)
     return t, keys
 
 
 def load_questions(build, spec, splits: list[str]) -> Questions:
     """Every question of ``spec`` on ``splits``, in the splits' canonical order."""
-    if "level3" not in build.levels():
-        raise ConfigError(f"{build.root}: build has no level3; levels: {', '.join(build.levels())}")
+    if spec.level not in build.levels():
+        raise ConfigError(f"{build.root}: build has no {spec.level}; levels: {', '.join(build.levels())}")
     parts = [(_targets(build, spec, s), s) for s in splits]
     t = concat([p[0][0] for p in parts])
     keys = np.concatenate([p[0][1] for p in parts])
@@ -87,7 +87,7 @@ def load_questions(build, spec, splits: list[str]) -> Questions:
 
 def train_targets(build, spec) -> Targets | None:
     """The probe's original training questions (majority and prior controls), or None."""
-    if "train" not in build.splits("level3"):
+    if "train" not in build.splits(spec.level):
         return None
     t, _ = _targets(build, spec, "train")
     return t.subset(~t.is_mirror)

@@ -114,7 +114,7 @@ def _requests(build, qs: Questions, items: list[Item], size: int) -> list[Reques
     need = sorted({(str(qs.split[it.q]), int(qs.row[it.q])) for it in items if it.variant == "image"})
     for split in sorted({s for s, _ in need}):
         rows = np.array([r for s, r in need if s == split], dtype=np.int64)
-        for r, arr in zip(rows, build.images("level3", split, rows), strict=True):
+        for r, arr in zip(rows, build.images(qs.spec.level, split, rows), strict=True):
             images[(split, int(r))] = to_pil(arr, size)
     return [
         Request(str(qs.key[it.q]), it.prompt.text, it.prompt.letters, it.prompt.options,
