@@ -72,8 +72,8 @@ def train_from_cache(cache_path: Path, epochs: int, seed: int = 0) -> float:
     import torch
     from spar_bench.builder.shards import Build
     from spar_bench.probes.heads import build_head
-    from spar_bench.probes.tasks import get_probe
     from spar_bench.probes.targets import load_targets
+    from spar_bench.probes.tasks import get_probe
 
     t0 = time.perf_counter()
     from spar_bench.probes.features import FeatureCache
@@ -98,8 +98,8 @@ def train_reencoding(
     from spar_bench.probes.encoders import load_encoder
     from spar_bench.probes.features import FeatureCache
     from spar_bench.probes.heads import build_head
-    from spar_bench.probes.tasks import get_probe
     from spar_bench.probes.targets import load_targets
+    from spar_bench.probes.tasks import get_probe
 
     t0 = time.perf_counter()
     cache = FeatureCache(cache_path)
@@ -150,8 +150,8 @@ def time_level3_transformer(cache_path: Path, epochs: int) -> tuple[float, float
     from spar_bench.probes.features import FeatureCache
     from spar_bench.probes.fit import load_features
     from spar_bench.probes.heads import build_head
-    from spar_bench.probes.tasks import get_probe
     from spar_bench.probes.targets import load_targets
+    from spar_bench.probes.tasks import get_probe
     from spar_bench.probes.train import epoch_order, group_batch, loss_fn
 
     cache = FeatureCache(cache_path)

@@ -172,3 +172,34 @@ def test_openai_backend_end_to_end_on_stub_server(env, capsys):
     img = Image.open(io.BytesIO(base64.b64decode(png.split(",", 1)[1])))
     assert img.size == (448, 448) and img.mode == "RGB"
     assert "parse=" in capsys.readouterr().out
+
+
+def test_hf_scores_do_not_depend_on_batch_or_scoring_path(tiny):
+    """Right padding: a question scored alone or in a batch gets the same log-likelihoods,
+    and scoring whole prompt+letter sequences agrees with the one-pass last-position read."""
+    import numpy as np
+
+    from spar_bench.probes.vqa import BackendOptions, load_backend
+    from spar_bench.probes.vqa.base import Request, to_pil
+    from spar_bench.probes.vqa.prompts import render
+
+    be = load_backend(f"hf:{tiny}", BackendOptions(batch_size=4))
+    rng = np.random.default_rng(0)
+    reqs = []
+    for i, (probe, n, axis) in enumerate([("relative_position", 2, 0), ("orientation", 8, -1),
+                                           ("size", 3, -1), ("relative_position", 2, 1)]):
+        p = render(probe, i, i + 2, axis, tuple(range(n)))
+        img = to_pil(rng.integers(0, 255, (224, 224), dtype=np.uint8), 224)
+        reqs.append(Request(f"k{i}", p.text, p.letters, p.options, img if i != 2 else None))
+    together = be.answer(reqs)
+    alone = [be.answer([r])[0] for r in reqs]
+    for a, b in zip(together, alone, strict=True):
+        np.testing.assert_allclose(a.scores, b.scores, rtol=1e-4, atol=1e-4)
+        assert a.choice == b.choice
+    with_image = [r for r in reqs if r.image is not None]
+    prompts = [be.prompt_text(r) for r in with_image]
+    conts = be.letter_ids(prompts, [r.letters for r in with_image])
+    fast = be._last_position(prompts, [r.image for r in with_image], conts)
+    full = be._full_sequences(prompts, with_image, conts)
+    for f, g in zip(fast, full, strict=True):
+        np.testing.assert_allclose(f, g, rtol=1e-4, atol=1e-4)

@@ -93,11 +93,20 @@ class HFBackend(Backend):
             kw["images"] = images
         return self.processor(**kw).to(self.device)
 
-    def _letter_ids(self, prompt: str, letter: str) -> list[int] | None:
-        """Token ids the letter adds after the prompt; None when the prompt's own tokens change."""
-        a = self.tok(prompt, add_special_tokens=False)["input_ids"]
-        b = self.tok(prompt + letter, add_special_tokens=False)["input_ids"]
-        return list(b[len(a):]) if b[: len(a)] == a and len(b) > len(a) else None
+    def letter_ids(self, prompts: list[str], letters: list[tuple[str, ...]]) -> list[list[list[int] | None]]:
+        """Per prompt and letter, the token ids the letter adds after the prompt; None where
+        appending it changes the prompt's own tokens (one batched tokenizer call each way)."""
+        base = self.tok(prompts, add_special_tokens=False)["input_ids"]
+        full = self.tok([p + L for p, ls in zip(prompts, letters, strict=True) for L in ls],
+                        add_special_tokens=False)["input_ids"]
+        out, at = [], 0
+        for a, ls in zip(base, letters, strict=True):
+            row = []
+            for b in full[at: at + len(ls)]:
+                row.append(list(b[len(a):]) if b[: len(a)] == a and len(b) > len(a) else None)
+            out.append(row)
+            at += len(ls)
+        return out
 
     # -- answering ---------------------------------------------------------------------
     def answer(self, requests: list[Request]) -> list[Reply]:
@@ -114,11 +123,11 @@ class HFBackend(Backend):
 
     def _constrained(self, reqs: list[Request]) -> list[Reply]:
         prompts = [self.prompt_text(r) for r in reqs]
-        conts = [[self._letter_ids(p, L) for L in r.letters] for p, r in zip(prompts, reqs, strict=True)]
+        conts = self.letter_ids(prompts, [r.letters for r in reqs])
         if all(c is not None and len(c) == 1 for cs in conts for c in cs):
             scores = self._last_position(prompts, [r.image for r in reqs], conts)
         else:
-            scores = self._full_sequences(prompts, reqs)
+            scores = self._full_sequences(prompts, reqs, conts)
         return [Reply(choice=max(range(len(s)), key=lambda j, s=s: (s[j], -j)), scores=tuple(s))
                 for s in scores]
 
@@ -132,14 +141,13 @@ class HFBackend(Backend):
         logp = torch.log_softmax(logits[torch.arange(logits.shape[0]), last].float(), dim=-1)
         return [[float(logp[b, c[0]]) for c in cs] for b, cs in enumerate(conts)]
 
-    def _full_sequences(self, prompts, reqs) -> list[list[float]]:
+    def _full_sequences(self, prompts, reqs, conts) -> list[list[float]]:
         """Each prompt+letter scored whole; the letter's tokens are the last real ones."""
         import torch
 
         texts, images, spans = [], [], []
-        for p, r in zip(prompts, reqs, strict=True):
-            for L in r.letters:
-                ids = self._letter_ids(p, L)
+        for p, r, cs in zip(prompts, reqs, conts, strict=True):
+            for L, ids in zip(r.letters, cs, strict=True):
                 if ids is None:
                     raise ConfigError(f"model {self.name}: option letter {L!r} merges with the prompt's last token")
                 texts.append(p + L)
