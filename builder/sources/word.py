@@ -96,53 +96,52 @@ class VolumeSource(Source):
 
     def read_case(self, ref: CaseRef, *, masks_only: bool = False) -> Case:
         """:meth:`load`; ``masks_only`` reads only the masks (no image, nothing rendered: inspect)."""
-        from ..frame import (
-            apply_canonical,
-            canonical_spacing,
-            canonical_transform,
-            check_same_geometry,
-        )
-
         cid = ref.case_id
-        image_path = ref.files.get("image")
-        if masks_only:
-            image_path = None
-        elif self.images != "synthesize" and image_path is None:
-            mask_path = ref.files.get("mask") or next(iter(ref.files.values()), None)
-            raise CaseError(
-                cid,
-                mask_path,
-                "no image for this case (masks-only folder); pass --images synthesize "
-                "(images='synthesize') to render a pseudo-CT from the masks",
-            )
+        image_path = None if masks_only else self._image_path(ref)
         mask, lesion, mask_affine, mask_files, extra = self.read_mask(ref)
         annotated = extra.pop("annotated", self.get_label_map().annotated)
         image = image_affine = None
-        if self.images != "synthesize" and image_path is not None:
+        if image_path is not None:
             data, image_affine = read_volume(image_path, case_id=cid)
             image = as_hu_int16(data, case_id=cid, path=image_path)
         image_affine, mask_affine, repairs = self.resolve_affines(ref, image_affine, mask_affine, mask)
         if image is not None:
-            for path, aff, shape in mask_files:
-                if repairs:  # repaired headers: the mask files share the repaired mask affine
-                    aff = mask_affine
-                check_same_geometry(
-                    image_affine, image.shape, aff, shape,
-                    case_id=cid, image_path=image_path, mask_path=path,
-                )
-        ref_affine = image_affine if image is not None else mask_affine
-        info = canonical_transform(ref_affine)
-        spacing = canonical_spacing(ref_affine, info)
-        # the mask goes through its OWN transform: another axis order of the same grid is fine
-        mask_info = canonical_transform(mask_affine)
-        if mask_info["transform"] != info["transform"]:
-            extra["mask_orientation"] = mask_info
-        mask_c = apply_canonical(mask, mask_info)
-        lesion_c = apply_canonical(lesion, mask_info) if lesion is not None else None
-        image_c = apply_canonical(image, info) if image is not None else None
+            _check_grids(cid, image_path, image_affine, image.shape, mask_files, mask_affine if repairs else None)
+        image_c, mask_c, lesion_c, spacing, info = _to_canonical(image, image_affine, mask, lesion, mask_affine, extra)
         sided = split_sided(mask_c, image_c) if self.get_label_map().sided else None
         if sided:
             extra["sided_split"] = sided
+        provenance = self._provenance(ref, info, spacing, repairs, extra,
+                                      [("image", image_path)] if image is not None else [], mask_files)
+        synthesized = image_c is None and not masks_only
+        if synthesized:
+            seed = derive_seed(self.seed, self.name, cid, "pseudo-ct")
+            image_c = render_pseudo_ct_checked(mask_c, spacing, lesion=lesion_c, seed=seed, case_id=cid)
+            provenance["pseudo_ct_seed"] = seed
+        provenance["image_synthesized"] = synthesized
+        return Case(
+            source=self.name, case_id=cid, split=ref.split, mask=mask_c, spacing=spacing, image=image_c,
+            lesion=lesion_c, annotated=annotated, image_synthesized=synthesized, patient_id=ref.patient_id,
+            provenance=provenance,
+        )
+
+    def _image_path(self, ref: CaseRef) -> Path | None:
+        """The image to read (None when synthesizing); CaseError for a missing one."""
+        if self.images == "synthesize":
+            return None
+        image_path = ref.files.get("image")
+        if image_path is None:
+            mask_path = ref.files.get("mask") or next(iter(ref.files.values()), None)
+            raise CaseError(
+                ref.case_id,
+                mask_path,
+                "no image for this case (masks-only folder); pass --images synthesize "
+                "(images='synthesize') to render a pseudo-CT from the masks",
+            )
+        return image_path
+
+    def _provenance(self, ref: CaseRef, info: dict, spacing, repairs: list[str], extra: dict,
+                    hashed: list[tuple[str, Path]], mask_files) -> dict[str, Any]:
         provenance: dict[str, Any] = {
             "source": self.name,
             "files": {role: str(p) for role, p in ref.files.items()},
@@ -153,29 +152,10 @@ class VolumeSource(Source):
             "repairs": repairs,
             **extra,
         }
-        hashed = [("image", image_path)] if image is not None else []
-        hashed += [(f"mask:{p.name}" if len(mask_files) > 1 else "mask", p) for p, _, _ in mask_files]
+        hashed = hashed + [(f"mask:{p.name}" if len(mask_files) > 1 else "mask", p) for p, _, _ in mask_files]
         for role, p in hashed:
             provenance["sha256"][role] = sha256_file(p)
-        synthesized = image_c is None and not masks_only
-        if synthesized:
-            seed = derive_seed(self.seed, self.name, cid, "pseudo-ct")
-            image_c = render_pseudo_ct_checked(mask_c, spacing, lesion=lesion_c, seed=seed, case_id=cid)
-            provenance["pseudo_ct_seed"] = seed
-        provenance["image_synthesized"] = synthesized
-        return Case(
-            source=self.name,
-            case_id=cid,
-            split=ref.split,
-            mask=mask_c,
-            spacing=spacing,
-            image=image_c,
-            lesion=lesion_c,
-            annotated=annotated,
-            image_synthesized=synthesized,
-            patient_id=ref.patient_id,
-            provenance=provenance,
-        )
+        return provenance
 
     def find_pairs(self, split_dirs, image_suffix: str = "") -> list[CaseRef]:
         """Cases of a folder layout: each mask in ``label_dir`` with its image, if any.
@@ -202,6 +182,35 @@ class VolumeSource(Source):
         if not refs:
             raise ConfigError(f"no {self.name} cases found in {self.root}; expected {self.needs}")
         return check_unique(refs, self.root)
+
+
+def _check_grids(case_id: str, image_path, image_affine, image_shape, mask_files, repaired_affine) -> None:
+    """Every mask file on the image's grid (compared in the canonical frame; repaired headers share one affine)."""
+    from ..frame import check_same_geometry
+
+    for path, aff, shape in mask_files:
+        check_same_geometry(image_affine, image_shape, aff if repaired_affine is None else repaired_affine, shape,
+                            case_id=case_id, image_path=image_path, mask_path=path)
+
+
+def _to_canonical(image, image_affine, mask, lesion, mask_affine, extra: dict):
+    """``(image, mask, lesion, spacing, info)`` in the canonical frame.
+
+    The mask goes through its OWN transform (another axis order of the image's grid is
+    fine; recorded in ``extra["mask_orientation"]``); spacing and ``info`` are the image's.
+    """
+    from ..frame import apply_canonical, canonical_spacing, canonical_transform
+
+    ref_affine = image_affine if image is not None else mask_affine
+    info = canonical_transform(ref_affine)
+    spacing = canonical_spacing(ref_affine, info)
+    mask_info = canonical_transform(mask_affine)
+    if mask_info["transform"] != info["transform"]:
+        extra["mask_orientation"] = mask_info
+    mask_c = apply_canonical(mask, mask_info)
+    lesion_c = apply_canonical(lesion, mask_info) if lesion is not None else None
+    image_c = apply_canonical(image, info) if image is not None else None
+    return image_c, mask_c, lesion_c, spacing, info
 
 
 def render_pseudo_ct_checked(
