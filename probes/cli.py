@@ -14,6 +14,7 @@ COMMANDS = {
     "fit": "spar_bench.probes.fit:fit_command",
     "sweep": "spar_bench.probes.sweep:sweep_command",
     "eval": "spar_bench.probes.fit:eval_command",
+    "finetune": "spar_bench.probes.finetune.run:finetune_command",
     "report": "spar_bench.probes.report:report_command",
     "vqa": "spar_bench.probes.vqa.cli:vqa_command",
 }

@@ -75,6 +75,11 @@ def encoder_slug(cache) -> str:
     """Run-directory name of a cache's encoder (``-random-init`` appended when so)."""
     name = str(cache.meta.get("encoder") or Path(cache.path).stem)
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "encoder"
+    weights = cache.meta.get("weights")
+    training = weights.get("training") if isinstance(weights, dict) else None
+    if isinstance(training, dict):  # an encoder trained by `spar-probe finetune`, probed frozen
+        trained = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{training.get('mode')}-{training.get('build')}")
+        slug += f"-{trained}-frozen"
     return slug + ("-random-init" if cache.random_init else "")
 
 
@@ -568,7 +573,8 @@ def fit_command(
     help="A finished run directory.",
 )
 @click.option(
-    "--features", required=True, type=click.Path(dir_okay=False), help="Another feature cache."
+    "--features", default=None, type=click.Path(dir_okay=False),
+    help="Another feature cache (a finetune run may instead re-encode --data's images).",
 )
 @click.option(
     "--data",
@@ -578,7 +584,24 @@ def fit_command(
 )
 @click.option("--bootstrap", "n_boot", default=1000, show_default=True, type=int)
 def eval_command(run, features, data, n_boot):
-    """Score a trained head on another cache (transfer), without retraining."""
+    """Score a trained head on another cache (transfer), without retraining.
+
+    A ``spar-probe finetune`` run given ``--data`` and no ``--features`` re-encodes that
+    build's images with its own trained encoder.
+    """
+    if features is None:
+        from .finetune.run import EXPORT_FILE, run_eval_reencoded
+
+        if data is None or not (Path(run) / EXPORT_FILE).is_file():
+            raise ConfigError(
+                "--features is required (re-encoding with --data alone needs a `spar-probe finetune` "
+                f"run holding {EXPORT_FILE})"
+            )
+        out = run_eval_reencoded(run, data, n_boot)
+        m = json.loads(out.read_text())
+        key = HEADLINE[m["probe"].split(".")[0]]
+        click.echo(f"{m['probe']} {m['head']} on {m['data']} (re-encoded): {key}={_fmt(m['test'].get(key))} -> {out}")
+        return
     out = run_eval(run, features, data, n_boot)
     m = json.loads(out.read_text())
     key = get_probe(m["probe"]).headline

@@ -25,6 +25,10 @@ if TYPE_CHECKING:  # pragma: no cover
 #: How a pooled vector is made from a layer's tokens.
 POOLED_KINDS = ("cls", "mean-patch", "avgpool", "first")
 
+#: metadata key of a SPAR-Bench encoder export in its safetensors header (a JSON object:
+#: the encoder spec, timm ``model_args`` and ``training``, how the weights were trained).
+EXPORT_META_KEY = "spar_bench"
+
 #: ImageNet statistics, the default of timm and most encoders.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -112,13 +116,32 @@ def weights_record(weights: str | Path | None, random_init: bool, name: str) -> 
             raise ConfigError(f"encoder {name}: weights {p} do not exist")
         if p.is_dir():
             return {"kind": "dir", "path": str(p.resolve()), "sha256": sha256_file(p)}
-        return {"kind": "file", "path": str(p.resolve()), "sha256": sha256_file(p)}
+        record = {"kind": "file", "path": str(p.resolve()), "sha256": sha256_file(p)}
+        meta = read_export_meta(p)
+        if meta and meta.get("training"):
+            record["training"] = meta["training"]  # e.g. trained from scratch on build X
+        return record
     if not random_init:
         raise ConfigError(
             f"encoder {name}: no weights given; pass --weights PATH (or a pinned hub revision) "
             "or, to probe a randomly initialised network on purpose, --random-init"
         )
     return {"kind": "random-init"}
+
+
+def read_export_meta(path: str | Path) -> dict[str, Any] | None:
+    """The SPAR-Bench metadata (``EXPORT_META_KEY``) of an exported ``.safetensors`` file, or None."""
+    p = Path(path)
+    if p.suffix != ".safetensors" or not p.is_file():
+        return None
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(p), framework="pt") as f:
+            raw = (f.metadata() or {}).get(EXPORT_META_KEY)
+        return json.loads(raw) if raw else None
+    except Exception:  # noqa: BLE001 - a foreign or corrupt file carries no SPAR-Bench metadata
+        return None
 
 
 def load_state_dict_file(path: str | Path) -> dict[str, Any]:

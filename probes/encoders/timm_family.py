@@ -25,6 +25,7 @@ from .base import (
     load_into,
     load_state_dict_file,
     nchw_to_tokens,
+    read_export_meta,
     weights_record,
 )
 
@@ -101,6 +102,9 @@ def timm_spec_from_model(model, name: str, family: str, weights: dict[str, Any])
     cfg = timm.data.resolve_data_config({}, model=model)
     in_chans = int(cfg["input_size"][0])
     size = (int(cfg["input_size"][1]), int(cfg["input_size"][2]))
+    pe_size = getattr(getattr(model, "patch_embed", None), "img_size", None)
+    if pe_size is not None:  # a ViT built for another size (model_args img_size) takes that size
+        size = (int(pe_size[0]), int(pe_size[1]))
     n_prefix = int(getattr(model, "num_prefix_tokens", 0) or 0)
     with torch.inference_mode():
         f = model.forward_features(torch.zeros(1, in_chans, *size))
@@ -164,9 +168,13 @@ def load_timm(rest: str, *, weights: str | None = None, random_init: bool = Fals
         kwargs.update(cfg.get("model_args", {}))
     elif record["kind"] == "file":
         file = Path(weights)
+        exported = read_export_meta(file) or {}  # a `spar-probe finetune` export
+        kwargs = {**exported.get("model_args", {}), **kwargs}
     model = build_timm_model(rest, **kwargs)
     if file is not None:
         load_into(model, load_state_dict_file(file), file, name)
     model.eval()
     spec = timm_spec_from_model(model, name, "timm", record)
+    if kwargs:
+        spec.extra["model_args"] = kwargs  # exported with finetuned weights, recorded in caches
     return TimmEncoder(spec, model)

@@ -1,0 +1,65 @@
+"""Settings of an encoder-training run and its learning-rate schedule."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from spar_bench.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    """How the encoder and the head train together (recorded in every run's ``config.json``).
+
+    Batches are counted in IMAGES (Level 3: slices, each with all its questions); one
+    optimizer step every ``accum`` batches. The learning rate warms up linearly for
+    ``warmup_epochs`` then decays along a cosine to 0 at ``max_epochs`` (early stopping
+    may end a run sooner; the schedule does not depend on it).
+    """
+
+    encoder_lr: float = 1e-4
+    head_lr: float = 1e-3
+    weight_decay: float = 0.05
+    batch_size: int = 32
+    accum: int = 1
+    max_epochs: int = 20
+    warmup_epochs: float = 1.0
+    patience: int = 5
+    freeze_blocks: int = 0
+    grad_clip: float = 1.0
+    sinkhorn_iters: int = 20
+    val_fraction: float = 0.15
+    layer: int = -1
+    device: str = "auto"
+    compute: str = "auto"
+    workers: int | None = None
+    checkpoint_every: int = 0  # optimizer steps between mid-epoch checkpoints (0: epoch ends only)
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "accum", "max_epochs"):
+            if int(getattr(self, name)) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.encoder_lr < 0 or self.head_lr <= 0:
+            raise ConfigError("learning rates must be positive (--encoder-lr may be 0: a frozen encoder)")
+        if self.warmup_epochs < 0 or self.freeze_blocks < 0 or self.patience < 1:
+            raise ConfigError("--warmup-epochs and --freeze-blocks must be >= 0, --patience >= 1")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def train_config(self):
+        """The head-training config of ``spar-probe fit`` matching this run (blind baseline)."""
+        from ..train import TrainConfig
+
+        return TrainConfig(lr=self.head_lr, weight_decay=0.01, batch_size=256, max_epochs=None,
+                           sinkhorn_iters=self.sinkhorn_iters, val_fraction=self.val_fraction)
+
+
+def lr_factor(step: int, warmup: int, total: int) -> float:
+    """Linear warm-up over ``warmup`` steps, then cosine decay to 0 at ``total`` steps."""
+    if warmup > 0 and step < warmup:
+        return (step + 1) / warmup
+    span = max(total - warmup, 1)
+    progress = min(max(step - warmup, 0) / span, 1.0)
+    return 0.5 * (1.0 + math.cos(math.pi * progress))

@@ -1,0 +1,90 @@
+"""Images for encoder training: batches of build rows read by a torch DataLoader.
+
+A batch is a sorted set of rows of one split (Level 1/2: mosaics; Level 3: slices,
+each with ALL its questions of the probe, so every image is encoded once per batch).
+The epoch's row order is drawn from ``(seed, epoch)`` alone, so a resumed run reads
+exactly the batches an uninterrupted one reads; the checkpoint stores it as well.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+
+import numpy as np
+
+from spar_bench.seeding import derive_seed
+
+
+class BuildKeys:
+    """A build seen through the two methods of a feature cache that target loading uses.
+
+    ``load_targets(build, task, split, BuildKeys(build).keys(level, split))`` maps every
+    item to its row of the split: image rows instead of cache rows.
+    """
+
+    def __init__(self, build):
+        self.build = build
+
+    def splits(self, level: str) -> list[str]:
+        return self.build.splits(level)
+
+    def keys(self, level: str, split: str) -> np.ndarray:
+        return self.build.read(level, split, ["key"])["key"]
+
+
+def epoch_batches(rows: np.ndarray, batch_size: int, seed: int, epoch: int) -> list[np.ndarray]:
+    """The distinct ``rows`` in a seeded order for ``epoch``, cut into sorted batches."""
+    uniq = np.unique(rows)
+    order = np.random.default_rng(derive_seed(seed, "finetune-order", epoch)).permutation(uniq)
+    return [np.sort(order[s : s + batch_size]) for s in range(0, order.size, batch_size)]
+
+
+def items_of(t, batch_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(idx, index)``: the items of ``t`` whose image is in sorted ``batch_rows``, and the
+    position of each one's image in the batch."""
+    pos = np.searchsorted(batch_rows, t.rows)
+    hit = batch_rows[np.minimum(pos, batch_rows.size - 1)] == t.rows
+    idx = np.flatnonzero(hit)
+    return idx, pos[idx].astype(np.int64)
+
+
+def remap(t, rows: np.ndarray):
+    """``t`` with its rows re-expressed as positions in sorted ``rows`` (encoded features)."""
+    out = t.subset(np.arange(len(t)))
+    out.rows = np.searchsorted(rows, t.rows).astype(np.int64)
+    return out
+
+
+class RowBatches:
+    """Map-style dataset: item ``i`` = ``(i, uint8 images (B, H, W))`` of ``batches[i]``."""
+
+    def __init__(self, build, level: str, split: str, batches: list[np.ndarray]):
+        # a copy without open HDF5 handles: forked workers must not share the parent's ids
+        self.build = pickle.loads(pickle.dumps(build))
+        self.level, self.split, self.batches = level, split, batches
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, i: int):
+        import torch
+
+        images = self.build.images(self.level, self.split, self.batches[i])
+        return i, torch.from_numpy(np.ascontiguousarray(images))
+
+
+@dataclass(frozen=True)
+class Loading:
+    """DataLoader settings: workers reading shards, pinned memory on CUDA."""
+
+    workers: int = 0
+    pin: bool = False
+
+    def loader(self, dataset):
+        import torch
+
+        return torch.utils.data.DataLoader(
+            dataset, batch_size=None, shuffle=False, num_workers=self.workers, pin_memory=self.pin,
+            prefetch_factor=4 if self.workers else None, persistent_workers=False,
+        )

@@ -1,0 +1,400 @@
+"""``spar-probe finetune``: train an encoder and a probe head end to end on a build's images.
+
+One run = one (encoder, init, build, probe, head, seed). Its folder
+``OUT/<encoder>-<finetuned|scratch>-<build>/<probe>/<head>/seed<k>/`` holds what a
+``spar-probe fit`` run holds (``config.json``, ``head.pt``, ``metrics.json`` with the same
+metrics, controls and patient-bootstrap intervals, so ``spar-probe report`` shows frozen,
+finetuned and from-scratch runs side by side) plus ``encoder.safetensors``: the trained
+encoder, its spec and how it was trained in the file's metadata, ready for
+``spar-probe cache --encoder SPEC --weights RUN/encoder.safetensors``.
+
+The targets, the held-out validation rule, the scoring and the controls (chance,
+majority, Level 1 atlas, blind baseline: the same head trained on the question alone,
+with ``fit``'s head-training defaults) are ``fit``'s own functions; after training, the
+test images are encoded once by the trained encoder and scored exactly as cached features.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+
+from spar_bench.errors import ConfigError
+
+from .config import FinetuneConfig
+from .loop import BEST, CHECKPOINT, Split, Trainer, run_key
+from .model import EXPORT_FILE, export_encoder, freeze_blocks, load_trainable
+
+RUN_FILES = frozenset({"config.json", "head.pt", "metrics.json", "metrics.json.tmp", EXPORT_FILE,
+                       EXPORT_FILE + ".tmp", CHECKPOINT, CHECKPOINT + ".tmp", BEST, BEST + ".tmp"})
+MODES = {"weights": "finetuned", "scratch": "scratch"}
+
+
+def run_slug(encoder: str, init: str, build_root: str | Path) -> str:
+    """Run-folder name of a trained encoder: ``timm-resnet18-scratch-shards-canonical``."""
+    import re
+
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{encoder}-{MODES[init]}-{Path(build_root).resolve().name}")
+    return name.strip("-")
+
+
+def training_record(init: str, build, weights_record: dict) -> dict[str, Any]:
+    """How an encoder was trained (in metrics, config, the export and every cache of it)."""
+    name = Path(build.root).resolve().name
+    what = "trained from scratch" if init == "scratch" else "finetuned"
+    return {"mode": MODES[init], "build": name, "build_fingerprint": build.fingerprint,
+            "label": f"{what} on build {name}",
+            "init_weights": {k: v for k, v in weights_record.items() if k != "path"}}
+
+
+def owned_finetune_run(rd: Path) -> set[str] | None:
+    """The files of a finetune run (finished or not) in ``rd``, or None."""
+    rd = Path(rd)
+    if (rd / CHECKPOINT).is_file() or (rd / "config.json").is_file():
+        return set(RUN_FILES) | {p.name for p in rd.glob("eval-*.json")}
+    return None
+
+
+def _targets(build, task, seed: int, cfg: FinetuneConfig, train_mirrors: bool):
+    """``fit``'s split rule on the build's image rows: (tr, va, te, te_mirror, val_source, val_split)."""
+    from ..fit import _split_targets
+    from .data import BuildKeys
+
+    level = task.level
+    if level not in build.levels():
+        raise ConfigError(f"{build.root}: build has no {level}; levels: {', '.join(build.levels())}")
+    if not {"train", "test"} <= set(build.splits(level)):
+        raise ConfigError(f"{build.root}: {level} needs train and test splits, has {build.splits(level)}")
+    return _split_targets(build, BuildKeys(build), task, build.root, seed, cfg, train_mirrors)
+
+
+def _new_head(encoding, head: str, task, kind: str, seed: int, head_cfg: dict, tr: Split):
+    """A seeded head sized by one encoded image; token heads fit their fixed PCA projection
+    on the initial encoder's tokens of a seeded sample of training images (as ``fit``)."""
+    from spar_bench.seeding import derive_seed
+
+    from ..heads import build_head
+    from ..train import seeded
+
+    rows = np.unique(tr.targets.rows)
+    first = encoding.features(tr.level, tr.split, rows[:1], kind="tokens")
+    in_dim, n_tokens = int(first.shape[-1]), (int(first.shape[1]) if kind == "tokens" else 1)
+    model = seeded(lambda: build_head(head, task, in_dim, n_tokens, **head_cfg), seed)
+    if kind == "tokens":
+        rng = np.random.default_rng(derive_seed(seed, "projection", task.probe))
+        pick = np.sort(rng.choice(rows, size=min(rows.size, max(1, 50000 // n_tokens)), replace=False))
+        sample = encoding.features(tr.level, tr.split, pick, kind="tokens")
+        model.fit_projection(sample.reshape(-1, in_dim))
+    return model.to(encoding.dev), in_dim, n_tokens
+
+
+def _encoding(encoder: str, build, seed: int, cfg: FinetuneConfig, *, weights, init, model_kwargs,
+              revision=None):
+    """The trainable encoder on its device (channels-last for CNNs), and its precision."""
+    enc = load_trainable(encoder, weights=weights, init=init, seed=seed, model_kwargs=model_kwargs,
+                         revision=revision)
+    freeze_blocks(enc, cfg.freeze_blocks)
+    return _encoding_of(enc, build, cfg)
+
+
+def _prepare_run_dir(rd: Path, resume: bool, overwrite: bool) -> None:
+    """A fresh run folder, or the checkpointed one with ``resume``; never a foreign folder.
+
+    A finished run of the same name is replaced (as ``fit`` does); an interrupted one only
+    with ``--overwrite``, so its checkpoints are not lost by accident.
+    """
+    from spar_bench.outputs import check_target, claim, remove
+
+    check_target(rd)
+    started = (rd / CHECKPOINT).is_file() and not (rd / "metrics.json").is_file()
+    if started and resume:
+        return
+    if started and not overwrite:
+        raise ConfigError(f"{rd}: holds an interrupted run; pass --resume to continue it, or --overwrite")
+    if claim(rd, overwrite=True, owned=owned_finetune_run, what="finetune run folder"):
+        remove(rd)
+    rd.mkdir(parents=True, exist_ok=True)
+
+
+def run_finetune(encoder: str, data: str | Path, head: str, probe: str, seed: int, out: str | Path, *,
+                 weights: str | None = None, init: str = "weights", model_kwargs: dict | None = None,
+                 revision: str | None = None, cfg: FinetuneConfig | None = None,
+                 head_cfg: dict | None = None, n_boot: int = 1000, controls: bool = True,
+                 train_mirrors: bool = False, resume: bool = False, overwrite: bool = False,
+                 progress: bool = True) -> Path:
+    """Train ``encoder`` + ``head`` on ``probe`` of build ``data``; score; write the run folder."""
+    from spar_bench.builder.shards import Build
+
+    from ..heads import Task, head_input
+
+    cfg = cfg or FinetuneConfig()
+    head_cfg = dict(head_cfg or {})
+    task, kind = Task(probe), head_input(head)
+    build = Build(data)
+    tr, va, te, te_mirror, val_source, val_split = _targets(build, task, seed, cfg, train_mirrors)
+    encoding, precision = _encoding(encoder, build, seed, cfg, weights=weights, init=init,
+                                    model_kwargs=model_kwargs, revision=revision)
+    rd = Path(out) / run_slug(encoder, init, data) / probe / head / f"seed{seed}"
+    _prepare_run_dir(rd, resume, overwrite)
+    level = task.level
+    trs, vas = Split(tr, level, "train"), Split(va, level, val_split)
+    model, in_dim, n_tokens = _new_head(encoding, head, task, kind, seed, head_cfg, trs)
+    spec = encoding.enc.spec
+    key = run_key(encoder=encoder, weights=spec.weights, init=init, model_kwargs=model_kwargs,
+                  build=build.fingerprint, probe=probe, head=head, head_cfg=head_cfg, seed=seed,
+                  cfg=cfg.to_dict(), compute=precision.dtype, train_mirrors=train_mirrors)
+    trainer = Trainer(encoding, model, kind, seed, rd, key, progress)
+    result = trainer.fit(trs, vas, resume)
+    training = training_record(init, build, spec.weights)
+    metrics = _score(encoding, model, kind, task, head, head_cfg, (tr, va, te, te_mirror),
+                     (in_dim, n_tokens), cfg, seed, n_boot, controls)
+    metrics.update({"encoder": rd.parent.parent.parent.name, "random_init": False, "layer": cfg.layer,
+                    "val_source": val_source, "training": training,
+                    "train": {"epochs_run": len(result.hist_tr), "best_epoch": result.best_epoch,
+                              "best_val_loss": result.best_val, "train_loss": result.hist_tr,
+                              "val_loss": result.hist_va, "images_per_s": result.images / max(result.seconds, 1e-9)}})
+    config = _config(encoder, spec, init, weights, model_kwargs, build, probe, head, seed, kind, model,
+                     (in_dim, n_tokens), cfg, precision, training, controls, n_boot, train_mirrors)
+    _write(rd, encoding.enc, model, config, metrics)
+    return rd
+
+
+def _score(encoding, model, kind: str, task, head: str, head_cfg: dict, data: tuple, dims: tuple,
+           cfg: FinetuneConfig, seed: int, n_boot: int, controls: bool) -> dict:
+    """Test (and mirrored test) metrics of the trained encoder + head, with ``fit``'s controls."""
+    from spar_bench.seeding import derive_seed
+
+    from ..fit import HEADLINE, _controls, score
+    from ..train import predict
+    from .data import remap
+
+    tr, va, te, te_mirror = data
+    probe = task.probe
+    boot = lambda tag: np.random.default_rng(derive_seed(seed, "bootstrap", probe, head, tag))  # noqa: E731
+    y_train = tr.y["answer"] if task.level == "level3" else None
+
+    def scored(t, tag):
+        rows = np.unique(t.rows)
+        feats = encoding.features(task.level, "test", rows, model, kind)
+        return score(t, predict(model, feats, remap(t, rows)), boot(tag), n_boot, y_train=y_train)
+
+    test = scored(te, "test")
+    mirror = scored(te_mirror, "mirror") if len(te_mirror) else None
+    ctrl = _controls(task, head, kind, model, dims, head_cfg, (tr, va, te, te_mirror, y_train, test),
+                     cfg.train_config(), seed, n_boot, boot, controls)
+    return {"probe": probe, "head": head, "seed": seed, "headline": HEADLINE[task.level],
+            "n_items": {"train": len(tr), "val": len(va), "test": len(te), "test_mirror": len(te_mirror)},
+            "n_patients": {"train": int(np.unique(tr.patient).size), "test": int(np.unique(te.patient).size)},
+            "test": test, "mirror": mirror, "controls": ctrl}
+
+
+def _config(encoder, spec, init, weights, model_kwargs, build, probe, head, seed, kind, model, dims,
+            cfg, precision, training, controls, n_boot, train_mirrors) -> dict:
+    from spar_bench.seeding import derive_seed
+
+    from ..cache import versions
+
+    return {
+        "command": "finetune", "probe": probe, "head": head, "seed": seed,
+        "seeds": {"torch": seed, "init": seed if init == "scratch" else None,
+                  "bootstrap": [derive_seed(seed, "bootstrap", probe, head, "test")]},
+        "layer": cfg.layer, "encoder": encoder, "init": init, "weights": spec.weights,
+        "model_args": model_kwargs or {}, "encoder_config": spec.to_dict(), "random_init": False,
+        "training": training, "dataset_dir": str(Path(build.root).resolve()),
+        "dataset_fingerprint": build.fingerprint, "head_input": kind,
+        "head_config": getattr(model, "cfg", {}), "in_dim": dims[0], "n_tokens": dims[1],
+        "finetune_config": cfg.to_dict(), "compute_dtype": precision.dtype,
+        "compute_reason": precision.reason, "train_config": cfg.train_config().to_dict(),
+        "train_mirrors": train_mirrors, "controls": controls, "n_bootstrap": n_boot,
+        "versions": versions(),
+    }
+
+
+def _write(rd: Path, enc, model, config: dict, metrics: dict) -> None:
+    """encoder.safetensors, head.pt, config.json, then metrics.json last (it marks a finished
+    run); the checkpoints go once the run is complete."""
+    import torch
+
+    from ..fit import _clean
+
+    meta = {"encoder": config["encoder"], "encoder_config": config["encoder_config"],
+            "model_args": config["model_args"], "training": config["training"],
+            "run": {"probe": config["probe"], "head": config["head"], "seed": config["seed"]}}
+    export_encoder(enc, rd / EXPORT_FILE, meta)
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    torch.save({"state_dict": state, "config": config}, rd / "head.pt")
+    (rd / "config.json").write_text(json.dumps(_clean(config), indent=2, default=str) + "\n")
+    tmp = rd / "metrics.json.tmp"
+    tmp.write_text(json.dumps(_clean(metrics), indent=2) + "\n")
+    tmp.replace(rd / "metrics.json")
+    for name in (CHECKPOINT, BEST):
+        (rd / name).unlink(missing_ok=True)
+
+
+def parse_model_args(text: str | None) -> dict[str, Any] | None:
+    """``--model-args '{"depth": 4}'`` (JSON object) for ``timm.create_model``."""
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise ConfigError(f"--model-args must be a JSON object, e.g. '{{\"depth\": 4}}': {e}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"--model-args must be a JSON object, got {text!r}")
+    return value
+
+
+@click.command("finetune")
+@click.option("--encoder", required=True, help="Encoder spec, e.g. timm:resnet18 (see `spar-probe encoders`).")
+@click.option("--weights", default=None, help="Weights to finetune from (file or folder).")
+@click.option("--init", "init", type=click.Choice(["weights", "scratch"]), default="weights", show_default=True,
+              help="scratch: train the architecture from random weights (recorded as trained from scratch).")
+@click.option("--model-args", default=None, help='JSON for timm.create_model, e.g. \'{"depth": 4}\'.')
+@click.option("--revision", default=None, help="Pinned hub revision (hf: encoders).")
+@click.option("--data", required=True, type=click.Path(file_okay=False), help="Build folder (manifest.json).")
+@click.option("--head", default="mlp", show_default=True, help="linear, mlp, attnpool or transformer.")
+@click.option("--probe", "probe", multiple=True, default=("all",), show_default=True, help="Probe(s) or 'all'.")
+@click.option("--seeds", default="0", show_default=True, help="Comma-separated seeds.")
+@click.option("--out", default="runs", show_default=True, type=click.Path(file_okay=False))
+@click.option("--encoder-lr", default=1e-4, show_default=True, type=float)
+@click.option("--head-lr", default=1e-3, show_default=True, type=float)
+@click.option("--weight-decay", default=0.05, show_default=True, type=float)
+@click.option("--batch-size", default=32, show_default=True, type=int, help="Images per batch.")
+@click.option("--accum", default=1, show_default=True, type=int, help="Batches per optimizer step.")
+@click.option("--max-epochs", default=20, show_default=True, type=int)
+@click.option("--warmup-epochs", default=1.0, show_default=True, type=float)
+@click.option("--patience", default=5, show_default=True, type=int, help="Early stopping on the validation loss.")
+@click.option("--freeze-blocks", default=0, show_default=True, type=int, help="Freeze the stem and the first N blocks.")
+@click.option("--layer", default=-1, show_default=True, type=int)
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--compute", type=click.Choice(["auto", "fp32", "bf16", "fp16"]), default="auto", show_default=True,
+              help="Autocast precision; auto = bf16 on GPUs and on CPUs with native bf16, else fp32.")
+@click.option("--workers", default=None, type=int, help="DataLoader workers (default: 2 on CUDA, 0 on CPU).")
+@click.option("--checkpoint-every", default=0, show_default=True, type=int,
+              help="Also checkpoint every N optimizer steps (0: at epoch ends only).")
+@click.option("--threads", default=None, type=click.IntRange(1), help="torch CPU threads (default: torch's).")
+@click.option("--bootstrap", "n_boot", default=1000, show_default=True, type=int)
+@click.option("--no-controls", is_flag=True, help="Skip the blind baseline.")
+@click.option("--train-mirrors", is_flag=True, help="Also train on mirrored counterfactual samples.")
+@click.option("--resume", is_flag=True, help="Continue an interrupted run from its checkpoint.")
+@click.option("--overwrite", is_flag=True, help="Replace an interrupted run instead of resuming it.")
+def finetune_command(encoder, weights, init, model_args, revision, data, head, probe, seeds, out, encoder_lr,
+                     head_lr, weight_decay, batch_size, accum, max_epochs, warmup_epochs, patience,
+                     freeze_blocks, layer, device, compute, workers, checkpoint_every, threads, n_boot,
+                     no_controls, train_mirrors, resume, overwrite):
+    """Train an encoder and a probe head end to end on a build's images (finetune or from scratch)."""
+    import torch
+
+    from ..fit import ProbeUnavailable, _fmt, parse_probes, parse_seeds
+
+    if threads:
+        torch.set_num_threads(threads)
+    cfg = FinetuneConfig(encoder_lr=encoder_lr, head_lr=head_lr, weight_decay=weight_decay,
+                         batch_size=batch_size, accum=accum, max_epochs=max_epochs,
+                         warmup_epochs=warmup_epochs, patience=patience, freeze_blocks=freeze_blocks,
+                         layer=layer, device=device, compute=compute, workers=workers,
+                         checkpoint_every=checkpoint_every)
+    kwargs = parse_model_args(model_args)
+    explicit = all(p.strip() != "all" for item in probe for p in item.split(","))
+    for p in parse_probes(probe):
+        for s in parse_seeds(seeds):
+            try:
+                rd = run_finetune(encoder, data, head, p, s, out, weights=weights, init=init,
+                                  model_kwargs=kwargs, revision=revision, cfg=cfg, n_boot=n_boot,
+                                  controls=not no_controls, train_mirrors=train_mirrors, resume=resume,
+                                  overwrite=overwrite)
+            except ProbeUnavailable as e:
+                if explicit:
+                    raise
+                click.echo(f"{p}: not available on this build ({e}); skipped", err=True)
+                break
+            m = json.loads((rd / "metrics.json").read_text())
+            key = m["headline"]
+            click.echo(f"{p} {head} seed{s}: {key}={_fmt(m['test'].get(key))} -> {rd}")
+
+
+def load_run_encoder(rd: Path, config: dict, device: str = "auto", compute: str = "auto"):
+    """The trained encoder of run ``rd`` (its architecture rebuilt, ``encoder.safetensors`` loaded)."""
+    from ..encoders.base import load_state_dict_file
+
+    enc = load_trainable(config["encoder"], weights=None, init="scratch", seed=int(config["seed"]),
+                         model_kwargs=config.get("model_args") or None)
+    enc.module.load_state_dict(load_state_dict_file(rd / EXPORT_FILE))
+    for p in enc.module.parameters():
+        p.requires_grad_(False)
+    return enc
+
+
+def run_eval_reencoded(run: str | Path, data: str | Path, n_boot: int = 1000, device: str = "auto",
+                       compute: str = "auto") -> Path:
+    """Score a finetune run on another build, re-encoding its images with the run's encoder.
+
+    Writes ``RUN/eval-<build>.json`` (the layout of ``spar-probe eval``'s output).
+    """
+    import torch
+    from spar_bench.builder.shards import Build
+
+    from spar_bench.seeding import derive_seed
+
+    from ..fit import _clean, score
+    from ..heads import Task, build_head
+    from ..targets import load_targets
+    from ..train import predict
+    from .data import BuildKeys, remap
+
+    rd = Path(run)
+    if not (rd / EXPORT_FILE).is_file() or not (rd / "metrics.json").is_file():
+        raise ConfigError(f"{rd}: not a finished finetune run (needs {EXPORT_FILE} and metrics.json)")
+    saved = torch.load(rd / "head.pt", map_location="cpu", weights_only=False)
+    c = saved["config"]
+    task = Task(c["probe"])
+    head = build_head(c["head"], task, c["in_dim"], c["n_tokens"], **c["head_config"])
+    head.load_state_dict(saved["state_dict"])
+    build = Build(data)
+    cfg = FinetuneConfig(**{**c["finetune_config"], "device": device, "compute": compute})
+    enc = load_run_encoder(rd, c)
+    encoding, _ = _encoding_of(enc, build, cfg)
+    head.to(encoding.dev)
+    level = task.level
+    splits = ["test"] if "test" in build.splits(level) else build.splits(level)
+    majority = (json.loads((rd / "metrics.json").read_text()).get("test") or {}).get("majority_class")
+    preds, tests = [], []
+    for split in splits:
+        t = load_targets(build, task, split, BuildKeys(build).keys(level, split))
+        rows = np.unique(t.rows)
+        feats = encoding.features(level, split, rows, head, c["head_input"])
+        preds.append(predict(head, feats, remap(t, rows)))
+        tests.append(t)
+    from ..fit import _concat
+
+    t = tests[0] if len(tests) == 1 else _concat(tests)
+    p = np.concatenate(preds)
+    rng = lambda tag: np.random.default_rng(derive_seed(c["seed"], "bootstrap", "eval", tag))  # noqa: E731
+    orig, mir = ~t.is_mirror, t.is_mirror
+    name = Path(build.root).resolve().name
+    result = {"run": str(rd), "features": f"{name} (re-encoded)", "data": name,
+              "dataset_fingerprint": build.fingerprint, "encoder": rd.parent.parent.parent.name,
+              "random_init": False, "splits": splits, "probe": task.probe, "head": c["head"],
+              "seed": c["seed"],
+              "test": score(t.subset(orig), p[orig], rng("test"), n_boot, majority=majority),
+              "mirror": score(t.subset(mir), p[mir], rng("mirror"), n_boot, majority=majority) if mir.any() else None}
+    out = rd / f"eval-{name}.json"
+    out.write_text(json.dumps(_clean(result), indent=2) + "\n")
+    return out
+
+
+def _encoding_of(enc, build, cfg: FinetuneConfig):
+    """``enc`` on the configured device (channels-last for CNNs) with its autocast precision."""
+    from ..hardware import pick_compute, pick_device
+    from .loop import Encoding
+
+    dev = pick_device(cfg.device)
+    precision = pick_compute(cfg.compute, dev)
+    if not enc.spec.extra.get("vit_like", True) and enc.spec.family in ("timm", "open_clip"):
+        enc.use_channels_last()
+    enc.to(dev)
+    return Encoding(enc, build, dev, precision.dtype, cfg), precision
