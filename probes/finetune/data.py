@@ -87,4 +87,7 @@ class Loading:
         return torch.utils.data.DataLoader(
             dataset, batch_size=None, shuffle=False, num_workers=self.workers, pin_memory=self.pin,
             prefetch_factor=4 if self.workers else None, persistent_workers=False,
+            # its own generator: starting an iterator must not draw from torch's global RNG
+            # (dropout's), or a resumed epoch would see other dropout masks
+            generator=torch.Generator().manual_seed(0),
         )

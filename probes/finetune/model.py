@@ -22,6 +22,8 @@ from ..encoders.base import EXPORT_META_KEY, read_export_meta  # noqa: F401  (re
 EXPORT_FILE = "encoder.safetensors"
 #: parameter names whose first number after one of these words is a block index.
 _BLOCK_RE = re.compile(r"(?:^|\.)(?:blocks|layers?|resblocks|stages)\.(\d+)\.")
+#: CNN stages named with their number (ResNet ``layer1``..``layer4``).
+_STAGE_RE = re.compile(r"(?:^|\.)layer\d+\.")
 
 
 def load_trainable(name: str, *, weights: str | None, init: str, seed: int,
@@ -87,7 +89,11 @@ def block_index(enc) -> dict[str, int]:
         from timm.models import group_parameters
 
         groups = group_parameters(m, m.group_matcher(coarse=True))
-        return {n: int(g) for g, names in groups.items() for n in names}
+        out = {n: int(g) for g, names in groups.items() for n in names}
+        tail = max(out.values(), default=0) + 1
+        # coarse groups fold the final norm into the last block: it is not a block
+        return {n: g if g == 0 or _BLOCK_RE.search(n) or _STAGE_RE.search(n) else tail
+                for n, g in out.items()}
     out, last = {}, 0
     for n, _ in m.named_parameters():
         hit = _BLOCK_RE.search(n)
@@ -106,7 +112,7 @@ def freeze_blocks(enc, n: int) -> int:
     if n <= 0:
         return 0
     groups = block_index(enc)
-    n_blocks = max(groups.values(), default=0)
+    n_blocks = max((g for k, g in groups.items() if _BLOCK_RE.search(k) or _STAGE_RE.search(k)), default=0)
     if n > n_blocks:
         raise ConfigError(f"--freeze-blocks {n}: encoder {enc.spec.name} has {n_blocks} block groups")
     frozen = 0

@@ -1,0 +1,163 @@
+"""``spar-probe finetune``: tiny timm ViT and ResNet trained end to end on the tiny phantom
+pipeline of test_fit (64 px inputs so a few steps take seconds on a CPU)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_fit import _run, get_pipeline
+
+from spar_bench.errors import ConfigError
+
+TINY_VIT = ("timm:vit_tiny_patch16_224", {"depth": 1, "embed_dim": 16, "num_heads": 2, "img_size": 64})
+TINY_RESNET = ("timm:resnet10t", {"pretrained_cfg_overlay": {"input_size": [3, 64, 64]}})
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+    return get_pipeline(tmp_path_factory)
+
+
+def _finetune(pipeline, out, model, probe, head="mlp", **kw):
+    from spar_bench.probes.finetune.config import FinetuneConfig
+    from spar_bench.probes.finetune.run import run_finetune
+
+    opts = {"batch_size": 8, "max_epochs": 2, "encoder_lr": 1e-3, "warmup_epochs": 0.5,
+            "device": "cpu", "compute": "fp32"}
+    opts.update(kw.pop("cfg", {}))
+    kw.setdefault("init", "scratch")
+    kw.setdefault("controls", False)
+    return run_finetune(model[0], pipeline["shards"], head, probe, 0, out, model_kwargs=model[1],
+                        cfg=FinetuneConfig(**opts), n_boot=20, progress=False, **kw)
+
+
+def _tensors(rd: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    head = torch.load(rd / "head.pt", map_location="cpu", weights_only=False)["state_dict"]
+    return {**load_file(str(rd / "encoder.safetensors")), **{f"head.{k}": v for k, v in head.items()}}
+
+
+def test_vit_from_scratch_learns_exports_and_recaches(pipeline, tmp_path: Path) -> None:
+    """Loss falls; the export re-cached (and re-encoded by eval) scores what the run scored."""
+    from spar_bench.probes.cache import write_cache
+    from spar_bench.probes.fit import run_eval
+    from spar_bench.probes.finetune.run import run_eval_reencoded
+
+    rd = _finetune(pipeline, tmp_path / "runs", TINY_VIT, "level1.localisation", cfg={"max_epochs": 3})
+    m = json.loads((rd / "metrics.json").read_text())
+    losses = m["train"]["train_loss"]
+    assert len(losses) == 3 and losses[-1] < losses[0]
+    assert m["training"]["mode"] == "scratch" and m["random_init"] is False
+    assert m["training"]["label"] == "trained from scratch on build shards"
+    assert rd.parts[-4] == "timm-vit_tiny_patch16_224-scratch-shards"
+    assert not (rd / "checkpoint.pt").exists() and not (rd / "best.pt").exists()
+
+    cache = write_cache(TINY_VIT[0], pipeline["shards"], tmp_path / "ft.h5", weights=str(rd / "encoder.safetensors"),
+                        levels=["level1"], splits=["test"], dtype="fp32", compute="fp32", progress=False)
+    from spar_bench.probes.features import FeatureCache
+
+    with FeatureCache(cache) as fc:
+        assert fc.meta["weights"]["training"]["label"] == "trained from scratch on build shards"
+        assert not fc.random_init
+    recached = json.loads(run_eval(rd, cache, n_boot=20).read_text())
+    reencoded = json.loads(run_eval_reencoded(rd, pipeline["shards"], n_boot=20, device="cpu",
+                                              compute="fp32").read_text())
+    for other in (recached, reencoded):
+        assert other["test"]["med_px"] == pytest.approx(m["test"]["med_px"], rel=1e-4)
+        assert other["mirror"]["med_px"] == pytest.approx(m["mirror"]["med_px"], rel=1e-4)
+
+
+class _Killed(Exception):
+    pass
+
+
+def test_resume_gives_the_same_weights(pipeline, tmp_path: Path, monkeypatch) -> None:
+    """Killed after its first (mid-epoch) checkpoint, a resumed run ends where an uninterrupted one does."""
+    from spar_bench.probes.finetune import loop
+
+    kw = {"cfg": {"checkpoint_every": 1}}
+    whole = _finetune(pipeline, tmp_path / "a", TINY_RESNET, "level1.localisation", **kw)
+    save = loop.Trainer.save
+
+    def save_then_die(self, batches):
+        save(self, batches)
+        raise _Killed
+
+    monkeypatch.setattr(loop.Trainer, "save", save_then_die)
+    with pytest.raises(_Killed):
+        _finetune(pipeline, tmp_path / "b", TINY_RESNET, "level1.localisation", **kw)
+    monkeypatch.setattr(loop.Trainer, "save", save)
+    with pytest.raises(ConfigError, match="--resume"):
+        _finetune(pipeline, tmp_path / "b", TINY_RESNET, "level1.localisation", **kw)
+    resumed = _finetune(pipeline, tmp_path / "b", TINY_RESNET, "level1.localisation", resume=True, **kw)
+    a, b = _tensors(whole), _tensors(resumed)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    ma, mb = (json.loads((r / "metrics.json").read_text()) for r in (whole, resumed))
+    assert ma["test"] == mb["test"] and ma["train"]["train_loss"] == mb["train"]["train_loss"]
+    _assert_export_recaches_to_the_runs_forward(pipeline, whole, tmp_path)
+
+
+def _assert_export_recaches_to_the_runs_forward(pipeline, rd: Path, tmp_path: Path) -> None:
+    """Cached features of the export = the trained encoder's own forward on the same images."""
+    from spar_bench.builder.shards import Build
+    from spar_bench.probes.cache import write_cache
+    from spar_bench.probes.features import FeatureCache
+    from spar_bench.probes.finetune.model import encode
+    from spar_bench.probes.finetune.run import load_run_encoder
+
+    config = json.loads((rd / "config.json").read_text())
+    cache = write_cache(TINY_RESNET[0], pipeline["shards"], tmp_path / "r.h5", weights=str(rd / "encoder.safetensors"),
+                        levels=["level1"], splits=["test"], dtype="fp32", compute="fp32", progress=False)
+    enc = load_run_encoder(rd, config)
+    enc.module.eval()
+    images = torch.from_numpy(Build(pipeline["shards"]).images("level1", "test", np.arange(4)))
+    with torch.no_grad():
+        _, pooled = encode(enc, images)
+    with FeatureCache(cache) as fc:
+        cached = fc.pooled("level1", "test")[:4]
+    np.testing.assert_allclose(cached, pooled.numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_token_head_finetune_and_controls(pipeline, tmp_path: Path) -> None:
+    """A token head (fixed PCA of the initial tokens) trains through the encoder; controls as fit's."""
+    rd = _finetune(pipeline, tmp_path / "runs", TINY_VIT, "level3.orientation", head="transformer",
+                   cfg={"max_epochs": 1, "freeze_blocks": 1}, controls=True)
+    m = json.loads((rd / "metrics.json").read_text())
+    assert {"chance", "majority", "blind"} <= set(m["controls"])
+    config = json.loads((rd / "config.json").read_text())
+    assert config["finetune_config"]["freeze_blocks"] == 1 and config["head_input"] == "tokens"
+
+
+def test_an_encoder_without_weights_is_refused(pipeline, tmp_path: Path) -> None:
+    from spar_bench.probes.cli import cli
+    from spar_bench.probes.finetune.model import freeze_blocks, load_trainable
+
+    with pytest.raises(ConfigError, match="--init scratch"):
+        load_trainable("timm:resnet10t", weights=None, init="weights", seed=0)
+    with pytest.raises(ConfigError, match="random-init"):
+        load_trainable("dummy", weights=None, init="weights", seed=0)
+    with pytest.raises(ConfigError, match="not both"):
+        load_trainable("timm:resnet10t", weights="w.pt", init="scratch", seed=0)
+    enc = load_trainable(*TINY_VIT[:1], weights=None, init="scratch", seed=0, model_kwargs=TINY_VIT[1])
+    assert freeze_blocks(enc, 1) > 0
+    assert not enc.module.blocks[0].attn.qkv.weight.requires_grad
+    assert enc.module.norm.weight.requires_grad
+    rc = _run(cli, ["finetune", "--encoder", "timm:resnet10t", "--data", pipeline["shards"],
+                    "--probe", "level1.localisation", "--out", tmp_path / "runs"])
+    assert rc == 2 and not (tmp_path / "runs").exists()
+
+
+def test_schedule_warms_up_then_decays() -> None:
+    from spar_bench.probes.finetune.config import lr_factor
+
+    f = [lr_factor(s, 4, 20) for s in range(20)]
+    assert f[:4] == [0.25, 0.5, 0.75, 1.0]
+    assert all(a >= b for a, b in zip(f[3:], f[4:], strict=False)) and f[-1] < 0.05
