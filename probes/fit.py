@@ -599,7 +599,7 @@ def eval_command(run, features, data, n_boot):
             )
         out = run_eval_reencoded(run, data, n_boot)
         m = json.loads(out.read_text())
-        key = HEADLINE[m["probe"].split(".")[0]]
+        key = get_probe(m["probe"]).headline
         click.echo(f"{m['probe']} {m['head']} on {m['data']} (re-encoded): {key}={_fmt(m['test'].get(key))} -> {out}")
         return
     out = run_eval(run, features, data, n_boot)

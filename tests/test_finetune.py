@@ -45,8 +45,8 @@ def _tensors(rd: Path) -> dict[str, torch.Tensor]:
 def test_vit_from_scratch_learns_exports_and_recaches(pipeline, tmp_path: Path) -> None:
     """Loss falls; the export re-cached (and re-encoded by eval) scores what the run scored."""
     from spar_bench.probes.cache import write_cache
-    from spar_bench.probes.fit import run_eval
     from spar_bench.probes.finetune.run import run_eval_reencoded
+    from spar_bench.probes.fit import run_eval
 
     rd = _finetune(pipeline, tmp_path / "runs", TINY_VIT, "level1.localisation", cfg={"max_epochs": 3})
     m = json.loads((rd / "metrics.json").read_text())
@@ -76,6 +76,7 @@ class _Killed(Exception):
     pass
 
 
+@pytest.mark.slow
 def test_resume_gives_the_same_weights(pipeline, tmp_path: Path, monkeypatch) -> None:
     """Killed after its first (mid-epoch) checkpoint, a resumed run ends where an uninterrupted one does."""
     from spar_bench.probes.finetune import loop

@@ -19,7 +19,7 @@ from spar_bench.seeding import derive_seed
 class BuildKeys:
     """A build seen through the two methods of a feature cache that target loading uses.
 
-    ``load_targets(build, task, split, BuildKeys(build).keys(level, split))`` maps every
+    ``load_targets(build, spec, split, BuildKeys(build).keys(level, split))`` maps every
     item to its row of the split: image rows instead of cache rows.
     """
 

@@ -139,7 +139,7 @@ class Trainer:
         index = torch.from_numpy(index).to(self.dev)
         with self.encoding.autocast():
             out = self.head_output(images, q, index)
-        return loss_fn(t.task, out.float(), y, self.cfg.sinkhorn_iters), idx.size
+        return loss_fn(t.spec, out.float(), y, self.cfg.sinkhorn_iters), idx.size
 
     def head_output(self, images, q, index):
         tokens, pooled = encode(self.enc, images, self.cfg.layer)
@@ -156,7 +156,7 @@ class Trainer:
             return self.state.hist_tr[-1]
         rows = np.unique(t.rows)
         feats = self.encoding.features(va.level, va.split, rows, self.head, self.kind)
-        return _mean_loss(self.head, t.task, feats, remap(t, rows), self.cfg.train_config())
+        return _mean_loss(self.head, t.spec, feats, remap(t, rows), self.cfg.train_config())
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, batches: list[np.ndarray]) -> None:
@@ -232,7 +232,6 @@ class Trainer:
         return self.state
 
     def train_epoch(self, tr: Split, batches: list[np.ndarray]) -> None:
-        import torch
         from tqdm.auto import tqdm
 
         st, cfg = self.state, self.cfg

@@ -9,7 +9,7 @@ encoder, its spec and how it was trained in the file's metadata, ready for
 ``spar-probe cache --encoder SPEC --weights RUN/encoder.safetensors``.
 
 The targets, the held-out validation rule, the scoring and the controls (chance,
-majority, Level 1 atlas, blind baseline: the same head trained on the question alone,
+majority, the prior, blind baseline: the same head trained on the question alone,
 with ``fit``'s head-training defaults) are ``fit``'s own functions; after training, the
 test images are encoded once by the trained encoder and scored exactly as cached features.
 """
@@ -59,20 +59,20 @@ def owned_finetune_run(rd: Path) -> set[str] | None:
     return None
 
 
-def _targets(build, task, seed: int, cfg: FinetuneConfig, train_mirrors: bool):
+def _targets(build, spec, seed: int, cfg: FinetuneConfig, train_mirrors: bool):
     """``fit``'s split rule on the build's image rows: (tr, va, te, te_mirror, val_source, val_split)."""
     from ..fit import _split_targets
     from .data import BuildKeys
 
-    level = task.level
+    level = spec.level
     if level not in build.levels():
         raise ConfigError(f"{build.root}: build has no {level}; levels: {', '.join(build.levels())}")
     if not {"train", "test"} <= set(build.splits(level)):
         raise ConfigError(f"{build.root}: {level} needs train and test splits, has {build.splits(level)}")
-    return _split_targets(build, BuildKeys(build), task, build.root, seed, cfg, train_mirrors)
+    return _split_targets(build, BuildKeys(build), spec, build.root, seed, cfg, train_mirrors)
 
 
-def _new_head(encoding, head: str, task, kind: str, seed: int, head_cfg: dict, tr: Split):
+def _new_head(encoding, head: str, spec, kind: str, seed: int, head_cfg: dict, tr: Split):
     """A seeded head sized by one encoded image; token heads fit their fixed PCA projection
     on the initial encoder's tokens of a seeded sample of training images (as ``fit``)."""
     from spar_bench.seeding import derive_seed
@@ -83,9 +83,9 @@ def _new_head(encoding, head: str, task, kind: str, seed: int, head_cfg: dict, t
     rows = np.unique(tr.targets.rows)
     first = encoding.features(tr.level, tr.split, rows[:1], kind="tokens")
     in_dim, n_tokens = int(first.shape[-1]), (int(first.shape[1]) if kind == "tokens" else 1)
-    model = seeded(lambda: build_head(head, task, in_dim, n_tokens, **head_cfg), seed)
+    model = seeded(lambda: build_head(head, spec, in_dim, n_tokens, **head_cfg), seed)
     if kind == "tokens":
-        rng = np.random.default_rng(derive_seed(seed, "projection", task.probe))
+        rng = np.random.default_rng(derive_seed(seed, "projection", spec.name))
         pick = np.sort(rng.choice(rows, size=min(rows.size, max(1, 50000 // n_tokens)), replace=False))
         sample = encoding.features(tr.level, tr.split, pick, kind="tokens")
         model.fit_projection(sample.reshape(-1, in_dim))
@@ -129,64 +129,64 @@ def run_finetune(encoder: str, data: str | Path, head: str, probe: str, seed: in
     """Train ``encoder`` + ``head`` on ``probe`` of build ``data``; score; write the run folder."""
     from spar_bench.builder.shards import Build
 
-    from ..heads import Task, head_input
+    from ..heads import head_input
+    from ..tasks import get_probe
 
     cfg = cfg or FinetuneConfig()
     head_cfg = dict(head_cfg or {})
-    task, kind = Task(probe), head_input(head)
+    spec, kind = get_probe(probe), head_input(head)
     build = Build(data)
-    tr, va, te, te_mirror, val_source, val_split = _targets(build, task, seed, cfg, train_mirrors)
+    tr, va, te, te_mirror, val_source, val_split = _targets(build, spec, seed, cfg, train_mirrors)
     encoding, precision = _encoding(encoder, build, seed, cfg, weights=weights, init=init,
                                     model_kwargs=model_kwargs, revision=revision)
     rd = Path(out) / run_slug(encoder, init, data) / probe / head / f"seed{seed}"
     _prepare_run_dir(rd, resume, overwrite)
-    level = task.level
+    level = spec.level
     trs, vas = Split(tr, level, "train"), Split(va, level, val_split)
-    model, in_dim, n_tokens = _new_head(encoding, head, task, kind, seed, head_cfg, trs)
-    spec = encoding.enc.spec
-    key = run_key(encoder=encoder, weights=spec.weights, init=init, model_kwargs=model_kwargs,
+    model, in_dim, n_tokens = _new_head(encoding, head, spec, kind, seed, head_cfg, trs)
+    enc_spec = encoding.enc.spec
+    key = run_key(encoder=encoder, weights=enc_spec.weights, init=init, model_kwargs=model_kwargs,
                   build=build.fingerprint, probe=probe, head=head, head_cfg=head_cfg, seed=seed,
                   cfg=cfg.to_dict(), compute=precision.dtype, train_mirrors=train_mirrors)
     trainer = Trainer(encoding, model, kind, seed, rd, key, progress)
     result = trainer.fit(trs, vas, resume)
-    training = training_record(init, build, spec.weights)
-    metrics = _score(encoding, model, kind, task, head, head_cfg, (tr, va, te, te_mirror),
+    training = training_record(init, build, enc_spec.weights)
+    metrics = _score(encoding, model, kind, spec, head, head_cfg, (tr, va, te, te_mirror),
                      (in_dim, n_tokens), cfg, seed, n_boot, controls)
     metrics.update({"encoder": rd.parent.parent.parent.name, "random_init": False, "layer": cfg.layer,
                     "val_source": val_source, "training": training,
                     "train": {"epochs_run": len(result.hist_tr), "best_epoch": result.best_epoch,
                               "best_val_loss": result.best_val, "train_loss": result.hist_tr,
                               "val_loss": result.hist_va, "images_per_s": result.images / max(result.seconds, 1e-9)}})
-    config = _config(encoder, spec, init, weights, model_kwargs, build, probe, head, seed, kind, model,
+    config = _config(encoder, enc_spec, init, weights, model_kwargs, build, probe, head, seed, kind, model,
                      (in_dim, n_tokens), cfg, precision, training, controls, n_boot, train_mirrors)
     _write(rd, encoding.enc, model, config, metrics)
     return rd
 
 
-def _score(encoding, model, kind: str, task, head: str, head_cfg: dict, data: tuple, dims: tuple,
+def _score(encoding, model, kind: str, spec, head: str, head_cfg: dict, data: tuple, dims: tuple,
            cfg: FinetuneConfig, seed: int, n_boot: int, controls: bool) -> dict:
     """Test (and mirrored test) metrics of the trained encoder + head, with ``fit``'s controls."""
     from spar_bench.seeding import derive_seed
 
-    from ..fit import HEADLINE, _controls, score
+    from ..fit import _controls, score
     from ..train import predict
     from .data import remap
 
     tr, va, te, te_mirror = data
-    probe = task.probe
+    probe = spec.name
     boot = lambda tag: np.random.default_rng(derive_seed(seed, "bootstrap", probe, head, tag))  # noqa: E731
-    y_train = tr.y["answer"] if task.level == "level3" else None
 
     def scored(t, tag):
         rows = np.unique(t.rows)
-        feats = encoding.features(task.level, "test", rows, model, kind)
-        return score(t, predict(model, feats, remap(t, rows)), boot(tag), n_boot, y_train=y_train)
+        feats = encoding.features(spec.level, "test", rows, model, kind)
+        return score(t, predict(model, feats, remap(t, rows)), boot(tag), n_boot)
 
     test = scored(te, "test")
     mirror = scored(te_mirror, "mirror") if len(te_mirror) else None
-    ctrl = _controls(task, head, kind, model, dims, head_cfg, (tr, va, te, te_mirror, y_train, test),
+    ctrl = _controls(spec, head, kind, model, dims, head_cfg, (tr, va, te, te_mirror),
                      cfg.train_config(), seed, n_boot, boot, controls)
-    return {"probe": probe, "head": head, "seed": seed, "headline": HEADLINE[task.level],
+    return {"probe": probe, "head": head, "seed": seed, "headline": spec.headline,
             "n_items": {"train": len(tr), "val": len(va), "test": len(te), "test_mirror": len(te_mirror)},
             "n_patients": {"train": int(np.unique(tr.patient).size), "test": int(np.unique(te.patient).size)},
             "test": test, "mirror": mirror, "controls": ctrl}
@@ -341,8 +341,9 @@ def run_eval_reencoded(run: str | Path, data: str | Path, n_boot: int = 1000, de
     from spar_bench.seeding import derive_seed
 
     from ..fit import _clean, score
-    from ..heads import Task, build_head
-    from ..targets import load_targets
+    from ..heads import build_head
+    from ..targets import concat, load_targets
+    from ..tasks import get_probe
     from ..train import predict
     from .data import BuildKeys, remap
 
@@ -351,37 +352,37 @@ def run_eval_reencoded(run: str | Path, data: str | Path, n_boot: int = 1000, de
         raise ConfigError(f"{rd}: not a finished finetune run (needs {EXPORT_FILE} and metrics.json)")
     saved = torch.load(rd / "head.pt", map_location="cpu", weights_only=False)
     c = saved["config"]
-    task = Task(c["probe"])
-    head = build_head(c["head"], task, c["in_dim"], c["n_tokens"], **c["head_config"])
+    spec = get_probe(c["probe"])
+    head = build_head(c["head"], spec, c["in_dim"], c["n_tokens"], **c["head_config"])
     head.load_state_dict(saved["state_dict"])
     build = Build(data)
     cfg = FinetuneConfig(**{**c["finetune_config"], "device": device, "compute": compute})
     enc = load_run_encoder(rd, c)
     encoding, _ = _encoding_of(enc, build, cfg)
     head.to(encoding.dev)
-    level = task.level
+    level = spec.level
     splits = ["test"] if "test" in build.splits(level) else build.splits(level)
-    majority = (json.loads((rd / "metrics.json").read_text()).get("test") or {}).get("majority_class")
+    majority = (json.loads((rd / "metrics.json").read_text()).get("controls") or {}).get("majority_class")
     preds, tests = [], []
     for split in splits:
-        t = load_targets(build, task, split, BuildKeys(build).keys(level, split))
+        t = load_targets(build, spec, split, BuildKeys(build).keys(level, split))
         rows = np.unique(t.rows)
         feats = encoding.features(level, split, rows, head, c["head_input"])
         preds.append(predict(head, feats, remap(t, rows)))
         tests.append(t)
-    from ..fit import _concat
-
-    t = tests[0] if len(tests) == 1 else _concat(tests)
+    t = concat(tests)
     p = np.concatenate(preds)
     rng = lambda tag: np.random.default_rng(derive_seed(c["seed"], "bootstrap", "eval", tag))  # noqa: E731
     orig, mir = ~t.is_mirror, t.is_mirror
     name = Path(build.root).resolve().name
     result = {"run": str(rd), "features": f"{name} (re-encoded)", "data": name,
               "dataset_fingerprint": build.fingerprint, "encoder": rd.parent.parent.parent.name,
-              "random_init": False, "splits": splits, "probe": task.probe, "head": c["head"],
+              "random_init": False, "splits": splits, "probe": spec.name, "head": c["head"],
               "seed": c["seed"],
-              "test": score(t.subset(orig), p[orig], rng("test"), n_boot, majority=majority),
-              "mirror": score(t.subset(mir), p[mir], rng("mirror"), n_boot, majority=majority) if mir.any() else None}
+              "test": score(t.subset(orig), p[orig], rng("test"), n_boot),
+              "mirror": score(t.subset(mir), p[mir], rng("mirror"), n_boot) if mir.any() else None,
+              "controls": {"chance": spec.chance(t.subset(orig)),
+                           "majority": spec.majority_rate(majority, t.subset(orig))}}
     out = rd / f"eval-{name}.json"
     out.write_text(json.dumps(_clean(result), indent=2) + "\n")
     return out
