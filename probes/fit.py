@@ -326,6 +326,8 @@ def run_fit(
             spec, head, kind, model, (in_dim, n_tokens), head_cfg,
             (tr, va, te, te_mirror), cfg, seed, n_boot, boot, controls,
         ),  # fmt: skip
+        "training": (cache.meta.get("weights") or {}).get("training")
+        if isinstance(cache.meta.get("weights"), dict) else None,  # a `finetune` export probed frozen
     }
     config = {
         "probe": probe,

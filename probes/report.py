@@ -108,6 +108,8 @@ def _row(spec, enc: str, head: str, ms: list[dict]) -> dict[str, Any]:
         "encoder": enc,
         "head": head,
         "random_init": any(m.get("random_init") for m in ms),
+        # an encoder trained by `spar-probe finetune` (end to end, or its export probed frozen)
+        "training": next((_get(m, "training", "label") for m in ms if _get(m, "training", "label")), None),
         "seeds": sorted(m["seed"] for m in ms),
         "metric": key,
         **_summary(ms, "test", key),
@@ -163,7 +165,8 @@ def _fs(s: dict, pct: bool, ci: bool = True) -> str:
 
 
 def _label(r: dict) -> str:
-    return r["encoder"] + (
+    trained = f" ({r['training']})" if r.get("training") else ""
+    return r["encoder"] + trained + (
         " **(random-init)**" if r["random_init"] and "random-init" not in r["encoder"] else ""
     )
 

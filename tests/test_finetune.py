@@ -162,3 +162,24 @@ def test_schedule_warms_up_then_decays() -> None:
     f = [lr_factor(s, 4, 20) for s in range(20)]
     assert f[:4] == [0.25, 0.5, 0.75, 1.0]
     assert all(a >= b for a, b in zip(f[3:], f[4:], strict=False)) and f[-1] < 0.05
+
+
+def test_hf_export_recaches(tmp_path: Path) -> None:
+    """An hf encoder's trained state dict, exported, loads back as hf:DIR --weights FILE."""
+    pytest.importorskip("transformers")
+    from spar_bench.probes.encoders import load_encoder
+    from spar_bench.probes.finetune.model import encode, export_encoder
+    from test_encoders import images, make_hf_dinov2
+
+    name, _ = make_hf_dinov2(tmp_path)
+    enc = load_encoder(name)
+    with torch.no_grad():
+        for p in enc.module.parameters():
+            p.add_(0.01)  # "trained"
+    path = export_encoder(enc, tmp_path / "encoder.safetensors", {"training": {"label": "finetuned on build x"}})
+    again = load_encoder(name, weights=str(path))
+    assert again.spec.weights["training"]["label"] == "finetuned on build x"
+    x = images(2)
+    with torch.no_grad():
+        ref = encode(enc, x)[1]
+    torch.testing.assert_close(again(x)[-1][1], ref)

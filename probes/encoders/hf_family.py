@@ -20,7 +20,16 @@ from typing import Any
 
 from spar_bench.errors import ConfigError
 
-from .base import IMAGENET_MEAN, IMAGENET_STD, Encoder, EncoderSpec, require_extra, weights_record
+from .base import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    Encoder,
+    EncoderSpec,
+    load_into,
+    load_state_dict_file,
+    require_extra,
+    weights_record,
+)
 
 _RESAMPLE = {0: "nearest", 1: "bicubic", 2: "bilinear", 3: "bicubic", 4: "bilinear", 5: "bicubic"}
 
@@ -82,6 +91,11 @@ def load_hf(rest: str, *, weights: str | None = None, random_init: bool = False,
     """Factory of ``hf:<repo or dir>``; ``--weights DIR`` is an alternative to a dir in the name."""
     name = f"hf:{rest}"
     transformers = require_extra("transformers", "transformers")
+    export = None
+    if weights is not None and Path(weights).is_file() and Path(weights).suffix == ".safetensors":
+        if not Path(rest).is_dir():
+            raise ConfigError(f"encoder {name}: --weights FILE needs the model's folder as hf:DIR")
+        export, weights = Path(weights), None  # trained weights over the folder's architecture
     local = Path(weights) if weights is not None else Path(rest)
     if local.is_dir():
         if random_init:
@@ -116,6 +130,9 @@ def load_hf(rest: str, *, weights: str | None = None, random_init: bool = False,
     except OSError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(f"encoder {name}: cannot load {src}: {first}") from None
+    if export is not None:  # a `spar-probe finetune` export: its state dict, its record
+        load_into(model, load_state_dict_file(export), export, name)
+        record = weights_record(export, False, name)
     model_cfg = json.loads(config.to_json_string())
     spec = hf_spec_from_config(name, model_cfg, proc, record)
     return HFEncoder(spec, model.eval())
