@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# SPAR-Bench main job: phantom -> shards -> feature cache -> sweep -> report, in a few minutes on 2 CPU cores.
+# SPAR-Bench main job: phantom -> shards -> feature cache -> sweep -> MLLM track (dummy) -> report,
+# in a few minutes on 2 CPU cores.
 #
 #   scripts/main-job.sh                 # writes everything under runs/demo
 #   OUT=/tmp/spar scripts/main-job.sh   # elsewhere
@@ -27,23 +28,26 @@ step() { printf '\n== %s (%s)\n' "$1" "$(date -u +%H:%M:%S)"; }
 start=$(date +%s)
 mkdir -p "$OUT"
 
-step "1/5 phantom: $N_CASES canonical cases"
+step "1/6 phantom: $N_CASES canonical cases"
 spar-build phantom --out "$OUT/phantom" --n "$N_CASES" --layout canonical --overwrite
 
-step "2/5 shards: $SAMPLES samples per case, with mirrored counterfactuals"
+step "2/6 shards: $SAMPLES samples per case, with mirrored counterfactuals"
 spar-build --source phantom --root "$OUT/phantom" --out "$OUT/shards" \
   --samples-per-case "$SAMPLES" --counterfactual mirror --no-hf --workers "$JOBS" --overwrite
 
-step "3/5 feature cache: $ENCODER with RANDOM weights (none can be downloaded here)"
+step "3/6 feature cache: $ENCODER with RANDOM weights (none can be downloaded here)"
 spar-probe cache --encoder "$ENCODER" --random-init --data "$OUT/shards" \
   --out "$OUT/cache/$NAME.h5" --overwrite
 
-step "4/5 sweep: heads $HEADS x all probes x seeds $SEEDS on $JOBS processes"
+step "4/6 sweep: heads $HEADS x all probes x seeds $SEEDS on $JOBS processes"
 spar-probe sweep --features "$OUT/cache/$NAME.h5" --heads "$HEADS" --probes all \
   --seeds "$SEEDS" --jobs "$JOBS" --max-epochs "$MAX_EPOCHS" --batch-size "$BATCH" \
   --out "$OUT/runs"
 
-step "5/5 report"
+step "5/6 MLLM track: the Level 3 questions asked to the dummy model (seeded answers; no LLM here)"
+spar-probe vqa --model dummy --data "$OUT/shards" --out "$OUT/runs"
+
+step "6/6 report"
 spar-probe report "$OUT/runs" --out "$OUT/report"
 
 printf '\nmain job done in %ss. Report: %s/report/report.md (features were RANDOM-INIT: see its banner)\n' \

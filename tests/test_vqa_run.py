@@ -203,3 +203,19 @@ def test_hf_scores_do_not_depend_on_batch_or_scoring_path(tiny):
     full = be._full_sequences(prompts, with_image, conts)
     for f, g in zip(fast, full, strict=True):
         np.testing.assert_allclose(f, g, rtol=1e-4, atol=1e-4)
+
+
+def test_no_convention_hint_is_its_own_run_and_cache_entries(env):
+    from spar_bench.probes.vqa.cache import ResponseCache
+
+    cache = env["root"] / "hint-cache.sqlite"
+    args = ["--model", "dummy", "--data", env["shards"], "--out", env["runs"], "--probe", "symmetry",
+            "--no-circular", "--no-blind", "--cache", cache]
+    assert _vqa(*args) == 0
+    with ResponseCache(cache) as c:
+        n = len(c)
+    assert _vqa(*args, "--no-convention-hint") == 0
+    with ResponseCache(cache) as c:
+        assert len(c) == 2 * n  # another prompt: asked again, never read from the hinted one
+    rd = env["runs"] / "dummy/level3.symmetry/vqa-loglik-nohint/seed0"
+    assert json.loads((rd / "config.json").read_text())["convention_hint"] is False
