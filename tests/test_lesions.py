@@ -219,3 +219,32 @@ def test_split_file_with_a_source_column_through_the_cli(tmp_path, capsys):
     csv.write_text("case_id,split\nlits_0009,train\n")
     assert run_cli(cli, [*args[:-1], str(tmp_path / "bad")]) == 2
     assert "lits_0009" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+
+
+def test_kits_like_nnunet_build_counting_in_train_and_test(tmp_path, capsys):
+    import json
+
+    from spar_bench.builder.cli import cli
+
+    from spar_bench.clitools import run_cli
+
+    kits = make_kits_folder(tmp_path / "kits", 4)  # 3 Tr + 1 Ts
+    out = tmp_path / "out"
+    assert run_cli(cli, ["--source", "nnunet", "--root", str(kits), "--levels", "level3", "--no-hf",
+                         "--out", str(out)]) == 0, capsys.readouterr().err
+    m = json.loads((out / "manifest.json").read_text())
+    counting = {s: c["classes"]["counting"] for s, c in m["counts"]["level3"].items()}
+    assert sum(counting["train"]) > 0 and sum(counting["test"]) > 0
+    assert m["sources"]["nnunet"]["label_map"]["sided"] == {"1": "kidney", "2": "kidney"}  # tumour voxels: kidney too
+    assert {c["split_origin"] for c in m["cases"]} == {"folders (Tr = train, Ts = test)"}
+
+
+def test_build_help_lists_the_choice_options(capsys):
+    from spar_bench.builder.cli import cli
+
+    from spar_bench.clitools import run_cli
+
+    assert run_cli(cli, ["--help"]) == 0
+    out = capsys.readouterr().out
+    for opt in ("--cases", "--limit", "--split-ratio", "--split-file", "--unknown-labels"):
+        assert opt in out
