@@ -32,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from spar_bench.errors import CaseError, ConfigError, SparError
+from spar_bench.errors import CaseError, ConfigError, IntegrityError, SparError
+from spar_bench.provenance import json_safe, path_from_build, portable_path
 
 from .schema import LEVEL3_CLASS_NAMES, LEVEL3_PROBES, LEVELS, N_ORGANS, ORGANS, SCHEMA_VERSION
 from .writers.hdf5 import COMPRESSIONS
@@ -41,6 +42,8 @@ ON_ERROR = ("fail", "skip")
 UNKNOWN_LABELS = ("fail", "ignore")
 #: Options added after builder 0.1.0: left out of the recorded config while at their
 #: default, so a build without them keeps the bytes of its dataset card and manifest config.
+#: Fields holding a file or folder: published as seen from OUT, or null (BuildConfig.recorded).
+PATH_FIELDS = ("thresholds_from", "split_file")
 OPTIONAL_FIELDS = {"cases": {}, "limit": {}, "split_ratio": {}, "split_file": None, "unknown_labels": "fail"}
 PARTS = ("level1", "level2", "level3", "level3_questions")
 #: Fields of the build config that never change the output bytes (kept out of the manifest).
@@ -122,7 +125,9 @@ class BuildConfig:
             raise ConfigError("--resume and --overwrite exclude each other; pick one")
 
     def recorded(self) -> dict[str, Any]:
-        """The config as written to the manifest: everything that shapes the bytes."""
+        """Everything that shapes the bytes, paths as given: what ``OUT.tmp/config.json`` and a
+        partition record, so a resume or a merge is checked against the same options. Never
+        published as it is: the manifest and the card hold :meth:`published`."""
         d = asdict(self)
         for k in RUNTIME_FIELDS:
             d.pop(k)
@@ -132,17 +137,26 @@ class BuildConfig:
                 d.pop(k)
         return d
 
+    def published(self) -> dict[str, Any]:
+        """:meth:`recorded` as the manifest and the dataset card show it: no absolute path.
 
-# -- the samples API (one indirection so tests can substitute a tiny fake) ----------------
-def _samples_api():
-    from . import samples
-
-    return samples
+        Paths (``roots``, ``thresholds_from``, ``split_file``) are written as seen from OUT
+        (``"../data/word"``, :func:`spar_bench.provenance.path_from_build`) when they lie in
+        the folder that holds OUT, else ``null``. The manifest's ``sources`` and
+        ``thresholds`` identify the inputs by sha256 and fingerprint instead.
+        """
+        d = self.recorded()
+        d["roots"] = [path_from_build(r, self.out) for r in self.roots]
+        for k in PATH_FIELDS:
+            if d.get(k):
+                d[k] = path_from_build(d[k], self.out)
+        return d
 
 
 def _sample_config(config: BuildConfig):
-    api = _samples_api()
-    return api.SampleConfig.from_dict(dict(config.sample))
+    from .samples import SampleConfig
+
+    return SampleConfig.from_dict(dict(config.sample))
 
 
 # -- work dir --------------------------------------------------------------------------
@@ -157,28 +171,13 @@ def _to_storable(arr: Any) -> np.ndarray:
     return arr
 
 
-def _json_safe(obj: Any) -> Any:
-    """Provenance records as plain JSON (paths -> str, numpy scalars -> Python)."""
-    if isinstance(obj, dict):
-        return {str(k): _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_json_safe(v) for v in obj]
-    if isinstance(obj, Path):
-        return str(obj)
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    return obj
-
-
 def _spill(cases_dir: Path, stem: str, result: dict[str, dict[str, Any]], meta: dict[str, Any]) -> None:
     arrays = {f"{part}/{name}": _to_storable(v) for part, d in result.items() for name, v in d.items()}
     tmp = cases_dir / f"{stem}.part.npz"
     np.savez(tmp, **arrays)
     os.replace(tmp, cases_dir / f"{stem}.npz")
     tmp_json = cases_dir / f"{stem}.part.json"
-    tmp_json.write_text(json.dumps(_json_safe(meta), sort_keys=True), encoding="utf-8")
+    tmp_json.write_text(json.dumps(json_safe(meta), sort_keys=True), encoding="utf-8")
     os.replace(tmp_json, cases_dir / f"{stem}.json")
 
 
@@ -211,7 +210,8 @@ def process_one(job: dict[str, Any]) -> dict[str, Any]:
     Top-level and argument-only (picklable), so it runs under any multiprocessing
     start method. A :class:`CaseError` becomes ``{"status": "error", ...}``.
     """
-    api = _samples_api()
+    from .samples import SampleConfig, process_case
+
     ref, cases_dir = job["ref"], Path(job["cases_dir"])
     meta: dict[str, Any] = {"source": ref.source, "case_id": ref.case_id, "split": ref.split,
                             "patient_id": ref.patient}
@@ -219,7 +219,7 @@ def process_one(job: dict[str, Any]) -> dict[str, Any]:
         src = open_source(job["source_cls"], job["root"], images=job["images"], seed=job["seed"],
                           unknown_labels=job.get("unknown_labels", "fail"))
         case = src.load(ref)
-        result = api.process_case(case, api.SampleConfig.from_dict(job["sample"]), job["seed"])
+        result = process_case(case, SampleConfig.from_dict(job["sample"]), job["seed"])
     except CaseError as e:
         return {**meta, "status": "error", "reason": str(e)}
     wanted = list(job["sample"]["levels"])
@@ -234,7 +234,7 @@ def process_one(job: dict[str, Any]) -> dict[str, Any]:
             raise SparError(f"case {ref.case_id}: process_case gave {part} rows without 'key'")
     meta.update(
         status="ok",
-        provenance=case.provenance,
+        provenance=_portable_provenance(case.provenance, job["root"]),
         image_synthesized=bool(case.image_synthesized),
         rows={p: _rows(result[p]) for p in PARTS},
     )
@@ -253,18 +253,20 @@ def _original_questions(res: dict[str, dict[str, np.ndarray]]) -> dict[str, np.n
     return q
 
 
-def _load_thresholds_from(path: str) -> dict[str, Any]:
+def _load_thresholds_from(path: str) -> tuple[dict[str, Any], str]:
+    """(thresholds, fingerprint) of the build at ``path`` (a folder or its manifest.json)."""
     p = Path(path)
     p = p / "manifest.json" if p.is_dir() else p
     if not p.is_file():
         raise ConfigError(f"--thresholds-from {path}: no manifest.json there; give a finished build")
     try:
-        th = json.loads(p.read_text(encoding="utf-8"))["thresholds"]["values"]
+        m = json.loads(p.read_text(encoding="utf-8"))
+        th = m["thresholds"]["values"]
     except (ValueError, KeyError, TypeError):
         raise ConfigError(f"{p}: has no thresholds.values; is it a SPAR-Bench build manifest?") from None
     if th is None:
         raise ConfigError(f"{p}: that build recorded no thresholds (built without level3?)")
-    return th
+    return th, str(m.get("fingerprint", "unknown"))
 
 
 def _has_threshold_questions(records: list[dict], cases_dir: Path) -> bool:
@@ -281,7 +283,9 @@ def _thresholds(config: BuildConfig, records: list[dict], cases_dir: Path, level
     if "level3" not in levels:
         return None, "not needed (no level3)"
     if config.thresholds_from:
-        return _load_thresholds_from(config.thresholds_from), f"from {config.thresholds_from}"
+        th, fp = _load_thresholds_from(config.thresholds_from)
+        where = path_from_build(Path(config.thresholds_from), config.out)
+        return th, f"from build {fp}" + (f" ({where})" if where else "")
     if not _has_threshold_questions(records, cases_dir):  # e.g. a lesion-only (LiTS) build
         return None, "not needed (no size or distance questions in this build)"
     splits = sorted({r["split"] for r in records})
@@ -301,8 +305,9 @@ def _thresholds(config: BuildConfig, records: list[dict], cases_dir: Path, level
                                    ("level3", "level3_questions"))
             res["level3"] = {k: v for k, v in res["level3"].items() if k == "is_mirror"}
             qs.append(_original_questions(res))
-    th = _samples_api().fit_thresholds(qs)
-    return _json_safe(th), f"fitted on split {fit_split!r} (original, non-mirror questions)"
+    from .samples import fit_thresholds
+
+    return json_safe(fit_thresholds(qs)), f"fitted on split {fit_split!r} (original, non-mirror questions)"
 
 
 # -- output ----------------------------------------------------------------------------
@@ -379,7 +384,7 @@ def _find(config: BuildConfig) -> tuple[list[tuple[Any, str, type]], dict[str, A
         if not found[name]:
             raise ConfigError(f"source {name}: no cases found under {root} ({src.needs})")
         where[name], rules[name] = (root, cls), src.split_rule
-        label_maps[name] = {"root": str(root), "label_map": _json_safe(src.label_map()),
+        label_maps[name] = {"root": str(root), "label_map": json_safe(src.label_map()),
                             "needs": src.needs, "n_cases": len(found[name])}
     chosen, origins = select(config, found, rules)
     for name, info in label_maps.items():
@@ -394,6 +399,58 @@ def _find(config: BuildConfig) -> tuple[list[tuple[Any, str, type]], dict[str, A
             raise ConfigError(f"source {r.source}: case id {r.case_id!r} found twice; ids must be unique")
         seen.add((r.source, r.case_id))
     return refs, label_maps, origins
+
+
+def _portable_provenance(provenance: dict[str, Any], root: str) -> dict[str, Any]:
+    """A case's provenance with its input files relative to the source folder (as published)."""
+    files = provenance.get("files")
+    if not isinstance(files, dict):
+        return provenance
+    rel = {role: portable_path(p, root) or Path(p).name for role, p in files.items()}
+    return {**provenance, "files": rel}
+
+
+def _portable_text(text: str, root: str) -> str:
+    """``text`` (an error message) with the source folder's own path dropped from file paths."""
+    for form in sorted({str(Path(root)), str(Path(root).absolute()), str(Path(root).resolve())},
+                       key=len, reverse=True):
+        text = text.replace(form + os.sep, "")
+    return text
+
+
+def _published_sources(config: BuildConfig, sources_info: dict[str, dict[str, Any]],
+                       records: list[dict]) -> dict[str, dict[str, Any]]:
+    """The sources' records as published: ``root`` as seen from OUT (or None), and
+    ``inputs_sha256`` over the sha256 of every input file of the source's built cases.
+
+    The text hashed is one ``"<case_id>/<role>\\t<sha256>"`` line per file, sorted (as the
+    build's fingerprint); ``n_inputs`` counts the files.
+    """
+    from .writers.manifest import fingerprint
+
+    roots = dict(zip(config.sources, config.roots, strict=True))
+    out = {}
+    for name, info in sources_info.items():
+        entries = [(f"{r['case_id']}/{role}", sha) for r in records if r["source"] == name
+                   for role, sha in (r.get("provenance") or {}).get("sha256", {}).items()]
+        out[name] = {**info, "root": path_from_build(roots[name], config.out),
+                     "inputs_sha256": fingerprint(entries), "n_inputs": len(entries)}
+    return out
+
+
+def _refuse_local_paths(config: BuildConfig, manifest: dict[str, Any], out_dir: Path) -> None:
+    """IntegrityError if the manifest or the dataset card would publish an absolute local path."""
+    from spar_bench.provenance import local_paths, local_prefixes
+
+    paths = [getattr(config, k) for k in PATH_FIELDS if getattr(config, k)]
+    prefixes = local_prefixes(*config.roots, config.out, *paths)
+    card = out_dir / "hf" / "README.md"
+    texts = {"manifest.json": manifest, "hf/README.md": card.read_text(encoding="utf-8") if card.is_file() else ""}
+    for name, obj in texts.items():
+        found = local_paths(obj, prefixes)
+        if found:
+            raise IntegrityError(f"{name} would publish a local path ({found[0][:120]!r}); "
+                                 "this is a bug in SPAR-Bench, please report it")
 
 
 def _run_cases(config: BuildConfig, refs, cases_dir: Path, sample: dict) -> dict[tuple[str, str], dict]:
@@ -461,9 +518,9 @@ def _write_shards(config, records, cases_dir: Path, out_dir: Path, levels, thres
     from tqdm.auto import tqdm
 
     from . import __version__
+    from .samples import apply_thresholds
     from .writers.hdf5 import ShardSink
 
-    api = _samples_api()
     splits = sorted({r["split"] for r in records}, key=lambda s: (["train", "val", "test"] + [s]).index(s))
     shards: dict[str, dict[str, list]] = {}
     counts: dict[str, dict[str, dict]] = {}
@@ -485,8 +542,7 @@ def _write_shards(config, records, cases_dir: Path, out_dir: Path, levels, thres
                 if level == "level3":
                     q = res["level3_questions"]
                     if thresholds is not None and q and _rows(q):
-                        applied = api.apply_thresholds(q, thresholds)
-                        q = applied if applied is not None else q
+                        q = apply_thresholds(q, thresholds)
                     res["level3_questions"] = q
                     n_q += _rows(q)
                     sink.add(res["level3"], q)
@@ -550,7 +606,7 @@ def build(config: BuildConfig, *, quiet: bool = False) -> Path:
     if config.partition:
         from .partition import finish_partition
 
-        path = finish_partition(config.recorded(), config.partition, selection, _json_safe(ordered),
+        path = finish_partition(config.recorded(), config.partition, selection, json_safe(ordered),
                                 sources_info, origins, work, out)
         if not quiet:
             import click
@@ -568,17 +624,22 @@ def write_outputs(config: BuildConfig, ordered: list[dict], sources_info: dict[s
     ``ordered`` holds every case's index record in ``(source, case_id)`` order; their spill
     files are in ``work/cases``.
     """
+    from spar_bench.provenance import BUILD_PACKAGES, package_versions
+
     from . import __version__
-    from .writers.manifest import package_versions, write_manifest
+    from .writers.manifest import write_manifest
 
     sample_cfg = _sample_config(config)
     levels = tuple(lv for lv in LEVELS if lv in sample_cfg.levels)
     cases_dir = work / "cases"
     records = [r for r in ordered if r["status"] == "ok"]
-    skipped = [{k: r[k] for k in ("source", "case_id", "split", "reason")}
+    roots = dict(zip(config.sources, config.roots, strict=True))
+    skipped = [{k: r[k] for k in ("source", "case_id", "split")}
+               | {"reason": _portable_text(r["reason"], roots[r["source"]])}
                for r in ordered if r["status"] != "ok"]
     if not records:
         raise SparError(f"every case failed; first: {skipped[0]['reason'] if skipped else 'none found'}")
+    sources_info = _published_sources(config, sources_info, records)
     th, th_origin = _thresholds(config, records, cases_dir, levels)
     out_dir = work / "out"
     shards, counts = _write_shards(config, records, cases_dir, out_dir, levels, th, sample_cfg)
@@ -591,7 +652,7 @@ def write_outputs(config: BuildConfig, ordered: list[dict], sources_info: dict[s
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "builder_version": __version__,
-        "config": config.recorded(),
+        "config": config.published(),
         "seed": config.seed,
         "sample_config": sample_cfg.to_dict(),
         "levels": list(levels),
@@ -605,9 +666,11 @@ def write_outputs(config: BuildConfig, ordered: list[dict], sources_info: dict[s
                    "split_origin": origins[(r["source"], r["case_id"])]}
                   for r in records],
         "skipped": skipped,
-        "versions": package_versions(),
+        "versions": package_versions(BUILD_PACKAGES),
     }
-    write_manifest(out_dir, _json_safe(manifest))
+    manifest = json_safe(manifest)
+    _refuse_local_paths(config, manifest, out_dir)
+    write_manifest(out_dir, manifest)
     if out.exists():  # empty, or an earlier build that --overwrite / --resume may replace
         from spar_bench.outputs import claim, remove
 

@@ -30,6 +30,7 @@ import click
 import numpy as np
 
 from spar_bench.errors import ConfigError, IntegrityError
+from spar_bench.provenance import CACHE_PACKAGES, package_versions
 
 from .distributed import Ranks, all_parts, barrier, merge_parts, part_path
 from .hardware import COMPUTE_DTYPES, Precision, pick_compute, pick_device
@@ -51,18 +52,15 @@ def parse_layers(text: str | Sequence[int]) -> list[int]:
     return layers
 
 
-def versions() -> dict[str, str | None]:
-    from importlib.metadata import PackageNotFoundError, version
+def _relative_dir(data: str | Path, out: Path) -> str:
+    """The build folder as seen from the cache file's folder (``"../shards"``), POSIX."""
+    import os
 
-    out: dict[str, str | None] = {}
-    for dist, key in (("torch", "torch"), ("timm", "timm"), ("transformers", "transformers"),
-                      ("open_clip_torch", "open_clip"), ("spar-bench", "spar-bench"),
-                      ("h5py", "h5py"), ("numpy", "numpy")):
-        try:
-            out[key] = version(dist)
-        except PackageNotFoundError:
-            out[key] = None
-    return out
+    base = Path(out).resolve().parent
+    try:
+        return Path(os.path.relpath(Path(data).resolve(), base)).as_posix()
+    except ValueError:  # another drive (Windows): no relative path exists
+        return Path(data).resolve().as_posix()
 
 
 class _Batches:
@@ -368,8 +366,8 @@ def write_cache(
         "schema_version": CACHE_SCHEMA, "encoder": spec.name,
         "encoder_config": dict(spec.to_dict(), preprocessing=spec.preprocessing()),
         "weights": spec.weights, "random_init": bool(spec.random_init), "dtype": dtype,
-        "compute_dtype": comp, "compute_reason": precision.reason, "versions": versions(),
-        "dataset_fingerprint": build.fingerprint, "dataset_dir": str(Path(data).resolve()),
+        "compute_dtype": comp, "compute_reason": precision.reason, "versions": package_versions(CACHE_PACKAGES),
+        "dataset_fingerprint": build.fingerprint, "dataset_dir": _relative_dir(data, out),
         "layers": layers, "cache_args": json.dumps(args, sort_keys=True), "complete": False,
     }
     if ranks.distributed and _is_complete(out, args):

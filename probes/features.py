@@ -6,7 +6,8 @@
 >>> T = fc.tokens("level1", "train", rows=idx)   # (len(idx), T, D), in the order of idx
 
 Random rows are read one sample (one chunk) at a time in sorted order, which is 50-100x
-faster than h5py fancy indexing on chunked datasets (MEASUREMENTS.md).
+faster than h5py fancy indexing on chunked datasets (measured during development;
+``bench/cache.py`` times random minibatch reads of a finished cache).
 """
 
 from __future__ import annotations

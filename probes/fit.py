@@ -4,7 +4,8 @@ One run = one (cache, probe, head, seed). Its directory
 ``OUT/<encoder>[-random-init]/<probe>/<head>/seed<k>/`` holds:
 
 * ``config.json``  - the options, train config, head config, seeds, package versions,
-  cache path + fingerprint, build path, layer, ``random_init``;
+  cache file name + fingerprint, build folder name + fingerprint (never an absolute
+  path), layer, ``random_init``;
 * ``metrics.json`` - test metrics on ORIGINAL samples with 95 % patient-bootstrap CIs,
   controls (chance, majority, the prior, blind baseline), metrics on the mirrored
   counterfactual test samples (when the build has them), training curve summary;
@@ -27,6 +28,7 @@ import click
 import numpy as np
 
 from spar_bench.errors import ConfigError
+from spar_bench.provenance import RUN_PACKAGES, json_safe, package_versions
 
 from .tasks import get_probe, probe_names
 
@@ -45,7 +47,8 @@ def open_cache(path: str | Path):
 
 
 def resolve_build(cache, data: str | Path | None):
-    """The build the targets come from: ``--data`` or the cache's ``meta["dataset_dir"]``.
+    """The build the targets come from: ``--data`` or the cache's ``meta["dataset_dir"]``
+    (relative to the cache file's folder).
 
     Raises :class:`ConfigError` when it is missing or its fingerprint differs from the
     one the cache was made from.
@@ -55,6 +58,8 @@ def resolve_build(cache, data: str | Path | None):
     root = data if data is not None else cache.meta.get("dataset_dir")
     if not root:
         raise ConfigError(f"{cache.path}: cache records no dataset_dir; pass --data BUILD_DIR")
+    if data is None:  # recorded relative to the cache file's folder (absolute in older caches)
+        root = Path(cache.path).parent / root
     if not (Path(root) / "manifest.json").is_file():
         raise ConfigError(
             f"{root}: no manifest.json (build recorded by cache {cache.path}); pass --data BUILD_DIR"
@@ -97,14 +102,6 @@ def load_features(
     if not parts:
         raise ConfigError(f"{cache.path}: {level}/{split} has no rows")
     return np.concatenate(parts)
-
-
-def _versions() -> dict[str, str]:
-    import torch
-
-    import spar_bench
-
-    return {"torch": torch.__version__, "numpy": np.__version__, "spar-bench": spar_bench.builder.__version__}
 
 
 # --------------------------------------------------------------------------- scoring
@@ -245,11 +242,11 @@ def _write_run(rd: Path, config: dict, metrics: dict, model) -> None:
     if claim(rd, overwrite=True, owned=owned_run, what="run folder"):
         remove(rd)  # an earlier run of the same probe, head and seed is replaced whole
     rd.mkdir(parents=True, exist_ok=True)
-    (rd / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
+    (rd / "config.json").write_text(json.dumps(json_safe(config), indent=2, default=str) + "\n")
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     torch.save({"state_dict": state, "config": config}, rd / "head.pt")
     tmp = rd / (METRICS_FILE + ".tmp")
-    tmp.write_text(json.dumps(_clean(metrics), indent=2) + "\n")
+    tmp.write_text(json.dumps(json_safe(metrics), indent=2) + "\n")
     tmp.replace(rd / METRICS_FILE)
 
 
@@ -338,9 +335,10 @@ def run_fit(
             "bootstrap": [derive_seed(seed, "bootstrap", probe, head, "test")],
         },
         "layer": layer,
-        "features": str(Path(features).resolve()),
+        # names + fingerprints, never absolute paths (eval and report need neither path)
+        "features": Path(features).name,
         "cache_fingerprint": cache.fingerprint,
-        "dataset_dir": str(Path(build.root).resolve()),
+        "dataset_dir": Path(build.root).resolve().name,
         "dataset_fingerprint": build.fingerprint,
         "encoder": cache.meta.get("encoder"),
         "random_init": bool(cache.random_init),
@@ -352,27 +350,11 @@ def run_fit(
         "train_mirrors": train_mirrors,
         "controls": controls,
         "n_bootstrap": n_boot,
-        "versions": _versions(),
+        "versions": package_versions(RUN_PACKAGES),
     }
     rd = run_dir(out, cache, probe, head, seed)
     _write_run(rd, config, metrics, model)
     return rd
-
-
-def _clean(obj):
-    """JSON-safe: numpy scalars -> Python, NaN -> None."""
-    if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    if isinstance(obj, (np.floating, float)):
-        v = float(obj)
-        return v if np.isfinite(v) else None
-    if isinstance(obj, np.integer):
-        return int(obj)
-    if isinstance(obj, np.bool_):
-        return bool(obj)
-    return obj
 
 
 # --------------------------------------------------------------------------- eval (transfer)
@@ -405,8 +387,8 @@ def run_eval(
         raise ConfigError(f"{features}: cache has no {level}; levels: {', '.join(cache.levels())}")
     splits = ["test"] if "test" in cache.splits(level) else cache.splits(level)
     result: dict[str, Any] = {
-        "run": str(rd),
-        "features": str(Path(features).resolve()),
+        "run": "/".join(rd.resolve().parts[-4:]),  # <encoder>/<probe>/<head>/seed<k>
+        "features": Path(features).name,
         "cache_fingerprint": cache.fingerprint,
         "encoder": encoder_slug(cache),
         "random_init": bool(cache.random_init),
@@ -434,7 +416,7 @@ def run_eval(
     result["controls"] = {"chance": spec.chance(t.subset(orig)),
                           "majority": spec.majority_rate(majority, t.subset(orig))}  # fmt: skip
     out = rd / f"eval-{Path(features).stem}.json"
-    out.write_text(json.dumps(_clean(result), indent=2) + "\n")
+    out.write_text(json.dumps(json_safe(result), indent=2) + "\n")
     return out
 
 

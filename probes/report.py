@@ -29,6 +29,7 @@ import numpy as np
 from spar_bench.builder.schema import ORGANS
 
 from spar_bench.errors import ConfigError
+from spar_bench.provenance import json_safe
 
 from .tasks import METRICS, get_probe, probe_names
 
@@ -349,7 +350,7 @@ def write_report(runs: str | Path, out: str | Path) -> Path:
     plots = plot(table, out)
     meta = {"generator": REPORT_GENERATOR, "random_init_used": any_random, "n_runs": len(ms),
             "files": sorted(["report.md"] + [p.name for p in plots]), "probes": table}
-    (out / "report.json").write_text(json.dumps(meta, indent=2) + "\n")
+    (out / "report.json").write_text(json.dumps(json_safe(meta), indent=2) + "\n")  # NaN -> null
     return out / "report.md"
 
 

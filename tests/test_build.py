@@ -191,7 +191,7 @@ def test_thresholds_without_train_split(fake_root: Path, tmp_path: Path) -> None
     out3 = build(config(fake_root, tmp_path / "o3", thresholds_from=str(out)), quiet=True)
     m3 = json.loads((out3 / "manifest.json").read_text())
     assert m3["thresholds"]["values"] == m["thresholds"]["values"]
-    assert m3["thresholds"]["origin"] == f"from {out}"
+    assert m3["thresholds"]["origin"] == f"from build {m['fingerprint']} (../o2)"
 
 
 @pytest.mark.slow

@@ -74,7 +74,7 @@ def test_cache_is_aligned_with_shards(family: str, build: Path, models: Path, tm
         assert fc.layers() == layers and fc.meta["complete"] and fc.meta["dtype"] == "fp32"
         assert fc.meta["encoder_config"]["name"] == name
         assert fc.meta["weights"] == enc.spec.weights and fc.random_init == enc.spec.random_init
-        assert set(fc.meta["versions"]) >= {"torch", "timm", "transformers", "open_clip", "spar-bench"}
+        assert set(fc.meta["versions"]) >= {"torch", "timm", "transformers", "open_clip_torch", "spar-bench"}
         for level in b.levels():
             for split in b.splits(level):
                 keys = b.read(level, split, ["key"])["key"]

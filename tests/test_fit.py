@@ -151,8 +151,9 @@ def test_fit_unknown_head_and_probe_are_one_line_errors(pipeline, tmp_path, caps
     assert "unknown probe" in capsys.readouterr().err
 
 
-def test_no_val_split_holds_out_patients_and_eval_transfers(pipeline, tmp_path):
+def test_no_val_split_holds_out_patients_and_eval_transfers(pipeline, tmp_path, monkeypatch):
     from spar_bench.probes.cli import cli
+    from spar_bench.probes.features import FeatureCache
 
     args = ["fit", "--features", pipeline["cache_noval"], "--out", tmp_path, "--bootstrap", 20,
             "--probe", "level3.counting", "--max-epochs", 3, "--no-controls"]  # fmt: skip
@@ -160,9 +161,18 @@ def test_no_val_split_holds_out_patients_and_eval_transfers(pipeline, tmp_path):
     rd = _one(tmp_path, "level3.counting", "mlp")
     m = json.loads((rd / "metrics.json").read_text())
     assert m["val_source"].startswith("held-out") and m["n_items"]["val"] > 0
-    # eval on the full cache (same build): the test split gives the same predictions
+    # eval on the full cache (same build): the test split gives the same predictions. From
+    # another folder: the cache finds its build relative to itself.
+    assert FeatureCache(pipeline["cache"]).meta["dataset_dir"] == "../shards"
+    monkeypatch.chdir(tmp_path)
     assert _run(cli, ["eval", "--run", rd, "--features", pipeline["cache"], "--bootstrap", 20]) == 0
+    for name in ("config.json", "eval-dummy.json"):  # names and fingerprints, no local paths
+        text = (rd / name).read_text()
+        assert str(pipeline["root"]) not in text and "/tmp" not in text and str(tmp_path) not in text
+    cfg = json.loads((rd / "config.json").read_text())
+    assert cfg["features"] == "dummy-noval.h5" and cfg["dataset_dir"] == "shards"
     e = json.loads((rd / "eval-dummy.json").read_text())
+    assert e["features"] == "dummy.h5" and e["run"] == "/".join(rd.parts[-4:])
     assert e["test"]["accuracy"] == pytest.approx(m["test"]["accuracy"])
     assert e["test"]["n"] == m["test"]["n"]
 

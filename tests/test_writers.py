@@ -65,6 +65,8 @@ def test_hf_folder_loads_offline_and_matches_hdf5(built: Path, monkeypatch) -> N
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    warned: list[str] = []  # the card's dataset_info must parse whole (splits with num_bytes)
+    monkeypatch.setattr(datasets.info.logger, "warning", lambda msg, *a, **k: warned.append(str(msg)))
     b = Build(built)
     ds = datasets.load_dataset(str(built / "hf"), "level3", split="test",
                                cache_dir=str(built.parent / "hfcache"))
@@ -86,6 +88,23 @@ def test_hf_folder_loads_offline_and_matches_hdf5(built: Path, monkeypatch) -> N
     assert l1["key"] == list(ref1["key"])
     np.testing.assert_array_equal(np.array(l1[0]["present"]), ref1["present"][0])
     np.testing.assert_allclose(np.array(l1[0]["centroid"], dtype=np.float32), ref1["centroid"][0])
+    assert warned == []
+
+
+def test_card_and_manifest_publish_no_local_path(built: Path) -> None:
+    """The build read absolute folders under /tmp; nothing publishable names them."""
+    import json
+
+    assert built.is_absolute()
+    for rel in ("manifest.json", "hf/README.md"):
+        text = (built / rel).read_text(encoding="utf-8")
+        for local in (str(built.parent), str(built.parent.resolve()), "/home", "/root", "/tmp"):
+            assert local not in text, (rel, local)
+    m = json.loads((built / "manifest.json").read_text())
+    src = m["sources"]["fake"]
+    assert src["root"] == "../data0" and m["config"]["roots"] == ["../data0"]
+    assert len(src["inputs_sha256"]) == 64 and src["n_inputs"] == 4
+    assert all("/" not in f for c in m["cases"] for f in c["provenance"]["files"].values())
 
 
 def test_dataset_card(built: Path) -> None:
@@ -99,6 +118,10 @@ def test_dataset_card(built: Path) -> None:
     assert [d["split"] for d in l3] == ["train", "val", "test"]
     assert l3[0]["path"] == "level3/train-*.parquet"
     assert {f["name"] for f in front["dataset_info"][2]["features"]} >= {"image", "label", "questions"}
+    splits = front["dataset_info"][0]["splits"]
+    assert [s["name"] for s in splits] == ["train", "val", "test"]
+    assert all(s["num_bytes"] > 0 and s["num_examples"] > 0 for s in splits)
+    assert front["dataset_info"][0]["dataset_size"] == sum(s["num_bytes"] for s in splits)
     assert "patient's RIGHT" in text.replace("PATIENT'S RIGHT", "patient's RIGHT")
     assert "- fake: unknown: check the source" in text
 

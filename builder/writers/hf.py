@@ -26,6 +26,9 @@ from spar_bench.errors import ConfigError
 from ..schema import LEVEL3_PROBES, ORGANS, SPLITS
 
 IMAGE_FIELDS = ("image", "label", "lesion")
+#: What the card shows of each source record: where (as seen from the build, or null) and
+#: the sha256 of its inputs; never an absolute path.
+SOURCE_FIELDS = ("root", "inputs_sha256", "n_inputs", "n_cases")
 ROW_GROUP = 256
 #: Source licences as (SPDX-like Hub id, human name).
 LICENCES: dict[str, tuple[str, str]] = {
@@ -127,8 +130,12 @@ def shard_table(level: str, data: Mapping[str, np.ndarray]):
     return table, features
 
 
-def convert_shard(job: tuple[str, str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Worker: one HDF5 shard -> one Parquet shard; returns (manifest entry, features dict)."""
+def convert_shard(job: tuple[str, str, str]) -> tuple[dict[str, Any], dict[str, Any], int]:
+    """Worker: one HDF5 shard -> one Parquet shard.
+
+    Returns (manifest entry, features dict, Arrow bytes of the table: the ``num_bytes``
+    a dataset card declares per split).
+    """
     import pyarrow.parquet as pq
 
     from .manifest import sha256_file
@@ -140,7 +147,7 @@ def convert_shard(job: tuple[str, str, str]) -> tuple[dict[str, Any], dict[str, 
     dest.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, dest, row_group_size=ROW_GROUP, compression="zstd", write_statistics=False)
     entry = {"path": f"hf/{rel}", "sha256": sha256_file(dest), "rows": table.num_rows}
-    return entry, features.to_dict()
+    return entry, features.to_dict(), int(table.nbytes)
 
 
 def write_hf(
@@ -176,22 +183,35 @@ def write_hf(
                                 unit="shard", leave=False))
     else:
         results = [convert_shard(j) for j in tqdm(jobs, desc="parquet", unit="shard", leave=False)]
-    files = [entry for entry, _ in results]
+    files = [entry for entry, _, _ in results]
     features_by_level: dict[str, Any] = {}
-    for (_, level, _), (_, feats) in zip(jobs, results, strict=True):
+    sizes: dict[str, dict[str, dict[str, int]]] = {}
+    for (_, level, h5_rel), (entry, feats, nbytes) in zip(jobs, results, strict=True):
         features_by_level.setdefault(level, Features.from_dict(feats))
-    split_rows = {level: {split: sum(e["rows"] for e in entries) for split, entries in by_split.items()}
-                  for level, by_split in shards.items()}
+        split = next(sp for sp, entries in shards[level].items() if any(e["path"] == h5_rel for e in entries))
+        size = sizes.setdefault(level, {}).setdefault(split, {"num_examples": 0, "num_bytes": 0, "files": 0})
+        size["num_examples"] += entry["rows"]
+        size["num_bytes"] += nbytes
+        size["files"] += (out_dir / entry["path"]).stat().st_size
     card = hf / "README.md"
     hf.mkdir(parents=True, exist_ok=True)
-    card.write_text(dataset_card(features_by_level, split_rows, config=config,
+    card.write_text(dataset_card(features_by_level, sizes, config=config,
                                  sample_config=sample_config, sources=sources), encoding="utf-8")
     return {"files": files, "card": {"path": "hf/README.md", "sha256": sha256_file(card)}}
 
 
-def dataset_card(features_by_level, split_rows, *, config, sample_config, sources) -> str:
-    """README.md with YAML front matter (configs, dataset_info) and a prose description."""
+def dataset_card(features_by_level, split_sizes, *, config, sample_config, sources) -> str:
+    """README.md with YAML front matter (configs, dataset_info) and a prose description.
+
+    ``split_sizes[level][split]`` holds ``num_examples``, ``num_bytes`` (Arrow bytes) and
+    ``files`` (Parquet bytes): the ``splits``, ``dataset_size`` and ``download_size`` of
+    ``dataset_info``, which ``datasets`` then reads without a warning. ``sources`` are the
+    manifest's source records (name -> record); ``config`` a
+    :class:`~spar_bench.builder.build.BuildConfig`. No absolute local path is written.
+    """
     import yaml
+
+    from spar_bench.compat import features_yaml_list
 
     from .. import __version__
 
@@ -205,15 +225,11 @@ def dataset_card(features_by_level, split_rows, *, config, sample_config, source
         "configs": [
             {"config_name": level,
              "data_files": [{"split": s, "path": f"{level}/{s}-*.parquet"}
-                            for s in _ordered(split_rows[level])]}
+                            for s in _ordered(split_sizes[level])]}
             for level in features_by_level
         ],
-        "dataset_info": [
-            {"config_name": level, "features": feats._to_yaml_list(),
-             "splits": [{"name": s, "num_examples": int(split_rows[level][s])}
-                        for s in _ordered(split_rows[level])]}
-            for level, feats in features_by_level.items()
-        ],
+        "dataset_info": [_dataset_info(level, feats, split_sizes[level], features_yaml_list)
+                         for level, feats in features_by_level.items()],
     }
     lines = ["---", yaml.safe_dump(front, sort_keys=False, allow_unicode=True).rstrip(), "---", ""]
     lines += [
@@ -263,12 +279,23 @@ def dataset_card(features_by_level, split_rows, *, config, sample_config, source
         "The same command and inputs reproduce these files byte for byte.",
         "",
         "```json",
-        json.dumps({"config": config.recorded(), "sample_config": dict(sample_config)},
+        json.dumps({"config": config.published(), "sample_config": dict(sample_config),
+                    "sources": {n: {k: v for k, v in dict(rec).items() if k in SOURCE_FIELDS}
+                                for n, rec in sources.items()}},
                    indent=2, sort_keys=True),
         "```",
         "",
     ]
     return "\n".join(lines)
+
+
+def _dataset_info(level: str, features, sizes: Mapping[str, Mapping[str, int]], to_yaml) -> dict[str, Any]:
+    """One config's ``dataset_info`` entry, in the form ``datasets.DatasetInfo`` reads."""
+    splits = [{"name": s, "num_bytes": int(sizes[s]["num_bytes"]),
+               "num_examples": int(sizes[s]["num_examples"])} for s in _ordered(sizes)]
+    return {"config_name": level, "features": to_yaml(features), "splits": splits,
+            "download_size": int(sum(v["files"] for v in sizes.values())),
+            "dataset_size": int(sum(v["num_bytes"] for v in sizes.values()))}
 
 
 def _ordered(splits) -> list[str]:

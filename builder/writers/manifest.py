@@ -1,23 +1,26 @@
 """``OUT/manifest.json``: what a build is, how it was made, and the sha256 of every file.
 
 The manifest is written LAST, after every shard: its presence means the build is
-complete. Layout (top-level keys)::
+complete. Layout (top-level keys, as :func:`spar_bench.builder.build.build` writes them)::
 
     format            "spar-bench-build"
     schema_version    spar_bench.builder.schema.SCHEMA_VERSION
     builder_version   spar_bench.builder.__version__
     complete          true
-    config            the full build config (never the worker count)
+    config            BuildConfig.published(): every option that shapes the bytes (never the
+                      worker count); folders as seen from OUT, or null (no absolute path)
     seed              the global seed
-    sources           {name: {"root": ..., "label_map": {...}}}
     sample_config     SampleConfig.to_dict()
-    thresholds        {"values": {...}, "origin": "..."}
+    levels            the levels built, e.g. ["level1", "level2", "level3"]
+    sources           {name: {"root", "inputs_sha256", "n_inputs", "n_cases", "needs", "label_map"}}
+    thresholds        {"values": {...} | null, "origin": "..."}
     shards            {level: {split: [{"path", "sha256", "rows", "questions"}]}}
     hf                {"files": [{"path", "sha256", "rows"}], "card": {"path", "sha256"}} | null
     counts            {level: {split: {"samples"|"slices", "questions", "classes"}}}
-    cases             [{"source", "case_id", "split", "patient_id", "files"}]
+    cases             [{"source", "case_id", "split", "patient_id", "image_synthesized", "rows",
+                        "provenance"}]; provenance["files"] are relative to the source's folder
     skipped           [{"source", "case_id", "split", "reason"}]
-    versions          {package: version}
+    versions          {distribution: version | null} (spar_bench.provenance.BUILD_PACKAGES)
     fingerprint       see :func:`fingerprint`
 
 Paths are relative to ``OUT`` with forward slashes.
@@ -60,20 +63,6 @@ def shard_entries(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
     hf = manifest.get("hf") or {}
     pairs += [(e["path"], e["sha256"]) for e in hf.get("files", [])]
     return pairs
-
-
-def package_versions() -> dict[str, str]:
-    """Versions of the libraries whose behaviour shapes a build's bytes."""
-    from importlib import metadata
-
-    out: dict[str, str] = {}
-    for dist in ("numpy", "scipy", "h5py", "hdf5plugin", "nibabel", "SimpleITK", "datasets",
-                 "pyarrow", "torch"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = "not installed"
-    return out
 
 
 def dumps(manifest: Mapping[str, Any]) -> str:

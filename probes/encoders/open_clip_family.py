@@ -70,9 +70,9 @@ def load_open_clip(rest: str, *, weights: str | None = None, random_init: bool =
         folder = Path(rest[len(LOCAL):])
         if not (folder / "open_clip_config.json").is_file():
             raise ConfigError(f"encoder {name}: {folder}/open_clip_config.json not found")
-        from open_clip.factory import _find_checkpoint_in_dir
+        from spar_bench.compat import find_open_clip_checkpoint
 
-        ckpt = _find_checkpoint_in_dir(folder)
+        ckpt = find_open_clip_checkpoint(folder)
         if weights is not None:
             raise ConfigError(f"encoder {name}: the folder holds the weights; drop --weights")
         if ckpt is None and not random_init:

@@ -20,8 +20,9 @@ then by a learned layer to ``d_model`` with learned position embeddings.
   :func:`spar_bench.probes.train.group_batch`), so the body runs once per slice per batch.
 
 Defaults: ``d_model`` 128, ``n_layers`` 2, ``n_heads`` 4, feed-forward 2 x d_model,
-``dropout`` 0.1, ``proj_dim`` 128 (MEASUREMENTS.md: ~20 s/epoch for 10k samples of
-50 tokens at d_model 128 on 2 CPU cores, half the cost at 256). Level 3 per slice
+``dropout`` 0.1, ``proj_dim`` 128 (measured during development: ~20 s/epoch for 10k
+samples of 50 tokens at d_model 128 on 2 CPU cores, half the cost at 256; rerun
+``bench/heads.py`` for your machine). Level 3 per slice
 token costs one body layer plus two key/value projections, once per slice instead of
 two full layers once per question: ~3 x faster per epoch at ~3.5 questions per slice
 (phantom, ``relative_position``), more with more questions per slice.

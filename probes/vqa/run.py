@@ -187,34 +187,25 @@ def owned_vqa_run(rd: Path) -> set[str] | None:
 def write_run(rd: Path, config: dict, records: list[dict], metrics: dict) -> None:
     """config.json, answers.jsonl, then metrics.json last (a finished run)."""
     from spar_bench.outputs import check_target, claim, remove
-
-    from ..fit import _clean
+    from spar_bench.provenance import json_safe
 
     check_target(rd)
     if claim(rd, overwrite=True, owned=owned_vqa_run, what="MLLM run folder"):
         remove(rd)
     rd.mkdir(parents=True, exist_ok=True)
-    (rd / "config.json").write_text(json.dumps(_clean(config), indent=2) + "\n")
+    (rd / "config.json").write_text(json.dumps(json_safe(config), indent=2) + "\n")
     with open(rd / "answers.jsonl", "w", encoding="utf-8") as fh:
         for r in records:
             fh.write(json.dumps(r, sort_keys=True) + "\n")
     tmp = rd / (METRICS_FILE + ".tmp")
-    tmp.write_text(json.dumps(_clean(metrics), indent=2) + "\n")
+    tmp.write_text(json.dumps(json_safe(metrics), indent=2) + "\n")
     tmp.replace(rd / METRICS_FILE)
 
 
-def versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
+def versions() -> dict[str, str | None]:
+    from spar_bench.provenance import VQA_PACKAGES, package_versions
 
-    from spar_bench import __version__
-
-    out = {"spar-bench": __version__, "numpy": np.__version__}
-    for pkg in ("torch", "transformers", "pillow"):
-        try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
-            pass
-    return out
+    return package_versions(VQA_PACKAGES)
 
 
 def run_probe(backend: Backend, build, probe: str, out: str | Path, cfg: AskConfig,

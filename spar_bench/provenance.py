@@ -1,0 +1,125 @@
+"""Provenance records: package versions, JSON-safe values, and paths fit to publish.
+
+One rule each, used by the build manifest and dataset card, feature caches and runs:
+
+* :func:`package_versions` - installed versions of named distributions (``None`` for one
+  that is not installed). The lists recorded per output are :data:`BUILD_PACKAGES`,
+  :data:`CACHE_PACKAGES`, :data:`RUN_PACKAGES` and :data:`VQA_PACKAGES`.
+* :func:`json_safe` - a value as plain JSON. The rule: mapping keys become strings,
+  tuples and arrays become lists, numpy scalars become Python numbers, paths become
+  POSIX strings, and a non-finite float (NaN, +-inf) becomes ``None`` (JSON ``null``:
+  "no value", e.g. a metric undefined on an empty split). JSON has no NaN; the writers
+  refuse one (``allow_nan=False``) rather than emit text other parsers reject.
+* :func:`portable_path` - a path as published: relative to a base folder when it lies
+  inside it, else ``None``. Nothing publishable carries an absolute local path;
+  :func:`local_paths` finds any that slipped through.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path, PurePath
+from typing import Any
+
+#: Libraries whose behaviour shapes a build's bytes (shards, Parquet, PNG, card).
+BUILD_PACKAGES = ("spar-bench", "numpy", "scipy", "h5py", "hdf5plugin", "nibabel", "SimpleITK",
+                  "datasets", "pyarrow", "pillow", "PyYAML", "torch")  # fmt: skip
+#: Libraries whose behaviour shapes a feature cache.
+CACHE_PACKAGES = ("spar-bench", "torch", "timm", "transformers", "open_clip_torch", "h5py", "numpy")
+#: Libraries whose behaviour shapes a trained head and its metrics.
+RUN_PACKAGES = ("spar-bench", "torch", "numpy", "scipy")
+#: Libraries whose behaviour shapes an MLLM (``spar-probe vqa``) run.
+VQA_PACKAGES = ("spar-bench", "numpy", "torch", "transformers", "pillow")
+
+
+def package_version(dist: str) -> str | None:
+    """The installed version of distribution ``dist``, or None."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def package_versions(dists: Iterable[str]) -> dict[str, str | None]:
+    """``{distribution: version or None}`` for ``dists`` (e.g. :data:`BUILD_PACKAGES`)."""
+    return {d: package_version(d) for d in dists}
+
+
+def json_safe(obj: Any) -> Any:
+    """``obj`` as plain JSON values, by the rule in the module docstring."""
+    import numpy as np
+
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return json_safe(obj.tolist())
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, PurePath):
+        return obj.as_posix()
+    return obj
+
+
+def portable_path(path: str | os.PathLike, base: str | os.PathLike) -> str | None:
+    """``path`` relative to folder ``base`` (POSIX) when it lies inside it, else None.
+
+    Both are resolved first, so ``data/../data/word`` and a symlinked base compare equal.
+    """
+    p, b = Path(path).resolve(), Path(base).resolve()
+    try:
+        return p.relative_to(b).as_posix()
+    except ValueError:
+        return None
+
+
+def path_from_build(path: str | os.PathLike, out: str | os.PathLike) -> str | None:
+    """``path`` as seen from the build folder ``out`` (``"../data/word"``), when it lies in the
+    folder that holds ``out``; else None (its location is then not published)."""
+    rel = portable_path(path, Path(out).resolve().parent)
+    return None if rel is None else Path(os.path.relpath(Path(out).resolve().parent / rel,
+                                                          Path(out).resolve())).as_posix()
+
+
+def _strings(obj: Any) -> Iterator[str]:
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield str(k)
+            yield from _strings(v)
+    elif isinstance(obj, list | tuple):
+        for v in obj:
+            yield from _strings(v)
+    elif isinstance(obj, str):
+        yield obj
+
+
+def local_prefixes(*paths: str | os.PathLike) -> list[str]:
+    """Absolute folders that must not appear in published text: ``paths``, the current
+    directory and the home folder (resolved and as given)."""
+    out = set()
+    for p in (*paths, Path.cwd(), Path.home()):
+        for form in (Path(p).absolute(), Path(p).resolve()):
+            if str(form) != form.anchor:  # never flag "/" itself
+                out.add(str(form))
+    return sorted(out, key=len, reverse=True)
+
+
+def local_paths(obj: Any, prefixes: Iterable[str]) -> list[str]:
+    """Strings in ``obj`` (keys included) that contain one of the absolute ``prefixes`` as a
+    path (``/home/me`` matches ``x=/home/me/data`` but not ``/home/meg`` or ``a/home/me``)."""
+    import re
+
+    pats = [re.compile(r"(?<![\w.~/-])" + re.escape(p) + r"(?![\w.-])") for p in prefixes if p]
+    return sorted({s for s in _strings(obj) if any(pat.search(s) for pat in pats)})
+
+
+__all__ = ["BUILD_PACKAGES", "CACHE_PACKAGES", "RUN_PACKAGES", "VQA_PACKAGES", "json_safe",
+           "local_paths", "local_prefixes", "package_version", "package_versions",
+           "path_from_build", "portable_path"]  # fmt: skip
