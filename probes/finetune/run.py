@@ -194,9 +194,8 @@ def _score(encoding, model, kind: str, spec, head: str, head_cfg: dict, data: tu
 
 def _config(encoder, spec, init, weights, model_kwargs, build, probe, head, seed, kind, model, dims,
             cfg, precision, training, controls, n_boot, train_mirrors) -> dict:
+    from spar_bench.provenance import CACHE_PACKAGES, package_versions
     from spar_bench.seeding import derive_seed
-
-    from ..cache import versions
 
     return {
         "command": "finetune", "probe": probe, "head": head, "seed": seed,
@@ -204,13 +203,13 @@ def _config(encoder, spec, init, weights, model_kwargs, build, probe, head, seed
                   "bootstrap": [derive_seed(seed, "bootstrap", probe, head, "test")]},
         "layer": cfg.layer, "encoder": encoder, "init": init, "weights": spec.weights,
         "model_args": model_kwargs or {}, "encoder_config": spec.to_dict(), "random_init": False,
-        "training": training, "dataset_dir": str(Path(build.root).resolve()),
+        "training": training, "dataset_dir": Path(build.root).resolve().name,
         "dataset_fingerprint": build.fingerprint, "head_input": kind,
         "head_config": getattr(model, "cfg", {}), "in_dim": dims[0], "n_tokens": dims[1],
         "finetune_config": cfg.to_dict(), "compute_dtype": precision.dtype,
         "compute_reason": precision.reason, "train_config": cfg.train_config().to_dict(),
         "train_mirrors": train_mirrors, "controls": controls, "n_bootstrap": n_boot,
-        "versions": versions(),
+        "versions": package_versions(CACHE_PACKAGES),
     }
 
 
@@ -219,7 +218,7 @@ def _write(rd: Path, enc, model, config: dict, metrics: dict) -> None:
     run); the checkpoints go once the run is complete."""
     import torch
 
-    from ..fit import _clean
+    from spar_bench.provenance import json_safe
 
     meta = {"encoder": config["encoder"], "encoder_config": config["encoder_config"],
             "model_args": config["model_args"], "training": config["training"],
@@ -227,9 +226,9 @@ def _write(rd: Path, enc, model, config: dict, metrics: dict) -> None:
     export_encoder(enc, rd / EXPORT_FILE, meta)
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     torch.save({"state_dict": state, "config": config}, rd / "head.pt")
-    (rd / "config.json").write_text(json.dumps(_clean(config), indent=2, default=str) + "\n")
+    (rd / "config.json").write_text(json.dumps(json_safe(config), indent=2, default=str) + "\n")
     tmp = rd / "metrics.json.tmp"
-    tmp.write_text(json.dumps(_clean(metrics), indent=2) + "\n")
+    tmp.write_text(json.dumps(json_safe(metrics), indent=2) + "\n")
     tmp.replace(rd / "metrics.json")
     for name in (CHECKPOINT, BEST):
         (rd / name).unlink(missing_ok=True)
@@ -338,9 +337,10 @@ def run_eval_reencoded(run: str | Path, data: str | Path, n_boot: int = 1000, de
     import torch
     from spar_bench.builder.shards import Build
 
+    from spar_bench.provenance import json_safe
     from spar_bench.seeding import derive_seed
 
-    from ..fit import _clean, score
+    from ..fit import score
     from ..heads import build_head
     from ..targets import concat, load_targets
     from ..tasks import get_probe
@@ -375,7 +375,7 @@ def run_eval_reencoded(run: str | Path, data: str | Path, n_boot: int = 1000, de
     rng = lambda tag: np.random.default_rng(derive_seed(c["seed"], "bootstrap", "eval", tag))  # noqa: E731
     orig, mir = ~t.is_mirror, t.is_mirror
     name = Path(build.root).resolve().name
-    result = {"run": str(rd), "features": f"{name} (re-encoded)", "data": name,
+    result = {"run": "/".join(rd.resolve().parts[-4:]), "features": f"{name} (re-encoded)", "data": name,
               "dataset_fingerprint": build.fingerprint, "encoder": rd.parent.parent.parent.name,
               "random_init": False, "splits": splits, "probe": spec.name, "head": c["head"],
               "seed": c["seed"],
@@ -384,7 +384,7 @@ def run_eval_reencoded(run: str | Path, data: str | Path, n_boot: int = 1000, de
               "controls": {"chance": spec.chance(t.subset(orig)),
                            "majority": spec.majority_rate(majority, t.subset(orig))}}
     out = rd / f"eval-{name}.json"
-    out.write_text(json.dumps(_clean(result), indent=2) + "\n")
+    out.write_text(json.dumps(json_safe(result), indent=2) + "\n")
     return out
 
 
