@@ -8,7 +8,8 @@ Level 1 sample ``i`` of a case
   largest slice area; one is drawn with ``rng.choice``. Absent organs draw nothing.
 * Tile = the organ's bounding box on that slice in the 224 frame (from the nearest-
   resampled labels), cut from the windowed image, every pixel outside the organ's
-  mask set to 0, resized (bilinear, antialiased) so that its longer side is 56 pixels,
+  mask set to 0, resized (bilinear, antialiased: the arithmetic of torch's
+  ``interpolate(antialias=True)``, in numpy, :mod:`.resample`) so that its longer side is 56 pixels,
   keeping the aspect ratio, centred on a black 56x56 tile. Should a tiny organ vanish
   under resampling, the tile is the single pixel at its centroid.
 * Mosaic = 4x4 tiles, row-major, tile ``i`` shows organ ``i``.
@@ -84,24 +85,21 @@ def make_tile(
     image: np.ndarray, label: np.ndarray, organ_id: int, fallback_xy: tuple[float, float]
 ) -> np.ndarray:
     """A 56x56 uint8 tile of organ ``organ_id`` from one windowed 224 slice (see module doc)."""
-    import torch
-    import torch.nn.functional as F
+    from .resample import resize_aa
 
     inside = label == organ_id
     rows = np.flatnonzero(inside.any(axis=1))
     cols = np.flatnonzero(inside.any(axis=0))
     if len(rows) == 0:  # vanished under resampling: one pixel at the centroid
         x, y = (int(np.clip(round(v), 0, image.shape[0] - 1)) for v in fallback_xy)
-        crop = image[y : y + 1, x : x + 1].astype(np.float32)
+        crop = image[y : y + 1, x : x + 1]
     else:
         r0, r1, c0, c1 = rows[0], rows[-1] + 1, cols[0], cols[-1] + 1
-        crop = np.where(inside[r0:r1, c0:c1], image[r0:r1, c0:c1], 0).astype(np.float32)
+        crop = np.where(inside[r0:r1, c0:c1], image[r0:r1, c0:c1], np.uint8(0))
     h, w = crop.shape
     scale = TILE_SIZE / max(h, w)
     nh, nw = max(1, min(TILE_SIZE, round(h * scale))), max(1, min(TILE_SIZE, round(w * scale)))
-    t = torch.from_numpy(crop)[None, None]
-    resized = F.interpolate(t, size=(nh, nw), mode="bilinear", align_corners=False, antialias=True)
-    resized = np.clip(np.rint(resized[0, 0].numpy()), 0, 255).astype(np.uint8)
+    resized = np.clip(np.rint(resize_aa(crop, nh, nw)), 0, 255).astype(np.uint8)
     tile = np.zeros((TILE_SIZE, TILE_SIZE), dtype=np.uint8)
     top, left = (TILE_SIZE - nh) // 2, (TILE_SIZE - nw) // 2
     tile[top : top + nh, left : left + nw] = resized
