@@ -330,7 +330,7 @@ def map_labels(
         mask = lut[raw]
     lesion = None
     if label_map.has_lesions:
-        lesion = np.zeros(raw.shape, dtype=np.uint8)
+        lesion = np.zeros_like(raw, dtype=np.uint8)  # raw's memory order (NIfTI: Fortran)
         for v in label_map.lesion_ids:
             if v < counts.size and counts[v]:
                 lesion |= (raw == v).view(np.uint8)

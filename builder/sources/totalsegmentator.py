@@ -157,16 +157,16 @@ class TotalSegmentatorSource(VolumeSource):
                 raise CaseError(
                     ref.case_id, path, f"binary class mask has value {int(raw.max())}; expected 0/1 only"
                 )
-            if mask is None:
-                mask, affine = np.zeros(raw.shape, dtype=np.uint8), aff
+            if mask is None:  # the file's memory order (NIfTI: Fortran): no strided passes below
+                mask, affine = np.zeros_like(raw, dtype=np.uint8), aff
             elif raw.shape != mask.shape or not np.allclose(aff, affine, rtol=0, atol=1e-3):
                 raise CaseError(
                     ref.case_id, path, f"shape {raw.shape} or affine differs from the other class masks "
                     f"(shape {mask.shape}); every class mask must share one voxel grid and axis order"
                 )
-            hit = raw.astype(bool, copy=False)
-            overlap += int(np.count_nonzero(mask[hit]))
-            mask[hit] = ORGAN_ID[organ]
+            hit = raw.view(bool) if raw.dtype == np.uint8 else raw.astype(bool)
+            overlap += int(np.count_nonzero(np.logical_and(mask, hit)))
+            np.copyto(mask, ORGAN_ID[organ], where=hit)
             geometry.append((path, aff, tuple(raw.shape)))
         if mask is None:
             raise CaseError(
