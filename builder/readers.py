@@ -6,7 +6,9 @@ convention (world ``x`` grows towards the patient's Right, ``y`` towards Anterio
 towards Superior). :mod:`spar_bench.builder.frame` turns this into the canonical ``[z, row, col]``.
 
 * NIfTI is read with nibabel through ``np.asanyarray(img.dataobj)`` (never
-  ``get_fdata``: no float64 copy of a 100 MB volume).
+  ``get_fdata``: no float64 copy of a 100 MB volume), from the file's bytes read once:
+  hashed there (:func:`file_sha256` gives the provenance digest without a second read)
+  and gunzipped in one call, which is faster than nibabel's chunked gzip stream.
 * A DICOM series folder is read with SimpleITK's ``ImageSeriesReader``. SimpleITK
   returns arrays ``(z, y, x)`` and LPS physical coordinates; the array is transposed
   to ``(x, y, z)`` and the affine built from direction, spacing and origin, then its
@@ -80,17 +82,62 @@ def _read_dataobj(proxy) -> np.ndarray:
     return np.asanyarray(proxy)
 
 
-def read_nifti(path: str | Path, *, case_id: str) -> Volume:
-    """Read a ``.nii`` / ``.nii.gz`` file into ``(data, affine)``; errors name the file."""
+#: sha256 of the files read last: ``(resolved path, size, mtime_ns) -> hex digest``.
+_DIGESTS: dict[tuple[str, int, int], str] = {}
+_DIGESTS_KEEP = 256
+
+
+def _file_key(path: Path) -> tuple[str, int, int]:
+    st = path.stat()
+    return str(path.resolve()), st.st_size, st.st_mtime_ns
+
+
+def file_sha256(path: str | Path) -> str:
+    """SHA-256 of a file, from the digest taken when :func:`read_nifti` read it, if it did.
+
+    A file that changed since (size or modification time) is hashed again; folders and
+    unread files go to :func:`spar_bench.hashing.sha256_file`.
+    """
+    from spar_bench.hashing import sha256_file
+
+    path = Path(path)
+    if path.is_file():
+        digest = _DIGESTS.get(_file_key(path))
+        if digest is not None:
+            return digest
+    return sha256_file(path)
+
+
+def _load_nifti_once(path: Path):
+    """The nibabel image of a NIfTI file read ONCE: bytes hashed (kept for
+    :func:`file_sha256`), gunzipped in one call (no chunked stream reads), parsed in memory."""
+    import gzip
+    import hashlib
+    import io
+
     import nibabel as nib
 
+    key = _file_key(path)
+    raw = path.read_bytes()
+    if len(_DIGESTS) >= _DIGESTS_KEEP:
+        _DIGESTS.clear()
+    _DIGESTS[key] = hashlib.sha256(raw).hexdigest()
+    data = gzip.decompress(raw) if path.name.endswith(".gz") else raw
+    del raw
+    klass = nib.Nifti2Image if data[:4] in (b"\x1c\x02\x00\x00", b"\x00\x00\x02\x1c") else nib.Nifti1Image
+    holder = nib.FileHolder(fileobj=io.BytesIO(data))
+    return klass.from_file_map({"header": holder, "image": holder})
+
+
+def read_nifti(path: str | Path, *, case_id: str) -> Volume:
+    """Read a ``.nii`` / ``.nii.gz`` file into ``(data, affine)``; errors name the file."""
     path = Path(path)
     if not path.exists():
         raise CaseError(case_id, path, "file not found")
     if path.stat().st_size == 0:
         raise CaseError(case_id, path, "file is empty (0 bytes); re-download or re-export it")
     try:
-        img = nib.load(str(path))
+        img = _load_nifti_once(path)
         shape = tuple(int(s) for s in img.shape)
         if len(shape) < 3 or 0 in shape:
             return _squeeze_to_3d(np.empty(shape), case_id=case_id, path=path), img.affine

@@ -168,11 +168,13 @@ class SliceStats:
     centroid_rc: np.ndarray
 
 
-def slice_stats(case: Case) -> SliceStats:
-    """Areas and centroids of every label on every slice, in one pass over the mask."""
+#: Slices per block of :func:`slice_stats` (bounds its index arrays to a few MB).
+STATS_BLOCK = 16
+
+
+def _check_labels(case: Case, n_labels: int) -> None:
+    """CaseError for a non-integer mask, negative ids, or ids >= ``n_labels`` (names the slice)."""
     mask = case.mask
-    n_labels = N_ORGANS + 1
-    z_n, h, w = mask.shape
     if mask.dtype.kind not in "ui":
         raise CaseError(
             case.case_id, None, f"mask must be an integer label map, got dtype {mask.dtype}"
@@ -183,29 +185,43 @@ def slice_stats(case: Case) -> SliceStats:
             None,
             f"mask has negative label id {int(mask.min())}; canonical ids are 0..{N_ORGANS}",
         )
-    # label + n_labels * row (resp. col): one integer bincount gives counts per (row, label)
-    row_code = np.repeat(np.arange(h, dtype=np.int64) * n_labels, w)
-    col_code = np.tile(np.arange(w, dtype=np.int64) * n_labels, h)
-    row_pos, col_pos = np.arange(h, dtype=np.float64), np.arange(w, dtype=np.float64)
+    if mask.size and int(mask.max()) >= n_labels:
+        z = int(np.flatnonzero((mask >= n_labels).any(axis=(1, 2)))[0])
+        raise CaseError(
+            case.case_id,
+            None,
+            f"mask has label id {int(mask[z].max())} on slice z={z}; canonical ids are 0..{N_ORGANS}",
+        )
+
+
+def slice_stats(case: Case) -> SliceStats:
+    """Areas and centroids of every label on every slice, from the labelled voxels only.
+
+    Counts and coordinate sums are integers (exact in float64), so the centroids do not
+    depend on the summation order. The background column (label 0) holds the pixel
+    count and, on slices with an organ, the background's centroid (0 on empty slices).
+    """
+    mask = case.mask
+    n_labels = N_ORGANS + 1
+    z_n, h, w = mask.shape
+    _check_labels(case, n_labels)
     area = np.zeros((z_n, n_labels), dtype=np.int64)
     sums = np.zeros((z_n, n_labels, 2), dtype=np.float64)
-    for z in range(z_n):
-        lab = mask[z].ravel()
-        top = int(lab.max())
-        if top >= n_labels:
-            raise CaseError(
-                case.case_id,
-                None,
-                f"mask has label id {top} on slice z={z}; canonical ids are 0..{N_ORGANS}",
-            )
-        if top == 0:
-            area[z, 0] = lab.size
-            continue
-        per_row = np.bincount(row_code + lab, minlength=h * n_labels).reshape(h, n_labels)
-        per_col = np.bincount(col_code + lab, minlength=w * n_labels).reshape(w, n_labels)
-        area[z] = per_row.sum(axis=0)
-        sums[z, :, 0] = row_pos @ per_row
-        sums[z, :, 1] = col_pos @ per_col
+    for z0 in range(0, z_n, STATS_BLOCK):
+        block = mask[z0 : z0 + STATS_BLOCK]
+        flat = np.flatnonzero(block)
+        z, rc = np.divmod(flat, h * w)
+        key = z * n_labels + block.reshape(-1)[flat]
+        n = len(block) * n_labels
+        row, col = np.divmod(rc, w)
+        area[z0 : z0 + len(block)] = np.bincount(key, minlength=n).reshape(-1, n_labels)
+        sums[z0 : z0 + len(block), :, 0] = np.bincount(key, weights=row, minlength=n).reshape(-1, n_labels)
+        sums[z0 : z0 + len(block), :, 1] = np.bincount(key, weights=col, minlength=n).reshape(-1, n_labels)
+    organ_px = area[:, 1:].sum(axis=1)
+    area[:, 0] = h * w - organ_px
+    has = organ_px > 0  # background sums = all pixels' coordinate sums minus the organs'
+    sums[has, 0, 0] = w * (h * (h - 1) // 2) - sums[has, 1:, 0].sum(axis=1)
+    sums[has, 0, 1] = h * (w * (w - 1) // 2) - sums[has, 1:, 1].sum(axis=1)
     with np.errstate(invalid="ignore", divide="ignore"):
         centroid = sums / area[..., None]
     centroid[area == 0] = np.nan

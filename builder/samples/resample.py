@@ -87,8 +87,10 @@ def _gather(volume: np.ndarray, zs: np.ndarray, rows: np.ndarray, cols: np.ndarr
     """float32 ``volume[zs][:, rows][:, :, cols] - fill``; 0 where a row or col is outside."""
     h, w = volume.shape[1:]
     r_ok, c_ok = (rows >= 0) & (rows < h), (cols >= 0) & (cols < w)
-    sub = volume[zs][:, np.clip(rows, 0, h - 1)][:, :, np.clip(cols, 0, w - 1)]
-    vals = sub.astype(F32) - F32(fill)
+    r, c = np.clip(rows, 0, h - 1), np.clip(cols, 0, w - 1)
+    sub = np.take(np.take(np.take(volume, np.asarray(zs), axis=0), r, axis=1), c, axis=2)
+    vals = sub.astype(F32)
+    vals -= F32(fill)
     vals *= (r_ok[:, None] & c_ok[None, :])  # out-of-volume corners read as 0
     return vals
 
@@ -113,8 +115,10 @@ def sample_bilinear(volume: np.ndarray, zs: np.ndarray, gy: np.ndarray, gx: np.n
     xs = AxisSamples.from_grid(gx, volume.shape[2])
     weights = (ys.rest[:, None] * xs.rest[None, :], ys.rest[:, None] * xs.frac[None, :],
                ys.frac[:, None] * xs.rest[None, :], ys.frac[:, None] * xs.frac[None, :])
-    corners = ((ys.lo, xs.lo), (ys.lo, xs.lo + 1), (ys.lo + 1, xs.lo), (ys.lo + 1, xs.lo + 1))
-    vals = [_gather(volume, zs, r, c, fill) for r, c in corners]
+    n_r, n_c = len(ys.lo), len(xs.lo)
+    both = _gather(volume, zs, np.concatenate([ys.lo, ys.lo + 1]),
+                   np.concatenate([xs.lo, xs.lo + 1]), fill)  # one gather for the 4 corners
+    vals = [both[:, :n_r, :n_c], both[:, :n_r, n_c:], both[:, n_r:, :n_c], both[:, n_r:, n_c:]]
     acc = vals[0] * weights[0]
     if _exact_inputs(volume, fill):
         tiny = np.zeros(weights[0].shape, dtype=bool)

@@ -141,7 +141,7 @@ class TotalSegmentatorSource(VolumeSource):
         affine = None
         geometry: list[tuple[Path, np.ndarray, tuple]] = []
         missing: list[str] = []
-        overlap = 0
+        hits = 0  # class voxels; minus the labelled voxels at the end = voxels claimed twice
         # Write classes in canonical organ order so the result does not depend on the manifest order.
         order = sorted(self._classes.items(), key=lambda kv: (ORGANS.index(kv[1]), kv[0]))
         for cls, organ in order:
@@ -164,16 +164,17 @@ class TotalSegmentatorSource(VolumeSource):
                     ref.case_id, path, f"shape {raw.shape} or affine differs from the other class masks "
                     f"(shape {mask.shape}); every class mask must share one voxel grid and axis order"
                 )
-            hit = raw.view(bool) if raw.dtype == np.uint8 else raw.astype(bool)
-            overlap += int(np.count_nonzero(np.logical_and(mask, hit)))
-            np.copyto(mask, ORGAN_ID[organ], where=hit)
+            hits += int(np.count_nonzero(raw))
+            np.copyto(mask, ORGAN_ID[organ], where=raw.view(bool) if raw.dtype == np.uint8 else raw.astype(bool))
             geometry.append((path, aff, tuple(raw.shape)))
         if mask is None:
             raise CaseError(
                 ref.case_id, seg_dir, f"none of the mapped class masks is present ({', '.join(sorted(self._classes))})"
             )
-        if not mask.any():
+        labelled = int(np.count_nonzero(mask))
+        if not labelled:
             raise CaseError(ref.case_id, seg_dir, "mask is empty: no mapped class has a labelled voxel")
+        overlap = hits - labelled  # = sum over classes of voxels an earlier class had labelled
         missing_organs = {o for c, o in self._classes.items() if c in missing}
         missing_organs -= {o for c, o in self._classes.items() if c not in missing}
         annotated = tuple(

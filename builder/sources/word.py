@@ -16,13 +16,13 @@ from typing import Any, ClassVar
 import numpy as np
 
 from spar_bench.errors import CaseError, ConfigError
-from spar_bench.hashing import sha256_file
 from spar_bench.seeding import derive_seed
 
 from ..case import Case, CaseRef
 from ..ontology import LabelMap, label_map_from_ids, map_labels, split_sided
 from ..readers import (
     as_hu_int16,
+    file_sha256,
     as_integer_labels,
     is_nifti,
     read_volume,
@@ -154,7 +154,7 @@ class VolumeSource(Source):
         }
         hashed = hashed + [(f"mask:{p.name}" if len(mask_files) > 1 else "mask", p) for p, _, _ in mask_files]
         for role, p in hashed:
-            provenance["sha256"][role] = sha256_file(p)
+            provenance["sha256"][role] = file_sha256(p)  # digest taken while reading
         return provenance
 
     def find_pairs(self, split_dirs, image_suffix: str = "") -> list[CaseRef]:
