@@ -250,19 +250,24 @@ def make_datasets(args, tmp: Path) -> list[DataSet]:
             if not args.ts_root.is_dir():
                 print(f"skipping {name}: {args.ts_root} not found (pass --ts-root)")
                 continue
-            root = args.ts_root if name == "ts" else ct_sized_case(args.ts_root, tmp / "ts-ct")
+            root = args.ts_root
+            if name == "ts-ct":
+                root = tmp / "ts-ct"
+                if not (root / "meta.csv").is_file():
+                    ct_sized_case(args.ts_root, root)
             out.append(DataSet(name, "totalsegmentator", root, "auto", "test"))
         elif name == "word":
             if not args.word_root.is_dir():
                 print(f"skipping word: {args.word_root} not found (pass --word-root)")
                 continue
-            out.append(DataSet("word", "word", word_subset(args.word_root, args.n_cases, tmp),
-                               "synthesize", "test"))
+            word = tmp / "word" if (tmp / "word").is_dir() else word_subset(args.word_root, args.n_cases, tmp)
+            out.append(DataSet("word", "word", word, "synthesize", "test"))
         elif args.phantom_n:
             from spar_bench.builder.phantom.generate import write_phantom_dataset
 
-            write_phantom_dataset(tmp / "phantom", args.phantom_n, size=args.phantom_size, seed=0,
-                                  progress=False)
+            if not (tmp / "phantom").is_dir():
+                write_phantom_dataset(tmp / "phantom", args.phantom_n, size=args.phantom_size, seed=0,
+                                      progress=False)
             out.append(DataSet("phantom", "phantom", tmp / "phantom", "auto", None))
     return out
 
@@ -292,12 +297,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workers", default="1,2", help="comma list of worker counts")
     ap.add_argument("--repeats", type=int, default=2, help="runs of each measurement (fastest shown)")
     ap.add_argument("--profile", action="store_true", help="cProfile one 1-worker build per data set")
+    ap.add_argument("--data-dir", type=Path, default=None,
+                    help="keep the data sets made here and reuse them (default: a temporary folder)")
     args = ap.parse_args(argv)
     workers = [int(w) for w in args.workers.split(",")]
     rows = []
     with tempfile.TemporaryDirectory(prefix="spar-bench-build-") as tmp_:
         tmp = Path(tmp_)
-        for ds in make_datasets(args, tmp):
+        data = args.data_dir or tmp
+        data.mkdir(parents=True, exist_ok=True)
+        for ds in make_datasets(args, data):
             render_1 = None
             for w in workers:
                 res = run(ds, w, args.repeats, tmp, args.profile)
