@@ -71,6 +71,16 @@ def test_vit_from_scratch_learns_exports_and_recaches(pipeline, tmp_path: Path) 
         assert other["test"]["med_px"] == pytest.approx(m["test"]["med_px"], rel=1e-4)
         assert other["mirror"]["med_px"] == pytest.approx(m["mirror"]["med_px"], rel=1e-4)
 
+    # frozen and trained-from-scratch runs side by side in one report
+    from spar_bench.probes.cli import cli
+    from spar_bench.probes.report import write_report
+
+    assert _run(cli, ["fit", "--features", pipeline["cache"], "--out", tmp_path / "runs", "--probe",
+                      "level1.localisation", "--max-epochs", 2, "--bootstrap", 20, "--no-controls"]) == 0
+    text = write_report(tmp_path / "runs", tmp_path / "report").read_text()
+    assert "timm-vit_tiny_patch16_224-scratch-shards (trained from scratch on build shards)" in text
+    assert "dummy-random-init" in text
+
 
 class _Killed(Exception):
     pass
