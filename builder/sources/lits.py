@@ -38,7 +38,7 @@ from ..case import CaseRef
 from ..frame import is_degenerate_affine, voxel_spacing
 from ..readers import is_nifti, nifti_has_orientation, strip_nifti_suffix
 from ..schema import ORGAN_ID, SPLITS
-from .word import VolumeSource, check_unique
+from .volume import VolumeSource, check_unique
 
 _VOLUME = re.compile(r"^volume-(\d+)$")
 DEGENERATE_MODES = ("repair", "fail")

@@ -18,7 +18,7 @@ from spar_bench.errors import ConfigError
 
 from ..case import CaseRef
 from ..ontology import LabelMap, label_map_from_names
-from .word import VolumeSource
+from .volume import VolumeSource
 
 
 def read_dataset_labels(path: Path) -> dict[str, int]:

@@ -30,7 +30,7 @@ from ..case import CaseRef
 from ..ontology import LabelMap, map_labels, totalsegmentator_classes
 from ..readers import as_integer_labels, read_volume
 from ..schema import ORGAN_ID, ORGANS
-from .word import MaskRead, VolumeSource, check_unique, find_image
+from .volume import MaskRead, VolumeSource, check_unique, find_image
 
 #: meta.csv split names -> canonical split.
 SPLIT_NAMES = {"train": "train", "val": "val", "validation": "val", "test": "test"}

@@ -17,7 +17,8 @@ made by ``spec.shape_output`` from a flat output - ``"points"`` ``(B, 16, 2)`` n
 (x, y) per organ, ``"assignment"`` ``(B, 16, 16)`` scores of (mosaic position, slot),
 ``"classes"`` ``(B, n_classes)`` logits.
 
-Build one with :func:`build_head`; a head class takes ``(spec, in_dim, n_tokens, **cfg)``.
+Token heads share :class:`spar_bench.probes.heads.base.TokenHead`. Build one with
+:func:`build_head`; a head class takes ``(spec, in_dim, n_tokens, **cfg)``.
 """
 
 from __future__ import annotations

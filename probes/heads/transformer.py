@@ -35,7 +35,7 @@ import copy
 import torch
 from torch import nn
 
-from .attnpool import TokenHead
+from .base import TokenHead
 
 
 class CrossBlock(nn.Module):

@@ -1,0 +1,110 @@
+"""The base of the token heads (``attnpool``, ``transformer``): fixed PCA projection, queries, outputs.
+
+Token heads read ``(B, T, D)`` token features. Projecting thousands of 768-wide tokens
+through a learned layer every epoch is the CPU wall of a sweep, so a token head first
+fits a FIXED projection: PCA of the training tokens to ``proj_dim`` (default 128),
+stored as buffers in the head (it travels with the state_dict, so ``eval`` on another
+cache applies the same one). The training loop calls :meth:`TokenHead.preproject`
+once on every split and trains on the small tokens.
+
+Queries: ``spec.n_queries`` learned query tokens - 16 tile queries for Levels 1-2
+(query p belongs to organ p in Level 1, to mosaic position p in Level 2), one query
+for a probe that asks questions (Level 3), plus the question (sum of organ A, organ B,
+axis and probe embeddings).
+Token heads take ``forward(x, q=None, index=None)``: with ``index`` ``(B,)``, ``x``
+holds only the distinct cache rows of the batch and item ``i`` reads row ``index[i]``
+(Level 3: one slice, many questions; see :func:`spar_bench.probes.train.group_batch`).
+Outputs (the spec's ``output``): ``"assignment"`` probes get query x slot-embedding
+dot products (scaled by 1/sqrt(d)); every other output is a linear layer on each
+query's output, to the last dimension of ``spec.output_shape`` ((x, y) per tile query,
+or the logits of the question's answer).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+from .pooled import QuestionEmbedding
+
+
+class TokenHead(nn.Module):
+    input_kind = "tokens"
+    #: True when the head encodes each cache row once and the training loop should batch
+    #: items row by row (Level 3 ``transformer``: one body per slice for all its questions).
+    shares_body = False
+    DEFAULTS: dict = {"d_model": 128, "n_heads": 4, "dropout": 0.1, "proj_dim": 128}
+
+    def __init__(self, spec, in_dim: int, n_tokens: int = 1, **cfg):
+        super().__init__()
+        self.spec = spec
+        self.cfg = {**self.DEFAULTS, **cfg}
+        d = self.cfg["d_model"]
+        k = min(int(self.cfg["proj_dim"]), in_dim) if self.cfg["proj_dim"] else in_dim
+        self.in_dim, self.proj_dim = in_dim, k
+        self.register_buffer("proj_mean", torch.zeros(in_dim))
+        self.register_buffer("proj_w", torch.eye(in_dim)[:, :k].clone())
+        self.register_buffer("proj_scale", torch.ones(k))
+        self.embed = nn.Linear(k, d)
+        self.pos = nn.Parameter(torch.randn(max(n_tokens, 1), d) * 0.02)
+        self.question = QuestionEmbedding(d, mode="sum") if spec.asks else None
+        self.queries = nn.Parameter(torch.randn(spec.n_queries, d) * 0.02)
+        width = spec.output_shape[-1]
+        if spec.output == "assignment":  # query x slot scores
+            self.slots = nn.Parameter(torch.randn(width, d) * 0.02)
+        self.out_norm = nn.LayerNorm(d)
+        self.out = nn.Linear(d, d if spec.output == "assignment" else width)
+
+    # ---------------------------------------------------------------- projection
+    @torch.no_grad()
+    def fit_projection(self, tokens: np.ndarray) -> None:
+        """Fit the fixed PCA projection on a sample of training tokens ``(M, D)``."""
+        x = torch.as_tensor(np.asarray(tokens, dtype=np.float64))
+        mean = x.mean(dim=0)
+        xc = x - mean
+        cov = xc.T @ xc / max(x.shape[0] - 1, 1)
+        evals, evecs = torch.linalg.eigh(cov)
+        order = torch.argsort(evals, descending=True)[: self.proj_dim]
+        w = evecs[:, order]
+        # deterministic sign: largest-magnitude entry of each component positive
+        sign = torch.sign(w.gather(0, w.abs().argmax(dim=0, keepdim=True)))
+        w = w * torch.where(sign == 0, torch.ones_like(sign), sign)
+        std = (xc @ w).std(dim=0).clamp(min=1e-6)
+        self.proj_mean.copy_(mean.float())
+        self.proj_w.copy_(w.float())
+        self.proj_scale.copy_((1.0 / std).float())
+
+    @torch.no_grad()
+    def preproject(self, tokens: np.ndarray) -> np.ndarray:
+        """Apply the fixed projection: ``(N, T, D)`` -> ``(N, T, proj_dim)`` float32."""
+        t = torch.as_tensor(np.asarray(tokens, dtype=np.float32))
+        if t.shape[-1] != self.in_dim:
+            raise ValueError(
+                f"tokens have width {t.shape[-1]}, the head was built for {self.in_dim}"
+            )
+        return (((t - self.proj_mean) @ self.proj_w) * self.proj_scale).numpy()
+
+    # ---------------------------------------------------------------- pieces
+    def query_tokens(self, batch: int, q: dict | None) -> torch.Tensor:
+        qs = self.queries.unsqueeze(0).expand(batch, -1, -1)
+        if self.question is not None:
+            if q is None:
+                raise ValueError(f"a {self.spec.name} head needs the question (q=...)")
+            qs = qs + self.question(q).unsqueeze(1)
+        return qs
+
+    def token_embed(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[1]
+        if t > self.pos.shape[0]:
+            raise ValueError(f"{t} tokens but the head was built for {self.pos.shape[0]}")
+        return self.embed(x) + self.pos[:t]
+
+    def readout(self, h: torch.Tensor) -> torch.Tensor:
+        """Query outputs ``(B, Q, d)`` -> the probe's output ``(B, *spec.output_shape)``."""
+        o = self.out(self.out_norm(h))
+        if self.spec.output == "assignment":
+            o = o @ self.slots.T / math.sqrt(o.shape[-1])
+        return self.spec.shape_output(o.flatten(1))
