@@ -107,3 +107,24 @@ def test_backend_registry_is_lazy_and_suggests():
     code = "import sys, spar_bench.probes.vqa.cli; print('torch' in sys.modules, 'transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_image_size_auto_only_upscales():
+    from types import SimpleNamespace
+
+    from spar_bench.errors import ConfigError
+    from spar_bench.probes.vqa.cli import resolve_image_size
+
+    assert resolve_image_size("auto", SimpleNamespace(preferred_size=336)) == 336
+    assert resolve_image_size("auto", SimpleNamespace(preferred_size=32)) == 224
+    assert resolve_image_size("auto", SimpleNamespace()) == 224
+    assert resolve_image_size("448", SimpleNamespace(preferred_size=336)) == 448
+    with pytest.raises(ConfigError, match="integer or auto"):
+        resolve_image_size("big", SimpleNamespace())
+    transformers = pytest.importorskip("transformers")
+    from spar_bench.probes.vqa.hf import preferred_size
+
+    clip = transformers.CLIPImageProcessor(size={"shortest_edge": 336},
+                                           crop_size={"height": 336, "width": 336})
+    assert preferred_size(clip) == 336
+    assert preferred_size(None) is None

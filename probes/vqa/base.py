@@ -71,6 +71,8 @@ class Backend:
         decoding: JSON-able decoding parameters (cache key).
         batch_size: requests per :meth:`answer` call the runner sends.
         random_init: True when answers cannot reflect a trained model (dummy).
+        preferred_size: the square image size the model's processor asks for, if known
+            (``--image-size auto``).
     """
 
     name: str = "backend"
@@ -79,6 +81,7 @@ class Backend:
     decoding: dict[str, Any] = {}
     batch_size: int = 8
     random_init: bool = False
+    preferred_size: int | None = None
 
     def answer(self, requests: list[Request]) -> list[Reply]:
         raise NotImplementedError

@@ -36,6 +36,20 @@ def options_from(generate: bool, **kw) -> BackendOptions:
     return BackendOptions(mode=MODES[1] if generate else MODES[0], **kw)
 
 
+def resolve_image_size(option: str, backend) -> int:
+    """``--image-size``: an integer (16..4096), or ``auto`` = the backend's preferred size
+    when it is larger than the stored 224 (never a downscale), else 224."""
+    if option == "auto":
+        return max(224, int(getattr(backend, "preferred_size", None) or 224))
+    try:
+        size = int(option)
+    except ValueError:
+        raise ConfigError(f"--image-size {option}: expected an integer or auto") from None
+    if not 16 <= size <= 4096:
+        raise ConfigError(f"--image-size {size}: expected 16..4096")
+    return size
+
+
 def default_cache(out: str | Path, model: str) -> Path:
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", model).strip("-") or "model"
     return Path(out) / ".vqa-cache" / f"{slug[-80:]}.sqlite"
@@ -57,8 +71,9 @@ def default_cache(out: str | Path, model: str) -> Path:
 @click.option("--no-convention-hint", is_flag=True, help="Drop the display-convention sentence.")
 @click.option("--no-circular", is_flag=True, help="Skip the option rotations (CircularEval).")
 @click.option("--no-blind", is_flag=True, help="Skip the blind (no image) control.")
-@click.option("--image-size", default=224, show_default=True, type=click.IntRange(16, 4096),
-              help="Upscale the stored 224 slice to this size (bicubic) before the model sees it.")
+@click.option("--image-size", default="224", show_default=True,
+              help="Upscale the stored 224 slice to this size (bicubic) before the model sees it; "
+                   "'auto': the size the model's processor asks for, when larger than 224.")
 @click.option("--batch-size", default=8, show_default=True, type=click.IntRange(1))
 @click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(1))
 @click.option("--device", default="cpu", show_default=True)
@@ -95,9 +110,9 @@ def vqa_command(model, data, probe, splits, out, revision, base_url, api_key_env
                         api_key_env=api_key_env, device=device, dtype=dtype, batch_size=batch_size,
                         max_new_tokens=max_new_tokens, guided=guided, timeout=timeout,
                         retries=retries, concurrency=concurrency)
-    cfg = AskConfig(split_list, not no_convention_hint, not no_circular, not no_blind,
-                    image_size, seed, n_boot)
     backend = load_backend(model, opts)
+    cfg = AskConfig(split_list, not no_convention_hint, not no_circular, not no_blind,
+                    resolve_image_size(image_size, backend), seed, n_boot)
     with ResponseCache(cache_path or default_cache(out, backend.name)) as cache:
         for p in probes:
             rd = run_probe(backend, build, p, out, cfg, cache)

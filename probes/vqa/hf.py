@@ -51,6 +51,23 @@ def model_source(rest: str, revision: str | None) -> tuple[str, dict[str, Any], 
     return rest, kw, {"kind": "hub", "repo": rest, "revision": revision}, "hf-" + rest.replace("/", "-")
 
 
+def preferred_size(image_processor) -> int | None:
+    """The square input size an image processor resizes to (crop, height or shortest edge)."""
+    if image_processor is None:
+        return None
+    for attr in ("crop_size", "size"):
+        s = getattr(image_processor, attr, None)
+        if attr == "crop_size" and not getattr(image_processor, "do_center_crop", False):
+            continue
+        if isinstance(s, int):
+            return s
+        for key in ("height", "shortest_edge"):  # a dict, or transformers' SizeDict
+            v = s.get(key) if isinstance(s, dict) else getattr(s, key, None)
+            if v:
+                return int(v)
+    return None
+
+
 class HFBackend(Backend):
     def __init__(self, rest: str, options: BackendOptions):
         import torch
@@ -68,6 +85,7 @@ class HFBackend(Backend):
         self.tok = getattr(self.processor, "tokenizer", self.processor)
         if getattr(self.processor, "chat_template", None) is None:
             raise ConfigError(f"model hf:{rest}: the processor has no chat template")
+        self.preferred_size = preferred_size(getattr(self.processor, "image_processor", None))
         self.mode = options.mode
         self.device = options.device
         self.batch_size = options.batch_size
