@@ -15,8 +15,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
-from spar_bench.probes.vqa.base import BackendOptions, Request, to_pil
-from spar_bench.probes.vqa.openai import OpenAIBackend, ServerError
+from spar_bench.probes.vqa.base import BackendOptions, PartialAnswers, Request, to_pil
+from spar_bench.probes.vqa.openai import OpenAIBackend
 
 LIFETIME_S = 120.0
 
@@ -131,16 +131,21 @@ def test_transient_failures_are_retried(stub, failure):
     assert rep.meta["attempts"] == 2 and len(stub.seen) == 2
 
 
-def test_retries_are_bounded(stub):
+def test_retries_are_bounded_and_answers_that_came_are_kept(stub):
     stub.default = "status:500"
-    with pytest.raises(ServerError, match="failed 3 times"):
+    with pytest.raises(PartialAnswers, match="failed 3 times"):
         _backend(stub).answer([_req()])
     assert len(stub.seen) == 3  # 1 + 2 retries, never more
+    stub.seen.clear()
+    stub.plan, stub.default = ["text:A", "status:400", "text:B"], "text:C"
+    with pytest.raises(PartialAnswers, match="1 of 3 failed") as e:
+        _backend(stub).answer([_req(i, image=False) for i in range(3)])
+    assert [r.text if r else None for r in e.value.replies] == ["A", None, "B"]
 
 
 def test_client_errors_stop_at_once(stub):
     stub.default = "status:400"
-    with pytest.raises(ServerError, match="HTTP 400"):
+    with pytest.raises(PartialAnswers, match="HTTP 400"):
         _backend(stub, guided="guided_choice").answer([_req()])
     assert len(stub.seen) == 1
 

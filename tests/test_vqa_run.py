@@ -219,3 +219,31 @@ def test_no_convention_hint_is_its_own_run_and_cache_entries(env):
         assert len(c) == 2 * n  # another prompt: asked again, never read from the hinted one
     rd = env["runs"] / "dummy/level3.symmetry/vqa-loglik-nohint/seed0"
     assert json.loads((rd / "config.json").read_text())["convention_hint"] is False
+
+
+def test_http_failure_stops_in_one_line_and_the_rerun_resumes(env, capsys):
+    from test_vqa_openai import running_stub
+
+    from spar_bench.probes.vqa.cache import ResponseCache
+
+    cache = env["root"] / "http-cache.sqlite"
+    args = ["--model", "openai:stub-vlm", "--data", env["shards"], "--out", env["root"] / "runs-http",
+            "--probe", "symmetry", "--no-circular", "--retries", 0, "--concurrency", 2,
+            "--batch-size", 4, "--cache", cache]
+    with running_stub() as srv:
+        srv.plan = ["text:A"] * 9 + ["status:400"]
+        url = f"http://127.0.0.1:{srv.server_address[1]}/v1"
+        assert _vqa(*args, "--base-url", url) == 2
+        first = len(srv.seen)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "HTTP 400" in err[0]
+    assert not (env["root"] / "runs-http/openai-stub-vlm/level3.symmetry").exists()  # nothing looks complete
+    with ResponseCache(cache) as c:
+        kept = len(c)
+    assert kept == first - 1  # every answer that came back is cached
+    with running_stub() as srv:
+        url = f"http://127.0.0.1:{srv.server_address[1]}/v1"
+        assert _vqa(*args, "--base-url", url) == 0
+        asked_again = len(srv.seen)
+    with ResponseCache(cache) as c:
+        assert len(c) == kept + asked_again  # only the missing answers were asked

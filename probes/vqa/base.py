@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from spar_bench.errors import SparError
+
 MODES = ("constrained", "generate")
 
 
@@ -59,6 +61,15 @@ class Reply:
         s = d.get("scores")
         return cls(d.get("text", ""), d.get("choice"), tuple(s) if s is not None else None,
                    dict(d.get("meta") or {}))
+
+
+class PartialAnswers(SparError):
+    """Some requests of a batch failed for good; ``replies`` holds the others (None where
+    failed), so the runner can cache them before it stops."""
+
+    def __init__(self, message: str, replies: list[Reply | None]):
+        super().__init__(message)
+        self.replies = replies
 
 
 class Backend:

@@ -26,7 +26,7 @@ from typing import Any
 
 from spar_bench.errors import ConfigError, SparError
 
-from .base import Backend, BackendOptions, Reply, Request, png_base64
+from .base import Backend, BackendOptions, PartialAnswers, Reply, Request, png_base64
 
 GUIDED = ("none", "guided_choice", "structured_outputs")
 MAX_BACKOFF_S = 30.0
@@ -112,8 +112,21 @@ class OpenAIBackend(Backend):
         )
 
     def answer(self, requests: list[Request]) -> list[Reply]:
+        """Replies in request order; when some fail for good, :class:`PartialAnswers`
+        carries the others (the runner caches them, then stops with the first error)."""
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
-            return list(pool.map(self.ask_one, requests))
+            futures = [pool.submit(self.ask_one, r) for r in requests]
+        replies: list[Reply | None] = []
+        errors = []
+        for f in futures:
+            try:
+                replies.append(f.result())
+            except ServerError as e:
+                replies.append(None)
+                errors.append(str(e))
+        if errors:
+            raise PartialAnswers(f"{errors[0]} ({len(errors)} of {len(requests)} failed)", replies)
+        return replies  # type: ignore[return-value]
 
 
 def load_openai(rest: str, options: BackendOptions) -> OpenAIBackend:

@@ -30,7 +30,7 @@ import numpy as np
 
 from spar_bench.errors import ConfigError
 
-from .base import Backend, Reply, Request, to_pil
+from .base import Backend, PartialAnswers, Reply, Request, to_pil
 from .cache import ResponseCache
 from .parse import parse_answer
 from .prompts import Prompt, render, rotations
@@ -135,7 +135,11 @@ def ask(backend: Backend, cache: ResponseCache, build, qs: Questions, items: lis
     step = max(1, int(backend.batch_size))
     for lo in range(0, len(todo), step):
         idx = todo[lo:lo + step]
-        replies = backend.answer(_requests(build, qs, [items[i] for i in idx], cfg.image_size))
+        try:
+            replies = backend.answer(_requests(build, qs, [items[i] for i in idx], cfg.image_size))
+        except PartialAnswers as e:  # keep what was answered, then stop
+            cache.put_many([(keys[i], r.to_dict()) for i, r in zip(idx, e.replies, strict=True) if r])
+            raise
         if len(replies) != len(idx):
             raise ConfigError(f"backend {backend.name} returned {len(replies)} answers for {len(idx)} questions")
         cache.put_many([(keys[i], r.to_dict()) for i, r in zip(idx, replies, strict=True)])
