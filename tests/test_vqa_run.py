@@ -178,7 +178,6 @@ def test_hf_scores_do_not_depend_on_batch_or_scoring_path(tiny):
     """Right padding: a question scored alone or in a batch gets the same log-likelihoods,
     and scoring whole prompt+letter sequences agrees with the one-pass last-position read."""
     import numpy as np
-
     from spar_bench.probes.vqa import BackendOptions, load_backend
     from spar_bench.probes.vqa.base import Request, to_pil
     from spar_bench.probes.vqa.prompts import render
@@ -222,9 +221,8 @@ def test_no_convention_hint_is_its_own_run_and_cache_entries(env):
 
 
 def test_http_failure_stops_in_one_line_and_the_rerun_resumes(env, capsys):
-    from test_vqa_openai import running_stub
-
     from spar_bench.probes.vqa.cache import ResponseCache
+    from test_vqa_openai import running_stub
 
     cache = env["root"] / "http-cache.sqlite"
     args = ["--model", "openai:stub-vlm", "--data", env["shards"], "--out", env["root"] / "runs-http",

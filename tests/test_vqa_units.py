@@ -112,8 +112,9 @@ def test_backend_registry_is_lazy_and_suggests():
 def test_image_size_auto_only_upscales():
     from types import SimpleNamespace
 
-    from spar_bench.errors import ConfigError
     from spar_bench.probes.vqa.cli import resolve_image_size
+
+    from spar_bench.errors import ConfigError
 
     assert resolve_image_size("auto", SimpleNamespace(preferred_size=336)) == 336
     assert resolve_image_size("auto", SimpleNamespace(preferred_size=32)) == 224
