@@ -192,6 +192,11 @@ def _score(encoding, model, kind: str, spec, head: str, head_cfg: dict, data: tu
             "test": test, "mirror": mirror, "controls": ctrl}
 
 
+def _published(weights: dict) -> dict:
+    """A weights record without its local path: the file's name stays (its sha256 identifies it)."""
+    return {k: (Path(v).name if k == "path" else v) for k, v in weights.items()}
+
+
 def _config(encoder, spec, init, weights, model_kwargs, build, probe, head, seed, kind, model, dims,
             cfg, precision, training, controls, n_boot, train_mirrors) -> dict:
     from spar_bench.provenance import CACHE_PACKAGES, package_versions
@@ -201,8 +206,9 @@ def _config(encoder, spec, init, weights, model_kwargs, build, probe, head, seed
         "command": "finetune", "probe": probe, "head": head, "seed": seed,
         "seeds": {"torch": seed, "init": seed if init == "scratch" else None,
                   "bootstrap": [derive_seed(seed, "bootstrap", probe, head, "test")]},
-        "layer": cfg.layer, "encoder": encoder, "init": init, "weights": spec.weights,
-        "model_args": model_kwargs or {}, "encoder_config": spec.to_dict(), "random_init": False,
+        "layer": cfg.layer, "encoder": encoder, "init": init, "weights": _published(spec.weights),
+        "model_args": model_kwargs or {}, "random_init": False,
+        "encoder_config": {**spec.to_dict(), "weights": _published(spec.weights)},
         "training": training, "dataset_dir": Path(build.root).resolve().name,
         "dataset_fingerprint": build.fingerprint, "head_input": kind,
         "head_config": getattr(model, "cfg", {}), "in_dim": dims[0], "n_tokens": dims[1],
@@ -316,7 +322,7 @@ def finetune_command(encoder, weights, init, model_args, revision, data, head, p
             click.echo(f"{p} {head} seed{s}: {key}={_fmt(m['test'].get(key))} -> {rd}")
 
 
-def load_run_encoder(rd: Path, config: dict, device: str = "auto", compute: str = "auto"):
+def load_run_encoder(rd: Path, config: dict):
     """The trained encoder of run ``rd`` (its architecture rebuilt, ``encoder.safetensors`` loaded)."""
     from ..encoders.base import load_state_dict_file
 
