@@ -30,6 +30,32 @@ def totalseg_dir() -> Path:
     return _shared("totalsegmentator-sample")
 
 
+@pytest.fixture()
+def fake_root(tmp_path: Path) -> Path:
+    """Five fake cases (3 train, 1 val, 1 test) of the source ``fake`` (helpers.FakeSource),
+    registered for the test only."""
+    import json
+
+    from helpers import FakeSource
+    from spar_bench.builder.sources import SOURCES
+
+    root = tmp_path / "data"
+    root.mkdir()
+    cases = [["c1", "train"], ["c2", "train"], ["c3", "train"], ["c4", "val"], ["c5", "test"]]
+    (root / "cases.json").write_text(json.dumps(cases))
+    with SOURCES.registered("fake", FakeSource):
+        yield root
+
+
+@pytest.fixture(scope="session")
+def pipeline(tmp_path_factory) -> dict[str, Path]:
+    """phantom -> shards (with mirrors) -> dummy-encoder caches, built once per session
+    (helpers.build_pipeline)."""
+    from helpers import build_pipeline
+
+    return build_pipeline(tmp_path_factory)
+
+
 def pytest_collection_modifyitems(config, items):
     try:
         import torch

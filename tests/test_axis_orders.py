@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from spar_bench.builder.frame import check_same_geometry
 from spar_bench.builder.sources.word import WordSource
+
 from spar_bench.errors import CaseError
 
 SHAPE = (12, 10, 7)  # (i, j, k) of the image file

@@ -9,13 +9,13 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from helpers import MAKERS
 from spar_bench.builder.shards import Build
 from spar_bench.builder.writers.hdf5 import ShardSink
 from spar_bench.builder.writers.manifest import write_manifest
 from spar_bench.probes.cache import write_cache
 from spar_bench.probes.encoders import load_encoder
 from spar_bench.probes.features import FeatureCache
-from test_encoders import MAKERS
 
 from spar_bench.errors import ConfigError, IntegrityError
 

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import tree_hashes
 from spar_bench.builder.cli import cli
-from test_build import fake_root, tree_hashes  # noqa: F401  (fixture)
 
 from spar_bench.clitools import run_cli
 
@@ -46,7 +46,7 @@ def test_missing_data_dir_says_where_it_looked(tmp_path: Path, monkeypatch, caps
     assert "missing --out" in capsys.readouterr().err
 
 
-def test_refuses_non_empty_out(fake_root: Path, tmp_path: Path, capsys) -> None:  # noqa: F811
+def test_refuses_non_empty_out(fake_root: Path, tmp_path: Path, capsys) -> None:
     out = tmp_path / "out"
     out.mkdir()
     (out / "x").write_text("keep me")
@@ -57,7 +57,7 @@ def test_refuses_non_empty_out(fake_root: Path, tmp_path: Path, capsys) -> None:
 
 @pytest.mark.slow
 def test_cli_resume_after_interruption_equals_clean_build(
-    fake_root: Path, tmp_path: Path, monkeypatch  # noqa: F811
+    fake_root: Path, tmp_path: Path, monkeypatch
 ) -> None:
     import spar_bench.builder.build as bb
 

@@ -7,102 +7,22 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
+from helpers import (
+    TINY_VIT,
+    images,
+    make_hf_dinov2,
+    make_open_clip,
+    make_timm_resnet,
+    make_timm_vit,
+    make_torchscript,
+)
 from spar_bench.probes.encoders import ENCODERS, load_encoder, register_encoder, registry_rows
 from spar_bench.probes.encoders.base import EncoderSpec
 
 from spar_bench.errors import ConfigError
 from spar_bench.registry import DuplicateNameError
-
-TINY_VIT = dict(depth=2, embed_dim=32, num_heads=2)
-
-
-def images(n: int = 3, seed: int = 0) -> torch.Tensor:
-    rng = np.random.default_rng(seed)
-    return torch.from_numpy(rng.integers(0, 256, (n, 224, 224), dtype=np.uint8))
-
-
-# -- makers of tiny saved models (also used by test_cache.py) -------------------------------
-def make_timm_vit(tmp: Path) -> tuple[str, dict]:
-    import timm
-
-    torch.manual_seed(0)
-    m = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=0, **TINY_VIT)
-    path = tmp / "vit_tiny.pth"
-    torch.save(m.state_dict(), path)
-    return "timm:vit_tiny_patch16_224", {"weights": str(path), "model_kwargs": TINY_VIT}
-
-
-def make_timm_resnet(tmp: Path) -> tuple[str, dict]:
-    import timm
-    from safetensors.torch import save_file
-
-    torch.manual_seed(0)
-    m = timm.create_model("resnet10t", pretrained=False, num_classes=0)
-    path = tmp / "resnet10t.safetensors"
-    save_file(m.state_dict(), str(path))
-    return "timm:resnet10t", {"weights": str(path)}
-
-
-def make_hf_dinov2(tmp: Path) -> tuple[str, dict]:
-    import transformers
-
-    cfg = transformers.Dinov2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                    intermediate_size=64, patch_size=14, image_size=224)
-    torch.manual_seed(0)
-    model = transformers.Dinov2Model(cfg)
-    d = tmp / "tiny_dinov2"
-    model.save_pretrained(d)
-    proc = transformers.BitImageProcessor(
-        size={"shortest_edge": 112}, crop_size={"height": 112, "width": 112}, do_center_crop=True,
-        image_mean=[0.5, 0.5, 0.5], image_std=[0.25, 0.25, 0.25], resample=3)
-    proc.save_pretrained(d)
-    return f"hf:{d}", {}
-
-
-def make_open_clip(tmp: Path) -> tuple[str, dict]:
-    import open_clip
-
-    d = tmp / "tiny_clip"
-    d.mkdir()
-    cfg = {
-        "model_cfg": {
-            "embed_dim": 16,
-            "vision_cfg": {"timm_model_name": "vit_tiny_patch16_224", "timm_model_pretrained": False,
-                           "timm_pool": "", "timm_proj": "linear", "image_size": 224},
-            "text_cfg": {"context_length": 8, "vocab_size": 64, "width": 16, "heads": 2, "layers": 1},
-        },
-        "preprocess_cfg": {"mean": [0.4, 0.4, 0.4], "std": [0.3, 0.3, 0.3], "interpolation": "bicubic"},
-    }
-    (d / "open_clip_config.json").write_text(json.dumps(cfg))
-    torch.manual_seed(0)
-    model = open_clip.create_model(f"local-dir:{d}")
-    torch.save(model.state_dict(), d / "open_clip_pytorch_model.bin")
-    return f"open_clip:local-dir:{d}", {}
-
-
-def make_torchscript(tmp: Path) -> tuple[str, dict]:
-    class Tok(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv = torch.nn.Conv2d(3, 8, kernel_size=28, stride=28)
-
-        def forward(self, x):
-            t = self.conv(x).flatten(2).transpose(1, 2)
-            return [t, torch.relu(t)]
-
-    torch.manual_seed(0)
-    path = tmp / "tok.pt"
-    torch.jit.script(Tok()).save(str(path))
-    (tmp / "tok.pt.json").write_text(json.dumps({"grid": [8, 8], "pooled": "avgpool"}))
-    return f"torchscript:{path}", {}
-
-
-MAKERS = {"dummy": lambda tmp: ("dummy", {}), "timm-vit": make_timm_vit,
-          "timm-resnet": make_timm_resnet, "hf": make_hf_dinov2, "open_clip": make_open_clip,
-          "torchscript": make_torchscript}
 
 
 # -- registry ------------------------------------------------------------------------------

@@ -6,12 +6,9 @@ a full disk, two writers on one output, killed parallel builds.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
+from helpers import build_config
 from spar_bench.builder.cli import cli
-from test_build import config, fake_root, tree_hashes  # noqa: F401  (fixture)
 
 from spar_bench.clitools import run_cli
 
@@ -31,7 +28,7 @@ def one_error_line(capsys) -> str:
     ("--workers", "-1", "--workers must be >= 1, got -1"),
     ("--samples-per-case", "0", "samples_per_case"),
 ])
-def test_build_refuses_meaningless_option_values(fake_root, tmp_path, capsys, option, value, words):  # noqa: F811
+def test_build_refuses_meaningless_option_values(fake_root, tmp_path, capsys, option, value, words):
     args = ["--source", "fake", "--root", str(fake_root), "--out", str(tmp_path / "o"), *SMALL, option, value]
     assert run_cli(cli, args) == 2
     assert words in one_error_line(capsys)
@@ -45,23 +42,23 @@ def test_phantom_n_zero_is_refused(tmp_path, capsys):
 
 @pytest.mark.parametrize("kw, words", [({"batch": 0}, "--batch must be >= 1"),
                                         ({"workers": -1}, "--workers must be >= 0")])
-def test_cache_refuses_meaningless_option_values(fake_root, tmp_path, kw, words):  # noqa: F811
+def test_cache_refuses_meaningless_option_values(fake_root, tmp_path, kw, words):
     from spar_bench.builder.build import build
     from spar_bench.probes.cache import write_cache
 
     from spar_bench.errors import ConfigError
 
-    out = build(config(fake_root, tmp_path / "b", hf=False), quiet=True)
+    out = build(build_config(fake_root, tmp_path / "b", hf=False), quiet=True)
     with pytest.raises(ConfigError, match=words):
         write_cache("dummy", out, tmp_path / "c.h5", device="cpu", progress=False, **kw)
     assert not (tmp_path / "c.h5").exists()
 
 
 # -- verify: a file the manifest does not list is a difference ----------------------------------
-def test_verify_flags_unlisted_files(fake_root, tmp_path, capsys):  # noqa: F811
+def test_verify_flags_unlisted_files(fake_root, tmp_path, capsys):
     from spar_bench.builder.build import build
 
-    out = build(config(fake_root, tmp_path / "b"), quiet=True)
+    out = build(build_config(fake_root, tmp_path / "b"), quiet=True)
     assert run_cli(cli, ["verify", str(out)]) == 0
     capsys.readouterr()
     stray = sorted((out / "hf" / "level3").glob("*.parquet"))[0]

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_fit import _run, get_pipeline
+from helpers import run_cmd
 
 from spar_bench.errors import ConfigError
 
@@ -17,9 +17,6 @@ TINY_VIT = ("timm:vit_tiny_patch16_224", {"depth": 1, "embed_dim": 16, "num_head
 TINY_RESNET = ("timm:resnet10t", {"pretrained_cfg_overlay": {"input_size": [3, 64, 64]}})
 
 
-@pytest.fixture(scope="module")
-def pipeline(tmp_path_factory):
-    return get_pipeline(tmp_path_factory)
 
 
 def _finetune(pipeline, out, model, probe, head="mlp", **kw):
@@ -75,7 +72,7 @@ def test_vit_from_scratch_learns_exports_and_recaches(pipeline, tmp_path: Path) 
     from spar_bench.probes.cli import cli
     from spar_bench.probes.report import write_report
 
-    assert _run(cli, ["fit", "--features", pipeline["cache"], "--out", tmp_path / "runs", "--probe",
+    assert run_cmd(cli, ["fit", "--features", pipeline["cache"], "--out", tmp_path / "runs", "--probe",
                       "level1.localisation", "--max-epochs", 2, "--bootstrap", 20, "--no-controls"]) == 0
     text = write_report(tmp_path / "runs", tmp_path / "report").read_text()
     assert "timm-vit_tiny_patch16_224-scratch-shards (trained from scratch on build shards)" in text
@@ -161,7 +158,7 @@ def test_an_encoder_without_weights_is_refused(pipeline, tmp_path: Path) -> None
     assert freeze_blocks(enc, 1) > 0
     assert not enc.module.blocks[0].attn.qkv.weight.requires_grad
     assert enc.module.norm.weight.requires_grad
-    rc = _run(cli, ["finetune", "--encoder", "timm:resnet10t", "--data", pipeline["shards"],
+    rc = run_cmd(cli, ["finetune", "--encoder", "timm:resnet10t", "--data", pipeline["shards"],
                     "--probe", "level1.localisation", "--out", tmp_path / "runs"])
     assert rc == 2 and not (tmp_path / "runs").exists()
 
@@ -177,9 +174,9 @@ def test_schedule_warms_up_then_decays() -> None:
 def test_hf_export_recaches(tmp_path: Path) -> None:
     """An hf encoder's trained state dict, exported, loads back as hf:DIR --weights FILE."""
     pytest.importorskip("transformers")
+    from helpers import images, make_hf_dinov2
     from spar_bench.probes.encoders import load_encoder
     from spar_bench.probes.finetune.model import encode, export_encoder
-    from test_encoders import images, make_hf_dinov2
 
     name, _ = make_hf_dinov2(tmp_path)
     enc = load_encoder(name)

@@ -10,68 +10,13 @@ import json
 from pathlib import Path
 
 import pytest
-
-from spar_bench.clitools import run_cli
-
-
-def _run(group, argv: list[str], capsys=None) -> int:
-    return run_cli(group, [str(a) for a in argv])
-
-
-def get_pipeline(tmp_path_factory) -> dict[str, Path]:
-    """Build (once per session, shared by test modules) phantom, shards and a dummy cache."""
-    from spar_bench.builder.cli import cli as build_cli
-    from spar_bench.probes.cli import cli as probe_cli
-
-    root = tmp_path_factory.getbasetemp() / "spar-pipeline"
-    paths = {
-        "root": root,
-        "shards": root / "shards",
-        "cache": root / "cache" / "dummy.h5",
-        "cache_noval": root / "cache" / "dummy-noval.h5",
-        "other": root / "other-shards",
-    }
-    if (root / "done").is_file():
-        return paths
-    root.mkdir(parents=True, exist_ok=True)
-    assert (
-        _run(build_cli, ["phantom", "--out", root / "ph", "--n", 10, "--layout", "canonical"]) == 0
-    )
-    assert (
-        _run(build_cli, ["--source", "phantom", "--root", root / "ph", "--out", paths["shards"],
-                         "--samples-per-case", 3, "--counterfactual", "mirror", "--no-hf"])
-        == 0
-    )  # fmt: skip
-    assert (
-        _run(build_cli, ["--source", "phantom", "--root", root / "ph", "--out", paths["other"],
-                         "--levels", "level1", "--samples-per-case", 1, "--seed", 1, "--no-hf"])
-        == 0
-    )  # fmt: skip
-    assert (
-        _run(
-            probe_cli,
-            ["cache", "--encoder", "dummy", "--data", paths["shards"], "--out", paths["cache"]],
-        )
-        == 0
-    )
-    assert (
-        _run(probe_cli, ["cache", "--encoder", "dummy", "--data", paths["shards"], "--out",
-                         paths["cache_noval"], "--splits", "train,test", "--levels", "level3"])
-        == 0
-    )  # fmt: skip
-    (root / "done").write_text("ok")
-    return paths
-
-
-@pytest.fixture(scope="module")
-def pipeline(tmp_path_factory):
-    return get_pipeline(tmp_path_factory)
+from helpers import run_cmd
 
 
 def _fit(pipeline, out, *extra) -> int:
     from spar_bench.probes.cli import cli
 
-    return _run(
+    return run_cmd(
         cli, ["fit", "--features", pipeline["cache"], "--out", out, "--bootstrap", 50, *extra]
     )
 
@@ -157,7 +102,7 @@ def test_no_val_split_holds_out_patients_and_eval_transfers(pipeline, tmp_path, 
 
     args = ["fit", "--features", pipeline["cache_noval"], "--out", tmp_path, "--bootstrap", 20,
             "--probe", "level3.counting", "--max-epochs", 3, "--no-controls"]  # fmt: skip
-    assert _run(cli, args) == 0
+    assert run_cmd(cli, args) == 0
     rd = _one(tmp_path, "level3.counting", "mlp")
     m = json.loads((rd / "metrics.json").read_text())
     assert m["val_source"].startswith("held-out") and m["n_items"]["val"] > 0
@@ -165,7 +110,7 @@ def test_no_val_split_holds_out_patients_and_eval_transfers(pipeline, tmp_path, 
     # another folder: the cache finds its build relative to itself.
     assert FeatureCache(pipeline["cache"]).meta["dataset_dir"] == "../shards"
     monkeypatch.chdir(tmp_path)
-    assert _run(cli, ["eval", "--run", rd, "--features", pipeline["cache"], "--bootstrap", 20]) == 0
+    assert run_cmd(cli, ["eval", "--run", rd, "--features", pipeline["cache"], "--bootstrap", 20]) == 0
     for name in ("config.json", "eval-dummy.json"):  # names and fingerprints, no local paths
         text = (rd / name).read_text()
         assert str(pipeline["root"]) not in text and "/tmp" not in text and str(tmp_path) not in text
@@ -183,7 +128,7 @@ def test_fit_and_sweep_give_identical_metrics(pipeline, tmp_path):
 
     probe = "level3.relative_position"
     assert _fit(pipeline, tmp_path / "fit", "--head", "mlp", "--probe", probe) == 0
-    assert _run(cli, ["sweep", "--features", pipeline["cache"], "--heads", "mlp", "--probes", probe,
+    assert run_cmd(cli, ["sweep", "--features", pipeline["cache"], "--heads", "mlp", "--probes", probe,
                       "--seeds", 0, "--jobs", 1, "--bootstrap", 50, "--out", tmp_path / "sweep"]) == 0  # fmt: skip
     a = (_one(tmp_path / "fit", probe, "mlp") / "metrics.json").read_bytes()
     b = (_one(tmp_path / "sweep", probe, "mlp") / "metrics.json").read_bytes()

@@ -7,6 +7,7 @@ from pathlib import Path
 import nibabel as nib
 import numpy as np
 import pytest
+from helpers import write_dicom_series
 from scipy import ndimage as ndi
 from spar_bench.builder.frame import (
     canonical_transform,
@@ -135,36 +136,6 @@ def test_reencoded_copies_are_identical(small_word_case, tmp_path, encode):
     assert np.allclose(spacing, ref_spacing)
 
 
-def _write_dicom_series(folder: Path, data: np.ndarray, affine: np.ndarray) -> None:
-    """Write data (i,j,k) with a RAS affine as an int16 DICOM series (one file per k)."""
-    import SimpleITK as sitk
-
-    folder.mkdir(parents=True)
-    spacing = voxel_spacing(affine)
-    lps = np.diag([-1.0, -1.0, 1.0, 1.0]) @ affine
-    direction = lps[:3, :3] / np.asarray(spacing)
-    img = sitk.GetImageFromArray(np.ascontiguousarray(data.transpose(2, 1, 0)).astype(np.int16))
-    img.SetSpacing([float(s) for s in spacing])
-    img.SetOrigin([float(v) for v in lps[:3, 3]])
-    img.SetDirection([float(v) for v in direction.ravel()])
-    writer = sitk.ImageFileWriter()
-    writer.KeepOriginalImageUIDOn()
-    series_uid = "1.2.826.0.1.3680043.2.1125.1"
-    for k in range(img.GetDepth()):
-        sl = img[:, :, k]
-        pos = img.TransformIndexToPhysicalPoint((0, 0, k))
-        for tag, value in (
-            ("0020|000e", series_uid),
-            ("0020|0013", str(k + 1)),
-            ("0020|0032", "\\".join(f"{p:.6f}" for p in pos)),
-            ("0020|0037", "\\".join(f"{v:.6f}" for v in (*direction[:, 0], *direction[:, 1]))),
-            ("0008|0060", "CT"),
-            ("0028|0030", f"{spacing[1]:.6f}\\{spacing[0]:.6f}"),
-            ("0018|0050", f"{spacing[2]:.6f}"),
-        ):
-            sl.SetMetaData(tag, value)
-        writer.SetFileName(str(folder / f"slice_{k:04d}.dcm"))
-        writer.Execute(sl)
 
 
 def test_dicom_series_gives_identical_canonical_array(small_word_case, tmp_path):
@@ -174,7 +145,7 @@ def test_dicom_series_gives_identical_canonical_array(small_word_case, tmp_path)
     affine[:3, 3] = affine[:3, :3] @ np.array([0, 0, 40]) + affine[:3, 3]
     ref, ref_spacing, _ = to_canonical(data, affine)
     folder = tmp_path / "dicom"
-    _write_dicom_series(folder, data, affine)
+    write_dicom_series(folder, data, affine)
     back, back_affine = read_dicom_series(folder, case_id="dcm")
     assert np.allclose(back_affine, affine, atol=1e-3)
     out, spacing, _ = to_canonical(back, back_affine)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from spar_bench.probes.heads import HEADS, build_head, head_input
-from spar_bench.probes.tasks import get_probe
 from spar_bench.probes.targets import Targets
+from spar_bench.probes.tasks import get_probe
 from spar_bench.probes.train import TrainConfig, predict, seeded, train_head
 
 from spar_bench.errors import ConfigError

@@ -116,6 +116,7 @@ def test_split_ratio_and_limit_are_seeded_patient_level_and_order_free():
 
 def test_cases_list_and_split_file_refuse_unknown_ids(tmp_path):
     from spar_bench.builder.selection import apply_split_file, choose_cases, read_split_file
+
     from spar_bench.errors import ConfigError
 
     refs = refs_of(5)
@@ -186,6 +187,7 @@ def test_word_plus_lits_choice_independent_of_workers(tmp_path):
 
 def test_choice_options_refuse_bad_values():
     from spar_bench.builder.selection import parse_per_source, parse_ratio
+
     from spar_bench.errors import ConfigError
 
     assert parse_per_source(["lits=20", "5"], "--limit", ["word", "lits"]) == {"lits": "20", "*": "5"}

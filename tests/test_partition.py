@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
-
 from spar_bench.builder.cli import cli
 from spar_bench.builder.partition import parse_partition, partition_of
+
 from spar_bench.clitools import run_cli
 from spar_bench.errors import ConfigError
 

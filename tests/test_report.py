@@ -5,13 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import run_cmd
 from spar_bench.probes.report import aggregate, collect, render_markdown
-from test_fit import _run, get_pipeline
-
-
-@pytest.fixture(scope="module")
-def pipeline(tmp_path_factory):
-    return get_pipeline(tmp_path_factory)
 
 
 def test_sweep_two_jobs_skips_finished_and_report_writes_md_json_png(pipeline, tmp_path, capsys):
@@ -21,16 +16,16 @@ def test_sweep_two_jobs_skips_finished_and_report_writes_md_json_png(pipeline, t
     args = ["sweep", "--features", pipeline["cache"], "--heads", "mlp,linear",
             "--probes", "level1.localisation,level3.symmetry", "--seeds", "0,1", "--out", runs,
             "--jobs", 2, "--max-epochs", 2, "--bootstrap", 20]  # fmt: skip
-    assert _run(cli, args) == 0
+    assert run_cmd(cli, args) == 0
     assert len(list(runs.rglob("metrics.json"))) == 8
     capsys.readouterr()
-    assert _run(cli, args) == 0
+    assert run_cmd(cli, args) == 0
     assert "skipping 8 finished run(s)" in capsys.readouterr().out
 
     (rd,) = list(runs.glob("*/level3.symmetry/mlp/seed0"))
-    assert _run(cli, ["eval", "--run", rd, "--features", pipeline["cache"], "--bootstrap", 20]) == 0
+    assert run_cmd(cli, ["eval", "--run", rd, "--features", pipeline["cache"], "--bootstrap", 20]) == 0
     out = tmp_path / "report"
-    assert _run(cli, ["report", runs, "--out", out]) == 0
+    assert run_cmd(cli, ["report", runs, "--out", out]) == 0
     md = (out / "report.md").read_text()
     assert "RANDOM-INIT FEATURES" in md
     assert "## level1.localisation" in md and "## level3.symmetry" in md
@@ -71,5 +66,5 @@ def test_report_mean_std_over_seeds_and_no_banner_without_random_init(tmp_path):
 def test_report_on_empty_folder_is_a_clear_error(tmp_path, capsys):
     from spar_bench.probes.cli import cli
 
-    assert _run(cli, ["report", tmp_path, "--out", tmp_path / "r"]) == 2
+    assert run_cmd(cli, ["report", tmp_path, "--out", tmp_path / "r"]) == 2
     assert "no metrics.json found" in capsys.readouterr().err

@@ -149,12 +149,12 @@ def test_word_real_masks_only_with_renderer(word_labels_dir, fake_renderer):
 
 
 def test_word_dicom_image_folder(tmp_path):
-    from test_frame import _write_dicom_series
+    from helpers import write_dicom_series
 
     mask = toy_mask()
     image = (mask.astype(np.int16) * 100 - 50).astype(np.int16)
     save(tmp_path / "labelsTr" / "d_001.nii.gz", mask)
-    _write_dicom_series(tmp_path / "imagesTr" / "d_001", image, LPS)
+    write_dicom_series(tmp_path / "imagesTr" / "d_001", image, LPS)
     src = WordSource(tmp_path)
     ref = src.find()[0]
     assert ref.files["image"].is_dir()

@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from helpers import build_config
 from spar_bench.builder.cli import cli
-from test_build import config, fake_root  # noqa: F401  (fixture)
 
 
 @pytest.fixture()
-def built(fake_root: Path, tmp_path: Path) -> Path:  # noqa: F811
+def built(fake_root: Path, tmp_path: Path) -> Path:
     from spar_bench.builder.build import build
 
-    return build(config(fake_root, tmp_path / "out"), quiet=True)
+    return build(build_config(fake_root, tmp_path / "out"), quiet=True)
 
 
 def run(out: Path):

@@ -8,82 +8,12 @@ down after 120 s), answers from a scripted plan (text, 5xx, malformed JSON, a sl
 from __future__ import annotations
 
 import json
-import threading
-import time
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
+from helpers import running_stub
 from spar_bench.probes.vqa.base import BackendOptions, PartialAnswers, Request, to_pil
 from spar_bench.probes.vqa.openai import OpenAIBackend
-
-LIFETIME_S = 120.0
-
-
-class Stub(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self):
-        super().__init__(("127.0.0.1", 0), Handler)
-        self.plan: list[str] = []  # consumed one per request; then `default`
-        self.default = "text:The correct answer is (B)."
-        self.seen: list[dict] = []
-        self.lock = threading.Lock()
-
-    def next_action(self) -> str:
-        with self.lock:
-            return self.plan.pop(0) if self.plan else self.default
-
-
-class Handler(BaseHTTPRequestHandler):
-    def log_message(self, *args):  # quiet
-        pass
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        srv: Stub = self.server  # type: ignore[assignment]
-        srv.seen.append({"path": self.path, "body": body, "auth": self.headers.get("Authorization")})
-        action = srv.next_action()
-        kind, _, arg = action.partition(":")
-        if kind == "sleep":
-            time.sleep(float(arg))
-            kind, arg = "text", "A"
-        if kind == "status":
-            self._send(int(arg), b'{"error": "scripted"}')
-        elif kind == "malformed":
-            self._send(200, b'{"choices": [ not json')
-        else:
-            reply = {"choices": [{"index": 0, "message": {"role": "assistant", "content": arg}}]}
-            self._send(200, json.dumps(reply).encode())
-
-    def _send(self, code: int, payload: bytes):
-        try:
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-        except (BrokenPipeError, ConnectionResetError):  # the client timed out first
-            pass
-
-
-@contextmanager
-def running_stub():
-    """A started stub server; stopped on exit, and by itself after LIFETIME_S whatever happens."""
-    srv = Stub()
-    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    t.start()
-    killer = threading.Timer(LIFETIME_S, srv.shutdown)
-    killer.daemon = True
-    killer.start()
-    try:
-        yield srv
-    finally:
-        killer.cancel()
-        srv.shutdown()
-        srv.server_close()
-        t.join(timeout=5)
 
 
 @pytest.fixture()

@@ -1,4 +1,4 @@
-"""``spar-probe vqa`` end to end on the shared phantom pipeline (see test_fit.get_pipeline).
+"""``spar-probe vqa`` end to end on the shared phantom pipeline (the ``pipeline`` fixture, conftest.py).
 
 A tiny random LLaVA is made and saved locally (word-level tokenizer trained on the
 prompts, nothing downloaded) and asked through ``hf:`` in constrained and generation
@@ -12,20 +12,20 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import run_cmd
 from spar_bench.probes.cli import cli
-from test_fit import _run, get_pipeline
 
 
 def _vqa(*args) -> int:
-    return _run(cli, ["vqa", "--bootstrap", 30, *args])
+    return run_cmd(cli, ["vqa", "--bootstrap", 30, *args])
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    p = get_pipeline(tmp_path_factory)
+def env(tmp_path_factory, pipeline):
+    p = pipeline
     root = tmp_path_factory.mktemp("vqa")
     runs = root / "runs"
-    assert _run(cli, ["fit", "--features", p["cache"], "--probe", "level3.symmetry", "--head", "linear",
+    assert run_cmd(cli, ["fit", "--features", p["cache"], "--probe", "level3.symmetry", "--head", "linear",
                       "--out", runs, "--bootstrap", 30, "--max-epochs", 3]) == 0
     assert _vqa("--model", "dummy", "--data", p["shards"], "--out", runs) == 0
     return {**p, "root": root, "runs": runs}
@@ -88,7 +88,7 @@ def test_hf_tiny_constrained_beside_encoder_in_report(env, tiny):
     cfg = json.loads((env["runs"] / "hf-tiny/level3.symmetry/vqa-loglik/seed0/config.json").read_text())
     assert cfg["model_identity"]["kind"] == "dir" and len(cfg["model_identity"]["sha256"]) == 64
     out = env["root"] / "report"
-    assert _run(cli, ["report", env["runs"], "--out", out]) == 0
+    assert run_cmd(cli, ["report", env["runs"], "--out", out]) == 0
     md = (out / "report.md").read_text()
     table = md.split("## level3.symmetry")[1].split("## ")[0]
     assert "| linear |" in table and "| vqa-loglik |" in table and "hf-tiny" in table
@@ -152,8 +152,8 @@ def test_openai_backend_end_to_end_on_stub_server(env, capsys):
     import base64
     import io
 
+    from helpers import running_stub
     from PIL import Image
-    from test_vqa_openai import running_stub
 
     with running_stub() as srv:
         srv.plan = ["text:I am not sure."] * 5 + ["text:A or B"] * 2

@@ -8,8 +8,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from helpers import FakeSource, build_config
 from spar_bench.builder.sources import SOURCES
-from test_build import FakeSource, config
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +22,7 @@ def built(tmp_path_factory) -> Path:
     (root / "cases.json").write_text(json.dumps([["c1", "train"], ["c2", "val"], ["c3", "test"],
                                                  ["c4", "test"]]))
     with SOURCES.registered("fake", FakeSource):
-        yield build(config(root, root.parent / "out", sample={
+        yield build(build_config(root, root.parent / "out", sample={
             "samples_per_case": 2, "l3_stride": 3, "l3_questions_per_probe": 2,
             "counterfactual": "mirror"}), quiet=True)
 
