@@ -221,8 +221,8 @@ def test_no_convention_hint_is_its_own_run_and_cache_entries(env):
 
 
 def test_http_failure_stops_in_one_line_and_the_rerun_resumes(env, capsys):
+    from helpers import running_stub
     from spar_bench.probes.vqa.cache import ResponseCache
-    from test_vqa_openai import running_stub
 
     cache = env["root"] / "http-cache.sqlite"
     args = ["--model", "openai:stub-vlm", "--data", env["shards"], "--out", env["root"] / "runs-http",
