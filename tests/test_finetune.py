@@ -190,3 +190,17 @@ def test_hf_export_recaches(tmp_path: Path) -> None:
     with torch.no_grad():
         ref = encode(enc, x)[1]
     torch.testing.assert_close(again(x)[-1][1], ref)
+
+
+def test_gradient_accumulation_steps_once_per_accum_batches(pipeline, tmp_path: Path) -> None:
+    from spar_bench.builder.shards import Build
+    from spar_bench.probes.finetune.data import epoch_batches
+
+    rd = _finetune(pipeline, tmp_path / "runs", TINY_VIT, "level1.localisation",
+                   cfg={"max_epochs": 2, "batch_size": 4, "accum": 3, "patience": 5})
+    m = json.loads((rd / "metrics.json").read_text())
+    b = Build(pipeline["shards"])
+    is_mirror = b.read("level1", "train", ["is_mirror"])["is_mirror"]
+    n_batches = len(epoch_batches(np.flatnonzero(~is_mirror), 4, 0, 0))
+    assert n_batches > 3
+    assert m["train"]["optimizer_steps"] == 2 * -(-n_batches // 3)

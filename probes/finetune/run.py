@@ -157,7 +157,7 @@ def run_finetune(encoder: str, data: str | Path, head: str, probe: str, seed: in
                     "val_source": val_source, "training": training,
                     "train": {"epochs_run": len(result.hist_tr), "best_epoch": result.best_epoch,
                               "best_val_loss": result.best_val, "train_loss": result.hist_tr,
-                              "val_loss": result.hist_va, "images_per_s": result.images / max(result.seconds, 1e-9)}})
+                              "val_loss": result.hist_va, "optimizer_steps": result.opt_steps, "images_per_s": result.images / max(result.seconds, 1e-9)}})
     config = _config(encoder, enc_spec, init, weights, model_kwargs, build, probe, head, seed, kind, model,
                      (in_dim, n_tokens), cfg, precision, training, controls, n_boot, train_mirrors)
     _write(rd, encoding.enc, model, config, metrics)
