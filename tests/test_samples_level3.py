@@ -80,10 +80,10 @@ def test_relative_position_and_orientation_answers_by_hand():
             assert q["q_answer"][i] == int(row[a] < row[b])
         seen_answers.add(int(q["q_answer"][i]))
     assert seen_answers == {0, 1}
-    # liver vs spleen on the anterior/posterior axis: same row -> never asked
-    for i in rel:
-        if {q["q_organ_a"][i], q["q_organ_b"][i]} == {0, 1}:
-            assert q["q_axis"][i] == 0
+    # liver vs spleen on the anterior/posterior axis: same row -> never asked (and the pair
+    # is drawn, so this check cannot pass vacuously)
+    liver_spleen = [i for i in rel if {q["q_organ_a"][i], q["q_organ_b"][i]} == {0, 1}]
+    assert liver_spleen and all(q["q_axis"][i] == 0 for i in liver_spleen)
     for i in by_probe(q, "orientation"):
         a, b = q["q_organ_a"][i] + 1, q["q_organ_b"][i] + 1
         ang = math.degrees(math.atan2(row[a] - row[b], col[b] - col[a]))
@@ -93,10 +93,9 @@ def test_relative_position_and_orientation_answers_by_hand():
         (int(q["q_organ_a"][i]), int(q["q_organ_b"][i])): int(q["q_answer"][i])
         for i in by_probe(q, "orientation")
     }
-    if (0, 1) in pairs:
-        assert pairs[(0, 1)] == 0
-    if (1, 0) in pairs:
-        assert pairs[(1, 0)] == 4
+    drawn = {k: v for k, v in pairs.items() if k in ((0, 1), (1, 0))}
+    assert drawn, "no liver/spleen orientation question: the check below would be vacuous"
+    assert all(v == (0 if k == (0, 1) else 4) for k, v in drawn.items())
 
 
 def test_orientation_sector_compass():
