@@ -1,7 +1,7 @@
 """Recall versus computation, end to end: does the benchmark tell a model that remembers
 canonical anatomy from one that reads the image?
 
-    python scripts/recall_vs_computation.py --out runs/rvc            # the README's table (~30 min, 2 cores)
+    python scripts/recall_vs_computation.py --out runs/rvc            # the README table (15 min on 2 busy cores)
     python scripts/recall_vs_computation.py --out /tmp/rvc --quick    # a smoke run (minutes)
 
 1. Three phantom datasets (``spar-build phantom --layout canonical|random|mirrored``), each
@@ -169,8 +169,8 @@ def plot(rows: list[dict], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="runs/rvc")
-    ap.add_argument("--cases", type=int, default=36, help="phantom cases of each training layout")
-    ap.add_argument("--eval-cases", type=int, default=14, help="phantom cases of the mirrored layout")
+    ap.add_argument("--cases", type=int, default=30, help="phantom cases of each training layout")
+    ap.add_argument("--eval-cases", type=int, default=12, help="phantom cases of the mirrored layout")
     ap.add_argument("--samples", type=int, default=6, help="Level 1 mosaics per case")
     ap.add_argument("--epochs", type=int, default=12)
     ap.add_argument("--bootstrap", type=int, default=200)
