@@ -80,6 +80,9 @@ def test_probe_commands_name_mistyped_heads_probes_and_encoders(tmp_path: Path, 
     rc = run_cli(probe_cli, ["cache", "--encoder", "dumy", "--data", str(tmp_path),
                              "--out", str(tmp_path / "c.h5")])
     _one_line_error(capsys, rc, "unknown encoder 'dumy'", "'dummy'")
+    rc = run_cli(probe_cli, ["finetune", "--encoder", "tim:resnet10t", "--data", str(tmp_path / "none"),
+                             "--probe", "level1.localisation"])
+    _one_line_error(capsys, rc, "unknown encoder family 'tim'", "'timm'")
 
 
 def test_a_multi_line_message_is_printed_on_one_line(capsys) -> None:

@@ -129,12 +129,14 @@ def run_finetune(encoder: str, data: str | Path, head: str, probe: str, seed: in
     """Train ``encoder`` + ``head`` on ``probe`` of build ``data``; score; write the run folder."""
     from spar_bench.builder.shards import Build
 
+    from ..encoders import check_encoder_name
     from ..heads import head_input
     from ..tasks import get_probe
 
     cfg = cfg or FinetuneConfig()
     head_cfg = dict(head_cfg or {})
     spec, kind = get_probe(probe), head_input(head)
+    check_encoder_name(encoder)  # names first: a typo is named before any file is read
     build = Build(data)
     tr, va, te, te_mirror, val_source, val_split = _targets(build, spec, seed, cfg, train_mirrors)
     encoding, precision = _encoding(encoder, build, seed, cfg, weights=weights, init=init,
