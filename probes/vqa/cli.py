@@ -115,12 +115,34 @@ def vqa_command(model, data, probe, splits, out, revision, base_url, api_key_env
                     resolve_image_size(image_size, backend), seed, n_boot)
     with ResponseCache(cache_path or default_cache(out, backend.name)) as cache:
         for p in probes:
-            rd = run_probe(backend, build, p, out, cfg, cache)
+            with _Progress(p) as progress:
+                rd = run_probe(backend, build, p, out, cfg, cache, progress)
             if rd is None:
                 click.echo(f"{p}: no questions on {', '.join(split_list)}; skipped", err=True)
                 continue
             _echo(p, rd)
     backend.close()
+
+
+class _Progress:
+    """A tqdm bar on stderr over the answers not yet in the cache (none when all are)."""
+
+    def __init__(self, probe: str):
+        self.probe, self.bar = probe, None
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=self.probe, unit="answer", leave=False)
+        self.bar.update(done - self.bar.n)
+
+    def __enter__(self) -> _Progress:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def _echo(probe: str, rd: Path) -> None:
