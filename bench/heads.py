@@ -184,10 +184,10 @@ def time_sweep(
     cache_path: Path, heads: list[str], jobs: int, out: Path, max_epochs: int
 ) -> tuple[float, int]:
     from spar_bench.probes.fit import parse_probes
-    from spar_bench.probes.sweep import Job, run_sweep
+    from spar_bench.probes.sweep import make_jobs, run_sweep
 
-    js = [Job(str(cache_path), h, p, 0, str(out), -1, None, max_epochs, 200, True, 64)
-          for h in heads for p in parse_probes("all")]  # fmt: skip
+    js = make_jobs(str(cache_path), heads, parse_probes("all"), [0], {"max_epochs": max_epochs, "batch_size": 64},
+                   [{}], str(out), n_boot=200)  # fmt: skip
     t0 = time.perf_counter()
     results = run_sweep(js, jobs)
     bad = [r for r in results if r.error]

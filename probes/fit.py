@@ -1,15 +1,17 @@
 """``spar-probe fit`` and ``spar-probe eval``: train probe heads on cached features, score them.
 
-One run = one (cache, probe, head, seed). Its directory
-``OUT/<encoder>[-random-init]/<probe>/<head>/seed<k>/`` holds:
+One run = one :class:`~spar_bench.probes.runspec.RunSpec` (cache, probe, head and its
+options, train config, seed). Its directory
+``OUT/<encoder>[-random-init]/<probe>/<head>[,<options>]/seed<k>/`` holds:
 
-* ``config.json``  - the options, train config, head config, seeds, package versions,
-  cache file name + fingerprint, build folder name + fingerprint (never an absolute
-  path), layer, ``random_init``;
-* ``metrics.json`` - test metrics on ORIGINAL samples with 95 % patient-bootstrap CIs,
-  controls (chance, majority, the prior, blind baseline), metrics on the mirrored
-  counterfactual test samples (when the build has them), training curve summary;
-* ``head.pt``      - the trained head (``state_dict`` + what is needed to rebuild it).
+* ``config.json``  - the run spec (``"run"``), the resolved head and train configs, seeds,
+  package versions, cache file name + fingerprint, build folder name + fingerprint
+  (never an absolute path), ``random_init``;
+* ``metrics.json`` - every metric the probe spec declares, on ORIGINAL test samples with
+  95 % patient-bootstrap CIs, controls (chance, majority, the prior, the blind baseline),
+  the same metrics on the mirrored counterfactual test samples (when the build has them),
+  training curve summary;
+* ``head.pt``      - the trained head (``state_dict`` + config + the fitted prior).
 
 Heads train on original (non-mirrored) samples by default; validation is the cache's
 ``val`` split, or, when it has none, a seeded 15 % of training patients (recorded as
@@ -22,7 +24,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import click
 import numpy as np
@@ -30,6 +32,7 @@ import numpy as np
 from spar_bench.errors import ConfigError
 from spar_bench.provenance import RUN_PACKAGES, json_safe, package_versions
 
+from .runspec import OPTIONS, RunSpec, check_device, make_run
 from .tasks import get_probe, probe_names
 
 METRICS_FILE = "metrics.json"
@@ -76,6 +79,25 @@ def resolve_build(cache, data: str | Path | None):
     return build
 
 
+def check_shards(build, level: str) -> None:
+    """Re-hash the shards of ``level`` against the build's manifest (targets are read from them).
+
+    The fingerprint the cache checks covers the manifest, not the bytes on disk: a shard
+    edited after the build (answers changed, say) is caught here.
+    """
+    from spar_bench.errors import IntegrityError
+    from spar_bench.hashing import sha256_file
+
+    for entries in build.manifest["shards"].get(level, {}).values():
+        for e in entries:
+            p = Path(build.root) / e["path"]
+            if p.is_file() and sha256_file(p) != e["sha256"]:
+                raise IntegrityError(
+                    f"{p}: sha256 differs from {Path(build.root) / 'manifest.json'}; the shard was "
+                    "changed after the build - rebuild it (`spar-build verify` lists every change)"
+                )
+
+
 def encoder_slug(cache) -> str:
     """Run-directory name of a cache's encoder (``-random-init`` appended when so)."""
     name = str(cache.meta.get("encoder") or Path(cache.path).stem)
@@ -88,17 +110,30 @@ def encoder_slug(cache) -> str:
     return slug + ("-random-init" if cache.random_init else "")
 
 
+def _finite(x: np.ndarray, cache, level: str, split: str, layer: int) -> np.ndarray:
+    """``x``, or a one-line error naming the cache, level, split and layer if any value is NaN/inf."""
+    bad = int(np.size(x) - np.count_nonzero(np.isfinite(x)))
+    if bad:
+        raise ConfigError(
+            f"{cache.path}: {level}/{split} layer {layer} holds {bad} non-finite feature value(s) "
+            "(NaN/inf); the cache is corrupt or the encoder diverged - re-run `spar-probe cache`"
+        )
+    return x
+
+
 def load_features(
     cache, input_kind: str, level: str, split: str, layer: int, head=None
 ) -> np.ndarray:
-    """Pooled ``(N, D)`` float32, or tokens ``(N, T, k)`` pre-projected by ``head``."""
+    """Pooled ``(N, D)`` float32, or tokens ``(N, T, k)`` pre-projected by ``head``; finite."""
     if input_kind == "pooled":
-        return np.asarray(cache.pooled(level, split, layer=layer), dtype=np.float32)
+        x = np.asarray(cache.pooled(level, split, layer=layer), dtype=np.float32)
+        return _finite(x, cache, level, split, layer)
     n = len(cache.keys(level, split))
     parts = []
     for s in range(0, n, 1024):
         tok = cache.tokens(level, split, layer=layer, rows=np.arange(s, min(s + 1024, n)))
-        parts.append(head.preproject(tok) if head is not None else np.asarray(tok, np.float32))
+        tok = _finite(np.asarray(tok, np.float32), cache, level, split, layer)
+        parts.append(head.preproject(tok) if head is not None else tok)
     if not parts:
         raise ConfigError(f"{cache.path}: {level}/{split} has no rows")
     return np.concatenate(parts)
@@ -122,33 +157,38 @@ def _blind(t):
 
 
 # --------------------------------------------------------------------------- one run
-def run_dir(out: str | Path, cache, probe: str, head: str, seed: int) -> Path:
-    return Path(out) / encoder_slug(cache) / probe / head / f"seed{seed}"
+class Splits(NamedTuple):
+    """The targets of one run and where its validation items came from."""
+
+    tr: Any
+    va: Any
+    te: Any
+    te_mirror: Any
+    val_source: str
+    val_split: str  # the cache split the validation features are read from
 
 
-def _split_targets(build, cache, spec, features, seed: int, cfg, train_mirrors: bool):
-    """Train / validation / test targets aligned to the cache, and where validation came from.
+def _split_targets(build, cache, run: RunSpec) -> Splits:
+    """Train / validation / test targets aligned to the cache.
 
-    Returns ``(tr, va, te, te_mirror, val_source, val_split)``. Without a val split, a
-    patient-grouped fraction of train is held out (seeded); mirrored samples are evaluated
-    separately and trained on only with ``train_mirrors``.
+    Without a val split, a patient-grouped fraction of train is held out (seeded);
+    mirrored samples are evaluated separately and trained on only with ``train_mirrors``.
     """
     from spar_bench.seeding import derive_seed
 
     from .targets import holdout_patients, load_targets
 
-    level, probe = spec.level, spec.name
-    splits = cache.splits(level)
+    spec, cfg = run.spec, run.train
+    level = spec.level
     tr_all = load_targets(build, spec, "train", cache.keys(level, "train"))
-    tr = tr_all if train_mirrors else tr_all.subset(~tr_all.is_mirror)
-    if "val" in splits:
+    tr = tr_all if run.train_mirrors else tr_all.subset(~tr_all.is_mirror)
+    if "val" in cache.splits(level):
         va = load_targets(build, spec, "val", cache.keys(level, "val"))
         va = va.subset(~va.is_mirror)
         val_source, val_split = "val split", "val"
     else:
-        hold = holdout_patients(
-            tr.patient, cfg.val_fraction, np.random.default_rng(derive_seed(seed, "holdout", probe))
-        )
+        rng = np.random.default_rng(derive_seed(run.seed, "holdout", spec.name))
+        hold = holdout_patients(tr.patient, cfg.val_fraction, rng)
         va, tr = tr.subset(hold), tr.subset(~hold)
         val_source = f"held-out {cfg.val_fraction:.0%} of train patients (no val split)"
         val_split = "train"
@@ -156,65 +196,63 @@ def _split_targets(build, cache, spec, features, seed: int, cfg, train_mirrors: 
     te, te_mirror = te_all.subset(~te_all.is_mirror), te_all.subset(te_all.is_mirror)
     if len(tr) == 0 or len(te) == 0:
         raise ProbeUnavailable(
-            f"{features}: {probe} has no train or no test items in build {build.root}"
+            f"{run.features}: {spec.name} has no train or no test items in build {build.root}"
         )
-    return tr, va, te, te_mirror, val_source, val_split
+    return Splits(tr, va, te, te_mirror, val_source, val_split)
 
 
-def _new_head(cache, head: str, spec, kind: str, layer: int, seed: int, head_cfg: dict):
+def _new_head(cache, run: RunSpec, kind: str):
     """A seeded head sized from the cache; token heads get their fixed PCA projection."""
     from spar_bench.seeding import derive_seed
 
     from .heads import build_head
     from .train import seeded
 
-    level = spec.level
+    level, layer, seed = run.spec.level, run.layer, run.seed
     first = (
         np.asarray(cache.pooled(level, "train", layer=layer)[:1])
         if kind == "pooled"
         else np.asarray(cache.tokens(level, "train", layer=layer, rows=np.arange(1)))
     )
     in_dim, n_tokens = int(first.shape[-1]), (int(first.shape[1]) if kind == "tokens" else 1)
-    model = seeded(lambda: build_head(head, spec, in_dim, n_tokens, **head_cfg), seed)
+    model = seeded(lambda: build_head(run.head, run.spec, in_dim, n_tokens, **run.head_config), seed)
     if kind == "tokens":
-        rng = np.random.default_rng(derive_seed(seed, "projection", spec.name))
+        rng = np.random.default_rng(derive_seed(seed, "projection", run.probe))
         n = len(cache.keys(level, "train"))
         rows = np.sort(rng.choice(n, size=min(n, max(1, 50000 // n_tokens)), replace=False))
         sample = np.asarray(cache.tokens(level, "train", layer=layer, rows=rows), np.float32)
-        model.fit_projection(sample.reshape(-1, in_dim))
+        model.fit_projection(_finite(sample, cache, level, "train", layer).reshape(-1, in_dim))
     return model, in_dim, n_tokens
 
 
-def _controls(spec, head: str, kind: str, model, dims: tuple[int, int], head_cfg: dict,
-              data: tuple, cfg, seed: int, n_boot: int, boot, controls: bool) -> dict:
+def _controls(run: RunSpec, model, dims: tuple[int, int], s: Splits, prior: dict, boot) -> dict:
     """Chance, majority, the prior (input-free optimum) and the blind baseline (same head, no image)."""
-    from .heads import build_head
+    from .heads import build_head, head_input
     from .train import predict, seeded, train_head
 
-    tr, va, te, te_mirror = data
-    majority = spec.majority(tr)
-    ctrl: dict[str, Any] = {"chance": spec.chance(te)}
+    spec, n_boot = run.spec, run.n_boot
+    majority = spec.majority(s.tr)
+    ctrl: dict[str, Any] = {"chance": spec.chance(s.te)}
     if majority is not None:
         ctrl["majority_class"] = majority
-        ctrl["majority"] = spec.majority_rate(majority, te)
-    prior = spec.fit_prior(tr)
-    ctrl["prior"] = score(te, spec.prior_predict(prior, te), boot("prior"), n_boot)
-    if len(te_mirror):
-        ctrl["prior_mirror"] = score(te_mirror, spec.prior_predict(prior, te_mirror), boot("prior-mirror"), n_boot)
-    if not controls:
+        ctrl["majority"] = spec.majority_rate(majority, s.te)
+    ctrl["prior"] = score(s.te, spec.prior_predict(prior, s.te), boot("prior"), n_boot)
+    if len(s.te_mirror):
+        pred = spec.prior_predict(prior, s.te_mirror)
+        ctrl["prior_mirror"] = score(s.te_mirror, pred, boot("prior-mirror"), n_boot)
+    if not run.controls:
         return ctrl
-    in_dim, n_tokens = dims
+    (in_dim, n_tokens), kind = dims, head_input(run.head)
     zero = np.zeros((1, in_dim) if kind == "pooled" else (1, 1, model.proj_dim), np.float32)
-    blind = seeded(lambda: build_head(head, spec, in_dim, n_tokens, **head_cfg), seed)
+    blind = seeded(lambda: build_head(run.head, spec, in_dim, n_tokens, **run.head_config), run.seed)
     if kind == "tokens":  # the same fixed projection as the real head
         proj = {k: v for k, v in model.state_dict().items() if k.startswith("proj_")}
         blind.load_state_dict({**blind.state_dict(), **proj})
-    train_head(blind, (zero, _blind(tr)), (zero, _blind(va)), cfg, seed, progress=False)
-    ctrl["blind"] = score(te, predict(blind, zero, _blind(te)), boot("blind"), n_boot)
-    if len(te_mirror):
-        ctrl["blind_mirror"] = score(
-            te_mirror, predict(blind, zero, _blind(te_mirror)), boot("blind-mirror"), n_boot
-        )
+    train_head(blind, (zero, _blind(s.tr)), (zero, _blind(s.va)), run.train, run.seed, progress=False)
+    ctrl["blind"] = score(s.te, predict(blind, zero, _blind(s.te)), boot("blind"), n_boot)
+    if len(s.te_mirror):
+        pred = predict(blind, zero, _blind(s.te_mirror))
+        ctrl["blind_mirror"] = score(s.te_mirror, pred, boot("blind-mirror"), n_boot)
     return ctrl
 
 
@@ -232,7 +270,7 @@ def owned_run(rd: Path) -> set[str] | None:
     return set(RUN_FILES) | {p.name for p in Path(rd).glob("eval-*.json")}
 
 
-def _write_run(rd: Path, config: dict, metrics: dict, model) -> None:
+def _write_run(rd: Path, config: dict, metrics: dict, model, prior: dict | None = None) -> None:
     """config.json, head.pt, then metrics.json last: its presence marks a finished run."""
     import torch
 
@@ -240,144 +278,137 @@ def _write_run(rd: Path, config: dict, metrics: dict, model) -> None:
 
     check_target(rd)
     if claim(rd, overwrite=True, owned=owned_run, what="run folder"):
-        remove(rd)  # an earlier run of the same probe, head and seed is replaced whole
+        remove(rd)  # an earlier run of the same spec is replaced whole
     rd.mkdir(parents=True, exist_ok=True)
     (rd / "config.json").write_text(json.dumps(json_safe(config), indent=2, default=str) + "\n")
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    torch.save({"state_dict": state, "config": config}, rd / "head.pt")
+    torch.save({"state_dict": state, "config": config, "prior": prior}, rd / "head.pt")
     tmp = rd / (METRICS_FILE + ".tmp")
     tmp.write_text(json.dumps(json_safe(metrics), indent=2) + "\n")
     tmp.replace(rd / METRICS_FILE)
 
 
-def run_fit(
-    features: str | Path,
-    head: str,
-    probe: str,
-    seed: int,
-    out: str | Path,
-    layer: int = -1,
-    data: str | Path | None = None,
-    cfg=None,
-    head_cfg: dict[str, Any] | None = None,
-    n_boot: int = 1000,
-    controls: bool = True,
-    train_mirrors: bool = False,
-    progress: bool = True,
-) -> Path:
-    """Train and score one head; write the run directory; return its path."""
+def _open_run(run: RunSpec):
+    """The cache and build of ``run``, checked: the level, its splits and its shards' bytes."""
+    cache = open_cache(run.features)
+    build = resolve_build(cache, run.data)
+    level = run.spec.level
+    if level not in cache.levels():
+        raise ConfigError(f"{run.features}: cache has no {level}; levels: {', '.join(cache.levels())}")
+    splits = cache.splits(level)
+    if "train" not in splits or "test" not in splits:
+        raise ConfigError(f"{run.features}: {level} needs train and test splits, cache has {splits}")
+    check_shards(build, level)
+    return cache, build
+
+
+def run_fit(run: RunSpec, out: str | Path, progress: bool = True) -> Path:
+    """Train and score the head of ``run``; write the run directory; return its path."""
     from spar_bench.seeding import derive_seed
 
     from .heads import head_input
-    from .train import TrainConfig, predict, train_head
+    from .train import predict, train_head
 
-    cfg = cfg or TrainConfig()
-    head_cfg = dict(head_cfg or {})
-    spec = get_probe(probe)
-    kind = head_input(head)
-    cache = open_cache(features)
-    build = resolve_build(cache, data)
-    level = spec.level
-    if level not in cache.levels():
-        raise ConfigError(f"{features}: cache has no {level}; levels: {', '.join(cache.levels())}")
-    splits = cache.splits(level)
-    if "train" not in splits or "test" not in splits:
-        raise ConfigError(f"{features}: {level} needs train and test splits, cache has {splits}")
-
-    tr, va, te, te_mirror, val_source, val_split = _split_targets(
-        build, cache, spec, features, seed, cfg, train_mirrors
-    )
-    model, in_dim, n_tokens = _new_head(cache, head, spec, kind, layer, seed, head_cfg)
-    f_train = load_features(cache, kind, level, "train", layer, model)
-    f_val = (
-        f_train if val_split == "train" else load_features(cache, kind, level, "val", layer, model)
-    )
-    f_test = load_features(cache, kind, level, "test", layer, model)
-    result = train_head(model, (f_train, tr), (f_val, va), cfg, seed, progress=progress)
-
-    boot = lambda tag: np.random.default_rng(derive_seed(seed, "bootstrap", probe, head, tag))  # noqa: E731
-    test = score(te, predict(model, f_test, te), boot("test"), n_boot)
-    mirror = (
-        score(te_mirror, predict(model, f_test, te_mirror), boot("mirror"), n_boot)
-        if len(te_mirror)
-        else None
-    )
+    spec, kind = run.spec, head_input(run.head)
+    cache, build = _open_run(run)
+    s = _split_targets(build, cache, run)
+    model, in_dim, n_tokens = _new_head(cache, run, kind)
+    feats = {sp: load_features(cache, kind, spec.level, sp, run.layer, model)
+             for sp in dict.fromkeys(("train", s.val_split, "test"))}  # fmt: skip
+    result = train_head(model, (feats["train"], s.tr), (feats[s.val_split], s.va), run.train,
+                        run.seed, progress=progress)  # fmt: skip
+    boot = lambda tag: np.random.default_rng(derive_seed(run.seed, "bootstrap", run.probe, run.head, tag))  # noqa: E731
+    prior = spec.fit_prior(s.tr)
     metrics: dict[str, Any] = {
-        "probe": probe,
-        "head": head,
-        "seed": seed,
-        "encoder": encoder_slug(cache),
-        "random_init": bool(cache.random_init),
-        "layer": layer,
-        "headline": spec.headline,
-        "val_source": val_source,
-        "n_items": {"train": len(tr), "val": len(va), "test": len(te), "test_mirror": len(te_mirror)},
-        "n_patients": {
-            "train": int(np.unique(tr.patient).size),
-            "test": int(np.unique(te.patient).size),
-        },
+        "probe": run.probe, "head": run.head, "variant": run.variant(), "seed": run.seed,
+        "encoder": encoder_slug(cache), "random_init": bool(cache.random_init), "layer": run.layer,
+        "headline": spec.headline, "higher_is_better": spec.higher_is_better,
+        "val_source": s.val_source,
+        "n_items": {"train": len(s.tr), "val": len(s.va), "test": len(s.te), "test_mirror": len(s.te_mirror)},
+        "n_patients": {"train": int(np.unique(s.tr.patient).size), "test": int(np.unique(s.te.patient).size)},
         "train": {k: getattr(result, k) for k in ("epochs_run", "best_epoch", "best_val_loss")},
-        "test": test,
-        "mirror": mirror,
-        "controls": _controls(
-            spec, head, kind, model, (in_dim, n_tokens), head_cfg,
-            (tr, va, te, te_mirror), cfg, seed, n_boot, boot, controls,
-        ),  # fmt: skip
+        "test": score(s.te, predict(model, feats["test"], s.te), boot("test"), run.n_boot),
+        "mirror": score(s.te_mirror, predict(model, feats["test"], s.te_mirror), boot("mirror"), run.n_boot)
+        if len(s.te_mirror) else None,
+        "controls": _controls(run, model, (in_dim, n_tokens), s, prior, boot),
         "training": (cache.meta.get("weights") or {}).get("training")
         if isinstance(cache.meta.get("weights"), dict) else None,  # a `finetune` export probed frozen
-    }
-    config = {
-        "probe": probe,
-        "head": head,
-        "seed": seed,
-        "seeds": {
-            "torch": seed,
-            "bootstrap": [derive_seed(seed, "bootstrap", probe, head, "test")],
-        },
-        "layer": layer,
+    }  # fmt: skip
+    config = _run_config(run, cache, build, model, (in_dim, n_tokens))
+    rd = run.run_dir(out, encoder_slug(cache))
+    _write_run(rd, config, metrics, model, prior)
+    return rd
+
+
+def _run_config(run: RunSpec, cache, build, model, dims: tuple[int, int]) -> dict[str, Any]:
+    """What ``config.json`` records: the run spec, then what it resolved to and ran with."""
+    from spar_bench.seeding import derive_seed
+
+    from .heads import head_input
+
+    return {
+        "probe": run.probe,
+        "head": run.head,
+        "seed": run.seed,
+        # paths by name only (no local path in anything publishable; eval needs neither)
+        "run": {**run.to_dict(), "features": Path(run.features).name,
+                "data": Path(run.data).name if run.data else None},
+        "variant": run.variant(),
+        "probe_spec": run.spec.describe(),
+        "seeds": {"torch": run.seed, "bootstrap": [derive_seed(run.seed, "bootstrap", run.probe, run.head, "test")]},
         # names + fingerprints, never absolute paths (eval and report need neither path)
-        "features": Path(features).name,
+        "features": Path(run.features).name,
         "cache_fingerprint": cache.fingerprint,
         "dataset_dir": Path(build.root).resolve().name,
         "dataset_fingerprint": build.fingerprint,
         "encoder": cache.meta.get("encoder"),
         "random_init": bool(cache.random_init),
-        "head_input": kind,
+        "head_input": head_input(run.head),
         "head_config": model.cfg if hasattr(model, "cfg") else {},
-        "in_dim": in_dim,
-        "n_tokens": n_tokens,
-        "train_config": cfg.to_dict(),
-        "train_mirrors": train_mirrors,
-        "controls": controls,
-        "n_bootstrap": n_boot,
+        "in_dim": dims[0],
+        "n_tokens": dims[1],
+        "train_config": run.train.to_dict(),
         "versions": package_versions(RUN_PACKAGES),
-    }
-    rd = run_dir(out, cache, probe, head, seed)
-    _write_run(rd, config, metrics, model)
-    return rd
+    }  # fmt: skip
 
 
 # --------------------------------------------------------------------------- eval (transfer)
+def load_run(rd: Path):
+    """``(run spec, head config dict, prior, model)`` of a finished run directory; one-line errors."""
+    import torch
+
+    from .heads import build_head
+
+    if not (rd / "head.pt").is_file() or not (rd / METRICS_FILE).is_file():
+        raise ConfigError(f"{rd}: not a finished run directory (needs head.pt and metrics.json)")
+    try:
+        saved = torch.load(rd / "head.pt", map_location="cpu", weights_only=False)
+        c = saved["config"]
+        run = RunSpec.from_dict(c["run"])
+        model = build_head(run.head, run.spec, c["in_dim"], c["n_tokens"], **c["head_config"])
+        model.load_state_dict(saved["state_dict"])
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any unreadable or foreign head.pt is one line
+        raise ConfigError(
+            f"{rd / 'head.pt'}: unreadable trained head ({type(e).__name__}: {str(e)[:120]}); "
+            "re-run `spar-probe fit` for this run"
+        ) from None
+    return run, c, saved.get("prior"), model
+
+
 def run_eval(
     run: str | Path, features: str | Path, data: str | Path | None = None, n_boot: int = 1000
 ) -> Path:
     """Score a trained run on another cache without retraining; write ``eval-<cache>.json``."""
-    import torch
-
     from spar_bench.seeding import derive_seed
 
-    from .heads import build_head
     from .targets import concat, load_targets
     from .train import predict
 
     rd = Path(run)
-    if not (rd / "head.pt").is_file() or not (rd / METRICS_FILE).is_file():
-        raise ConfigError(f"{rd}: not a finished run directory (needs head.pt and metrics.json)")
-    saved = torch.load(rd / "head.pt", map_location="cpu", weights_only=False)
-    c = saved["config"]
-    spec = get_probe(c["probe"])
-    model = build_head(c["head"], spec, c["in_dim"], c["n_tokens"], **c["head_config"])
-    model.load_state_dict(saved["state_dict"])
+    spec_run, c, prior, model = load_run(rd)
+    spec = spec_run.spec
     trained = json.loads((rd / METRICS_FILE).read_text())
     majority = (trained.get("controls") or {}).get("majority_class")
     cache = open_cache(features)
@@ -385,36 +416,32 @@ def run_eval(
     level = spec.level
     if level not in cache.levels():
         raise ConfigError(f"{features}: cache has no {level}; levels: {', '.join(cache.levels())}")
+    check_shards(build, level)
     splits = ["test"] if "test" in cache.splits(level) else cache.splits(level)
-    result: dict[str, Any] = {
-        "run": "/".join(rd.resolve().parts[-4:]),  # <encoder>/<probe>/<head>/seed<k>
-        "features": Path(features).name,
-        "cache_fingerprint": cache.fingerprint,
-        "encoder": encoder_slug(cache),
-        "random_init": bool(cache.random_init),
-        "splits": splits,
-        "probe": spec.name,
-        "head": c["head"],
-        "seed": c["seed"],
-    }
     tests, preds = [], []
     for split in splits:
         t = load_targets(build, spec, split, cache.keys(level, split))
-        f = load_features(cache, c["head_input"], level, split, c["layer"], model)
+        f = load_features(cache, c["head_input"], level, split, spec_run.layer, model)
         if f.shape[-1] != (model.proj_dim if c["head_input"] == "tokens" else c["in_dim"]):
             raise ConfigError(
                 f"{features}: feature width {f.shape[-1]} does not match run {rd} ({c['in_dim']})"
             )
         tests.append(t)
         preds.append(predict(model, f, t))
-    t = concat(tests)
-    p = np.concatenate(preds)
-    rng = lambda tag: np.random.default_rng(derive_seed(c["seed"], "bootstrap", "eval", tag))  # noqa: E731
-    orig, mir = ~t.is_mirror, t.is_mirror
-    result["test"] = score(t.subset(orig), p[orig], rng("test"), n_boot)
-    result["mirror"] = score(t.subset(mir), p[mir], rng("mirror"), n_boot) if mir.any() else None
-    result["controls"] = {"chance": spec.chance(t.subset(orig)),
-                          "majority": spec.majority_rate(majority, t.subset(orig))}  # fmt: skip
+    t, p = concat(tests), np.concatenate(preds)
+    rng = lambda tag: np.random.default_rng(derive_seed(spec_run.seed, "bootstrap", "eval", tag))  # noqa: E731
+    orig, mir = t.subset(~t.is_mirror), t.subset(t.is_mirror)
+    result: dict[str, Any] = {
+        "run": "/".join(rd.resolve().parts[-4:]),  # <encoder>/<probe>/<head>/seed<k>
+        "features": Path(features).name, "cache_fingerprint": cache.fingerprint,
+        "encoder": encoder_slug(cache), "random_init": bool(cache.random_init), "splits": splits,
+        "probe": spec.name, "head": spec_run.head, "variant": spec_run.variant(), "seed": spec_run.seed,
+        "test": score(orig, p[~t.is_mirror], rng("test"), n_boot),
+        "mirror": score(mir, p[t.is_mirror], rng("mirror"), n_boot) if len(mir) else None,
+        "controls": {"chance": spec.chance(orig), "majority": spec.majority_rate(majority, orig)},
+    }  # fmt: skip
+    if prior is not None:
+        result["controls"]["prior"] = score(orig, spec.prior_predict(prior, orig), rng("prior"), n_boot)
     out = rd / f"eval-{Path(features).stem}.json"
     out.write_text(json.dumps(json_safe(result), indent=2) + "\n")
     return out
@@ -442,17 +469,29 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def train_config_from(max_epochs: int | None, batch_size: int, lr: float, device: str = "cpu"):
-    from .train import TrainConfig
+def run_options(f):
+    """The options every run takes, shared by ``fit`` and ``sweep`` (one per :data:`OPTIONS`)."""
+    for opt in reversed(list(OPTIONS.values())):
+        flag = f"--{opt.name.replace('_', '-')}"
+        if opt.type is bool:
+            f = click.option(flag, opt.name, is_flag=True, default=None, help=opt.help)(f)
+        else:
+            f = click.option(flag, opt.name, type=opt.type, default=None, help=opt.help)(f)
+    f = click.option("--data", default=None, type=click.Path(file_okay=False),
+                     help="Build dir (default: the cache's dataset_dir).")(f)  # fmt: skip
+    f = click.option("--bootstrap", "n_boot", default=1000, show_default=True, type=int,
+                     help="Bootstrap replicates.")(f)  # fmt: skip
+    f = click.option("--no-controls", is_flag=True, help="Skip the blind baseline (faster).")(f)
+    f = click.option("--device", default="cpu", show_default=True,
+                     help="Where heads train: cpu, or cuda[:N] (heads are light; the Level 1-2 "
+                          "transformer gains most).")(f)  # fmt: skip
+    return click.option("--threads", default=1, show_default=True, type=click.IntRange(1),
+                        help="torch CPU threads per run (the same metrics either way).")(f)  # fmt: skip
 
-    if device.startswith("cuda"):
-        import torch
 
-        if not torch.cuda.is_available():
-            raise ConfigError(f"--device {device}: no CUDA device is visible; use --device cpu")
-    elif device != "cpu":
-        raise ConfigError(f"--device must be cpu or cuda[:N], got {device!r}")
-    return TrainConfig(max_epochs=max_epochs, batch_size=batch_size, lr=lr, device=device)
+def pop_run_options(kw: dict) -> dict[str, Any]:
+    """The :data:`OPTIONS` values among click's keyword arguments (removed from ``kw``)."""
+    return {name: kw.pop(name) for name in OPTIONS}
 
 
 @click.command("fit")
@@ -463,89 +502,35 @@ def train_config_from(max_epochs: int | None, batch_size: int, lr: float, device
     "--head", default="mlp", show_default=True, help="linear, mlp, attnpool or transformer."
 )
 @click.option(
-    "--probe",
-    "probe",
-    multiple=True,
-    default=("all",),
-    show_default=True,
-    help="Probe name(s) or 'all'.",
+    "--probe", "probe", multiple=True, default=("all",), show_default=True, help="Probe name(s) or 'all'."
 )
 @click.option("--seeds", default="0", show_default=True, help="Comma-separated seeds.")
-@click.option("--layer", default=-1, show_default=True, type=int, help="Cached layer to read.")
-@click.option(
-    "--data",
-    default=None,
-    type=click.Path(file_okay=False),
-    help="Build dir (default: the cache's dataset_dir).",
-)
 @click.option("--out", default="runs", show_default=True, type=click.Path(file_okay=False))
-@click.option(
-    "--max-epochs", default=None, type=int, help="Default: 100 pooled heads, 40 token heads."
-)
-@click.option("--batch-size", default=256, show_default=True, type=int)
-@click.option("--lr", default=1e-3, show_default=True, type=float)
-@click.option(
-    "--bootstrap", "n_boot", default=1000, show_default=True, type=int, help="Bootstrap replicates."
-)
-@click.option("--no-controls", is_flag=True, help="Skip the blind baseline (faster).")
-@click.option(
-    "--train-mirrors", is_flag=True, help="Also train on mirrored counterfactual samples."
-)
-@click.option(
-    "--device",
-    default="cpu",
-    show_default=True,
-    help="Where heads train: cpu, or cuda[:N] (heads are light; the Level 1-2 transformer gains most).",
-)
-@click.option(
-    "--threads",
-    default=1,
-    show_default=True,
-    type=click.IntRange(1),
-    help="torch CPU threads (1, as in sweep workers: the same metrics either way you run).",
-)
-def fit_command(
-    features,
-    head,
-    probe,
-    seeds,
-    layer,
-    data,
-    out,
-    max_epochs,
-    batch_size,
-    lr,
-    n_boot,
-    no_controls,
-    train_mirrors,
-    device,
-    threads,
-):
+@run_options
+def fit_command(features, head, probe, seeds, out, data, n_boot, no_controls, device, threads, **kw):
     """Train a probe head on cached features and score it (one run per probe x seed)."""
     import torch
 
-    from .heads import HEADS
-
-    HEADS.check(head)  # names first: an unknown head is named before any file is read
+    options = pop_run_options(kw)
+    check_device(device)
     probes = parse_probes(probe)
+    runs = [[make_run(features, p, head, s, options, data=data, controls=not no_controls,
+                      n_boot=n_boot, device=device) for s in parse_seeds(seeds)]
+            for p in probes]  # fmt: skip
     torch.set_num_threads(threads)
-    cfg = train_config_from(max_epochs, batch_size, lr, device)
     explicit = all(p.strip() != "all" for item in probe for p in item.split(","))
-    for p in probes:
-        for s in parse_seeds(seeds):
+    for per_probe in runs:
+        for run in per_probe:
             try:
-                rd = run_fit(
-                    features, head, p, s, out, layer, data, cfg, None, n_boot,
-                    not no_controls, train_mirrors,
-                )  # fmt: skip
+                rd = run_fit(run, out)
             except ProbeUnavailable as e:
                 if explicit:
                     raise
-                click.echo(f"{p}: not available on this build ({e}); skipped", err=True)
+                click.echo(f"{run.probe}: not available on this build ({e}); skipped", err=True)
                 break
             m = json.loads((rd / METRICS_FILE).read_text())
             key = m["headline"]
-            click.echo(f"{p} {head} seed{s}: {key}={_fmt(m['test'].get(key))} -> {rd}")
+            click.echo(f"{run.probe} {head} seed{run.seed}: {key}={_fmt(m['test'].get(key))} -> {rd}")
 
 
 @click.command("eval")
@@ -566,7 +551,7 @@ def fit_command(
     type=click.Path(file_okay=False),
     help="Its build (default: cache's dataset_dir).",
 )
-@click.option("--bootstrap", "n_boot", default=1000, show_default=True, type=int)
+@click.option("--bootstrap", "n_boot", default=1000, show_default=True, type=click.IntRange(1))
 def eval_command(run, features, data, n_boot):
     """Score a trained head on another cache (transfer), without retraining.
 

@@ -139,10 +139,11 @@ def _row(spec, enc: str, head: str, ms: list[dict]) -> dict[str, Any]:
 
 
 def aggregate(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """Per probe, one row per (encoder, head) with statistics over seeds."""
+    """Per probe, one row per (encoder, head [options]) with statistics over seeds."""
     groups: dict[tuple[str, str, str], list[dict]] = defaultdict(list)
     for m in runs:
-        groups[(m["probe"], m["encoder"], m["head"])].append(m)
+        head = m["head"] + (f" [{m['variant']}]" if m.get("variant") else "")
+        groups[(m["probe"], m["encoder"], head)].append(m)
     table: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for (probe, enc, head), ms in sorted(groups.items()):
         table[probe].append(_row(get_probe(probe), enc, head, ms))

@@ -1,9 +1,17 @@
-"""``spar-probe sweep``: every probe x head x seed from one feature cache, on all cores.
+"""``spar-probe sweep``: every probe x head x seed (x grid point) from one feature cache, on all cores.
 
-Runs are independent processes (a ``spawn`` process pool; each worker uses one torch
-thread, so ``--jobs 2`` keeps both cores of a small machine busy without
-oversubscription). A run whose ``metrics.json`` exists is skipped, so an interrupted
-sweep resumes where it stopped. Token heads are scheduled first (they take longest).
+Every job is one :class:`~spar_bench.probes.runspec.RunSpec`, made from the same options as
+``spar-probe fit`` (so a sweep reproduces a fit run with the same options byte for
+byte), plus ``--grid KEY=V1,V2 ...``: the cartesian product of run options (``lr``,
+``weight_decay``/``wd``, ``batch_size``, ``max_epochs``, ``proj_dim``, ``d_model``,
+``n_layers``, ``dropout``, ``hidden`` ...; each grid point gets its own run folder). Head
+options apply to the heads that have them.
+
+Runs are independent processes (a ``spawn`` process pool; each worker uses ``--threads``
+torch threads, 1 by default, so ``--jobs 2`` keeps both cores of a small machine busy
+without oversubscription). A run whose ``metrics.json`` exists is skipped, so an
+interrupted sweep resumes where it stopped. Token heads are scheduled first (they take
+longest).
 """
 
 from __future__ import annotations
@@ -17,39 +25,32 @@ import click
 
 from spar_bench.errors import SparError
 
+from .fit import pop_run_options, run_options
+from .runspec import RunSpec
+
 
 @dataclass(frozen=True)
 class Job:
-    features: str
-    head: str
-    probe: str
-    seed: int
+    """One run of a sweep and where it writes."""
+
+    run: RunSpec
     out: str
-    layer: int
-    data: str | None
-    max_epochs: int | None
-    n_boot: int
-    controls: bool
-    batch_size: int = 256
-    device: str = "cpu"
+    threads: int = 1
 
 
 def plan(jobs: list[Job]) -> tuple[list[Job], list[Job]]:
     """Split ``jobs`` into (to run, already finished); to-run ordered token heads first."""
-    from .fit import METRICS_FILE, open_cache, run_dir
+    from .fit import METRICS_FILE, encoder_slug, open_cache
     from .heads import head_input
 
     if not jobs:
         return [], []
-    cache = open_cache(jobs[0].features)
+    slug = encoder_slug(open_cache(jobs[0].run.features))
     todo, done = [], []
     for j in jobs:
-        (
-            done
-            if (run_dir(j.out, cache, j.probe, j.head, j.seed) / METRICS_FILE).is_file()
-            else todo
-        ).append(j)
-    todo.sort(key=lambda j: (head_input(j.head) != "tokens", j.head, j.probe, j.seed))
+        (done if (j.run.run_dir(j.out, slug) / METRICS_FILE).is_file() else todo).append(j)
+    todo.sort(key=lambda j: (head_input(j.run.head) != "tokens", j.run.head, j.run.probe,
+                             j.run.variant(), j.run.seed))  # fmt: skip
     return todo, done
 
 
@@ -63,19 +64,15 @@ class JobResult(NamedTuple):
 
 
 def run_job(job: Job) -> JobResult:
-    """Worker entry: one run with one torch thread."""
+    """Worker entry: one run with ``job.threads`` torch threads."""
     import torch
 
-    from .fit import ProbeUnavailable, run_fit, train_config_from
+    from .fit import ProbeUnavailable, run_fit
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(job.threads)
     t0 = time.perf_counter()
     try:
-        rd = run_fit(
-            job.features, job.head, job.probe, job.seed, job.out, job.layer, job.data,
-            train_config_from(job.max_epochs, job.batch_size, 1e-3, job.device), None, job.n_boot, job.controls,
-            progress=False,
-        )  # fmt: skip
+        rd = run_fit(job.run, job.out, progress=False)
     except ProbeUnavailable as e:
         return JobResult(job, "", time.perf_counter() - t0, unavailable=str(e))
     except SparError as e:
@@ -109,6 +106,18 @@ def run_sweep(jobs: list[Job], n_jobs: int = 2) -> list[JobResult]:
     return results
 
 
+def make_jobs(features: str, heads: list[str], probes: list[str], seeds: list[int], options: dict,
+              grid: list[dict], out: str, threads: int = 1, **run_kw) -> list[Job]:  # fmt: skip
+    """One job per head x probe x seed x grid point (grid values override ``options``)."""
+    from .runspec import check_options_apply, make_run
+
+    for point in grid:
+        check_options_apply(heads, {**options, **point})
+    jobs = [Job(make_run(features, p, h, s, {**options, **point}, strict=False, **run_kw), out, threads)
+            for h in heads for p in probes for point in grid for s in seeds]  # fmt: skip
+    return list(dict.fromkeys(jobs))  # a grid point that equals another for some head runs once
+
+
 @click.command("sweep")
 @click.option(
     "--features", required=True, type=click.Path(dir_okay=False), help="Feature cache (.h5)."
@@ -122,81 +131,44 @@ def run_sweep(jobs: list[Job], n_jobs: int = 2) -> list[JobResult]:
 @click.option(
     "--jobs", default=2, show_default=True, type=click.IntRange(1), help="Worker processes."
 )
-@click.option("--layer", default=-1, show_default=True, type=int)
-@click.option(
-    "--data",
-    default=None,
-    type=click.Path(file_okay=False),
-    help="Build dir (default: the cache's).",
-)
-@click.option(
-    "--max-epochs", default=None, type=int, help="Default: 100 pooled heads, 40 token heads."
-)
-@click.option("--batch-size", default=256, show_default=True, type=int)
-@click.option("--bootstrap", "n_boot", default=1000, show_default=True, type=int)
-@click.option("--no-controls", is_flag=True, help="Skip the blind baselines.")
-@click.option("--device", default="cpu", show_default=True, help="Where heads train: cpu or cuda[:N].")
-def sweep_command(
-    features,
-    heads,
-    probes,
-    seeds,
-    out,
-    jobs,
-    layer,
-    data,
-    max_epochs,
-    batch_size,
-    n_boot,
-    no_controls,
-    device,
-):
-    """Fit every probe x head x seed from one cache (skips finished runs)."""
+@click.option("--grid", multiple=True, metavar="KEY=V1,V2",
+              help="Sweep a run option over values (repeat for a cartesian product), "
+                   "e.g. --grid lr=1e-3,3e-4 --grid wd=0,0.01.")  # fmt: skip
+@run_options
+def sweep_command(features, heads, probes, seeds, out, jobs, grid, data, n_boot, no_controls,
+                  device, threads, **kw):  # fmt: skip
+    """Fit every probe x head x seed (x grid point) from one cache (skips finished runs)."""
     from spar_bench.errors import ConfigError
 
-    from .fit import open_cache, parse_probes, parse_seeds, resolve_build, train_config_from
+    from .fit import open_cache, parse_probes, parse_seeds, resolve_build
     from .heads import head_input
+    from .runspec import check_device, parse_grid
 
+    options = pop_run_options(kw)
     head_list = [h.strip() for h in heads.split(",") if h.strip()]
     for h in head_list:
         head_input(h)  # unknown head -> ConfigError with suggestions
-    probe_list = parse_probes(probes)  # names first, before any file is read
+    check_device(device)  # fail fast on an unusable --device
+    all_jobs = make_jobs(str(features), head_list, parse_probes(probes), parse_seeds(seeds), options,
+                         parse_grid(grid), str(out), threads, data=data, controls=not no_controls,
+                         n_boot=n_boot, device=device)  # fmt: skip
     resolve_build(open_cache(features), data)  # fail fast on a fingerprint mismatch
-    train_config_from(None, batch_size, 1e-3, device)  # fail fast on an unusable --device
-    all_jobs = [
-        Job(
-            str(features),
-            h,
-            p,
-            s,
-            str(out),
-            layer,
-            data,
-            max_epochs,
-            n_boot,
-            not no_controls,
-            batch_size,
-            device,
-        )
-        for h in head_list
-        for p in probe_list
-        for s in parse_seeds(seeds)
-    ]
     t0 = time.perf_counter()
     results = run_sweep(all_jobs, jobs)
     failed = [(r.job, r.error) for r in results if r.error]
     n_unavailable = sum(r.unavailable is not None for r in results)
-    for r in sorted(results, key=lambda r: (r.job.probe, r.job.head, r.job.seed)):
-        j = r.job
+    for r in sorted(results, key=lambda r: (r.job.run.probe, r.job.run.head, r.job.run.variant(),
+                                            r.job.run.seed)):  # fmt: skip
+        j = r.job.run
         status = (f"FAILED: {r.error}" if r.error
                   else f"not available on this build: {r.unavailable}" if r.unavailable
                   else f"{r.seconds:.1f}s")  # fmt: skip
-        click.echo(f"{j.probe:28s} {j.head:12s} seed{j.seed}  {status}")
+        name = f"{j.head},{j.variant()}" if j.variant() else j.head
+        click.echo(f"{j.probe:28s} {name:12s} seed{j.seed}  {status}")
     click.echo(
         f"sweep: {len(results) - len(failed) - n_unavailable} run(s) done, {n_unavailable} probe run(s)"
         f" not available on this build, in {time.perf_counter() - t0:.1f}s -> {Path(out)}"
     )
     if failed:
-        raise ConfigError(
-            f"{len(failed)} run(s) failed; first: {failed[0][0].probe}/{failed[0][0].head}: {failed[0][1]}"
-        )
+        j = failed[0][0].run
+        raise ConfigError(f"{len(failed)} run(s) failed; first: {j.probe}/{j.head}: {failed[0][1]}")

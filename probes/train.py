@@ -33,8 +33,10 @@ import numpy as np
 from .targets import Targets
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
+    """How a head is trained (recorded in each run's ``config.json``); values checked on creation."""
+
     lr: float = 1e-3
     weight_decay: float = 0.01
     batch_size: int = 256
@@ -44,6 +46,24 @@ class TrainConfig:
     grad_clip: float = 1.0
     val_fraction: float = 0.15  # patient-grouped hold-out of train when there is no val split
     device: str = "cpu"  # "cuda" trains the head on a GPU (same seeds; float results may differ)
+
+    def __post_init__(self) -> None:
+        from spar_bench.errors import ConfigError
+
+        rules = (
+            ("lr", self.lr > 0, "must be > 0"),
+            ("weight_decay", self.weight_decay >= 0, "must be >= 0"),
+            ("batch_size", self.batch_size >= 1, "must be at least 1"),
+            ("max_epochs", self.max_epochs is None or self.max_epochs >= 1, "must be at least 1"),
+            ("patience", self.patience >= 1, "must be at least 1"),
+            ("sinkhorn_iters", self.sinkhorn_iters >= 1, "must be at least 1"),
+            ("grad_clip", self.grad_clip >= 0, "must be >= 0 (0: no clipping)"),
+            ("val_fraction", 0 < self.val_fraction < 1, "must lie strictly between 0 and 1"),
+        )
+        for name, ok, rule in rules:
+            if not ok or not math.isfinite(float(getattr(self, name) or 0)):
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(f"{flag} {rule}, got {getattr(self, name)}")
 
     def epochs_for(self, input_kind: str) -> int:
         if self.max_epochs is not None:

@@ -22,7 +22,8 @@ def _fit(pipeline, out, *extra) -> int:
 
 
 def _one(out: Path, probe: str, head: str, seed: int = 0) -> Path:
-    (rd,) = list(out.glob(f"*/{probe}/{head}/seed{seed}"))
+    """The one run folder of ``probe`` x ``head`` x ``seed`` under ``out`` (any options)."""
+    (rd,) = [p for p in out.glob(f"*/{probe}/*/seed{seed}") if p.parent.name.split(",")[0] == head]
     return rd
 
 
@@ -41,6 +42,7 @@ def test_fit_cli_writes_run_and_rerun_is_identical(pipeline, tmp_path):
     assert _fit(pipeline, tmp_path / "b", *args) == 0
     rd = _one(tmp_path / "a", "level3.relative_position", "mlp")
     assert rd.parts[-4] == "dummy-random-init"
+    assert rd.parts[-2] == "mlp,max_epochs=4"  # options that differ from the defaults name the run
     assert {"config.json", "metrics.json", "head.pt"} <= {p.name for p in rd.iterdir()}
     cfg = json.loads((rd / "config.json").read_text())
     assert cfg["random_init"] is True and cfg["seed"] == 0
@@ -133,3 +135,59 @@ def test_fit_and_sweep_give_identical_metrics(pipeline, tmp_path):
     a = (_one(tmp_path / "fit", probe, "mlp") / "metrics.json").read_bytes()
     b = (_one(tmp_path / "sweep", probe, "mlp") / "metrics.json").read_bytes()
     assert a == b
+
+
+def test_sweep_grid_reproduces_fit_with_non_default_options_byte_for_byte(pipeline, tmp_path):
+    """Every option of fit works in sweep; a --grid point equals the fit run with its options."""
+    from spar_bench.probes.cli import cli
+
+    probe = "level2.arrangement"
+    common = ["--max-epochs", 3, "--batch-size", 32, "--patience", 2, "--train-mirrors",
+              "--d-model", 32, "--n-layers", 1, "--proj-dim", 16, "--dropout", 0.0, "--layer", -1]  # fmt: skip
+    assert _fit(pipeline, tmp_path / "fit", "--head", "transformer", "--probe", probe,
+                "--lr", 3e-3, "--weight-decay", 0, "--no-controls", *common) == 0  # fmt: skip
+    sweep = ["sweep", "--features", pipeline["cache"], "--heads", "transformer,mlp", "--probes", probe,
+             "--seeds", 0, "--jobs", 2, "--bootstrap", 50, "--no-controls", "--out", tmp_path / "sweep",
+             "--grid", "lr=3e-3,1e-2", "--grid", "wd=0", *common]  # fmt: skip
+    assert run_cmd(cli, sweep) == 0
+    name = "transformer,batch_size=32,d_model=32,dropout=0,lr=0.003,max_epochs=3,n_layers=1,patience=2," \
+           "proj_dim=16,train_mirrors=1,weight_decay=0"
+    fit_rd = _one(tmp_path / "fit", probe, "transformer")
+    assert fit_rd.parent.name == name
+    sweep_rd = tmp_path / "sweep" / fit_rd.relative_to(tmp_path / "fit")
+    for f in ("metrics.json", "config.json"):
+        assert (fit_rd / f).read_bytes() == (sweep_rd / f).read_bytes(), f
+    cfg = json.loads((fit_rd / "config.json").read_text())
+    assert cfg["run"]["head_options"] == {"d_model": 32, "dropout": 0.0, "n_layers": 1, "proj_dim": 16}
+    assert cfg["head_config"]["d_model"] == 32 and cfg["head_config"]["n_heads"] == 4
+    assert cfg["train_config"]["lr"] == 3e-3 and cfg["train_config"]["weight_decay"] == 0
+    assert cfg["run"]["train_mirrors"] is True
+    # the grid's other point and the mlp (dropout applies, token-head sizes do not) ran too
+    runs = sorted(p.parent.parent.name for p in (tmp_path / "sweep").rglob("metrics.json"))
+    assert len(runs) == 4 and name.replace("lr=0.003", "lr=0.01") in runs
+    assert "mlp,batch_size=32,dropout=0,lr=0.003,max_epochs=3,patience=2,train_mirrors=1,weight_decay=0" in runs
+
+
+def test_run_spec_is_frozen_json_and_options_are_checked(pipeline, tmp_path, capsys):
+    import dataclasses
+
+    from spar_bench.probes.runspec import RunSpec, make_run, parse_grid
+
+    from spar_bench.errors import ConfigError
+
+    run = make_run("c.h5", "level3.size", "transformer", 3, {"lr": 3e-4, "d_model": 64, "layer": -2})
+    assert RunSpec.from_dict(json.loads(json.dumps(run.to_dict()))) == run
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        run.seed = 4  # type: ignore[misc]
+    assert run.variant() == "d_model=64,layer=-2,lr=0.0003"
+    assert len(parse_grid(["lr=1e-3,3e-4", "wd=0,0.01"])) == 4
+    with pytest.raises(ConfigError, match="Did you mean 'weight_decay'"):
+        parse_grid(["weight_decy=0"])
+    with pytest.raises(ConfigError, match="head 'mlp' has no option 'd_model'"):
+        make_run("c.h5", "level3.size", "mlp", 0, {"d_model": 64})
+    assert _fit(pipeline, tmp_path, "--probe", "level3.size", "--d-model", 64) == 2
+    assert "has no option 'd_model'" in capsys.readouterr().err
+    assert run_cmd(__import__("spar_bench.probes.cli", fromlist=["cli"]).cli,
+                ["sweep", "--features", pipeline["cache"], "--heads", "mlp,linear", "--n-layers", 3,
+                 "--out", tmp_path]) == 2  # fmt: skip
+    assert "none of the heads mlp, linear has it" in capsys.readouterr().err

@@ -243,10 +243,10 @@ def test_level3_transformer_trains_on_whole_slices_deterministically():
 
 
 def test_unusable_device_is_a_one_line_error():
-    from spar_bench.probes.fit import train_config_from
+    from spar_bench.probes.runspec import check_device
 
     with pytest.raises(ConfigError, match="--device must be cpu or cuda"):
-        train_config_from(None, 64, 1e-3, "tpu")
+        check_device("tpu")
 
 
 @pytest.mark.gpu

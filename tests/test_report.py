@@ -22,14 +22,14 @@ def test_sweep_two_jobs_skips_finished_and_report_writes_md_json_png(pipeline, t
     assert run_cmd(cli, args) == 0
     assert "skipping 8 finished run(s)" in capsys.readouterr().out
 
-    (rd,) = list(runs.glob("*/level3.symmetry/mlp/seed0"))
+    (rd,) = list(runs.glob("*/level3.symmetry/mlp,max_epochs=2/seed0"))
     assert run_cmd(cli, ["eval", "--run", rd, "--features", pipeline["cache"], "--bootstrap", 20]) == 0
     out = tmp_path / "report"
     assert run_cmd(cli, ["report", runs, "--out", out]) == 0
     md = (out / "report.md").read_text()
     assert "RANDOM-INIT FEATURES" in md
     assert "## level1.localisation" in md and "## level3.symmetry" in md
-    assert "| dummy-random-init | mlp | 2 |" in md
+    assert "| dummy-random-init | mlp [max_epochs=2] | 2 |" in md
     assert "transfer: dummy" in md
     for png in ("level1.localisation.png", "level3.symmetry.png", "level1.localisation-per-organ.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -59,17 +59,17 @@ def owned_finetune_run(rd: Path) -> set[str] | None:
     return None
 
 
-def _targets(build, spec, seed: int, cfg: FinetuneConfig, train_mirrors: bool):
-    """``fit``'s split rule on the build's image rows: (tr, va, te, te_mirror, val_source, val_split)."""
+def _targets(build, run):
+    """``fit``'s split rule on the build's image rows (``fit.Splits``) for the head run ``run``."""
     from ..fit import _split_targets
     from .data import BuildKeys
 
-    level = spec.level
+    level = run.spec.level
     if level not in build.levels():
         raise ConfigError(f"{build.root}: build has no {level}; levels: {', '.join(build.levels())}")
     if not {"train", "test"} <= set(build.splits(level)):
         raise ConfigError(f"{build.root}: {level} needs train and test splits, has {build.splits(level)}")
-    return _split_targets(build, BuildKeys(build), spec, build.root, seed, cfg, train_mirrors)
+    return _split_targets(build, BuildKeys(build), run)
 
 
 def _new_head(encoding, head: str, spec, kind: str, seed: int, head_cfg: dict, tr: Split):
@@ -131,14 +131,20 @@ def run_finetune(encoder: str, data: str | Path, head: str, probe: str, seed: in
 
     from ..encoders import check_encoder_name
     from ..heads import head_input
+    from ..runspec import RunSpec
     from ..tasks import get_probe
 
     cfg = cfg or FinetuneConfig()
     head_cfg = dict(head_cfg or {})
     spec, kind = get_probe(probe), head_input(head)
     check_encoder_name(encoder)  # names first: a typo is named before any file is read
+    # the head's run (RunSpec, as `fit`'s): its features are the build's images, encoded here
+    hrun = RunSpec(features=str(data), probe=probe, head=head, seed=seed, layer=cfg.layer,
+                   head_options=tuple(head_cfg.items()), train=cfg.train_config(), controls=controls,
+                   train_mirrors=train_mirrors, n_boot=n_boot)  # fmt: skip
     build = Build(data)
-    tr, va, te, te_mirror, val_source, val_split = _targets(build, spec, seed, cfg, train_mirrors)
+    splits = _targets(build, hrun)
+    tr, va, te, te_mirror, val_source, val_split = splits
     encoding, precision = _encoding(encoder, build, seed, cfg, weights=weights, init=init,
                                     model_kwargs=model_kwargs, revision=revision)
     rd = Path(out) / run_slug(encoder, init, data) / probe / head / f"seed{seed}"
@@ -153,8 +159,7 @@ def run_finetune(encoder: str, data: str | Path, head: str, probe: str, seed: in
     trainer = Trainer(encoding, model, kind, seed, rd, key, progress)
     result = trainer.fit(trs, vas, resume)
     training = training_record(init, build, enc_spec.weights)
-    metrics = _score(encoding, model, kind, spec, head, head_cfg, (tr, va, te, te_mirror),
-                     (in_dim, n_tokens), cfg, seed, n_boot, controls)
+    metrics = _score(encoding, model, kind, hrun, splits, (in_dim, n_tokens))
     metrics.update({"encoder": rd.parent.parent.parent.name, "random_init": False, "layer": cfg.layer,
                     "val_source": val_source, "training": training,
                     "train": {"epochs_run": len(result.hist_tr), "best_epoch": result.best_epoch,
@@ -162,12 +167,12 @@ def run_finetune(encoder: str, data: str | Path, head: str, probe: str, seed: in
                               "val_loss": result.hist_va, "optimizer_steps": result.opt_steps, "images_per_s": result.images / max(result.seconds, 1e-9)}})
     config = _config(encoder, enc_spec, init, weights, model_kwargs, build, probe, head, seed, kind, model,
                      (in_dim, n_tokens), cfg, precision, training, controls, n_boot, train_mirrors)
+    config["run"] = {**hrun.to_dict(), "features": Path(str(data)).name}  # names only, as fit's
     _write(rd, encoding.enc, model, config, metrics)
     return rd
 
 
-def _score(encoding, model, kind: str, spec, head: str, head_cfg: dict, data: tuple, dims: tuple,
-           cfg: FinetuneConfig, seed: int, n_boot: int, controls: bool) -> dict:
+def _score(encoding, model, kind: str, run, data, dims: tuple) -> dict:
     """Test (and mirrored test) metrics of the trained encoder + head, with ``fit``'s controls."""
     from spar_bench.seeding import derive_seed
 
@@ -175,8 +180,8 @@ def _score(encoding, model, kind: str, spec, head: str, head_cfg: dict, data: tu
     from ..train import predict
     from .data import remap
 
-    tr, va, te, te_mirror = data
-    probe = spec.name
+    tr, va, te, te_mirror = data.tr, data.va, data.te, data.te_mirror
+    spec, probe, head, seed, n_boot = run.spec, run.probe, run.head, run.seed, run.n_boot
     boot = lambda tag: np.random.default_rng(derive_seed(seed, "bootstrap", probe, head, tag))  # noqa: E731
 
     def scored(t, tag):
@@ -186,8 +191,7 @@ def _score(encoding, model, kind: str, spec, head: str, head_cfg: dict, data: tu
 
     test = scored(te, "test")
     mirror = scored(te_mirror, "mirror") if len(te_mirror) else None
-    ctrl = _controls(spec, head, kind, model, dims, head_cfg, (tr, va, te, te_mirror),
-                     cfg.train_config(), seed, n_boot, boot, controls)
+    ctrl = _controls(run, model, dims, data, spec.fit_prior(tr), boot)
     return {"probe": probe, "head": head, "seed": seed, "headline": spec.headline,
             "n_items": {"train": len(tr), "val": len(va), "test": len(te), "test_mirror": len(te_mirror)},
             "n_patients": {"train": int(np.unique(tr.patient).size), "test": int(np.unique(te.patient).size)},

@@ -1,0 +1,252 @@
+"""A run is one object: :class:`RunSpec`, shared by ``fit``, ``sweep`` and ``eval``.
+
+A run spec is frozen and JSON-serialisable (:meth:`RunSpec.to_dict`,
+:meth:`RunSpec.from_dict`): what is trained (``probe``, ``head`` and its options), on
+what (``features``: a feature cache; ``data``: its build; ``layer``), how
+(:class:`~spar_bench.probes.train.TrainConfig`, ``seed``, ``train_mirrors``) and how it
+is scored (``controls``, ``n_boot``). ``spar-probe fit`` makes one per probe x seed,
+``spar-probe sweep`` one per probe x head x seed x grid point, both from the same
+options (:data:`OPTIONS`); each run writes it to its ``config.json`` under ``"run"``, and
+``spar-probe eval`` rebuilds the head from it. Runs of other kinds (finetuning an
+encoder, asking an MLLM) extend it with their own fields.
+
+Options that change the trained head and differ from their defaults name the run's
+folder: ``OUT/<encoder>/<probe>/<head>[,<key>=<value>...]/seed<k>`` (:meth:`RunSpec.variant`),
+so the points of a grid never overwrite each other, and a run with default options keeps
+the plain ``<head>`` folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spar_bench.errors import ConfigError
+
+from .train import TrainConfig
+
+
+@dataclass(frozen=True)
+class Option:
+    """One run option: where it goes (``train``, ``head`` or ``run``) and its type."""
+
+    name: str
+    where: str
+    type: type
+    help: str
+
+
+#: Every option a run takes, by the name used in ``--grid KEY=...`` (CLI flag: ``--key-name``).
+OPTIONS: dict[str, Option] = {o.name: o for o in (
+    Option("lr", "train", float, "Learning rate (AdamW). [default: 1e-3]"),
+    Option("weight_decay", "train", float, "Weight decay (AdamW). [default: 0.01]"),
+    Option("batch_size", "train", int, "Items per batch. [default: 256]"),
+    Option("max_epochs", "train", int, "Default: 100 pooled heads, 40 token heads."),
+    Option("patience", "train", int, "Early-stopping patience in epochs. [default: 8]"),
+    Option("val_fraction", "train", float, "Held-out share of train patients without a val split. [default: 0.15]"),
+    Option("sinkhorn_iters", "train", int, "Sinkhorn iterations of the Level 2 loss. [default: 20]"),
+    Option("grad_clip", "train", float, "Gradient-norm clip, 0 = none. [default: 1.0]"),
+    Option("proj_dim", "head", int, "Token heads: width of the fixed PCA projection. [default: 128]"),
+    Option("d_model", "head", int, "Token heads: model width. [default: 128]"),
+    Option("n_layers", "head", int, "transformer: layers. [default: 2]"),
+    Option("n_heads", "head", int, "Token heads: attention heads. [default: 4]"),
+    Option("hidden", "head", int, "mlp: hidden width. [default: 512]"),
+    Option("dropout", "head", float, "mlp and token heads: dropout. [default: 0.1]"),
+    Option("q_dim", "head", int, "Pooled heads: width of each question embedding. [default: 32]"),
+    Option("layer", "run", int, "Cached layer to read. [default: -1]"),
+    Option("train_mirrors", "run", bool, "Also train on mirrored counterfactual samples."),
+)}  # fmt: skip
+ALIASES = {"wd": "weight_decay", "layers": "n_layers", "epochs": "max_epochs"}
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run: probe x head (+ options) x seed on one feature cache."""
+
+    features: str
+    probe: str
+    head: str = "mlp"
+    seed: int = 0
+    layer: int = -1
+    data: str | None = None
+    head_options: tuple[tuple[str, Any], ...] = ()
+    train: TrainConfig = field(default_factory=TrainConfig)
+    controls: bool = True
+    train_mirrors: bool = False
+    n_boot: int = 1000
+
+    def __post_init__(self) -> None:
+        from .heads import head_defaults
+        from .tasks import get_probe
+
+        get_probe(self.probe)
+        defaults = head_defaults(self.head)
+        unknown = sorted(set(dict(self.head_options)) - set(defaults))
+        if unknown:
+            raise ConfigError(f"head {self.head!r} has no option(s) {unknown}; options: {sorted(defaults)}")
+        object.__setattr__(self, "head_options", tuple(sorted(dict(self.head_options).items())))
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise ConfigError(f"seed must be an integer, got {self.seed!r}")
+        if self.n_boot < 1:
+            raise ConfigError(f"--bootstrap must be at least 1, got {self.n_boot}")
+
+    @property
+    def head_config(self) -> dict[str, Any]:
+        return dict(self.head_options)
+
+    @property
+    def spec(self):
+        """The probe's :class:`~spar_bench.probes.tasks.ProbeSpec`."""
+        from .tasks import get_probe
+
+        return get_probe(self.probe)
+
+    def replace(self, **changes: Any) -> RunSpec:
+        return dataclasses.replace(self, **changes)
+
+    # ------------------------------------------------------------------ (de)serialise
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe; :meth:`from_dict` gives the same spec back."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["head_options"] = dict(self.head_options)
+        d["train"] = self.train.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunSpec:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ConfigError(f"run spec has unknown field(s) {unknown}; known: {sorted(names)}")
+        kw = dict(d)
+        kw["head_options"] = tuple(sorted((kw.get("head_options") or {}).items()))
+        kw["train"] = TrainConfig(**kw.get("train", {}))
+        return cls(**kw)
+
+    # ------------------------------------------------------------------ naming
+    def variant(self) -> str:
+        """The options that change the trained head and differ from their defaults: ``k=v,...``."""
+        from .heads import head_defaults
+
+        base = RunSpec(self.features, self.probe, self.head)
+        changed = {k: v for k, v in self.head_options if head_defaults(self.head)[k] != v}
+        for f in dataclasses.fields(TrainConfig):
+            v = getattr(self.train, f.name)
+            if f.name != "device" and v != getattr(base.train, f.name):
+                changed[f.name] = v
+        for name in ("layer", "train_mirrors"):
+            if getattr(self, name) != getattr(base, name):
+                changed[name] = getattr(self, name)
+        return ",".join(f"{k}={_text(v)}" for k, v in sorted(changed.items()))
+
+    def run_dir(self, out: str | Path, encoder_slug: str) -> Path:
+        """``OUT/<encoder>/<probe>/<head>[,variant]/seed<k>``."""
+        variant = self.variant()
+        name = f"{self.head},{variant}" if variant else self.head
+        return Path(out) / encoder_slug / self.probe / name / f"seed{self.seed}"
+
+
+def _text(v: Any) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    if isinstance(v, float):
+        return format(v, "g")
+    return str(v)
+
+
+# ---------------------------------------------------------------------- options
+def option_name(key: str) -> str:
+    """The canonical option name of ``key`` (``wd`` -> ``weight_decay``); unknown keys suggest."""
+    k = key.strip().replace("-", "_")
+    k = ALIASES.get(k, k)
+    if k not in OPTIONS:
+        import difflib
+
+        close = difflib.get_close_matches(k, [*OPTIONS, *ALIASES], n=3, cutoff=0.5)
+        hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        raise ConfigError(f"unknown run option {key!r}.{hint} Options: {', '.join(OPTIONS)}")
+    return k
+
+
+def parse_value(name: str, text: str) -> Any:
+    """``text`` as the type of option ``name`` (``--grid`` values)."""
+    opt = OPTIONS[name]
+    t = text.strip()
+    if opt.type is bool:
+        if t.lower() in ("1", "true", "yes", "on"):
+            return True
+        if t.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{name}: expected true/false, got {text!r}")
+    try:
+        return opt.type(t)
+    except ValueError:
+        raise ConfigError(f"{name}: expected {opt.type.__name__}, got {text!r}") from None
+
+
+def parse_grid(items: tuple[str, ...] | list[str]) -> list[dict[str, Any]]:
+    """``("lr=1e-3,3e-4", "wd=0,0.01")`` -> the 4 option dicts of the cartesian product."""
+    axes: dict[str, list[Any]] = {}
+    for item in items:
+        key, sep, values = item.partition("=")
+        if not sep or not values.strip():
+            raise ConfigError(f"--grid {item!r}: expected KEY=V1,V2,... (e.g. lr=1e-3,3e-4)")
+        name = option_name(key)
+        if name in axes:
+            raise ConfigError(f"--grid names {name!r} twice")
+        axes[name] = [parse_value(name, v) for v in values.split(",") if v.strip()]
+    return [dict(zip(axes, combo, strict=True)) for combo in itertools.product(*axes.values())]
+
+
+def make_run(features: str, probe: str, head: str, seed: int, options: dict[str, Any], *,
+             data: str | None = None, controls: bool = True, n_boot: int = 1000,
+             device: str = "cpu", strict: bool = True) -> RunSpec:  # fmt: skip
+    """A :class:`RunSpec` from option values (``None`` = default).
+
+    Head options the head does not have are an error when ``strict`` (``fit``: one head),
+    and skipped otherwise (``sweep``: they apply to the heads that have them; see
+    :func:`check_options_apply`).
+    """
+    from .heads import head_defaults
+
+    train, head_opts, run = {"device": device}, {}, {}
+    for key, value in options.items():
+        if value is None:
+            continue
+        name = option_name(key)
+        where = OPTIONS[name].where
+        if where == "head" and name not in head_defaults(head):
+            if strict:
+                raise ConfigError(f"--{name.replace('_', '-')}: head {head!r} has no option {name!r}; "
+                                  f"its options: {', '.join(sorted(head_defaults(head)))}")  # fmt: skip
+            continue
+        {"train": train, "head": head_opts, "run": run}[where][name] = value
+    return RunSpec(features=str(features), probe=probe, head=head, seed=seed, data=data,
+                   head_options=tuple(head_opts.items()), train=TrainConfig(**train),
+                   controls=controls, n_boot=n_boot, **run)  # fmt: skip
+
+
+def check_options_apply(heads: list[str], options: dict[str, Any]) -> None:
+    """Every head option set must belong to at least one of ``heads``."""
+    from .heads import head_defaults
+
+    have = set().union(*(head_defaults(h) for h in heads))
+    for key, value in options.items():
+        name = option_name(key)
+        if value is not None and OPTIONS[name].where == "head" and name not in have:
+            raise ConfigError(f"--{name.replace('_', '-')}: none of the heads {', '.join(heads)} has it")
+
+
+def check_device(device: str) -> str:
+    """``cpu`` or ``cuda[:N]`` with a visible CUDA device, else a one-line error."""
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {device}: no CUDA device is visible; use --device cpu")
+    elif device != "cpu":
+        raise ConfigError(f"--device must be cpu or cuda[:N], got {device!r}")
+    return device
