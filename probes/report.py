@@ -123,6 +123,9 @@ def _row(spec, enc: str, head: str, ms: list[dict]) -> dict[str, Any]:
     row["track"] = ms[0].get("track", "probe")  # "vqa": a multimodal LLM asked directly
     for name, path in VQA_COLUMNS.items():
         row[name], _ = _stat([_get(m, *path[1]) for m in ms])
+    # a trained blind head below the prior (which sees what it sees) is under-trained
+    row["blind_below_prior"] = (row["track"] == "probe" and spec.prior_bounds_blind
+                                and spec.worse(row["blind"], row["prior"]))  # fmt: skip
     row["metrics"] = {
         ev: {k: _summary(runs, "x", k) for k in spec.metrics}
         for ev, runs in _evaluations(ms).items()
@@ -192,9 +195,14 @@ def _main_table(spec, rows: list[dict]) -> list[str]:
         cells += [_f(r["metrics"]["test"][k]["mean"], METRICS[k].percent) for k in others]
         cells += [_f(r[c], pct) for c in ("chance", "majority", "prior", "blind", "mirror",
                                           "prior_mirror", "blind_mirror")]  # fmt: skip
+        if r["blind_below_prior"]:
+            cells[-4] += " (!)"
         cells += [_fs(r["transfer"][t], pct) if t in r["transfer"] else "-" for t in transfer]
         cells += [_f(r.get(c), True) for c in vqa]
         lines.append("| " + " | ".join(cells) + " |")
+    if any(r["blind_below_prior"] for r in rows):
+        lines += ["", "(!) The blind head scores below the prior, the best input-free prediction: it "
+                  "is under-trained, and every image-based score above it is flattered."]  # fmt: skip
     return lines
 
 

@@ -91,6 +91,9 @@ class ProbeSpec:
     class_names: tuple[str, ...] = ()
     asks: bool = False
     prior_rule: str = ""
+    #: the prior sees what the blind head sees, so it bounds it (a blind head below it is
+    #: under-trained); False where the prior is told more (Level 2: which organ each tile is)
+    prior_bounds_blind: bool = True
 
     # ------------------------------------------------------------------ declared facts
     @property
@@ -159,6 +162,13 @@ class ProbeSpec:
     def prior_predict(self, prior: dict, t: Targets) -> np.ndarray:
         raise NotImplementedError
 
+    def worse(self, a: float | None, b: float | None, rel: float = 0.02) -> bool:
+        """Whether headline score ``a`` is worse than ``b`` by more than ``rel`` of ``b``."""
+        if a is None or b is None:
+            return False
+        gap = (b - a) if self.higher_is_better else (a - b)
+        return gap > rel * abs(b)
+
     def describe(self) -> dict[str, Any]:
         """The spec as JSON-safe data (recorded in runs and reports)."""
         return {
@@ -167,6 +177,7 @@ class ProbeSpec:
             "metrics": list(self.metrics), "headline": self.headline,
             "higher_is_better": self.higher_is_better, "per_organ": self.per_organ,
             "class_names": list(self.class_names), "prior": self.prior_rule,
+            "prior_bounds_blind": self.prior_bounds_blind,
         }  # fmt: skip
 
 
@@ -420,6 +431,7 @@ register_probe(ArrangementSpec(
     output_shape=(N_ORGANS, N_ORGANS), loss="permutation loss through log-domain Sinkhorn",
     metrics=("perm_acc", "tile_acc", "kendall_tau"), per_organ="tile_acc",
     prior_rule="most frequent training slot per organ (Hungarian per mosaic; knows each tile's organ)",
+    prior_bounds_blind=False,
 ))  # fmt: skip
 for _i, _p in enumerate(LEVEL3_PROBES):
     register_probe(QuestionSpec(

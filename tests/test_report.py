@@ -53,14 +53,36 @@ def test_report_mean_std_over_seeds_and_no_banner_without_random_init(tmp_path):
     (row,) = table["level3.size"]
     assert row["mean"] == pytest.approx(0.7) and row["std"] == pytest.approx(0.1414213, rel=1e-5)
     assert row["ci_low"] == pytest.approx(0.6) and row["mirror"] == pytest.approx(0.5)
-    assert row["prior"] == pytest.approx(0.55)
+    assert row["prior"] == pytest.approx(0.55) and row["blind_below_prior"] is True
     md = render_markdown(table, any_random=False)
     assert "RANDOM-INIT" not in md
-    # headline, CI, macro-F1, chance, majority, prior, blind, mirror, prior (mirror), blind (mirror)
+    # headline, CI, macro-F1, chance, majority, prior, blind (below the prior: flagged), mirror,
+    # prior (mirror), blind (mirror)
     assert (
-        "| enc | mlp | 2 | 70.0 +- 14.1 | [60.0, 80.0] | 70.0 | 33.3 | 40.0 | 55.0 | 50.0 | 50.0 | - | - |"
+        "| enc | mlp | 2 | 70.0 +- 14.1 | [60.0, 80.0] | 70.0 | 33.3 | 40.0 | 55.0 | 50.0 (!) | 50.0 | - | - |"
         in md
     )
+    assert "(!) The blind head scores below the prior" in md
+
+
+def test_report_transfer_shows_mean_std_and_ci_for_every_metric(tmp_path):
+    """Transfer evaluations get every declared metric, mean +- std over seeds and the CI."""
+    for seed, acc in ((0, 0.5001), (1, 0.5005)):
+        d = tmp_path / "enc" / "level3.size" / "mlp" / f"seed{seed}"
+        d.mkdir(parents=True)
+        m = {"probe": "level3.size", "head": "mlp", "seed": seed, "encoder": "enc", "random_init": False,
+             "test": {"accuracy": 0.7, "macro_f1": 0.6}, "controls": {"prior": {"accuracy": 0.6},
+             "blind": {"accuracy": 0.61}}, "mirror": None}  # fmt: skip
+        (d / "metrics.json").write_text(json.dumps(m))
+        e = {"features": "ts.h5", "test": {"accuracy": acc, "macro_f1": acc - 0.1,
+             "ci": {"accuracy": [acc - 0.01, acc + 0.01], "macro_f1": [acc - 0.11, acc - 0.09]}}}  # fmt: skip
+        (d / "eval-ts.json").write_text(json.dumps(e))
+    (row,) = aggregate(collect(tmp_path))["level3.size"]
+    assert not row["blind_below_prior"]
+    assert row["transfer"]["ts"]["mean"] == pytest.approx(0.5003)
+    md = render_markdown({"level3.size": [row]}, any_random=False)
+    assert "| transfer: ts |" in md and "50.0 +- 0.0 [49.0, 51.0]" in md
+    assert "| enc | mlp | transfer: ts | 50.0 +- 0.0 [49.0, 51.0] | 40.0 +- 0.0 [39.0, 41.0] |" in md
 
 
 def test_report_on_empty_folder_is_a_clear_error(tmp_path, capsys):
