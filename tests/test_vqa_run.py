@@ -91,7 +91,7 @@ def test_hf_tiny_constrained_beside_encoder_in_report(env, tiny):
     assert run_cmd(cli, ["report", env["runs"], "--out", out]) == 0
     md = (out / "report.md").read_text()
     table = md.split("## level3.symmetry")[1].split("## ")[0]
-    assert "| linear |" in table and "| vqa-loglik |" in table and "hf-tiny" in table
+    assert "| linear [max_epochs=3] |" in table and "| vqa-loglik |" in table and "hf-tiny" in table
     assert "parse" in table and "circular (all rot.)" in table
 
 
