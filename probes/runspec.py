@@ -64,7 +64,12 @@ ALIASES = {"wd": "weight_decay", "layers": "n_layers", "epochs": "max_epochs"}
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One run: probe x head (+ options) x seed on one feature cache."""
+    """One run: probe x head (+ options) x seed on one feature cache.
+
+    ``features`` is the feature cache the head reads; a run that encodes images itself
+    (``spar-probe finetune``) records its build there and keeps its encoder's settings
+    beside the spec.
+    """
 
     features: str
     probe: str
