@@ -43,7 +43,7 @@ def test_a_nan_cache_is_refused_naming_cache_level_and_layer(pipeline, tmp_path,
         g = f["level3/train/layer-1"]
         g["pooled"][...] = np.nan
         g["tokens"][...] = np.nan
-    assert _fit(cache, tmp_path / "runs", "--head", head) == 2
+    assert _fit(cache, tmp_path / "runs", "--head", head, "--data", pipeline["shards"]) == 2
     err = _one_line(capsys)
     assert str(cache) in err and "level3/train layer -1" in err and "non-finite" in err
     assert not list((tmp_path / "runs").rglob("metrics.json"))
