@@ -12,20 +12,15 @@ import shutil
 import h5py
 import numpy as np
 import pytest
-from test_fit import _run, get_pipeline
+from helpers import run_cmd
 
 PROBE = "level3.relative_position"
-
-
-@pytest.fixture(scope="module")
-def pipeline(tmp_path_factory):
-    return get_pipeline(tmp_path_factory)
 
 
 def _fit(cache, out, *extra) -> int:
     from spar_bench.probes.cli import cli
 
-    return _run(cli, ["fit", "--features", cache, "--out", out, "--bootstrap", 20, "--probe", PROBE,
+    return run_cmd(cli, ["fit", "--features", cache, "--out", out, "--bootstrap", 20, "--probe", PROBE,
                       "--max-epochs", 1, "--no-controls", *extra])  # fmt: skip
 
 
@@ -82,6 +77,6 @@ def test_eval_on_a_corrupt_head_is_one_line(pipeline, tmp_path, capsys):
     (head,) = tmp_path.rglob("head.pt")
     head.write_bytes(head.read_bytes()[:200])
     capsys.readouterr()
-    assert _run(cli, ["eval", "--run", head.parent, "--features", pipeline["cache"]]) == 2
+    assert run_cmd(cli, ["eval", "--run", head.parent, "--features", pipeline["cache"]]) == 2
     err = _one_line(capsys)
     assert str(head) in err and "unreadable trained head" in err
