@@ -6,8 +6,9 @@ Pipeline of :func:`build`:
 2. process cases in parallel (``workers`` processes): each worker loads ONE case
    (volumes read once), runs :func:`spar_bench.builder.samples.process_case`, and spills the
    arrays to ``OUT.tmp/cases/<source>__<case_id>.npz`` (+ a ``.json`` index written
-   after it, which marks the case done). Memory stays bounded; ``resume`` skips done
-   cases;
+   after it, which marks the case done). Memory stays bounded; ``resume`` reuses a done
+   case only while its inputs' sha256, the config and the spilled file are unchanged,
+   and rebuilds any other (an edited input, a torn spill);
 3. fit the size/distance thresholds on the train split's original (non-mirror)
    questions, or take them from another build's manifest, or fit them on a named split;
 4. stream the cases, in ``(source, case_id)`` order whatever the completion order,
@@ -20,6 +21,7 @@ The worker count never changes a byte of the output.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import multiprocessing
 import os
@@ -172,9 +174,13 @@ def _to_storable(arr: Any) -> np.ndarray:
 
 
 def _spill(cases_dir: Path, stem: str, result: dict[str, dict[str, Any]], meta: dict[str, Any]) -> None:
+    """Write the case's arrays, then its ``.json`` record (with the arrays' sha256): done."""
+    from spar_bench.hashing import sha256_file
+
     arrays = {f"{part}/{name}": _to_storable(v) for part, d in result.items() for name, v in d.items()}
     tmp = cases_dir / f"{stem}.part.npz"
     np.savez(tmp, **arrays)
+    meta["spill_sha256"] = sha256_file(tmp)
     os.replace(tmp, cases_dir / f"{stem}.npz")
     tmp_json = cases_dir / f"{stem}.part.json"
     tmp_json.write_text(json.dumps(json_safe(meta), sort_keys=True), encoding="utf-8")
@@ -204,9 +210,42 @@ def open_source(cls: type, root: str, *, images: str, seed: int, unknown_labels:
     return cls(root, images=images, seed=seed, unknown_labels=unknown_labels)
 
 
+def input_digest(ref: Any) -> dict[str, str]:
+    """sha256 of every input file (or DICOM / segmentation folder) of a case, by role."""
+    from spar_bench.hashing import sha256_file
+
+    return {role: sha256_file(p) if Path(p).exists() else "missing"
+            for role, p in sorted(ref.files.items())}
+
+
+def _reusable_spill(job: dict[str, Any], expected: dict[str, Any]) -> dict[str, Any] | None:
+    """The spilled record of a case if it still holds, else None (the case is rebuilt).
+
+    It holds when its ``.json`` parses, names the same case, split, patient and config,
+    its ``.npz`` has the sha256 recorded at spill time (not torn, not edited), and every
+    input file still has the sha256 it had when the case was processed.
+    """
+    from spar_bench.hashing import sha256_file
+
+    stem = _case_stem(job["ref"].source, job["ref"].case_id)
+    cases_dir = Path(job["cases_dir"])
+    try:
+        rec = json.loads((cases_dir / f"{stem}.json").read_text(encoding="utf-8"))
+        npz_sha = sha256_file(cases_dir / f"{stem}.npz")
+    except (OSError, ValueError):
+        return None
+    if not isinstance(rec, dict) or rec.get("status") != "ok" or rec.get("spill_sha256") != npz_sha:
+        return None
+    if any(rec.get(k) != v for k, v in expected.items()):
+        return None
+    return rec if rec.get("inputs") == input_digest(job["ref"]) else None
+
+
 def process_one(job: dict[str, Any]) -> dict[str, Any]:
     """Worker: load one case, make its samples, spill them; return its index record.
 
+    With ``job["resume"]`` a spilled case whose inputs, config and spill file are
+    unchanged is returned as it is (:func:`_reusable_spill`); any other is rebuilt.
     Top-level and argument-only (picklable), so it runs under any multiprocessing
     start method. A :class:`CaseError` becomes ``{"status": "error", ...}``.
     """
@@ -214,7 +253,11 @@ def process_one(job: dict[str, Any]) -> dict[str, Any]:
 
     ref, cases_dir = job["ref"], Path(job["cases_dir"])
     meta: dict[str, Any] = {"source": ref.source, "case_id": ref.case_id, "split": ref.split,
-                            "patient_id": ref.patient}
+                            "patient_id": ref.patient, "config_sha256": job["config_sha256"]}
+    if job.get("resume") and (rec := _reusable_spill(job, meta)) is not None:
+        return rec
+    (cases_dir / f"{_case_stem(ref.source, ref.case_id)}.json").unlink(missing_ok=True)  # stale or torn
+    meta["inputs"] = input_digest(ref)
     try:
         src = open_source(job["source_cls"], job["root"], images=job["images"], seed=job["seed"],
                           unknown_labels=job.get("unknown_labels", "fail"))
@@ -311,7 +354,7 @@ def _thresholds(config: BuildConfig, records: list[dict], cases_dir: Path, level
 
 
 # -- output ----------------------------------------------------------------------------
-WORK_ENTRIES = {"config.json", "cases", "out"}
+WORK_ENTRIES = {"config.json", "config.part.json", "cases", "out"}
 
 
 def _owned_work(work: Path) -> set[str] | None:
@@ -365,7 +408,9 @@ def _prepare_dirs(config: BuildConfig) -> tuple[Path, Path]:
             f"{cfg}: the interrupted build used other options; resume with the same options "
             "or pass --overwrite to start over"
         )
-    cfg.write_text(recorded, encoding="utf-8")
+    cfg_tmp = work / "config.part.json"
+    cfg_tmp.write_text(recorded, encoding="utf-8")
+    os.replace(cfg_tmp, cfg)
     if (work / "out").exists():
         shutil.rmtree(work / "out")  # outputs are always rewritten from the spilled cases
     return work, out
@@ -457,15 +502,11 @@ def _run_cases(config: BuildConfig, refs, cases_dir: Path, sample: dict) -> dict
     from tqdm.auto import tqdm
 
     done: dict[tuple[str, str], dict] = {}
-    todo = []
-    for ref, root, cls in refs:
-        idx = cases_dir / f"{_case_stem(ref.source, ref.case_id)}.json"
-        if config.resume and idx.is_file():
-            done[(ref.source, ref.case_id)] = json.loads(idx.read_text(encoding="utf-8"))
-        else:
-            todo.append({"ref": ref, "source_cls": cls, "root": str(root), "images": config.images, "seed": config.seed,
-                         "sample": sample, "cases_dir": str(cases_dir), "unknown_labels": config.unknown_labels})
-    bar = tqdm(total=len(refs), initial=len(done), desc="cases", unit="case")
+    config_sha = hashlib.sha256(json.dumps(config.recorded(), sort_keys=True).encode("utf-8")).hexdigest()
+    todo = [{"ref": ref, "source_cls": cls, "root": str(root), "images": config.images, "seed": config.seed,
+             "sample": sample, "cases_dir": str(cases_dir), "unknown_labels": config.unknown_labels,
+             "resume": config.resume, "config_sha256": config_sha} for ref, root, cls in refs]
+    bar = tqdm(total=len(refs), desc="cases", unit="case")
 
     def accept(rec: dict) -> None:
         if rec["status"] == "error" and config.on_error == "fail":
