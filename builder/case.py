@@ -18,6 +18,9 @@ class CaseRef:
     ``files`` maps a role (``"image"``, ``"mask"``, ``"mask:<class>"``, ``"dicom"``)
     to a path. ``case_id`` is unique within its source and stable across runs.
     ``patient_id`` groups cases of one patient (splits and bootstrap are by patient).
+    ``problem`` is set by ``find`` for a case it cannot build (an image without its
+    label, a ``meta.csv`` row without its folder): loading it raises a CaseError with
+    that text, so the build stops on it or, with ``--on-error skip``, records it.
     """
 
     source: str
@@ -25,6 +28,7 @@ class CaseRef:
     split: str
     files: dict[str, Path]
     patient_id: str | None = None
+    problem: str | None = None
 
     @property
     def patient(self) -> str:

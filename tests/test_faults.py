@@ -16,9 +16,11 @@ SMALL = ["--samples-per-case", "2", "--shard-size", "5", "--seed", "3", "--no-hf
 
 
 def one_error_line(capsys) -> str:
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: "), err
-    return err[0]
+    """The one ``error:`` line on stderr (progress bars aside), and no traceback."""
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("error: ")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
 
 
 # -- options that mean nothing are errors, never silently replaced by defaults ---------------
@@ -183,3 +185,97 @@ def test_resume_reuses_unchanged_spills(tmp_path, monkeypatch):
     monkeypatch.setattr(bb._samples_api(), "process_case", counting)
     bb.build(word_config(root, out, resume=True), quiet=True)
     assert loaded == ["c4"]  # c1..c3 reused, not recomputed
+
+
+# -- nothing dropped without a word: images without labels, labels without images -------------
+FIVE = (("c1", "Tr"), ("c2", "Tr"), ("c3", "Tr"), ("c4", "Val"), ("c5", "Ts"))
+
+
+def test_val_image_without_its_label_is_an_error_or_a_recorded_skip(tmp_path, capsys):
+    root = write_word(tmp_path / "word", FIVE)
+    (root / "labelsVal" / "c4.nii.gz").unlink()
+    args = ["--source", "word", "--root", str(root), *SMALL]
+    assert run_cli(cli, [*args, "--out", str(tmp_path / "o1")]) == 2
+    line = one_error_line(capsys)
+    assert "case c4:" in line and str(root / "imagesVal" / "c4.nii.gz") in line
+    assert "image without its label: no labelsVal/c4.nii.gz" in line and "--on-error skip" in line
+    assert run_cli(cli, [*args, "--out", str(tmp_path / "o2"), "--on-error", "skip"]) == 0
+    m = json.loads((tmp_path / "o2" / "manifest.json").read_text())
+    assert [(s["case_id"], s["split"]) for s in m["skipped"]] == [("c4", "val")]
+    assert "image without its label" in m["skipped"][0]["reason"]
+
+
+def test_label_without_its_image_names_the_case(tmp_path):
+    from spar_bench.builder.sources.word import WordSource
+
+    from spar_bench.errors import CaseError
+
+    root = write_word(tmp_path / "word")
+    (root / "imagesTr" / "c2.nii.gz").unlink()
+    src = WordSource(root)
+    ref = next(r for r in src.find() if r.case_id == "c2")
+    with pytest.raises(CaseError, match=r"case c2: .*labelsTr/c2.nii.gz: label without its image: no imagesTr/c2"):
+        src.load(ref)
+    # a masks-only folder is no problem with --images synthesize
+    assert all(r.problem is None for r in WordSource(root, images="synthesize").find())
+
+
+def test_nnunet_unlabelled_imagests_is_not_a_problem_but_a_missing_label_is(tmp_path):
+    import nibabel as nib
+    import numpy as np
+    from spar_bench.builder.sources.nnunet import NnUNetSource
+
+    (tmp_path / "dataset.json").write_text(json.dumps({"labels": {"background": 0, "liver": 1}}))
+    mask = np.zeros((6, 6, 4), np.uint8)
+    mask[1:3, 1:3, 1:3] = 1
+
+    def save(rel, arr):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        nib.save(nib.Nifti1Image(arr, np.eye(4)), str(tmp_path / rel))
+
+    save("labelsTr/a_001.nii.gz", mask)
+    save("imagesTr/a_001_0000.nii.gz", mask.astype(np.int16))
+    save("imagesTr/a_001_0001.nii.gz", mask.astype(np.int16))  # a second channel: not a case
+    save("imagesTs/a_009_0000.nii.gz", mask.astype(np.int16))  # no labelsTs at all: unused
+    assert [(r.case_id, r.problem) for r in NnUNetSource(tmp_path).find()] == [("a_001", None)]
+    save("imagesTr/a_002_0000.nii.gz", mask.astype(np.int16))
+    refs = {r.case_id: r for r in NnUNetSource(tmp_path).find()}
+    assert refs["a_002"].problem == "image without its label: no labelsTr/a_002.nii.gz"
+
+
+def test_lits_volume_without_segmentation_is_a_case_with_a_problem(tmp_path):
+    import nibabel as nib
+    import numpy as np
+    from spar_bench.builder.sources.lits import LitsSource
+
+    from spar_bench.errors import CaseError
+
+    arr = np.zeros((4, 4, 4), np.int16)
+    for name in ("volume-1", "segmentation-1", "volume-2"):
+        nib.save(nib.Nifti1Image(arr, np.eye(4)), str(tmp_path / f"{name}.nii"))
+    refs = LitsSource(tmp_path).find()
+    assert [r.case_id for r in refs] == ["lits_0001", "lits_0002"]
+    with pytest.raises(CaseError, match="case lits_0002: .*volume-2.nii: image without its label"):
+        LitsSource(tmp_path).load(refs[1])
+
+
+def test_totalsegmentator_meta_row_without_its_folder(totalseg_dir, tmp_path):
+    import shutil
+
+    from spar_bench.builder.sources.totalsegmentator import TotalSegmentatorSource
+
+    from spar_bench.errors import CaseError
+
+    root = tmp_path / "ts"
+    (root / "s0001" / "segmentations").mkdir(parents=True)
+    shutil.copy(totalseg_dir / "s0001" / "ct.nii.gz", root / "s0001" / "ct.nii.gz")
+    shutil.copy(totalseg_dir / "s0001" / "segmentations" / "liver.nii.gz", root / "s0001" / "segmentations")
+    (root / "s0003").mkdir()  # a folder without segmentations/
+    (root / "meta.csv").write_text("image_id;split\ns0001;train\ns0002;train\ns0003;val\n")
+    src = TotalSegmentatorSource(root)
+    refs = {r.case_id: r for r in src.find()}
+    assert sorted(refs) == ["s0001", "s0002", "s0003"] and refs["s0001"].problem is None
+    with pytest.raises(CaseError, match="case s0002: .*meta.csv: listed in meta.csv but there is no case folder"):
+        src.load(refs["s0002"])
+    with pytest.raises(CaseError, match="case s0003: .*has no segmentations/ folder"):
+        src.load(refs["s0003"])

@@ -86,10 +86,15 @@ class LitsSource(VolumeSource):
                 segs[m.group(1)] = path
         refs = []
         for number, seg in segs.items():
-            files = {"mask": seg}
+            files, problem = {"mask": seg}, None
             if number in vols:
                 files["image"] = vols[number]
-            refs.append(CaseRef(self.name, f"lits_{int(number):04d}", self.split, files))
+            elif vols and self.images != "synthesize":
+                problem = f"label without its image: no volume-{number}.nii[.gz] beside the other volumes"
+            refs.append(CaseRef(self.name, f"lits_{int(number):04d}", self.split, files, problem=problem))
+        refs += [CaseRef(self.name, f"lits_{int(number):04d}", self.split, {"image": vol},
+                         problem=f"image without its label: no segmentation-{number}.nii[.gz] found")
+                 for number, vol in vols.items() if number not in segs]
         if not refs:
             raise ConfigError(f"no lits cases found in {self.root}; expected {self.needs}")
         return check_unique(refs, self.root)

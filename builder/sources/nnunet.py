@@ -53,6 +53,8 @@ class NnUNetSource(VolumeSource):
 
     name = "nnunet"
     split_rule = "folders (Tr = train, Ts = test)"
+    #: nnU-Net's imagesTs usually has no labelsTs: without that folder the images are unused.
+    unlabelled_image_dirs = ("imagesTs",)
     needs = "ROOT/dataset.json ('labels' by name), ROOT/labelsTr|labelsTs/<case>.nii.gz, ROOT/imagesTr|imagesTs/<case>_0000.nii.gz"
 
     def get_label_map(self) -> LabelMap:

@@ -130,7 +130,23 @@ class TotalSegmentatorSource(VolumeSource):
             if image is not None:
                 files["image"] = image
             refs.append(CaseRef(self.name, d.name, splits[d.name], files))
+        refs += self._listed_without_folder(splits, {d.name for d in case_dirs})
         return check_unique(refs, self.root)
+
+    def _listed_without_folder(self, splits: dict[str, str], found: set[str]) -> list[CaseRef]:
+        """meta.csv rows whose case folder (or its segmentations/) is missing: cases with a problem."""
+        meta = self.root / "meta.csv"
+        refs = []
+        for image_id in sorted(set(splits) - found):
+            folder = self.root / image_id
+            if folder.is_dir():
+                image = find_image(folder, "ct")
+                files = {"image": image} if image is not None else {"meta": meta}
+                problem = f"listed in {meta} but {folder} has no segmentations/ folder (nor segmentations.nii.gz)"
+            else:
+                files, problem = {"meta": meta}, f"listed in meta.csv but there is no case folder {folder}"
+            refs.append(CaseRef(self.name, image_id, splits[image_id], files, problem=problem))
+        return refs
 
     def read_mask(self, ref: CaseRef) -> MaskRead:
         self.get_label_map()

@@ -44,6 +44,26 @@ def find_image(folder: Path, stem: str) -> Path | None:
     return None
 
 
+def _images_in(folder: Path, suffix: str = "") -> dict[str, Path]:
+    """``case_id -> image`` of every ``<case_id><suffix>.nii[.gz]`` file or DICOM folder in ``folder``."""
+    found: dict[str, Path] = {}
+    if not folder.is_dir():
+        return found
+    for path in sorted(folder.iterdir()):
+        if path.name.startswith(".") or not (is_nifti(path) or path.is_dir()):
+            continue
+        stem = strip_nifti_suffix(path.name)
+        if stem.endswith(suffix):
+            found[stem[: len(stem) - len(suffix)]] = path
+    for case_id in found:  # the same preference as find_image: .nii.gz, .nii, DICOM folder
+        found[case_id] = find_image(folder, f"{case_id}{suffix}") or found[case_id]
+    return found
+
+
+def _first_file(ref: CaseRef) -> Path | None:
+    return ref.files.get("mask") or next(iter(ref.files.values()), None)
+
+
 def check_unique(refs: list[CaseRef], root: Path) -> list[CaseRef]:
     """Sort refs by case_id; ConfigError when two files claim one case id."""
     seen: dict[str, CaseRef] = {}
@@ -51,7 +71,7 @@ def check_unique(refs: list[CaseRef], root: Path) -> list[CaseRef]:
         if ref.case_id in seen:
             raise ConfigError(
                 f"{root}: case id {ref.case_id!r} appears twice "
-                f"({seen[ref.case_id].files.get('mask')} and {ref.files.get('mask')}); case ids must be unique"
+                f"({_first_file(seen[ref.case_id])} and {_first_file(ref)}); case ids must be unique"
             )
         seen[ref.case_id] = ref
     return sorted(refs, key=lambda r: r.case_id)
@@ -97,6 +117,8 @@ class VolumeSource(Source):
     def read_case(self, ref: CaseRef, *, masks_only: bool = False) -> Case:
         """:meth:`load`; ``masks_only`` reads only the masks (no image, nothing rendered: inspect)."""
         cid = ref.case_id
+        if ref.problem:  # found incomplete (an image without its label, ...)
+            raise CaseError(cid, _first_file(ref), ref.problem)
         image_path = None if masks_only else self._image_path(ref)
         mask, lesion, mask_affine, mask_files, extra = self.read_mask(ref)
         annotated = extra.pop("annotated", self.get_label_map().annotated)
@@ -157,28 +179,45 @@ class VolumeSource(Source):
             provenance["sha256"][role] = file_sha256(p)  # digest taken while reading
         return provenance
 
+    #: Image folders that may hold images without labels (nnU-Net's unlabelled imagesTs):
+    #: they are used only when their label folder exists.
+    unlabelled_image_dirs: ClassVar[tuple[str, ...]] = ()
+
     def find_pairs(self, split_dirs, image_suffix: str = "") -> list[CaseRef]:
         """Cases of a folder layout: each mask in ``label_dir`` with its image, if any.
 
         ``split_dirs`` lists ``(image_dir, label_dir, split)``; the image of mask
-        ``X.nii.gz`` is ``image_dir/X<image_suffix>.nii[.gz]`` or a DICOM folder.
+        ``X.nii.gz`` is ``image_dir/X<image_suffix>.nii[.gz]`` or a DICOM folder. An
+        image without its mask, and a mask without its image in a folder that has
+        images, are cases with a ``problem`` (never dropped without a word).
         """
         if not self.root.is_dir():
             raise ConfigError(f"{self.name} root {self.root} is not a folder; expected {self.needs}")
         refs: list[CaseRef] = []
         for image_dir, label_dir, split in split_dirs:
             folder = self.root / label_dir
-            if not folder.is_dir():
-                continue
-            for path in sorted(folder.iterdir()):
-                if not is_nifti(path) or path.name.startswith("."):
-                    continue
+            images = _images_in(self.root / image_dir, image_suffix)
+            labels = sorted(p for p in folder.iterdir() if is_nifti(p) and not p.name.startswith(".")) \
+                if folder.is_dir() else []
+            # a label without its image is a problem beside other images; in a masks-only
+            # folder it is what --images synthesize is for (load explains that)
+            imaged = bool(images) and self.images != "synthesize"
+            for path in labels:
                 case_id = strip_nifti_suffix(path.name)
                 files = {"mask": path}
-                image = find_image(self.root / image_dir, f"{case_id}{image_suffix}")
+                image = images.pop(case_id, None)
+                problem = None
                 if image is not None:
                     files["image"] = image
-                refs.append(CaseRef(self.name, case_id, split, files))
+                elif imaged:
+                    problem = (f"label without its image: no {image_dir}/{case_id}{image_suffix}.nii.gz "
+                               "(nor a DICOM folder) beside the other images")
+                refs.append(CaseRef(self.name, case_id, split, files, problem=problem))
+            if not folder.is_dir() and image_dir in self.unlabelled_image_dirs:
+                continue
+            refs += [CaseRef(self.name, case_id, split, {"image": image},
+                             problem=f"image without its label: no {label_dir}/{case_id}.nii.gz")
+                     for case_id, image in images.items()]
         if not refs:
             raise ConfigError(f"no {self.name} cases found in {self.root}; expected {self.needs}")
         return check_unique(refs, self.root)
