@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing
 import os
 import shutil
 from collections.abc import Iterable
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -520,18 +519,13 @@ def _run_cases(config: BuildConfig, refs, cases_dir: Path, sample: dict) -> dict
             for job in todo:
                 accept(process_one(job))
         else:
-            # spawn, not fork: a forked child deadlocks on thread pools (torch, BLAS)
-            # that the parent has already started.
-            ctx = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(max_workers=config.workers, mp_context=ctx) as pool:
+            from spar_bench.procs import process_pool
+
+            # spawn workers, terminated on any exception (a kill, an error): none outlives us
+            with process_pool(config.workers) as pool:
                 futures = [pool.submit(process_one, job) for job in todo]
-                try:
-                    for fut in as_completed(futures):
-                        accept(fut.result())
-                except BaseException:
-                    for f in futures:
-                        f.cancel()
-                    raise
+                for fut in as_completed(futures):
+                    accept(fut.result())
     finally:
         bar.close()
     return done
@@ -632,7 +626,14 @@ def _print_summary(counts: dict, skipped: list[dict]) -> None:
 
 
 def build(config: BuildConfig, *, quiet: bool = False) -> Path:
-    """Run the whole pipeline; return the finished build (or partition) folder ``config.out``."""
+    """Run the whole pipeline; return the finished build (or partition) folder ``config.out``.
+
+    ``OUT.lock`` keeps a second build away from OUT while this one runs; a full disk is one
+    :class:`~spar_bench.outputs.DiskFullError` line (free space, then ``--resume``).
+    """
+    from spar_bench.locks import output_lock
+    from spar_bench.outputs import disk_full_is_an_error
+
     sample_cfg = _sample_config(config)
     refs, sources_info, origins = _find(config)  # reads only
     selection = [[r.source, r.case_id] for r, _, _ in refs]
@@ -641,21 +642,23 @@ def build(config: BuildConfig, *, quiet: bool = False) -> Path:
 
         i, n = config.partition
         refs = [t for t in refs if partition_of(t[0].source, t[0].case_id, n) == i]
-    work, out = _prepare_dirs(config)  # refuses a bad OUT before anything is written
-    done = _run_cases(config, refs, work / "cases", sample_cfg.to_dict())
-    ordered = [done[(r.source, r.case_id)] for r, _, _ in refs]
-    if config.partition:
+    with output_lock(config.out, what="build (spar-build)"), \
+            disk_full_is_an_error(config.out, rerun="rerun the same command with --resume"):
+        work, out = _prepare_dirs(config)  # refuses a bad OUT before anything is written
+        done = _run_cases(config, refs, work / "cases", sample_cfg.to_dict())
+        ordered = [done[(r.source, r.case_id)] for r, _, _ in refs]
+        if not config.partition:
+            return write_outputs(config, ordered, sources_info, origins, work, out, quiet=quiet)
         from .partition import finish_partition
 
         path = finish_partition(config.recorded(), config.partition, selection, json_safe(ordered),
                                 sources_info, origins, work, out)
-        if not quiet:
-            import click
+    if not quiet:
+        import click
 
-            click.echo(f"partition {config.partition[0]}/{config.partition[1]}: {len(ordered)} "
-                       f"of {len(selection)} cases")
-        return path
-    return write_outputs(config, ordered, sources_info, origins, work, out, quiet=quiet)
+        click.echo(f"partition {config.partition[0]}/{config.partition[1]}: {len(ordered)} "
+                   f"of {len(selection)} cases")
+    return path
 
 
 def write_outputs(config: BuildConfig, ordered: list[dict], sources_info: dict[str, Any],

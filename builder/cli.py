@@ -7,11 +7,9 @@ lazily, so ``--help`` is instant.
 
 from __future__ import annotations
 
-import sys
-
 import click
 
-from spar_bench.clitools import LazyGroup, run_cli
+from spar_bench.clitools import LazyGroup, run_main
 
 COMMANDS = {
     "sources": "spar_bench.builder.sources:sources_command",
@@ -78,7 +76,7 @@ def cli(ctx: click.Context, **options) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    sys.exit(run_cli(cli, argv))
+    run_main(cli, argv)
 
 
 if __name__ == "__main__":

@@ -240,6 +240,28 @@ def _store_batch(f, item: Item, res: dict, *, dtype: str, where: str) -> None:
     f.flush()
 
 
+def check_space(path: Path, res: dict, item: Item, rows: int, dtype: str) -> None:
+    """Refuse to go on when the rows still to write cannot fit on the disk of ``path``.
+
+    The cache is uncompressed, so its size is known from the first batch. Checking first
+    matters: HDF5 can crash the process at exit after a write failed for lack of space.
+    """
+    import shutil
+
+    from spar_bench.outputs import DiskFullError
+
+    itemsize = np.dtype(STORAGE_DTYPES[dtype]).itemsize
+    n = max(item[3] - item[2], 1)
+    per_row = sum((toks.numel() + pooled.numel()) * itemsize / n for toks, pooled in res.values())
+    need, free = int(per_row * rows), shutil.disk_usage(path.parent).free
+    if need > free:
+        raise DiskFullError(
+            f"{path}: the {rows} rows still to write need about {need / 1e9:.2f} GB but only "
+            f"{free / 1e9:.2f} GB are free on that disk; free space (or choose another --out) "
+            "and rerun the same command (it resumes)"
+        )
+
+
 def _encode_items(f, build, items: list[Item], enc, layers: list[int], *, dev, comp: str, dtype: str,
                   workers: int, where: str, desc: str, progress: bool,
                   on_batch: Callable[[str, str, int, int], None] | None) -> None:
@@ -274,6 +296,8 @@ def _encode_items(f, build, items: list[Item], enc, layers: list[int], *, dev, c
                 item = items[int(i)]
                 with torch.autocast(dev.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
                     res = enc(images.to(dev, non_blocking=True), layers)
+                if not seen:
+                    check_space(Path(f.filename), res, item, sum(hi - lo for _, _, lo, hi in items), dtype)
                 pending.append(writer.submit(store, item, res))
                 while len(pending) > 2:
                     pending.popleft().result()
@@ -318,7 +342,8 @@ def write_cache(
     import torch
     from spar_bench.builder.shards import Build
 
-    from spar_bench.outputs import check_target, claim, remove
+    from spar_bench.locks import output_lock
+    from spar_bench.outputs import check_target, claim, disk_full_is_an_error, remove
 
     from .encoders import check_encoder_name, load_encoder
 
@@ -359,9 +384,22 @@ def write_cache(
         "dtype": dtype, "compute_dtype": comp, "dataset_fingerprint": build.fingerprint,
         "plan": [list(p) for p in plan],
     }
-    if overwrite and claim(out, overwrite=True, owned=owned_cache, what="feature cache"):
-        remove(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    target = part_path(out, ranks) if ranks.distributed else out
+    with output_lock(target, what="feature cache (spar-probe cache)"), \
+            disk_full_is_an_error(target, rerun="rerun the same command (it resumes)"):
+        if overwrite and claim(out, overwrite=True, owned=owned_cache, what="feature cache"):
+            remove(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _write_locked(out, target, build, plan, enc, args, batch, ranks, precision, data, dict(
+            layers=layers, dev=dev, comp=comp, dtype=dtype, workers=workers,
+            where=f"{target}: {spec.name}", desc=spec.name, progress=progress, on_batch=on_batch))
+    return out
+
+
+def _write_locked(out: Path, target: Path, build, plan, enc, args: dict, batch: int, ranks: Ranks,
+                  precision, data, fill: dict[str, Any]) -> None:
+    """Fill ``target`` (this process's file) and, under torchrun, merge the parts into ``out``."""
+    spec, comp, dtype, layers = enc.spec, fill["comp"], fill["dtype"], fill["layers"]
     meta = {
         "schema_version": CACHE_SCHEMA, "encoder": spec.name,
         "encoder_config": dict(spec.to_dict(), preprocessing=spec.preprocessing()),
@@ -371,17 +409,13 @@ def write_cache(
         "layers": layers, "cache_args": json.dumps(args, sort_keys=True), "complete": False,
     }
     if ranks.distributed and _is_complete(out, args):
-        return out  # every rank sees the same finished file
-    target = part_path(out, ranks) if ranks.distributed else out
-    fill = dict(layers=layers, dev=dev, comp=comp, dtype=dtype, workers=workers,
-                where=f"{target}: {spec.name}", desc=spec.name, progress=progress, on_batch=on_batch)
+        return  # every rank sees the same finished file
     _fill(target, build, plan, enc, args, meta, batch, ranks, fill)
     if ranks.distributed:
         barrier(ranks, DIST_TIMEOUT_S)
         if ranks.rank == 0:
             merge_parts(out, all_parts(out, ranks.world))
         barrier(ranks, DIST_TIMEOUT_S)
-    return out
 
 
 def _fill(target: Path, build, plan, enc, args: dict, meta: dict, batch: int, ranks: Ranks,

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-
 import click
 
-from spar_bench.clitools import LazyGroup, run_cli
+from spar_bench.clitools import LazyGroup, run_main
 
 COMMANDS = {
     "encoders": "spar_bench.probes.encoders:encoders_command",
@@ -27,7 +25,7 @@ def cli() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    sys.exit(run_cli(cli, argv))
+    run_main(cli, argv)
 
 
 if __name__ == "__main__":

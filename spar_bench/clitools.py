@@ -5,11 +5,17 @@
 * :func:`run_cli`: runs a group and turns :class:`~spar_bench.errors.SparError` (an unknown
   registry name included) into one newline-terminated line on stderr and exit status 2,
   instead of a traceback.
+* :func:`run_main`: the console scripts' entry: SIGTERM runs every cleanup (no worker
+  process outlives the command) and a full disk exits at once after its one line.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
 from collections.abc import Mapping
+from typing import NoReturn
 
 import click
 
@@ -53,18 +59,44 @@ def error_line(e: BaseException) -> str:
 
 def run_cli(group: click.Command, argv: list[str] | None = None) -> int:
     """Run ``group``; a :class:`SparError` becomes ``error: <message>`` and exit 2."""
+    return _run(group, argv)[0]
+
+
+def _run(group: click.Command, argv: list[str] | None) -> tuple[int, BaseException | None]:
     try:
         group.main(args=argv, standalone_mode=False)
     except click.exceptions.Exit as e:
-        return e.exit_code
+        return e.exit_code, None
     except click.ClickException as e:
         e.show()
-        return e.exit_code
-    except click.Abort:
+        return e.exit_code, e
+    except click.Abort as e:
         click.echo("aborted", err=True)
-        return 130
+        return 130, e
     except SparError as e:
         click.echo(error_line(e), err=True)  # echo ends the line with a newline
-        return 2
-    return 0
+        return 2, e
+    except SystemExit as e:
+        if e.code == 128 + signal.SIGTERM:  # from exit_on_sigterm, after every cleanup ran
+            click.echo("terminated (SIGTERM)", err=True)
+        raise
+    return 0, None
+
+
+def run_main(group: click.Command, argv: list[str] | None = None) -> NoReturn:
+    """The console-script entry: :func:`run_cli` with SIGTERM as a clean exit, then exit.
+
+    After a full disk the process leaves at once (``os._exit``): HDF5 would otherwise crash
+    at interpreter exit closing a file whose last write failed, after the error was shown.
+    """
+    from spar_bench.outputs import DiskFullError
+    from spar_bench.procs import exit_on_sigterm
+
+    exit_on_sigterm()
+    code, err = _run(group, argv)
+    if isinstance(err, DiskFullError):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 

@@ -13,6 +13,10 @@ anything:
   in it is one that output lists. A folder with one extra file (``thesis.docx``) is refused,
   with the file named, and nothing is deleted.
 
+A full disk while writing (ENOSPC, EDQUOT) becomes one :class:`DiskFullError` line through
+:func:`disk_full_is_an_error`, naming the path and saying how to continue once space is
+freed. Two writers on one output are kept apart by :mod:`spar_bench.locks`.
+
 The ``owned`` tests live beside the outputs they recognise; each takes the output path and
 returns the set of relative file paths that output accounts for, or ``None`` when the path
 is not such an output.
@@ -20,12 +24,14 @@ is not such an output.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from spar_bench.errors import ConfigError
+from spar_bench.errors import ConfigError, SparError
 
 #: ``owned(path)`` -> relative POSIX paths of the files that output accounts for, or None.
 Owned = Callable[[Path], "set[str] | None"]
@@ -121,3 +127,37 @@ def remove(path: Path) -> None:
         shutil.rmtree(path)
     elif path.exists() or path.is_symlink():
         path.unlink()
+
+
+#: errno values that mean "the disk (or the quota) is full".
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+class DiskFullError(SparError):
+    """The disk filled up while writing an output (reported as one line; the run resumes)."""
+
+
+def is_disk_full(err: BaseException) -> bool:
+    """Whether ``err`` is an OSError for a full disk or quota (h5py and pyarrow set errno too)."""
+    return isinstance(err, OSError) and (
+        err.errno in DISK_FULL_ERRNOS or "No space left on device" in str(err)
+    )
+
+
+@contextmanager
+def disk_full_is_an_error(where: str | Path, *, rerun: str) -> Iterator[None]:
+    """Turn a full-disk OSError inside the block into one :class:`DiskFullError` line.
+
+    Args:
+        where: the output being written (named when the error carries no file name).
+        rerun: how to continue once space is freed, e.g. "rerun with --resume".
+    """
+    try:
+        yield
+    except OSError as e:
+        if not is_disk_full(e):
+            raise
+        path = e.filename or where
+        raise DiskFullError(
+            f"no space left on the disk while writing {path}; free space (or write elsewhere) and {rerun}"
+        ) from None

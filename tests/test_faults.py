@@ -279,3 +279,225 @@ def test_totalsegmentator_meta_row_without_its_folder(totalseg_dir, tmp_path):
         src.load(refs["s0002"])
     with pytest.raises(CaseError, match="case s0003: .*has no segmentations/ folder"):
         src.load(refs["s0003"])
+
+
+# -- a full disk is one line, and --resume continues once space is freed ----------------------
+def _enospc(path="x"):
+    import errno
+
+    return OSError(errno.ENOSPC, "No space left on device", str(path))
+
+
+@pytest.mark.parametrize("stage", ["spill", "manifest"])
+def test_full_disk_during_a_build_is_one_error_and_resume_continues(tmp_path, monkeypatch, stage):
+    import numpy as np
+    import spar_bench.builder.writers.manifest as wm
+    from spar_bench.builder.build import build
+
+    from spar_bench.outputs import DiskFullError
+
+    root = write_word(tmp_path / "word")
+    clean = tree_hashes(build(word_config(root, tmp_path / "clean"), quiet=True))
+    out = tmp_path / "out"
+    if stage == "spill":
+        real, calls = np.savez, []
+
+        def savez(path, **arrays):
+            calls.append(path)
+            if len(calls) == 3:
+                raise _enospc(path)
+            return real(path, **arrays)
+
+        monkeypatch.setattr(np, "savez", savez)
+    else:
+        monkeypatch.setattr(wm, "write_manifest", lambda out_dir, m: (_ for _ in ()).throw(_enospc()))
+    with pytest.raises(DiskFullError) as e:
+        build(word_config(root, out), quiet=True)
+    msg = str(e.value)
+    assert msg.startswith("no space left on the disk while writing ") and "--resume" in msg and "\n" not in msg
+    if stage == "spill":
+        assert "out.tmp/cases/word__c3.part.npz" in msg
+    assert not out.exists() and not (tmp_path / "out.lock").exists()
+    monkeypatch.undo()  # space freed
+    build(word_config(root, out, resume=True), quiet=True)
+    assert tree_hashes(out) == clean
+
+
+def test_full_disk_in_a_real_process_is_one_line_then_resume(tmp_path):
+    import subprocess
+    import sys
+
+    root = write_word(tmp_path / "word")
+    args = ["--source", "word", "--root", str(root), "--out", str(tmp_path / "out"), *SMALL]
+    inject = ("import errno, numpy as np, sys\nreal = np.savez\nn = [0]\n"
+              "def savez(p, **a):\n    n[0] += 1\n    if n[0] == 2:\n"
+              "        raise OSError(errno.ENOSPC, 'No space left on device', str(p))\n    return real(p, **a)\n"
+              "np.savez = savez\nfrom spar_bench.builder.cli import main\nmain(sys.argv[1:])\n")
+    r = subprocess.run([sys.executable, "-c", inject, *args], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1 and "no space left on the disk" in errors[0] and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "spar_bench.builder.cli", *args, "--resume"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "out" / "manifest.json").is_file() and not (tmp_path / "out.tmp").exists()
+
+
+def _small_cache_build(fake_root, tmp_path):  # noqa: F811
+    from spar_bench.builder.build import build
+
+    return build(config(fake_root, tmp_path / "b", hf=False), quiet=True)
+
+
+def test_full_disk_during_a_cache_is_one_error_and_the_rerun_resumes(fake_root, tmp_path, monkeypatch):  # noqa: F811
+    import shutil
+
+    import h5py
+    import numpy as np
+    import spar_bench.probes.cache as pc
+
+    from spar_bench.outputs import DiskFullError
+
+    data = _small_cache_build(fake_root, tmp_path)
+    kw = dict(device="cpu", progress=False, batch=4, dtype="fp32", compute="fp32", levels=["level1"])
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**6, 10**6 - 10, 10))
+    out = tmp_path / "c.h5"
+    with pytest.raises(DiskFullError, match=r"c.h5: the \d+ rows still to write need about .* GB are free"):
+        pc.write_cache("dummy", data, out, **kw)
+    monkeypatch.undo()
+    real, n = pc._store_batch, []
+
+    def store(f, item, res, **k):
+        n.append(item)
+        if len(n) == 2:
+            raise _enospc(out)
+        return real(f, item, res, **k)
+
+    monkeypatch.setattr(pc, "_store_batch", store)
+    with pytest.raises(DiskFullError, match="no space left on the disk while writing .*c.h5.*rerun the same command"):
+        pc.write_cache("dummy", data, out, **kw)
+    monkeypatch.undo()
+    pc.write_cache("dummy", data, out, **kw)
+    full = pc.write_cache("dummy", data, tmp_path / "full.h5", **kw)
+    with h5py.File(out) as a, h5py.File(full) as b:
+        assert a.attrs["complete"] and not (tmp_path / "c.h5.lock").exists()
+        for split in ("train", "val", "test"):
+            assert np.array_equal(a[f"level1/{split}/layer-1/pooled"][()], b[f"level1/{split}/layer-1/pooled"][()])
+
+
+# -- one writer per output: OUT.lock / CACHE.lock --------------------------------------------
+def test_a_second_build_or_cache_to_one_output_is_refused_naming_the_holder(fake_root, tmp_path):  # noqa: F811
+    import os
+    import subprocess
+    import sys
+
+    from spar_bench.builder.build import build
+    from spar_bench.locks import output_lock
+    from spar_bench.probes.cache import write_cache
+
+    from spar_bench.errors import ConfigError
+
+    out = tmp_path / "out"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom spar_bench.locks import output_lock\n"
+         "with output_lock(sys.argv[1], what='build'):\n    print('held', flush=True)\n    time.sleep(120)\n",
+         str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ConfigError, match=rf"{out} is being written by another build.*pid {holder.pid}"):
+            build(config(fake_root, out, overwrite=True), quiet=True)
+        assert not out.exists() and not (tmp_path / "out.tmp").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    # the holder died without cleaning up: its stale lock (dead pid) is taken over
+    (tmp_path / "out.lock").write_text(f"{holder.pid}\n")
+    build(config(fake_root, out, hf=False), quiet=True)
+    assert not (tmp_path / "out.lock").exists()
+    cache = tmp_path / "c.h5"
+    with output_lock(cache, what="feature cache"):
+        with pytest.raises(ConfigError, match=rf"pid {os.getpid()}"):
+            write_cache("dummy", out, cache, device="cpu", progress=False)
+    assert not cache.exists()
+
+
+# -- a killed parallel build leaves no worker behind ------------------------------------------
+SLOW_SOURCE = '''
+import time
+from spar_bench.builder.sources.word import WordSource
+
+class SlowWord(WordSource):
+    name = "slowword"
+
+    def load(self, ref):
+        time.sleep(120)
+        return super().load(ref)
+'''
+
+RUN_SLOW = '''
+import sys
+sys.path.insert(0, sys.argv[1])
+from slowsrc import SlowWord
+from spar_bench.builder.sources import SOURCES
+SOURCES.register("slowword", SlowWord)
+from spar_bench.builder.cli import main
+main(sys.argv[2:])
+'''
+
+
+def _children(pid: int) -> dict[int, str]:
+    """Live (non-zombie) child processes of ``pid``: {pid: state}."""
+    kids = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            kids[int(stat.parent.name)] = fields[0]
+    return kids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc (Linux)")
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_killed_parallel_build_leaves_no_worker(tmp_path, sig):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = write_word(tmp_path / "word")
+    (tmp_path / "slowsrc.py").write_text(SLOW_SOURCE)
+    args = ["--source", "slowword", "--root", str(root), "--out", str(tmp_path / "out"), "--workers", "2", *SMALL]
+    proc = subprocess.Popen([sys.executable, "-c", RUN_SLOW, str(tmp_path), *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(_children(proc.pid)) < 3 and time.monotonic() < deadline:  # 2 workers + resource tracker
+            time.sleep(0.2)
+        kids = _children(proc.pid)
+        assert len(kids) >= 3, kids
+        time.sleep(1.0)  # let the workers pick up their (slow) cases
+        proc.send_signal(getattr(signal, sig))
+        rc = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = proc.stderr.read()
+    assert rc != 0 and "Traceback" not in err, err
+    deadline = time.monotonic() + 30
+    while any(_alive(k) for k in kids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [k for k in kids if _alive(k)]
+    for k in left:  # do not leave them to the next test, but fail
+        Path(f"/proc/{k}").exists() and __import__("os").kill(k, 9)
+    assert not left, f"worker processes outlived the build: {left}"
+    assert not (tmp_path / "out").exists() and (tmp_path / "out.tmp" / "config.json").is_file()

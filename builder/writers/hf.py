@@ -174,11 +174,9 @@ def write_hf(
     jobs = [(str(out_dir), level, e["path"]) for level, by_split in shards.items()
             for entries in by_split.values() for e in entries]
     if workers > 1 and len(jobs) > 1:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
+        from spar_bench.procs import process_pool
 
-        ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        with process_pool(workers) as pool:  # workers terminated if we are interrupted
             results = list(tqdm(pool.map(convert_shard, jobs), total=len(jobs), desc="parquet",
                                 unit="shard", leave=False))
     else:
