@@ -392,10 +392,10 @@ def test_a_second_build_or_cache_to_one_output_is_refused_naming_the_holder(fake
     import sys
 
     from spar_bench.builder.build import build
-    from spar_bench.locks import output_lock
     from spar_bench.probes.cache import write_cache
 
     from spar_bench.errors import ConfigError
+    from spar_bench.locks import output_lock
 
     out = tmp_path / "out"
     holder = subprocess.Popen(
