@@ -15,8 +15,9 @@ towards Superior). :mod:`spar_bench.builder.frame` turns this into the canonical
   first two rows are negated (LPS -> RAS).
 
 Every problem becomes a :class:`~spar_bench.errors.CaseError` naming the case and the
-file: missing file, unreadable / truncated / empty file, 4-D or zero-size data, NaN
-or infinite intensities, non-integer label values.
+file: missing file, a folder where a NIfTI file is expected, unreadable / truncated / empty
+file, a broken DICOM slice or a gap in a series, 4-D or zero-size data, NaN or infinite
+intensities, non-integer label values.
 """
 
 from __future__ import annotations
@@ -181,6 +182,66 @@ def sitk_to_ras_affine(direction: tuple[float, ...], spacing: tuple[float, ...],
     return np.diag([-1.0, -1.0, 1.0, 1.0]) @ lps
 
 
+def _sitk_reason(e: BaseException, path: Path) -> str:
+    """The informative last line of a SimpleITK exception, without its file name."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    last = lines[-1].removeprefix("sitk::ERROR:").strip() if lines else type(e).__name__
+    return last.replace(f'"{path}"', "the file").replace(str(path), "the file")
+
+
+def _broken_slice(case_id: str, path: Path, why: str) -> CaseError:
+    return CaseError(
+        case_id, path, f"broken DICOM slice ({why}); the series in {path.parent.name}/ would miss it: "
+        "replace the file, or remove it if it is not part of the series",
+    )
+
+
+def _raise_broken_slice(folder: Path, names: list[str], *, case_id: str) -> None:
+    """Name the first slice of the series that does not read on its own (if any)."""
+    import SimpleITK as sitk
+
+    for name in names:
+        try:
+            sitk.ReadImage(name)
+        except Exception as e:
+            raise _broken_slice(case_id, Path(name), _sitk_reason(e, Path(name))) from None
+
+
+def _check_slices(folder: Path, names: list[str], *, case_id: str) -> None:
+    """Every file of a series folder is a readable slice, and the slices are evenly spaced.
+
+    GDCM leaves a file it cannot parse out of the series, which then reads as a volume one
+    slice short (a misleading image/mask grid mismatch); a deleted slice gives a gap.
+    """
+    import SimpleITK as sitk
+
+    listed = {Path(n).name for n in names}
+    for path in sorted(folder.iterdir()):
+        if path.is_file() and not path.name.startswith(".") and path.name not in listed:
+            try:
+                info = sitk.ImageFileReader()
+                info.SetFileName(str(path))
+                info.ReadImageInformation()
+            except Exception as e:  # a file GDCM could not place: broken, empty, not DICOM
+                raise _broken_slice(case_id, path, _sitk_reason(e, path)) from None
+    if len(names) < 3:
+        return
+    positions = []
+    for name in names:
+        info = sitk.ImageFileReader()
+        info.SetFileName(name)
+        info.ReadImageInformation()
+        positions.append(np.asarray(info.GetOrigin(), dtype=np.float64))
+    steps = np.linalg.norm(np.diff(np.stack(positions), axis=0), axis=1)
+    if steps.min() <= 0 or steps.max() > 1.5 * steps.min():
+        at = int(np.argmax(steps)) if steps.min() > 0 else int(np.argmin(steps))
+        raise CaseError(
+            case_id, folder,
+            f"uneven DICOM slice spacing ({steps.min():.4g} to {steps.max():.4g} mm, between "
+            f"{Path(names[at]).name} and {Path(names[at + 1]).name}): a slice is missing or duplicated",
+        )
+
+
 def read_dicom_series(folder: str | Path, *, case_id: str) -> Volume:
     """Read the one DICOM series in ``folder`` into ``(data (x, y, z), RAS affine)``."""
     import SimpleITK as sitk
@@ -200,13 +261,15 @@ def read_dicom_series(folder: str | Path, *, case_id: str) -> Volume:
             folder,
             f"folder holds {len(series)} DICOM series ({', '.join(series)}); keep one series per folder",
         )
+    names = list(sitk.ImageSeriesReader.GetGDCMSeriesFileNames(str(folder), series[0]))
+    _check_slices(folder, names, case_id=case_id)
     try:
-        names = sitk.ImageSeriesReader.GetGDCMSeriesFileNames(str(folder), series[0])
         reader = sitk.ImageSeriesReader()
         reader.SetFileNames(names)
         img = reader.Execute()
         data = sitk.GetArrayFromImage(img)  # (z, y, x)
     except Exception as e:
+        _raise_broken_slice(folder, names, case_id=case_id)
         raise CaseError(case_id, folder, f"unreadable DICOM series ({type(e).__name__}: {e})") from None
     if img.GetDimension() != 3 or img.GetNumberOfComponentsPerPixel() != 1:
         raise CaseError(case_id, folder, "DICOM series is not a single-channel 3-D volume")
@@ -218,6 +281,8 @@ def read_dicom_series(folder: str | Path, *, case_id: str) -> Volume:
 def read_volume(path: str | Path, *, case_id: str) -> Volume:
     """Read a NIfTI file or a DICOM series folder (a directory) into ``(data, affine)``."""
     path = Path(path)
+    if path.is_dir() and is_nifti(path):
+        raise CaseError(case_id, path, "is a folder, but a NIfTI file (.nii / .nii.gz) is expected here")
     if path.is_dir():
         return read_dicom_series(path, case_id=case_id)
     if not path.exists():

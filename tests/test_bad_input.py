@@ -170,3 +170,40 @@ def test_integer_scaled_ct_is_read_without_float(tmp_path):
     data, _ = read_volume(path, case_id="ct")
     assert data.dtype.kind == "i"
     assert np.array_equal(data, raw.astype(np.int32) - 1024)
+
+
+def make_dicom_case(root: Path, case_id: str) -> Path:
+    """A WORD case whose image is a DICOM series folder (6 slices); returns that folder."""
+    from test_frame import _write_dicom_series
+
+    mask = toy_mask()
+    save(root / "labelsTr" / f"{case_id}.nii.gz", mask)
+    folder = root / "imagesTr" / case_id
+    _write_dicom_series(folder, (mask.astype(np.int16) * 100 - 50), AFFINE)
+    return folder
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "garbage"])
+def test_broken_dicom_slice_is_named_as_such(tmp_path, damage):
+    folder = make_dicom_case(tmp_path, "d1")
+    assert load_only(tmp_path, "d1").image.shape[0] == 6  # intact series reads
+    bad = sorted(folder.glob("*.dcm"))[3]
+    raw = bad.read_bytes()
+    bad.write_bytes({"truncated": raw[:300], "empty": b"", "garbage": b"not a dicom file"}[damage])
+    msg = expect_case_error(tmp_path, "d1", bad, "broken DICOM slice")
+    assert "voxel grid" not in msg
+
+
+def test_missing_dicom_slice_is_a_gap_not_a_grid_mismatch(tmp_path):
+    folder = make_dicom_case(tmp_path, "d2")
+    sorted(folder.glob("*.dcm"))[2].unlink()
+    msg = expect_case_error(tmp_path, "d2", folder, "uneven DICOM slice spacing", "slice_0001.dcm", "slice_0003.dcm")
+    assert "voxel grid" not in msg
+
+
+def test_a_folder_where_a_nifti_file_is_expected(tmp_path):
+    make_case(tmp_path, "c9")
+    label = tmp_path / "labelsTr" / "c9.nii.gz"
+    label.unlink()
+    label.mkdir()
+    expect_case_error(tmp_path, "c9", label, "is a folder, but a NIfTI file (.nii / .nii.gz) is expected here")
