@@ -333,12 +333,12 @@ def test_full_disk_in_a_real_process_is_one_line_then_resume(tmp_path):
               "def savez(p, **a):\n    n[0] += 1\n    if n[0] == 2:\n"
               "        raise OSError(errno.ENOSPC, 'No space left on device', str(p))\n    return real(p, **a)\n"
               "np.savez = savez\nfrom spar_bench.builder.cli import main\nmain(sys.argv[1:])\n")
-    r = subprocess.run([sys.executable, "-c", inject, *args], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-c", inject, *args], capture_output=True, encoding="utf-8", errors="replace", timeout=300)
     assert r.returncode == 2, r.stderr
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]
     assert len(errors) == 1 and "no space left on the disk" in errors[0] and "Traceback" not in r.stderr
     r = subprocess.run([sys.executable, "-m", "spar_bench.builder.cli", *args, "--resume"],
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, encoding="utf-8", errors="replace", timeout=300)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "out" / "manifest.json").is_file() and not (tmp_path / "out.tmp").exists()
 
@@ -401,7 +401,7 @@ def test_a_second_build_or_cache_to_one_output_is_refused_naming_the_holder(fake
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time\nfrom spar_bench.locks import output_lock\n"
          "with output_lock(sys.argv[1], what='build'):\n    print('held', flush=True)\n    time.sleep(120)\n",
-         str(out)], stdout=subprocess.PIPE, text=True)
+         str(out)], stdout=subprocess.PIPE, encoding="utf-8", errors="replace")
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(ConfigError, match=rf"{out} is being written by another build.*pid {holder.pid}"):
@@ -478,7 +478,8 @@ def test_killed_parallel_build_leaves_no_worker(tmp_path, sig):
     (tmp_path / "slowsrc.py").write_text(SLOW_SOURCE)
     args = ["--source", "slowword", "--root", str(root), "--out", str(tmp_path / "out"), "--workers", "2", *SMALL]
     proc = subprocess.Popen([sys.executable, "-c", RUN_SLOW, str(tmp_path), *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            encoding="utf-8", errors="replace")
     try:
         deadline = time.monotonic() + 120
         while len(_children(proc.pid)) < 3 and time.monotonic() < deadline:  # 2 workers + resource tracker
