@@ -642,8 +642,8 @@ def build(config: BuildConfig, *, quiet: bool = False) -> Path:
 
         i, n = config.partition
         refs = [t for t in refs if partition_of(t[0].source, t[0].case_id, n) == i]
-    with output_lock(config.out, what="build (spar-build)"), \
-            disk_full_is_an_error(config.out, rerun="rerun the same command with --resume"):
+    with disk_full_is_an_error(config.out, rerun="rerun the same command with --resume"), \
+            output_lock(config.out, what="build (spar-build)"):
         work, out = _prepare_dirs(config)  # refuses a bad OUT before anything is written
         done = _run_cases(config, refs, work / "cases", sample_cfg.to_dict())
         ordered = [done[(r.source, r.case_id)] for r, _, _ in refs]

@@ -256,10 +256,17 @@ def check_space(path: Path, res: dict, item: Item, rows: int, dtype: str) -> Non
     need, free = int(per_row * rows), shutil.disk_usage(path.parent).free
     if need > free:
         raise DiskFullError(
-            f"{path}: the {rows} rows still to write need about {need / 1e9:.2f} GB but only "
-            f"{free / 1e9:.2f} GB are free on that disk; free space (or choose another --out) "
+            f"{path}: the {rows} rows still to write need about {_size(need)} but only "
+            f"{_size(free)} are free on that disk; free space (or choose another --out) "
             "and rerun the same command (it resumes)"
         )
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
 
 
 def _encode_items(f, build, items: list[Item], enc, layers: list[int], *, dev, comp: str, dtype: str,
@@ -385,8 +392,8 @@ def write_cache(
         "plan": [list(p) for p in plan],
     }
     target = part_path(out, ranks) if ranks.distributed else out
-    with output_lock(target, what="feature cache (spar-probe cache)"), \
-            disk_full_is_an_error(target, rerun="rerun the same command (it resumes)"):
+    with disk_full_is_an_error(target, rerun="rerun the same command (it resumes)"), \
+            output_lock(target, what="feature cache (spar-probe cache)"):
         if overwrite and claim(out, overwrite=True, owned=owned_cache, what="feature cache"):
             remove(out)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -175,14 +175,16 @@ def test_resume_reuses_unchanged_spills(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         bb.build(word_config(root, out), quiet=True)
     restore()
+    import spar_bench.builder.samples as samples
+
     loaded = []
-    real_load = bb._samples_api().process_case
+    real_process = samples.process_case
 
     def counting(case, *a, **k):
         loaded.append(case.case_id)
-        return real_load(case, *a, **k)
+        return real_process(case, *a, **k)
 
-    monkeypatch.setattr(bb._samples_api(), "process_case", counting)
+    monkeypatch.setattr(samples, "process_case", counting)
     bb.build(word_config(root, out, resume=True), quiet=True)
     assert loaded == ["c4"]  # c1..c3 reused, not recomputed
 
@@ -362,7 +364,7 @@ def test_full_disk_during_a_cache_is_one_error_and_the_rerun_resumes(fake_root, 
     kw = dict(device="cpu", progress=False, batch=4, dtype="fp32", compute="fp32", levels=["level1"])
     monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**6, 10**6 - 10, 10))
     out = tmp_path / "c.h5"
-    with pytest.raises(DiskFullError, match=r"c.h5: the \d+ rows still to write need about .* GB are free"):
+    with pytest.raises(DiskFullError, match=r"c.h5: the \d+ rows still to write need about .* but only 10 bytes are free"):
         pc.write_cache("dummy", data, out, **kw)
     monkeypatch.undo()
     real, n = pc._store_batch, []
