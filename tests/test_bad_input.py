@@ -174,12 +174,12 @@ def test_integer_scaled_ct_is_read_without_float(tmp_path):
 
 def make_dicom_case(root: Path, case_id: str) -> Path:
     """A WORD case whose image is a DICOM series folder (6 slices); returns that folder."""
-    from test_frame import _write_dicom_series
+    from helpers import write_dicom_series
 
     mask = toy_mask()
     save(root / "labelsTr" / f"{case_id}.nii.gz", mask)
     folder = root / "imagesTr" / case_id
-    _write_dicom_series(folder, (mask.astype(np.int16) * 100 - 50), AFFINE)
+    write_dicom_series(folder, (mask.astype(np.int16) * 100 - 50), AFFINE)
     return folder
 
 

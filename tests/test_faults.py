@@ -6,8 +6,11 @@ a full disk, two writers on one output, killed parallel builds.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
-from helpers import build_config
+from helpers import build_config, tree_hashes
 from spar_bench.builder.cli import cli
 
 from spar_bench.clitools import run_cli
@@ -79,7 +82,7 @@ def write_word(root: Path, cases=(("c1", "Tr"), ("c2", "Tr"), ("c3", "Tr"), ("c4
     """A tiny WORD-layout folder: test_build's synthetic abdomens as NIfTI (image + mask)."""
     import nibabel as nib
     import numpy as np
-    from test_build import make_case
+    from helpers import make_case
 
     affine = np.diag([-6.0, -6.0, 5.0, 1.0])  # (col, row, z) voxels: canonical = as drawn
     for cid, split in cases:
@@ -348,7 +351,7 @@ def test_full_disk_in_a_real_process_is_one_line_then_resume(tmp_path):
 def _small_cache_build(fake_root, tmp_path):  # noqa: F811
     from spar_bench.builder.build import build
 
-    return build(config(fake_root, tmp_path / "b", hf=False), quiet=True)
+    return build(build_config(fake_root, tmp_path / "b", hf=False), quiet=True)
 
 
 def test_full_disk_during_a_cache_is_one_error_and_the_rerun_resumes(fake_root, tmp_path, monkeypatch):  # noqa: F811
@@ -407,14 +410,14 @@ def test_a_second_build_or_cache_to_one_output_is_refused_naming_the_holder(fake
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(ConfigError, match=rf"{out} is being written by another build.*pid {holder.pid}"):
-            build(config(fake_root, out, overwrite=True), quiet=True)
+            build(build_config(fake_root, out, overwrite=True), quiet=True)
         assert not out.exists() and not (tmp_path / "out.tmp").exists()
     finally:
         holder.kill()
         holder.wait()
     # the holder died without cleaning up: its stale lock (dead pid) is taken over
     (tmp_path / "out.lock").write_text(f"{holder.pid}\n")
-    build(config(fake_root, out, hf=False), quiet=True)
+    build(build_config(fake_root, out, hf=False), quiet=True)
     assert not (tmp_path / "out.lock").exists()
     cache = tmp_path / "c.h5"
     with output_lock(cache, what="feature cache"):
@@ -471,6 +474,7 @@ def _alive(pid: int) -> bool:
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc (Linux)")
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
 def test_killed_parallel_build_leaves_no_worker(tmp_path, sig):
+    import os
     import signal
     import subprocess
     import sys
@@ -501,6 +505,7 @@ def test_killed_parallel_build_leaves_no_worker(tmp_path, sig):
         time.sleep(0.2)
     left = [k for k in kids if _alive(k)]
     for k in left:  # do not leave them to the next test, but fail
-        Path(f"/proc/{k}").exists() and __import__("os").kill(k, 9)
+        if Path(f"/proc/{k}").exists():
+            os.kill(k, 9)
     assert not left, f"worker processes outlived the build: {left}"
     assert not (tmp_path / "out").exists() and (tmp_path / "out.tmp" / "config.json").is_file()
