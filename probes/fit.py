@@ -471,12 +471,14 @@ def parse_seeds(text: str) -> list[int]:
 
 def run_options(f):
     """The options every run takes, shared by ``fit`` and ``sweep`` (one per :data:`OPTIONS`)."""
+    from .runspec import option_help
+
     for opt in reversed(list(OPTIONS.values())):
         flag = f"--{opt.name.replace('_', '-')}"
         if opt.type is bool:
-            f = click.option(flag, opt.name, is_flag=True, default=None, help=opt.help)(f)
+            f = click.option(flag, opt.name, is_flag=True, default=None, help=option_help(opt))(f)
         else:
-            f = click.option(flag, opt.name, type=opt.type, default=None, help=opt.help)(f)
+            f = click.option(flag, opt.name, type=opt.type, default=None, help=option_help(opt))(f)
     f = click.option("--data", default=None, type=click.Path(file_okay=False),
                      help="Build dir (default: the cache's dataset_dir).")(f)  # fmt: skip
     f = click.option("--bootstrap", "n_boot", default=1000, show_default=True, type=int,

@@ -41,14 +41,14 @@ class Option:
 
 #: Every option a run takes, by the name used in ``--grid KEY=...`` (CLI flag: ``--key-name``).
 OPTIONS: dict[str, Option] = {o.name: o for o in (
-    Option("lr", "train", float, "Learning rate (AdamW). [default: 1e-3]"),
-    Option("weight_decay", "train", float, "Weight decay (AdamW). [default: 0.01]"),
-    Option("batch_size", "train", int, "Items per batch. [default: 256]"),
+    Option("lr", "train", float, "Learning rate (AdamW)."),
+    Option("weight_decay", "train", float, "Weight decay (AdamW)."),
+    Option("batch_size", "train", int, "Items per batch."),
     Option("max_epochs", "train", int, "Default: 100 pooled heads, 40 token heads."),
-    Option("patience", "train", int, "Early-stopping patience in epochs. [default: 8]"),
-    Option("val_fraction", "train", float, "Held-out share of train patients without a val split. [default: 0.15]"),
-    Option("sinkhorn_iters", "train", int, "Sinkhorn iterations of the Level 2 loss. [default: 20]"),
-    Option("grad_clip", "train", float, "Gradient-norm clip, 0 = none. [default: 1.0]"),
+    Option("patience", "train", int, "Early-stopping patience in epochs."),
+    Option("val_fraction", "train", float, "Held-out share of train patients without a val split."),
+    Option("sinkhorn_iters", "train", int, "Sinkhorn iterations of the Level 2 loss."),
+    Option("grad_clip", "train", float, "Gradient-norm clip, 0 = none."),
     Option("proj_dim", "head", int, "Token heads: width of the fixed PCA projection. [default: 128]"),
     Option("d_model", "head", int, "Token heads: model width. [default: 128]"),
     Option("n_layers", "head", int, "transformer: layers. [default: 2]"),
@@ -60,6 +60,13 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("train_mirrors", "run", bool, "Also train on mirrored counterfactual samples."),
 )}  # fmt: skip
 ALIASES = {"wd": "weight_decay", "layers": "n_layers", "epochs": "max_epochs"}
+
+
+def option_help(opt: Option) -> str:
+    """``opt.help`` with the train option's default taken from :class:`TrainConfig` itself."""
+    if opt.where == "train" and getattr(TrainConfig(), opt.name) is not None:
+        return f"{opt.help} [default: {getattr(TrainConfig(), opt.name)}]"
+    return opt.help
 
 
 @dataclass(frozen=True)
