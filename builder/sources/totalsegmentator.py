@@ -32,6 +32,16 @@ from ..readers import as_integer_labels, read_volume
 from ..schema import ORGAN_ID, ORGANS
 from .volume import MaskRead, VolumeSource, check_unique, find_image
 
+
+def _memory_flat(a: np.ndarray) -> np.ndarray | None:
+    """A 1-D view of ``a`` in memory order (C or Fortran), or None if it is not contiguous."""
+    if a.flags.c_contiguous:
+        return a.reshape(-1)
+    if a.flags.f_contiguous:
+        return a.T.reshape(-1)
+    return None
+
+
 #: meta.csv split names -> canonical split.
 SPLIT_NAMES = {"train": "train", "val": "val", "validation": "val", "test": "test"}
 
@@ -169,10 +179,11 @@ class TotalSegmentatorSource(VolumeSource):
                 continue
             raw, aff = read_volume(path, case_id=ref.case_id)
             raw = as_integer_labels(raw, case_id=ref.case_id, path=path)
-            if raw.size and int(raw.max()) > 1:
-                raise CaseError(
-                    ref.case_id, path, f"binary class mask has value {int(raw.max())}; expected 0/1 only"
-                )
+            flat = _memory_flat(raw)  # one pass over the file's voxels: where are its ones
+            on = np.flatnonzero(flat) if flat is not None else None
+            top = int(flat[on].max()) if on is not None and on.size else int(raw.max()) if raw.size else 0
+            if top > 1:
+                raise CaseError(ref.case_id, path, f"binary class mask has value {top}; expected 0/1 only")
             if mask is None:  # the file's memory order (NIfTI: Fortran): no strided passes below
                 mask, affine = np.zeros_like(raw, dtype=np.uint8), aff
             elif raw.shape != mask.shape or not np.allclose(aff, affine, rtol=0, atol=1e-3):
@@ -180,8 +191,13 @@ class TotalSegmentatorSource(VolumeSource):
                     ref.case_id, path, f"shape {raw.shape} or affine differs from the other class masks "
                     f"(shape {mask.shape}); every class mask must share one voxel grid and axis order"
                 )
-            hits += int(np.count_nonzero(raw))
-            np.copyto(mask, ORGAN_ID[organ], where=raw.view(bool) if raw.dtype == np.uint8 else raw.astype(bool))
+            mask_flat = _memory_flat(mask)
+            if on is not None and mask_flat is not None and mask.strides == raw.strides:
+                hits += on.size
+                mask_flat[on] = ORGAN_ID[organ]
+            else:
+                hits += int(np.count_nonzero(raw))
+                np.copyto(mask, ORGAN_ID[organ], where=raw.astype(bool))
             geometry.append((path, aff, tuple(raw.shape)))
         if mask is None:
             raise CaseError(
