@@ -793,7 +793,8 @@ def build_from_cli(**options: Any) -> Path:
     sources = tuple(options.get("source") or ())
     if not sources:
         raise ConfigError("missing --source NAME; list the sources with `spar-build sources`")
-    from .partition import parse_partition
+    from spar_bench.partitions import parse_partition
+
     from .sources import SOURCES
 
     for name in sources:  # names first: a typo is named before any folder is looked at

@@ -20,7 +20,6 @@ byte-identical to ``spar-build`` without ``--partition`` (same options, same see
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -31,28 +30,15 @@ import click
 
 from spar_bench.errors import ConfigError, IntegrityError
 from spar_bench.hashing import sha256_file
+from spar_bench.partitions import bucket
 
 PARTITION_FORMAT = "spar-bench-partition"
 PARTITION_FILE = "partition.json"
 
 
-def parse_partition(text: str | None) -> tuple[int, int] | None:
-    """``"2/8"`` -> ``(2, 8)``; i in 0..N-1."""
-    if text is None or text == "":
-        return None
-    i, sep, n = str(text).partition("/")
-    try:
-        part = (int(i), int(n))
-    except ValueError:
-        part = None
-    if not sep or part is None or part[1] < 1 or not 0 <= part[0] < part[1]:
-        raise ConfigError(f"--partition {text!r}: give I/N with 0 <= I < N, e.g. 0/4")
-    return part
-
-
 def partition_of(source: str, case_id: str, n: int) -> int:
     """The partition of one case: sha256 of ``source/case_id`` modulo ``n``."""
-    return int(hashlib.sha256(f"{source}/{case_id}".encode()).hexdigest(), 16) % n
+    return bucket(f"{source}/{case_id}", n)
 
 
 def owned_partition(out: Path) -> set[str] | None:

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 from spar_bench.builder.cli import cli
-from spar_bench.builder.partition import parse_partition, partition_of
+from spar_bench.builder.partition import partition_of
 
 from spar_bench.clitools import run_cli
 from spar_bench.errors import ConfigError
+from spar_bench.partitions import parse_partition
 
 OPTS = ["--samples-per-case", "1", "--counterfactual", "mirror", "--shard-size", "7", "--seed", "4"]
 
