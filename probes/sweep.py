@@ -12,6 +12,12 @@ torch threads, 1 by default, so ``--jobs 2`` keeps both cores of a small machine
 without oversubscription). A run whose ``metrics.json`` exists is skipped, so an
 interrupted sweep resumes where it stopped. Token heads are scheduled first (they take
 longest).
+
+Spreading a sweep over machines (docs/SCALE.md): every run has an id, its folder relative
+to ``--out`` (``<encoder>/<probe>/<head>[,variant]/seed<k>``). ``--list`` prints the ids
+and whether each is finished; ``--only ID`` runs just those; ``--partition I/N`` runs the
+ids whose sha256 falls in partition I of N (:mod:`spar_bench.partitions`), so a scheduler
+array of N tasks runs each run exactly once, all into one folder.
 """
 
 from __future__ import annotations
@@ -118,6 +124,60 @@ def make_jobs(features: str, heads: list[str], probes: list[str], seeds: list[in
     return list(dict.fromkeys(jobs))  # a grid point that equals another for some head runs once
 
 
+def run_id(job: Job, slug: str) -> str:
+    """A run's id: its folder relative to the sweep's ``--out``."""
+    return job.run.run_dir("", slug).as_posix()
+
+
+def select_jobs(jobs: list[Job], slug: str, only: tuple[str, ...] = (),
+                partition: tuple[int, int] | None = None) -> list[Job]:
+    """The jobs named by ``only`` (all if empty) that fall in ``partition`` (all if None)."""
+    import difflib
+
+    from spar_bench.errors import ConfigError
+    from spar_bench.partitions import bucket
+
+    ids = [run_id(j, slug) for j in jobs]
+    for name in only:
+        if name not in ids:
+            close = difflib.get_close_matches(name, ids, n=1)
+            hint = f"; did you mean {close[0]}?" if close else "; list the ids with --list"
+            raise ConfigError(f"--only {name}: no such run in this sweep{hint}")
+    return [j for j, i in zip(jobs, ids, strict=True)
+            if (not only or i in only) and (partition is None or bucket(i, partition[1]) == partition[0])]
+
+
+def list_runs(jobs: list[Job], slug: str) -> None:
+    """Print ``<run id>\t<done|todo>`` per job."""
+    from .fit import METRICS_FILE
+
+    for j in jobs:
+        state = "done" if (j.run.run_dir(j.out, slug) / METRICS_FILE).is_file() else "todo"
+        click.echo(f"{run_id(j, slug)}\t{state}")
+
+
+def _print_results(results: list[JobResult], seconds: float, out: str) -> None:
+    from spar_bench.errors import ConfigError
+
+    failed = [(r.job, r.error) for r in results if r.error]
+    n_unavailable = sum(r.unavailable is not None for r in results)
+    for r in sorted(results, key=lambda r: (r.job.run.probe, r.job.run.head, r.job.run.variant(),
+                                            r.job.run.seed)):  # fmt: skip
+        j = r.job.run
+        status = (f"FAILED: {r.error}" if r.error
+                  else f"not available on this build: {r.unavailable}" if r.unavailable
+                  else f"{r.seconds:.1f}s")  # fmt: skip
+        name = f"{j.head},{j.variant()}" if j.variant() else j.head
+        click.echo(f"{j.probe:28s} {name:12s} seed{j.seed}  {status}")
+    click.echo(
+        f"sweep: {len(results) - len(failed) - n_unavailable} run(s) done, {n_unavailable} probe run(s)"
+        f" not available on this build, in {seconds:.1f}s -> {Path(out)}"
+    )
+    if failed:
+        j = failed[0][0].run
+        raise ConfigError(f"{len(failed)} run(s) failed; first: {j.probe}/{j.head}: {failed[0][1]}")
+
+
 @click.command("sweep")
 @click.option(
     "--features", required=True, type=click.Path(dir_okay=False), help="Feature cache (.h5)."
@@ -134,13 +194,18 @@ def make_jobs(features: str, heads: list[str], probes: list[str], seeds: list[in
 @click.option("--grid", multiple=True, metavar="KEY=V1,V2",
               help="Sweep a run option over values (repeat for a cartesian product), "
                    "e.g. --grid lr=1e-3,3e-4 --grid wd=0,0.01.")  # fmt: skip
+@click.option("--list", "list_ids", is_flag=True,
+              help="Print every run id (its folder under --out) and whether it is done; run nothing.")
+@click.option("--only", multiple=True, metavar="RUN_ID", help="Run only this run (repeatable; ids from --list).")
+@click.option("--partition", default=None, metavar="I/N",
+              help="Run only the runs whose id hashes to partition I of N (e.g. a SLURM array task).")
 @run_options
-def sweep_command(features, heads, probes, seeds, out, jobs, grid, data, n_boot, no_controls,
-                  device, threads, **kw):  # fmt: skip
+def sweep_command(features, heads, probes, seeds, out, jobs, grid, list_ids, only, partition, data,
+                  n_boot, no_controls, device, threads, **kw):  # fmt: skip
     """Fit every probe x head x seed (x grid point) from one cache (skips finished runs)."""
-    from spar_bench.errors import ConfigError
+    from spar_bench.partitions import parse_partition
 
-    from .fit import open_cache, parse_probes, parse_seeds, resolve_build
+    from .fit import encoder_slug, open_cache, parse_probes, parse_seeds, resolve_build
     from .heads import head_input
     from .runspec import check_device, parse_grid
 
@@ -152,23 +217,12 @@ def sweep_command(features, heads, probes, seeds, out, jobs, grid, data, n_boot,
     all_jobs = make_jobs(str(features), head_list, parse_probes(probes), parse_seeds(seeds), options,
                          parse_grid(grid), str(out), threads, data=data, controls=not no_controls,
                          n_boot=n_boot, device=device)  # fmt: skip
-    resolve_build(open_cache(features), data)  # fail fast on a fingerprint mismatch
+    cache = open_cache(features)
+    resolve_build(cache, data)  # fail fast on a fingerprint mismatch
+    slug = encoder_slug(cache)
+    if list_ids:
+        list_runs(all_jobs, slug)
+        return
+    chosen = select_jobs(all_jobs, slug, tuple(only), parse_partition(partition))
     t0 = time.perf_counter()
-    results = run_sweep(all_jobs, jobs)
-    failed = [(r.job, r.error) for r in results if r.error]
-    n_unavailable = sum(r.unavailable is not None for r in results)
-    for r in sorted(results, key=lambda r: (r.job.run.probe, r.job.run.head, r.job.run.variant(),
-                                            r.job.run.seed)):  # fmt: skip
-        j = r.job.run
-        status = (f"FAILED: {r.error}" if r.error
-                  else f"not available on this build: {r.unavailable}" if r.unavailable
-                  else f"{r.seconds:.1f}s")  # fmt: skip
-        name = f"{j.head},{j.variant()}" if j.variant() else j.head
-        click.echo(f"{j.probe:28s} {name:12s} seed{j.seed}  {status}")
-    click.echo(
-        f"sweep: {len(results) - len(failed) - n_unavailable} run(s) done, {n_unavailable} probe run(s)"
-        f" not available on this build, in {time.perf_counter() - t0:.1f}s -> {Path(out)}"
-    )
-    if failed:
-        j = failed[0][0].run
-        raise ConfigError(f"{len(failed)} run(s) failed; first: {j.probe}/{j.head}: {failed[0][1]}")
+    _print_results(run_sweep(chosen, jobs), time.perf_counter() - t0, out)

@@ -1,0 +1,61 @@
+"""A sweep spread by --partition covers every run exactly once; --list and --only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from helpers import run_cmd
+
+from spar_bench.probes.cli import cli
+from spar_bench.probes.fit import encoder_slug, open_cache
+from spar_bench.probes.sweep import make_jobs, run_id, select_jobs
+
+PROBES = "level3.relative_position,level3.size"
+FAST = ["--max-epochs", 1, "--bootstrap", 10, "--no-controls", "--jobs", 1]
+
+
+def _sweep(pipeline, out: Path, *extra) -> int:
+    return run_cmd(cli, ["sweep", "--features", pipeline["cache"], "--heads", "mlp,linear",
+                         "--probes", PROBES, "--seeds", "0,1", "--out", out, *FAST, *extra])
+
+
+def test_partitions_cover_every_run_exactly_once(pipeline) -> None:
+    jobs = make_jobs(str(pipeline["cache"]), ["mlp", "transformer", "linear"],
+                     ["level1.localisation", "level3.size", "level3.counting"], [0, 1, 2],
+                     {}, [{}, {"lr": 3e-4}], "runs")
+    slug = encoder_slug(open_cache(pipeline["cache"]))
+    for n in (1, 3, 7):
+        parts = [select_jobs(jobs, slug, partition=(i, n)) for i in range(n)]
+        ids = [run_id(j, slug) for p in parts for j in p]
+        assert sorted(ids) == sorted(run_id(j, slug) for j in jobs)  # each once, none lost
+    assert len({run_id(j, slug) for j in jobs}) == len(jobs) == 54
+
+
+def test_list_only_and_partitions_run_into_one_folder(pipeline, tmp_path, capsys) -> None:
+    out = tmp_path / "runs"
+    assert _sweep(pipeline, out, "--list") == 0
+    listed = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
+    assert len(listed) == 8 and all(state == "todo" for _, state in listed)
+    first = listed[0][0]
+    assert _sweep(pipeline, out, "--only", first) == 0
+    assert [p.parent.relative_to(out).as_posix() for p in out.rglob("metrics.json")] == [first]
+    capsys.readouterr()
+    for i in range(2):
+        assert _sweep(pipeline, out, "--partition", f"{i}/2") == 0
+    done = sorted(p.parent.relative_to(out).as_posix() for p in out.rglob("metrics.json"))
+    assert done == sorted(i for i, _ in listed)
+    capsys.readouterr()
+    assert _sweep(pipeline, out, "--list") == 0
+    assert all(line.endswith("\tdone") for line in capsys.readouterr().out.splitlines())
+    assert run_cmd(cli, ["report", out, "--out", tmp_path / "report"]) == 0
+
+
+def test_only_with_an_unknown_id_says_did_you_mean(pipeline, tmp_path, capsys) -> None:
+    out = tmp_path / "runs"
+    assert _sweep(pipeline, out, "--list") == 0
+    first = capsys.readouterr().out.splitlines()[0].split("\t")[0]
+    assert _sweep(pipeline, out, "--only", first.replace("seed", "sed")) == 2
+    err = capsys.readouterr().err
+    assert "no such run" in err and f"did you mean {first}" in err
+    assert _sweep(pipeline, out, "--partition", "2/2") == 2
+    assert "--partition" in capsys.readouterr().err
