@@ -87,7 +87,10 @@ def setup(args, data: Path):
                          workers=args.workers, max_epochs=1)
     build = Build(data)
     spec = get_probe(args.probe)
-    tr = _targets(build, spec, 0, cfg, False)[0]
+    from spar_bench.probes.runspec import RunSpec
+
+    run = RunSpec(features=str(data), probe=args.probe, head="mlp", train=cfg.train_config())
+    tr = _targets(build, run)[0]
     encoding, precision = _encoding(args.encoder, build, 0, cfg, weights=None, init="scratch",
                                     model_kwargs=parse_model_args(args.model_args))
     trs = Split(tr, spec.level, "train")

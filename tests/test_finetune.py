@@ -204,3 +204,19 @@ def test_gradient_accumulation_steps_once_per_accum_batches(pipeline, tmp_path: 
     n_batches = len(epoch_batches(np.flatnonzero(~is_mirror), 4, 0, 0))
     assert n_batches > 3
     assert m["train"]["optimizer_steps"] == 2 * -(-n_batches // 3)
+
+
+def test_bench_finetune_runs(pipeline, tmp_path: Path) -> None:
+    """bench/finetune.py measures both paths on a tiny encoder (keeps it working as the loop changes)."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("bench_finetune", root / "bench" / "finetune.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "b.json"
+    assert mod.main(["--data", str(pipeline["shards"]), "--encoder", TINY_VIT[0], "--model-args",
+                     json.dumps(TINY_VIT[1]), "--batch", "4", "--batches", "2", "--repeats", "1",
+                     "--compute", "fp32", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["bare_img_s"] > 0 and r["finetune_img_s"] > 0 and r["peak_rss_mib"] > 0
