@@ -36,7 +36,15 @@ import numpy as np
 from spar_bench.errors import CaseError, ConfigError, IntegrityError, SparError
 from spar_bench.provenance import json_safe, path_from_build, portable_path
 
-from .schema import LEVEL3_CLASS_NAMES, LEVEL3_PROBES, LEVELS, N_ORGANS, ORGANS, SCHEMA_VERSION
+from .schema import (
+    LEVEL3_CLASS_NAMES,
+    LEVEL3_PROBES,
+    LEVELS,
+    N_ORGANS,
+    ORGANS,
+    SCHEMA_VERSION,
+    ordered_splits,
+)
 from .writers.hdf5 import COMPRESSIONS
 
 ON_ERROR = ("fail", "skip")
@@ -556,7 +564,7 @@ def _write_shards(config, records, cases_dir: Path, out_dir: Path, levels, thres
     from .samples import apply_thresholds
     from .writers.hdf5 import ShardSink
 
-    splits = sorted({r["split"] for r in records}, key=lambda s: (["train", "val", "test"] + [s]).index(s))
+    splits = ordered_splits(r["split"] for r in records)
     shards: dict[str, dict[str, list]] = {}
     counts: dict[str, dict[str, dict]] = {}
     for level in levels:

@@ -106,7 +106,16 @@ IMAGE_SIZE = 224
 TILE_GRID = 4
 TILE_SIZE = IMAGE_SIZE // TILE_GRID  # 56
 SPLITS = ("train", "val", "test")
+#: Per-sample 2-D image fields (HDF5: one sample per chunk, compressed; Parquet: PNG images).
+IMAGE_FIELDS = ("image", "label", "lesion")
 ARRANGEMENTS = ("rows-by-y", "rank-x", "rank-y")
+
+
+def ordered_splits(names) -> list[str]:
+    """``train``, ``val``, ``test`` first (those present), then any other split alphabetically:
+    the one split order of shards, manifests, the dataset card and readers."""
+    names = set(names)
+    return [s for s in SPLITS if s in names] + sorted(names - set(SPLITS))
 
 
 def organ_index(name: str) -> int:

@@ -21,7 +21,7 @@ import numpy as np
 
 from spar_bench.errors import ConfigError, IntegrityError
 
-from .schema import LEVELS, SPLITS
+from .schema import LEVELS, ordered_splits
 from .writers.manifest import fingerprint, read_manifest, shard_entries
 
 #: Level 3 datasets that are rows of the question table, not of the slice table.
@@ -114,7 +114,7 @@ class Build:
     def splits(self, level: str) -> list[str]:
         """Splits of ``level`` (``train``, ``val``, ``test`` first, then any others)."""
         have = self._level(level)
-        return [s for s in SPLITS if s in have] + sorted(set(have) - set(SPLITS))
+        return ordered_splits(have)
 
     def _level(self, level: str) -> dict[str, list[dict]]:
         shards = self.manifest["shards"]

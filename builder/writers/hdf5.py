@@ -23,10 +23,9 @@ import numpy as np
 
 from spar_bench.errors import SparError
 
+from ..schema import IMAGE_FIELDS
 from .manifest import sha256_file
 
-#: Per-sample 2-D arrays that are chunked one sample per chunk and compressed.
-IMAGE_FIELDS = ("image", "label", "lesion")
 LIBVER = ("earliest", "v110")
 #: Image compressions: blosc needs hdf5plugin to write and read; the others are built into h5py.
 COMPRESSIONS = ("blosc", "gzip", "lzf", "none")

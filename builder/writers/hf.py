@@ -23,9 +23,8 @@ import numpy as np
 
 from spar_bench.errors import ConfigError
 
-from ..schema import LEVEL3_PROBES, ORGANS, SPLITS
+from ..schema import IMAGE_FIELDS, LEVEL3_PROBES, ORGANS, ordered_splits
 
-IMAGE_FIELDS = ("image", "label", "lesion")
 #: What the card shows of each source record: where (as seen from the build, or null) and
 #: the sha256 of its inputs; never an absolute path.
 SOURCE_FIELDS = ("root", "inputs_sha256", "n_inputs", "n_cases")
@@ -297,7 +296,7 @@ def _dataset_info(level: str, features, sizes: Mapping[str, Mapping[str, int]], 
 
 
 def _ordered(splits) -> list[str]:
-    return [s for s in SPLITS if s in splits] + sorted(set(splits) - set(SPLITS))
+    return ordered_splits(splits)
 
 
 @click.command("push")
