@@ -142,7 +142,18 @@ def config_from_recorded(recorded: dict[str, Any], **runtime: Any):
 
 def merge(parts: list[Path], out: Path, *, workers: int = 1, overwrite: bool = False,
           quiet: bool = False) -> Path:
-    """Phase 2 over every partition's cases: the build a one-machine run would have written."""
+    """Phase 2 over every partition's cases: the build a one-machine run would have written.
+
+    Like a build: ``OUT.lock`` keeps a second writer away, a full disk is one line.
+    """
+    from spar_bench.locks import output_lock
+    from spar_bench.outputs import disk_full_is_an_error
+
+    with disk_full_is_an_error(out, rerun="rerun the same merge"), output_lock(out, what="build (spar-build merge)"):
+        return _merge(parts, Path(out), workers=workers, overwrite=overwrite, quiet=quiet)
+
+
+def _merge(parts: list[Path], out: Path, *, workers: int, overwrite: bool, quiet: bool) -> Path:
     from spar_bench.outputs import check_target, claim, remove
 
     from .build import _owned_work, write_outputs

@@ -509,3 +509,20 @@ def test_killed_parallel_build_leaves_no_worker(tmp_path, sig):
             os.kill(k, 9)
     assert not left, f"worker processes outlived the build: {left}"
     assert not (tmp_path / "out").exists() and (tmp_path / "out.tmp" / "config.json").is_file()
+
+
+def test_merge_to_an_output_being_written_is_refused(tmp_path):
+    import os
+
+    from spar_bench.builder.partition import merge
+    from spar_bench.locks import output_lock
+
+    from spar_bench.errors import ConfigError
+
+    out = tmp_path / "merged"
+    with output_lock(out, what="build"):
+        with pytest.raises(ConfigError, match=rf"being written by another build.*pid {os.getpid()}"):
+            merge([tmp_path / "p0"], out)
+    with pytest.raises(ConfigError, match="partition"):  # lock free again: the usual checks run
+        merge([tmp_path / "p0"], out)
+    assert not (tmp_path / "merged.lock").exists()
