@@ -515,9 +515,9 @@ def test_merge_to_an_output_being_written_is_refused(tmp_path):
     import os
 
     from spar_bench.builder.partition import merge
-    from spar_bench.locks import output_lock
 
     from spar_bench.errors import ConfigError
+    from spar_bench.locks import output_lock
 
     out = tmp_path / "merged"
     with output_lock(out, what="build"):
