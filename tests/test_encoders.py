@@ -239,3 +239,21 @@ def test_torchscript(tmp_path: Path) -> None:
     torch.testing.assert_close(out[-1][1], out[-1][0].mean(1))
     with pytest.raises(ConfigError, match="drop --weights"):
         load_encoder(name, random_init=True)
+
+
+def test_random_init_is_the_same_network_in_every_process() -> None:
+    """Two runs (or two ranks of a distributed cache) of --random-init encode with one network."""
+    import torch
+
+    from spar_bench.probes.encoders import load_encoder
+
+    torch.manual_seed(123)
+    state = torch.random.get_rng_state()
+    a = load_encoder("timm:resnet10t", random_init=True)
+    torch.manual_seed(999)  # whatever the caller's RNG state
+    b = load_encoder("timm:resnet10t", random_init=True)
+    sa, sb = a.module.state_dict(), b.module.state_dict()
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    torch.manual_seed(123)
+    load_encoder("timm:resnet10t", random_init=True)
+    assert torch.equal(torch.random.get_rng_state(), state)  # the caller's RNG is left alone

@@ -111,13 +111,29 @@ def check_encoder_name(name: str) -> tuple[str, str]:
     return FAMILIES.check(family), rest
 
 
+#: Seed of torch's generator while a ``--random-init`` network is built (recorded in its spec).
+RANDOM_INIT_SEED = 0
+
+
 def load_encoder(name: str, *, weights: str | None = None, random_init: bool = False,
                  revision: str | None = None, **kwargs: Any):
-    """Build the encoder ``name`` on CPU (see the module docstring). Raises ConfigError."""
+    """Build the encoder ``name`` on CPU (see the module docstring). Raises ConfigError.
+
+    A ``random_init`` network is drawn from torch's generator seeded with
+    :data:`RANDOM_INIT_SEED` (the caller's RNG state is left as it was), so the same name
+    gives the same weights in every process: two runs, or two ranks of a distributed cache,
+    encode with one network.
+    """
+    import torch
+
     entry, rest = check_encoder_name(name)
     _, revision = resolve_name(name, revision)
     factory = ENCODERS.get(entry) if not rest else FAMILIES.get(entry)
-    return factory(rest, weights=weights, random_init=random_init, revision=revision, **kwargs)
+    if not random_init:
+        return factory(rest, weights=weights, random_init=False, revision=revision, **kwargs)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(RANDOM_INIT_SEED)
+        return factory(rest, weights=weights, random_init=True, revision=revision, **kwargs)
 
 
 def registry_rows() -> list[dict[str, str]]:
