@@ -244,7 +244,6 @@ def test_torchscript(tmp_path: Path) -> None:
 def test_random_init_is_the_same_network_in_every_process() -> None:
     """Two runs (or two ranks of a distributed cache) of --random-init encode with one network."""
     import torch
-
     from spar_bench.probes.encoders import load_encoder
 
     torch.manual_seed(123)

@@ -126,7 +126,7 @@ def weights_record(weights: str | Path | None, random_init: bool, name: str) -> 
             f"encoder {name}: no weights given; pass --weights PATH (or a pinned hub revision) "
             "or, to probe a randomly initialised network on purpose, --random-init"
         )
-    return {"kind": "random-init", "init": "torch.manual_seed(0) while the network is built"}
+    return {"kind": "random-init"}  # built under torch.manual_seed(RANDOM_INIT_SEED) by load_encoder
 
 
 def read_export_meta(path: str | Path) -> dict[str, Any] | None:
