@@ -162,6 +162,7 @@ def measure(task: str, ds: DataSet, workers: int, out: str, profile: bool = Fals
     """One measurement in this (fresh) process: imports first, then the timed task."""
     t0 = time.perf_counter()
     import nibabel  # noqa: F401
+
     import spar_bench.builder.build  # noqa: F401
     import spar_bench.builder.samples  # noqa: F401
     import spar_bench.builder.sources  # noqa: F401
@@ -207,6 +208,7 @@ def ct_sized_case(src: Path, dest: Path, shape=(512, 512, 200), spacing=(0.8, 0.
     """The TotalSegmentator sample case resampled to a real CT's size (see the module doc)."""
     import nibabel as nib
     from scipy import ndimage
+
     from spar_bench.builder.sources import SOURCES
 
     ref = SOURCES.get("totalsegmentator")(src).find()[0]

@@ -101,6 +101,7 @@ def bare_throughput(enc, device, compute: str, batch: int, iters: int) -> float:
 def precision(enc, build, device, batch: int) -> dict[str, float]:
     """Errors of fp16 storage and of bf16 autocast, on one batch of real shards."""
     import torch
+
     from spar_bench.builder.shards import Build
 
     b = Build(build)
@@ -156,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
 
     import torch
+
     from spar_bench.probes.cache import write_cache
     from spar_bench.probes.encoders import load_encoder
     from spar_bench.probes.hardware import pick_compute, pick_device

@@ -35,6 +35,7 @@ from cache import _sync, make_build, peak_rss_mib  # noqa: E402
 def bare(trainer, batches, build, level: str, split: str, reps: int) -> float:
     """img/s of forward + backward + step on the given batches, images preloaded on the device."""
     import torch
+
     from spar_bench.probes.finetune.model import encode
 
     enc, dev, encoding = trainer.enc, trainer.dev, trainer.encoding

@@ -34,9 +34,8 @@ def prepare(
 ) -> tuple[Path, Path, float | None]:
     """Phantom -> shards -> cache under ``work`` (reused when there); also the caching seconds."""
     from spar_bench.builder.cli import cli as build_cli
-    from spar_bench.probes.cli import cli as probe_cli
-
     from spar_bench.clitools import run_cli
+    from spar_bench.probes.cli import cli as probe_cli
 
     shards, cache = work / "shards", work / "cache" / "bench.h5"
     if not (shards / "manifest.json").is_file():
@@ -70,6 +69,7 @@ def prepare(
 
 def train_from_cache(cache_path: Path, epochs: int, seed: int = 0) -> float:
     import torch
+
     from spar_bench.builder.shards import Build
     from spar_bench.probes.heads import build_head
     from spar_bench.probes.targets import load_targets
@@ -94,6 +94,7 @@ def train_reencoding(
 ) -> tuple[float, int]:
     """Seconds for ``epochs`` epochs re-encoding images each batch (``measured`` run, rest extrapolated)."""
     import torch
+
     from spar_bench.builder.shards import Build
     from spar_bench.probes.encoders import load_encoder
     from spar_bench.probes.features import FeatureCache
@@ -127,6 +128,7 @@ def train_reencoding(
 
 def _fit_epochs(head, task, epochs: int, features, t, batch: int = 64) -> None:
     import torch
+
     from spar_bench.probes.train import batch_tensors, loss_fn
 
     opt = torch.optim.AdamW(head.parameters(), lr=1e-3, weight_decay=0.01)
@@ -146,6 +148,7 @@ def _fit_epochs(head, task, epochs: int, features, t, batch: int = 64) -> None:
 def time_level3_transformer(cache_path: Path, epochs: int) -> tuple[float, float, int, int]:
     """Seconds per epoch: shared slice body vs one body per question; questions, slices."""
     import torch
+
     from spar_bench.builder.shards import Build
     from spar_bench.probes.features import FeatureCache
     from spar_bench.probes.fit import load_features

@@ -35,7 +35,6 @@ import numpy as np
 def prepare(work: Path, n_cases: int) -> Path:
     """A phantom Level 3 build under ``work`` (reused when there)."""
     from spar_bench.builder.cli import cli as build_cli
-
     from spar_bench.clitools import run_cli
 
     shards = work / "shards"

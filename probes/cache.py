@@ -347,8 +347,8 @@ def write_cache(
     batch is flushed. Returns ``out``.
     """
     import torch
-    from spar_bench.builder.shards import Build
 
+    from spar_bench.builder.shards import Build
     from spar_bench.locks import output_lock
     from spar_bench.outputs import check_target, claim, disk_full_is_an_error, remove
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+
 from spar_bench.builder.schema import IMAGE_SIZE, ORGANS
 
 from .bootstrap import DEFAULT_REPS, bootstrap_ci

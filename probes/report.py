@@ -26,8 +26,8 @@ from typing import Any
 
 import click
 import numpy as np
-from spar_bench.builder.schema import ORGANS
 
+from spar_bench.builder.schema import ORGANS
 from spar_bench.errors import ConfigError
 from spar_bench.provenance import json_safe
 

@@ -38,13 +38,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 from spar_bench.builder.schema import (
     LEVEL3_CLASS_NAMES,
     LEVEL3_N_CLASSES,
     LEVEL3_PROBES,
     N_ORGANS,
 )
-
 from spar_bench.errors import ConfigError, IntegrityError
 from spar_bench.registry import Registry
 

@@ -36,8 +36,9 @@ def fake_root(tmp_path: Path) -> Path:
     registered for the test only."""
     import json
 
-    from helpers import FakeSource
     from spar_bench.builder.sources import SOURCES
+
+    from helpers import FakeSource
 
     root = tmp_path / "data"
     root.mkdir()

@@ -22,11 +22,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
 from spar_bench.builder.case import Case, CaseRef
 from spar_bench.builder.frame import voxel_spacing
 from spar_bench.builder.schema import BILATERAL_PAIRS, LEVEL3_PROBES, ORGAN_ID, organ_index
 from spar_bench.builder.sources.base import Source
-
 from spar_bench.clitools import run_cli
 from spar_bench.errors import CaseError
 

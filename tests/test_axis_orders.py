@@ -10,9 +10,9 @@ from pathlib import Path
 import nibabel as nib
 import numpy as np
 import pytest
+
 from spar_bench.builder.frame import check_same_geometry
 from spar_bench.builder.sources.word import WordSource
-
 from spar_bench.errors import CaseError
 
 SHAPE = (12, 10, 7)  # (i, j, k) of the image file
@@ -146,10 +146,10 @@ def test_a_build_with_the_mask_in_another_axis_order_gives_the_same_shards(tmp_p
     """Done-when: an image/mask pair in different axis orders builds, with the labels of the one-order pair."""
     import json
 
-    from lesion_folders import make_word_folder
     from spar_bench.builder.cli import cli
-
     from spar_bench.clitools import run_cli
+
+    from lesion_folders import make_word_folder
 
     one = make_word_folder(tmp_path / "one", (2, 0, 1))
     other = tmp_path / "other"

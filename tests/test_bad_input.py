@@ -7,10 +7,10 @@ from pathlib import Path
 import nibabel as nib
 import numpy as np
 import pytest
+
 from spar_bench.builder.cli import cli
 from spar_bench.builder.readers import read_volume
 from spar_bench.builder.sources.word import WordSource
-
 from spar_bench.clitools import run_cli
 from spar_bench.errors import CaseError
 

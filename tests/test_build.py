@@ -6,9 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import build_config, tree_hashes
 
 from spar_bench.errors import CaseError, ConfigError
+
+from helpers import build_config, tree_hashes
 
 
 def test_build_end_to_end(fake_root: Path, tmp_path: Path) -> None:

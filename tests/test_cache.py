@@ -9,15 +9,16 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from helpers import MAKERS
+
 from spar_bench.builder.shards import Build
 from spar_bench.builder.writers.hdf5 import ShardSink
 from spar_bench.builder.writers.manifest import write_manifest
+from spar_bench.errors import ConfigError, IntegrityError
 from spar_bench.probes.cache import write_cache
 from spar_bench.probes.encoders import load_encoder
 from spar_bench.probes.features import FeatureCache
 
-from spar_bench.errors import ConfigError, IntegrityError
+from helpers import MAKERS
 
 
 def _rows(level: str, split: str, lo: int, hi: int, rng: np.random.Generator) -> dict:
@@ -214,6 +215,7 @@ def test_cpu_precision_selection_logic() -> None:
 
 def test_cli(build: Path, tmp_path: Path) -> None:
     from click.testing import CliRunner
+
     from spar_bench.probes.cli import cli
 
     out = tmp_path / "cli.h5"
@@ -235,6 +237,7 @@ def test_cli(build: Path, tmp_path: Path) -> None:
 def phantom_build(tmp_path_factory) -> Path:
     """The real pipeline: ``spar-build phantom`` then ``spar-build --source phantom`` (~20-40 s)."""
     from click.testing import CliRunner
+
     from spar_bench.builder.cli import cli as build_cli
 
     tmp = tmp_path_factory.mktemp("phantom")
@@ -252,6 +255,7 @@ def phantom_build(tmp_path_factory) -> Path:
 @pytest.mark.slow
 def test_end_to_end_on_phantom_build(phantom_build: Path, tmp_path: Path) -> None:
     from click.testing import CliRunner
+
     from spar_bench.probes.cli import cli
 
     out = tmp_path / "dummy.h5"

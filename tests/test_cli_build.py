@@ -9,10 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import tree_hashes
-from spar_bench.builder.cli import cli
 
+from spar_bench.builder.cli import cli
 from spar_bench.clitools import run_cli
+
+from helpers import tree_hashes
 
 SMALL = ["--samples-per-case", "2", "--shard-size", "5", "--seed", "3"]
 

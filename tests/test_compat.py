@@ -14,6 +14,7 @@ from spar_bench.errors import ConfigError
 
 def test_datasets_features_yaml_list_round_trips() -> None:
     from datasets import Features, Image, List, Value
+
     from spar_bench.builder.writers.hf import shard_table
 
     assert hasattr(Features, "_to_yaml_list"), "datasets dropped Features._to_yaml_list"

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from spar_bench.builder.cli import cli
 from spar_bench.builder.shards import Build
 from spar_bench.builder.synthetic import write_synthetic_build
-
 from spar_bench.clitools import run_cli
 from spar_bench.errors import ConfigError
 

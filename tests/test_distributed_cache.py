@@ -11,13 +11,13 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+
 from spar_bench.builder.synthetic import write_synthetic_build
+from spar_bench.errors import IntegrityError
 from spar_bench.probes import cache as cache_mod
 from spar_bench.probes.cache import write_cache
 from spar_bench.probes.distributed import Ranks, all_parts
 from spar_bench.probes.features import FeatureCache
-
-from spar_bench.errors import IntegrityError
 
 ARGS = dict(dtype="fp32", compute="fp32", batch=3, progress=False, device="cpu", workers=0)
 

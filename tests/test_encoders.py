@@ -9,6 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from spar_bench.errors import ConfigError
+from spar_bench.probes.encoders import ENCODERS, load_encoder, register_encoder, registry_rows
+from spar_bench.probes.encoders.base import EncoderSpec
+from spar_bench.registry import DuplicateNameError
+
 from helpers import (
     TINY_VIT,
     images,
@@ -18,11 +24,6 @@ from helpers import (
     make_timm_vit,
     make_torchscript,
 )
-from spar_bench.probes.encoders import ENCODERS, load_encoder, register_encoder, registry_rows
-from spar_bench.probes.encoders.base import EncoderSpec
-
-from spar_bench.errors import ConfigError
-from spar_bench.registry import DuplicateNameError
 
 
 # -- registry ------------------------------------------------------------------------------
@@ -71,6 +72,7 @@ def test_entry_point_group(monkeypatch) -> None:
 
 def test_encoders_command_lists_without_downloads() -> None:
     from click.testing import CliRunner
+
     from spar_bench.probes.encoders import encoders_command
 
     res = CliRunner().invoke(encoders_command, [])
@@ -244,6 +246,7 @@ def test_torchscript(tmp_path: Path) -> None:
 def test_random_init_is_the_same_network_in_every_process() -> None:
     """Two runs (or two ranks of a distributed cache) of --random-init encode with one network."""
     import torch
+
     from spar_bench.probes.encoders import load_encoder
 
     torch.manual_seed(123)

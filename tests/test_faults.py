@@ -10,10 +10,11 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import build_config, tree_hashes
-from spar_bench.builder.cli import cli
 
+from spar_bench.builder.cli import cli
 from spar_bench.clitools import run_cli
+
+from helpers import build_config, tree_hashes
 
 SMALL = ["--samples-per-case", "2", "--shard-size", "5", "--seed", "3", "--no-hf"]
 
@@ -49,9 +50,8 @@ def test_phantom_n_zero_is_refused(tmp_path, capsys):
                                         ({"workers": -1}, "--workers must be >= 0")])
 def test_cache_refuses_meaningless_option_values(fake_root, tmp_path, kw, words):
     from spar_bench.builder.build import build
-    from spar_bench.probes.cache import write_cache
-
     from spar_bench.errors import ConfigError
+    from spar_bench.probes.cache import write_cache
 
     out = build(build_config(fake_root, tmp_path / "b", hf=False), quiet=True)
     with pytest.raises(ConfigError, match=words):
@@ -82,6 +82,7 @@ def write_word(root: Path, cases=(("c1", "Tr"), ("c2", "Tr"), ("c3", "Tr"), ("c4
     """A tiny WORD-layout folder: test_build's synthetic abdomens as NIfTI (image + mask)."""
     import nibabel as nib
     import numpy as np
+
     from helpers import make_case
 
     affine = np.diag([-6.0, -6.0, 5.0, 1.0])  # (col, row, z) voxels: canonical = as drawn
@@ -212,7 +213,6 @@ def test_val_image_without_its_label_is_an_error_or_a_recorded_skip(tmp_path, ca
 
 def test_label_without_its_image_names_the_case(tmp_path):
     from spar_bench.builder.sources.word import WordSource
-
     from spar_bench.errors import CaseError
 
     root = write_word(tmp_path / "word")
@@ -228,6 +228,7 @@ def test_label_without_its_image_names_the_case(tmp_path):
 def test_nnunet_unlabelled_imagests_is_not_a_problem_but_a_missing_label_is(tmp_path):
     import nibabel as nib
     import numpy as np
+
     from spar_bench.builder.sources.nnunet import NnUNetSource
 
     (tmp_path / "dataset.json").write_text(json.dumps({"labels": {"background": 0, "liver": 1}}))
@@ -251,8 +252,8 @@ def test_nnunet_unlabelled_imagests_is_not_a_problem_but_a_missing_label_is(tmp_
 def test_lits_volume_without_segmentation_is_a_case_with_a_problem(tmp_path):
     import nibabel as nib
     import numpy as np
-    from spar_bench.builder.sources.lits import LitsSource
 
+    from spar_bench.builder.sources.lits import LitsSource
     from spar_bench.errors import CaseError
 
     arr = np.zeros((4, 4, 4), np.int16)
@@ -268,7 +269,6 @@ def test_totalsegmentator_meta_row_without_its_folder(totalseg_dir, tmp_path):
     import shutil
 
     from spar_bench.builder.sources.totalsegmentator import TotalSegmentatorSource
-
     from spar_bench.errors import CaseError
 
     root = tmp_path / "ts"
@@ -296,9 +296,9 @@ def _enospc(path="x"):
 @pytest.mark.parametrize("stage", ["spill", "manifest"])
 def test_full_disk_during_a_build_is_one_error_and_resume_continues(tmp_path, monkeypatch, stage):
     import numpy as np
+
     import spar_bench.builder.writers.manifest as wm
     from spar_bench.builder.build import build
-
     from spar_bench.outputs import DiskFullError
 
     root = write_word(tmp_path / "word")
@@ -359,8 +359,8 @@ def test_full_disk_during_a_cache_is_one_error_and_the_rerun_resumes(fake_root, 
 
     import h5py
     import numpy as np
-    import spar_bench.probes.cache as pc
 
+    import spar_bench.probes.cache as pc
     from spar_bench.outputs import DiskFullError
 
     data = _small_cache_build(fake_root, tmp_path)
@@ -397,10 +397,9 @@ def test_a_second_build_or_cache_to_one_output_is_refused_naming_the_holder(fake
     import sys
 
     from spar_bench.builder.build import build
-    from spar_bench.probes.cache import write_cache
-
     from spar_bench.errors import ConfigError
     from spar_bench.locks import output_lock
+    from spar_bench.probes.cache import write_cache
 
     out = tmp_path / "out"
     holder = subprocess.Popen(
@@ -515,7 +514,6 @@ def test_merge_to_an_output_being_written_is_refused(tmp_path):
     import os
 
     from spar_bench.builder.partition import merge
-
     from spar_bench.errors import ConfigError
     from spar_bench.locks import output_lock
 

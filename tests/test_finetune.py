@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import run_cmd
 
 from spar_bench.errors import ConfigError
+
+from helpers import run_cmd
 
 TINY_VIT = ("timm:vit_tiny_patch16_224", {"depth": 1, "embed_dim": 16, "num_heads": 2, "img_size": 64})
 TINY_RESNET = ("timm:resnet10t", {"pretrained_cfg_overlay": {"input_size": [3, 64, 64]}})
@@ -174,9 +175,10 @@ def test_schedule_warms_up_then_decays() -> None:
 def test_hf_export_recaches(tmp_path: Path) -> None:
     """An hf encoder's trained state dict, exported, loads back as hf:DIR --weights FILE."""
     pytest.importorskip("transformers")
-    from helpers import images, make_hf_dinov2
     from spar_bench.probes.encoders import load_encoder
     from spar_bench.probes.finetune.model import encode, export_encoder
+
+    from helpers import images, make_hf_dinov2
 
     name, _ = make_hf_dinov2(tmp_path)
     enc = load_encoder(name)

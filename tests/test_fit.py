@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from helpers import run_cmd
 
 
@@ -171,9 +172,8 @@ def test_sweep_grid_reproduces_fit_with_non_default_options_byte_for_byte(pipeli
 def test_run_spec_is_frozen_json_and_options_are_checked(pipeline, tmp_path, capsys):
     import dataclasses
 
-    from spar_bench.probes.runspec import RunSpec, make_run, parse_grid
-
     from spar_bench.errors import ConfigError
+    from spar_bench.probes.runspec import RunSpec, make_run, parse_grid
 
     run = make_run("c.h5", "level3.size", "transformer", 3, {"lr": 3e-4, "d_model": 64, "layer": -2})
     assert RunSpec.from_dict(json.loads(json.dumps(run.to_dict()))) == run

@@ -7,8 +7,8 @@ from pathlib import Path
 import nibabel as nib
 import numpy as np
 import pytest
-from helpers import write_dicom_series
 from scipy import ndimage as ndi
+
 from spar_bench.builder.frame import (
     canonical_transform,
     check_same_geometry,
@@ -18,8 +18,9 @@ from spar_bench.builder.frame import (
 )
 from spar_bench.builder.readers import read_dicom_series, read_nifti, sitk_to_ras_affine
 from spar_bench.builder.schema import ORGAN_ID
-
 from spar_bench.errors import CaseError
+
+from helpers import write_dicom_series
 
 
 def organ_columns(mask: np.ndarray, organs: tuple[str, ...]) -> dict[str, float]:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
+from spar_bench.errors import ConfigError
 from spar_bench.probes.heads import HEADS, build_head, head_input
 from spar_bench.probes.targets import Targets
 from spar_bench.probes.tasks import get_probe
 from spar_bench.probes.train import TrainConfig, predict, seeded, train_head
-
-from spar_bench.errors import ConfigError
 
 
 @pytest.fixture(autouse=True)
@@ -201,6 +201,7 @@ def _level3_slices(n_slices: int, per_slice: int, n_tokens: int, width: int, see
 
 def test_level3_transformer_answer_does_not_depend_on_the_other_questions_in_the_batch():
     import torch
+
     from spar_bench.probes.train import group_batch
 
     feats, t = _level3_slices(6, 5, 7, 12, seed=0)
@@ -229,6 +230,7 @@ def test_level3_transformer_answer_does_not_depend_on_the_other_questions_in_the
 
 def test_level3_transformer_trains_on_whole_slices_deterministically():
     import torch
+
     from spar_bench.probes.train import epoch_order
 
     feats, t = _level3_slices(12, 4, 5, 10, seed=2)

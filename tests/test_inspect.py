@@ -7,9 +7,9 @@ import sys
 import types
 
 import numpy as np
+
 from spar_bench.builder.cli import cli
 from spar_bench.builder.inspect import overlay_slice
-
 from spar_bench.clitools import run_cli
 
 

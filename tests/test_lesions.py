@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from lesion_folders import make_kits_folder, make_lits_folder
+
 from spar_bench.builder.ontology import label_map_from_names
 from spar_bench.builder.samples import SampleConfig, process_case
 from spar_bench.builder.schema import LEVEL3_PROBES, ORGAN_ID, ORGANS
 from spar_bench.builder.sources.lits import LitsSource
 from spar_bench.builder.sources.nnunet import NnUNetSource
+
+from lesion_folders import make_kits_folder, make_lits_folder
 
 COUNTING = LEVEL3_PROBES.index("counting")
 CFG = SampleConfig(levels=("level3",))
@@ -116,7 +118,6 @@ def test_split_ratio_and_limit_are_seeded_patient_level_and_order_free():
 
 def test_cases_list_and_split_file_refuse_unknown_ids(tmp_path):
     from spar_bench.builder.selection import apply_split_file, choose_cases, read_split_file
-
     from spar_bench.errors import ConfigError
 
     refs = refs_of(5)
@@ -150,7 +151,6 @@ def test_word_plus_lits_build_counting_in_train_and_test(tmp_path, capsys):
     import json
 
     from spar_bench.builder.cli import cli
-
     from spar_bench.clitools import run_cli
 
     out = tmp_path / "out"
@@ -174,7 +174,6 @@ def test_word_plus_lits_choice_independent_of_workers(tmp_path):
     import json
 
     from spar_bench.builder.cli import cli
-
     from spar_bench.clitools import run_cli
 
     args = word_plus_lits_args(tmp_path)
@@ -187,7 +186,6 @@ def test_word_plus_lits_choice_independent_of_workers(tmp_path):
 
 def test_choice_options_refuse_bad_values():
     from spar_bench.builder.selection import parse_per_source, parse_ratio
-
     from spar_bench.errors import ConfigError
 
     assert parse_per_source(["lits=20", "5"], "--limit", ["word", "lits"]) == {"lits": "20", "*": "5"}
@@ -205,7 +203,6 @@ def test_split_file_with_a_source_column_through_the_cli(tmp_path, capsys):
     import json
 
     from spar_bench.builder.cli import cli
-
     from spar_bench.clitools import run_cli
 
     lits = make_lits_folder(tmp_path / "lits", 3)
@@ -227,7 +224,6 @@ def test_kits_like_nnunet_build_counting_in_train_and_test(tmp_path, capsys):
     import json
 
     from spar_bench.builder.cli import cli
-
     from spar_bench.clitools import run_cli
 
     kits = make_kits_folder(tmp_path / "kits", 4)  # 3 Tr + 1 Ts
@@ -243,7 +239,6 @@ def test_kits_like_nnunet_build_counting_in_train_and_test(tmp_path, capsys):
 
 def test_build_help_lists_the_choice_options(capsys):
     from spar_bench.builder.cli import cli
-
     from spar_bench.clitools import run_cli
 
     assert run_cli(cli, ["--help"]) == 0

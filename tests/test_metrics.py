@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from spar_bench.probes import metrics as M
 from spar_bench.probes.bootstrap import bootstrap_ci, group_indices
 from spar_bench.probes.sinkhorn import hungarian_decode
@@ -99,6 +100,7 @@ def test_hungarian_decode_over_present_tiles_only():
 
 def test_sinkhorn_rows_and_columns_sum_to_one_within_masks():
     import torch
+
     from spar_bench.probes.sinkhorn import log_sinkhorn, slot_mask
 
     g = torch.Generator().manual_seed(0)

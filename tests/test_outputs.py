@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from spar_bench.builder.cli import cli
 
+from spar_bench.builder.cli import cli
 from spar_bench.clitools import run_cli
 from spar_bench.errors import ConfigError
 from spar_bench.outputs import check_target, claim
@@ -155,6 +155,7 @@ def test_report_refuses_a_foreign_folder(tmp_path: Path) -> None:
 
 def test_run_folder_with_foreign_files_is_refused(tmp_path: Path) -> None:
     import torch
+
     from spar_bench.probes.fit import _write_run
 
     rd = tmp_path / "enc" / "level3.size" / "mlp" / "seed0"

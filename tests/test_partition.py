@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
+
 from spar_bench.builder.cli import cli
 from spar_bench.builder.partition import partition_of
-
 from spar_bench.clitools import run_cli
 from spar_bench.errors import ConfigError
 from spar_bench.partitions import parse_partition

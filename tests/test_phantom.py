@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from spar_bench.builder.phantom.generate import (
     PAINT_ORDER,
     assign_splits,
@@ -18,7 +19,6 @@ from spar_bench.builder.phantom.generate import (
 )
 from spar_bench.builder.phantom.render import RenderError, derive_body, render_pseudo_ct
 from spar_bench.builder.schema import ORGAN_ID, ORGANS
-
 from spar_bench.errors import ConfigError, SparError
 
 GRID = {"in_plane": 96, "n_slices": 32}  # small grid: fast, big enough for every organ
@@ -330,7 +330,6 @@ def test_overwrite_replaces_a_phantom_dataset(tmp_path):
 
 def test_cli_writes_and_reports(tmp_path, capsys):
     from spar_bench.builder.cli import cli
-
     from spar_bench.clitools import run_cli
 
     out = tmp_path / "cli"

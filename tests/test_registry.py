@@ -7,12 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from spar_bench.builder.cli import cli as build_cli
 from spar_bench.builder.sources import SOURCES
-from spar_bench.probes.cli import cli as probe_cli
-
 from spar_bench.clitools import run_cli
 from spar_bench.errors import ConfigError, SparError
+from spar_bench.probes.cli import cli as probe_cli
 from spar_bench.registry import Registry, UnknownNameError
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import run_cmd
+
 from spar_bench.probes.report import aggregate, collect, render_markdown
+
+from helpers import run_cmd
 
 
 def test_sweep_two_jobs_skips_finished_and_report_writes_md_json_png(pipeline, tmp_path, capsys):

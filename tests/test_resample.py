@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from spar_bench.builder.samples.resample import fma32, resize_aa, sample_bilinear, sample_nearest
 
 

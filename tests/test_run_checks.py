@@ -12,6 +12,7 @@ import shutil
 import h5py
 import numpy as np
 import pytest
+
 from helpers import run_cmd
 
 PROBE = "level3.relative_position"

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 from scipy import ndimage
+
 from spar_bench.builder.case import Case
 from spar_bench.builder.samples import SampleConfig, process_case
 from spar_bench.builder.samples.frame224 import (
@@ -17,7 +18,6 @@ from spar_bench.builder.samples.frame224 import (
 )
 from spar_bench.builder.samples.level12 import arrangement_slots, compose_mosaic
 from spar_bench.builder.schema import IMAGE_SIZE, N_ORGANS, ORGAN_ID, TILE_SIZE
-
 from spar_bench.errors import CaseError, ConfigError
 
 CFG = SampleConfig(levels=("level1", "level2"), samples_per_case=6)

@@ -7,12 +7,12 @@ import math
 
 import numpy as np
 import pytest
+
 from spar_bench.builder.case import Case
 from spar_bench.builder.samples import SampleConfig, apply_thresholds, fit_thresholds, process_case
 from spar_bench.builder.samples.level3 import count_lesions, empty_questions, orientation_sector
 from spar_bench.builder.samples.thresholds import pair_key
 from spar_bench.builder.schema import LEVEL3_PROBES, ORGAN_ID, organ_index
-
 from spar_bench.errors import ConfigError
 
 P = {name: i for i, name in enumerate(LEVEL3_PROBES)}

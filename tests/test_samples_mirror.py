@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
-from helpers import assert_mirror_consistent
+
 from spar_bench.builder.case import Case
 from spar_bench.builder.samples import SampleConfig, mirror_case, process_case
 from spar_bench.builder.schema import LEVEL3_PROBES, ORGAN_ID
+
+from helpers import assert_mirror_consistent
 
 P = {name: i for i, name in enumerate(LEVEL3_PROBES)}
 

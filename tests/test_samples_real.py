@@ -13,11 +13,13 @@ import time
 
 import numpy as np
 import pytest
-from helpers import assert_mirror_consistent
 from scipy import ndimage
+
 from spar_bench.builder.case import Case
 from spar_bench.builder.samples import SampleConfig, process_case
 from spar_bench.builder.schema import BILATERAL_PAIRS, LEVEL3_PROBES, ORGAN_ID, organ_index
+
+from helpers import assert_mirror_consistent
 
 CASES = ("word_0016", "word_0129")  # 0.72 mm pixels; uint16 label map
 CFG = SampleConfig(samples_per_case=4, counterfactual="mirror")

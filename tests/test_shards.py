@@ -8,9 +8,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+
 from spar_bench.builder.shards import Build
 from spar_bench.builder.writers.manifest import fingerprint, sha256_file, write_manifest
-
 from spar_bench.errors import ConfigError, IntegrityError
 
 

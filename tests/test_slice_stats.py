@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from spar_bench.builder.case import Case
 from spar_bench.builder.samples import frame224
-
 from spar_bench.errors import CaseError
 
 

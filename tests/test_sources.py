@@ -12,6 +12,7 @@ import nibabel as nib
 import numpy as np
 import pytest
 from click.testing import CliRunner
+
 from spar_bench.builder.ontology import (
     apply_label_map,
     label_map_from_ids,
@@ -24,7 +25,6 @@ from spar_bench.builder.sources.lits import LitsSource
 from spar_bench.builder.sources.nnunet import NnUNetSource
 from spar_bench.builder.sources.totalsegmentator import TotalSegmentatorSource
 from spar_bench.builder.sources.word import WordSource
-
 from spar_bench.errors import CaseError, ConfigError
 from spar_bench.seeding import derive_seed
 

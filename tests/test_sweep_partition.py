@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from helpers import run_cmd
-
 from spar_bench.probes.cli import cli
 from spar_bench.probes.fit import encoder_slug, open_cache
 from spar_bench.probes.sweep import make_jobs, run_id, select_jobs
+
+from helpers import run_cmd
 
 PROBES = "level3.relative_position,level3.size"
 FAST = ["--max-epochs", 1, "--bootstrap", 10, "--no-controls", "--jobs", 1]

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from spar_bench.builder.schema import LEVEL3_CLASS_NAMES, PROBES
+from spar_bench.errors import ConfigError
 from spar_bench.probes.targets import Targets
 from spar_bench.probes.tasks import METRICS, get_probe, probe_names
-
-from spar_bench.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -7,9 +7,9 @@ import shutil
 import nibabel as nib
 import numpy as np
 import pytest
+
 from spar_bench.builder.schema import ORGAN_ID
 from spar_bench.builder.sources.totalsegmentator import TotalSegmentatorSource
-
 from spar_bench.errors import CaseError
 
 

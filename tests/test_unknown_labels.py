@@ -9,13 +9,14 @@ from pathlib import Path
 import nibabel as nib
 import numpy as np
 import pytest
-from lesion_folders import make_word_folder
+
 from spar_bench.builder.cli import cli
 from spar_bench.builder.sources.totalsegmentator import TotalSegmentatorSource
 from spar_bench.builder.sources.word import WordSource
-
 from spar_bench.clitools import run_cli
 from spar_bench.errors import CaseError
+
+from lesion_folders import make_word_folder
 
 
 def add_extra_label(path: Path, value: int = 42) -> None:

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import build_config
+
 from spar_bench.builder.cli import cli
+
+from helpers import build_config
 
 
 @pytest.fixture()

@@ -11,9 +11,11 @@ import json
 
 import numpy as np
 import pytest
-from helpers import running_stub
+
 from spar_bench.probes.vqa.base import BackendOptions, PartialAnswers, Request, to_pil
 from spar_bench.probes.vqa.openai import OpenAIBackend
+
+from helpers import running_stub
 
 
 @pytest.fixture()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from spar_bench.probes.vqa.parse import parse_answer, strip_think
 
 YES_NO = (("A", "B"), ("no", "yes"))

@@ -12,8 +12,10 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import run_cmd
+
 from spar_bench.probes.cli import cli
+
+from helpers import run_cmd
 
 
 def _vqa(*args) -> int:
@@ -152,8 +154,9 @@ def test_openai_backend_end_to_end_on_stub_server(env, capsys):
     import base64
     import io
 
-    from helpers import running_stub
     from PIL import Image
+
+    from helpers import running_stub
 
     with running_stub() as srv:
         srv.plan = ["text:I am not sure."] * 5 + ["text:A or B"] * 2
@@ -178,6 +181,7 @@ def test_hf_scores_do_not_depend_on_batch_or_scoring_path(tiny):
     """Right padding: a question scored alone or in a batch gets the same log-likelihoods,
     and scoring whole prompt+letter sequences agrees with the one-pass last-position read."""
     import numpy as np
+
     from spar_bench.probes.vqa import BackendOptions, load_backend
     from spar_bench.probes.vqa.base import Request, to_pil
     from spar_bench.probes.vqa.prompts import render
@@ -221,8 +225,9 @@ def test_no_convention_hint_is_its_own_run_and_cache_entries(env):
 
 
 def test_http_failure_stops_in_one_line_and_the_rerun_resumes(env, capsys):
-    from helpers import running_stub
     from spar_bench.probes.vqa.cache import ResponseCache
+
+    from helpers import running_stub
 
     cache = env["root"] / "http-cache.sqlite"
     args = ["--model", "openai:stub-vlm", "--data", env["shards"], "--out", env["root"] / "runs-http",

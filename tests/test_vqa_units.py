@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from spar_bench.builder.schema import LEVEL3_CLASS_NAMES, LEVEL3_PROBES, ORGANS
-from spar_bench.probes.vqa.prompts import CONVENTION_HINT, render, rotations, template_version
 
+from spar_bench.builder.schema import LEVEL3_CLASS_NAMES, LEVEL3_PROBES, ORGANS
 from spar_bench.errors import IntegrityError
+from spar_bench.probes.vqa.prompts import CONVENTION_HINT, render, rotations, template_version
 
 
 def test_prompts_name_organs_options_and_patient_frame():
@@ -97,9 +97,8 @@ def test_backend_registry_is_lazy_and_suggests():
     import subprocess
     import sys
 
-    from spar_bench.probes.vqa import BACKENDS, BackendOptions, load_backend
-
     from spar_bench.errors import ConfigError
+    from spar_bench.probes.vqa import BACKENDS, BackendOptions, load_backend
 
     assert {"dummy", "hf", "openai"} <= set(BACKENDS.names())
     with pytest.raises(ConfigError, match="Did you mean 'openai'"):
@@ -112,9 +111,8 @@ def test_backend_registry_is_lazy_and_suggests():
 def test_image_size_auto_only_upscales():
     from types import SimpleNamespace
 
-    from spar_bench.probes.vqa.cli import resolve_image_size
-
     from spar_bench.errors import ConfigError
+    from spar_bench.probes.vqa.cli import resolve_image_size
 
     assert resolve_image_size("auto", SimpleNamespace(preferred_size=336)) == 336
     assert resolve_image_size("auto", SimpleNamespace(preferred_size=32)) == 224

@@ -8,8 +8,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from helpers import FakeSource, build_config
+
 from spar_bench.builder.sources import SOURCES
+
+from helpers import FakeSource, build_config
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +63,7 @@ def test_slices_and_their_questions_share_a_shard(built: Path) -> None:
 def test_hf_folder_loads_offline_and_matches_hdf5(built: Path, monkeypatch) -> None:
     import datasets
     from PIL import Image
+
     from spar_bench.builder.shards import Build
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
@@ -128,6 +131,7 @@ def test_dataset_card(built: Path) -> None:
 
 def test_card_lists_source_licences(built: Path) -> None:
     import yaml
+
     from spar_bench.builder.build import BuildConfig
     from spar_bench.builder.writers.hf import dataset_card
 
@@ -142,6 +146,7 @@ def test_card_lists_source_licences(built: Path) -> None:
 def test_push_calls_hub_api(built: Path, monkeypatch) -> None:
     import huggingface_hub
     from click.testing import CliRunner
+
     from spar_bench.builder.cli import cli
 
     calls = []
@@ -174,6 +179,7 @@ def test_push_calls_hub_api(built: Path, monkeypatch) -> None:
 
 def test_png_roundtrip_is_lossless() -> None:
     from PIL import Image
+
     from spar_bench.builder.writers.hf import _png
 
     a = np.random.default_rng(0).integers(0, 256, (224, 224), dtype=np.uint8)
@@ -191,6 +197,7 @@ def _case_rows(case: int, n: int, nq_per: int):
 
 def test_shard_sink_keeps_questions_with_their_slices(tmp_path: Path) -> None:
     import hdf5plugin  # noqa: F401
+
     from spar_bench.builder.writers.hdf5 import ShardSink
 
     sizes = [3, 0, 5, 1]  # 9 slices, shard size 4 -> 3 shards; case 2 straddles two shards
@@ -212,7 +219,6 @@ def test_shard_sink_empty_split_and_count_mismatch(tmp_path: Path) -> None:
     from spar_bench.builder.shards import Build
     from spar_bench.builder.writers.hdf5 import ShardSink
     from spar_bench.builder.writers.manifest import write_manifest
-
     from spar_bench.errors import SparError
 
     sink = ShardSink(tmp_path, "level3", "val", 0, 4, {})

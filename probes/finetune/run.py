@@ -347,8 +347,8 @@ def run_eval_reencoded(run: str | Path, data: str | Path, n_boot: int = 1000, de
     Writes ``RUN/eval-<build>.json`` (the layout of ``spar-probe eval``'s output).
     """
     import torch
-    from spar_bench.builder.shards import Build
 
+    from spar_bench.builder.shards import Build
     from spar_bench.provenance import json_safe
     from spar_bench.seeding import derive_seed
 

@@ -11,8 +11,9 @@ Defaults: ``mlp`` hidden 512, GELU, dropout 0.1; question embeddings of width 32
 from __future__ import annotations
 
 import torch
-from spar_bench.builder.schema import LEVEL3_PROBES, N_ORGANS
 from torch import nn
+
+from spar_bench.builder.schema import LEVEL3_PROBES, N_ORGANS
 
 N_ORGAN_TOKENS = N_ORGANS + 1  # + "none"
 N_AXES = 3  # none, left/right, anterior/posterior

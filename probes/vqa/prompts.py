@@ -17,7 +17,6 @@ import string
 from dataclasses import dataclass
 
 from spar_bench.builder.schema import LEVEL3_PROBES, ORGANS
-
 from spar_bench.errors import ConfigError
 
 TEMPLATE_VERSION = "1"
