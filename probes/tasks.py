@@ -195,14 +195,16 @@ class LocalisationSpec(ProbeSpec):
     """Level 1: each organ's normalised centroid from a class-ordered mosaic."""
 
     def load_targets(self, build, split, cache_keys):
-        names = _with_mirror(build, self.level, split, list(self.fields))
-        d = read_fields(build, self.level, split, names)
-        y = {
+        d = read_fields(build, self.level, split, _with_mirror(build, self.level, split, list(self.fields)))
+        return self._targets(build, split, cache_keys, d, self._targets_y(d))
+
+    def _targets_y(self, d: dict) -> dict:
+        """The target arrays of one split's fields ``d``."""
+        return {
             "centroid": d["centroid"].astype(np.float32),
             "present": d["present"].astype(bool),
             "mm_per_pixel": d["mm_per_pixel"].astype(np.float32),
         }
-        return self._targets(build, split, cache_keys, d, y)
 
     def _targets(self, build, split, cache_keys, d, y):
         n = len(d["key"])
@@ -250,18 +252,13 @@ class LocalisationSpec(ProbeSpec):
 class ArrangementSpec(LocalisationSpec):
     """Level 2: the arrangement slot of each shuffled tile (Sinkhorn loss, Hungarian decode)."""
 
-    def load_targets(self, build, split, cache_keys):
-        names = _with_mirror(build, self.level, split, list(self.fields))
-        d = read_fields(build, self.level, split, names)
-        y = {
-            "centroid": d["centroid"].astype(np.float32),
-            "present": d["present"].astype(bool),
-            "mm_per_pixel": d["mm_per_pixel"].astype(np.float32),
+    def _targets_y(self, d: dict) -> dict:
+        return {
+            **super()._targets_y(d),
             "target_slot": d["target_slot"].astype(np.int64),
             "present_pos": d["present_pos"].astype(bool),
             "perm": d["perm"].astype(np.int64),
         }
-        return self._targets(build, split, cache_keys, d, y)
 
     def shape_output(self, flat):
         return flat.reshape(-1, *self.output_shape)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -13,10 +12,7 @@ from spar_bench.clitools import run_cli
 from spar_bench.errors import ConfigError
 from spar_bench.outputs import check_target, claim
 
-
-def tree_digest(root: Path) -> dict[str, str]:
-    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+from helpers import tree_hashes
 
 
 @pytest.fixture(scope="module")
@@ -32,20 +28,20 @@ def _build(root: Path, out: Path, *extra: str) -> int:
 
 
 def test_out_equal_to_root_survives_overwrite(phantom_root: Path, capsys) -> None:
-    before = tree_digest(phantom_root)
+    before = tree_hashes(phantom_root)
     assert _build(phantom_root, phantom_root, "--overwrite") == 2
     err = capsys.readouterr().err
     assert "is the input" in err and err.count("\n") == 1
-    assert tree_digest(phantom_root) == before
+    assert tree_hashes(phantom_root) == before
 
 
 def test_out_containing_or_inside_root_is_refused(phantom_root: Path, capsys) -> None:
-    before = tree_digest(phantom_root)
+    before = tree_hashes(phantom_root)
     assert _build(phantom_root, phantom_root.parent, "--overwrite") == 2
     assert "contains the input" in capsys.readouterr().err
     assert _build(phantom_root, phantom_root / "imagesTr" / "out", "--overwrite") == 2
     assert "lies inside the input" in capsys.readouterr().err
-    assert tree_digest(phantom_root) == before
+    assert tree_hashes(phantom_root) == before
 
 
 def test_foreign_folder_survives_overwrite(phantom_root: Path, tmp_path: Path, capsys) -> None:
@@ -71,9 +67,9 @@ def test_overwrite_replaces_a_build_but_not_a_build_with_extra_files(
 ) -> None:
     out = tmp_path / "b"
     assert _build(phantom_root, out) == 0
-    first = tree_digest(out)
+    first = tree_hashes(out)
     assert _build(phantom_root, out, "--overwrite") == 0
-    assert tree_digest(out) == first
+    assert tree_hashes(out) == first
     (out / "level3" / "my-notes.md").write_text("mine")
     capsys.readouterr()
     assert _build(phantom_root, out, "--overwrite") == 2

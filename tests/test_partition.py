@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -14,12 +13,9 @@ from spar_bench.clitools import run_cli
 from spar_bench.errors import ConfigError
 from spar_bench.partitions import parse_partition
 
+from helpers import tree_hashes
+
 OPTS = ["--samples-per-case", "1", "--counterfactual", "mirror", "--shard-size", "7", "--seed", "4"]
-
-
-def digest(root: Path) -> dict[str, str]:
-    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +49,7 @@ def test_three_partitions_merge_to_the_single_build(phantom: Path, single: Path)
     merged = phantom.parent / "merged"
     assert run_cli(cli, ["merge", *map(str, reversed(parts)), "--out", str(merged),
                          "--workers", "2"]) == 0
-    assert digest(merged) == digest(single)
+    assert tree_hashes(merged) == tree_hashes(single)
     assert run_cli(cli, ["verify", str(merged)]) == 0
 
 
