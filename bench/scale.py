@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def run(cmd: list, env: dict | None = None) -> float:
     """Wall seconds of one command (raises with its stderr tail on failure)."""
     t0 = time.perf_counter()
-    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env)
+    r = subprocess.run([str(c) for c in cmd], capture_output=True, encoding="utf-8", errors="replace", env=env)
     if r.returncode:
         raise SystemExit(f"failed: {' '.join(map(str, cmd))}\n{r.stderr[-2000:]}")
     return time.perf_counter() - t0

@@ -23,7 +23,7 @@ def test_help_lists_options_without_importing_heavy_libraries() -> None:
             "except SystemExit:\n    pass\n"
             "heavy = [m for m in ('torch', 'h5py', 'datasets', 'SimpleITK', 'pyarrow') if m in sys.modules]\n"
             "assert not heavy, heavy\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, encoding="utf-8", errors="replace", timeout=120)
     assert r.returncode == 0, r.stderr
     for opt in ("--source", "--root", "--out", "--levels", "--workers", "--counterfactual",
                 "--thresholds-from", "--fit-thresholds-on", "--resume", "--overwrite",

@@ -18,7 +18,7 @@ def test_inspect_totalsegmentator_png_subprocess(totalseg_dir, tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "spar_bench.builder.cli", "inspect", "--source", "totalsegmentator",
          "--root", str(totalseg_dir), "--png", str(png_dir)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, encoding="utf-8", errors="replace", timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout

@@ -21,7 +21,7 @@ def wheel(tmp_path_factory) -> Path:
     r = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
          "-w", str(out), str(REPO)],
-        capture_output=True, text=True, timeout=600, cwd=out,
+        capture_output=True, encoding="utf-8", errors="replace", timeout=600, cwd=out,
     )
     assert r.returncode == 0, r.stderr[-2000:]
     (whl,) = out.glob("spar_bench-*.whl")
@@ -54,7 +54,7 @@ def test_wheel_install_builds_and_fits_outside_the_repo(wheel: Path, tmp_path: P
                    timeout=300)
     py, bindir = venv / "bin" / "python", venv / "bin"
     r = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", str(wheel)],
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, encoding="utf-8", errors="replace", timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     work = tmp_path / "elsewhere"
     work.mkdir()
@@ -62,7 +62,7 @@ def test_wheel_install_builds_and_fits_outside_the_repo(wheel: Path, tmp_path: P
     env["PATH"] = f"{bindir}{os.pathsep}{env['PATH']}"
 
     def run(*cmd: str) -> str:
-        p = subprocess.run(list(cmd), capture_output=True, text=True, timeout=600, cwd=work, env=env)
+        p = subprocess.run(list(cmd), capture_output=True, encoding="utf-8", errors="replace", timeout=600, cwd=work, env=env)
         assert p.returncode == 0, f"{cmd}: {p.stderr[-2000:]}"
         return p.stdout
 

@@ -104,7 +104,7 @@ def test_backend_registry_is_lazy_and_suggests():
     with pytest.raises(ConfigError, match="Did you mean 'openai'"):
         load_backend("opneai:x", BackendOptions())
     code = "import sys, spar_bench.probes.vqa.cli; print('torch' in sys.modules, 'transformers' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, encoding="utf-8", errors="replace", check=True)
     assert out.stdout.split() == ["False", "False"]
 
 
