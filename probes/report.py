@@ -279,7 +279,7 @@ def plot(table: dict[str, list[dict]], out: Path) -> list[Path]:
     for probe, rows in table.items():
         spec = get_probe(probe)
         fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(rows) + 2), 3.5))
-        labels = [f"{r['encoder']}\n{r['head']}" for r in rows]
+        labels = [f"{r['encoder']}\n{r['head']}".replace(" [", "\n[").replace(",", ",\n") for r in rows]
         x = np.arange(len(rows))
         means = [r["mean"] if r["mean"] is not None else np.nan for r in rows]
         stds = [r["std"] or 0.0 for r in rows]
