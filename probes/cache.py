@@ -377,7 +377,9 @@ def write_cache(
     dev = pick_device(device)
     if dev.type == "cuda" and ranks.distributed and dev.index is None:
         dev = torch.device("cuda", ranks.local_rank)
-    precision = _resumed_precision(out, compute) or pick_compute(compute, dev)
+    target = part_path(out, ranks) if ranks.distributed else out  # the file this process writes
+    # a resumed file keeps its precision; --overwrite starts over, so it chooses afresh
+    precision = (not overwrite and _resumed_precision(target, compute)) or pick_compute(compute, dev)
     comp = precision.dtype
     if not enc.spec.extra.get("vit_like", True) and enc.spec.family in ("timm", "open_clip"):
         enc.use_channels_last()
@@ -391,11 +393,10 @@ def write_cache(
         "dtype": dtype, "compute_dtype": comp, "dataset_fingerprint": build.fingerprint,
         "plan": [list(p) for p in plan],
     }
-    target = part_path(out, ranks) if ranks.distributed else out
     with disk_full_is_an_error(target, rerun="rerun the same command (it resumes)"), \
             output_lock(target, what="feature cache (spar-probe cache)"):
         if overwrite and claim(out, overwrite=True, owned=owned_cache, what="feature cache"):
-            remove(out)
+            remove(out)  # checked again under the lock: another writer may have changed it
         out.parent.mkdir(parents=True, exist_ok=True)
         _write_locked(out, target, build, plan, enc, args, batch, ranks, precision, data, dict(
             layers=layers, dev=dev, comp=comp, dtype=dtype, workers=workers,

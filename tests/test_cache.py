@@ -197,6 +197,25 @@ def test_auto_compute_resumes_with_the_recorded_choice(build: Path, tmp_path: Pa
         assert fc.meta["compute_dtype"] == "bf16"
 
 
+def test_overwrite_chooses_the_precision_afresh(build: Path, tmp_path: Path, monkeypatch) -> None:
+    """Unlike a resume, --overwrite starts over: the interrupted cache's bf16 is not kept."""
+    import torch
+
+    out = tmp_path / "o.h5"
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True, raising=False)
+
+    def stop(level, split, lo, hi):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        write_cache("dummy", build, out, on_batch=stop, **dict(EXACT, compute="auto"))
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
+    write_cache("dummy", build, out, overwrite=True, **dict(EXACT, compute="auto"))
+    with FeatureCache(out) as fc:
+        assert fc.meta["compute_dtype"] == "fp32"
+
+
 def test_cpu_precision_selection_logic() -> None:
     from spar_bench.probes.hardware import cpu_precision
 
