@@ -191,16 +191,25 @@ def make_hf_dinov2(tmp: Path) -> tuple[str, dict]:
     return f"hf:{d}", {}
 
 
-def make_open_clip(tmp: Path) -> tuple[str, dict]:
+#: vision towers of tiny open_clip models: a BiomedCLIP-style timm trunk and open_clip's own ViT.
+OPEN_CLIP_TOWERS = {
+    "timm-trunk": {"timm_model_name": "test_vit", "timm_model_pretrained": False, "timm_pool": "",
+                   "timm_proj": "linear", "image_size": 160},
+    "open_clip-vit": {"image_size": 64, "layers": 2, "width": 16, "head_width": 8, "patch_size": 16},
+}
+
+
+def make_open_clip(tmp: Path, vision_cfg: dict | None = None, folder: str = "tiny_clip") -> tuple[str, dict]:
+    """A tiny open_clip model saved as a hub-style folder (default: a vit_tiny timm trunk, 224 px)."""
     import open_clip
 
-    d = tmp / "tiny_clip"
+    d = tmp / folder
     d.mkdir()
     cfg = {
         "model_cfg": {
             "embed_dim": 16,
-            "vision_cfg": {"timm_model_name": "vit_tiny_patch16_224", "timm_model_pretrained": False,
-                           "timm_pool": "", "timm_proj": "linear", "image_size": 224},
+            "vision_cfg": vision_cfg or {"timm_model_name": "vit_tiny_patch16_224", "timm_model_pretrained": False,
+                                         "timm_pool": "", "timm_proj": "linear", "image_size": 224},
             "text_cfg": {"context_length": 8, "vocab_size": 64, "width": 16, "heads": 2, "layers": 1},
         },
         "preprocess_cfg": {"mean": [0.4, 0.4, 0.4], "std": [0.3, 0.3, 0.3], "interpolation": "bicubic"},
@@ -210,6 +219,21 @@ def make_open_clip(tmp: Path) -> tuple[str, dict]:
     model = open_clip.create_model(f"local-dir:{d}")
     torch.save(model.state_dict(), d / "open_clip_pytorch_model.bin")
     return f"open_clip:local-dir:{d}", {}
+
+
+def keep_trained_encoder(monkeypatch) -> dict:
+    """``{"enc": ...}`` filled with the trained encoder (in memory) a finetune run exports."""
+    from spar_bench.probes.finetune import run as run_mod
+
+    kept: dict = {}
+    export = run_mod.export_encoder
+
+    def keep(enc, path, meta):
+        kept["enc"] = enc
+        return export(enc, path, meta)
+
+    monkeypatch.setattr(run_mod, "export_encoder", keep)
+    return kept
 
 
 def make_torchscript(tmp: Path) -> tuple[str, dict]:

@@ -12,7 +12,7 @@ import torch
 
 from spar_bench.errors import ConfigError
 
-from helpers import run_cmd
+from helpers import keep_trained_encoder, run_cmd
 
 TINY_VIT = ("timm:vit_tiny_patch16_224", {"depth": 1, "embed_dim": 16, "num_heads": 2, "img_size": 64})
 TINY_RESNET = ("timm:resnet10t", {"pretrained_cfg_overlay": {"input_size": [3, 64, 64]}})
@@ -90,7 +90,9 @@ def test_resume_gives_the_same_weights(pipeline, tmp_path: Path, monkeypatch) ->
     from spar_bench.probes.finetune import loop
 
     kw = {"cfg": {"checkpoint_every": 1}}
+    trained = keep_trained_encoder(monkeypatch)
     whole = _finetune(pipeline, tmp_path / "a", TINY_RESNET, "level1.localisation", **kw)
+    trained_enc = trained["enc"]
     save = loop.Trainer.save
 
     def save_then_die(self, batches):
@@ -110,21 +112,19 @@ def test_resume_gives_the_same_weights(pipeline, tmp_path: Path, monkeypatch) ->
         assert torch.equal(a[k], b[k]), k
     ma, mb = (json.loads((r / "metrics.json").read_text()) for r in (whole, resumed))
     assert ma["test"] == mb["test"] and ma["train"]["train_loss"] == mb["train"]["train_loss"]
-    _assert_export_recaches_to_the_runs_forward(pipeline, whole, tmp_path)
+    _assert_export_recaches_to_the_runs_forward(pipeline, whole, trained_enc, tmp_path)
 
 
-def _assert_export_recaches_to_the_runs_forward(pipeline, rd: Path, tmp_path: Path) -> None:
-    """Cached features of the export = the trained encoder's own forward on the same images."""
+def _assert_export_recaches_to_the_runs_forward(pipeline, rd: Path, enc, tmp_path: Path) -> None:
+    """Cached features of the export = the trained encoder's own forward (``enc``, the run's
+    encoder in memory when it exported) on the same images."""
     from spar_bench.builder.shards import Build
     from spar_bench.probes.cache import write_cache
     from spar_bench.probes.features import FeatureCache
     from spar_bench.probes.finetune.model import encode
-    from spar_bench.probes.finetune.run import load_run_encoder
 
-    config = json.loads((rd / "config.json").read_text())
     cache = write_cache(TINY_RESNET[0], pipeline["shards"], tmp_path / "r.h5", weights=str(rd / "encoder.safetensors"),
                         levels=["level1"], splits=["test"], dtype="fp32", compute="fp32", progress=False)
-    enc = load_run_encoder(rd, config)
     enc.module.eval()
     images = torch.from_numpy(Build(pipeline["shards"]).images("level1", "test", np.arange(4)))
     with torch.no_grad():

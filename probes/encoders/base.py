@@ -167,13 +167,44 @@ def load_state_dict_file(path: str | Path) -> dict[str, Any]:
     return sd
 
 
+def check_export(path: str | Path, meta: dict[str, Any] | None, name: str, family: str,
+                 module: str = "model") -> None:
+    """Refuse a ``spar-probe finetune`` export (its header ``meta``) made for another encoder
+    family or another part of the model than ``module``, the part ``name`` loads it into.
+
+    Exports written before the part was recorded carry no ``module``: their weight keys decide.
+    """
+    if not meta:
+        return
+    made_by = meta.get("encoder", "?")
+    theirs = meta.get("family") or (meta.get("encoder_config") or {}).get("family")
+    if theirs and theirs != family:
+        raise ConfigError(
+            f"{path}: an export of the {theirs} encoder {made_by}, not of a {family} encoder as {name}; "
+            f"re-cache it with --encoder {made_by}"
+        )
+    part = meta.get("module")
+    if part and part != module:
+        raise ConfigError(
+            f"{path}: holds the weights of {made_by}'s {part!r}, but {name} loads its {module!r} "
+            "(another tower); re-cache it with the encoder the run trained"
+        )
+
+
 def load_into(module: torch.nn.Module, sd: dict[str, Any], path: str | Path, name: str) -> None:
     """Strictly load ``sd`` (a classifier head the encoder does not have may be missing)."""
-    own = set(module.state_dict())
+    own = module.state_dict()
     sd = {k.removeprefix("module."): v for k, v in sd.items()}
     unexpected = [k for k in sd if k not in own]
     head = [k for k in unexpected if k.split(".")[0] in ("head", "fc", "classifier", "last_linear")]
     sd = {k: v for k, v in sd.items() if k not in head}
+    shapes = [k for k, v in sd.items() if k in own and tuple(v.shape) != tuple(own[k].shape)]
+    if shapes:
+        k = shapes[0]
+        raise ConfigError(
+            f"encoder {name}: weights {path} do not fit the model ({len(shapes)} tensors of another "
+            f"shape, e.g. {k}: {tuple(sd[k].shape)} in the file, {tuple(own[k].shape)} in the model)"
+        )
     missing, unexpected = module.load_state_dict(sd, strict=False)
     if missing or unexpected:
         raise ConfigError(

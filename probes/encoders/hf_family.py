@@ -25,8 +25,10 @@ from .base import (
     IMAGENET_STD,
     Encoder,
     EncoderSpec,
+    check_export,
     load_into,
     load_state_dict_file,
+    read_export_meta,
     require_extra,
     weights_record,
 )
@@ -96,6 +98,7 @@ def load_hf(rest: str, *, weights: str | None = None, random_init: bool = False,
         if not Path(rest).is_dir():
             raise ConfigError(f"encoder {name}: --weights FILE needs the model's folder as hf:DIR")
         export, weights = Path(weights), None  # trained weights over the folder's architecture
+        check_export(export, read_export_meta(export), name, "hf")
     local = Path(weights) if weights is not None else Path(rest)
     if local.is_dir():
         if random_init:

@@ -4,6 +4,10 @@
 ``preprocess_cfg``) and the checkpoint found next to it (``open_clip_model.safetensors``,
 ``open_clip_pytorch_model.bin``, ...), the layout of hub folders such as BiomedCLIP's,
 without any network access. ``open_clip:<builtin name>`` takes ``--weights FILE``.
+Either takes ``--weights RUN/encoder.safetensors``, a ``spar-probe finetune`` export: the
+model is built from its config and the export's vision tower (``module`` in its header:
+``visual.trunk`` or ``visual``, see :data:`TOWER_MODULES`) loaded over it; an export of
+another family or tower, or whose keys do not fit, is refused naming the file.
 
 A BiomedCLIP-style tower wraps a timm trunk: tokens come from the trunk exactly as for
 ``timm:`` encoders (layer ``-1`` = ``trunk.forward_features``, other layers via
@@ -19,10 +23,22 @@ from typing import Any
 
 from spar_bench.errors import ConfigError
 
-from .base import Encoder, EncoderSpec, require_extra, sha256_file, weights_record
+from .base import (
+    Encoder,
+    EncoderSpec,
+    check_export,
+    load_into,
+    load_state_dict_file,
+    read_export_meta,
+    require_extra,
+    sha256_file,
+    weights_record,
+)
 from .timm_family import TimmEncoder, timm_spec_from_model
 
 LOCAL = "local-dir:"
+#: the part of the CLIP model each tower kind encodes with: what a finetune export holds.
+TOWER_MODULES = {"timm-trunk": "visual.trunk", "open_clip-vit": "visual"}
 
 
 class OpenClipNativeEncoder(Encoder):
@@ -66,42 +82,73 @@ def load_open_clip(rest: str, *, weights: str | None = None, random_init: bool =
     open_clip = require_extra("open_clip", "open_clip")
     if revision is not None:
         raise ConfigError(f"encoder {name}: --revision is not supported; point at a local folder")
-    if rest.startswith(LOCAL):
-        folder = Path(rest[len(LOCAL):])
-        if not (folder / "open_clip_config.json").is_file():
-            raise ConfigError(f"encoder {name}: {folder}/open_clip_config.json not found")
-        from spar_bench.compat import find_open_clip_checkpoint
-
-        ckpt = find_open_clip_checkpoint(folder)
-        if weights is not None:
-            raise ConfigError(f"encoder {name}: the folder holds the weights; drop --weights")
-        if ckpt is None and not random_init:
-            raise ConfigError(
-                f"encoder {name}: no checkpoint (*.safetensors, *.bin, *.pth) in {folder}; "
-                "add one or pass --random-init"
-            )
-        if ckpt is not None and random_init:
-            raise ConfigError(f"encoder {name}: {folder} holds weights {Path(ckpt).name}; drop --random-init")
-        record = (
-            {"kind": "file", "path": str(Path(ckpt).resolve()), "sha256": sha256_file(ckpt)}
-            if ckpt else {"kind": "random-init"}
-        )
-        model_name, pretrained = f"{LOCAL}{folder}", None
-    else:
-        record = weights_record(weights, random_init, name)
-        model_name, pretrained = rest, (str(weights) if weights else None)
+    export = read_export_meta(weights) if weights is not None else None
+    model_name, pretrained, record = _source(rest, name, weights, random_init, export)
+    kw = {"load_weights": False} if export and _takes(open_clip.create_model, "load_weights") else {}
     try:
-        model = open_clip.create_model(model_name, pretrained=pretrained, device="cpu")
+        model = open_clip.create_model(model_name, pretrained=pretrained, device="cpu", **kw)
     except (RuntimeError, ValueError, FileNotFoundError) as e:
         raise ConfigError(f"encoder {name}: open_clip cannot build it: {str(e).splitlines()[0]}") from None
-    visual = model.visual.eval()
+    enc = _tower(model.visual.eval(), name, record)
+    if export:  # a `spar-probe finetune` export: the trained tower over the model's architecture
+        module = enc.spec.extra["module"]
+        check_export(weights, export, name, "open_clip", module)
+        load_into(enc.module, load_state_dict_file(weights), weights, name)
+    return enc
+
+
+def _takes(fn: Any, arg: str) -> bool:
+    import inspect
+
+    return arg in inspect.signature(fn).parameters
+
+
+def _source(rest: str, name: str, weights: str | None, random_init: bool,
+            export: dict[str, Any] | None) -> tuple[str, str | None, dict[str, Any]]:
+    """``(open_clip model name, pretrained file or None, weights record)`` of ``open_clip:rest``.
+
+    ``export`` (the header of a ``spar-probe finetune`` export given as ``--weights``): the
+    model's architecture is built and the export's tower loaded over it (``load_open_clip``).
+    """
+    if not rest.startswith(LOCAL):
+        record = weights_record(weights, random_init, name)
+        return rest, (str(weights) if weights and not export else None), record
+    folder = Path(rest[len(LOCAL):])
+    if not (folder / "open_clip_config.json").is_file():
+        raise ConfigError(f"encoder {name}: {folder}/open_clip_config.json not found")
+    if export:
+        return f"{LOCAL}{folder}", None, weights_record(weights, random_init, name)
+    from spar_bench.compat import find_open_clip_checkpoint
+
+    ckpt = find_open_clip_checkpoint(folder)
+    if weights is not None:
+        raise ConfigError(
+            f"encoder {name}: the folder holds the weights; --weights takes only a `spar-probe finetune` "
+            f"export (encoder.safetensors), not {weights}"
+        )
+    if ckpt is None and not random_init:
+        raise ConfigError(
+            f"encoder {name}: no checkpoint (*.safetensors, *.bin, *.pth) in {folder}; "
+            "add one or pass --random-init"
+        )
+    if ckpt is not None and random_init:
+        raise ConfigError(f"encoder {name}: {folder} holds weights {Path(ckpt).name}; drop --random-init")
+    record = (
+        {"kind": "file", "path": str(Path(ckpt).resolve()), "sha256": sha256_file(ckpt)}
+        if ckpt else {"kind": "random-init"}
+    )
+    return f"{LOCAL}{folder}", None, record
+
+
+def _tower(visual: Any, name: str, record: dict[str, Any]) -> Encoder:
+    """The encoder of a CLIP model's vision tower: its timm trunk, or open_clip's own ViT."""
     pre = _preprocess(visual)
     trunk = getattr(visual, "trunk", None)
     if trunk is not None:
         spec = timm_spec_from_model(trunk, name, "open_clip", record)
         spec.input_size, spec.mean, spec.std = pre["size"], pre["mean"], pre["std"]
         spec.interpolation = pre["interpolation"]
-        spec.extra["tower"] = "timm-trunk"
+        spec.extra.update(tower="timm-trunk", module=TOWER_MODULES["timm-trunk"])
         return TimmEncoder(spec, trunk)
     if not hasattr(visual, "forward_intermediates"):
         raise ConfigError(f"encoder {name}: its vision tower {type(visual).__name__} exposes no tokens")
@@ -113,7 +160,8 @@ def load_open_clip(rest: str, *, weights: str | None = None, random_init: bool =
     spec = EncoderSpec(
         name=name, family="open_clip", input_size=pre["size"], mean=pre["mean"], std=pre["std"],
         interpolation=pre["interpolation"], n_layers=n_layers, weights=record,
-        random_init=record["kind"] == "random-init", pooled="cls", extra={"tower": "open_clip-vit"},
+        random_init=record["kind"] == "random-init", pooled="cls",
+        extra={"tower": "open_clip-vit", "module": TOWER_MODULES["open_clip-vit"]},
     )
     enc = OpenClipNativeEncoder(spec, visual)
     with torch.inference_mode():

@@ -22,6 +22,7 @@ from spar_bench.errors import ConfigError
 from .base import (
     Encoder,
     EncoderSpec,
+    check_export,
     load_into,
     load_state_dict_file,
     nchw_to_tokens,
@@ -169,6 +170,7 @@ def load_timm(rest: str, *, weights: str | None = None, random_init: bool = Fals
     elif record["kind"] == "file":
         file = Path(weights)
         exported = read_export_meta(file) or {}  # a `spar-probe finetune` export
+        check_export(file, exported, name, "timm")
         kwargs = {**exported.get("model_args", {}), **kwargs}
     model = build_timm_model(rest, **kwargs)
     if file is not None:

@@ -128,9 +128,14 @@ def export_encoder(enc, path: Path, meta: dict[str, Any]) -> Path:
 
     ``meta`` (JSON) carries the encoder spec, timm ``model_args`` and how it was trained;
     ``spar-probe cache --weights path`` reads it back (the cache records the training).
+    The header also names the encoder ``family`` and the ``module`` the state dict is of:
+    ``model`` (timm, hf: the whole network) or, for ``open_clip:``, the vision tower's
+    ``visual.trunk`` (a timm trunk) or ``visual`` (open_clip's own ViT); a loader given an
+    export of another family or part refuses it (``encoders.base.check_export``).
     """
     from safetensors.torch import save_file
 
+    meta = {**meta, "family": enc.spec.family, "module": enc.spec.extra.get("module", "model")}
     state = {k: v.detach().cpu().contiguous() for k, v in enc.module.state_dict().items()}
     state = _untie(state)
     tmp = path.with_name(path.name + ".tmp")

@@ -329,15 +329,12 @@ def finetune_command(encoder, weights, init, model_args, revision, data, head, p
 
 
 def load_run_encoder(rd: Path, config: dict):
-    """The trained encoder of run ``rd`` (its architecture rebuilt, ``encoder.safetensors`` loaded)."""
-    from ..encoders.base import load_state_dict_file
+    """The trained encoder of run ``rd``: what ``spar-probe cache --encoder SPEC --weights
+    RUN/encoder.safetensors`` loads (the architecture rebuilt, the export loaded over it)."""
+    from ..encoders import load_encoder
 
-    enc = load_trainable(config["encoder"], weights=None, init="scratch", seed=int(config["seed"]),
-                         model_kwargs=config.get("model_args") or None)
-    enc.module.load_state_dict(load_state_dict_file(rd / EXPORT_FILE))
-    for p in enc.module.parameters():
-        p.requires_grad_(False)
-    return enc
+    kw = {"model_kwargs": config["model_args"]} if config.get("model_args") else {}
+    return load_encoder(config["encoder"], weights=str(rd / EXPORT_FILE), **kw)
 
 
 def run_eval_reencoded(run: str | Path, data: str | Path, n_boot: int = 1000, device: str = "auto",
@@ -374,7 +371,8 @@ def run_eval_reencoded(run: str | Path, data: str | Path, n_boot: int = 1000, de
     head.to(encoding.dev)
     level = spec.level
     splits = ["test"] if "test" in build.splits(level) else build.splits(level)
-    majority = (json.loads((rd / "metrics.json").read_text()).get("controls") or {}).get("majority_class")
+    run_metrics = json.loads((rd / "metrics.json").read_text())
+    majority = (run_metrics.get("controls") or {}).get("majority_class")
     preds, tests = [], []
     for split in splits:
         t = load_targets(build, spec, split, BuildKeys(build).keys(level, split))
@@ -389,7 +387,8 @@ def run_eval_reencoded(run: str | Path, data: str | Path, n_boot: int = 1000, de
     name = Path(build.root).resolve().name
     result = {"run": "/".join(rd.resolve().parts[-4:]), "features": f"{name} (re-encoded)", "data": name,
               "dataset_fingerprint": build.fingerprint, "encoder": rd.parent.parent.parent.name,
-              "random_init": False, "splits": splits, "probe": spec.name, "head": c["head"],
+              "random_init": False, "training": run_metrics.get("training"), "splits": splits,
+              "probe": spec.name, "head": c["head"],
               "seed": c["seed"],
               "test": score(t.subset(orig), p[orig], rng("test"), n_boot),
               "mirror": score(t.subset(mir), p[mir], rng("mirror"), n_boot) if mir.any() else None,
