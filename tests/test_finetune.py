@@ -192,6 +192,10 @@ def test_hf_export_recaches(tmp_path: Path) -> None:
     with torch.no_grad():
         ref = encode(enc, x)[1]
     torch.testing.assert_close(again(x)[-1][1], ref)
+    # `eval --run` of an hf:DIR run loads its encoder the same way (it once rebuilt it random-init)
+    from spar_bench.probes.finetune.run import load_run_encoder
+
+    torch.testing.assert_close(load_run_encoder(tmp_path, {"encoder": name, "seed": 0})(x)[-1][1], ref)
 
 
 def test_gradient_accumulation_steps_once_per_accum_batches(pipeline, tmp_path: Path) -> None:
