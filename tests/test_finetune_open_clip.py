@@ -130,3 +130,20 @@ def test_foreign_exports_are_refused_naming_the_file(pipeline, tmp_path: Path) -
     # a plain state dict is not an export: the folder keeps its weights
     with pytest.raises(ConfigError, match="takes only a `spar-probe finetune` export"):
         load_encoder(vit, weights=str(tmp_path / "vit" / "open_clip_pytorch_model.bin"))
+
+
+def test_builtin_open_clip_name_takes_an_export_over_its_architecture(tmp_path: Path) -> None:
+    """``open_clip:NAME --weights EXPORT`` builds NAME without a CLIP checkpoint (the export is
+    loaded over it); a plain file stays open_clip's ``pretrained`` checkpoint."""
+    from spar_bench.probes.encoders import load_encoder
+    from spar_bench.probes.encoders.open_clip_family import _source
+
+    vit, _ = make_open_clip(tmp_path, OPEN_CLIP_TOWERS["open_clip-vit"], "vit")
+    path = _export(load_encoder(vit), tmp_path / "vit.safetensors", vit)
+    meta = {"family": "open_clip", "module": "visual"}
+    model, pretrained, record = _source("ViT-B-32", "open_clip:ViT-B-32", str(path), False, meta)
+    assert (model, pretrained) == ("ViT-B-32", None)
+    assert record["kind"] == "file" and record["training"]["label"] == "finetuned on build x"
+    plain = tmp_path / "clip.bin"
+    plain.write_bytes(b"x")
+    assert _source("ViT-B-32", "open_clip:ViT-B-32", str(plain), False, None)[1] == str(plain)
