@@ -74,12 +74,12 @@ def describe_transform(info: dict[str, Any]) -> str:
 
 
 def apply_canonical(data: np.ndarray, info: dict[str, Any]) -> np.ndarray:
-    """Apply a transform from :func:`canonical_transform` (contiguous copy only if needed)."""
+    """Apply a transform from :func:`canonical_transform`: a view of ``data`` (flips and a
+    transpose; no copy, so a read-only ``data`` gives a read-only view)."""
     from nibabel import orientations as nio
 
     transform = np.asarray(info["transform"], dtype=np.float64)
-    out = nio.apply_orientation(data, transform).transpose(info["transpose"])
-    return np.ascontiguousarray(out)
+    return nio.apply_orientation(data, transform).transpose(info["transpose"])
 
 
 def canonical_spacing(affine: np.ndarray, info: dict[str, Any]) -> tuple[float, float, float]:

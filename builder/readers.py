@@ -5,10 +5,12 @@ stored in the file, and ``affine`` is the 4x4 voxel-to-world matrix in nibabel's
 convention (world ``x`` grows towards the patient's Right, ``y`` towards Anterior, ``z``
 towards Superior). :mod:`spar_bench.builder.frame` turns this into the canonical ``[z, row, col]``.
 
-* NIfTI is read with nibabel through ``np.asanyarray(img.dataobj)`` (never
-  ``get_fdata``: no float64 copy of a 100 MB volume), from the file's bytes read once:
-  hashed there (:func:`file_sha256` gives the provenance digest without a second read)
-  and gunzipped in one call, which is faster than nibabel's chunked gzip stream.
+* NIfTI headers are parsed by nibabel (never ``get_fdata``: no float64 copy of a 100 MB
+  volume), from the file's bytes read once: hashed there (:func:`file_sha256` gives the
+  provenance digest without a second read) and gunzipped in one zlib call into an output
+  presized from the gzip trailer (no chunked stream reads, no regrowth, the CRC checked
+  by zlib as it inflates). The voxels are a read-only view of those decompressed bytes
+  (no copy); integer scaling makes a new array, other scaling goes through nibabel.
 * A DICOM series folder is read with SimpleITK's ``ImageSeriesReader``. SimpleITK
   returns arrays ``(z, y, x)`` and LPS physical coordinates; the array is transposed
   to ``(x, y, z)`` and the affine built from direction, spacing and origin, then its
@@ -62,20 +64,34 @@ def _squeeze_to_3d(data: np.ndarray, *, case_id: str, path: Path) -> np.ndarray:
     return data
 
 
-def _read_dataobj(proxy) -> np.ndarray:
+def _stored_voxels(proxy, buf: bytes) -> np.ndarray:
+    """The stored (unscaled) voxels of a nibabel array proxy: a read-only view of ``buf``,
+    the file's decompressed bytes (nibabel would copy them into a new array)."""
+    shape = tuple(int(s) for s in proxy.shape)
+    dtype = np.dtype(proxy.dtype)
+    offset = int(proxy.offset)
+    n_bytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if offset + n_bytes > len(buf):
+        raise OSError(f"Expected {n_bytes} bytes, got {max(len(buf) - offset, 0)} bytes - could the file be damaged?")
+    return np.ndarray(shape, dtype, buffer=buf, offset=offset, order=getattr(proxy, "order", "F"))
+
+
+def _read_dataobj(proxy, buf: bytes) -> np.ndarray:
     """Voxel values of a nibabel array proxy, with integer scaling kept in integers.
 
     CT files often store int16 with ``scl_inter = -1024``; nibabel would return float64
     (8 bytes per voxel). An integral slope and intercept on integer storage are applied in
-    int32 (int64 for 32-bit storage) instead; anything else goes through nibabel.
+    int32 (int64 for 32-bit storage) instead; unscaled voxels are a read-only view of
+    ``buf`` (:func:`_stored_voxels`); any other scaling goes through nibabel.
     """
     slope = float(getattr(proxy, "slope", 1.0))
     inter = float(getattr(proxy, "inter", 0.0))
     dtype = np.dtype(getattr(proxy, "dtype", np.float64))
     scaled = (slope, inter) != (1.0, 0.0)
-    if scaled and dtype.kind in "iu" and slope.is_integer() and inter.is_integer():
-        raw = proxy.get_unscaled()
-        data = raw.astype(np.int64 if dtype.itemsize >= 4 else np.int32)
+    if not scaled:
+        return _stored_voxels(proxy, buf)
+    if dtype.kind in "iu" and slope.is_integer() and inter.is_integer():
+        data = _stored_voxels(proxy, buf).astype(np.int64 if dtype.itemsize >= 4 else np.int32)
         if slope != 1.0:
             data *= int(slope)
         data += int(inter)
@@ -109,25 +125,61 @@ def file_sha256(path: str | Path) -> str:
     return sha256_file(path)
 
 
-def _load_nifti_once(path: Path):
-    """The nibabel image of a NIfTI file read ONCE: bytes hashed (kept for
-    :func:`file_sha256`), gunzipped in one call (no chunked stream reads), parsed in memory."""
-    import gzip
-    import hashlib
+#: Deflate never inflates more than about 1032:1; a trailer claiming more is no size hint.
+_MAX_DEFLATE_RATIO = 1032
+
+
+def gunzip(raw: bytes) -> bytes:
+    """The first gzip member of ``raw``, decompressed (zlib checks its CRC and length).
+
+    One zlib call whose output buffer is presized from the trailer's ISIZE (the size of a
+    single-member file's data, mod 2**32): no regrowth and no copy of the result.
+    :func:`_load_nifti_once` falls back to :func:`gzip.decompress` (every member) when the
+    first member does not hold the whole image.
+    """
+    import zlib
+
+    isize = int.from_bytes(raw[-4:], "little") if len(raw) >= 18 else 0
+    hint = isize if 0 < isize <= _MAX_DEFLATE_RATIO * len(raw) + (1 << 16) else 1 << 16
+    return zlib.decompress(raw, wbits=31, bufsize=hint)
+
+
+def _nifti_from_bytes(data: bytes):
     import io
 
     import nibabel as nib
+
+    klass = nib.Nifti2Image if data[:4] in (b"\x1c\x02\x00\x00", b"\x00\x00\x02\x1c") else nib.Nifti1Image
+    holder = nib.FileHolder(fileobj=io.BytesIO(data))
+    return klass.from_file_map({"header": holder, "image": holder})
+
+
+def _voxel_end(img) -> int:
+    """Byte offset just past the voxels the header of ``img`` declares."""
+    proxy = img.dataobj
+    shape = tuple(int(s) for s in getattr(proxy, "shape", img.shape))
+    return int(getattr(proxy, "offset", 0)) + int(np.prod(shape, dtype=np.int64)) * np.dtype(img.get_data_dtype()).itemsize
+
+
+def _load_nifti_once(path: Path):
+    """``(nibabel image, its decompressed bytes)`` of a NIfTI file read ONCE: bytes hashed
+    (kept for :func:`file_sha256`), gunzipped in one call (:func:`gunzip`), parsed in memory."""
+    import gzip
+    import hashlib
 
     key = _file_key(path)
     raw = path.read_bytes()
     if len(_DIGESTS) >= _DIGESTS_KEEP:
         _DIGESTS.clear()
     _DIGESTS[key] = hashlib.sha256(raw).hexdigest()
-    data = gzip.decompress(raw) if path.name.endswith(".gz") else raw
-    del raw
-    klass = nib.Nifti2Image if data[:4] in (b"\x1c\x02\x00\x00", b"\x00\x00\x02\x1c") else nib.Nifti1Image
-    holder = nib.FileHolder(fileobj=io.BytesIO(data))
-    return klass.from_file_map({"header": holder, "image": holder})
+    if not path.name.endswith(".gz"):
+        return _nifti_from_bytes(raw), raw
+    data = gunzip(raw)
+    img = _nifti_from_bytes(data)
+    if len(data) < _voxel_end(img):  # a multi-member file (bgzip): read every member
+        data = gzip.decompress(raw)
+        img = _nifti_from_bytes(data)
+    return img, data
 
 
 def read_nifti(path: str | Path, *, case_id: str) -> Volume:
@@ -138,11 +190,11 @@ def read_nifti(path: str | Path, *, case_id: str) -> Volume:
     if path.stat().st_size == 0:
         raise CaseError(case_id, path, "file is empty (0 bytes); re-download or re-export it")
     try:
-        img = _load_nifti_once(path)
+        img, buf = _load_nifti_once(path)
         shape = tuple(int(s) for s in img.shape)
         if len(shape) < 3 or 0 in shape:
             return _squeeze_to_3d(np.empty(shape), case_id=case_id, path=path), img.affine
-        data = _read_dataobj(img.dataobj)
+        data = _read_dataobj(img.dataobj, buf)
         affine = np.asarray(img.affine, dtype=np.float64)
     except CaseError:
         raise

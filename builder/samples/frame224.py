@@ -42,8 +42,9 @@ from ..schema import IMAGE_SIZE, N_ORGANS
 #: HU threshold of the body, and the value padded outside the volume.
 BODY_HU = -500.0
 AIR_HU = -1000.0
-#: Slices resampled per call (bounds memory: 32 x 224 x 224 x 4 corners float32 = 25 MiB).
-RESAMPLE_BATCH = 32
+#: Slices resampled per call: small enough that the float64 temporaries of a batch stay in
+#: the CPU cache (4 x 224 x 224 x 8 bytes = 1.6 MB; 32 slices took twice as long).
+RESAMPLE_BATCH = 4
 
 
 @dataclass(frozen=True)
@@ -118,8 +119,12 @@ def frame_for_case(case: Case, margin_mm: float) -> Frame224:
 def window_to_uint8(hu: np.ndarray, level: float, width: float) -> np.ndarray:
     """Window Hounsfield units to uint8 (``level - width/2`` -> 0, ``level + width/2`` -> 255)."""
     lo = level - width / 2.0
-    scaled = np.clip((np.asarray(hu, dtype=np.float32) - lo) / width, 0.0, 1.0) * 255.0
-    return np.rint(scaled).astype(np.uint8)
+    scaled = np.asarray(hu, dtype=np.float32) - lo  # float32 throughout, in place below
+    scaled /= width
+    np.clip(scaled, 0.0, 1.0, out=scaled)
+    scaled *= 255.0
+    np.rint(scaled, out=scaled)
+    return scaled.astype(np.uint8)
 
 
 def _grid(frame: Frame224) -> tuple[np.ndarray, np.ndarray]:
@@ -200,6 +205,10 @@ def slice_stats(case: Case) -> SliceStats:
     Counts and coordinate sums are integers (exact in float64), so the centroids do not
     depend on the summation order. The background column (label 0) holds the pixel
     count and, on slices with an organ, the background's centroid (0 on empty slices).
+    Per block of slices: the labelled voxels' flat indices (``nonzero`` of a boolean
+    array, about 3x faster than of the uint8 mask; int32), then the voxel counts per (slice, row,
+    label) and per (slice, column, label) (two unweighted ``bincount``), whose sums over
+    rows and columns give the areas and the coordinate sums.
     """
     mask = case.mask
     n_labels = N_ORGANS + 1
@@ -207,16 +216,22 @@ def slice_stats(case: Case) -> SliceStats:
     _check_labels(case, n_labels)
     area = np.zeros((z_n, n_labels), dtype=np.int64)
     sums = np.zeros((z_n, n_labels, 2), dtype=np.float64)
+    rows, cols = np.arange(h, dtype=np.int64), np.arange(w, dtype=np.int64)
     for z0 in range(0, z_n, STATS_BLOCK):
         block = mask[z0 : z0 + STATS_BLOCK]
-        flat = np.flatnonzero(block)
-        z, rc = np.divmod(flat, h * w)
-        key = z * n_labels + block.reshape(-1)[flat]
-        n = len(block) * n_labels
-        row, col = np.divmod(rc, w)
-        area[z0 : z0 + len(block)] = np.bincount(key, minlength=n).reshape(-1, n_labels)
-        sums[z0 : z0 + len(block), :, 0] = np.bincount(key, weights=row, minlength=n).reshape(-1, n_labels)
-        sums[z0 : z0 + len(block), :, 1] = np.bincount(key, weights=col, minlength=n).reshape(-1, n_labels)
+        nb = len(block)
+        labelled = block != 0
+        flat = np.flatnonzero(labelled)
+        if labelled.size * n_labels < 2**31:  # int32 index arithmetic: about 1.5x faster
+            flat = flat.astype(np.int32)
+        values = block[labelled]  # in the order of flat
+        zrow = flat // w  # z * h + row, z within the block
+        zcol = (zrow // h) * w + (flat - zrow * w)  # z * w + col
+        per_row = np.bincount(zrow * n_labels + values, minlength=nb * h * n_labels).reshape(nb, h, n_labels)
+        per_col = np.bincount(zcol * n_labels + values, minlength=nb * w * n_labels).reshape(nb, w, n_labels)
+        area[z0 : z0 + nb] = per_row.sum(axis=1)
+        sums[z0 : z0 + nb, :, 0] = np.einsum("zrl,r->zl", per_row, rows)
+        sums[z0 : z0 + nb, :, 1] = np.einsum("zcl,c->zl", per_col, cols)
     organ_px = area[:, 1:].sum(axis=1)
     area[:, 0] = h * w - organ_px
     has = organ_px > 0  # background sums = all pixels' coordinate sums minus the organs'

@@ -88,7 +88,8 @@ def _gather(volume: np.ndarray, zs: np.ndarray, rows: np.ndarray, cols: np.ndarr
     h, w = volume.shape[1:]
     r_ok, c_ok = (rows >= 0) & (rows < h), (cols >= 0) & (cols < w)
     r, c = np.clip(rows, 0, h - 1), np.clip(cols, 0, w - 1)
-    sub = np.take(np.take(np.take(volume, np.asarray(zs), axis=0), r, axis=1), c, axis=2)
+    # slices by indexing (np.take would first copy a non-contiguous volume whole), then take
+    sub = np.take(np.take(volume[np.asarray(zs)], r, axis=1), c, axis=2)
     vals = sub.astype(F32)
     vals -= F32(fill)
     vals *= (r_ok[:, None] & c_ok[None, :])  # out-of-volume corners read as 0

@@ -33,13 +33,21 @@ from ..schema import ORGAN_ID, ORGANS
 from .volume import MaskRead, VolumeSource, check_unique, find_image
 
 
-def _memory_flat(a: np.ndarray) -> np.ndarray | None:
-    """A 1-D view of ``a`` in memory order (C or Fortran), or None if it is not contiguous."""
-    if a.flags.c_contiguous:
-        return a.reshape(-1)
-    if a.flags.f_contiguous:
-        return a.T.reshape(-1)
-    return None
+def _binary_top(raw: np.ndarray, *, case_id: str, path: Path) -> int:
+    """The largest value of a binary class mask (0 or 1); CaseError for anything above 1."""
+    top = int(raw.max()) if raw.size else 0
+    if top > 1:
+        raise CaseError(case_id, path, f"binary class mask has value {top}; expected 0/1 only")
+    return top
+
+
+def _paint_class(mask: np.ndarray, raw: np.ndarray, value: int) -> int:
+    """Set ``mask`` to ``value`` where the 0/1 class mask ``raw`` is 1 (a later class
+    overwrites an earlier one); return the class's voxel count. Whole-array passes in
+    memory order (count, masked copy): no index arrays of the labelled voxels."""
+    on = raw.view(np.bool_) if raw.dtype.itemsize == 1 else raw.astype(np.bool_)
+    np.copyto(mask, value, where=on)
+    return int(np.count_nonzero(on))
 
 
 #: meta.csv split names -> canonical split.
@@ -179,11 +187,7 @@ class TotalSegmentatorSource(VolumeSource):
                 continue
             raw, aff = read_volume(path, case_id=ref.case_id)
             raw = as_integer_labels(raw, case_id=ref.case_id, path=path)
-            flat = _memory_flat(raw)  # one pass over the file's voxels: where are its ones
-            on = np.flatnonzero(flat) if flat is not None else None
-            top = int(flat[on].max()) if on is not None and on.size else int(raw.max()) if raw.size else 0
-            if top > 1:
-                raise CaseError(ref.case_id, path, f"binary class mask has value {top}; expected 0/1 only")
+            top = _binary_top(raw, case_id=ref.case_id, path=path)
             if mask is None:  # the file's memory order (NIfTI: Fortran): no strided passes below
                 mask, affine = np.zeros_like(raw, dtype=np.uint8), aff
             elif raw.shape != mask.shape or not np.allclose(aff, affine, rtol=0, atol=1e-3):
@@ -191,13 +195,8 @@ class TotalSegmentatorSource(VolumeSource):
                     ref.case_id, path, f"shape {raw.shape} or affine differs from the other class masks "
                     f"(shape {mask.shape}); every class mask must share one voxel grid and axis order"
                 )
-            mask_flat = _memory_flat(mask)
-            if on is not None and mask_flat is not None and mask.strides == raw.strides:
-                hits += on.size
-                mask_flat[on] = ORGAN_ID[organ]
-            else:
-                hits += int(np.count_nonzero(raw))
-                np.copyto(mask, ORGAN_ID[organ], where=raw.astype(bool))
+            if top:
+                hits += _paint_class(mask, raw, ORGAN_ID[organ])
             geometry.append((path, aff, tuple(raw.shape)))
         if mask is None:
             raise CaseError(

@@ -130,6 +130,8 @@ class VolumeSource(Source):
         if image is not None:
             _check_grids(cid, image_path, image_affine, image.shape, mask_files, mask_affine if repairs else None)
         image_c, mask_c, lesion_c, spacing, info = _to_canonical(image, image_affine, mask, lesion, mask_affine, extra)
+        if self.get_label_map().sided and not mask_c.flags.writeable:  # a view of the file's bytes
+            mask_c = mask_c.copy()
         sided = split_sided(mask_c, image_c) if self.get_label_map().sided else None
         if sided:
             extra["sided_split"] = sided
@@ -237,6 +239,7 @@ def _to_canonical(image, image_affine, mask, lesion, mask_affine, extra: dict):
 
     The mask goes through its OWN transform (another axis order of the image's grid is
     fine; recorded in ``extra["mask_orientation"]``); spacing and ``info`` are the image's.
+    The arrays are views of the arrays read (no copy; read-only where those are).
     """
     from ..frame import apply_canonical, canonical_spacing, canonical_transform
 
