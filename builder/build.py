@@ -218,10 +218,13 @@ def open_source(cls: type, root: str, *, images: str, seed: int, unknown_labels:
 
 
 def input_digest(ref: Any) -> dict[str, str]:
-    """sha256 of every input file (or DICOM / segmentation folder) of a case, by role."""
-    from spar_bench.hashing import sha256_file
+    """sha256 of every input file (or DICOM / segmentation folder) of a case, by role.
 
-    return {role: sha256_file(p) if Path(p).exists() else "missing"
+    A file this process has just read keeps the digest taken while reading it
+    (:func:`~spar_bench.builder.readers.file_sha256`: not read a second time)."""
+    from .readers import file_sha256
+
+    return {role: file_sha256(p) if Path(p).exists() else "missing"
             for role, p in sorted(ref.files.items())}
 
 
@@ -264,14 +267,14 @@ def process_one(job: dict[str, Any]) -> dict[str, Any]:
     if job.get("resume") and (rec := _reusable_spill(job, meta)) is not None:
         return rec
     (cases_dir / f"{_case_stem(ref.source, ref.case_id)}.json").unlink(missing_ok=True)  # stale or torn
-    meta["inputs"] = input_digest(ref)
     try:
         src = open_source(job["source_cls"], job["root"], images=job["images"], seed=job["seed"],
                           unknown_labels=job.get("unknown_labels", "fail"))
         case = src.load(ref)
+        meta["inputs"] = input_digest(ref)  # after the read: its file digests are reused
         result = process_case(case, SampleConfig.from_dict(job["sample"]), job["seed"])
     except CaseError as e:
-        return {**meta, "status": "error", "reason": str(e)}
+        return {**meta, "inputs": meta.get("inputs") or input_digest(ref), "status": "error", "reason": str(e)}
     wanted = list(job["sample"]["levels"])
     if "level3" in wanted:
         wanted.append("level3_questions")
