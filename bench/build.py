@@ -22,15 +22,22 @@ Per data set and worker count, each measurement runs in a fresh process (imports
 before the clock starts and reported as ``start s``), ``--repeats`` times alternately;
 the table shows the fastest of each:
 
-* ``read s``: every input file the build reads (image, mask; for TotalSegmentator the CT
-  and the mapped class masks) loaded with nibabel ``np.asanyarray(img.dataobj)``, with
-  the same worker count (spawned processes);
-* ``build s``: ``spar_bench.builder.build.build`` end to end (find, read, canonicalise,
-  pseudo-CT, samples, spill, thresholds, HDF5, Parquet, manifest);
+* ``read s``: the bare read, the floor: every input file the build reads (image, mask;
+  for TotalSegmentator the CT and the mapped class masks) loaded with nibabel
+  ``np.asanyarray(nib.load(f).dataobj)``, with the same worker count (spawned processes);
+* ``rd* s``: the same files through the builder's own reader
+  (``spar_bench.builder.readers.read_volume``: bytes read and hashed once, gunzipped in
+  one call, voxels a view of those bytes): what reading costs inside the build;
+* ``build s``: ``spar_bench.builder.build.build`` end to end, as ``spar-build`` runs it
+  (find, read, canonicalise, pseudo-CT, samples, spill, thresholds, HDF5 shards, the
+  Hugging Face Parquet folder, manifest);
 * ``ct s``: of that, pseudo-CT rendering (timed inside the build at 1 worker; at more
   workers estimated as the 1-worker time / min(workers, cases), marked ``~``);
-* ``proper s`` = build - ct; ``ratio`` = proper / read (1.0: the builder costs no more
-  than reading its input); ``x all`` = build / read;
+* ``hf s``: of that, writing the Hugging Face folder (``OUT/hf``: PNG encoding and
+  Parquet; ``--no-hf`` skips it), timed inside the build;
+* ``proper s`` = build - ct (the HF folder included); ``ratio`` = proper / read (1.0:
+  the builder costs no more than reading its input with nibabel; the target is 1.5);
+  ``no-hf`` = (proper - hf) / read; ``x all`` = build / read;
 * ``rss MB``: peak resident memory of the build's process and of its largest worker.
 
 ``--profile`` prints the top functions by cumulative time of one 1-worker build.
@@ -74,15 +81,22 @@ def read_one(path: str) -> int:
     return int(np.asanyarray(nib.load(path).dataobj).nbytes)
 
 
-def time_read(files: list[str], workers: int) -> float:
+def read_one_builder(path: str) -> int:
+    """Read one NIfTI with the builder's reader; return its byte count."""
+    from spar_bench.builder.readers import read_volume
+
+    return int(read_volume(path, case_id="bench")[0].nbytes)
+
+
+def time_read(files: list[str], workers: int, reader=read_one) -> float:
     t0 = time.perf_counter()
     if workers == 1:
         for f in files:
-            read_one(f)
+            reader(f)
     else:
         ctx = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-            list(pool.map(read_one, files))
+            list(pool.map(reader, files))
     return time.perf_counter() - t0
 
 
@@ -111,13 +125,11 @@ def n_cases(ds: DataSet) -> int:
 
 
 # -- the build -------------------------------------------------------------------------
-class RenderTimer:
-    """Wraps the pseudo-CT renderer of this process and sums its wall time."""
+class FunctionTimer:
+    """Wraps ``module.name`` in this process and sums its wall time (module looked up at call time)."""
 
-    def __init__(self) -> None:
-        from spar_bench.builder.phantom import render
-
-        self.module, self.original, self.seconds = render, render.render_pseudo_ct, 0.0
+    def __init__(self, module, name: str) -> None:
+        self.module, self.name, self.original, self.seconds = module, name, getattr(module, name), 0.0
 
         def timed(*args, **kwargs):
             t0 = time.perf_counter()
@@ -126,19 +138,21 @@ class RenderTimer:
             finally:
                 self.seconds += time.perf_counter() - t0
 
-        render.render_pseudo_ct = timed
+        setattr(module, name, timed)
 
     def close(self) -> None:
-        self.module.render_pseudo_ct = self.original
+        setattr(self.module, self.name, self.original)
 
 
-def run_build(ds: DataSet, out: Path, workers: int, profile: bool) -> tuple[float, float, str]:
-    """(build s, pseudo-CT s in this process, cProfile text)."""
+def run_build(ds: DataSet, out: Path, workers: int, profile: bool) -> dict:
+    """{"seconds": build s, "render": pseudo-CT s in this process, "hf": HF folder s, "profile": text}."""
     from spar_bench.builder.build import BuildConfig, build
+    from spar_bench.builder.phantom import render
+    from spar_bench.builder.writers import hf
 
     cfg = BuildConfig(sources=(ds.source,), roots=(str(ds.root),), out=str(out), workers=workers,
                       images=ds.images, fit_thresholds_on=ds.fit_on, overwrite=True)
-    timer = RenderTimer()
+    timers = {"render": FunctionTimer(render, "render_pseudo_ct"), "hf": FunctionTimer(hf, "write_hf")}
     prof = cProfile.Profile() if profile else None
     t0 = time.perf_counter()
     try:
@@ -148,14 +162,14 @@ def run_build(ds: DataSet, out: Path, workers: int, profile: bool) -> tuple[floa
         if prof:
             prof.disable()
     finally:
-        timer.close()
-    dt = time.perf_counter() - t0
-    text = ""
+        for t in timers.values():
+            t.close()
+    rec = {"seconds": time.perf_counter() - t0, **{k: t.seconds for k, t in timers.items()}, "profile": ""}
     if prof:
         buf = io.StringIO()
         pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(40)
-        text = buf.getvalue()
-    return dt, timer.seconds, text
+        rec["profile"] = buf.getvalue()
+    return rec
 
 
 def measure(task: str, ds: DataSet, workers: int, out: str, profile: bool = False) -> dict:
@@ -177,8 +191,10 @@ def measure(task: str, ds: DataSet, workers: int, out: str, profile: bool = Fals
     rec = {"start": start, "files": len(files), "mb": sum(Path(f).stat().st_size for f in files) / 1e6}
     if task == "read":
         rec["seconds"] = time_read(files, workers)
+    elif task == "read-builder":
+        rec["seconds"] = time_read(files, workers, read_one_builder)
     else:
-        rec["seconds"], rec["render"], rec["profile"] = run_build(ds, Path(out), workers, profile)
+        rec.update(run_build(ds, Path(out), workers, profile))
     rec["rss_self"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     rec["rss_child"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     return rec
@@ -274,16 +290,37 @@ def make_datasets(args, tmp: Path) -> list[DataSet]:
 
 # -- main ------------------------------------------------------------------------------
 def run(ds: DataSet, workers: int, repeats: int, tmp: Path, profile: bool) -> dict:
-    reads, builds = [], []
+    runs: dict[str, list[dict]] = {"read": [], "read-builder": [], "build": []}
     for _ in range(repeats):
-        reads.append(fresh("read", ds, workers, tmp))
-        builds.append(fresh("build", ds, workers, tmp / f"out-{ds.label}-{workers}"))
-    r = min(reads, key=lambda d: d["seconds"])
-    b = min(builds, key=lambda d: d["seconds"])
+        for task, got in runs.items():
+            got.append(fresh(task, ds, workers, tmp / f"out-{ds.label}-{workers}"))
+    best = {task: min(got, key=lambda d: d["seconds"]) for task, got in runs.items()}
     if profile and workers == 1:
         text = fresh("build", ds, 1, tmp / f"out-{ds.label}-prof", profile=True)["profile"]
         print(f"\n== cProfile, {ds.label}, 1 worker ==\n{text}")
-    return {"read": r, "build": b}
+    return best
+
+
+HEADER = (f"{'data':8} {'files':>5} {'MB':>7} {'wk':>3} {'read s':>7} {'rd* s':>6} {'build s':>8} "
+          f"{'ct s':>7} {'hf s':>6} {'proper s':>8} {'ratio':>6} {'no-hf':>6} {'x all':>6} {'start s':>7} "
+          f"{'rss MB':>11}")
+LEGEND = """
+read s: bare nibabel read of the build's input files (the floor); rd* s: the same files through
+the builder's reader. build s: spar-build end to end (HDF5 shards + Hugging Face folder +
+manifest); ct s: pseudo-CT rendering in it (~: estimated from 1 worker); hf s: the Hugging Face
+folder in it. proper s = build - ct; ratio = proper / read (target <= 1.5); no-hf = (proper - hf)
+/ read; x all = build / read. rss = peak of the build's process / its largest worker (MB).
+Times: fastest of --repeats, each in a fresh process."""
+
+
+def table_row(label: str, res: dict, w: int, render: float, mark: str) -> str:
+    r, b = res["read"], res["build"]
+    proper = b["seconds"] - render
+    rss = f"{b['rss_self']:.0f}/{b['rss_child']:.0f}"
+    return (f"{label:8} {r['files']:>5} {r['mb']:>7.1f} {w:>3} {r['seconds']:>7.2f} "
+            f"{res['read-builder']['seconds']:>6.2f} {b['seconds']:>8.2f} {mark}{render:>6.2f} {b['hf']:>6.2f} "
+            f"{proper:>8.2f} {proper / r['seconds']:>6.2f} {(proper - b['hf']) / r['seconds']:>6.2f} "
+            f"{b['seconds'] / r['seconds']:>6.2f} {b['start']:>7.2f} {rss:>11}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -318,17 +355,10 @@ def main(argv: list[str] | None = None) -> None:
                     render = (render_1 or 0.0) / min(w, n_cases(ds)) if render_1 is not None else float("nan")
                     mark = "~"
                 rows.append((ds.label, res, w, render, mark))
-    print(f"\n{'data':8} {'files':>5} {'MB':>7} {'wk':>3} {'read s':>7} {'build s':>8} {'ct s':>7} "
-          f"{'proper s':>8} {'ratio':>6} {'x all':>6} {'start s':>7} {'rss MB':>13}")
-    for label, res, w, render, mark in rows:
-        r, b = res["read"], res["build"]
-        proper = b["seconds"] - render
-        rss = f"{b['rss_self']:.0f}/{b['rss_child']:.0f}"
-        print(f"{label:8} {r['files']:>5} {r['mb']:>7.1f} {w:>3} {r['seconds']:>7.2f} {b['seconds']:>8.2f} "
-              f"{mark}{render:>6.2f} {proper:>8.2f} {proper / r['seconds']:>6.2f} "
-              f"{b['seconds'] / r['seconds']:>6.2f} {b['start']:>7.2f} {rss:>13}")
-    print("\nratio = (build - pseudo-CT) / read; rss = peak of the build's process / its largest "
-          "worker process (MB); read rss is not shown. Times: fastest of --repeats, each in a fresh process.")
+    print("\n" + HEADER)
+    for row in rows:
+        print(table_row(*row))
+    print(LEGEND)
 
 
 if __name__ == "__main__":

@@ -45,3 +45,15 @@ def test_slice_stats_names_the_slice_of_a_bad_label():
     mask[2, 1, 1] = 40
     with pytest.raises(CaseError, match="label id 40 on slice z=2"):
         frame224.slice_stats(Case("x", "c", "test", mask, (1.0, 1.0, 1.0)))
+
+
+def test_slice_stats_of_a_flipped_view_equals_its_copy():
+    """Canonical arrays are views of the file's voxels (flipped axes): same statistics."""
+    rng = np.random.default_rng(7)
+    stored = rng.integers(0, 17, (9, 23, 31)).astype(np.uint8)
+    stored[rng.random(stored.shape) < 0.7] = 0
+    view = stored[:, ::-1, ::-1]
+    a = frame224.slice_stats(Case("x", "c", "test", view, (1.0, 1.0, 1.0)))
+    b = frame224.slice_stats(Case("x", "c", "test", np.ascontiguousarray(view), (1.0, 1.0, 1.0)))
+    np.testing.assert_array_equal(a.area_px, b.area_px)
+    np.testing.assert_array_equal(a.centroid_rc, b.centroid_rc)

@@ -95,7 +95,9 @@ def frame_for_case(case: Case, margin_mm: float) -> Frame224:
             None,
             "has no image; samples need one (use the source's images='synthesize' for masks-only data)",
         )
-    body = np.any(case.image > BODY_HU, axis=0)
+    body = np.zeros(case.image.shape[1:], dtype=bool)
+    for z0 in range(0, case.image.shape[0], STATS_BLOCK):  # slabs: no volume-sized temporary
+        body |= np.any(case.image[z0 : z0 + STATS_BLOCK] > BODY_HU, axis=0)
     if not body.any():
         raise CaseError(case.case_id, None, f"no voxel above {BODY_HU:g} HU: the image has no body")
     rows = np.flatnonzero(body.any(axis=1))

@@ -59,7 +59,9 @@ def fma32(a, b, c) -> np.ndarray:
 
 def _fma32_fast(a, b, c) -> np.ndarray:
     """``fma32`` where ``a * b + c`` is known to be exact in float64 (one rounding)."""
-    return (np.multiply(a, b, dtype=F64) + c).astype(F32)
+    acc = np.multiply(a, b, dtype=F64)
+    acc += c
+    return acc.astype(F32)
 
 
 # -- grid sampling of the 224 frame ----------------------------------------------------
@@ -90,9 +92,9 @@ def _gather(volume: np.ndarray, zs: np.ndarray, rows: np.ndarray, cols: np.ndarr
     r, c = np.clip(rows, 0, h - 1), np.clip(cols, 0, w - 1)
     # slices by indexing (np.take would first copy a non-contiguous volume whole), then take
     sub = np.take(np.take(volume[np.asarray(zs)], r, axis=1), c, axis=2)
-    vals = sub.astype(F32)
-    vals -= F32(fill)
-    vals *= (r_ok[:, None] & c_ok[None, :])  # out-of-volume corners read as 0
+    vals = np.subtract(sub, F32(fill), dtype=F32)  # exact: integers, or float32 as before
+    if not (r_ok.all() and c_ok.all()):
+        vals *= (r_ok[:, None] & c_ok[None, :])  # out-of-volume corners read as 0
     return vals
 
 
