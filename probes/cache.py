@@ -53,14 +53,12 @@ def parse_layers(text: str | Sequence[int]) -> list[int]:
 
 
 def _relative_dir(data: str | Path, out: Path) -> str:
-    """The build folder as seen from the cache file's folder (``"../shards"``), POSIX."""
-    import os
+    """The build folder as seen from the cache file's folder (``"../shards"``, POSIX) when it
+    lies in the folder that holds that folder; else ``""`` (no local path is published: fit,
+    eval and sweep then need ``--data``). The rule of the build manifest's paths."""
+    from spar_bench.provenance import path_from_build
 
-    base = Path(out).resolve().parent
-    try:
-        return Path(os.path.relpath(Path(data).resolve(), base)).as_posix()
-    except ValueError:  # another drive (Windows): no relative path exists
-        return Path(data).resolve().as_posix()
+    return path_from_build(data, Path(out).resolve().parent) or ""
 
 
 class _Batches:

@@ -99,8 +99,11 @@ def check_shards(build, level: str) -> None:
 
 
 def encoder_slug(cache) -> str:
-    """Run-directory name of a cache's encoder (``-random-init`` appended when so)."""
-    name = str(cache.meta.get("encoder") or Path(cache.path).stem)
+    """Run-directory name of a cache's encoder (``-random-init`` appended when so); a local
+    path recorded by an older cache is replaced by its base name + hash (``published_name``)."""
+    from .encoders.base import published_name
+
+    name = published_name(str(cache.meta.get("encoder") or Path(cache.path).stem), cache.meta.get("weights"))
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "encoder"
     weights = cache.meta.get("weights")
     training = weights.get("training") if isinstance(weights, dict) else None
@@ -344,6 +347,7 @@ def _run_config(run: RunSpec, cache, build, model, dims: tuple[int, int]) -> dic
     """What ``config.json`` records: the run spec, then what it resolved to and ran with."""
     from spar_bench.seeding import derive_seed
 
+    from .encoders.base import published_name
     from .heads import head_input
 
     return {
@@ -361,7 +365,8 @@ def _run_config(run: RunSpec, cache, build, model, dims: tuple[int, int]) -> dic
         "cache_fingerprint": cache.fingerprint,
         "dataset_dir": Path(build.root).resolve().name,
         "dataset_fingerprint": build.fingerprint,
-        "encoder": cache.meta.get("encoder"),
+        "encoder": published_name(str(cache.meta["encoder"]), cache.meta.get("weights"))
+        if cache.meta.get("encoder") else None,
         "random_init": bool(cache.random_init),
         "head_input": head_input(run.head),
         "head_config": model.cfg if hasattr(model, "cfg") else {},
@@ -554,11 +559,14 @@ def fit_command(features, head, probe, seeds, out, data, n_boot, no_controls, de
     help="Its build (default: cache's dataset_dir).",
 )
 @click.option("--bootstrap", "n_boot", default=1000, show_default=True, type=click.IntRange(1))
-def eval_command(run, features, data, n_boot):
+@click.option("--encoder", default=None,
+              help="Re-encoding a finetune run of a local model: its path again (hf:DIR, open_clip:local-dir:DIR).")
+def eval_command(run, features, data, n_boot, encoder):
     """Score a trained head on another cache (transfer), without retraining.
 
     A ``spar-probe finetune`` run given ``--data`` and no ``--features`` re-encodes that
-    build's images with its own trained encoder.
+    build's images with its own trained encoder (a local model's path, which runs do not
+    record, is given again with ``--encoder``).
     """
     if features is None:
         from .finetune.run import EXPORT_FILE, run_eval_reencoded
@@ -568,7 +576,7 @@ def eval_command(run, features, data, n_boot):
                 "--features is required (re-encoding with --data alone needs a `spar-probe finetune` "
                 f"run holding {EXPORT_FILE})"
             )
-        out = run_eval_reencoded(run, data, n_boot)
+        out = run_eval_reencoded(run, data, n_boot, encoder=encoder)
         m = json.loads(out.read_text())
         key = get_probe(m["probe"]).headline
         click.echo(f"{m['probe']} {m['head']} on {m['data']} (re-encoded): {key}={_fmt(m['test'].get(key))} -> {out}")

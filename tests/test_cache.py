@@ -73,7 +73,9 @@ def test_cache_is_aligned_with_shards(family: str, build: Path, models: Path, tm
         fc.check_matches(b)
         assert fc.levels() == ["level1", "level3"] and fc.splits("level1") == ["test", "train"]
         assert fc.layers() == layers and fc.meta["complete"] and fc.meta["dtype"] == "fp32"
-        assert fc.meta["encoder_config"]["name"] == name
+        # a local model is named by base name + content hash, never by its path
+        assert fc.meta["encoder_config"]["name"] == fc.meta["encoder"] == enc.spec.name
+        assert enc.spec.name == name if family.startswith(("dummy", "timm")) else str(models) not in enc.spec.name
         assert fc.meta["weights"] == enc.spec.weights and fc.random_init == enc.spec.random_init
         assert set(fc.meta["versions"]) >= {"torch", "timm", "transformers", "open_clip_torch", "spar-bench"}
         for level in b.levels():

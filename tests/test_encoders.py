@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -215,7 +216,8 @@ def test_open_clip_local_dir(tmp_path: Path) -> None:
     enc = load_encoder(name)
     s = enc.spec
     assert s.family == "open_clip" and s.mean == (0.4, 0.4, 0.4) and s.n_prefix == 1
-    assert s.weights["kind"] == "file" and s.weights["path"].endswith("open_clip_pytorch_model.bin")
+    assert s.weights["kind"] == "file" and s.weights["name"] == "open_clip_pytorch_model.bin"
+    assert "path" not in s.weights and re.fullmatch(r"open_clip:local-dir:tiny_clip@[0-9a-f]{8}", s.name)
     model = open_clip.create_model(name[len("open_clip:"):]).eval()
     x = images(2)
     with torch.no_grad():
@@ -230,6 +232,45 @@ def test_open_clip_without_checkpoint_needs_random_init(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="--random-init"):
         load_encoder(name)
     assert load_encoder(name, random_init=True).spec.random_init
+
+
+def test_local_models_are_named_by_folder_name_and_content(tmp_path: Path) -> None:
+    """No local path in a spec: base name + content hash; another location of the same
+    content has the same name, another content in a folder of the same name another one."""
+    import shutil
+
+    from spar_bench.probes.encoders.base import is_local_name, published_name
+
+    pytest.importorskip("open_clip")
+    (tmp_path / "a").mkdir()
+    name, _ = make_open_clip(tmp_path / "a")
+    copy = tmp_path / "b" / "tiny_clip"
+    shutil.copytree(tmp_path / "a" / "tiny_clip", copy)
+    first, same = load_encoder(name).spec, load_encoder(f"open_clip:local-dir:{copy}").spec
+    assert first.name == same.name and is_local_name(first.name)
+    assert str(tmp_path) not in json.dumps(first.to_dict())
+    other = tmp_path / "c" / "tiny_clip"
+    shutil.copytree(copy, other)
+    cfg = json.loads((other / "open_clip_config.json").read_text())
+    cfg["preprocess_cfg"]["mean"] = [0.5, 0.5, 0.5]
+    (other / "open_clip_config.json").write_text(json.dumps(cfg))
+    assert load_encoder(f"open_clip:local-dir:{other}").spec.name != first.name
+    # names recorded by older caches and runs: their path replaced by base name + hash
+    sha = {"kind": "dir", "sha256": "ab" * 32}
+    assert published_name("hf:/home/me/models/tiny/", sha) == "hf:tiny@abababab"
+    assert published_name("open_clip:local-dir:/x/BiomedCLIP", {"kind": "file", "sha256": "cd" * 32}) \
+        == "open_clip:local-dir:BiomedCLIP@cdcdcdcd"
+    assert published_name("torchscript:/x/m.pt", {"kind": "file"}) == "torchscript:m.pt"
+    for kept in ("hf:microsoft/rad-dino", "timm:resnet50", "dummy", first.name):
+        assert published_name(kept, sha if kept.startswith("hf:m") else None) == kept
+    # an older cache's run folder: named from the base name + hash, not the path
+    from types import SimpleNamespace
+
+    from spar_bench.probes.fit import encoder_slug
+
+    old = SimpleNamespace(meta={"encoder": "hf:/home/me/tiny", "weights": {**sha, "path": "/home/me/tiny"}},
+                          path="c.h5", random_init=False)
+    assert encoder_slug(old) == "hf-tiny-abababab"
 
 
 def test_torchscript(tmp_path: Path) -> None:

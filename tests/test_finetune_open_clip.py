@@ -69,7 +69,10 @@ def test_open_clip_export_recaches_to_the_runs_forward(pipeline, tmp_path: Path,
 
     # re-encoding the run's own build reproduces its test score; another build is re-encoded too
     m = json.loads((rd / "metrics.json").read_text())
-    again = json.loads(run_eval_reencoded(rd, pipeline["shards"], n_boot=20, device="cpu", compute="fp32").read_text())
+    with pytest.raises(ConfigError, match="pass it again with --encoder open_clip:local-dir:PATH"):
+        run_eval_reencoded(rd, pipeline["shards"], n_boot=20, device="cpu", compute="fp32")
+    again = json.loads(run_eval_reencoded(rd, pipeline["shards"], n_boot=20, device="cpu", compute="fp32",
+                                          encoder=name).read_text())
     assert again["test"]["med_px"] == pytest.approx(m["test"]["med_px"], rel=1e-4)
 
 
@@ -79,11 +82,25 @@ def test_open_clip_run_evals_another_build(pipeline, tmp_path: Path, monkeypatch
 
     name, _ = make_open_clip(tmp_path, OPEN_CLIP_TOWERS["open_clip-vit"])
     rd, _ = _finetune(pipeline, name, tmp_path / "runs", monkeypatch)
-    assert run_cmd(cli, ["eval", "--run", rd, "--data", pipeline["other"], "--bootstrap", 20]) == 0
+    assert run_cmd(cli, ["eval", "--run", rd, "--data", pipeline["other"], "--bootstrap", 20,
+                         "--encoder", name]) == 0
     out = json.loads((rd / f"eval-{Path(pipeline['other']).name}.json").read_text())
     assert out["features"] == "other-shards (re-encoded)" and out["data"] == "other-shards"
     assert out["training"]["label"] == "finetuned on build shards"
     assert np.isfinite(out["test"]["med_px"])
+
+
+def test_init_scratch_on_a_folder_with_a_checkpoint_speaks_of_init_scratch(pipeline, tmp_path: Path) -> None:
+    from spar_bench.probes.cli import cli
+    from spar_bench.probes.finetune.run import run_finetune
+
+    name, _ = make_open_clip(tmp_path, OPEN_CLIP_TOWERS["open_clip-vit"])
+    with pytest.raises(ConfigError, match="holds the weights; drop --init scratch") as e:
+        run_finetune(name, pipeline["shards"], "mlp", "level1.localisation", 0, tmp_path / "runs", init="scratch")
+    assert "--random-init" not in str(e.value) and not (tmp_path / "runs").exists()
+    # `spar-probe cache` keeps speaking of its own flag
+    assert run_cmd(cli, ["cache", "--encoder", name, "--random-init", "--data", pipeline["shards"],
+                         "--out", tmp_path / "c.h5", "--levels", "level1"]) == 2
 
 
 def _export(enc, path: Path, encoder: str) -> Path:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -40,8 +41,10 @@ class EncoderSpec:
 
     ``n_prefix`` tokens (CLS, registers) come first, then ``grid[0] * grid[1]`` patch tokens
     in row-major order (a CNN feature map flattened the same way, with ``n_prefix = 0``).
-    ``weights`` is ``{"kind": "file", "path", "sha256"}``, ``{"kind": "hub", "repo",
-    "revision"}``, ``{"kind": "builtin"}`` or ``{"kind": "random-init"}``.
+    ``weights`` is ``{"kind": "file"|"dir", "name", "sha256"}`` (a local file or folder by its
+    base name and content hash, never its path: :func:`weights_record`), ``{"kind": "hub",
+    "repo", "revision"}``, ``{"kind": "builtin"}`` or ``{"kind": "random-init"}``. ``name`` of
+    an encoder loaded from a local path is portable too (:func:`local_name`).
     """
 
     name: str
@@ -102,11 +105,81 @@ def require_extra(module: str, extra: str) -> Any:
         ) from None
 
 
+class WeightsGiven(ConfigError):
+    """A random initialisation was asked of an encoder whose ``source`` holds its weights.
+
+    The message speaks of ``--random-init`` (``spar-probe cache``); ``spar-probe finetune``
+    says ``--init scratch`` instead (:meth:`for_flag`).
+    """
+
+    def __init__(self, name: str, source: str, flag: str = "--random-init"):
+        self.name, self.source = name, source
+        super().__init__(f"encoder {name}: {source} holds the weights; drop {flag}, or point at a "
+                         "folder without a checkpoint to build its architecture from random weights")
+
+    def for_flag(self, flag: str) -> WeightsGiven:
+        return WeightsGiven(self.name, self.source, flag)
+
+
+def local_name(prefix: str, path: str | Path, sha256: str) -> str:
+    """The portable encoder name of a model loaded from the local ``path``:
+    ``prefix + <base name>@<first 8 hex of sha256>`` (``hf:tiny_dinov2@1a2b3c4d``).
+
+    The same content gives the same name wherever it lies; two models with one folder name
+    but other content get two names (and two run folders). Users pass the path again.
+    """
+    return f"{prefix}{Path(path).resolve().name}@{sha256[:8]}"
+
+
+_LOCAL_NAME = re.compile(r"[^/\\]+@[0-9a-f]{8}")
+
+
+def is_local_name(name: str) -> bool:
+    """Whether ``name`` is a portable name of a local model (:func:`local_name`): loading it
+    again needs its path (``hf:DIR``, ``open_clip:local-dir:DIR``, ``torchscript:FILE``)."""
+    rest = name.partition(":")[2]
+    return bool(_LOCAL_NAME.fullmatch(rest.removeprefix("local-dir:")))
+
+
+def published_name(name: str, weights: dict[str, Any] | None = None) -> str:
+    """``name`` as published: an encoder name that holds a local path (caches and runs made
+    before names were portable: ``hf:/home/me/tiny``, ``open_clip:local-dir:/x/m``,
+    ``torchscript:/x/m.pt``) becomes ``<family>:<base name>[@sha8]``, the hash taken from its
+    recorded ``weights``; any other name is returned as is."""
+    family, _, rest = name.partition(":")
+    prefix = f"{family}:"
+    if family == "open_clip" and rest.startswith("local-dir:"):
+        prefix, rest = "open_clip:local-dir:", rest[len("local-dir:"):]
+    elif family == "hf":
+        pathlike = rest.startswith(("/", ".", "~", "\\")) or re.match(r"[A-Za-z]:[/\\]", rest)
+        hub_id = re.fullmatch(r"[\w.-]+/[\w.-]+", rest)
+        if not (pathlike or ((weights or {}).get("kind") == "dir" and not hub_id)):
+            return name  # a hub id (org/repo)
+    elif family != "torchscript":
+        return name
+    if not rest or _LOCAL_NAME.fullmatch(rest):
+        return name
+    base = re.split(r"[/\\]", rest.rstrip("/\\"))[-1] or "model"
+    sha = (weights or {}).get("sha256")
+    return f"{prefix}{base}@{sha[:8]}" if isinstance(sha, str) and sha else f"{prefix}{base}"
+
+
+def published_weights(weights: dict[str, Any]) -> dict[str, Any]:
+    """A weights record without a local path: an older record's ``path`` becomes ``name``
+    (its base name; the sha256 identifies the content)."""
+    out = {k: v for k, v in weights.items() if k != "path"}
+    if isinstance(weights.get("path"), str):
+        out.setdefault("name", re.split(r"[/\\]", weights["path"].rstrip("/\\"))[-1])
+    return out
+
+
 def weights_record(weights: str | Path | None, random_init: bool, name: str) -> dict[str, Any]:
     """The ``weights`` entry of a spec for a local weights file/dir, or random init.
 
-    Raises :class:`ConfigError` when neither weights nor ``--random-init`` were given, so
-    random features can never be produced by accident.
+    A file or folder is recorded by its base ``name`` and ``sha256`` (never its path: the
+    record is published in caches and runs). Raises :class:`ConfigError` when neither
+    weights nor ``--random-init`` were given, so random features can never be produced by
+    accident.
     """
     if weights is not None:
         if random_init:
@@ -114,9 +187,10 @@ def weights_record(weights: str | Path | None, random_init: bool, name: str) -> 
         p = Path(weights)
         if not p.exists():
             raise ConfigError(f"encoder {name}: weights {p} do not exist")
+        ident = {"name": p.resolve().name, "sha256": sha256_file(p)}
         if p.is_dir():
-            return {"kind": "dir", "path": str(p.resolve()), "sha256": sha256_file(p)}
-        record = {"kind": "file", "path": str(p.resolve()), "sha256": sha256_file(p)}
+            return {"kind": "dir", **ident}
+        record = {"kind": "file", **ident}
         meta = read_export_meta(p)
         if meta and meta.get("training"):
             record["training"] = meta["training"]  # e.g. trained from scratch on build X

@@ -25,11 +25,14 @@ from .base import (
     IMAGENET_STD,
     Encoder,
     EncoderSpec,
+    WeightsGiven,
     check_export,
     load_into,
     load_state_dict_file,
+    local_name,
     read_export_meta,
     require_extra,
+    sha256_file,
     weights_record,
 )
 
@@ -102,7 +105,7 @@ def load_hf(rest: str, *, weights: str | None = None, random_init: bool = False,
     local = Path(weights) if weights is not None else Path(rest)
     if local.is_dir():
         if random_init:
-            raise ConfigError(f"encoder {name}: a weights folder was given; drop --random-init")
+            raise WeightsGiven(name, f"folder {local}")
         record = weights_record(local, False, name)
         src, kw = str(local), {"local_files_only": True}
     elif weights is not None:
@@ -135,6 +138,10 @@ def load_hf(rest: str, *, weights: str | None = None, random_init: bool = False,
         raise ConfigError(f"encoder {name}: cannot load {src}: {first}") from None
     if export is not None:  # a `spar-probe finetune` export: its state dict, its record
         load_into(model, load_state_dict_file(export), export, name)
+    if Path(rest).is_dir():  # named by the folder's base name and content, never its path
+        folder_sha = record["sha256"] if local == Path(rest) else sha256_file(rest)
+        name = local_name("hf:", rest, folder_sha)
+    if export is not None:
         record = weights_record(export, False, name)
     model_cfg = json.loads(config.to_json_string())
     spec = hf_spec_from_config(name, model_cfg, proc, record)

@@ -3,7 +3,9 @@
 ``open_clip:local-dir:PATH`` loads ``PATH/open_clip_config.json`` (``model_cfg`` +
 ``preprocess_cfg``) and the checkpoint found next to it (``open_clip_model.safetensors``,
 ``open_clip_pytorch_model.bin``, ...), the layout of hub folders such as BiomedCLIP's,
-without any network access. ``open_clip:<builtin name>`` takes ``--weights FILE``.
+without any network access; the encoder is then named by the folder's base name and a
+content hash (``open_clip:local-dir:BiomedCLIP@1a2b3c4d``), never its path.
+``open_clip:<builtin name>`` takes ``--weights FILE``.
 Either takes ``--weights RUN/encoder.safetensors``, a ``spar-probe finetune`` export: the
 model is built from its config and the export's vision tower (``module`` in its header:
 ``visual.trunk`` or ``visual``, see :data:`TOWER_MODULES`) loaded over it; an export of
@@ -26,9 +28,11 @@ from spar_bench.errors import ConfigError
 from .base import (
     Encoder,
     EncoderSpec,
+    WeightsGiven,
     check_export,
     load_into,
     load_state_dict_file,
+    local_name,
     read_export_meta,
     require_extra,
     sha256_file,
@@ -84,6 +88,9 @@ def load_open_clip(rest: str, *, weights: str | None = None, random_init: bool =
         raise ConfigError(f"encoder {name}: --revision is not supported; point at a local folder")
     export = read_export_meta(weights) if weights is not None else None
     model_name, pretrained, record = _source(rest, name, weights, random_init, export)
+    if rest.startswith(LOCAL):  # named by the folder's base name and content, never its path
+        folder = rest[len(LOCAL):]
+        name = local_name(f"open_clip:{LOCAL}", folder, sha256_file(folder))
     kw = {"load_weights": False} if export and _takes(open_clip.create_model, "load_weights") else {}
     try:
         model = open_clip.create_model(model_name, pretrained=pretrained, device="cpu", **kw)
@@ -132,11 +139,8 @@ def _source(rest: str, name: str, weights: str | None, random_init: bool,
             "add one or pass --random-init"
         )
     if ckpt is not None and random_init:
-        raise ConfigError(f"encoder {name}: {folder} holds weights {Path(ckpt).name}; drop --random-init")
-    record = (
-        {"kind": "file", "path": str(Path(ckpt).resolve()), "sha256": sha256_file(ckpt)}
-        if ckpt else {"kind": "random-init"}
-    )
+        raise WeightsGiven(name, f"{folder} (checkpoint {Path(ckpt).name})")
+    record = weights_record(ckpt, False, name) if ckpt else {"kind": "random-init"}
     return f"{LOCAL}{folder}", None, record
 
 

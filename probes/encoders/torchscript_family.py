@@ -8,6 +8,7 @@ An optional sidecar ``PATH.json`` describes it (all keys optional)::
      "interpolation": "bilinear", "n_prefix": 1, "grid": [14, 14], "pooled": "cls"}
 
 Without a sidecar: 224 x 224, 3 channels, ImageNet mean/std, no prefix tokens, mean pooling.
+The encoder is named by the file's base name and content hash (``torchscript:tok.pt@1a2b3c4d``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from spar_bench.errors import ConfigError
 
-from .base import Encoder, EncoderSpec, sha256_file
+from .base import Encoder, EncoderSpec, local_name, sha256_file
 
 
 class TorchScriptEncoder(Encoder):
@@ -53,15 +54,16 @@ def load_torchscript(rest: str, *, weights: str | None = None, random_init: bool
         raise ConfigError(f"encoder {name}: {path} is not a TorchScript file ({str(e).splitlines()[0]})") from None
     side = path.with_name(path.name + ".json")
     cfg = json.loads(side.read_text()) if side.is_file() else {}
+    sha = sha256_file(path)
     spec = EncoderSpec(
-        name=name, family="torchscript",
+        name=local_name("torchscript:", path, sha), family="torchscript",
         input_size=tuple(cfg.get("input_size", (224, 224))),
         in_chans=int(cfg.get("in_chans", 3)),
         mean=tuple(cfg.get("mean", EncoderSpec.mean)), std=tuple(cfg.get("std", EncoderSpec.std)),
         interpolation=cfg.get("interpolation", "bilinear"),
         n_prefix=int(cfg.get("n_prefix", 0)), pooled=cfg.get("pooled", "mean-patch"),
-        weights={"kind": "file", "path": str(path.resolve()), "sha256": sha256_file(path)},
-        random_init=False, extra={"sidecar": str(side) if side.is_file() else None},
+        weights={"kind": "file", "name": path.resolve().name, "sha256": sha},
+        random_init=False, extra={"sidecar": side.name if side.is_file() else None},
     )
     enc = TorchScriptEncoder(spec, module)
     with torch.inference_mode():

@@ -17,7 +17,7 @@ from typing import Any
 
 from spar_bench.errors import ConfigError
 
-from ..encoders.base import EXPORT_META_KEY, read_export_meta  # noqa: F401  (re-exported)
+from ..encoders.base import EXPORT_META_KEY, WeightsGiven, read_export_meta  # noqa: F401  (re-exported)
 
 EXPORT_FILE = "encoder.safetensors"
 #: parameter names whose first number after one of these words is a block index.
@@ -52,7 +52,10 @@ def load_trainable(name: str, *, weights: str | None, init: str, seed: int,
         raise ConfigError(f"encoder {name}: --model-args apply to timm: encoders only")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))
-        enc = load_encoder(name, weights=weights, random_init=init == "scratch", revision=revision, **kw)
+        try:
+            enc = load_encoder(name, weights=weights, random_init=init == "scratch", revision=revision, **kw)
+        except WeightsGiven as e:  # finetune's flag is --init scratch, not cache's --random-init
+            raise e.for_flag("--init scratch") from None
     if init == "weights" and enc.spec.random_init:
         raise ConfigError(
             f"encoder {name}: has no trained weights (random-init); finetuning it would be training "

@@ -35,11 +35,20 @@ MODES = {"weights": "finetuned", "scratch": "scratch"}
 
 
 def run_slug(encoder: str, init: str, build_root: str | Path) -> str:
-    """Run-folder name of a trained encoder: ``timm-resnet18-scratch-shards-canonical``."""
+    """Run-folder name of a trained encoder: ``timm-resnet18-scratch-shards-canonical``
+    (``encoder`` as published: :func:`published_encoder`)."""
     import re
 
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{encoder}-{MODES[init]}-{Path(build_root).resolve().name}")
     return name.strip("-")
+
+
+def published_encoder(encoder: str, spec) -> str:
+    """The encoder name a run records: as given, or, for a model loaded from a local path,
+    the spec's portable name (``hf:tiny@1a2b3c4d``: base name + content hash, no path)."""
+    from ..encoders.base import is_local_name
+
+    return spec.name if is_local_name(spec.name) else encoder
 
 
 def training_record(init: str, build, weights_record: dict) -> dict[str, Any]:
@@ -147,12 +156,13 @@ def run_finetune(encoder: str, data: str | Path, head: str, probe: str, seed: in
     tr, va, te, te_mirror, val_source, val_split = splits
     encoding, precision = _encoding(encoder, build, seed, cfg, weights=weights, init=init,
                                     model_kwargs=model_kwargs, revision=revision)
+    enc_spec = encoding.enc.spec
+    encoder = published_encoder(encoder, enc_spec)  # no local path in the folder name or any record
     rd = Path(out) / run_slug(encoder, init, data) / probe / head / f"seed{seed}"
     _prepare_run_dir(rd, resume, overwrite)
     level = spec.level
     trs, vas = Split(tr, level, "train"), Split(va, level, val_split)
     model, in_dim, n_tokens = _new_head(encoding, head, spec, kind, seed, head_cfg, trs)
-    enc_spec = encoding.enc.spec
     key = run_key(encoder=encoder, weights=enc_spec.weights, init=init, model_kwargs=model_kwargs,
                   build=build.fingerprint, probe=probe, head=head, head_cfg=head_cfg, seed=seed,
                   cfg=cfg.to_dict(), compute=precision.dtype, train_mirrors=train_mirrors)
@@ -198,23 +208,20 @@ def _score(encoding, model, kind: str, run, data, dims: tuple) -> dict:
             "test": test, "mirror": mirror, "controls": ctrl}
 
 
-def _published(weights: dict) -> dict:
-    """A weights record without its local path: the file's name stays (its sha256 identifies it)."""
-    return {k: (Path(v).name if k == "path" else v) for k, v in weights.items()}
-
-
 def _config(encoder, spec, init, weights, model_kwargs, build, probe, head, seed, kind, model, dims,
             cfg, precision, training, controls, n_boot, train_mirrors) -> dict:
     from spar_bench.provenance import CACHE_PACKAGES, package_versions
     from spar_bench.seeding import derive_seed
 
+    from ..encoders.base import published_weights
+
     return {
         "command": "finetune", "probe": probe, "head": head, "seed": seed,
         "seeds": {"torch": seed, "init": seed if init == "scratch" else None,
                   "bootstrap": [derive_seed(seed, "bootstrap", probe, head, "test")]},
-        "layer": cfg.layer, "encoder": encoder, "init": init, "weights": _published(spec.weights),
+        "layer": cfg.layer, "encoder": encoder, "init": init, "weights": published_weights(spec.weights),
         "model_args": model_kwargs or {}, "random_init": False,
-        "encoder_config": {**spec.to_dict(), "weights": _published(spec.weights)},
+        "encoder_config": {**spec.to_dict(), "weights": published_weights(spec.weights)},
         "training": training, "dataset_dir": Path(build.root).resolve().name,
         "dataset_fingerprint": build.fingerprint, "head_input": kind,
         "head_config": getattr(model, "cfg", {}), "in_dim": dims[0], "n_tokens": dims[1],
@@ -328,20 +335,38 @@ def finetune_command(encoder, weights, init, model_args, revision, data, head, p
             click.echo(f"{p} {head} seed{s}: {key}={_fmt(m['test'].get(key))} -> {rd}")
 
 
-def load_run_encoder(rd: Path, config: dict):
+def load_run_encoder(rd: Path, config: dict, encoder: str | None = None):
     """The trained encoder of run ``rd``: what ``spar-probe cache --encoder SPEC --weights
-    RUN/encoder.safetensors`` loads (the architecture rebuilt, the export loaded over it)."""
-    from ..encoders import load_encoder
+    RUN/encoder.safetensors`` loads (the architecture rebuilt, the export loaded over it).
 
+    A run of a model loaded from a local path records it by name and content hash only;
+    ``encoder`` gives the path again (``hf:DIR``), and must be that same model.
+    """
+    from ..encoders import load_encoder
+    from ..encoders.base import is_local_name
+
+    recorded = config["encoder"]
+    if encoder is None and is_local_name(recorded):
+        raise ConfigError(
+            f"{rd}: its encoder {recorded} was loaded from a local path, which runs do not record; "
+            f"pass it again with --encoder {recorded.rpartition(':')[0]}:PATH"
+        )
     kw = {"model_kwargs": config["model_args"]} if config.get("model_args") else {}
-    return load_encoder(config["encoder"], weights=str(rd / EXPORT_FILE), **kw)
+    enc = load_encoder(encoder or recorded, weights=str(rd / EXPORT_FILE), **kw)
+    if encoder is not None and is_local_name(recorded) and enc.spec.name != recorded:
+        raise ConfigError(
+            f"--encoder {encoder} is {enc.spec.name} (its content differs), but run {rd} trained "
+            f"{recorded}; pass the folder or file the run was trained from"
+        )
+    return enc
 
 
 def run_eval_reencoded(run: str | Path, data: str | Path, n_boot: int = 1000, device: str = "auto",
-                       compute: str = "auto") -> Path:
+                       compute: str = "auto", encoder: str | None = None) -> Path:
     """Score a finetune run on another build, re-encoding its images with the run's encoder.
 
-    Writes ``RUN/eval-<build>.json`` (the layout of ``spar-probe eval``'s output).
+    Writes ``RUN/eval-<build>.json`` (the layout of ``spar-probe eval``'s output). ``encoder``:
+    the path of a local model again (:func:`load_run_encoder`).
     """
     import torch
 
@@ -366,7 +391,7 @@ def run_eval_reencoded(run: str | Path, data: str | Path, n_boot: int = 1000, de
     head.load_state_dict(saved["state_dict"])
     build = Build(data)
     cfg = FinetuneConfig(**{**c["finetune_config"], "device": device, "compute": compute})
-    enc = load_run_encoder(rd, c)
+    enc = load_run_encoder(rd, c, encoder)
     encoding, _ = _encoding_of(enc, build, cfg)
     head.to(encoding.dev)
     level = spec.level
