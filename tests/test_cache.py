@@ -152,6 +152,24 @@ def test_other_shards_are_rejected(build: Path, tmp_path: Path) -> None:
     assert Build(build).fingerprint[:16] in msg and Build(other).fingerprint[:16] in msg
 
 
+def test_dataset_dir_is_relative_or_empty_never_a_local_path(build: Path, tmp_path: Path) -> None:
+    """The build as seen from the cache's folder when both lie in one project folder; else
+    empty (fit then needs --data): no absolute path, no climb through the home folder."""
+    from spar_bench.probes.cache import _relative_dir
+    from spar_bench.probes.fit import open_cache, resolve_build
+
+    proj = tmp_path / "proj"
+    assert _relative_dir(proj / "shards", proj / "cache" / "c.h5") == "../shards"
+    assert _relative_dir(proj / "shards", proj / "c.h5") == "shards"
+    assert _relative_dir(build, tmp_path / "a" / "b" / "c.h5") == ""
+    out = write_cache("dummy", build, tmp_path / "a" / "b" / "c.h5", levels=["level1"], **EXACT)
+    cache = open_cache(out)
+    assert cache.meta["dataset_dir"] == ""
+    with pytest.raises(ConfigError, match="pass --data"):
+        resolve_build(cache, None)
+    assert resolve_build(cache, build).fingerprint == cache.fingerprint
+
+
 def test_fp16_storage_is_close_to_fp32(build: Path, tmp_path: Path) -> None:
     a = write_cache("dummy", build, tmp_path / "32.h5", **EXACT)
     # fp16 storage, and shards read by a DataLoader worker process: same rows, same order

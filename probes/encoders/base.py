@@ -256,6 +256,7 @@ def check_export(path: str | Path, meta: dict[str, Any] | None, name: str, famil
         raise ConfigError(
             f"{path}: an export of the {theirs} encoder {made_by}, not of a {family} encoder as {name}; "
             f"re-cache it with --encoder {made_by}"
+            + (" (its path: a local model's name records none)" if is_local_name(str(made_by)) else "")
         )
     part = meta.get("module")
     if part and part != module:
