@@ -196,6 +196,23 @@ def test_hf_export_recaches(tmp_path: Path) -> None:
     from spar_bench.probes.finetune.run import load_run_encoder
 
     torch.testing.assert_close(load_run_encoder(tmp_path, {"encoder": name, "seed": 0})(x)[-1][1], ref)
+    # a run records the folder by base name + content hash only: its path is given again,
+    # and a folder of the same name with another content is refused
+    import shutil
+
+    from spar_bench.errors import ConfigError
+
+    recorded = {"encoder": enc.spec.name, "seed": 0}
+    assert enc.spec.name.startswith("hf:tiny_dinov2@") and again.spec.name == enc.spec.name
+    with pytest.raises(ConfigError, match="pass it again with --encoder hf:PATH"):
+        load_run_encoder(tmp_path, recorded)
+    torch.testing.assert_close(load_run_encoder(tmp_path, recorded, name)(x)[-1][1], ref)
+    other = tmp_path / "other" / "tiny_dinov2"
+    shutil.copytree(name[len("hf:"):], other)
+    proc = json.loads((other / "preprocessor_config.json").read_text())
+    (other / "preprocessor_config.json").write_text(json.dumps({**proc, "image_mean": [0.4, 0.4, 0.4]}))
+    with pytest.raises(ConfigError, match="its content differs"):
+        load_run_encoder(tmp_path, recorded, f"hf:{other}")
 
 
 def test_gradient_accumulation_steps_once_per_accum_batches(pipeline, tmp_path: Path) -> None:
