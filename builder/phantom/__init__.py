@@ -6,12 +6,14 @@
 * :mod:`spar_bench.builder.phantom.render`: :func:`render_pseudo_ct`, HU-like intensities for any
   canonical label volume (the phantom's and real masks-only cases').
 
-``spar-build phantom --out DIR --n N --layout canonical|mirrored|random`` writes a dataset.
+``spar-build phantom --out DIR --n N --layout canonical|mirrored|random [--intensities ct|distinct]``
+writes a dataset.
 """
 
 from __future__ import annotations
 
 from .generate import (
+    INTENSITIES,
     LAYOUTS,
     PHANTOM_VERSION,
     SIZES,
@@ -24,6 +26,7 @@ from .generate import (
 from .render import RenderError, derive_body, render_pseudo_ct
 
 __all__ = [
+    "INTENSITIES",
     "LAYOUTS",
     "PHANTOM_VERSION",
     "SIZES",

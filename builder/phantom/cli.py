@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .generate import LAYOUTS, SIZES
+from .generate import INTENSITIES, LAYOUTS, SIZES
 
 
 @click.command("phantom")
@@ -38,9 +38,18 @@ from .generate import LAYOUTS, SIZES
     show_default=True,
     help="small: 160x160 x 40-60 slices; medium: 256x256 x 80-120; large: 512x512 x 160-240.",
 )
+@click.option(
+    "--intensities",
+    type=click.Choice(INTENSITIES),
+    default="ct",
+    show_default=True,
+    help="ct: CT-like organ means (left/right pairs look the same); distinct: every organ its "
+    "own mean HU, 19 HU apart, so organs can be told apart by intensity in any layout.",
+)
 @click.option("--overwrite", is_flag=True, help="Replace an existing phantom dataset in --out.")
 def phantom_command(
-    out_dir: str, n: int, layout: str, seed: int, no_lesions: bool, size: str, overwrite: bool
+    out_dir: str, n: int, layout: str, seed: int, no_lesions: bool, size: str, intensities: str,
+    overwrite: bool,
 ) -> None:
     """Write N phantom cases (imagesTr/labelsTr, imagesVal/labelsVal, imagesTs/labelsTs).
 
@@ -51,7 +60,8 @@ def phantom_command(
     from .generate import write_phantom_dataset
 
     record = write_phantom_dataset(
-        out_dir, n, layout=layout, seed=seed, lesions=not no_lesions, size=size, overwrite=overwrite
+        out_dir, n, layout=layout, seed=seed, lesions=not no_lesions, size=size, intensities=intensities,
+        overwrite=overwrite,
     )
     splits = ", ".join(f"{k} {v}" for k, v in record["splits"].items())
     n_les = sum(1 for c in record["cases"].values() if c["lesion_voxels"] > 0)
@@ -59,5 +69,5 @@ def phantom_command(
     click.echo(
         f"wrote {record['n']} {layout} phantom cases to {out_dir} ({splits}); "
         f"{n_les} with liver lesions; {shapes[0][1]}x{shapes[0][2]} in-plane, "
-        f"{min(s[0] for s in shapes)}-{max(s[0] for s in shapes)} slices; seed {seed}"
+        f"{min(s[0] for s in shapes)}-{max(s[0] for s in shapes)} slices; seed {seed}; {intensities} intensities"
     )

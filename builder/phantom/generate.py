@@ -59,7 +59,16 @@ Layouts
   shape mirrored to match), so recall of canonical anatomy cannot help: the liver is
   left of the spleen in about half of the subjects.
 
-Intensities come from :func:`spar_bench.builder.phantom.render.render_pseudo_ct`.
+Intensities
+-----------
+From :func:`spar_bench.builder.phantom.render.render_pseudo_ct`. ``intensities="ct"`` (the
+default) keeps its CT-like organ means, under which several organs are within a few HU
+of each other and left/right pairs are identical: in a ``random`` layout "which one is
+the left kidney" is then not answerable from the image. ``intensities="distinct"`` gives
+each organ its own mean (:func:`distinct_organ_hu`: 16 levels 19 HU apart, -60..225 HU,
+plus a per-case N(0, 3 HU) jitter), drawn after everything else and stored in the record
+as ``intensities`` and ``organ_hu``; with the same seed the anatomy, gas, noise and blur
+are those of the ``ct`` case. A ``ct`` record has neither key (as before the option).
 """
 
 from __future__ import annotations
@@ -79,6 +88,9 @@ from ..schema import ORGAN_ID, ORGANS
 
 PHANTOM_VERSION = "1.0"
 LAYOUTS: tuple[str, ...] = ("canonical", "mirrored", "random")
+#: ``ct``: CT-like organ means (similar organs look alike; left/right pairs are identical);
+#: ``distinct``: every organ its own mean HU (see :func:`distinct_organ_hu`).
+INTENSITIES: tuple[str, ...] = ("ct", "distinct")
 
 
 @dataclass(frozen=True)
@@ -245,6 +257,7 @@ def sample_phantom_params(
     lesions: bool = True,
     in_plane: int | None = None,
     n_slices: int | None = None,
+    intensities: str = "ct",
 ) -> dict[str, Any]:
     """Draw one phantom subject: a JSON-serialisable record for :func:`render_phantom`.
 
@@ -254,14 +267,12 @@ def sample_phantom_params(
         size: a :data:`SIZES` preset (``small``, ``medium``, ``large``).
         lesions: draw 0-4 liver lesions.
         in_plane, n_slices: override the preset's in-plane size / number of slices.
+        intensities: ``ct`` or ``distinct`` (see the module docstring).
 
     Raises:
-        ConfigError: unknown layout or size, or a too-small grid.
+        ConfigError: unknown layout, size or intensities, or a too-small grid.
     """
-    if layout not in LAYOUTS:
-        raise ConfigError(f"unknown phantom layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
-    if size not in SIZES:
-        raise ConfigError(f"unknown phantom size {size!r}; choose one of {', '.join(SIZES)}")
+    _check_choices(layout, size, intensities)
     preset = SIZES[size]
     n = int(in_plane or preset.in_plane)
     nz = (
@@ -352,7 +363,29 @@ def sample_phantom_params(
         "organs": organs,
         "lesions": lesion_list,
         "render_seed": int(rng.integers(0, 2**62)),
+        **({"intensities": "distinct", "organ_hu": distinct_organ_hu(rng)} if intensities == "distinct" else {}),
     }
+
+
+def _check_choices(layout: str, size: str, intensities: str) -> None:
+    """ConfigError naming the bad choice and the valid ones."""
+    for what, value, valid in (("layout", layout, LAYOUTS), ("size", size, tuple(SIZES)),
+                               ("intensities", intensities, INTENSITIES)):
+        if value not in valid:
+            raise ConfigError(f"unknown phantom {what} {value!r}; choose one of {', '.join(valid)}")
+
+
+def distinct_organ_hu(rng: np.random.Generator) -> dict[str, float]:
+    """Organ -> mean HU of the ``distinct`` intensities: its fixed level plus N(0, 3 HU).
+
+    The levels (:data:`~spar_bench.builder.phantom.render.DISTINCT_HU_LEVELS`, in the order
+    of :data:`~spar_bench.builder.phantom.render.DISTINCT_ORDER`) are the same for every
+    case, so an organ can be recognised by its intensity in any layout.
+    """
+    from .render import DISTINCT_HU_LEVELS, DISTINCT_JITTER_HU, DISTINCT_ORDER
+
+    jitter = rng.normal(0.0, DISTINCT_JITTER_HU, size=len(DISTINCT_ORDER))
+    return {o: round(float(DISTINCT_HU_LEVELS[k] + jitter[k]), 3) for k, o in enumerate(DISTINCT_ORDER)}
 
 
 def _lobe_to_world(lobe: dict[str, Any], u: np.ndarray) -> np.ndarray:
@@ -469,7 +502,8 @@ def render_phantom(params: dict[str, Any]) -> PhantomVolume:
     lesion &= liver.astype(np.uint8)
 
     image = render_pseudo_ct(
-        mask, spacing, lesion=lesion, seed=int(params["render_seed"]), body=body, bone=bone
+        mask, spacing, lesion=lesion, seed=int(params["render_seed"]), body=body, bone=bone,
+        organ_hu=params.get("organ_hu"),
     )
     return PhantomVolume(mask, lesion, image, spacing, body, np.ascontiguousarray(bone), params)
 
@@ -572,6 +606,7 @@ def write_phantom_dataset(
     size: str = "small",
     in_plane: int | None = None,
     n_slices: int | None = None,
+    intensities: str = "ct",
     overwrite: bool = False,
     progress: bool = True,
 ) -> dict[str, Any]:
@@ -585,8 +620,9 @@ def write_phantom_dataset(
     them back exercises the same reorientation as users' data. Case ``phantom_NNNN``
     is sampled from ``derive_seed(seed, "phantom", case_id, layout)``.
 
-    ``out_dir/phantom.json`` records the generator version, seed, layout, n, size and
-    each case's split and full params. The folder is written in a temporary sibling and
+    ``out_dir/phantom.json`` records the generator version, seed, layout, n, size,
+    ``intensities`` (only when not ``ct``, so default records are unchanged) and each
+    case's split and full params. The folder is written in a temporary sibling and
     renamed into place, so an interrupted run leaves no partial dataset.
 
     Raises:
@@ -602,10 +638,7 @@ def write_phantom_dataset(
     from spar_bench.seeding import derive_seed
 
     out = Path(out_dir)
-    if layout not in LAYOUTS:
-        raise ConfigError(f"unknown phantom layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
-    if size not in SIZES:
-        raise ConfigError(f"unknown phantom size {size!r}; choose one of {', '.join(SIZES)}")
+    _check_choices(layout, size, intensities)
     splits = assign_splits(int(n), int(seed))
     _prepare_out(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -626,6 +659,7 @@ def write_phantom_dataset(
                 lesions=lesions,
                 in_plane=in_plane,
                 n_slices=n_slices,
+                intensities=intensities,
             )
             vol = render_phantom(params)
             labels = vol.mask.copy()
@@ -651,6 +685,7 @@ def write_phantom_dataset(
             "n": int(n),
             "size": size,
             "lesions": bool(lesions),
+            **({"intensities": intensities} if intensities != "ct" else {}),
             "label_manifest": "phantom",
             "lesion_label": LESION_LABEL,
             "file_axcodes": "LPS",

@@ -15,6 +15,9 @@ Each voxel gets one tissue, then a mean HU from :data:`ORGAN_HU` / :data:`TISSUE
 * organs: liver 60, spleen 50, kidneys 150 (contrast-enhanced, cortex-like),
   stomach 30, gallbladder 10, esophagus 40, pancreas 45, duodenum 35, colon 25,
   intestine 35, adrenal 30, rectum 30, bladder 10, femoral heads 500 (bone);
+  or, given ``organ_hu`` (the phantom's ``distinct`` intensities), those means as given:
+  :data:`DISTINCT_HU_LEVELS`, -60..225 HU in steps of 19, one per organ in
+  :data:`DISTINCT_ORDER`, jittered per case by N(0, 3 HU) when the phantom is sampled;
 * bowel gas: inside the stomach, duodenum, colon, intestine and rectum, a smooth random
   field (correlation length ~12 mm) marks air pockets (-900 HU) in roughly 10% (small
   bowel) to 25% (colon) of the organ's voxels;
@@ -106,6 +109,35 @@ _TISSUE_CODE = {
     "visceral": _VISCERAL,
     "gas": _GAS,
 }
+
+#: ``distinct`` intensities (``spar-build phantom --intensities distinct``): 16 mean HU
+#: levels 19 HU apart inside the default window (-160..240), clear of fat (-100) and
+#: visceral fat (-80); each organ gets one level, in this fixed order, so that no two
+#: organs - not even a left/right pair - look alike. The spacing is ~2 noise SDs of a
+#: blurred voxel (~10 HU) and far more than the SD of an organ's mean over a few voxels.
+DISTINCT_HU_LEVELS: tuple[float, ...] = tuple(-60.0 + 19.0 * k for k in range(16))
+#: organ -> level index of :data:`DISTINCT_HU_LEVELS` (spatial neighbours of the canonical
+#: anatomy and left/right pairs far apart).
+DISTINCT_ORDER: tuple[str, ...] = (
+    "kidney_left",
+    "gallbladder",
+    "head_of_femur_right",
+    "pancreas",
+    "spleen",
+    "rectum",
+    "esophagus",
+    "colon",
+    "adrenal",
+    "stomach",
+    "head_of_femur_left",
+    "duodenum",
+    "bladder",
+    "liver",
+    "intestine",
+    "kidney_right",
+)
+#: SD (HU) of the per-case jitter of each ``distinct`` organ mean (``ct``: 5 HU).
+DISTINCT_JITTER_HU = 3.0
 
 NOISE_SD_HU = 25.0
 BLUR_SIGMA_VOXELS = 0.7
@@ -417,6 +449,7 @@ def render_pseudo_ct(
     seed: int,
     body: np.ndarray | None = None,
     bone: np.ndarray | None = None,
+    organ_hu: dict[str, float] | None = None,
 ) -> np.ndarray:
     """Render an int16 pseudo-CT (HU) of a canonical label volume.
 
@@ -430,6 +463,9 @@ def render_pseudo_ct(
             (:func:`derive_body`).
         bone: optional boolean bone mask (rendered at 450 HU where no organ is);
             ``None`` places a vertebral body on the posterior midline.
+        organ_hu: optional organ name -> mean HU of all 16 organs, used as given (no
+            jitter) instead of :data:`ORGAN_HU` + N(0, 5 HU); everything else - and every
+            random draw - is the same as without it.
 
     Returns:
         int16 array of ``mask.shape``, in the canonical frame.
@@ -451,9 +487,12 @@ def render_pseudo_ct(
     hull = derive_body_hull(mask, sp) if body is None else None
     depth = None if body is None else _CoarseDepth(np.asarray(body, dtype=bool) | (mask > 0), sp)
 
+    if organ_hu is not None and set(organ_hu) != set(ORGAN_HU):
+        raise RenderError(f"organ_hu must give all {len(ORGAN_HU)} organs, got {sorted(organ_hu)}")
     lut = np.full(256, TISSUE_HU["air"], dtype=np.float32)
     for name, hu in ORGAN_HU.items():
-        lut[ORGANS.index(name) + 1] = hu + float(rng.normal(0.0, 5.0))
+        jitter = float(rng.normal(0.0, 5.0))  # drawn either way: the other draws stay the same
+        lut[ORGANS.index(name) + 1] = float(organ_hu[name]) if organ_hu is not None else hu + jitter
     for name, code in _TISSUE_CODE.items():
         lut[code] = TISSUE_HU[name]
     layer_code = np.array([0, _FAT, _MUSCLE, _VISCERAL], dtype=np.uint8)
