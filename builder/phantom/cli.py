@@ -44,7 +44,7 @@ from .generate import INTENSITIES, LAYOUTS, SIZES
     default="ct",
     show_default=True,
     help="ct: CT-like organ means (left/right pairs look the same); distinct: every organ its "
-    "own mean HU, 19 HU apart, so organs can be told apart by intensity in any layout.",
+    "own mean HU, 17 HU apart, so organs can be told apart by intensity in any layout.",
 )
 @click.option("--overwrite", is_flag=True, help="Replace an existing phantom dataset in --out.")
 def phantom_command(

@@ -65,7 +65,7 @@ From :func:`spar_bench.builder.phantom.render.render_pseudo_ct`. ``intensities="
 default) keeps its CT-like organ means, under which several organs are within a few HU
 of each other and left/right pairs are identical: in a ``random`` layout "which one is
 the left kidney" is then not answerable from the image. ``intensities="distinct"`` gives
-each organ its own mean (:func:`distinct_organ_hu`: 16 levels 19 HU apart, -60..225 HU,
+each organ its own mean (:func:`distinct_organ_hu`: 16 levels 17 HU apart, -35..220 HU,
 plus a per-case N(0, 3 HU) jitter), drawn after everything else and stored in the record
 as ``intensities`` and ``organ_hu``; with the same seed the anatomy, gas, noise and blur
 are those of the ``ct`` case. A ``ct`` record has neither key (as before the option).

@@ -16,7 +16,7 @@ Each voxel gets one tissue, then a mean HU from :data:`ORGAN_HU` / :data:`TISSUE
   stomach 30, gallbladder 10, esophagus 40, pancreas 45, duodenum 35, colon 25,
   intestine 35, adrenal 30, rectum 30, bladder 10, femoral heads 500 (bone);
   or, given ``organ_hu`` (the phantom's ``distinct`` intensities), those means as given:
-  :data:`DISTINCT_HU_LEVELS`, -60..225 HU in steps of 19, one per organ in
+  :data:`DISTINCT_HU_LEVELS`, -35..220 HU in steps of 17, one per organ in
   :data:`DISTINCT_ORDER`, jittered per case by N(0, 3 HU) when the phantom is sampled;
 * bowel gas: inside the stomach, duodenum, colon, intestine and rectum, a smooth random
   field (correlation length ~12 mm) marks air pockets (-900 HU) in roughly 10% (small
@@ -111,11 +111,11 @@ _TISSUE_CODE = {
 }
 
 #: ``distinct`` intensities (``spar-build phantom --intensities distinct``): 16 mean HU
-#: levels 19 HU apart inside the default window (-160..240), clear of fat (-100) and
+#: levels 17 HU apart inside the default window (-160..240), clear of fat (-100) and
 #: visceral fat (-80); each organ gets one level, in this fixed order, so that no two
-#: organs - not even a left/right pair - look alike. The spacing is ~2 noise SDs of a
+#: organs - not even a left/right pair - look alike. The spacing is ~1.7 noise SDs of a
 #: blurred voxel (~10 HU) and far more than the SD of an organ's mean over a few voxels.
-DISTINCT_HU_LEVELS: tuple[float, ...] = tuple(-60.0 + 19.0 * k for k in range(16))
+DISTINCT_HU_LEVELS: tuple[float, ...] = tuple(-35.0 + 17.0 * k for k in range(16))
 #: organ -> level index of :data:`DISTINCT_HU_LEVELS` (spatial neighbours of the canonical
 #: anatomy and left/right pairs far apart).
 DISTINCT_ORDER: tuple[str, ...] = (
