@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,34 +35,34 @@ LAYOUTS = ("canonical", "mirrored", "random")
 TRAIN_ON = ("canonical", "random")
 PROBES = ("level3.relative_position", "level3.orientation", "level1.localisation")
 ENCODER = "timm:resnet10t"
-MODEL_ARGS = {"channels": [16, 32, 64, 128], "stem_width": 16, "output_stride": 16,
-              "pretrained_cfg_overlay": {"input_size": [3, 96, 96]}}
+MODEL_ARGS = {"channels": [16, 32, 64, 128], "stem_width": 16, "output_stride": 8,
+              "pretrained_cfg_overlay": {"input_size": [3, 64, 64]}}
 HEAD = "attnpool"
+INTENSITIES = "distinct"  # every organ its own mean HU: organs recognisable in any layout
+L3_STRIDE = 4  # every 4th slice: more layouts (cases) per image trained on
 
 
-def sh(*cmd: str) -> None:
-    print("$", " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True)
+def build_all(out: Path, n_cases: dict[str, int], samples: int, questions: int, seed: int) -> dict[str, Path]:
+    """One phantom (distinct organ intensities) + shards per layout (Levels 1 and 3, mirrored
+    counterfactuals, ``questions`` Level 3 questions per probe and slice)."""
+    from spar_bench.builder.build import BuildConfig, build
+    from spar_bench.builder.phantom import write_phantom_dataset
 
-
-def bin_of(name: str) -> str:
-    here = Path(sys.executable).parent / name
-    return str(here) if here.exists() else name
-
-
-def build_all(out: Path, n_cases: dict[str, int], samples: int, seed: int) -> dict[str, Path]:
-    """One phantom + shards per layout (Levels 1 and 3, mirrored counterfactuals)."""
     builds = {}
     for i, layout in enumerate(LAYOUTS):
         ph, shards = out / f"phantom-{layout}", out / f"shards-{layout}"
         builds[layout] = shards
         if (shards / "manifest.json").is_file():
             continue
-        sh(bin_of("spar-build"), "phantom", "--out", str(ph), "--n", str(n_cases[layout]), "--layout", layout,
-           "--seed", str(seed + i), "--overwrite")
-        sh(bin_of("spar-build"), "--source", "phantom", "--root", str(ph), "--out", str(shards),
-           "--levels", "level1,level3", "--samples-per-case", str(samples), "--counterfactual", "mirror",
-           "--no-hf", "--overwrite", "--workers", "1")
+        print(f"$ spar-build phantom --out {ph} --n {n_cases[layout]} --layout {layout} --seed {seed + i} "
+              f"--intensities {INTENSITIES} --overwrite", flush=True)
+        write_phantom_dataset(ph, n_cases[layout], layout=layout, seed=seed + i, intensities=INTENSITIES,
+                              overwrite=True)
+        sample = {"levels": ["level1", "level3"], "samples_per_case": samples, "counterfactual": "mirror",
+                  "l3_questions_per_probe": questions, "l3_stride": L3_STRIDE}
+        print(f"$ build {shards} from {ph}: {json.dumps(sample)}", flush=True)
+        build(BuildConfig(sources=("phantom",), roots=(str(ph),), out=str(shards), sample=sample, hf=False,
+                          overwrite=True, workers=1), quiet=True)
     return builds
 
 
@@ -88,7 +87,7 @@ def train_and_score(builds: dict[str, Path], out: Path, epochs: int, n_boot: int
     from spar_bench.probes.tasks import get_probe
 
     cfg = FinetuneConfig(encoder_lr=2e-3, head_lr=2e-3, batch_size=32, max_epochs=epochs,
-                         warmup_epochs=1, patience=4, device="cpu", compute="fp32")
+                         warmup_epochs=1, patience=5, device="cpu", compute="fp32")
     rows = []
     for train_on in TRAIN_ON:
         for probe in PROBES:
@@ -169,10 +168,11 @@ def plot(rows: list[dict], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="runs/rvc")
-    ap.add_argument("--cases", type=int, default=30, help="phantom cases of each training layout")
-    ap.add_argument("--eval-cases", type=int, default=12, help="phantom cases of the mirrored layout")
-    ap.add_argument("--samples", type=int, default=6, help="Level 1 mosaics per case")
-    ap.add_argument("--epochs", type=int, default=12)
+    ap.add_argument("--cases", type=int, default=100, help="phantom cases of each training layout")
+    ap.add_argument("--eval-cases", type=int, default=24, help="phantom cases of the mirrored layout")
+    ap.add_argument("--samples", type=int, default=4, help="Level 1 mosaics per case")
+    ap.add_argument("--questions", type=int, default=16, help="Level 3 questions per probe and slice")
+    ap.add_argument("--epochs", type=int, default=14)
     ap.add_argument("--bootstrap", type=int, default=200)
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (1: on a shared 2-core machine more threads only contend)")
@@ -188,11 +188,12 @@ def main(argv: list[str] | None = None) -> int:
         args.cases, args.eval_cases, args.samples, args.epochs, args.bootstrap = 6, 6, 2, 2, 20
     t0 = time.perf_counter()
     n = {"canonical": args.cases, "random": args.cases, "mirrored": args.eval_cases}
-    builds = build_all(out, n, args.samples, args.seed)
+    builds = build_all(out, n, args.samples, args.questions, args.seed)
     t_build = time.perf_counter() - t0
     rows = train_and_score(builds, out, args.epochs, args.bootstrap)
     wall = time.perf_counter() - t0
-    conditions = {"cases": n, "samples_per_case": args.samples, "max_epochs": args.epochs,
+    conditions = {"cases": n, "intensities": INTENSITIES, "samples_per_case": args.samples,
+                  "l3_questions_per_probe": args.questions, "l3_stride": L3_STRIDE, "max_epochs": args.epochs,
                   "encoder": ENCODER, "model_args": MODEL_ARGS, "head": HEAD, "threads": args.threads,
                   "cpu_count": os.cpu_count(), "load_average_at_end": os.getloadavg(),
                   "build_seconds": round(t_build, 1), "wall_seconds": round(wall, 1)}

@@ -143,6 +143,13 @@ def test_token_head_finetune_and_controls(pipeline, tmp_path: Path) -> None:
     assert {"chance", "majority", "blind"} <= set(m["controls"])
     config = json.loads((rd / "config.json").read_text())
     assert config["finetune_config"]["freeze_blocks"] == 1 and config["head_input"] == "tokens"
+    # from scratch: no PCA of the random initial tokens (its whitening scaled them by up to 1e6);
+    # the head reads the tokens unprojected, at full width, and says so
+    d = config["in_dim"]
+    assert config["head_config"]["proj_dim"] == d
+    head = torch.load(rd / "head.pt", map_location="cpu", weights_only=False)["state_dict"]
+    assert torch.equal(head["proj_w"], torch.eye(d)) and torch.equal(head["proj_scale"], torch.ones(d))
+    assert torch.equal(head["proj_mean"], torch.zeros(d))
 
 
 def test_an_encoder_without_weights_is_refused(pipeline, tmp_path: Path) -> None:

@@ -81,9 +81,16 @@ def _targets(build, run):
     return _split_targets(build, BuildKeys(build), run)
 
 
-def _new_head(encoding, head: str, spec, kind: str, seed: int, head_cfg: dict, tr: Split):
+def _new_head(encoding, head: str, spec, kind: str, seed: int, head_cfg: dict, tr: Split,
+              scratch: bool = False):
     """A seeded head sized by one encoded image; token heads fit their fixed PCA projection
-    on the initial encoder's tokens of a seeded sample of training images (as ``fit``)."""
+    on the initial encoder's tokens of a seeded sample of training images (as ``fit``).
+
+    ``scratch``: the initial encoder is random, its tokens carry nothing worth a PCA, and
+    whitening them scales near-constant directions by up to 1e6, which swamps the head's
+    position embeddings and, through gradient clipping, stalls the encoder. A token head
+    then reads the encoder's tokens unprojected (identity, full width; recorded as its
+    ``proj_dim``)."""
     from spar_bench.seeding import derive_seed
 
     from ..heads import build_head
@@ -92,8 +99,10 @@ def _new_head(encoding, head: str, spec, kind: str, seed: int, head_cfg: dict, t
     rows = np.unique(tr.targets.rows)
     first = encoding.features(tr.level, tr.split, rows[:1], kind="tokens")
     in_dim, n_tokens = int(first.shape[-1]), (int(first.shape[1]) if kind == "tokens" else 1)
+    if scratch and kind == "tokens":
+        head_cfg = {**head_cfg, "proj_dim": in_dim}
     model = seeded(lambda: build_head(head, spec, in_dim, n_tokens, **head_cfg), seed)
-    if kind == "tokens":
+    if kind == "tokens" and not scratch:
         rng = np.random.default_rng(derive_seed(seed, "projection", spec.name))
         pick = np.sort(rng.choice(rows, size=min(rows.size, max(1, 50000 // n_tokens)), replace=False))
         sample = encoding.features(tr.level, tr.split, pick, kind="tokens")
@@ -162,7 +171,7 @@ def run_finetune(encoder: str, data: str | Path, head: str, probe: str, seed: in
     _prepare_run_dir(rd, resume, overwrite)
     level = spec.level
     trs, vas = Split(tr, level, "train"), Split(va, level, val_split)
-    model, in_dim, n_tokens = _new_head(encoding, head, spec, kind, seed, head_cfg, trs)
+    model, in_dim, n_tokens = _new_head(encoding, head, spec, kind, seed, head_cfg, trs, init == "scratch")
     key = run_key(encoder=encoder, weights=enc_spec.weights, init=init, model_kwargs=model_kwargs,
                   build=build.fingerprint, probe=probe, head=head, head_cfg=head_cfg, seed=seed,
                   cfg=cfg.to_dict(), compute=precision.dtype, train_mirrors=train_mirrors)
