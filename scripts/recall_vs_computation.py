@@ -42,6 +42,15 @@ INTENSITIES = "distinct"  # every organ its own mean HU: organs recognisable in 
 L3_STRIDE = 4  # every 4th slice: more layouts (cases) per image trained on
 
 
+def _phantom_done(ph: Path, n: int, layout: str, seed: int) -> bool:
+    """A complete phantom dataset of these settings is already at ``ph`` (written atomically)."""
+    try:
+        rec = json.loads((ph / "phantom.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (rec.get("n"), rec.get("layout"), rec.get("seed"), rec.get("intensities")) == (n, layout, seed, INTENSITIES)
+
+
 def build_all(out: Path, n_cases: dict[str, int], samples: int, questions: int, seed: int) -> dict[str, Path]:
     """One phantom (distinct organ intensities) + shards per layout (Levels 1 and 3, mirrored
     counterfactuals, ``questions`` Level 3 questions per probe and slice)."""
@@ -54,10 +63,11 @@ def build_all(out: Path, n_cases: dict[str, int], samples: int, questions: int, 
         builds[layout] = shards
         if (shards / "manifest.json").is_file():
             continue
-        print(f"$ spar-build phantom --out {ph} --n {n_cases[layout]} --layout {layout} --seed {seed + i} "
-              f"--intensities {INTENSITIES} --overwrite", flush=True)
-        write_phantom_dataset(ph, n_cases[layout], layout=layout, seed=seed + i, intensities=INTENSITIES,
-                              overwrite=True)
+        if not _phantom_done(ph, n_cases[layout], layout, seed + i):
+            print(f"$ spar-build phantom --out {ph} --n {n_cases[layout]} --layout {layout} --seed {seed + i} "
+                  f"--intensities {INTENSITIES} --overwrite", flush=True)
+            write_phantom_dataset(ph, n_cases[layout], layout=layout, seed=seed + i, intensities=INTENSITIES,
+                                  overwrite=True)
         sample = {"levels": ["level1", "level3"], "samples_per_case": samples, "counterfactual": "mirror",
                   "l3_questions_per_probe": questions, "l3_stride": L3_STRIDE}
         print(f"$ build {shards} from {ph}: {json.dumps(sample)}", flush=True)
