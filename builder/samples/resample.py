@@ -193,9 +193,13 @@ def _aa_pass(img: np.ndarray, n_out: int, small_ints: bool) -> np.ndarray:
     for j in range(1, ax.weights.shape[1]):
         wj = ax.weights[:, j : j + 1]
         v = vals[:, j]
-        plain = acc + v * wj
-        fmas = fused(v, wj, acc)
-        acc = np.where((j > n_unfused)[:, None], fmas, plain)
+        use_fma = j > n_unfused
+        if use_fma.all():  # only the branch that is used when all outputs take the same one
+            acc = fused(v, wj, acc)
+        elif not use_fma.any():
+            acc = acc + v * wj
+        else:
+            acc = np.where(use_fma[:, None], fused(v, wj, acc), acc + v * wj)
     return acc
 
 
