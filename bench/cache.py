@@ -160,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from spar_bench.probes.cache import write_cache
     from spar_bench.probes.encoders import load_encoder
+    from spar_bench.probes.finetune.run import published_encoder
     from spar_bench.probes.hardware import pick_compute, pick_device
 
     device = pick_device(a.device)
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="spar-bench-cache-") as tmp:
         tmp = Path(tmp)
         if a.data:
-            data, what = Path(a.data), f"build {a.data}"
+            data, what = Path(a.data), f"build {Path(a.data).resolve().name}"  # no local path in results
         elif a.synthetic:
             data, what = synthetic_build(tmp, a.synthetic, a.compression)
         else:
@@ -203,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
                 startups.append(((first[0] - t0) if first else total, total))
             bare, e2e = max(bares), max(e2es)
             lv = levels[0]
-            r = {"encoder": name, "tokens": enc.spec.n_tokens, "dim": enc.spec.dim,
+            r = {"encoder": published_encoder(name, enc.spec), "tokens": enc.spec.n_tokens, "dim": enc.spec.dim,
                  "bare_img_s": bare, "cache_img_s": e2e,
                  "bare_all": bares, "cache_all": e2es,
                  "startup_s": min(st for st, _ in startups),

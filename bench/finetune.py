@@ -128,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         lv, sp = tr.level, tr.split
         r_bare = bare(trainer, batches, build, lv, sp, args.repeats)
         r_ft = finetune_epoch(trainer, tr, batches, args.repeats)
-    out = {"encoder": args.encoder, "model_args": args.model_args, "device": str(trainer.dev),
+    from spar_bench.probes.finetune.run import published_encoder
+
+    out = {"encoder": published_encoder(args.encoder, trainer.encoding.enc.spec), "model_args": args.model_args, "device": str(trainer.dev),
            "compute": precision.dtype, "compute_reason": precision.reason, "threads": torch.get_num_threads(),
            "workers": trainer.encoding.loading.workers, "build": how, "probe": args.probe,
            "batch": args.batch, "images_timed": int(sum(len(b) for b in batches)),
