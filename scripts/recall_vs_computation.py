@@ -1,13 +1,15 @@
 """Recall versus computation, end to end: does the benchmark tell a model that remembers
 canonical anatomy from one that reads the image?
 
-    python scripts/recall_vs_computation.py --out runs/rvc            # the README table (15 min on 2 busy cores)
+    python scripts/recall_vs_computation.py --out runs/rvc            # the README table (~30 min on 2 busy cores)
     python scripts/recall_vs_computation.py --out /tmp/rvc --quick    # a smoke run (minutes)
 
-1. Three phantom datasets (``spar-build phantom --layout canonical|random|mirrored``), each
-   built into shards with Levels 1 and 3 and mirrored counterfactuals.
-2. The same small encoder (a narrow ResNet-10-T, channels 16-32-64-128, output stride 16,
-   96 x 96 input: 6 x 6 tokens) trained FROM SCRATCH with an ``attnpool`` head
+1. Three phantom datasets (``spar-build phantom --layout canonical|random|mirrored
+   --intensities distinct``: every organ its own mean HU, so that an organ can be found by
+   its appearance in any layout), each built into shards with Levels 1 and 3 and mirrored
+   counterfactuals, 16 Level 3 questions per probe and slice, every 4th slice.
+2. The same small encoder (a narrow ResNet-10-T, channels 16-32-64-128, output stride 8,
+   64 x 64 input: 8 x 8 tokens) trained FROM SCRATCH with an ``attnpool`` head
    (``spar-probe finetune --init scratch``) on the canonical build and, separately, on the
    random-layout build, for Level 3 relative position and orientation and Level 1.
 3. Every run scored in domain and, re-encoding their images with its own encoder
