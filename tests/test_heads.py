@@ -279,3 +279,21 @@ def test_heads_train_on_cuda_like_on_cpu():
             acc[device].append(level2_metrics(pred, va.y["target_slot"], va.y["present_pos"])["tile_acc"])
     cpu, cuda = np.mean(acc["cpu"]), np.mean(acc["cuda"])
     assert cuda > 0.6 and abs(cuda - cpu) < 0.15, acc
+
+
+def test_fast_encoder_layer_is_the_module_function():
+    """encoder_layer computes nn.TransformerEncoderLayer's function from its parameters:
+    bit-identical in eval mode; in training mode its dropout keeps 1 - p of the entries."""
+    import torch
+
+    from spar_bench.probes.heads.transformer import dropout, encoder_layer
+
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(32, 4, 64, 0.1, "gelu", batch_first=True, norm_first=True)
+    x = torch.randn(5, 7, 32)
+    layer.eval()
+    with torch.no_grad():
+        assert torch.equal(encoder_layer(layer, x), layer(x))
+    kept = (dropout(torch.ones(200_000), 0.25, True) != 0).float().mean().item()
+    assert abs(kept - 0.75) < 0.01
+    assert torch.equal(dropout(x, 0.25, False), x)
