@@ -29,6 +29,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -245,3 +246,54 @@ def _train_epoch(base, fwd, params, buffers, opt, train, gens, cfg: TrainConfig)
         opt.step()
         totals += np.array([float(v.detach()) for v in per]) * idxs[0].size
     return (totals / len(tr)).tolist()
+
+
+# --------------------------------------------------------------------------- runs trained as one batch
+def batch_key(run):
+    """Runs with equal keys may be trained as one batch: they differ in seed, lr and weight decay only."""
+    return run.replace(seed=0, train=replace(run.train, lr=1.0, weight_decay=0.0))
+
+
+def run_fit_batch(runs: list, out, progress: bool = False) -> list:
+    """``spar-probe fit`` for runs of one :func:`batch_key`, trained as one batch (and their blind
+    baselines as another); each run writes its own folder, recording the batch it was trained in.
+
+    Without a val split every seed holds out its own patients, so only runs of one seed
+    (grid points) share a batch then.
+    """
+    from spar_bench.errors import ConfigError
+
+    from .fit import encoder_slug, prepare_run
+
+    if len({batch_key(r) for r in runs}) != 1:
+        raise ConfigError("runs trained as one batch may differ in seed, lr and weight decay only")
+    prepared = [prepare_run(r) for r in runs]
+    slug = encoder_slug(prepared[0].cache)
+    groups: dict[int, list[int]] = {}
+    for i, (r, p) in enumerate(zip(runs, prepared, strict=True)):
+        groups.setdefault(r.seed if p.splits.val_split != "val" else 0, []).append(i)
+    dirs: dict[int, Any] = {}  # id(run) -> its folder
+    for members in groups.values():
+        ids = [runs[i].run_dir("", slug).as_posix() for i in members]
+        batch = {"runs": ids, "trainer": "spar_bench.probes.ensemble.train_heads",
+                 "note": "trained as one vmapped batch: agrees with training alone in distribution, not bit for bit"}  # fmt: skip
+        dirs.update(_fit_members([runs[i] for i in members], [prepared[i] for i in members], out, batch, progress))
+    return [dirs[id(r)] for r in runs]
+
+
+def _fit_members(runs: list, prepared: list, out, batch: dict, progress: bool) -> dict:
+    """Train one batch's heads, then their blind baselines, then score and write each run."""
+    from .fit import _blind, blind_inputs, finish_run, new_blind
+
+    s0 = prepared[0].splits
+    cfgs, seeds = [r.train for r in runs], [r.seed for r in runs]
+    feats = lambda split: [p.feats[split] for p in prepared]  # noqa: E731
+    results = train_heads([p.model for p in prepared], (feats("train"), s0.tr), (feats(s0.val_split), s0.va),
+                          cfgs, seeds, progress=progress)  # fmt: skip
+    blinds: list = [None] * len(runs)
+    if runs[0].controls:
+        blinds = [new_blind(r, p.model, p.dims) for r, p in zip(runs, prepared, strict=True)]
+        zero = [blind_inputs(r, p.model, p.dims) for r, p in zip(runs, prepared, strict=True)]
+        train_heads(blinds, (zero, _blind(s0.tr)), (zero, _blind(s0.va)), cfgs, seeds)
+    return {id(r): finish_run(r, p, res, out, blind=b, batch=batch)
+            for r, p, res, b in zip(runs, prepared, results, blinds, strict=True)}  # fmt: skip

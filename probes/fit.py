@@ -228,10 +228,12 @@ def _new_head(cache, run: RunSpec, kind: str):
     return model, in_dim, n_tokens
 
 
-def _controls(run: RunSpec, model, dims: tuple[int, int], s: Splits, prior: dict, boot) -> dict:
-    """Chance, majority, the prior (input-free optimum) and the blind baseline (same head, no image)."""
-    from .heads import build_head, head_input
-    from .train import predict, seeded, train_head
+def _controls(run: RunSpec, model, dims: tuple[int, int], s: Splits, prior: dict, boot, blind=None) -> dict:
+    """Chance, majority, the prior (input-free optimum) and the blind baseline (same head, no image).
+
+    ``blind``: the blind head already trained (a batch trains them together), or None.
+    """
+    from .train import predict, train_head
 
     spec, n_boot = run.spec, run.n_boot
     majority = spec.majority(s.tr)
@@ -245,13 +247,10 @@ def _controls(run: RunSpec, model, dims: tuple[int, int], s: Splits, prior: dict
         ctrl["prior_mirror"] = score(s.te_mirror, pred, boot("prior-mirror"), n_boot)
     if not run.controls:
         return ctrl
-    (in_dim, n_tokens), kind = dims, head_input(run.head)
-    zero = np.zeros((1, in_dim) if kind == "pooled" else (1, 1, model.proj_dim), np.float32)
-    blind = seeded(lambda: build_head(run.head, spec, in_dim, n_tokens, **run.head_config), run.seed)
-    if kind == "tokens":  # the same fixed projection as the real head
-        proj = {k: v for k, v in model.state_dict().items() if k.startswith("proj_")}
-        blind.load_state_dict({**blind.state_dict(), **proj})
-    train_head(blind, (zero, _blind(s.tr)), (zero, _blind(s.va)), run.train, run.seed, progress=False)
+    zero = blind_inputs(run, model, dims)
+    if blind is None:
+        blind = new_blind(run, model, dims)
+        train_head(blind, (zero, _blind(s.tr)), (zero, _blind(s.va)), run.train, run.seed, progress=False)
     ctrl["blind"] = score(s.te, predict(blind, zero, _blind(s.te)), boot("blind"), n_boot)
     if len(s.te_mirror):
         pred = predict(blind, zero, _blind(s.te_mirror))
@@ -305,21 +304,52 @@ def _open_run(run: RunSpec):
     return cache, build
 
 
-def run_fit(run: RunSpec, out: str | Path, progress: bool = True) -> Path:
-    """Train and score the head of ``run``; write the run directory; return its path."""
-    from spar_bench.seeding import derive_seed
+class Prepared(NamedTuple):
+    """What a run trains on: its cache and build, targets, seeded head and features per split."""
 
+    cache: Any
+    build: Any
+    splits: Splits
+    model: Any
+    dims: tuple[int, int]
+    feats: dict[str, np.ndarray]
+
+
+def prepare_run(run: RunSpec) -> Prepared:
+    """Open and check the run's cache and build; its targets, seeded head and features."""
     from .heads import head_input
-    from .train import predict, train_head
 
-    spec, kind = run.spec, head_input(run.head)
+    kind = head_input(run.head)
     cache, build = _open_run(run)
     s = _split_targets(build, cache, run)
     model, in_dim, n_tokens = _new_head(cache, run, kind)
-    feats = {sp: load_features(cache, kind, spec.level, sp, run.layer, model)
+    feats = {sp: load_features(cache, kind, run.spec.level, sp, run.layer, model)
              for sp in dict.fromkeys(("train", s.val_split, "test"))}  # fmt: skip
-    result = train_head(model, (feats["train"], s.tr), (feats[s.val_split], s.va), run.train,
+    return Prepared(cache, build, s, model, (in_dim, n_tokens), feats)
+
+
+def run_fit(run: RunSpec, out: str | Path, progress: bool = True) -> Path:
+    """Train and score the head of ``run``; write the run directory; return its path."""
+    from .train import train_head
+
+    p = prepare_run(run)
+    s = p.splits
+    result = train_head(p.model, (p.feats["train"], s.tr), (p.feats[s.val_split], s.va), run.train,
                         run.seed, progress=progress)  # fmt: skip
+    return finish_run(run, p, result, out)
+
+
+def finish_run(run: RunSpec, p: Prepared, result, out: str | Path, blind=None, batch: dict | None = None) -> Path:
+    """Score a trained run (test, mirrored, controls) and write its folder.
+
+    ``blind``: the run's blind-baseline head, already trained (a batch trains them
+    together); None trains it here. ``batch`` records the runs it was trained with.
+    """
+    from spar_bench.seeding import derive_seed
+
+    from .train import predict
+
+    spec, cache, s, model, feats = run.spec, p.cache, p.splits, p.model, p.feats
     boot = lambda tag: np.random.default_rng(derive_seed(run.seed, "bootstrap", run.probe, run.head, tag))  # noqa: E731
     prior = spec.fit_prior(s.tr)
     metrics: dict[str, Any] = {
@@ -333,14 +363,36 @@ def run_fit(run: RunSpec, out: str | Path, progress: bool = True) -> Path:
         "test": score(s.te, predict(model, feats["test"], s.te), boot("test"), run.n_boot),
         "mirror": score(s.te_mirror, predict(model, feats["test"], s.te_mirror), boot("mirror"), run.n_boot)
         if len(s.te_mirror) else None,
-        "controls": _controls(run, model, (in_dim, n_tokens), s, prior, boot),
+        "controls": _controls(run, model, p.dims, s, prior, boot, blind),
         "training": (cache.meta.get("weights") or {}).get("training")
         if isinstance(cache.meta.get("weights"), dict) else None,  # a `finetune` export probed frozen
     }  # fmt: skip
-    config = _run_config(run, cache, build, model, (in_dim, n_tokens))
+    config = _run_config(run, cache, p.build, model, p.dims)
+    if batch is not None:
+        metrics["batch"] = config["batch"] = batch
     rd = run.run_dir(out, encoder_slug(cache))
     _write_run(rd, config, metrics, model, prior)
     return rd
+
+
+def new_blind(run: RunSpec, model, dims: tuple[int, int]):
+    """The blind-baseline head of a run: its seeded head, with the real head's fixed projection."""
+    from .heads import build_head, head_input
+    from .train import seeded
+
+    blind = seeded(lambda: build_head(run.head, run.spec, *dims, **run.head_config), run.seed)
+    if head_input(run.head) == "tokens":  # the same fixed projection as the real head
+        proj = {k: v for k, v in model.state_dict().items() if k.startswith("proj_")}
+        blind.load_state_dict({**blind.state_dict(), **proj})
+    return blind
+
+
+def blind_inputs(run: RunSpec, model, dims: tuple[int, int]) -> np.ndarray:
+    """The one all-zero feature row every blind item reads."""
+    from .heads import head_input
+
+    pooled = head_input(run.head) == "pooled"
+    return np.zeros((1, dims[0]) if pooled else (1, 1, model.proj_dim), np.float32)
 
 
 def _run_config(run: RunSpec, cache, build, model, dims: tuple[int, int]) -> dict[str, Any]:

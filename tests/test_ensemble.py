@@ -149,3 +149,29 @@ def test_members_may_differ_in_lr_and_weight_decay_only():
     heads = [_head("mlp", feats, 0), _head("mlp", feats, 1)]
     with pytest.raises(ConfigError, match="differ in seed, lr and weight decay only"):
         train_heads(heads, ([feats] * 2, t), ([feats] * 2, t), [TrainConfig(), TrainConfig(batch_size=8)], [0, 1])
+
+
+def test_sweep_batch_runs_writes_the_same_run_folders_and_records_the_batch(pipeline, tmp_path):
+    """``sweep --batch-runs on``: seeds x lr of one probe x head train as one batch; every run
+    writes the folder a single run would, and records the runs it was trained with."""
+    import json
+
+    from helpers import run_cmd
+
+    from spar_bench.probes.cli import cli
+
+    def sweep(out, mode):
+        args = ["sweep", "--features", pipeline["cache"], "--heads", "mlp,transformer", "--probes",
+                "level1.localisation,level3.relative_position", "--seeds", "0,1", "--grid", "lr=1e-3,3e-3",
+                "--max-epochs", 2, "--d-model", 32, "--bootstrap", 20, "--jobs", 1, "--batch-runs", mode,
+                "--out", out]  # fmt: skip
+        assert run_cmd(cli, args) == 0
+        return sorted(p.parent.relative_to(out).as_posix() for p in out.rglob("metrics.json"))
+
+    batched, single = sweep(tmp_path / "b", "on"), sweep(tmp_path / "s", "off")
+    assert batched == single and len(batched) == 16
+    for rel in batched:
+        m = json.loads((tmp_path / "b" / rel / "metrics.json").read_text())
+        assert rel in m["batch"]["runs"] and len(m["batch"]["runs"]) == 4, m["batch"]
+        assert m["controls"]["blind"]["n"] == m["test"]["n"]
+        assert "batch" not in json.loads((tmp_path / "s" / rel / "metrics.json").read_text())
