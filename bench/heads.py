@@ -14,9 +14,18 @@ Measures, in one run, on the same data (Level 1 train split of a small phantom b
    processes, with blind controls (what `spar-probe sweep` does);
 4. ``level3``   - seconds per training epoch of the ``transformer`` head on Level 3
    ``relative_position``: questions batched slice by slice with the slice body encoded
-   once (what ``train_head`` does) vs the same head re-encoding the slice per question.
+   once (what ``train_head`` does) vs the same head re-encoding the slice per question;
+5. ``layer``    - one training step of the Levels 1-2 transformer's encoder layer (65 tokens,
+   width 128, batch 256) computed by ``heads.transformer.encoder_layer`` vs by the
+   ``nn.TransformerEncoderLayer`` module itself (the same function), side by side;
+6. ``batched``  - ``--batch-seeds`` seeds of one probe x head trained one at a time
+   (``train_head``) vs as one batch (``ensemble.train_heads``), the same epochs for both;
+   and a 2 x 2 grid (lr x weight decay) as one batch against one configuration alone.
 
-Prints seconds and the re-encode / cache ratio. Random-init weights: timing only.
+``--sweep-cache CACHE`` times the sweep on an existing cache (e.g. a WORD-sized build's)
+instead of the bench's small phantom, with the default epochs unless ``--sweep-epochs``.
+Prints seconds, ratios measured side by side, the sweep's seconds per kind of run, and
+peak RSS (this process, and the largest sweep worker). Random-init weights: timing only.
 """
 
 from __future__ import annotations
@@ -183,20 +192,89 @@ def time_level3_transformer(cache_path: Path, epochs: int) -> tuple[float, float
     return seconds[0], seconds[1], len(t), int(np.unique(t.rows).size)
 
 
-def time_sweep(
-    cache_path: Path, heads: list[str], jobs: int, out: Path, max_epochs: int
-) -> tuple[float, int]:
+def time_sweep(cache_path: Path, heads: list[str], seeds: list[int], jobs: int, out: Path,
+               max_epochs: int | None, small: bool) -> tuple[float, list]:  # fmt: skip
+    """Seconds of a full sweep (all probes x ``heads`` x ``seeds``) and its per-run results."""
     from spar_bench.probes.fit import parse_probes
     from spar_bench.probes.sweep import make_jobs, run_sweep
 
-    js = make_jobs(str(cache_path), heads, parse_probes("all"), [0], {"max_epochs": max_epochs, "batch_size": 64},
-                   [{}], str(out), n_boot=200)  # fmt: skip
+    options = {"max_epochs": max_epochs, "batch_size": 64 if small else None}
+    js = make_jobs(str(cache_path), heads, parse_probes("all"), seeds, options, [{}], str(out),
+                   n_boot=200 if small else 1000)  # fmt: skip
     t0 = time.perf_counter()
     results = run_sweep(js, jobs)
     bad = [r for r in results if r.error]
     if bad:
         raise SystemExit(f"sweep failed: {bad[0].error}")
-    return time.perf_counter() - t0, len(results)
+    return time.perf_counter() - t0, results
+
+
+def sweep_breakdown(results: list) -> dict[str, tuple[int, float]]:
+    """Runs and summed worker seconds per kind (Levels 1-2 / Level 3 x head)."""
+    kinds: dict[str, tuple[int, float]] = {}
+    for r in results:
+        if r.unavailable:
+            continue
+        j = r.job.run
+        kind = f"{'Levels 1-2' if j.spec.level in ('level1', 'level2') else 'Level 3'} {j.head}"
+        n, sec = kinds.get(kind, (0, 0.0))
+        kinds[kind] = (n + 1, sec + r.seconds)
+    return kinds
+
+
+def time_layer(steps: int = 3) -> tuple[float, float]:
+    """Seconds per training step: the transformer's encoder layer as the module vs ``encoder_layer``."""
+    import torch
+
+    from spar_bench.probes.heads.transformer import encoder_layer
+
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(128, 4, 256, 0.1, "gelu", batch_first=True, norm_first=True)
+    x = torch.randn(256, 65, 128)
+    out = []
+    for fn in (layer, lambda v: encoder_layer(layer, v)):
+        fn(x).pow(2).mean().backward()  # warm-up
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            fn(x).pow(2).mean().backward()
+        out.append((time.perf_counter() - t0) / steps)
+    return out[0], out[1]
+
+
+def time_batched(cache_path: Path, probe: str, head: str, seeds: list[int], epochs: int,
+                 grid: list[tuple[float, float]] | None = None) -> tuple[float, float]:  # fmt: skip
+    """Seconds to train the members one at a time vs as one batch (``epochs`` each, no early stop).
+
+    Members are ``seeds`` (same lr and weight decay), or with ``grid`` the (lr, wd) points of
+    seed ``seeds[0]``; then "one at a time" times the FIRST point only (one configuration).
+    """
+    from spar_bench.probes.ensemble import train_heads
+    from spar_bench.probes.fit import prepare_run
+    from spar_bench.probes.runspec import make_run
+    from spar_bench.probes.train import train_head
+
+    points = [(seeds[0], lr, wd) for lr, wd in grid] if grid else [(s, 1e-3, 0.01) for s in seeds]
+    runs = [make_run(str(cache_path), probe, head, s, {"max_epochs": epochs, "patience": epochs + 1,
+                                                       "lr": lr, "weight_decay": wd}) for s, lr, wd in points]  # fmt: skip
+    prepared = [prepare_run(r) for r in runs]
+    sp = prepared[0].splits
+    t0 = time.perf_counter()
+    for r, p in zip(runs[:1] if grid else runs, prepared, strict=False):
+        train_head(p.model, (p.feats["train"], sp.tr), (p.feats[sp.val_split], sp.va), r.train, r.seed)
+    alone = time.perf_counter() - t0
+    fresh = [prepare_run(r) for r in runs]  # untrained heads again
+    t0 = time.perf_counter()
+    train_heads([p.model for p in fresh], ([p.feats["train"] for p in fresh], sp.tr),
+                ([p.feats[sp.val_split] for p in fresh], sp.va), [r.train for r in runs], [r.seed for r in runs])  # fmt: skip
+    return alone, time.perf_counter() - t0
+
+
+def peak_rss_mib() -> tuple[float, float]:
+    """Peak RSS of this process and of its largest (finished) child process, MiB."""
+    import resource
+
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -209,10 +287,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--encode-epochs", type=int, default=2, help="re-encode epochs actually run")
-    ap.add_argument("--heads", default="mlp", help="heads of the timed sweep")
-    ap.add_argument("--sweep-epochs", type=int, default=10)
+    ap.add_argument("--heads", default="mlp,transformer", help="heads of the timed sweep")
+    ap.add_argument("--sweep-seeds", default="0", help="seeds of the timed sweep, e.g. 0,1,2")
+    ap.add_argument("--sweep-epochs", type=int, default=None,
+                    help="max epochs of the timed sweep (default: 10 on the bench's phantom, the "
+                         "run defaults with --sweep-cache)")  # fmt: skip
+    ap.add_argument("--sweep-cache", type=Path, default=None,
+                    help="time the sweep on this cache (e.g. a WORD-sized build's) instead")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--level3-epochs", type=int, default=3, help="timed Level 3 transformer epochs")
+    ap.add_argument("--batch-seeds", default="0,1,2", help="seeds of the batched-vs-alone timing")
+    ap.add_argument("--batch-epochs", type=int, default=5)
     args = ap.parse_args(argv)
 
     import torch
@@ -224,28 +309,49 @@ def main(argv: list[str] | None = None) -> None:
         _, cache, t_build = prepare(work, args.encoder, args.cases, args.samples)
         t_cache = train_from_cache(cache, args.epochs)
         t_enc, ran = train_reencoding(cache, args.encoder, args.epochs, args.encode_epochs)
-        sweep_out = work / f"sweep-{time.time_ns()}"
-        t_sweep, n_runs = time_sweep(
-            cache, args.heads.split(","), args.jobs, sweep_out, args.sweep_epochs
-        )
+        seeds = [int(v) for v in args.batch_seeds.split(",")]
+        batched = {(p, h): time_batched(cache, p, h, seeds, args.batch_epochs)
+                   for p, h in (("level3.relative_position", "mlp"), ("level1.localisation", "transformer"))}  # fmt: skip
+        grid = time_batched(cache, "level3.relative_position", "mlp", seeds, args.batch_epochs,
+                            grid=[(1e-3, 0.0), (1e-3, 0.01), (3e-4, 0.0), (3e-4, 0.01)])  # fmt: skip
+        layer = time_layer()
         l3 = time_level3_transformer(cache, args.level3_epochs)
+        sweep_cache = args.sweep_cache or cache
+        epochs = args.sweep_epochs if (args.sweep_epochs or args.sweep_cache) else 10
+        sweep_seeds = [int(v) for v in args.sweep_seeds.split(",")]
+        t_sweep, results = time_sweep(sweep_cache, args.heads.split(","), sweep_seeds, args.jobs,
+                                      work / f"sweep-{time.time_ns()}", epochs, small=args.sweep_cache is None)  # fmt: skip
+    _print(args, t_build, t_cache, (t_enc, ran), batched, grid, layer, l3, (t_sweep, results, epochs))
 
-    print(
-        f"\nencoder {args.encoder} (random init), Level 1 train, mlp head, {args.epochs} epochs, 1 torch thread"
-    )
+
+def _print(args, t_build, t_cache, enc, batched, grid, layer, l3, sweep) -> None:
+    t_enc, ran = enc
+    print(f"\nencoder {args.encoder} (random init), Level 1 train, mlp head, {args.epochs} epochs, 1 torch thread")
     if t_build is not None:
         print(f"  build the cache (once, every level and split): {t_build:8.2f} s")
     print(f"  train from cache       : {t_cache:8.2f} s")
-    print(
-        f"  re-encode every epoch  : {t_enc:8.2f} s  ({ran} epoch(s) measured, rest extrapolated)"
-    )
+    print(f"  re-encode every epoch  : {t_enc:8.2f} s  ({ran} epoch(s) measured, rest extrapolated)")
     print(f"  ratio re-encode / cache: {t_enc / t_cache:8.1f} x")
-    print(f"  full sweep from one cache ({args.heads} x 8 probes x 1 seed, {args.jobs} jobs, "
-          f"{args.sweep_epochs} max epochs, blind controls): {t_sweep:.1f} s for {n_runs} runs "
-          f"({t_sweep / max(n_runs, 1):.1f} s/run; one re-encoded head ~ {t_enc / max(t_sweep / max(n_runs, 1), 1e-9):.0f} cached runs)")  # fmt: skip
     print(f"  Level 3 transformer, relative_position train ({l3[2]} questions on {l3[3]} slices): "
           f"{l3[0]:.2f} s/epoch with one body per slice, {l3[1]:.2f} s/epoch with one per "
           f"question ({l3[1] / max(l3[0], 1e-9):.1f} x)")  # fmt: skip
+    print(f"  transformer encoder layer, one training step (256 x 65 tokens x 128): module "
+          f"{layer[0]:.3f} s, encoder_layer {layer[1]:.3f} s ({layer[0] / layer[1]:.2f} x)")  # fmt: skip
+    for (probe, head), (alone, together) in batched.items():
+        print(f"  {probe} {head}, {args.batch_seeds} seeds x {args.batch_epochs} epochs: one at a time "
+              f"{alone:.1f} s, as one batch {together:.1f} s ({alone / together:.2f} x)")  # fmt: skip
+    print(f"  grid lr x wd (2 x 2), level3.relative_position mlp: one configuration {grid[0]:.1f} s, "
+          f"the 4 as one batch {grid[1]:.1f} s ({grid[1] / grid[0]:.2f} x one configuration)")  # fmt: skip
+    t_sweep, results, epochs = sweep
+    n = sum(1 for r in results if not r.unavailable)
+    where = args.sweep_cache.name if args.sweep_cache else "the bench phantom"
+    print(f"  full sweep on {where} ({args.heads} x 8 probes x seeds {args.sweep_seeds}, {args.jobs} jobs, "
+          f"{'default' if epochs is None else epochs} max epochs, blind controls): {t_sweep:.1f} s "
+          f"({t_sweep / 60:.1f} min) for {n} runs")  # fmt: skip
+    for kind, (k, sec) in sorted(sweep_breakdown(results).items()):
+        print(f"    {kind:24s} {k:3d} runs  {sec:8.1f} worker-s  ({sec / max(k, 1):.1f} s/run)")
+    rss_self, rss_child = peak_rss_mib()
+    print(f"  peak RSS: this process {rss_self:.0f} MiB, largest sweep worker {rss_child:.0f} MiB")
 
 
 if __name__ == "__main__":
