@@ -79,7 +79,7 @@ def prepare(
 def train_from_cache(cache_path: Path, epochs: int, seed: int = 0) -> float:
     import torch
 
-    from spar_bench.builder.shards import Build
+    from spar_bench.probes.fit import resolve_build
     from spar_bench.probes.heads import build_head
     from spar_bench.probes.targets import load_targets
     from spar_bench.probes.tasks import get_probe
@@ -88,7 +88,7 @@ def train_from_cache(cache_path: Path, epochs: int, seed: int = 0) -> float:
     from spar_bench.probes.features import FeatureCache
 
     cache = FeatureCache(cache_path)
-    build = Build(cache.meta["dataset_dir"])
+    build = resolve_build(cache, None)
     task = get_probe("level1.localisation")
     feats = np.asarray(cache.pooled("level1", "train"), np.float32)
     t = load_targets(build, task, "train", cache.keys("level1", "train"))
@@ -104,16 +104,16 @@ def train_reencoding(
     """Seconds for ``epochs`` epochs re-encoding images each batch (``measured`` run, rest extrapolated)."""
     import torch
 
-    from spar_bench.builder.shards import Build
     from spar_bench.probes.encoders import load_encoder
     from spar_bench.probes.features import FeatureCache
+    from spar_bench.probes.fit import resolve_build
     from spar_bench.probes.heads import build_head
     from spar_bench.probes.targets import load_targets
     from spar_bench.probes.tasks import get_probe
 
     t0 = time.perf_counter()
     cache = FeatureCache(cache_path)
-    build = Build(cache.meta["dataset_dir"])
+    build = resolve_build(cache, None)
     task = get_probe("level1.localisation")
     t = load_targets(build, task, "train", cache.keys("level1", "train"))
     enc = load_encoder(encoder_name, random_init=True)
@@ -158,9 +158,8 @@ def time_level3_transformer(cache_path: Path, epochs: int) -> tuple[float, float
     """Seconds per epoch: shared slice body vs one body per question; questions, slices."""
     import torch
 
-    from spar_bench.builder.shards import Build
     from spar_bench.probes.features import FeatureCache
-    from spar_bench.probes.fit import load_features
+    from spar_bench.probes.fit import load_features, resolve_build
     from spar_bench.probes.heads import build_head
     from spar_bench.probes.targets import load_targets
     from spar_bench.probes.tasks import get_probe
@@ -168,7 +167,7 @@ def time_level3_transformer(cache_path: Path, epochs: int) -> tuple[float, float
 
     cache = FeatureCache(cache_path)
     task = get_probe("level3.relative_position")
-    t = load_targets(Build(cache.meta["dataset_dir"]), task, "train", cache.keys("level3", "train"))
+    t = load_targets(resolve_build(cache, None), task, "train", cache.keys("level3", "train"))
     raw = load_features(cache, "tokens", "level3", "train", -1)
     torch.manual_seed(0)
     head = build_head("transformer", task, raw.shape[-1], raw.shape[1])
