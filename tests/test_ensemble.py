@@ -105,10 +105,10 @@ def test_members_agree_with_alone_in_distribution(name, tokens):
     2 points). Measured (transformer, loaded machine): alone .87 .90 .88 .62 .68, batched .53
     .88 .90 .68 .82 - some seeds of both kinds take off late, as they do alone.
     """
-    feats, t = relative_position(200 if tokens else 300, 0, tokens)
+    feats, t = relative_position(300, 0, tokens)
     vfeats, va = relative_position(60, 1, tokens)
     tfeats, te = relative_position(80, 2, tokens)
-    cfg = TrainConfig(max_epochs=30 if tokens else 40, patience=5, batch_size=128, lr=3e-3)
+    cfg = TrainConfig(max_epochs=40, patience=5, batch_size=128, lr=3e-3)
     small = {"d_model": 32, "n_heads": 2} if tokens else {}
     seeds = [0, 1, 2, 3, 4]
     alone = []
