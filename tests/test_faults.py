@@ -439,7 +439,12 @@ class SlowWord(WordSource):
 '''
 
 RUN_SLOW = '''
+import signal
 import sys
+# Ctrl-C in a terminal reaches a process whose SIGINT is at its default; a test run started
+# in the background by a non-interactive shell inherits SIGINT ignored (POSIX), which the
+# build would keep - so set it as a terminal gives it
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, sys.argv[1])
 from slowsrc import SlowWord
 from spar_bench.builder.sources import SOURCES
