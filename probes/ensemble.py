@@ -49,14 +49,17 @@ from .train import (
 BETAS, EPS = (0.9, 0.999), 1e-8  # torch.optim.AdamW defaults, as train_head uses
 
 
+def _without_lr_wd(cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` with what members may hold apart (learning rate, weight decay) set to fixed values."""
+    return replace(cfg, lr=1.0, weight_decay=0.0)
+
+
 def check_batchable(cfgs: list[TrainConfig]) -> None:
     """Members may differ in ``lr`` and ``weight_decay`` only."""
     from spar_bench.errors import ConfigError
 
-    base = replace(cfgs[0], lr=1.0, weight_decay=0.0)
-    for c in cfgs[1:]:
-        if replace(c, lr=1.0, weight_decay=0.0) != base:
-            raise ConfigError("runs trained as one batch may differ in seed, lr and weight decay only")
+    if len({_without_lr_wd(c) for c in cfgs}) != 1:
+        raise ConfigError("runs trained as one batch may differ in seed, lr and weight decay only")
 
 
 class StackedAdamW:
@@ -130,15 +133,15 @@ def _stacked_batch(feats: list[np.ndarray], t: Targets, idxs: list[np.ndarray], 
     return x, q, index, ys
 
 
-def _forward(base, grouped: bool, stacked_x: bool):
-    """The vmapped forward of ``base`` over stacked parameters (and stacked inputs when ``stacked_x``)."""
+def _forward(base, grouped: bool):
+    """The vmapped forward of ``base`` over stacked parameters and stacked inputs (None stays None)."""
     from torch.func import functional_call, vmap
 
     def one(p, b, x, q, index):
         return functional_call(base, (p, b), (x, q, index) if grouped else (x, q))
 
     def call(params, buffers, x, q, index):
-        dims = tuple(0 if (stacked_x and v is not None) else None for v in (x, q, index))
+        dims = tuple(None if v is None else 0 for v in (x, q, index))
         return vmap(one, in_dims=(0, 0, *dims), randomness="different")(params, buffers, x, q, index)
 
     return call
@@ -150,7 +153,7 @@ def _val_losses(base, params, buffers, feats: list[np.ndarray], t: Targets, cfg:
 
     s, dev = len(feats), next(iter(params.values())).device
     grouped = _grouped(base, t)
-    fwd = _forward(base, grouped, stacked_x=True)
+    fwd = _forward(base, grouped)
     total, n = torch.zeros(s, dtype=torch.float64), 0
     order = _eval_order(base, t)
     base.eval()
@@ -187,7 +190,7 @@ def train_heads(heads: list, train: tuple[list[np.ndarray], Targets], val: tuple
     params, buffers = stack_module_state(heads)
     base = copy.deepcopy(heads[0]).to("meta")
     grouped = _grouped(base, tr)
-    fwd = _forward(base, grouped, stacked_x=True)
+    fwd = _forward(base, grouped)
     opt = StackedAdamW(params, [c.lr for c in cfgs], [c.weight_decay for c in cfgs])
     gens = [torch.Generator().manual_seed(int(sd)) for sd in seeds]
     best = [(math.inf, 0, None)] * s
@@ -251,7 +254,7 @@ def _train_epoch(base, fwd, params, buffers, opt, train, gens, cfg: TrainConfig)
 # --------------------------------------------------------------------------- runs trained as one batch
 def batch_key(run):
     """Runs with equal keys may be trained as one batch: they differ in seed, lr and weight decay only."""
-    return run.replace(seed=0, train=replace(run.train, lr=1.0, weight_decay=0.0))
+    return run.replace(seed=0, train=_without_lr_wd(run.train))
 
 
 def run_fit_batch(runs: list, out, progress: bool = False) -> list:

@@ -48,6 +48,17 @@ def fake_root(tmp_path: Path) -> Path:
         yield root
 
 
+@pytest.fixture()
+def one_torch_thread():
+    """Heads are tiny: one torch thread avoids oversubscription on a busy 2-core machine."""
+    import torch
+
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(prev)
+
+
 @pytest.fixture(scope="session")
 def pipeline(tmp_path_factory) -> dict[str, Path]:
     """phantom -> shards (with mirrors) -> dummy-encoder caches, built once per session

@@ -197,12 +197,12 @@ def test_auto_compute_follows_the_cpu_and_is_recorded(build: Path, tmp_path: Pat
     assert ("native bf16 (AVX512-BF16)" in reason) if native else ("emulated" in reason)
 
 
-def test_auto_compute_resumes_with_the_recorded_choice(build: Path, tmp_path: Path,
-                                                       monkeypatch) -> None:
-    """An interrupted cache started in bf16 is finished in bf16, whatever this CPU reports."""
+def _interrupted_bf16_cache(build: Path, out: Path, monkeypatch) -> None:
+    """A ``--compute auto`` cache started where the CPU reports native bf16 and interrupted after
+    its first batch; the CPU then reports neither AVX512-BF16 nor AMX."""
     import torch
 
-    out = tmp_path / "r.h5"
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True, raising=False)
 
     def stop(level, split, lo, hi):
@@ -211,7 +211,14 @@ def test_auto_compute_resumes_with_the_recorded_choice(build: Path, tmp_path: Pa
     with pytest.raises(KeyboardInterrupt):
         write_cache("dummy", build, out, on_batch=stop, **dict(EXACT, compute="auto"))
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+
+
+def test_auto_compute_resumes_with_the_recorded_choice(build: Path, tmp_path: Path,
+                                                       monkeypatch) -> None:
+    """An interrupted cache started in bf16 is finished in bf16, whatever this CPU reports."""
+
+    out = tmp_path / "r.h5"
+    _interrupted_bf16_cache(build, out, monkeypatch)
     write_cache("dummy", build, out, **dict(EXACT, compute="auto"))
     with FeatureCache(out) as fc:
         assert fc.meta["compute_dtype"] == "bf16"
@@ -219,18 +226,9 @@ def test_auto_compute_resumes_with_the_recorded_choice(build: Path, tmp_path: Pa
 
 def test_overwrite_chooses_the_precision_afresh(build: Path, tmp_path: Path, monkeypatch) -> None:
     """Unlike a resume, --overwrite starts over: the interrupted cache's bf16 is not kept."""
-    import torch
 
     out = tmp_path / "o.h5"
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
-    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True, raising=False)
-
-    def stop(level, split, lo, hi):
-        raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        write_cache("dummy", build, out, on_batch=stop, **dict(EXACT, compute="auto"))
-    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
+    _interrupted_bf16_cache(build, out, monkeypatch)
     write_cache("dummy", build, out, overwrite=True, **dict(EXACT, compute="auto"))
     with FeatureCache(out) as fc:
         assert fc.meta["compute_dtype"] == "fp32"

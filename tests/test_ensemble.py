@@ -12,15 +12,7 @@ from spar_bench.probes.targets import Targets
 from spar_bench.probes.tasks import get_probe
 from spar_bench.probes.train import TrainConfig, predict, seeded, train_head
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    import torch
-
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def relative_position(n_slices: int, seed: int, tokens: bool):
@@ -158,9 +150,9 @@ def test_sweep_batch_runs_writes_the_same_run_folders_and_records_the_batch(pipe
     writes the folder a single run would, and records the runs it was trained with."""
     import json
 
-    from helpers import run_cmd
-
     from spar_bench.probes.cli import cli
+
+    from helpers import run_cmd
 
     def sweep(out, mode):
         args = ["sweep", "--features", pipeline["cache"], "--heads", "mlp,transformer", "--probes",

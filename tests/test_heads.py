@@ -11,16 +11,7 @@ from spar_bench.probes.targets import Targets
 from spar_bench.probes.tasks import get_probe
 from spar_bench.probes.train import TrainConfig, predict, seeded, train_head
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Heads are tiny: one thread avoids oversubscription on a busy 2-core machine."""
-    import torch
-
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _question(n: int, rng: np.random.Generator) -> dict:
