@@ -12,6 +12,17 @@ backward per step for all of them. Each member keeps what training it alone give
 * its own early stopping: its best validation epoch's weights are restored, whatever
   the other members do; training ends when every member has stopped.
 
+A member that stops leaves the stack: its parameters, buffers, AdamW state, learning
+rate, weight decay, generator and features are dropped from the stacked tensors, so
+later epochs compute only the members still training (on the CPU, where arithmetic is
+the cost, a stopped member costs nothing more). Its best weights and its loss history
+are kept. The stack's composition is a function of the inputs, so results stay
+deterministic.
+
+Successive halving (:class:`Prune`, ``spar-probe sweep --grid-prune K``): after epoch K
+each seed's grid points (members differing in lr / weight decay) keep only the one with
+the lowest validation loss so far; the others stop there, recorded as pruned.
+
 Why: a head's step on a GPU is bound by kernel launches, not arithmetic, so S members
 cost about what one does. On the CPU a head's step is bound by its arithmetic and
 batching gains nothing (``bench/heads.py`` measures it), so ``spar-probe sweep`` batches
@@ -28,7 +39,8 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -169,13 +181,52 @@ def _val_losses(base, params, buffers, feats: list[np.ndarray], t: Targets, cfg:
     return (total / max(n, 1)).tolist()
 
 
+@dataclass
+class MemberResult(TrainResult):
+    """A member's :class:`TrainResult`, and the epoch after which a :class:`Prune` stopped it."""
+
+    pruned_at: int | None = None
+
+    @property
+    def pruned(self) -> dict:
+        """What ``metrics.json`` records under ``train`` for a pruned run (nothing otherwise)."""
+        if self.pruned_at is None:
+            return {}
+        return {"pruned_at": self.pruned_at,
+                "pruned_reason": f"successive halving: another grid point of its seed had a lower "
+                                 f"validation loss after epoch {self.pruned_at}"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Prune:
+    """Successive halving of a grid (``sweep --grid-prune``): after epoch ``at`` (counting
+    from 1), in each group of members (``groups[m]``: its seed), only the member with the
+    lowest validation loss so far trains on (ties: the first). ``losers`` names the members
+    to prune instead of choosing (the blind baselines follow their real heads)."""
+
+    at: int
+    groups: tuple
+    losers: tuple[bool, ...] | None = None
+
+    def losers_of(self, best_losses: list[float]) -> list[bool]:
+        if self.losers is not None:
+            return list(self.losers)
+        winner: dict = {}
+        for m, g in enumerate(self.groups):
+            if g not in winner or best_losses[m] < best_losses[winner[g]]:
+                winner[g] = m
+        return [winner[g] != m for m, g in enumerate(self.groups)]
+
+
 def train_heads(heads: list, train: tuple[list[np.ndarray], Targets], val: tuple[list[np.ndarray], Targets],
-                cfgs: list[TrainConfig], seeds: list[int], progress: bool = False) -> list[TrainResult]:  # fmt: skip
-    """Train ``heads`` (one architecture) in place as one batch; one :class:`TrainResult` each.
+                cfgs: list[TrainConfig], seeds: list[int], progress: bool = False, prune: Prune | None = None,
+                on_epoch: Callable[[int, list[int]], None] | None = None) -> list[MemberResult]:  # fmt: skip
+    """Train ``heads`` (one architecture) in place as one batch; one :class:`MemberResult` each.
 
     ``train`` / ``val`` hold one feature array per member (what :func:`train_head` takes
     for one) and the targets all members share. Each head ends with the weights of its
-    own best validation epoch.
+    own best validation epoch. A member that stops (early stopping, ``prune``) leaves the
+    stack; ``on_epoch(epoch, members)`` is told which members each epoch computes.
     """
     import torch
     from torch.func import stack_module_state
@@ -189,38 +240,73 @@ def train_heads(heads: list, train: tuple[list[np.ndarray], Targets], val: tuple
         h.to(cfg.device)
     params, buffers = stack_module_state(heads)
     base = copy.deepcopy(heads[0]).to("meta")
-    grouped = _grouped(base, tr)
-    fwd = _forward(base, grouped)
+    fwd = _forward(base, _grouped(base, tr))
     opt = StackedAdamW(params, [c.lr for c in cfgs], [c.weight_decay for c in cfgs])
-    gens = [torch.Generator().manual_seed(int(sd)) for sd in seeds]
-    best = [(math.inf, 0, None)] * s
-    stopped = [False] * s
-    hist_tr: list[list[float]] = [[] for _ in range(s)]
-    hist_va: list[list[float]] = [[] for _ in range(s)]
+    st = _Active(list(range(s)), list(feats), list(vfeats), [torch.Generator().manual_seed(int(sd)) for sd in seeds])
+    best: list[tuple] = [(math.inf, 0, None)] * s
+    stopped, pruned = [False] * s, [None] * s
+    hist: list[tuple[list[float], list[float]]] = [([], []) for _ in range(s)]
     epochs = cfg.epochs_for(getattr(base, "input_kind", "pooled"))
     bar = tqdm(range(epochs), desc=f"{tr.spec.name} x{s}", leave=False, disable=not progress)
     with torch.random.fork_rng(devices=[]), _deterministic():
         torch.manual_seed(int(seeds[0]))
         for epoch in bar:
-            losses = _train_epoch(base, fwd, params, buffers, opt, (feats, tr), gens, cfg)
-            vls = _val_losses(base, params, buffers, vfeats, va, cfg) if len(va) else losses
-            for m in range(s):
-                if stopped[m]:
-                    continue
-                hist_tr[m].append(losses[m])
-                hist_va[m].append(vls[m])
-                if vls[m] < best[m][0] - 1e-6:
-                    best[m] = (vls[m], epoch, _member_state(params, buffers, m))
+            if on_epoch is not None:
+                on_epoch(epoch, list(st.members))
+            losses = _train_epoch(base, fwd, params, buffers, opt, (st.feats, tr), st.gens, cfg)
+            vls = _val_losses(base, params, buffers, st.vfeats, va, cfg) if len(va) else losses
+            for i, m in enumerate(st.members):
+                hist[m][0].append(losses[i])
+                hist[m][1].append(vls[i])
+                if vls[i] < best[m][0] - 1e-6:
+                    best[m] = (vls[i], epoch, _member_state(params, buffers, i))
                 elif epoch - best[m][1] >= cfg.patience:
                     stopped[m] = True
-            bar.set_postfix(active=s - sum(stopped))
-            if all(stopped):
+            if prune is not None and epoch + 1 == prune.at:
+                for m, lose in enumerate(prune.losers_of([b[0] for b in best])):
+                    if lose and not stopped[m]:
+                        stopped[m], pruned[m] = True, prune.at
+            _drop_stopped(st, stopped, best, params, buffers, opt)
+            bar.set_postfix(active=len(st.members))
+            if not st.members:
                 break
     results = []
     for m, h in enumerate(heads):
-        h.load_state_dict(best[m][2] if best[m][2] is not None else _member_state(params, buffers, m))
-        results.append(TrainResult(len(hist_tr[m]), best[m][1], float(best[m][0]), hist_tr[m], hist_va[m]))
+        final = _member_state(params, buffers, st.members.index(m)) if m in st.members else None
+        h.load_state_dict(best[m][2] if best[m][2] is not None else final)
+        results.append(MemberResult(len(hist[m][0]), best[m][1], float(best[m][0]), *hist[m], pruned[m]))
     return results
+
+
+@dataclass
+class _Active:
+    """The members still training (their indices in ``heads``), in stack order, with their
+    training features, validation features and data-order generators."""
+
+    members: list[int]
+    feats: list
+    vfeats: list
+    gens: list
+
+
+def _drop_stopped(st: _Active, stopped: list[bool], best: list, params: dict, buffers: dict, opt) -> None:
+    """Remove the stopped members from the stack (parameters, buffers, optimizer state, generators,
+    features), so later epochs compute only the members still training."""
+    import torch
+
+    keep = [i for i, m in enumerate(st.members) if not stopped[m]]
+    if len(keep) == len(st.members):
+        return
+    for i, m in enumerate(st.members):
+        if stopped[m] and best[m][2] is None:  # never improved on inf: it ends with its last weights
+            best[m] = (best[m][0], best[m][1], _member_state(params, buffers, i))
+    idx = torch.tensor(keep, dtype=torch.long, device=opt.lr.device)
+    for d in (params, buffers, opt.m, opt.v):
+        for k, v in list(d.items()):
+            d[k] = v.detach().index_select(0, idx).requires_grad_(v.requires_grad)
+    opt.lr, opt.wd = opt.lr[idx], opt.wd[idx]
+    for name in ("members", "feats", "vfeats", "gens"):
+        setattr(st, name, [getattr(st, name)[i] for i in keep])
 
 
 def _member_state(params: dict, buffers: dict, m: int) -> dict:

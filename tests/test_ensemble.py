@@ -169,3 +169,53 @@ def test_sweep_batch_runs_writes_the_same_run_folders_and_records_the_batch(pipe
         assert rel in m["batch"]["runs"] and len(m["batch"]["runs"]) == 4, m["batch"]
         assert m["controls"]["blind"]["n"] == m["test"]["n"]
         assert "batch" not in json.loads((tmp_path / "s" / rel / "metrics.json").read_text())
+
+
+def test_a_stopped_member_leaves_the_stack():
+    """Once a member stops, later epochs compute only the others (the stack shrinks); the
+    stopped member keeps its own best weights and history, and the result is deterministic."""
+    import torch
+
+    feats, t = relative_position(200, 0, False)
+    vfeats, va = relative_position(40, 1, False)
+    good = TrainConfig(max_epochs=20, patience=3, batch_size=64, lr=3e-3)
+    bad = TrainConfig(max_epochs=20, patience=3, batch_size=64, lr=50.0)
+
+    def run():
+        heads = [_head("mlp", feats, 0), _head("mlp", feats, 1)]
+        seen: list[list[int]] = []
+        res = train_heads(heads, ([feats] * 2, t), ([vfeats] * 2, va), [good, bad], [0, 1],
+                          on_epoch=lambda epoch, members: seen.append(members))  # fmt: skip
+        return heads, res, seen
+
+    heads, res, seen = run()
+    assert res[1].epochs_run < res[0].epochs_run, res
+    assert seen[: res[1].epochs_run] == [[0, 1]] * res[1].epochs_run  # both computed until it stops
+    assert seen[res[1].epochs_run :] == [[0]] * (res[0].epochs_run - res[1].epochs_run)  # then only 0
+    assert len(res[1].val_loss) == res[1].epochs_run and res[1].best_val_loss == min(res[1].val_loss)
+    again, res2, _ = run()
+    assert [r.val_loss for r in res] == [r.val_loss for r in res2]
+    for a, b in zip(heads, again, strict=True):
+        for va_, vb in zip(a.state_dict().values(), b.state_dict().values(), strict=True):
+            assert torch.equal(va_, vb)
+
+
+def test_prune_keeps_each_seeds_best_grid_point_after_epoch_k():
+    """``Prune(at=K)``: after epoch K only the grid point of each seed with the lowest validation
+    loss so far trains on; the others stop there, recorded as pruned at K."""
+    from spar_bench.probes.ensemble import Prune
+
+    feats, t = relative_position(200, 0, False)
+    vfeats, va = relative_position(40, 1, False)
+    cfgs = [TrainConfig(max_epochs=12, patience=50, batch_size=64, lr=lr) for lr in (3e-3, 1e-5, 3e-3, 1e-5)]
+    seeds = [0, 0, 1, 1]
+    heads = [_head("mlp", feats, s) for s in seeds]
+    seen: list[list[int]] = []
+    res = train_heads(heads, ([feats] * 4, t), ([vfeats] * 4, va), cfgs, seeds,
+                      prune=Prune(2, tuple(seeds)), on_epoch=lambda e, m: seen.append(m))  # fmt: skip
+    assert [r.pruned_at for r in res] == [None, 2, None, 2]
+    assert [r.epochs_run for r in res] == [12, 2, 12, 2]
+    assert seen[:2] == [[0, 1, 2, 3]] * 2 and seen[2:] == [[0, 2]] * 10
+    for w, loser in ((0, 1), (2, 3)):  # the survivor had the lower validation loss at epoch 2
+        assert min(res[w].val_loss[:2]) < min(res[loser].val_loss[:2])
+    assert res[1].pruned["pruned_at"] == 2 and res[0].pruned == {}
