@@ -12,7 +12,12 @@ writes to ``--out``:
   evaluation (test, mirror, each transfer); the per-organ metric when the spec has one;
   for multimodal LLM runs (``spar-probe vqa``, heads ``vqa-*``) also the parse rate and
   CircularEval;
-* ``report.json`` - the same numbers, machine-readable;
+  for an encoder x probe x head run over a ``sweep --grid``, a row ``[selected on
+  validation]``: per seed the grid point with the lowest ``train.best_val_loss`` (runs
+  pruned by ``--grid-prune`` excluded), aggregated over seeds, and a table of the chosen
+  points; runs pruned by ``--grid-prune`` are left out of the per-option rows;
+* ``report.json`` - the same numbers, machine-readable (a selected row's ``selection``
+  lists each seed's chosen point);
 * ``<probe>.png``  - bars per configuration with chance / majority / prior / blind lines;
 * ``<probe>-per-organ.png`` - the per-organ metric (Level 1 MED, Level 2 tile accuracy).
 """
@@ -141,15 +146,61 @@ def _row(spec, enc: str, head: str, ms: list[dict]) -> dict[str, Any]:
     return row
 
 
+SELECTED = "selected on validation"
+
+
+def _pruned(m: dict) -> bool:
+    """A run stopped early by ``sweep --grid-prune`` (its metrics are not those of a full run)."""
+    return _get(m, "train", "pruned_at") is not None
+
+
+def select_on_validation(ms: list[dict]) -> list[dict]:
+    """Per seed, the run (grid point) with the lowest ``train.best_val_loss`` among ``ms``
+    (one encoder x probe x head, several variants), pruned runs excluded; ties: the first
+    variant in sorted order. Seeds whose runs have no validation loss choose nothing."""
+    by_seed: dict[int, list[dict]] = defaultdict(list)
+    for m in ms:
+        if not _pruned(m) and _get(m, "train", "best_val_loss") is not None:
+            by_seed[m["seed"]].append(m)
+    return [min(c, key=lambda m: (m["train"]["best_val_loss"], m.get("variant") or ""))
+            for _, c in sorted(by_seed.items())]  # fmt: skip
+
+
+def _selected_row(spec, enc: str, head: str, ms: list[dict]) -> dict[str, Any] | None:
+    """The "selected on validation" row of one encoder x probe x head run over a grid (None
+    without a grid): each seed's chosen point, its test metrics aggregated over seeds."""
+    if len({m.get("variant") or "" for m in ms}) < 2:
+        return None
+    chosen = select_on_validation(ms)
+    if not chosen:
+        return None
+    row = _row(spec, enc, f"{head} [{SELECTED}]", chosen)
+    row["selection"] = [{"seed": m["seed"], "variant": m.get("variant") or "",
+                         "best_val_loss": m["train"]["best_val_loss"], "test": _get(m, "test", spec.headline),
+                         "candidates": sum(1 for o in ms if o["seed"] == m["seed"] and not _pruned(o)),
+                         "pruned": sum(1 for o in ms if o["seed"] == m["seed"] and _pruned(o))}
+                        for m in chosen]  # fmt: skip
+    return row
+
+
 def aggregate(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """Per probe, one row per (encoder, head [options]) with statistics over seeds."""
+    """Per probe, one row per (encoder, head [options]) with statistics over seeds, and per
+    (encoder, head) run over a grid one row selected on validation (:func:`select_on_validation`).
+    Runs pruned by ``sweep --grid-prune`` are left out of the per-option rows."""
     groups: dict[tuple[str, str, str], list[dict]] = defaultdict(list)
+    grids: dict[tuple[str, str, str], list[dict]] = defaultdict(list)
     for m in runs:
         head = m["head"] + (f" [{m['variant']}]" if m.get("variant") else "")
-        groups[(m["probe"], m["encoder"], head)].append(m)
+        if not _pruned(m):
+            groups[(m["probe"], m["encoder"], head)].append(m)
+        grids[(m["probe"], m["encoder"], m["head"])].append(m)
     table: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for (probe, enc, head), ms in sorted(groups.items()):
         table[probe].append(_row(get_probe(probe), enc, head, ms))
+    for (probe, enc, head), ms in sorted(grids.items()):
+        row = _selected_row(get_probe(probe), enc, head, ms)
+        if row is not None:
+            table[probe].append(row)
     return dict(table)
 
 
@@ -230,6 +281,24 @@ def _per_organ_table(spec, probe: str, rows: list[dict]) -> list[str]:
     return lines + [""]
 
 
+def _selection_table(spec, rows: list[dict]) -> list[str]:
+    """Which grid point each seed chose in the rows selected on validation."""
+    m = METRICS[spec.headline]
+    lines = ["### Grid point selected on validation, per seed", "",
+             f"Rows `[{SELECTED}]`: for each seed, the grid point with the lowest best validation loss",
+             "(ties: the first in sorted order), among the runs not pruned by `sweep --grid-prune`",
+             "(pruned runs are left out of the rows and of this choice); its test metrics are then",
+             "aggregated over seeds like any row.", "",
+             f"| encoder | head | seed | chosen point | best val loss | {m.label} (test) | candidates | pruned |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        for c in r.get("selection") or []:
+            lines.append(f"| {_label(r)} | {r['head']} | {c['seed']} | {c['variant'] or '(defaults)'} | "
+                         f"{c['best_val_loss']:.4f} | {_f(c['test'], m.percent)} | {c['candidates']} | "
+                         f"{c['pruned']} |")  # fmt: skip
+    return lines
+
+
 def render_markdown(table: dict[str, list[dict]], any_random: bool) -> str:
     lines = ["# SPAR-Bench probe report", ""]
     if any_random:
@@ -263,6 +332,8 @@ def render_markdown(table: dict[str, list[dict]], any_random: bool) -> str:
         lines += [f"## {probe}", "", f"Prior: {spec.prior_rule}.", "", f"![{probe}]({probe}.png)", ""]
         lines += _main_table(spec, rows) + [""]
         lines += ["### Every metric, every evaluation", ""] + _metrics_table(spec, rows) + [""]
+        if any(r.get("selection") for r in rows):
+            lines += _selection_table(spec, rows) + [""]
         if spec.per_organ:
             lines += _per_organ_table(spec, probe, rows)
     return "\n".join(lines) + "\n"

@@ -1,0 +1,63 @@
+"""A ``sweep --grid``: the report's row selected on validation, and ``--grid-prune``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from spar_bench.probes.cli import cli
+from spar_bench.probes.report import SELECTED, aggregate, collect
+
+from helpers import run_cmd
+
+PROBE = "level3.relative_position"
+
+
+def _sweep(pipeline, out: Path, *extra) -> int:
+    return run_cmd(cli, ["sweep", "--features", pipeline["cache"], "--heads", "mlp", "--probes", PROBE,
+                         "--seeds", "0,1", "--grid", "lr=1e-3,3e-2", "--grid", "wd=0,0.1", "--bootstrap", 10,
+                         "--no-controls", "--jobs", 1, "--out", out, *extra])  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def grid_runs(pipeline, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("grid") / "runs"
+    assert _sweep(pipeline, out, "--max-epochs", 3) == 0
+    return out
+
+
+def test_report_selects_each_seeds_grid_point_on_validation(grid_runs, tmp_path):
+    ms = collect(grid_runs)
+    assert len(ms) == 8
+    expect = {}
+    for s in (0, 1):
+        mine = sorted((m for m in ms if m["seed"] == s), key=lambda m: (m["train"]["best_val_loss"], m["variant"]))
+        expect[s] = mine[0]
+    assert run_cmd(cli, ["report", grid_runs, "--out", tmp_path / "rep"]) == 0
+    rep = json.loads((tmp_path / "rep" / "report.json").read_text())
+    rows = rep["probes"][PROBE]
+    assert len(rows) == 5  # four grid points, one selected row
+    (sel,) = [r for r in rows if r["head"] == f"mlp [{SELECTED}]"]
+    assert [(c["seed"], c["variant"]) for c in sel["selection"]] == [(s, expect[s]["variant"]) for s in (0, 1)]
+    key = sel["metric"]
+    assert sel["mean"] == pytest.approx(np.mean([expect[s]["test"][key] for s in (0, 1)]))
+    assert sel["seeds"] == [0, 1] and sel["ci_low"] is not None
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "### Grid point selected on validation, per seed" in md
+    assert f"| 0 | {expect[0]['variant']} |" in md
+
+
+def test_selection_ignores_pruned_runs_and_breaks_ties_by_variant(grid_runs):
+    ms = collect(grid_runs)
+    seed0 = sorted((m for m in ms if m["seed"] == 0), key=lambda m: m["variant"])
+    for m in seed0:
+        m["train"]["best_val_loss"] = 1.0  # a tie: the first variant in sorted order wins
+    seed0[0]["train"]["pruned_at"] = 2  # ... unless it was pruned
+    (sel,) = [r for r in aggregate(ms)[PROBE] if r.get("selection")]
+    assert sel["selection"][0]["variant"] == seed0[1]["variant"]
+    assert sel["selection"][0]["pruned"] == 1 and sel["selection"][0]["candidates"] == 3
+    pruned_row = [r for r in aggregate(ms)[PROBE] if r["head"] == f"mlp [{seed0[0]['variant']}]"]
+    assert pruned_row[0]["seeds"] == [1]  # the pruned run is left out of its point's row
