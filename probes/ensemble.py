@@ -343,12 +343,13 @@ def batch_key(run):
     return run.replace(seed=0, train=_without_lr_wd(run.train))
 
 
-def run_fit_batch(runs: list, out, progress: bool = False) -> list:
+def run_fit_batch(runs: list, out, progress: bool = False, prune_at: int = 0) -> list:
     """``spar-probe fit`` for runs of one :func:`batch_key`, trained as one batch (and their blind
     baselines as another); each run writes its own folder, recording the batch it was trained in.
 
     Without a val split every seed holds out its own patients, so only runs of one seed
-    (grid points) share a batch then.
+    (grid points) share a batch then. ``prune_at``: each seed's grid points are pruned to
+    one after that epoch (:class:`Prune`).
     """
     from spar_bench.errors import ConfigError
 
@@ -366,23 +367,32 @@ def run_fit_batch(runs: list, out, progress: bool = False) -> list:
         ids = [runs[i].run_dir("", slug).as_posix() for i in members]
         batch = {"runs": ids, "trainer": "spar_bench.probes.ensemble.train_heads",
                  "note": "trained as one vmapped batch: agrees with training alone in distribution, not bit for bit"}  # fmt: skip
-        dirs.update(_fit_members([runs[i] for i in members], [prepared[i] for i in members], out, batch, progress))
+        dirs.update(_fit_members([runs[i] for i in members], [prepared[i] for i in members], out, batch, progress,
+                                 prune_at))
     return [dirs[id(r)] for r in runs]
 
 
-def _fit_members(runs: list, prepared: list, out, batch: dict, progress: bool) -> dict:
-    """Train one batch's heads, then their blind baselines, then score and write each run."""
+def _fit_members(runs: list, prepared: list, out, batch: dict, progress: bool, prune_at: int = 0) -> dict:
+    """Train one batch's heads, then their blind baselines, then score and write each run.
+
+    Pruned (``prune_at``): a blind baseline stops where its real head was pruned."""
     from .fit import _blind, blind_inputs, finish_run, new_blind
 
     s0 = prepared[0].splits
     cfgs, seeds = [r.train for r in runs], [r.seed for r in runs]
     feats = lambda split: [p.feats[split] for p in prepared]  # noqa: E731
+    prune = Prune(prune_at, tuple(seeds)) if prune_at else None
     results = train_heads([p.model for p in prepared], (feats("train"), s0.tr), (feats(s0.val_split), s0.va),
-                          cfgs, seeds, progress=progress)  # fmt: skip
+                          cfgs, seeds, progress=progress, prune=prune)  # fmt: skip
+    if prune is not None:
+        losers = tuple(r.pruned_at is not None for r in results)
+        prune = replace(prune, losers=losers)
+        batch = {**batch, "grid_prune": {"after_epoch": prune_at, "rule": "per seed, the lowest validation loss so far",
+                                         "pruned": [i for i, lose in zip(batch["runs"], losers, strict=True) if lose]}}
     blinds: list = [None] * len(runs)
     if runs[0].controls:
         blinds = [new_blind(r, p.model, p.dims) for r, p in zip(runs, prepared, strict=True)]
         zero = [blind_inputs(r, p.model, p.dims) for r, p in zip(runs, prepared, strict=True)]
-        train_heads(blinds, (zero, _blind(s0.tr)), (zero, _blind(s0.va)), cfgs, seeds)
+        train_heads(blinds, (zero, _blind(s0.tr)), (zero, _blind(s0.va)), cfgs, seeds, prune=prune)
     return {id(r): finish_run(r, p, res, out, blind=b, batch=batch)
             for r, p, res, b in zip(runs, prepared, results, blinds, strict=True)}  # fmt: skip

@@ -18,6 +18,12 @@ to ``--out`` (``<encoder>/<probe>/<head>[,variant]/seed<k>``). ``--list`` prints
 and whether each is finished; ``--only ID`` runs just those; ``--partition I/N`` runs the
 ids whose sha256 falls in partition I of N (:mod:`spar_bench.partitions`), so a scheduler
 array of N tasks runs each run exactly once, all into one folder.
+
+``--grid-prune K`` (successive halving): the grid points of each seed that differ only in
+lr / weight decay train as one batch (whatever ``--batch-runs`` says); after epoch K only
+the point with the lowest validation loss so far trains on, the others stop and are
+written as pruned (``train.pruned_at`` in metrics.json). It needs the whole grid in one
+sweep, so it refuses ``--only`` and ``--partition``.
 """
 
 from __future__ import annotations
@@ -47,7 +53,6 @@ class Job:
 def plan(jobs: list[Job]) -> tuple[list[Job], list[Job]]:
     """Split ``jobs`` into (to run, already finished); to-run ordered token heads first."""
     from .fit import METRICS_FILE, encoder_slug, open_cache
-    from .heads import head_input
 
     if not jobs:
         return [], []
@@ -55,9 +60,15 @@ def plan(jobs: list[Job]) -> tuple[list[Job], list[Job]]:
     todo, done = [], []
     for j in jobs:
         (done if (j.run.run_dir(j.out, slug) / METRICS_FILE).is_file() else todo).append(j)
-    todo.sort(key=lambda j: (head_input(j.run.head) != "tokens", j.run.head, j.run.probe,
-                             j.run.variant(), j.run.seed))  # fmt: skip
+    todo.sort(key=_schedule_key)
     return todo, done
+
+
+def _schedule_key(j: Job) -> tuple:
+    """Token heads first (they take longest), then a fixed order."""
+    from .heads import head_input
+
+    return head_input(j.run.head) != "tokens", j.run.head, j.run.probe, j.run.variant(), j.run.seed
 
 
 class JobResult(NamedTuple):
@@ -86,8 +97,9 @@ def run_job(job: Job) -> JobResult:
     return JobResult(job, str(rd), time.perf_counter() - t0)
 
 
-def run_batch(jobs: list[Job]) -> list[JobResult]:
-    """Worker entry: jobs of one batch key trained as one batch (:func:`~spar_bench.probes.ensemble.run_fit_batch`)."""
+def run_batch(jobs: list[Job], prune_at: int = 0) -> list[JobResult]:
+    """Worker entry: jobs of one batch key trained as one batch (:func:`~spar_bench.probes.ensemble.run_fit_batch`;
+    ``prune_at``: successive halving of each seed's grid points after that epoch)."""
     import torch
 
     from .ensemble import run_fit_batch
@@ -98,7 +110,7 @@ def run_batch(jobs: list[Job]) -> list[JobResult]:
     torch.set_num_threads(jobs[0].threads)
     t0 = time.perf_counter()
     try:
-        dirs = run_fit_batch([j.run for j in jobs], jobs[0].out)
+        dirs = run_fit_batch([j.run for j in jobs], jobs[0].out, prune_at=prune_at)
     except ProbeUnavailable as e:
         return [JobResult(j, "", time.perf_counter() - t0, unavailable=str(e)) for j in jobs]
     except SparError as e:
@@ -120,27 +132,37 @@ def batches(jobs: list[Job], batched: bool) -> list[list[Job]]:
     return list(units.values())
 
 
-def run_sweep(jobs: list[Job], n_jobs: int = 2, batched: bool = False) -> list[JobResult]:
+def run_sweep(jobs: list[Job], n_jobs: int = 2, batched: bool = False, prune_at: int = 0) -> list[JobResult]:
     """Run the unfinished ``jobs`` with ``n_jobs`` processes (1: in this process); ``batched``
-    trains the runs of one batch key together (:mod:`spar_bench.probes.ensemble`)."""
+    trains the runs of one batch key together (:mod:`spar_bench.probes.ensemble`).
+
+    ``prune_at`` (``--grid-prune``): every batch key is one batch, pruned after that epoch;
+    a batch with any unfinished run is trained again whole (its finished runs are rewritten
+    with the same bytes), since pruning depends on all of its runs.
+    """
     from tqdm.auto import tqdm
 
     todo, done = plan(jobs)
+    if prune_at:
+        pending = set(todo)
+        units = [u for u in batches(sorted(jobs, key=_schedule_key), True) if pending.intersection(u)]
+        done = [j for j in done if not any(j in u for u in units)]
+    else:
+        units = batches(todo, batched)
     if done:
         click.echo(f"skipping {len(done)} finished run(s)")
-    units = batches(todo, batched)
     results = []
-    bar = tqdm(total=len(todo), desc="sweep", unit="run")
+    bar = tqdm(total=sum(len(u) for u in units), desc="sweep", unit="run")
     if n_jobs <= 1 or len(units) <= 1:
         for u in units:
-            results.extend(run_batch(u))
+            results.extend(run_batch(u, prune_at))
             bar.update(len(u))
     else:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
         with ProcessPoolExecutor(max_workers=n_jobs, mp_context=mp.get_context("spawn")) as ex:
-            futures = [ex.submit(run_batch, u) for u in units]
+            futures = [ex.submit(run_batch, u, prune_at) for u in units]
             for f in as_completed(futures):
                 results.extend(f.result())
                 bar.update(len(results) - bar.n)
@@ -158,6 +180,28 @@ def make_jobs(features: str, heads: list[str], probes: list[str], seeds: list[in
     jobs = [Job(make_run(features, p, h, s, {**options, **point}, strict=False, **run_kw), out, threads)
             for h in heads for p in probes for point in grid for s in seeds]  # fmt: skip
     return list(dict.fromkeys(jobs))  # a grid point that equals another for some head runs once
+
+
+def check_grid_prune(k: int, jobs: list[Job], grid: list[dict], split: bool) -> None:
+    """``--grid-prune K``: an epoch below every run's max epochs, over an lr / weight decay grid,
+    on a sweep run whole (``split``: --only or --partition given)."""
+    from spar_bench.errors import ConfigError
+
+    from .heads import head_input
+
+    if k < 1:
+        raise ConfigError(f"--grid-prune {k}: give the epoch after which to prune (>= 1), or 0 for off")
+    if len({(p.get("lr"), p.get("weight_decay")) for p in grid}) < 2:
+        raise ConfigError("--grid-prune: no --grid over lr or wd; pruning chooses among each seed's "
+                          "learning-rate / weight-decay grid points")  # fmt: skip
+    if split:
+        raise ConfigError("--grid-prune trains each seed's grid points together: it cannot be split by "
+                          "--only or --partition (run the pruned grid in one sweep)")  # fmt: skip
+    for j in jobs:
+        n = j.run.train.epochs_for(head_input(j.run.head))
+        if k >= n:
+            raise ConfigError(f"--grid-prune {k}: must be below the max epochs of every run "
+                              f"({j.run.head} runs {n}); nothing would be saved")  # fmt: skip
 
 
 def run_id(job: Job, slug: str) -> str:
@@ -239,9 +283,13 @@ def _print_results(results: list[JobResult], seconds: float, out: str) -> None:
               help="Train the runs that differ only in seed, lr and weight decay as one vmapped batch "
                    "(auto: on a GPU, where it is faster; results agree with single runs in "
                    "distribution, not bit for bit).")
+@click.option("--grid-prune", default=0, show_default=True, type=int, metavar="K",
+              help="Successive halving of an lr/wd --grid: each seed's grid points train as one batch, "
+                   "and after epoch K only the point with the lowest validation loss so far trains on "
+                   "(the others are written as pruned). 0: off. Not with --only/--partition.")
 @run_options
 def sweep_command(features, heads, probes, seeds, out, jobs, grid, list_ids, only, partition, batch_runs,
-                  data, n_boot, no_controls, device, threads, **kw):  # fmt: skip
+                  grid_prune, data, n_boot, no_controls, device, threads, **kw):  # fmt: skip
     """Fit every probe x head x seed (x grid point) from one cache (skips finished runs)."""
     from spar_bench.partitions import parse_partition
 
@@ -254,9 +302,12 @@ def sweep_command(features, heads, probes, seeds, out, jobs, grid, list_ids, onl
     for h in head_list:
         head_input(h)  # unknown head -> ConfigError with suggestions
     check_device(device)  # fail fast on an unusable --device
+    points = parse_grid(grid)
     all_jobs = make_jobs(str(features), head_list, parse_probes(probes), parse_seeds(seeds), options,
-                         parse_grid(grid), str(out), threads, data=data, controls=not no_controls,
+                         points, str(out), threads, data=data, controls=not no_controls,
                          n_boot=n_boot, device=device)  # fmt: skip
+    if grid_prune:
+        check_grid_prune(grid_prune, all_jobs, points, bool(only or partition))
     cache = open_cache(features)
     resolve_build(cache, data)  # fail fast on a fingerprint mismatch
     slug = encoder_slug(cache)
@@ -266,4 +317,4 @@ def sweep_command(features, heads, probes, seeds, out, jobs, grid, list_ids, onl
     chosen = select_jobs(all_jobs, slug, tuple(only), parse_partition(partition))
     t0 = time.perf_counter()
     batched = batch_runs == "on" or (batch_runs == "auto" and str(device).startswith("cuda"))
-    _print_results(run_sweep(chosen, jobs, batched), time.perf_counter() - t0, out)
+    _print_results(run_sweep(chosen, jobs, batched, grid_prune), time.perf_counter() - t0, out)

@@ -61,3 +61,49 @@ def test_selection_ignores_pruned_runs_and_breaks_ties_by_variant(grid_runs):
     assert sel["selection"][0]["pruned"] == 1 and sel["selection"][0]["candidates"] == 3
     pruned_row = [r for r in aggregate(ms)[PROBE] if r["head"] == f"mlp [{seed0[0]['variant']}]"]
     assert pruned_row[0]["seeds"] == [1]  # the pruned run is left out of its point's row
+
+
+def test_grid_prune_writes_every_run_and_keeps_one_point_per_seed(pipeline, tmp_path):
+    """``--grid-prune 1``: after epoch 1 each seed keeps the point with the lowest validation loss;
+    the others are written as pruned at 1; the report leaves them out of the rows and selects
+    each seed's survivor."""
+    out = tmp_path / "runs"
+    assert _sweep(pipeline, out, "--max-epochs", 3, "--grid-prune", 1) == 0
+    ms = collect(out)
+    assert len(ms) == 8
+    for s in (0, 1):
+        mine = [m for m in ms if m["seed"] == s]
+        pruned = [m for m in mine if m["train"].get("pruned_at") is not None]
+        (kept,) = [m for m in mine if m["train"].get("pruned_at") is None]
+        assert len(pruned) == 3 and all(m["train"]["pruned_at"] == 1 and m["train"]["epochs_run"] == 1
+                                        and "pruned_reason" in m["train"] for m in pruned)  # fmt: skip
+        assert kept["train"]["epochs_run"] > 1
+        assert all(kept["train"]["best_val_loss"] <= m["train"]["best_val_loss"] for m in pruned)
+        cfg = json.loads((Path(kept["_dir"]) / "config.json").read_text())
+        assert cfg["batch"]["grid_prune"]["after_epoch"] == 1
+        assert sorted(cfg["batch"]["grid_prune"]["pruned"]) == sorted(
+            Path(m["_dir"]).relative_to(out).as_posix() for m in ms if m["train"].get("pruned_at"))
+    rows = aggregate(ms)[PROBE]
+    (sel,) = [r for r in rows if r.get("selection")]
+    survivors = {m["seed"]: m["variant"] for m in ms if m["train"].get("pruned_at") is None}
+    assert {c["seed"]: c["variant"] for c in sel["selection"]} == survivors
+    assert sum(len(r["seeds"]) for r in rows if not r.get("selection")) == 2  # the pruned runs left out
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--max-epochs", 3, "--grid-prune", -1], "--grid-prune -1: give the epoch"),
+    (["--max-epochs", 3, "--grid-prune", 3], "must be below the max epochs"),
+    (["--max-epochs", 3, "--grid-prune", 1, "--partition", "0/2"], "cannot be split by --only or --partition"),
+])  # fmt: skip
+def test_grid_prune_refuses_bad_values_in_one_line(pipeline, tmp_path, capsys, extra, message):
+    assert _sweep(pipeline, tmp_path / "runs", *extra) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").rglob("metrics.json"))
+
+
+def test_grid_prune_without_an_lr_or_wd_grid_says_why(pipeline, tmp_path, capsys):
+    args = ["sweep", "--features", pipeline["cache"], "--heads", "mlp", "--probes", PROBE, "--seeds", "0",
+            "--grid", "hidden=16,32", "--max-epochs", 3, "--grid-prune", 1, "--out", tmp_path / "runs"]  # fmt: skip
+    assert run_cmd(cli, args) == 2
+    assert "no --grid over lr or wd" in capsys.readouterr().err
