@@ -272,6 +272,31 @@ def owned_run(rd: Path) -> set[str] | None:
     return set(RUN_FILES) | {p.name for p in Path(rd).glob("eval-*.json")}
 
 
+def finished_run(run: RunSpec, rd: Path) -> bool:
+    """Whether ``rd`` holds a finished run of ``run``; one finished with other options is an error.
+
+    A folder's name holds only the options that differ from their defaults, so a run
+    finished under other defaults (an older spar-bench) sits where ``run`` would write.
+    Skipping it would report the old head as this one.
+    """
+    from .heads import head_defaults
+
+    if not (rd / METRICS_FILE).is_file():
+        return False
+    try:
+        cfg = json.loads((rd / "config.json").read_text(encoding="utf-8"))
+        had = {**cfg["head_config"], **cfg["run"]["train"]}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"{rd}: a finished run without a readable config.json ({e}); delete the folder to rerun it") from None
+    want = json.loads(json.dumps(json_safe({**head_defaults(run.head), **run.head_config, **run.train.to_dict()})))
+    diff = [f"{k}={had.get(k)} (now {want.get(k)})" for k in sorted(set(want) | set(had))
+            if k != "device" and had.get(k) != want.get(k)]  # fmt: skip
+    if diff:
+        raise ConfigError(f"{rd}: finished with {', '.join(diff)} (defaults changed since?); "
+                          "write to a new --out, or delete that folder to rerun it")  # fmt: skip
+    return True
+
+
 def _write_run(rd: Path, config: dict, metrics: dict, model, prior: dict | None = None) -> None:
     """config.json, head.pt, then metrics.json last: its presence marks a finished run."""
     import torch

@@ -50,7 +50,7 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("sinkhorn_iters", "train", int, "Sinkhorn iterations of the Level 2 loss."),
     Option("grad_clip", "train", float, "Gradient-norm clip, 0 = none."),
     Option("proj_dim", "head", int, "Token heads: width of the fixed PCA projection. [default: 128]"),
-    Option("d_model", "head", int, "Token heads: model width. [default: 128]"),
+    Option("d_model", "head", int, "Token heads: model width. [default: 64 transformer, 128 attnpool]"),
     Option("n_layers", "head", int, "transformer: layers. [default: 2]"),
     Option("n_heads", "head", int, "Token heads: attention heads. [default: 4]"),
     Option("hidden", "head", int, "mlp: hidden width. [default: 512]"),

@@ -51,15 +51,18 @@ class Job:
 
 
 def plan(jobs: list[Job]) -> tuple[list[Job], list[Job]]:
-    """Split ``jobs`` into (to run, already finished); to-run ordered token heads first."""
-    from .fit import METRICS_FILE, encoder_slug, open_cache
+    """Split ``jobs`` into (to run, already finished); to-run ordered token heads first.
+
+    A finished run made with other options than its job's is an error (:func:`~.fit.finished_run`).
+    """
+    from .fit import encoder_slug, finished_run, open_cache
 
     if not jobs:
         return [], []
     slug = encoder_slug(open_cache(jobs[0].run.features))
     todo, done = [], []
     for j in jobs:
-        (done if (j.run.run_dir(j.out, slug) / METRICS_FILE).is_file() else todo).append(j)
+        (done if finished_run(j.run, j.run.run_dir(j.out, slug)) else todo).append(j)
     todo.sort(key=_schedule_key)
     return todo, done
 
@@ -229,10 +232,10 @@ def select_jobs(jobs: list[Job], slug: str, only: tuple[str, ...] = (),
 
 def list_runs(jobs: list[Job], slug: str) -> None:
     """Print ``<run id>\t<done|todo>`` per job."""
-    from .fit import METRICS_FILE
+    from .fit import finished_run
 
     for j in jobs:
-        state = "done" if (j.run.run_dir(j.out, slug) / METRICS_FILE).is_file() else "todo"
+        state = "done" if finished_run(j.run, j.run.run_dir(j.out, slug)) else "todo"
         click.echo(f"{run_id(j, slug)}\t{state}")
 
 

@@ -175,11 +175,11 @@ def test_run_spec_is_frozen_json_and_options_are_checked(pipeline, tmp_path, cap
     from spar_bench.errors import ConfigError
     from spar_bench.probes.runspec import RunSpec, make_run, parse_grid
 
-    run = make_run("c.h5", "level3.size", "transformer", 3, {"lr": 3e-4, "d_model": 64, "layer": -2})
+    run = make_run("c.h5", "level3.size", "transformer", 3, {"lr": 3e-4, "d_model": 96, "layer": -2})
     assert RunSpec.from_dict(json.loads(json.dumps(run.to_dict()))) == run
     with pytest.raises(dataclasses.FrozenInstanceError):
         run.seed = 4  # type: ignore[misc]
-    assert run.variant() == "d_model=64,layer=-2,lr=0.0003"
+    assert run.variant() == "d_model=96,layer=-2,lr=0.0003"
     assert len(parse_grid(["lr=1e-3,3e-4", "wd=0,0.01"])) == 4
     with pytest.raises(ConfigError, match="Did you mean 'weight_decay'"):
         parse_grid(["weight_decy=0"])

@@ -59,3 +59,26 @@ def test_only_with_an_unknown_id_says_did_you_mean(pipeline, tmp_path, capsys) -
     assert "no such run" in err and f"did you mean {first}" in err
     assert _sweep(pipeline, out, "--partition", "2/2") == 2
     assert "--partition" in capsys.readouterr().err
+
+
+def test_a_finished_run_made_with_other_defaults_is_not_skipped_silently(pipeline, tmp_path, capsys) -> None:
+    """A folder's name holds only non-default options: a run finished under other defaults
+    (an older spar-bench) sits where the new run would write; the sweep names it."""
+    import json
+
+    out = tmp_path / "runs"
+    args = ["--heads", "mlp", "--probes", "level3.size", "--seeds", "0"]
+    sweep = lambda *extra: run_cmd(cli, ["sweep", "--features", pipeline["cache"], "--out", out,  # noqa: E731
+                                         *FAST, *args, *extra])
+    assert sweep() == 0
+    (cfg_file,) = out.glob("*/level3.size/mlp*/seed0/config.json")
+    capsys.readouterr()
+    assert sweep() == 0 and "0 run(s) done" in capsys.readouterr().out  # finished: skipped
+    cfg = json.loads(cfg_file.read_text())
+    cfg["head_config"]["hidden"] = 256  # as if the default width had been 256 then
+    cfg_file.write_text(json.dumps(cfg))
+    for extra in ((), ("--list",)):
+        assert sweep(*extra) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and str(cfg_file.parent) in err
+        assert "hidden=256 (now 512)" in err and "new --out" in err

@@ -19,10 +19,13 @@ then by a learned layer to ``d_model`` with learned position embeddings.
   questions slice by slice (:func:`spar_bench.probes.train.epoch_order`,
   :func:`spar_bench.probes.train.group_batch`), so the body runs once per slice per batch.
 
-Defaults: ``d_model`` 128, ``n_layers`` 2, ``n_heads`` 4, feed-forward 2 x d_model,
-``dropout`` 0.1, ``proj_dim`` 128 (measured during development: ~20 s/epoch for 10k
-samples of 50 tokens at d_model 128 on 2 CPU cores, half the cost at 256; rerun
-``bench/heads.py`` for your machine). Level 3 per slice
+Defaults: ``d_model`` 64, ``n_layers`` 2, ``n_heads`` 4, feed-forward 2 x d_model,
+``dropout`` 0.1, ``proj_dim`` 128 (the PCA width; the learned embedding maps 128 -> 64).
+Width 64, not the token heads' 128: a Levels 1-2 run puts 65 tokens per item through
+the joint layers, so its steps are bound by their GEMMs, and at 64 an epoch costs about
+half (``bench/heads.py``). Measured on a WORD-sized phantom build (timm:resnet18 features),
+64 kept the accuracy of 128 where the features carry signal: Level 2 tile accuracy .343
+vs .339, Level 3 distance and size as high or higher (docs/SCALE.md). Level 3 per slice
 token costs one body layer plus two key/value projections, once per slice instead of
 two full layers once per question: ~3 x faster per epoch at ~3.5 questions per slice
 (phantom, ``relative_position``), more with more questions per slice.
@@ -112,7 +115,7 @@ class CrossBlock(nn.Module):
 
 
 class TransformerHead(TokenHead):
-    DEFAULTS = {**TokenHead.DEFAULTS, "n_layers": 2}
+    DEFAULTS = {**TokenHead.DEFAULTS, "d_model": 64, "n_layers": 2}
 
     def __init__(self, spec, in_dim: int, n_tokens: int = 1, **cfg):
         super().__init__(spec, in_dim, n_tokens, **cfg)
