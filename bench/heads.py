@@ -20,7 +20,14 @@ Measures, in one run, on the same data (Level 1 train split of a small phantom b
    ``nn.TransformerEncoderLayer`` module itself (the same function), side by side;
 6. ``batched``  - ``--batch-seeds`` seeds of one probe x head trained one at a time
    (``train_head``) vs as one batch (``ensemble.train_heads``), the same epochs for both;
-   and a 2 x 2 grid (lr x weight decay) as one batch against one configuration alone.
+   and a 2 x 2 grid (lr x weight decay) as one batch against one configuration alone;
+7. ``prune``    - a 2 x 2 lr x wd grid over ``--batch-seeds`` seeds at the run defaults
+   (max epochs, early stopping), Level 3 mlp and Levels 1-2 transformer: one configuration
+   (each seed alone, ``train_head``) vs the full grid point by point (``train_head``, what
+   ``sweep`` does on the CPU) vs as one batch (stopped members leave the stack) vs ``sweep --grid-prune K`` for each ``--prune-k``; per seed, the point chosen
+   on validation (full grid: the lowest best validation loss; pruned: the survivor), whether
+   the pruned grid chose the same, and the chosen points' mean test metric.
+   ``--grid-only`` runs just this section.
 
 ``--sweep-cache CACHE`` times the sweep on an existing cache (e.g. a WORD-sized build's)
 instead of the bench's small phantom, with the default epochs unless ``--sweep-epochs``.
@@ -268,6 +275,47 @@ def time_batched(cache_path: Path, probe: str, head: str, seeds: list[int], epoc
     return alone, time.perf_counter() - t0
 
 
+def time_grid_prune(cache_path: Path, probe: str, head: str, seeds: list[int],
+                    grid: list[tuple[float, float]], ks: list[int]) -> dict:  # fmt: skip
+    """Seconds, each seed's chosen point and its test headline: ``one`` (grid[0] per seed alone),
+    ``alone`` (every grid point alone), ``0`` (the full grid as one batch) and each K of ``ks`` (the grid pruned after epoch K)."""
+    from spar_bench.probes.ensemble import Prune, train_heads
+    from spar_bench.probes.fit import prepare_run, score
+    from spar_bench.probes.runspec import make_run
+    from spar_bench.probes.train import train_head
+
+    runs = [make_run(str(cache_path), probe, head, s, {"lr": lr, "weight_decay": wd}) for s in seeds for lr, wd in grid]
+    one = [prepare_run(r) for r in runs[:: len(grid)]]
+    sp = one[0].splits
+    t0 = time.perf_counter()
+    for r, p in zip(runs[:: len(grid)], one, strict=True):
+        train_head(p.model, (p.feats["train"], sp.tr), (p.feats[sp.val_split], sp.va), r.train, r.seed)
+    out: dict = {"one": (time.perf_counter() - t0, None, None)}
+    alone = [prepare_run(r) for r in runs]
+    t0 = time.perf_counter()
+    for r, p in zip(runs, alone, strict=True):
+        train_head(p.model, (p.feats["train"], sp.tr), (p.feats[sp.val_split], sp.va), r.train, r.seed)
+    out["alone"] = (time.perf_counter() - t0, None, None)
+    for k in [0, *ks]:
+        ps = [prepare_run(r) for r in runs]
+        t0 = time.perf_counter()
+        res = train_heads([p.model for p in ps], ([p.feats["train"] for p in ps], sp.tr),
+                          ([p.feats[sp.val_split] for p in ps], sp.va), [r.train for r in runs],
+                          [r.seed for r in runs], prune=Prune(k, tuple(r.seed for r in runs)) if k else None)  # fmt: skip
+        sec = time.perf_counter() - t0
+        chosen = [min((i for i, r in enumerate(runs) if r.seed == s and res[i].pruned_at is None),
+                      key=lambda i: res[i].best_val_loss) for s in seeds]  # fmt: skip
+        test = [score(sp.te, _predict(ps[i], sp.te), None, 0)[sp.te.spec.headline] for i in chosen]
+        out[k] = (sec, [grid[i % len(grid)] for i in chosen], float(np.mean(test)))
+    return out
+
+
+def _predict(p, t):
+    from spar_bench.probes.train import predict
+
+    return predict(p.model, p.feats["test"], t)
+
+
 def peak_rss_mib() -> tuple[float, float]:
     """Peak RSS of this process and of its largest (finished) child process, MiB."""
     import resource
@@ -297,6 +345,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--level3-epochs", type=int, default=3, help="timed Level 3 transformer epochs")
     ap.add_argument("--batch-seeds", default="0,1,2", help="seeds of the batched-vs-alone timing")
     ap.add_argument("--batch-epochs", type=int, default=5)
+    ap.add_argument("--prune-k", default="2,4", help="epochs K of the timed --grid-prune")
+    ap.add_argument("--grid-only", action="store_true", help="time only the grid / --grid-prune section")
     args = ap.parse_args(argv)
 
     import torch
@@ -306,9 +356,14 @@ def main(argv: list[str] | None = None) -> None:
         work = args.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         _, cache, t_build = prepare(work, args.encoder, args.cases, args.samples)
+        seeds = [int(v) for v in args.batch_seeds.split(",")]
+        pruned = {(p, h): time_grid_prune(cache, p, h, seeds, PRUNE_GRID, [int(k) for k in args.prune_k.split(",")])
+                  for p, h in (("level3.relative_position", "mlp"), ("level1.localisation", "transformer"))}  # fmt: skip
+        if args.grid_only:
+            _print_prune(args, pruned)
+            return
         t_cache = train_from_cache(cache, args.epochs)
         t_enc, ran = train_reencoding(cache, args.encoder, args.epochs, args.encode_epochs)
-        seeds = [int(v) for v in args.batch_seeds.split(",")]
         batched = {(p, h): time_batched(cache, p, h, seeds, args.batch_epochs)
                    for p, h in (("level3.relative_position", "mlp"), ("level1.localisation", "transformer"))}  # fmt: skip
         grid = time_batched(cache, "level3.relative_position", "mlp", seeds, args.batch_epochs,
@@ -321,6 +376,30 @@ def main(argv: list[str] | None = None) -> None:
         t_sweep, results = time_sweep(sweep_cache, args.heads.split(","), sweep_seeds, args.jobs,
                                       work / f"sweep-{time.time_ns()}", epochs, small=args.sweep_cache is None)  # fmt: skip
     _print(args, t_build, t_cache, (t_enc, ran), batched, grid, layer, l3, (t_sweep, results, epochs))
+    _print_prune(args, pruned)
+
+
+PRUNE_GRID = [(1e-3, 0.01), (1e-3, 0.0), (3e-4, 0.01), (3e-4, 0.0)]  # the first: the run defaults
+
+
+def _print_prune(args, pruned: dict) -> None:
+    from spar_bench.probes.tasks import get_probe
+
+    print(f"\n2 x 2 grid lr x wd {PRUNE_GRID}, seeds {args.batch_seeds}, run-default max epochs and early "
+          "stopping, 1 torch thread; x = seconds / one configuration (the defaults, each seed alone)")  # fmt: skip
+    for (probe, head), res in pruned.items():
+        one, alone, (full, full_pts, full_test) = res["one"][0], res["alone"][0], res[0]
+        metric = get_probe(probe).headline
+        print(f"  {probe} {head}: one configuration {one:.1f} s; full grid point by point {alone:.1f} s "
+              f"({alone / one:.2f} x); full grid as one batch {full:.1f} s ({full / one:.2f} x), chosen per "
+              f"seed {full_pts}, test {metric} {full_test:.4f}")  # fmt: skip
+        for k in (k for k in res if k not in ("one", "alone", 0)):
+            sec, pts, test = res[k]
+            agree = sum(a == b for a, b in zip(pts, full_pts, strict=True))
+            print(f"    --grid-prune {k}: {sec:.1f} s ({sec / one:.2f} x), chosen {pts}, same point as the "
+                  f"full grid for {agree}/{len(pts)} seeds, test {test:.4f}")  # fmt: skip
+    rss_self, _ = peak_rss_mib()
+    print(f"  peak RSS: this process {rss_self:.0f} MiB")
 
 
 def _print(args, t_build, t_cache, enc, batched, grid, layer, l3, sweep) -> None:
