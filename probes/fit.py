@@ -100,12 +100,19 @@ def check_shards(build, level: str) -> None:
 
 def encoder_slug(cache) -> str:
     """Run-directory name of a cache's encoder (``-random-init`` appended when so); a local
-    path recorded by an older cache is replaced by its base name + hash (``published_name``)."""
+    path recorded by an older cache is replaced by its base name + hash (``published_name``).
+
+    Weights from a local file or folder add their hash (``timm:resnet50 --weights a.pt`` and
+    ``--weights b.pt`` are two encoders: their runs never share a folder).
+    """
     from .encoders.base import published_name
 
-    name = published_name(str(cache.meta.get("encoder") or Path(cache.path).stem), cache.meta.get("weights"))
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "encoder"
     weights = cache.meta.get("weights")
+    name = published_name(str(cache.meta.get("encoder") or Path(cache.path).stem), weights)
+    sha = weights.get("sha256") if isinstance(weights, dict) and weights.get("kind") in ("file", "dir") else None
+    if isinstance(sha, str) and sha and "@" not in name:
+        name += f"@{sha[:8]}"
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "encoder"
     training = weights.get("training") if isinstance(weights, dict) else None
     if isinstance(training, dict):  # an encoder trained by `spar-probe finetune`, probed frozen
         trained = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{training.get('mode')}-{training.get('build')}")
@@ -272,12 +279,14 @@ def owned_run(rd: Path) -> set[str] | None:
     return set(RUN_FILES) | {p.name for p in Path(rd).glob("eval-*.json")}
 
 
-def finished_run(run: RunSpec, rd: Path) -> bool:
-    """Whether ``rd`` holds a finished run of ``run``; one finished with other options is an error.
+def finished_run(run: RunSpec, rd: Path, cache_fingerprint: str) -> bool:
+    """Whether ``rd`` holds a finished run of ``run`` on the cache ``cache_fingerprint``; one
+    finished with other options, or on another cache, is an error.
 
     A folder's name holds only the options that differ from their defaults, so a run
-    finished under other defaults (an older spar-bench) sits where ``run`` would write.
-    Skipping it would report the old head as this one.
+    finished under other defaults (an older spar-bench) sits where ``run`` would write; so
+    does the same encoder's run on another build. Skipping it would report the old run as
+    this one.
     """
     from .heads import head_defaults
 
@@ -286,8 +295,13 @@ def finished_run(run: RunSpec, rd: Path) -> bool:
     try:
         cfg = json.loads((rd / "config.json").read_text(encoding="utf-8"))
         had = {**cfg["head_config"], **cfg["run"]["train"]}
+        old_cache = cfg["cache_fingerprint"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ConfigError(f"{rd}: a finished run without a readable config.json ({e}); delete the folder to rerun it") from None
+    if old_cache != cache_fingerprint:
+        raise ConfigError(f"{rd}: finished on another feature cache ({cfg.get('features')}, fingerprint "
+                          f"{str(old_cache)[:12]}; this one {cache_fingerprint[:12]}): another build or "
+                          "encoder; write to a new --out")  # fmt: skip
     want = json.loads(json.dumps(json_safe({**head_defaults(run.head), **run.head_config, **run.train.to_dict()})))
     diff = [f"{k}={had.get(k)} (now {want.get(k)})" for k in sorted(set(want) | set(had))
             if k != "device" and had.get(k) != want.get(k)]  # fmt: skip

@@ -59,10 +59,11 @@ def plan(jobs: list[Job]) -> tuple[list[Job], list[Job]]:
 
     if not jobs:
         return [], []
-    slug = encoder_slug(open_cache(jobs[0].run.features))
+    cache = open_cache(jobs[0].run.features)
+    slug = encoder_slug(cache)
     todo, done = [], []
     for j in jobs:
-        (done if finished_run(j.run, j.run.run_dir(j.out, slug)) else todo).append(j)
+        (done if finished_run(j.run, j.run.run_dir(j.out, slug), cache.fingerprint) else todo).append(j)
     todo.sort(key=_schedule_key)
     return todo, done
 
@@ -230,12 +231,12 @@ def select_jobs(jobs: list[Job], slug: str, only: tuple[str, ...] = (),
             if (not only or i in only) and (partition is None or bucket(i, partition[1]) == partition[0])]
 
 
-def list_runs(jobs: list[Job], slug: str) -> None:
+def list_runs(jobs: list[Job], slug: str, cache_fingerprint: str) -> None:
     """Print ``<run id>\t<done|todo>`` per job."""
     from .fit import finished_run
 
     for j in jobs:
-        state = "done" if finished_run(j.run, j.run.run_dir(j.out, slug)) else "todo"
+        state = "done" if finished_run(j.run, j.run.run_dir(j.out, slug), cache_fingerprint) else "todo"
         click.echo(f"{run_id(j, slug)}\t{state}")
 
 
@@ -315,7 +316,7 @@ def sweep_command(features, heads, probes, seeds, out, jobs, grid, list_ids, onl
     resolve_build(cache, data)  # fail fast on a fingerprint mismatch
     slug = encoder_slug(cache)
     if list_ids:
-        list_runs(all_jobs, slug)
+        list_runs(all_jobs, slug, cache.fingerprint)
         return
     chosen = select_jobs(all_jobs, slug, tuple(only), parse_partition(partition))
     t0 = time.perf_counter()

@@ -271,6 +271,14 @@ def test_local_models_are_named_by_folder_name_and_content(tmp_path: Path) -> No
     old = SimpleNamespace(meta={"encoder": "hf:/home/me/tiny", "weights": {**sha, "path": "/home/me/tiny"}},
                           path="c.h5", random_init=False)
     assert encoder_slug(old) == "hf-tiny-abababab"
+    # one encoder name with two local weights files: two run folders, never one
+    for sha, slug in (("ef" * 32, "timm-resnet50-efefefef"), ("12" * 32, "timm-resnet50-12121212")):
+        cache = SimpleNamespace(meta={"encoder": "timm:resnet50", "weights": {"kind": "file", "name": "w.pt", "sha256": sha}},
+                                path="c.h5", random_init=False)  # fmt: skip
+        assert encoder_slug(cache) == slug
+    hub = SimpleNamespace(meta={"encoder": "timm:resnet50", "weights": {"kind": "hub", "repo": "timm/resnet50"}},
+                          path="c.h5", random_init=False)  # fmt: skip
+    assert encoder_slug(hub) == "timm-resnet50"
 
 
 def test_torchscript(tmp_path: Path) -> None:

@@ -82,3 +82,9 @@ def test_a_finished_run_made_with_other_defaults_is_not_skipped_silently(pipelin
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and str(cfg_file.parent) in err
         assert "hidden=256 (now 512)" in err and "new --out" in err
+    # the same encoder's run on another build (another cache) is not this run either
+    cfg["head_config"]["hidden"], cfg["cache_fingerprint"] = 512, "0" * 64
+    cfg_file.write_text(json.dumps(cfg))
+    assert sweep() == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "finished on another feature cache" in err and str(cfg_file.parent) in err
