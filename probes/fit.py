@@ -279,9 +279,10 @@ def owned_run(rd: Path) -> set[str] | None:
     return set(RUN_FILES) | {p.name for p in Path(rd).glob("eval-*.json")}
 
 
-def finished_run(run: RunSpec, rd: Path, cache_fingerprint: str) -> bool:
+def finished_run(run: RunSpec, rd: Path, cache_fingerprint: str, grid_prune: int = 0) -> bool:
     """Whether ``rd`` holds a finished run of ``run`` on the cache ``cache_fingerprint``; one
-    finished with other options, or on another cache, is an error.
+    finished with other options, or on another cache, is an error; so is a run pruned by
+    ``--grid-prune K`` when the sweep asks for another ``grid_prune`` (0: a full run).
 
     A folder's name holds only the options that differ from their defaults, so a run
     finished under other defaults (an older spar-bench) sits where ``run`` would write; so
@@ -296,12 +297,17 @@ def finished_run(run: RunSpec, rd: Path, cache_fingerprint: str) -> bool:
         cfg = json.loads((rd / "config.json").read_text(encoding="utf-8"))
         had = {**cfg["head_config"], **cfg["run"]["train"]}
         old_cache = cfg["cache_fingerprint"]
+        pruned = json.loads((rd / METRICS_FILE).read_text(encoding="utf-8"))["train"].get("pruned_at")
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"{rd}: a finished run without a readable config.json ({e}); delete the folder to rerun it") from None
+        raise ConfigError(f"{rd}: a finished run with an unreadable config.json or metrics.json ({e}); delete the folder to rerun it") from None
     if old_cache != cache_fingerprint:
         raise ConfigError(f"{rd}: finished on another feature cache ({cfg.get('features')}, fingerprint "
                           f"{str(old_cache)[:12]}; this one {cache_fingerprint[:12]}): another build or "
                           "encoder; write to a new --out")  # fmt: skip
+    if pruned is not None and pruned != grid_prune:
+        asked = f"--grid-prune {grid_prune}" if grid_prune else "a full run"
+        raise ConfigError(f"{rd}: pruned after epoch {pruned} (--grid-prune {pruned}) and this sweep asks for "
+                          f"{asked}; rerun with --grid-prune {pruned}, or delete the folder to train it")  # fmt: skip
     want = json.loads(json.dumps(json_safe({**head_defaults(run.head), **run.head_config, **run.train.to_dict()})))
     diff = [f"{k}={had.get(k)} (now {want.get(k)})" for k in sorted(set(want) | set(had))
             if k != "device" and had.get(k) != want.get(k)]  # fmt: skip

@@ -50,7 +50,7 @@ class Job:
     threads: int = 1
 
 
-def plan(jobs: list[Job]) -> tuple[list[Job], list[Job]]:
+def plan(jobs: list[Job], grid_prune: int = 0) -> tuple[list[Job], list[Job]]:
     """Split ``jobs`` into (to run, already finished); to-run ordered token heads first.
 
     A finished run made with other options than its job's is an error (:func:`~.fit.finished_run`).
@@ -63,7 +63,7 @@ def plan(jobs: list[Job]) -> tuple[list[Job], list[Job]]:
     slug = encoder_slug(cache)
     todo, done = [], []
     for j in jobs:
-        (done if finished_run(j.run, j.run.run_dir(j.out, slug), cache.fingerprint) else todo).append(j)
+        (done if finished_run(j.run, j.run.run_dir(j.out, slug), cache.fingerprint, grid_prune) else todo).append(j)
     todo.sort(key=_schedule_key)
     return todo, done
 
@@ -146,7 +146,7 @@ def run_sweep(jobs: list[Job], n_jobs: int = 2, batched: bool = False, prune_at:
     """
     from tqdm.auto import tqdm
 
-    todo, done = plan(jobs)
+    todo, done = plan(jobs, prune_at)
     if prune_at:
         pending = set(todo)
         units = [u for u in batches(sorted(jobs, key=_schedule_key), True) if pending.intersection(u)]
@@ -231,12 +231,12 @@ def select_jobs(jobs: list[Job], slug: str, only: tuple[str, ...] = (),
             if (not only or i in only) and (partition is None or bucket(i, partition[1]) == partition[0])]
 
 
-def list_runs(jobs: list[Job], slug: str, cache_fingerprint: str) -> None:
+def list_runs(jobs: list[Job], slug: str, cache_fingerprint: str, grid_prune: int = 0) -> None:
     """Print ``<run id>\t<done|todo>`` per job."""
     from .fit import finished_run
 
     for j in jobs:
-        state = "done" if finished_run(j.run, j.run.run_dir(j.out, slug), cache_fingerprint) else "todo"
+        state = "done" if finished_run(j.run, j.run.run_dir(j.out, slug), cache_fingerprint, grid_prune) else "todo"
         click.echo(f"{run_id(j, slug)}\t{state}")
 
 
@@ -316,7 +316,7 @@ def sweep_command(features, heads, probes, seeds, out, jobs, grid, list_ids, onl
     resolve_build(cache, data)  # fail fast on a fingerprint mismatch
     slug = encoder_slug(cache)
     if list_ids:
-        list_runs(all_jobs, slug, cache.fingerprint)
+        list_runs(all_jobs, slug, cache.fingerprint, grid_prune)
         return
     chosen = select_jobs(all_jobs, slug, tuple(only), parse_partition(partition))
     t0 = time.perf_counter()

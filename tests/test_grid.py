@@ -90,6 +90,19 @@ def test_grid_prune_writes_every_run_and_keeps_one_point_per_seed(pipeline, tmp_
     assert sum(len(r["seeds"]) for r in rows if not r.get("selection")) == 2  # the pruned runs left out
 
 
+def test_a_pruned_grid_resumes_only_as_a_pruned_grid(pipeline, tmp_path, capsys):
+    """A pruned run looks finished; a sweep that asks for full runs names it instead of skipping it."""
+    out = tmp_path / "runs"
+    assert _sweep(pipeline, out, "--max-epochs", 3, "--grid-prune", 1) == 0
+    capsys.readouterr()
+    assert _sweep(pipeline, out, "--max-epochs", 3, "--grid-prune", 1) == 0
+    assert "0 run(s) done" in capsys.readouterr().out  # the same pruned grid: all finished
+    for extra in ((), ("--grid-prune", 2)):
+        assert _sweep(pipeline, out, "--max-epochs", 3, *extra) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "pruned after epoch 1" in err and "rerun with --grid-prune 1" in err
+
+
 @pytest.mark.parametrize("extra,message", [
     (["--max-epochs", 3, "--grid-prune", -1], "--grid-prune -1: give the epoch"),
     (["--max-epochs", 3, "--grid-prune", 3], "must be below the max epochs"),

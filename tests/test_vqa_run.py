@@ -9,6 +9,7 @@ MLLMs and encoders in one table.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,13 @@ def tiny(env):
     assert _vqa("--model", f"hf:{path}", "--data", env["shards"], "--out", env["runs"],
                 "--probe", "symmetry") == 0
     return path
+
+
+def _tiny(runs: Path) -> str:
+    """The tiny model's run folder name: ``hf-<folder name>-<sha8>``."""
+    (name,) = [p.name for p in runs.iterdir() if p.name.startswith("hf-tiny-")]
+    assert re.fullmatch(r"hf-tiny-[0-9a-f]{8}", name)
+    return name
 
 
 def _metrics(runs: Path, model: str, probe: str, head: str) -> dict:
@@ -80,20 +88,20 @@ def test_position_bias_is_caught_by_circular_eval(env):
 
 
 def test_hf_tiny_constrained_beside_encoder_in_report(env, tiny):
-    m = _metrics(env["runs"], "hf-tiny", "symmetry", "vqa-loglik")
+    m = _metrics(env["runs"], _tiny(env["runs"]), "symmetry", "vqa-loglik")
     assert m["parse_rate"] == 1.0 and m["circular"]["n_rotations"] == 3
     assert m["random_init"] is False and m["mode"] == "constrained"
-    recs = [json.loads(x) for x in (env["runs"] / "hf-tiny/level3.symmetry/vqa-loglik/seed0/answers.jsonl")
+    recs = [json.loads(x) for x in (env["runs"] / _tiny(env["runs"]) / "level3.symmetry/vqa-loglik/seed0/answers.jsonl")
             .read_text().splitlines()]
     assert all(len(r["scores"]) == 3 and r["choice"] == max(range(3), key=lambda j, r=r: r["scores"][j])
                for r in recs)
-    cfg = json.loads((env["runs"] / "hf-tiny/level3.symmetry/vqa-loglik/seed0/config.json").read_text())
+    cfg = json.loads((env["runs"] / _tiny(env["runs"]) / "level3.symmetry/vqa-loglik/seed0/config.json").read_text())
     assert cfg["model_identity"]["kind"] == "dir" and len(cfg["model_identity"]["sha256"]) == 64
     out = env["root"] / "report"
     assert run_cmd(cli, ["report", env["runs"], "--out", out]) == 0
     md = (out / "report.md").read_text()
     table = md.split("## level3.symmetry")[1].split("## ")[0]
-    assert "| linear [max_epochs=3] |" in table and "| vqa-loglik |" in table and "hf-tiny" in table
+    assert "| linear [max_epochs=3] |" in table and "| vqa-loglik |" in table and _tiny(env["runs"]) in table
     assert "parse" in table and "circular (all rot.)" in table
 
 
@@ -102,7 +110,7 @@ def test_rerun_reads_the_cache_and_another_model_does_not(env, tiny, monkeypatch
     from spar_bench.probes.vqa.cache import ResponseCache
     from spar_bench.probes.vqa.tiny import make_tiny_llava
 
-    rd = env["runs"] / "hf-tiny/level3.symmetry/vqa-loglik/seed0"
+    rd = env["runs"] / _tiny(env["runs"]) / "level3.symmetry/vqa-loglik/seed0"
     before = (rd / "metrics.json").read_bytes()
     real = hf.HFBackend._constrained
 
@@ -116,7 +124,7 @@ def test_rerun_reads_the_cache_and_another_model_does_not(env, tiny, monkeypatch
     other = make_tiny_llava(env["root"] / "models2" / "tiny", seed=1)
     calls = []
     monkeypatch.setattr(hf.HFBackend, "_constrained", lambda self, reqs: calls.append(len(reqs)) or real(self, reqs))
-    cache = env["runs"] / ".vqa-cache" / "hf-tiny.sqlite"
+    cache = env["runs"] / ".vqa-cache" / f"{_tiny(env['runs'])}.sqlite"
     with ResponseCache(cache) as c:
         n_before = len(c)
     assert _vqa("--model", f"hf:{other}", "--data", env["shards"], "--out", env["root"] / "runs2",
@@ -129,9 +137,9 @@ def test_rerun_reads_the_cache_and_another_model_does_not(env, tiny, monkeypatch
 def test_hf_tiny_generation_mode_parses_strictly(env, tiny):
     assert _vqa("--model", f"hf:{tiny}", "--data", env["shards"], "--out", env["runs"], "--probe",
                 "symmetry", "--generate", "--max-new-tokens", 4, "--no-circular") == 0
-    m = _metrics(env["runs"], "hf-tiny", "symmetry", "vqa-generate")
+    m = _metrics(env["runs"], _tiny(env["runs"]), "symmetry", "vqa-generate")
     assert 0.0 <= m["parse_rate"] <= 1.0 and m["circular"] is None
-    recs = [json.loads(x) for x in (env["runs"] / "hf-tiny/level3.symmetry/vqa-generate/seed0/answers.jsonl")
+    recs = [json.loads(x) for x in (env["runs"] / _tiny(env["runs"]) / "level3.symmetry/vqa-generate/seed0/answers.jsonl")
             .read_text().splitlines()]
     assert all(isinstance(r["text"], str) for r in recs)
     unparsed = [r for r in recs if not r["parsed"]]

@@ -76,7 +76,7 @@ class Backend:
     """Base class: subclasses set the attributes and implement :meth:`answer`.
 
     Attributes:
-        name: the model spec as a run-folder slug part (``hf-tiny``, ``openai-qwen``).
+        name: the model spec as a run-folder slug part (``hf-tiny-1a2b3c4d``, ``openai-qwen``).
         mode: ``"constrained"`` or ``"generate"``.
         identity: JSON-able identity of the model weights (cache key).
         decoding: JSON-able decoding parameters (cache key).

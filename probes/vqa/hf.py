@@ -40,7 +40,8 @@ def model_source(rest: str, revision: str | None) -> tuple[str, dict[str, Any], 
     if local.is_dir():
         ident = {"kind": "dir", "name": local.resolve().name, "sha256": sha256_file(local),
                  "revision": revision}
-        return str(local), {"local_files_only": True}, ident, f"hf-{local.resolve().name}"
+        # the hash keeps two local models of one folder name out of each other's run folders
+        return str(local), {"local_files_only": True}, ident, f"hf-{local.resolve().name}-{ident['sha256'][:8]}"
     if "/" not in rest or rest.startswith((".", "/", "~")):
         raise ConfigError(f"model hf:{rest}: neither a model folder nor a hub id 'org/name'")
     if not revision:
