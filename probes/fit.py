@@ -280,7 +280,7 @@ def owned_run(rd: Path) -> set[str] | None:
 
 
 def finished_run(run: RunSpec, rd: Path, cache_fingerprint: str, grid_prune: int = 0) -> bool:
-    """Whether ``rd`` holds a finished run of ``run`` on the cache ``cache_fingerprint``; one
+    """Whether ``rd`` holds a finished run of ``run`` on a cache of the build ``cache_fingerprint``; one
     finished with other options, or on another cache, is an error; so is a run pruned by
     ``--grid-prune K`` when the sweep asks for another ``grid_prune`` (0: a full run).
 
@@ -301,9 +301,9 @@ def finished_run(run: RunSpec, rd: Path, cache_fingerprint: str, grid_prune: int
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ConfigError(f"{rd}: a finished run with an unreadable config.json or metrics.json ({e}); delete the folder to rerun it") from None
     if old_cache != cache_fingerprint:
-        raise ConfigError(f"{rd}: finished on another feature cache ({cfg.get('features')}, fingerprint "
-                          f"{str(old_cache)[:12]}; this one {cache_fingerprint[:12]}): another build or "
-                          "encoder; write to a new --out")  # fmt: skip
+        raise ConfigError(f"{rd}: finished on a feature cache of another build ({cfg.get('features')}, build "
+                          f"fingerprint {str(old_cache)[:12]}; this cache's {cache_fingerprint[:12]}); "
+                          "write to a new --out")  # fmt: skip
     if pruned is not None and pruned != grid_prune:
         asked = f"--grid-prune {grid_prune}" if grid_prune else "a full run"
         raise ConfigError(f"{rd}: pruned after epoch {pruned} (--grid-prune {pruned}) and this sweep asks for "

@@ -87,4 +87,4 @@ def test_a_finished_run_made_with_other_defaults_is_not_skipped_silently(pipelin
     cfg_file.write_text(json.dumps(cfg))
     assert sweep() == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "finished on another feature cache" in err and str(cfg_file.parent) in err
+    assert len(err.splitlines()) == 1 and "finished on a feature cache of another build" in err and str(cfg_file.parent) in err
