@@ -12,6 +12,7 @@ import pytest
 
 from spar_bench.builder.cli import cli
 from spar_bench.builder.sources.totalsegmentator import TotalSegmentatorSource
+from spar_bench.builder.sources.volume import MaskFile, MaskRead
 from spar_bench.builder.sources.word import WordSource
 from spar_bench.clitools import run_cli
 from spar_bench.errors import CaseError
@@ -54,7 +55,9 @@ def test_real_word_map_with_an_extra_id(word_labels_dir, tmp_path):
     shutil.copy(word_labels_dir / "labelsTs" / "word_0014.nii.gz", root / "labelsTs")
     add_extra_label(root / "labelsTs" / "word_0014.nii.gz", 99)
     src = WordSource(root, images="synthesize", unknown_labels="ignore")
-    mask, _, _, _, extra = src.read_mask(src.find()[0])
+    read = src.read_mask(src.find()[0])
+    mask, extra = read.mask, read.extra
+    assert isinstance(read, MaskRead) and [type(f) for f in read.files] == [MaskFile]
     assert extra["ignored_label_ids"] == {"99": mask.shape[2] // 2} and mask.max() == 16
 
 
@@ -92,6 +95,9 @@ def test_totalsegmentator_multilabel_file_equals_the_class_folder(totalseg_dir, 
     assert set(mapped.values()) == set(a_src._classes)
     overlap = a.provenance["overlap_voxels"]
     assert overlap == 0 and np.array_equal(a.mask, b.mask) and a.annotated == b.annotated
+    ra, rb = a_src.read_mask(a_src.find()[0]), b_src.read_mask(b_src.find()[0])
+    assert isinstance(ra, MaskRead) and isinstance(rb, MaskRead) and rb.lesion is None
+    assert len(ra.files) > 1 and all(isinstance(f, MaskFile) and f.shape == ra.mask.shape for f in ra.files)
 
 
 def test_totalsegmentator_multilabel_unknown_id(totalseg_dir, tmp_path):

@@ -30,7 +30,7 @@ from ..case import CaseRef
 from ..ontology import LabelMap, map_labels, totalsegmentator_classes
 from ..readers import as_integer_labels, read_volume
 from ..schema import ORGAN_ID, ORGANS
-from .volume import MaskRead, VolumeSource, check_unique, find_image
+from .volume import MaskFile, MaskRead, VolumeSource, check_unique, find_image
 
 
 def _binary_top(raw: np.ndarray, *, case_id: str, path: Path) -> int:
@@ -173,7 +173,7 @@ class TotalSegmentatorSource(VolumeSource):
             return self.read_multilabel(ref, seg_dir)
         mask: np.ndarray | None = None
         affine = None
-        geometry: list[tuple[Path, np.ndarray, tuple]] = []
+        geometry: list[MaskFile] = []
         missing: list[str] = []
         hits = 0  # class voxels; minus the labelled voxels at the end = voxels claimed twice
         # Write classes in canonical organ order so the result does not depend on the manifest order.
@@ -197,7 +197,7 @@ class TotalSegmentatorSource(VolumeSource):
                 )
             if top:
                 hits += _paint_class(mask, raw, ORGAN_ID[organ])
-            geometry.append((path, aff, tuple(raw.shape)))
+            geometry.append(MaskFile(path, aff, tuple(raw.shape)))
         if mask is None:
             raise CaseError(
                 ref.case_id, seg_dir, f"none of the mapped class masks is present ({', '.join(sorted(self._classes))})"
@@ -212,7 +212,7 @@ class TotalSegmentatorSource(VolumeSource):
             a and o not in missing_organs for o, a in zip(ORGANS, self.get_label_map().annotated, strict=True)
         )
         extra = {"missing_classes": missing, "overlap_voxels": overlap, "annotated": annotated}
-        return mask, None, affine, geometry, extra
+        return MaskRead(mask, None, affine, geometry, extra)
 
     def read_multilabel(self, ref: CaseRef, path: Path) -> MaskRead:
         """The single multi-label file: ids mapped through its own class table."""
@@ -230,4 +230,4 @@ class TotalSegmentatorSource(VolumeSource):
                  "class_table": {str(k): v for k, v in sorted(table.items()) if v in self._classes}}
         if ignored:
             extra["ignored_label_ids"] = {str(k): v for k, v in ignored.items()}
-        return mask, None, affine, [(path, affine, tuple(raw.shape))], extra
+        return MaskRead(mask, None, affine, [MaskFile(path, affine, tuple(raw.shape))], extra)

@@ -11,7 +11,7 @@ the phantom) subclass :class:`VolumeSource` and implement ``find``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -30,10 +30,30 @@ from ..readers import (
 )
 from .base import Source
 
-#: A mask ready for canonicalisation: (raw-grid uint8 ids, lesion or None, affine,
-#: [(path, affine, shape) of every mask file, for the geometry check], provenance extras;
-#: an ``"annotated"`` key in the extras overrides the label map's flags for this case).
-MaskRead = tuple[np.ndarray, "np.ndarray | None", np.ndarray, list[tuple[Path, np.ndarray, tuple]], dict]
+class MaskFile(NamedTuple):
+    """One file a mask was read from, for the image/mask geometry check and the provenance digests."""
+
+    path: Path
+    #: The file's 4x4 voxel-to-world affine, as read.
+    affine: np.ndarray
+    #: The file's voxel grid shape, as read.
+    shape: tuple[int, ...]
+
+
+class MaskRead(NamedTuple):
+    """A mask read by :meth:`VolumeSource.read_mask`, ready for canonicalisation."""
+
+    #: Canonical organ ids (uint8, 0 = background) on the file's raw voxel grid.
+    mask: np.ndarray
+    #: The lesion channel on the same grid, or None when the source has no lesion label.
+    lesion: np.ndarray | None
+    #: The mask's voxel-to-world affine (before any header repair).
+    affine: np.ndarray
+    #: Every file the mask was read from (several for one-file-per-class layouts).
+    files: list[MaskFile]
+    #: Provenance extras recorded for the case; an ``"annotated"`` key overrides the label
+    #: map's per-organ annotated flags for this case (and is popped, not recorded).
+    extra: dict
 
 
 def find_image(folder: Path, stem: str) -> Path | None:
@@ -102,7 +122,7 @@ class VolumeSource(Source):
         mask, lesion, ignored = map_labels(raw, self.get_label_map(), case_id=ref.case_id, path=path,
                                            unknown=self.unknown_labels)
         extra = {"ignored_label_ids": {str(k): v for k, v in ignored.items()}} if ignored else {}
-        return mask, lesion, affine, [(Path(path), affine, tuple(raw.shape))], extra
+        return MaskRead(mask, lesion, affine, [MaskFile(Path(path), affine, tuple(raw.shape))], extra)
 
     def resolve_affines(
         self, ref: CaseRef, image_affine: np.ndarray | None, mask_affine: np.ndarray, mask: np.ndarray
@@ -120,13 +140,14 @@ class VolumeSource(Source):
         if ref.problem:  # found incomplete (an image without its label, ...)
             raise CaseError(cid, _first_file(ref), ref.problem)
         image_path = None if masks_only else self._image_path(ref)
-        mask, lesion, mask_affine, mask_files, extra = self.read_mask(ref)
+        read = self.read_mask(ref)
+        mask, lesion, mask_files, extra = read.mask, read.lesion, read.files, read.extra
         annotated = extra.pop("annotated", self.get_label_map().annotated)
         image = image_affine = None
         if image_path is not None:
             data, image_affine = read_volume(image_path, case_id=cid)
             image = as_hu_int16(data, case_id=cid, path=image_path)
-        image_affine, mask_affine, repairs = self.resolve_affines(ref, image_affine, mask_affine, mask)
+        image_affine, mask_affine, repairs = self.resolve_affines(ref, image_affine, read.affine, mask)
         if image is not None:
             _check_grids(cid, image_path, image_affine, image.shape, mask_files, mask_affine if repairs else None)
         image_c, mask_c, lesion_c, spacing, info = _to_canonical(image, image_affine, mask, lesion, mask_affine, extra)
@@ -165,7 +186,7 @@ class VolumeSource(Source):
         return image_path
 
     def _provenance(self, ref: CaseRef, info: dict, spacing, repairs: list[str], extra: dict,
-                    hashed: list[tuple[str, Path]], mask_files) -> dict[str, Any]:
+                    hashed: list[tuple[str, Path]], mask_files: list[MaskFile]) -> dict[str, Any]:
         provenance: dict[str, Any] = {
             "source": self.name,
             "files": {role: str(p) for role, p in ref.files.items()},
@@ -176,7 +197,7 @@ class VolumeSource(Source):
             "repairs": repairs,
             **extra,
         }
-        hashed = hashed + [(f"mask:{p.name}" if len(mask_files) > 1 else "mask", p) for p, _, _ in mask_files]
+        hashed = hashed + [(f"mask:{f.path.name}" if len(mask_files) > 1 else "mask", f.path) for f in mask_files]
         for role, p in hashed:
             provenance["sha256"][role] = file_sha256(p)  # digest taken while reading
         return provenance
@@ -225,13 +246,14 @@ class VolumeSource(Source):
         return check_unique(refs, self.root)
 
 
-def _check_grids(case_id: str, image_path, image_affine, image_shape, mask_files, repaired_affine) -> None:
+def _check_grids(case_id: str, image_path, image_affine, image_shape, mask_files: list[MaskFile],
+                 repaired_affine) -> None:
     """Every mask file on the image's grid (compared in the canonical frame; repaired headers share one affine)."""
     from ..frame import check_same_geometry
 
-    for path, aff, shape in mask_files:
-        check_same_geometry(image_affine, image_shape, aff if repaired_affine is None else repaired_affine, shape,
-                            case_id=case_id, image_path=image_path, mask_path=path)
+    for f in mask_files:
+        check_same_geometry(image_affine, image_shape, f.affine if repaired_affine is None else repaired_affine,
+                            f.shape, case_id=case_id, image_path=image_path, mask_path=f.path)
 
 
 def _to_canonical(image, image_affine, mask, lesion, mask_affine, extra: dict):
