@@ -39,6 +39,8 @@ from spar_bench.provenance import json_safe, path_from_build, portable_path
 from .schema import (
     LEVEL3_CLASS_NAMES,
     LEVEL3_PROBES,
+    LEVEL_PARTS,
+    LEVEL_SPECS,
     LEVELS,
     N_ORGANS,
     ORGANS,
@@ -54,7 +56,6 @@ UNKNOWN_LABELS = ("fail", "ignore")
 #: Fields holding a file or folder: published as seen from OUT, or null (BuildConfig.recorded).
 PATH_FIELDS = ("thresholds_from", "split_file")
 OPTIONAL_FIELDS = {"cases": {}, "limit": {}, "split_ratio": {}, "split_file": None, "unknown_labels": "fail"}
-PARTS = ("level1", "level2", "level3", "level3_questions")
 #: Fields of the build config that never change the output bytes (kept out of the manifest).
 RUNTIME_FIELDS = ("out", "workers", "resume", "overwrite", "partition")
 
@@ -194,7 +195,9 @@ def _spill(cases_dir: Path, stem: str, result: dict[str, dict[str, Any]], meta: 
     os.replace(tmp_json, cases_dir / f"{stem}.json")
 
 
-def load_case_result(cases_dir: Path, stem: str, parts: Iterable[str] = PARTS) -> dict[str, dict[str, np.ndarray]]:
+def load_case_result(
+    cases_dir: Path, stem: str, parts: Iterable[str] = LEVEL_PARTS
+) -> dict[str, dict[str, np.ndarray]]:
     """Read a spilled case back (only the parts asked for)."""
     out: dict[str, dict[str, np.ndarray]] = {p: {} for p in parts}
     with np.load(cases_dir / f"{stem}.npz", allow_pickle=False) as z:
@@ -275,21 +278,20 @@ def process_one(job: dict[str, Any]) -> dict[str, Any]:
         result = process_case(case, SampleConfig.from_dict(job["sample"]), job["seed"])
     except CaseError as e:
         return {**meta, "inputs": meta.get("inputs") or input_digest(ref), "status": "error", "reason": str(e)}
-    wanted = list(job["sample"]["levels"])
-    if "level3" in wanted:
-        wanted.append("level3_questions")
+    levels = job["sample"]["levels"]
+    wanted = [*levels, *(q for lv in levels if (q := LEVEL_SPECS[lv].questions))]
     missing = [p for p in wanted if p not in result]
     if missing:
         raise SparError(f"case {ref.case_id}: process_case returned no {', '.join(missing)}")
-    result = {p: result.get(p, {}) for p in PARTS}
-    for part in ("level1", "level2", "level3"):
+    result = {p: result.get(p, {}) for p in LEVEL_PARTS}
+    for part in LEVELS:
         if result[part] and "key" not in result[part]:
             raise SparError(f"case {ref.case_id}: process_case gave {part} rows without 'key'")
     meta.update(
         status="ok",
         provenance=_portable_provenance(case.provenance, job["root"]),
         image_synthesized=bool(case.image_synthesized),
-        rows={p: _rows(result[p]) for p in PARTS},
+        rows={p: _rows(result[p]) for p in LEVEL_PARTS},
     )
     _spill(cases_dir, _case_stem(ref.source, ref.case_id), result, meta)
     return meta
@@ -543,13 +545,19 @@ def _run_cases(config: BuildConfig, refs, cases_dir: Path, sample: dict) -> dict
 
 
 def _class_counts(level: str, res: dict[str, dict[str, np.ndarray]], acc: dict) -> None:
-    if level in ("level1", "level2"):
+    """Add one case to ``acc``: organs present (mosaic levels) or answers per class (questions)."""
+    spec = LEVEL_SPECS[level]
+    if spec.mosaic:
         d = res[level]
         if "present" in d and _rows(d):
             acc["present"] = (np.asarray(acc.get("present", np.zeros(N_ORGANS, np.int64)))
                               + d["present"].sum(axis=0)).tolist()
-        return
-    q = res["level3_questions"]
+    if spec.questions:
+        _answer_counts(res[spec.questions], acc)
+
+
+def _answer_counts(q: dict[str, np.ndarray], acc: dict) -> None:
+    """Add a questions table's answers to ``acc[probe]`` (a count per answer class)."""
     if not q or not _rows(q):
         return
     for p, probe in enumerate(LEVEL3_PROBES):
@@ -571,33 +579,33 @@ def _write_shards(config, records, cases_dir: Path, out_dir: Path, levels, thres
     shards: dict[str, dict[str, list]] = {}
     counts: dict[str, dict[str, dict]] = {}
     for level in levels:
+        spec = LEVEL_SPECS[level]
         shards[level], counts[level] = {}, {}
         for split in splits:
             recs = [r for r in records if r["split"] == split]
             n_rows = sum(r["rows"][level] for r in recs)
             attrs = {"schema_version": SCHEMA_VERSION, "builder_version": __version__}
-            if level == "level2":
+            if spec.shuffled:
                 attrs["arrangement"] = sample_cfg.arrangement
             sink = ShardSink(out_dir, level, split, n_rows, config.shard_size, attrs,
                              compression=config.compression)
             classes: dict[str, Any] = {}
             n_q = 0
             for r in tqdm(recs, desc=f"{level}/{split}", unit="case", leave=False):
-                parts = (level, "level3_questions") if level == "level3" else (level,)
+                parts = (level, spec.questions) if spec.questions else (level,)
                 res = load_case_result(cases_dir, _case_stem(r["source"], r["case_id"]), parts)
-                if level == "level3":
-                    q = res["level3_questions"]
+                if spec.questions:
+                    q = res[spec.questions]
                     if thresholds is not None and q and _rows(q):
                         q = apply_thresholds(q, thresholds)
-                    res["level3_questions"] = q
+                    res[spec.questions] = q
                     n_q += _rows(q)
-                    sink.add(res["level3"], q)
+                    sink.add(res[level], q)
                 else:
                     sink.add(res[level])
                 _class_counts(level, res, classes)
             shards[level][split] = sink.close()
-            unit = "slices" if level == "level3" else "samples"
-            counts[level][split] = {unit: n_rows, "questions": n_q, "classes": classes}
+            counts[level][split] = {spec.unit: n_rows, "questions": n_q, "classes": classes}
     return shards, counts
 
 
@@ -607,19 +615,19 @@ def _print_summary(counts: dict, skipped: list[dict]) -> None:
     click.echo(f"\n{'level':8} {'split':6} {'rows':>8} {'questions':>10}")
     for level, by_split in counts.items():
         for split, c in by_split.items():
-            rows = c.get("samples", c.get("slices", 0))
+            rows = c.get(LEVEL_SPECS[level].unit, 0)
             click.echo(f"{level:8} {split:6} {rows:>8} {c['questions']:>10}")
     for level, by_split in counts.items():
-        if level == "level3":
+        if not LEVEL_SPECS[level].mosaic:
             continue
         for split, c in by_split.items():
-            present, n = c["classes"].get("present"), c.get("samples", 0)
+            present, n = c["classes"].get("present"), c.get(LEVEL_SPECS[level].unit, 0)
             if present and n:
                 rare = sorted(range(N_ORGANS), key=lambda i: present[i])[:3]
                 click.echo(f"  {level} {split}: {sum(present) / n:.1f} organs present per sample; "
                            "rarest " + ", ".join(f"{ORGANS[i]} {present[i] / n:.0%}" for i in rare))
     for level, by_split in counts.items():
-        if level != "level3":
+        if not LEVEL_SPECS[level].questions:
             continue
         click.echo("\nLevel 3 class balance (fraction per class):")
         for probe in LEVEL3_PROBES:

@@ -20,6 +20,8 @@ organ on the patient's left has a LARGER column index.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 SCHEMA_VERSION = "1.0"
 
 #: The 16 WORD organs; canonical id = index + 1 (0 is background).
@@ -53,8 +55,47 @@ BILATERAL_PAIRS: tuple[tuple[str, str], ...] = (
 #: Orientation of canonical voxel axes (i, j, k) before the transpose to [z, row, col].
 CANONICAL_AXCODES = ("L", "P", "S")
 
-#: Level names and the eight probes.
-LEVELS = ("level1", "level2", "level3")
+
+@dataclass(frozen=True)
+class LevelSpec:
+    """What the builder does differently for one level: the one place it looks that up.
+
+    Attributes:
+        name: the level's name (``"level1"``): its folder, shard ``level`` attr and key part.
+        unit: what one row is, the key of its row count in the manifest's ``counts``:
+            ``"samples"`` (a mosaic) or ``"slices"`` (a whole axial slice).
+        mosaic: rows are 4x4 mosaics of organ tiles with per-organ ``present`` /
+            ``centroid`` fields (Level 1 and 2); False for whole-slice levels (Level 3).
+        shuffled: the mosaic's tiles are permuted per sample (``perm``, ``target_slot``,
+            ``present_pos``), with targets in ``SampleConfig.arrangement``, which the shard
+            attrs record (Level 2).
+        questions: name of the per-case questions part whose rows point at this level's rows
+            (``"level3_questions"``: ``q_*`` fields in the same shards), or None.
+    """
+
+    name: str
+    unit: str
+    mosaic: bool
+    shuffled: bool = False
+    questions: str | None = None
+
+
+#: Every level, in build order: names, row units and features (see :class:`LevelSpec`).
+LEVEL_SPECS: dict[str, LevelSpec] = {
+    spec.name: spec
+    for spec in (
+        LevelSpec("level1", unit="samples", mosaic=True),
+        LevelSpec("level2", unit="samples", mosaic=True, shuffled=True),
+        LevelSpec("level3", unit="slices", mosaic=False, questions="level3_questions"),
+    )
+}
+#: Level names, in build order.
+LEVELS = tuple(LEVEL_SPECS)
+#: Every per-case result part: the levels' rows, then their questions tables.
+LEVEL_PARTS: tuple[str, ...] = (
+    *LEVELS, *(s.questions for s in LEVEL_SPECS.values() if s.questions)
+)
+#: The six Level 3 probes, then all eight probes.
 LEVEL3_PROBES: tuple[str, ...] = (
     "relative_position",
     "orientation",

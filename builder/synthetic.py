@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .schema import N_ORGANS, SCHEMA_VERSION
+from .schema import LEVEL_SPECS, N_ORGANS, SCHEMA_VERSION
 from .writers.hdf5 import n_shards_for, shard_name, write_shard
 from .writers.manifest import write_manifest
 
@@ -58,7 +58,7 @@ def _mosaic(rng: np.random.Generator) -> np.ndarray:
 
 
 def _fields(level: str, split: str, lo: int, n: int, rng: np.random.Generator) -> dict:
-    draw = _slice if level == "level3" else _mosaic
+    draw = _mosaic if LEVEL_SPECS[level].mosaic else _slice
     idx = np.arange(lo, lo + n)
     case = np.array([f"synthetic_{i // 16:05d}" for i in idx])
     return {
@@ -98,7 +98,7 @@ def write_synthetic_build(
             entries.append({"path": f"{level}/{name}", "sha256": sha, "rows": n, "questions": 0})
             written += n
         shards[level] = {split: entries}
-        counts[level] = {split: {"samples" if level != "level3" else "slices": n_level}}
+        counts[level] = {split: {LEVEL_SPECS[level].unit: n_level}}
     write_manifest(out, {
         "schema_version": SCHEMA_VERSION, "synthetic": True, "seed": seed,
         "config": {"n_images": n_images, "shard_size": shard_size, "compression": compression},

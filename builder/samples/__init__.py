@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..case import Case
+from ..schema import LEVEL_SPECS
 from .config import SampleConfig
 from .mirror import mirror_case
 from .thresholds import apply_thresholds, fit_thresholds
@@ -35,7 +36,7 @@ def _process_one(
 
     stats = slice_stats(case)
     frame = frame_for_case(case, config.fov_margin_mm)
-    want12 = "level1" in config.levels or "level2" in config.levels
+    want12 = any(LEVEL_SPECS[lv].mosaic for lv in config.levels)
     draws = (
         plan_level12(case, stats, config, global_seed) if want12 else np.empty((0, 16), np.int64)
     )

@@ -39,7 +39,7 @@ import numpy as np
 from spar_bench.seeding import derive_seed
 
 from ..case import Case
-from ..schema import IMAGE_SIZE, N_ORGANS, TILE_GRID, TILE_SIZE
+from ..schema import IMAGE_SIZE, LEVEL_SPECS, LEVELS, N_ORGANS, TILE_GRID, TILE_SIZE
 from .config import SampleConfig
 from .frame224 import Frame224, ResampledSlices, SliceStats
 
@@ -188,9 +188,7 @@ def build_level12(
     mpp = np.full(n, frame.mm_per_pixel, dtype=np.float32)
     suffix = "/mirror" if is_mirror else ""
     out: dict[str, dict[str, np.ndarray]] = {}
-    for level in ("level1", "level2"):
-        if level not in config.levels:
-            continue
+    for level in (lv for lv in LEVELS if lv in config.levels and LEVEL_SPECS[lv].mosaic):
         keys = [_key(case, level, i) for i in range(n)]
         seeds = np.array(
             [derive_seed(global_seed, case.source, case.case_id, level, i) for i in range(n)],
@@ -207,30 +205,42 @@ def build_level12(
             "mm_per_pixel": mpp.copy(),
             "origin_key": np.array(keys if is_mirror else [""] * n, dtype=object),
         }
-        if level == "level1":
-            rec["image"] = mosaics
+        if LEVEL_SPECS[level].shuffled:
+            rec.update(_shuffled(seeds, centroid, present, tiles_all, config.arrangement, mosaics))
         else:
-            perms = (
-                np.stack([np.random.default_rng(int(s)).permutation(N_ORGANS) for s in seeds])
-                if n
-                else np.zeros((0, N_ORGANS), np.int64)
-            )
-            rec["perm"] = perms.astype(np.int16)
-            rec["target_slot"] = (
-                np.stack(
-                    [
-                        arrangement_slots(centroid[i], present[i], config.arrangement)[perms[i]]
-                        for i in range(n)
-                    ]
-                ).astype(np.int16)
-                if n
-                else np.zeros((0, N_ORGANS), np.int16)
-            )
-            rec["present_pos"] = np.take_along_axis(present, perms, axis=1)
-            rec["image"] = (
-                np.stack([compose_mosaic(tiles_all[i][perms[i]]) for i in range(n)])
-                if n
-                else mosaics
-            )
+            rec["image"] = mosaics
         out[level] = rec
     return out
+
+
+def _shuffled(
+    seeds: np.ndarray,
+    centroid: np.ndarray,
+    present: np.ndarray,
+    tiles: np.ndarray,
+    arrangement: str,
+    empty: np.ndarray,
+) -> dict[str, np.ndarray]:
+    """The fields of a shuffled mosaic level (Level 2): tiles permuted by each sample's seed.
+
+    ``perm[i]`` lists the organ in each slot; ``target_slot`` is the ``arrangement`` slot of
+    the organ in each slot; ``present_pos`` is ``present`` in slot order; ``image`` the
+    permuted mosaics (``empty`` when there are no samples).
+    """
+    n = len(seeds)
+    perms = (
+        np.stack([np.random.default_rng(int(s)).permutation(N_ORGANS) for s in seeds])
+        if n
+        else np.zeros((0, N_ORGANS), np.int64)
+    )
+    target = (
+        np.stack([arrangement_slots(centroid[i], present[i], arrangement)[perms[i]] for i in range(n)])
+        if n
+        else np.zeros((0, N_ORGANS), np.int16)
+    )
+    return {
+        "perm": perms.astype(np.int16),
+        "target_slot": target.astype(np.int16),
+        "present_pos": np.take_along_axis(present, perms, axis=1),
+        "image": np.stack([compose_mosaic(tiles[i][perms[i]]) for i in range(n)]) if n else empty,
+    }

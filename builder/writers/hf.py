@@ -23,7 +23,7 @@ import numpy as np
 
 from spar_bench.errors import ConfigError
 
-from ..schema import IMAGE_FIELDS, LEVEL3_PROBES, ORGANS, ordered_splits
+from ..schema import IMAGE_FIELDS, LEVEL3_PROBES, LEVEL_SPECS, ORGANS, ordered_splits
 
 #: What the card shows of each source record: where (as seen from the build, or null) and
 #: the sha256 of its inputs; never an absolute path.
@@ -115,7 +115,7 @@ def shard_table(level: str, data: Mapping[str, np.ndarray]):
     row_fields = [k for k in data if not k.startswith("q_")]
     feats = {k: _feature(k, data[k]) for k in row_fields}
     cols = {k: _column(k, data[k]) for k in row_fields}
-    if level == "level3":
+    if LEVEL_SPECS[level].questions:  # q_* fields: a list of questions per row
         qf = [k for k in data if k.startswith("q_") and k != "q_slice"]
         feats["questions"] = List({k[2:]: _feature(k, data[k]) for k in qf})
         n = len(data["key"])
