@@ -37,6 +37,21 @@ def test_build_end_to_end(fake_root: Path, tmp_path: Path) -> None:
     assert [c["case_id"] for c in m["cases"]] == ["c1", "c2", "c3", "c4", "c5"]
     assert m["counts"]["level1"]["train"]["samples"] == 6
     assert len(m["hf"]["files"]) == sum(len(s) for lv in m["shards"].values() for s in lv.values())
+    _check_level_specs(b)
+
+
+def _check_level_specs(b) -> None:
+    """What schema.LEVEL_SPECS declares per level is what the build wrote."""
+    from spar_bench.builder.schema import LEVEL_SPECS
+    from spar_bench.builder.shards import open_shard
+
+    for level, spec in LEVEL_SPECS.items():
+        fields = set(b.fields(level, "train"))
+        assert set(b.manifest["counts"][level]["train"]) == {spec.unit, "questions", "classes"}
+        assert ("present" in fields) == spec.mosaic and ("perm" in fields) == spec.shuffled
+        assert ("q_probe" in fields) == bool(spec.questions) == (b.count_questions(level, "train") > 0)
+        with open_shard(b.shard_paths(level, "train")[0]) as f:
+            assert ("arrangement" in f.attrs) == spec.shuffled
 
 
 def test_build_is_byte_identical_across_runs_and_workers(fake_root: Path, tmp_path: Path) -> None:
