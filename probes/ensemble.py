@@ -187,6 +187,9 @@ class MemberResult(TrainResult):
 
     pruned_at: int | None = None
 
+    def stopped_by(self, patience: int) -> str:
+        return "grid_prune" if self.pruned_at is not None else super().stopped_by(patience)
+
     @property
     def pruned(self) -> dict:
         """What ``metrics.json`` records under ``train`` for a pruned run (nothing otherwise)."""

@@ -405,6 +405,7 @@ def finish_run(run: RunSpec, p: Prepared, result, out: str | Path, blind=None, b
         "n_items": {"train": len(s.tr), "val": len(s.va), "test": len(s.te), "test_mirror": len(s.te_mirror)},
         "n_patients": {"train": int(np.unique(s.tr.patient).size), "test": int(np.unique(s.te.patient).size)},
         "train": {**{k: getattr(result, k) for k in ("epochs_run", "best_epoch", "best_val_loss")},
+                  "stopped_by": result.stopped_by(run.train.patience),
                   **getattr(result, "pruned", {})},  # pruned_at: stopped by `sweep --grid-prune`
         "test": score(s.te, predict(model, feats["test"], s.te), boot("test"), run.n_boot),
         "mirror": score(s.te_mirror, predict(model, feats["test"], s.te_mirror), boot("mirror"), run.n_boot)

@@ -128,6 +128,8 @@ def _row(spec, enc: str, head: str, ms: list[dict]) -> dict[str, Any]:
     row["track"] = ms[0].get("track", "probe")  # "vqa": a multimodal LLM asked directly
     for name, path in VQA_COLUMNS.items():
         row[name], _ = _stat([_get(m, *path[1]) for m in ms])
+    # seeds whose training the epoch cap ended while the validation loss still improved
+    row["capped"] = sum(_get(m, "train", "stopped_by") == "max_epochs" for m in ms)
     # a trained blind head below the prior (which sees what it sees) is under-trained
     row["blind_below_prior"] = (row["track"] == "probe" and spec.prior_bounds_blind
                                 and spec.worse(row["blind"], row["prior"]))  # fmt: skip
@@ -242,7 +244,8 @@ def _main_table(spec, rows: list[dict]) -> list[str]:
     for r in rows:
         score = "-" if r["mean"] is None else f"{_f(r['mean'], pct)} +- {_f(r['std'], pct)}"
         ci = "-" if r["ci_low"] is None else f"[{_f(r['ci_low'], pct)}, {_f(r['ci_high'], pct)}]"
-        cells = [_label(r), r["head"], str(len(r["seeds"])), score, ci]
+        seeds = f"{len(r['seeds'])} (cap: {r['capped']})" if r.get("capped") else str(len(r["seeds"]))
+        cells = [_label(r), r["head"], seeds, score, ci]
         cells += [_f(r["metrics"]["test"][k]["mean"], METRICS[k].percent) for k in others]
         cells += [_f(r[c], pct) for c in ("chance", "majority", "prior", "blind", "mirror",
                                           "prior_mirror", "blind_mirror")]  # fmt: skip
@@ -254,6 +257,10 @@ def _main_table(spec, rows: list[dict]) -> list[str]:
     if any(r["blind_below_prior"] for r in rows):
         lines += ["", "(!) The blind head scores below the prior, the best input-free prediction: it "
                   "is under-trained, and every image-based score above it is flattered."]  # fmt: skip
+    if any(r.get("capped") for r in rows):
+        lines += ["", "(cap: k) k seeds ended at the epoch cap with the validation loss still improving "
+                  "(`train.stopped_by` = max_epochs): the score understates what the head can reach; "
+                  "rerun with a higher --max-epochs."]  # fmt: skip
     return lines
 
 

@@ -82,6 +82,12 @@ class TrainResult:
     train_loss: list[float]
     val_loss: list[float]
 
+    def stopped_by(self, patience: int) -> str:
+        """Why training ended: ``early_stopping`` (no better validation loss for ``patience``
+        epochs) or ``max_epochs`` (the cap, with the loss still improving within the patience
+        window: the head could have gone further)."""
+        return "early_stopping" if self.epochs_run - 1 - self.best_epoch >= patience else "max_epochs"
+
 
 def batch_tensors(feats: np.ndarray, t: Targets, idx: np.ndarray):
     """``(x, q, y)`` tensors of the items ``idx`` of ``t`` (features gathered by cache row)."""

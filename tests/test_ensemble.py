@@ -219,3 +219,13 @@ def test_prune_keeps_each_seeds_best_grid_point_after_epoch_k():
     for w, loser in ((0, 1), (2, 3)):  # the survivor had the lower validation loss at epoch 2
         assert min(res[w].val_loss[:2]) < min(res[loser].val_loss[:2])
     assert res[1].pruned["pruned_at"] == 2 and res[0].pruned == {}
+
+
+def test_stopped_by_tells_early_stopping_from_the_epoch_cap_and_pruning():
+    from spar_bench.probes.ensemble import MemberResult
+    from spar_bench.probes.train import TrainResult
+
+    assert TrainResult(20, 11, 0.5, [], []).stopped_by(8) == "early_stopping"  # 8 epochs without a better loss
+    assert TrainResult(40, 39, 0.5, [], []).stopped_by(8) == "max_epochs"  # still improving at the cap
+    assert TrainResult(40, 32, 0.5, [], []).stopped_by(8) == "max_epochs"  # improved 7 epochs before the end
+    assert MemberResult(2, 1, 0.5, [], [], pruned_at=2).stopped_by(8) == "grid_prune"

@@ -75,6 +75,7 @@ def test_grid_prune_writes_every_run_and_keeps_one_point_per_seed(pipeline, tmp_
         mine = [m for m in ms if m["seed"] == s]
         pruned = [m for m in mine if m["train"].get("pruned_at") is not None]
         (kept,) = [m for m in mine if m["train"].get("pruned_at") is None]
+        assert all(m["train"]["stopped_by"] == "grid_prune" for m in pruned)
         assert len(pruned) == 3 and all(m["train"]["pruned_at"] == 1 and m["train"]["epochs_run"] == 1
                                         and "pruned_reason" in m["train"] for m in pruned)  # fmt: skip
         assert kept["train"]["epochs_run"] > 1

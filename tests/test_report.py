@@ -31,7 +31,10 @@ def test_sweep_two_jobs_skips_finished_and_report_writes_md_json_png(pipeline, t
     md = (out / "report.md").read_text()
     assert "RANDOM-INIT FEATURES" in md
     assert "## level1.localisation" in md and "## level3.symmetry" in md
-    assert "| dummy-random-init | mlp [max_epochs=2] | 2 |" in md
+    # 2 epochs, patience 8: both seeds ended at the cap, still improving, and the report says so
+    assert "| dummy-random-init | mlp [max_epochs=2] | 2 (cap: 2) |" in md and "(cap: k) k seeds ended" in md
+    (m0,) = [json.loads(p.read_text()) for p in runs.glob("*/level3.symmetry/mlp,max_epochs=2/seed0/metrics.json")]
+    assert m0["train"]["stopped_by"] == "max_epochs" and m0["train"]["epochs_run"] == 2
     assert "transfer: dummy" in md
     for png in ("level1.localisation.png", "level3.symmetry.png", "level1.localisation-per-organ.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
