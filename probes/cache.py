@@ -344,8 +344,6 @@ def write_cache(
     (its spec is what gets recorded). ``on_batch(level, split, lo, hi)`` is called after each
     batch is flushed. Returns ``out``.
     """
-    import torch
-
     from spar_bench.builder.shards import Build
     from spar_bench.locks import output_lock
     from spar_bench.outputs import check_target, claim, disk_full_is_an_error, remove
@@ -358,12 +356,7 @@ def write_cache(
     check_target(out, inputs=[data], folder=False)  # before any work
     if overwrite and out.exists():
         claim(out, overwrite=True, owned=owned_cache, what="feature cache")
-    if dtype not in STORAGE_DTYPES:
-        raise ConfigError(f"--dtype must be fp16 or fp32; got {dtype!r}")
-    if batch < 1:
-        raise ConfigError(f"--batch must be >= 1; got {batch}")
-    if workers is not None and workers < 0:
-        raise ConfigError(f"--workers must be >= 0 (0 reads shards in the main process); got {workers}")
+    _check_options(dtype, batch, workers)
     layers = parse_layers(layers)
     build = Build(data)
     plan = _plan(build, data, levels, splits)
@@ -372,19 +365,11 @@ def write_cache(
         encoder, weights=weights, random_init=random_init, revision=revision)
     layers = enc.check_layers(layers)
     ranks = Ranks.from_env()
-    dev = pick_device(device)
-    if dev.type == "cuda" and ranks.distributed and dev.index is None:
-        dev = torch.device("cuda", ranks.local_rank)
+    dev, workers = _place(enc, device, ranks, workers)
     target = part_path(out, ranks) if ranks.distributed else out  # the file this process writes
     # a resumed file keeps its precision; --overwrite starts over, so it chooses afresh
     precision = (not overwrite and _resumed_precision(target, compute)) or pick_compute(compute, dev)
     comp = precision.dtype
-    if not enc.spec.extra.get("vit_like", True) and enc.spec.family in ("timm", "open_clip"):
-        enc.use_channels_last()
-    enc.to(dev)
-    if workers is None:
-        workers = 2 if dev.type == "cuda" else 0
-
     spec = enc.spec
     args = {
         "encoder": spec.name, "encoder_config": spec.to_dict(), "layers": layers,
@@ -400,6 +385,31 @@ def write_cache(
             layers=layers, dev=dev, comp=comp, dtype=dtype, workers=workers,
             where=f"{target}: {spec.name}", desc=spec.name, progress=progress, on_batch=on_batch))
     return out
+
+
+def _check_options(dtype: str, batch: int, workers: int | None) -> None:
+    """One-line errors for ``--dtype``, ``--batch`` and ``--workers``, before any work."""
+    if dtype not in STORAGE_DTYPES:
+        raise ConfigError(f"--dtype must be fp16 or fp32; got {dtype!r}")
+    if batch < 1:
+        raise ConfigError(f"--batch must be >= 1; got {batch}")
+    if workers is not None and workers < 0:
+        raise ConfigError(f"--workers must be >= 0 (0 reads shards in the main process); got {workers}")
+
+
+def _place(enc, device: str, ranks: Ranks, workers: int | None):
+    """``(device, workers)``: the encoder moved to its device (``cuda:LOCAL_RANK`` under torchrun;
+    CNNs of timm and open_clip in channels-last) and the DataLoader workers (default: 2 on
+    CUDA, 0 on the CPU)."""
+    import torch
+
+    dev = pick_device(device)
+    if dev.type == "cuda" and ranks.distributed and dev.index is None:
+        dev = torch.device("cuda", ranks.local_rank)
+    if not enc.spec.extra.get("vit_like", True) and enc.spec.family in ("timm", "open_clip"):
+        enc.use_channels_last()
+    enc.to(dev)
+    return dev, (2 if dev.type == "cuda" else 0) if workers is None else workers
 
 
 def _write_locked(out: Path, target: Path, build, plan, enc, args: dict, batch: int, ranks: Ranks,
