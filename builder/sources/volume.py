@@ -30,6 +30,7 @@ from ..readers import (
 )
 from .base import Source
 
+
 class MaskFile(NamedTuple):
     """One file a mask was read from, for the image/mask geometry check and the provenance digests."""
 
