@@ -224,23 +224,17 @@ def _fill_hull(hull: BodyHull, shape, spacing, shrink_mm: float = 0.0) -> np.nda
     return out
 
 
-def derive_body_hull(
-    mask: np.ndarray,
-    spacing,
-    *,
-    window_mm: float = 25.0,
-    margin_lateral_mm: float = 30.0,
-    margin_anterior_mm: float = 25.0,
-    margin_posterior_mm: float = 60.0,
-) -> BodyHull:
-    """The body outline of a masks-only case as per-slice convex polygons (see module doc).
+def _slice_extreme_points(
+    mask: np.ndarray, spacing: tuple[float, float, float]
+) -> list[np.ndarray | None]:
+    """Per slice, the convex-hull points (mm) of the organ voxels on a ~3 mm grid; None if empty.
 
+    Each row's leftmost and rightmost occupied coarse cell contributes its four corners.
     Raises :class:`RenderError` when the mask has no organ voxel at all.
     """
     from scipy.spatial import ConvexHull, QhullError
 
-    sp = _check(mask, spacing, None, None, None)
-    dz, dr, dc = sp
+    _, dr, dc = spacing
     nz, nr, nc = mask.shape
     f = max(1, int(round(3.0 / min(dr, dc))))
     hr, hc = -(-nr // f), -(-nc // f)
@@ -270,9 +264,44 @@ def derive_body_hull(
         except QhullError:  # degenerate (collinear) point sets keep all points
             pass
         per_slice.append(pts)
+    return per_slice
+
+
+def _margined_halfplanes(
+    pts: np.ndarray, lateral_mm: float, anterior_mm: float, posterior_mm: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Unit normals and offsets of the convex hull of ``pts``, pushed out by the margins."""
+    from scipy.spatial import ConvexHull
+
+    hull = ConvexHull(pts, qhull_options="QJ")
+    eq = hull.equations  # n . p + d <= 0 inside, n unit
+    n = eq[:, :2]
+    b = -eq[:, 2]
+    margin = lateral_mm * np.abs(n[:, 1]) + np.where(
+        n[:, 0] > 0, posterior_mm, anterior_mm
+    ) * np.abs(n[:, 0])
+    return n, b + margin
+
+
+def derive_body_hull(
+    mask: np.ndarray,
+    spacing,
+    *,
+    window_mm: float = 25.0,
+    margin_lateral_mm: float = 30.0,
+    margin_anterior_mm: float = 25.0,
+    margin_posterior_mm: float = 60.0,
+) -> BodyHull:
+    """The body outline of a masks-only case as per-slice convex polygons (see module doc).
+
+    Raises :class:`RenderError` when the mask has no organ voxel at all.
+    """
+    sp = _check(mask, spacing, None, None, None)
+    nz = mask.shape[0]
+    per_slice = _slice_extreme_points(mask, sp)
     occupied = np.array([p is not None for p in per_slice])
     idx = np.nonzero(occupied)[0]
-    w = max(0, int(round(window_mm / dz)))
+    w = max(0, int(round(window_mm / sp[0])))
     normals: list[np.ndarray] = []
     offsets: list[np.ndarray] = []
     cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -285,15 +314,9 @@ def derive_body_hull(
                 for k in range(max(0, zc - w), min(nz, zc + w + 1))
                 if per_slice[k] is not None
             ]
-            pts = np.concatenate(group)
-            hull = ConvexHull(pts, qhull_options="QJ")
-            eq = hull.equations  # n . p + d <= 0 inside, n unit
-            n = eq[:, :2]
-            b = -eq[:, 2]
-            margin = margin_lateral_mm * np.abs(n[:, 1]) + np.where(
-                n[:, 0] > 0, margin_posterior_mm, margin_anterior_mm
-            ) * np.abs(n[:, 0])
-            cache[zc] = (n, b + margin)
+            cache[zc] = _margined_halfplanes(
+                np.concatenate(group), margin_lateral_mm, margin_anterior_mm, margin_posterior_mm
+            )
         n, b = cache[zc]
         normals.append(n)
         offsets.append(b)
@@ -306,23 +329,12 @@ def derive_body(mask: np.ndarray, spacing, **margins: float) -> np.ndarray:
     return _fill_hull(derive_body_hull(mask, sp, **margins), mask.shape, sp)
 
 
-def _inplane_depth(body: np.ndarray, spacing) -> np.ndarray:
-    """In-plane distance (mm, float32) from each body voxel to the body's outline."""
-    from scipy import ndimage as ndi
-
-    _, dr, dc = spacing
-    nz, nr, nc = body.shape
-    f = max(1, int(round(2.0 / min(dr, dc))))
-    coarse = body[:, ::f, ::f]
-    # a huge z sampling makes the transform 2-D per slice
-    dist = ndi.distance_transform_edt(coarse, sampling=(1e6, dr * f, dc * f)).astype(np.float32)
-    if f > 1:
-        dist = np.repeat(np.repeat(dist, f, axis=1), f, axis=2)[:, :nr, :nc]
-    return dist
-
-
 class _CoarseDepth:
-    """In-plane depth below the body outline (mm), kept coarse, upsampled per slab."""
+    """In-plane depth below the body outline (mm), kept coarse, upsampled per slab.
+
+    One in-plane distance transform on a ~2 mm grid (a huge z sampling makes it 2-D per
+    slice); the renderer reads it slab by slab, :func:`_inplane_depth` all at once.
+    """
 
     def __init__(self, body: np.ndarray, spacing):
         from scipy import ndimage as ndi
@@ -336,10 +348,16 @@ class _CoarseDepth:
         ).astype(np.float32)
 
     def slab(self, z0: int, z1: int) -> np.ndarray:
+        """Depth (mm, float32) of slices ``z0:z1`` at full in-plane resolution."""
         d = self.dist[z0:z1]
         if self.f > 1:
             d = np.repeat(np.repeat(d, self.f, axis=1), self.f, axis=2)
         return d[:, : self.shape[1], : self.shape[2]]
+
+
+def _inplane_depth(body: np.ndarray, spacing) -> np.ndarray:
+    """In-plane distance (mm, float32) from each body voxel to the body's outline."""
+    return _CoarseDepth(body, spacing).slab(0, body.shape[0])
 
 
 def _hull_layers(
@@ -441,6 +459,120 @@ def _noise(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
     return x
 
 
+def _organ_lut(rng: np.random.Generator, organ_hu: dict[str, float] | None) -> np.ndarray:
+    """float32 HU of every tissue code (256 entries): organ means jittered N(0, 5 HU) or given.
+
+    Draws one normal per organ (in :data:`ORGAN_HU` order) even when ``organ_hu`` is given,
+    so the later draws are the same either way.
+    """
+    if organ_hu is not None and set(organ_hu) != set(ORGAN_HU):
+        raise RenderError(f"organ_hu must give all {len(ORGAN_HU)} organs, got {sorted(organ_hu)}")
+    lut = np.full(256, TISSUE_HU["air"], dtype=np.float32)
+    for name, hu in ORGAN_HU.items():
+        jitter = float(rng.normal(0.0, 5.0))  # drawn either way: the other draws stay the same
+        lut[ORGANS.index(name) + 1] = float(organ_hu[name]) if organ_hu is not None else hu + jitter
+    for name, code in _TISSUE_CODE.items():
+        lut[code] = TISSUE_HU[name]
+    return lut
+
+
+def _layer_organ_table() -> np.ndarray:
+    """uint8 table: ``table[(layer << 5) | organ]`` = organ if organ else the layer's tissue code.
+
+    Layers: 0 air, 1 subcutaneous fat, 2 muscle, 3 visceral fat.
+    """
+    layer_code = np.array([0, _FAT, _MUSCLE, _VISCERAL], dtype=np.uint8)
+    combo = np.zeros(128, dtype=np.uint8)
+    for lay in range(4):
+        combo[lay << 5] = layer_code[lay]
+        combo[(lay << 5) + 1 : (lay << 5) + N_ORGANS + 1] = np.arange(1, N_ORGANS + 1)
+    return combo
+
+
+def _gas_thresholds() -> tuple[list[int], np.ndarray]:
+    """Hollow organ ids, and per organ id the field value above which a voxel is gas."""
+    gas_ids = [ORGANS.index(n) + 1 for n in GAS_FRACTION]
+    gas_thr = np.full(N_ORGANS + 1, np.inf, dtype=np.float32)
+    for n, frac in GAS_FRACTION.items():
+        gas_thr[ORGANS.index(n) + 1] = NormalDist().inv_cdf(1.0 - frac)
+    return gas_ids, gas_thr
+
+
+@dataclass(frozen=True)
+class _SlabPlan:
+    """What every slab of one render shares: body outline, lookup tables and the gas field."""
+
+    spacing: tuple[float, float, float]
+    shrinks: tuple[float, float, float]
+    hull: BodyHull | None
+    depth: _CoarseDepth | None
+    lut: np.ndarray
+    combo: np.ndarray
+    gas_ids: list[int]
+    gas_thr: np.ndarray
+    gas_coarse: np.ndarray
+    rows_mm: np.ndarray
+
+
+def _body_layers(plan: _SlabPlan, z0: int, z1: int, shape: tuple[int, int, int]) -> np.ndarray:
+    """uint8 body layer of slices ``z0:z1``: 0 air, 1 subcutaneous fat, 2 muscle, 3 visceral fat."""
+    if plan.hull is not None:
+        layer = np.empty(shape, dtype=np.uint8)
+        for k in range(z1 - z0):
+            layer[k] = _hull_layers(
+                plan.hull, z0 + k, plan.shrinks, plan.rows_mm, plan.spacing[2], shape[2]
+            )
+        return layer
+    d = plan.depth.slab(z0, z1)
+    layer = (d > plan.shrinks[0]).astype(np.uint8)
+    layer += d > plan.shrinks[1]
+    layer += d > plan.shrinks[2]
+    return layer
+
+
+def _slab_tissue(
+    plan: _SlabPlan,
+    m: np.ndarray,
+    z0: int,
+    lesion: np.ndarray | None,
+    bone: np.ndarray | None,
+) -> np.ndarray:
+    """uint8 tissue code of every voxel of the slab ``m`` (organ ids of slices ``z0:``)."""
+    z1 = z0 + m.shape[0]
+    organ = m > 0
+    layer = _body_layers(plan, z0, z1, m.shape)
+    layer <<= 5  # organ ids < 32: one uint8 index holds (layer, organ)
+    layer |= m.astype(np.uint8, copy=False)
+    tissue = np.take(plan.combo, layer)
+    del layer
+    free = ~organ
+    if bone is None:
+        tissue[_synth_spine(tissue != 0, plan.spacing, free)] = _BONE
+    else:
+        tissue[np.asarray(bone[z0:z1], dtype=bool) & free] = _BONE
+    if lesion is not None:
+        tissue[(np.asarray(lesion[z0:z1]) != 0) & organ] = _LESION
+    hollow = np.isin(m, plan.gas_ids)
+    if hollow.any():
+        pts = np.nonzero(hollow)
+        field = _gas_sample(plan.gas_coarse, plan.spacing, (pts[0] + z0, pts[1], pts[2]))
+        gas = field > plan.gas_thr[m[pts]]
+        tissue[tuple(p[gas] for p in pts)] = _GAS
+    return tissue
+
+
+def _slab_hu(lut: np.ndarray, tissue: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """HU of a slab's tissue codes, plus noise, blurred in-plane, clipped and rounded (float32)."""
+    from scipy import ndimage as ndi
+
+    slab = np.take(lut, tissue)
+    slab += _noise(rng, slab.shape)
+    slab = ndi.gaussian_filter1d(slab, BLUR_SIGMA_VOXELS, axis=1, truncate=3.0)
+    slab = ndi.gaussian_filter1d(slab, BLUR_SIGMA_VOXELS, axis=2, truncate=3.0)
+    np.clip(slab, -1024, 3071, out=slab)
+    return np.rint(slab)
+
+
 def render_pseudo_ct(
     mask: np.ndarray,
     spacing,
@@ -474,77 +606,32 @@ def render_pseudo_ct(
         RenderError: the arrays are not a canonical label volume (wrong rank, label
         ids above 16, mismatched shapes, bad spacing, no organ and no body).
     """
-    from scipy import ndimage as ndi
-
     sp = _check(mask, spacing, lesion, body, bone)
     rng = np.random.default_rng(int(seed))
-    nz, nr, nc = mask.shape
+    nz = mask.shape[0]
     mask = np.ascontiguousarray(mask)
 
     t_fat = float(rng.uniform(8.0, 22.0))
     t_mus = float(rng.uniform(8.0, 14.0))
-    shrinks = (0.0, t_fat, t_fat + t_mus)
     hull = derive_body_hull(mask, sp) if body is None else None
     depth = None if body is None else _CoarseDepth(np.asarray(body, dtype=bool) | (mask > 0), sp)
-
-    if organ_hu is not None and set(organ_hu) != set(ORGAN_HU):
-        raise RenderError(f"organ_hu must give all {len(ORGAN_HU)} organs, got {sorted(organ_hu)}")
-    lut = np.full(256, TISSUE_HU["air"], dtype=np.float32)
-    for name, hu in ORGAN_HU.items():
-        jitter = float(rng.normal(0.0, 5.0))  # drawn either way: the other draws stay the same
-        lut[ORGANS.index(name) + 1] = float(organ_hu[name]) if organ_hu is not None else hu + jitter
-    for name, code in _TISSUE_CODE.items():
-        lut[code] = TISSUE_HU[name]
-    layer_code = np.array([0, _FAT, _MUSCLE, _VISCERAL], dtype=np.uint8)
-    # combo[(layer << 5) | organ] = organ if organ else the layer's tissue code
-    combo = np.zeros(128, dtype=np.uint8)
-    for lay in range(4):
-        combo[lay << 5] = layer_code[lay]
-        combo[(lay << 5) + 1 : (lay << 5) + N_ORGANS + 1] = np.arange(1, N_ORGANS + 1)
-    gas_ids = [ORGANS.index(n) + 1 for n in GAS_FRACTION]
-    gas_thr = np.full(N_ORGANS + 1, np.inf, dtype=np.float32)
-    for n, frac in GAS_FRACTION.items():
-        gas_thr[ORGANS.index(n) + 1] = NormalDist().inv_cdf(1.0 - frac)
-    gas_coarse = _gas_coarse(mask.shape, sp, rng)
-
-    rows_mm = np.arange(nr, dtype=np.float64) * sp[1]
+    lut = _organ_lut(rng, organ_hu)
+    gas_ids, gas_thr = _gas_thresholds()
+    plan = _SlabPlan(
+        spacing=sp,
+        shrinks=(0.0, t_fat, t_fat + t_mus),
+        hull=hull,
+        depth=depth,
+        lut=lut,
+        combo=_layer_organ_table(),
+        gas_ids=gas_ids,
+        gas_thr=gas_thr,
+        gas_coarse=_gas_coarse(mask.shape, sp, rng),
+        rows_mm=np.arange(mask.shape[1], dtype=np.float64) * sp[1],
+    )
     out = np.empty(mask.shape, dtype=np.int16)
     for z0 in range(0, nz, _SLAB):
         z1 = min(nz, z0 + _SLAB)
-        m = mask[z0:z1]
-        organ = m > 0
-        # body layers: 0 air, 1 subcutaneous fat, 2 muscle, 3 visceral fat
-        if hull is not None:
-            layer = np.empty(m.shape, dtype=np.uint8)
-            for k in range(z1 - z0):
-                layer[k] = _hull_layers(hull, z0 + k, shrinks, rows_mm, sp[2], nc)
-        else:
-            d = depth.slab(z0, z1)
-            layer = (d > shrinks[0]).astype(np.uint8)
-            layer += d > shrinks[1]
-            layer += d > shrinks[2]
-            del d
-        layer <<= 5  # organ ids < 32: one uint8 index holds (layer, organ)
-        layer |= m.astype(np.uint8, copy=False)
-        tissue = np.take(combo, layer)
-        del layer
-        free = ~organ
-        if bone is None:
-            tissue[_synth_spine(tissue != 0, sp, free)] = _BONE
-        else:
-            tissue[np.asarray(bone[z0:z1], dtype=bool) & free] = _BONE
-        if lesion is not None:
-            tissue[(np.asarray(lesion[z0:z1]) != 0) & organ] = _LESION
-        hollow = np.isin(m, gas_ids)
-        if hollow.any():
-            pts = np.nonzero(hollow)
-            field = _gas_sample(gas_coarse, sp, (pts[0] + z0, pts[1], pts[2]))
-            gas = field > gas_thr[m[pts]]
-            tissue[tuple(p[gas] for p in pts)] = _GAS
-        slab = np.take(lut, tissue)
-        slab += _noise(rng, slab.shape)
-        slab = ndi.gaussian_filter1d(slab, BLUR_SIGMA_VOXELS, axis=1, truncate=3.0)
-        slab = ndi.gaussian_filter1d(slab, BLUR_SIGMA_VOXELS, axis=2, truncate=3.0)
-        np.clip(slab, -1024, 3071, out=slab)
-        out[z0:z1] = np.rint(slab)
+        tissue = _slab_tissue(plan, mask[z0:z1], z0, lesion, bone)
+        out[z0:z1] = _slab_hu(plan.lut, tissue, rng)
     return out
