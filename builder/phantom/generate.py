@@ -249,6 +249,136 @@ def _layout_lobes(layout: str, rng: np.random.Generator) -> dict[str, tuple[list
     return out
 
 
+@dataclass(frozen=True)
+class _Frame:
+    """Where one subject sits in its grid: maps anatomy units (t, y, x) to mm (z, row, col)."""
+
+    z_start: float  # mm of t = 0
+    extent: float  # mm from t = 0 to t = 1
+    center_r: float
+    center_c: float
+    half_ap: float
+    half_lr: float
+
+    def to_mm(self, t: float, y: float, x: float) -> list[float]:
+        """World mm (z, row, col) of the anatomy point (t, y, x)."""
+        return [
+            self.z_start + t * self.extent,
+            self.center_r + y * self.half_ap,
+            self.center_c + x * self.half_lr,
+        ]
+
+    def scales(self) -> tuple[float, float, float, float]:
+        """(left-right, antero-posterior, z, mean in-plane) scale to the reference body."""
+        s_lr, s_ap = self.half_lr / REF_HALF_LR_MM, self.half_ap / REF_HALF_AP_MM
+        s_z = self.extent / REF_EXTENT_MM
+        return s_lr, s_ap, s_z, (s_lr + s_ap) / 2
+
+
+def _sample_grid(
+    rng: np.random.Generator, preset: SizePreset, in_plane: int | None, n_slices: int | None
+) -> tuple[int, int, float, float, _Frame]:
+    """Draw the grid and body size: (nz, n, slice mm, in-plane mm, frame)."""
+    n = int(in_plane or preset.in_plane)
+    nz = (
+        int(n_slices) if n_slices else int(rng.integers(preset.n_slices[0], preset.n_slices[1] + 1))
+    )
+    if n < 32 or nz < 8:
+        raise ConfigError(
+            f"phantom grid too small ({nz} slices of {n}x{n}); use >= 8 slices of >= 32x32"
+        )
+    dz = float(rng.uniform(*preset.slice_mm))
+    half_lr = float(rng.uniform(125.0, 155.0))
+    half_ap = half_lr * float(rng.uniform(0.65, 0.80))
+    dxy = 2.0 * half_lr * float(rng.uniform(1.12, 1.30)) / n
+    fov_z = nz * dz
+    extent = fov_z * float(rng.uniform(0.88, 0.97))
+    z_start = float(rng.uniform(0.0, fov_z - extent)) - dz / 2  # mm of t = 0
+    center_r = (n - 1) * dxy / 2 + float(rng.uniform(-0.04, 0.04)) * n * dxy
+    center_c = (n - 1) * dxy / 2  # the body midline is the middle column
+    frame = _Frame(z_start, extent, center_r, center_c, half_ap, half_lr)
+    return nz, n, dz, dxy, frame
+
+
+def _sample_body(rng: np.random.Generator, frame: _Frame) -> dict[str, Any]:
+    """The body outline: an ellipse with 3 in-plane harmonics and a slow wave along z."""
+    return {
+        "center_mm": [frame.center_r, frame.center_c],
+        "half_ap_mm": frame.half_ap,
+        "half_lr_mm": frame.half_lr,
+        "harmonics": [
+            [k, float(rng.uniform(0.0, 0.04)), float(rng.uniform(0, 2 * np.pi))] for k in (2, 3, 4)
+        ],
+        "z_wave": [
+            float(rng.uniform(0.0, 0.05)),
+            float(rng.uniform(0.5, 1.5)),
+            float(rng.uniform(0, 2 * np.pi)),
+        ],
+    }
+
+
+def _sample_spine(rng: np.random.Generator, frame: _Frame) -> dict[str, Any]:
+    """The vertebral body: 60-70 mm in front of the back, on the midline."""
+    s_xy = frame.scales()[3]
+    return {
+        "center_mm": [
+            frame.center_r + frame.half_ap - float(rng.uniform(60.0, 70.0)),
+            frame.center_c,
+        ],
+        "semi_mm": [SPINE_SEMI_MM[0] * s_xy, SPINE_SEMI_MM[1] * s_xy],
+    }
+
+
+def _sample_organs(
+    rng: np.random.Generator, placed: dict[str, tuple[list, bool]], frame: _Frame
+) -> list[dict[str, Any]]:
+    """Every organ in :data:`PAINT_ORDER`: per organ a scale and shift, per lobe a pose and shape."""
+    s_lr, s_ap, s_z, _ = frame.scales()
+    organs = []
+    for organ in PAINT_ORDER:
+        lobes_rel, mirror = placed[organ]
+        scale = float(rng.uniform(0.85, 1.15))
+        shift = rng.normal(0.0, 6.0, size=3)
+        lobes = []
+        for t, y, x, sz, sr, sc in lobes_rel:
+            center = np.asarray(frame.to_mm(t, y, x)) + shift
+            lobes.append(
+                {
+                    "center_mm": [float(v) for v in center],
+                    "semi_mm": [sz * s_z * scale, sr * s_ap * scale, sc * s_lr * scale],
+                    "angles_deg": [
+                        float(rng.uniform(-15, 15)),
+                        float(rng.uniform(-8, 8)),
+                        float(rng.uniform(-8, 8)),
+                    ],
+                    "mirror": bool(mirror),
+                    "harmonics": _harmonics(rng, 3, (0.03, 0.10)),
+                }
+            )
+        organs.append({"name": organ, "id": ORGAN_ID[organ], "lobes": lobes})
+    return organs
+
+
+def _sample_lesions(
+    rng: np.random.Generator, organs: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """0-4 round lesions, 4-14 mm in radius, inside the first liver lobe."""
+    liver = next(o for o in organs if o["name"] == "liver")["lobes"][0]
+    lesion_list = []
+    for _ in range(int(rng.integers(0, 5))):
+        u = rng.normal(size=3)
+        u *= rng.uniform(0.0, 1.0) ** (1 / 3) * 0.6 / max(float(np.linalg.norm(u)), 1e-9)
+        center = _lobe_to_world(liver, u)
+        lesion_list.append(
+            {
+                "center_mm": [float(v) for v in center],
+                "radius_mm": float(rng.uniform(4.0, 14.0)),
+                "harmonics": _harmonics(rng, 2, (0.05, 0.15)),
+            }
+        )
+    return lesion_list
+
+
 def sample_phantom_params(
     rng: np.random.Generator,
     layout: str = "canonical",
@@ -273,84 +403,13 @@ def sample_phantom_params(
         ConfigError: unknown layout, size or intensities, or a too-small grid.
     """
     _check_choices(layout, size, intensities)
-    preset = SIZES[size]
-    n = int(in_plane or preset.in_plane)
-    nz = (
-        int(n_slices) if n_slices else int(rng.integers(preset.n_slices[0], preset.n_slices[1] + 1))
-    )
-    if n < 32 or nz < 8:
-        raise ConfigError(
-            f"phantom grid too small ({nz} slices of {n}x{n}); use >= 8 slices of >= 32x32"
-        )
-    dz = float(rng.uniform(*preset.slice_mm))
-    half_lr = float(rng.uniform(125.0, 155.0))
-    half_ap = half_lr * float(rng.uniform(0.65, 0.80))
-    dxy = 2.0 * half_lr * float(rng.uniform(1.12, 1.30)) / n
-    fov_z = nz * dz
-    extent = fov_z * float(rng.uniform(0.88, 0.97))
-    z_start = float(rng.uniform(0.0, fov_z - extent)) - dz / 2  # mm of t = 0
-    center_r = (n - 1) * dxy / 2 + float(rng.uniform(-0.04, 0.04)) * n * dxy
-    center_c = (n - 1) * dxy / 2  # the body midline is the middle column
-    s_lr, s_ap, s_z = half_lr / REF_HALF_LR_MM, half_ap / REF_HALF_AP_MM, extent / REF_EXTENT_MM
-    s_xy = (s_lr + s_ap) / 2
-
-    def to_mm(t: float, y: float, x: float) -> list[float]:
-        return [z_start + t * extent, center_r + y * half_ap, center_c + x * half_lr]
-
-    body = {
-        "center_mm": [center_r, center_c],
-        "half_ap_mm": half_ap,
-        "half_lr_mm": half_lr,
-        "harmonics": [
-            [k, float(rng.uniform(0.0, 0.04)), float(rng.uniform(0, 2 * np.pi))] for k in (2, 3, 4)
-        ],
-        "z_wave": [
-            float(rng.uniform(0.0, 0.05)),
-            float(rng.uniform(0.5, 1.5)),
-            float(rng.uniform(0, 2 * np.pi)),
-        ],
-    }
-    spine = {
-        "center_mm": [center_r + half_ap - float(rng.uniform(60.0, 70.0)), center_c],
-        "semi_mm": [SPINE_SEMI_MM[0] * s_xy, SPINE_SEMI_MM[1] * s_xy],
-    }
-    placed = _layout_lobes(layout, rng)
-    organs = []
-    for organ in PAINT_ORDER:
-        lobes_rel, mirror = placed[organ]
-        scale = float(rng.uniform(0.85, 1.15))
-        shift = rng.normal(0.0, 6.0, size=3)
-        lobes = []
-        for t, y, x, sz, sr, sc in lobes_rel:
-            center = np.asarray(to_mm(t, y, x)) + shift
-            lobes.append(
-                {
-                    "center_mm": [float(v) for v in center],
-                    "semi_mm": [sz * s_z * scale, sr * s_ap * scale, sc * s_lr * scale],
-                    "angles_deg": [
-                        float(rng.uniform(-15, 15)),
-                        float(rng.uniform(-8, 8)),
-                        float(rng.uniform(-8, 8)),
-                    ],
-                    "mirror": bool(mirror),
-                    "harmonics": _harmonics(rng, 3, (0.03, 0.10)),
-                }
-            )
-        organs.append({"name": organ, "id": ORGAN_ID[organ], "lobes": lobes})
-    lesion_list = []
-    if lesions:
-        liver = next(o for o in organs if o["name"] == "liver")["lobes"][0]
-        for _ in range(int(rng.integers(0, 5))):
-            u = rng.normal(size=3)
-            u *= rng.uniform(0.0, 1.0) ** (1 / 3) * 0.6 / max(float(np.linalg.norm(u)), 1e-9)
-            center = _lobe_to_world(liver, u)
-            lesion_list.append(
-                {
-                    "center_mm": [float(v) for v in center],
-                    "radius_mm": float(rng.uniform(4.0, 14.0)),
-                    "harmonics": _harmonics(rng, 2, (0.05, 0.15)),
-                }
-            )
+    # The draws happen in this order (grid, body, spine, layout, organs, lesions, render
+    # seed, distinct HU): changing it changes every phantom of a given seed.
+    nz, n, dz, dxy, frame = _sample_grid(rng, SIZES[size], in_plane, n_slices)
+    body = _sample_body(rng, frame)
+    spine = _sample_spine(rng, frame)
+    organs = _sample_organs(rng, _layout_lobes(layout, rng), frame)
+    lesion_list = _sample_lesions(rng, organs) if lesions else []
     return {
         "version": PHANTOM_VERSION,
         "layout": layout,
@@ -596,6 +655,92 @@ def _prepare_out(out_dir: Path, overwrite: bool) -> bool:
     return claim(out_dir, overwrite=overwrite, owned=owned_phantom, what="phantom dataset")
 
 
+def _write_case(
+    tmp: Path, case_id: str, split: str, case_seed: int, layout: str, sample: dict[str, Any]
+) -> dict[str, Any]:
+    """Sample, render and save one case under ``tmp``; its entry of ``phantom.json``.
+
+    ``sample`` holds the keyword arguments of :func:`sample_phantom_params`.
+    """
+    params = sample_phantom_params(np.random.default_rng(case_seed), layout, **sample)
+    vol = render_phantom(params)
+    labels = vol.mask.copy()
+    labels[vol.lesion.astype(bool)] = LESION_LABEL
+    images_dir, labels_dir = SPLIT_DIRS[split]
+    _save_nifti(tmp / images_dir / f"{case_id}.nii.gz", vol.image, vol.spacing, np.int16)
+    _save_nifti(tmp / labels_dir / f"{case_id}.nii.gz", labels, vol.spacing, np.uint8)
+    present = [o for o in ORGANS if np.any(vol.mask == ORGAN_ID[o])]
+    return {
+        "split": split,
+        "seed": case_seed,
+        "shape": list(vol.mask.shape),
+        "spacing": list(vol.spacing),
+        "organs_present": len(present),
+        "lesion_voxels": int(vol.lesion.sum()),
+        "params": params,
+    }
+
+
+def _write_cases(
+    tmp: Path, seed: int, layout: str, splits: list[str], sample: dict[str, Any], progress: bool
+) -> dict[str, Any]:
+    """Write every case (``phantom_NNNN``, split ``splits[i]``) under ``tmp``; their records."""
+    from tqdm.auto import tqdm
+
+    from spar_bench.seeding import derive_seed
+
+    for d in SPLIT_DIRS.values():
+        for sub in d:
+            (tmp / sub).mkdir()
+    n = len(splits)
+    cases: dict[str, Any] = {}
+    width = max(4, len(str(n - 1)))
+    for i in tqdm(range(n), desc=f"phantom ({layout})", unit="case", disable=not progress):
+        case_id = f"phantom_{i:0{width}d}"
+        case_seed = derive_seed(seed, "phantom", case_id, layout)
+        cases[case_id] = _write_case(tmp, case_id, splits[i], case_seed, layout, sample)
+    return cases
+
+
+def _dataset_record(
+    *,
+    seed: int,
+    layout: str,
+    n: int,
+    size: str,
+    lesions: bool,
+    intensities: str,
+    splits: list[str],
+    cases: dict[str, Any],
+) -> dict[str, Any]:
+    """The ``phantom.json`` record (``intensities`` only when not ``ct``)."""
+    return {
+        "generator": "spar-bench phantom (spar_bench.builder.phantom.generate)",
+        "generator_version": PHANTOM_VERSION,
+        "seed": int(seed),
+        "layout": layout,
+        "n": int(n),
+        "size": size,
+        "lesions": bool(lesions),
+        **({"intensities": intensities} if intensities != "ct" else {}),
+        "label_manifest": "phantom",
+        "lesion_label": LESION_LABEL,
+        "file_axcodes": "LPS",
+        "splits": {s: sum(1 for x in splits if x == s) for s in SPLIT_DIRS},
+        "cases": cases,
+    }
+
+
+def _move_into_place(tmp: Path, out: Path, overwrite: bool) -> None:
+    """Rename the finished ``tmp`` folder to ``out``, replacing an earlier phantom dataset."""
+    from spar_bench.outputs import remove
+
+    if out.exists():
+        _prepare_out(out, overwrite)  # still only what an earlier phantom run wrote
+        remove(out)
+    tmp.rename(out)
+
+
 def write_phantom_dataset(
     out_dir: str | Path,
     n: int,
@@ -632,71 +777,28 @@ def write_phantom_dataset(
     import shutil
     import tempfile
 
-    from tqdm.auto import tqdm
-
-    from spar_bench.outputs import remove
-    from spar_bench.seeding import derive_seed
-
     out = Path(out_dir)
     _check_choices(layout, size, intensities)
     splits = assign_splits(int(n), int(seed))
     _prepare_out(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    sample = dict(size=size, lesions=lesions, in_plane=in_plane, n_slices=n_slices,
+                  intensities=intensities)
     try:
-        for d in SPLIT_DIRS.values():
-            for sub in d:
-                (tmp / sub).mkdir()
-        cases: dict[str, Any] = {}
-        width = max(4, len(str(n - 1)))
-        for i in tqdm(range(n), desc=f"phantom ({layout})", unit="case", disable=not progress):
-            case_id = f"phantom_{i:0{width}d}"
-            case_seed = derive_seed(seed, "phantom", case_id, layout)
-            params = sample_phantom_params(
-                np.random.default_rng(case_seed),
-                layout,
-                size=size,
-                lesions=lesions,
-                in_plane=in_plane,
-                n_slices=n_slices,
-                intensities=intensities,
-            )
-            vol = render_phantom(params)
-            labels = vol.mask.copy()
-            labels[vol.lesion.astype(bool)] = LESION_LABEL
-            images_dir, labels_dir = SPLIT_DIRS[splits[i]]
-            _save_nifti(tmp / images_dir / f"{case_id}.nii.gz", vol.image, vol.spacing, np.int16)
-            _save_nifti(tmp / labels_dir / f"{case_id}.nii.gz", labels, vol.spacing, np.uint8)
-            present = [o for o in ORGANS if np.any(vol.mask == ORGAN_ID[o])]
-            cases[case_id] = {
-                "split": splits[i],
-                "seed": case_seed,
-                "shape": list(vol.mask.shape),
-                "spacing": list(vol.spacing),
-                "organs_present": len(present),
-                "lesion_voxels": int(vol.lesion.sum()),
-                "params": params,
-            }
-        record = {
-            "generator": "spar-bench phantom (spar_bench.builder.phantom.generate)",
-            "generator_version": PHANTOM_VERSION,
-            "seed": int(seed),
-            "layout": layout,
-            "n": int(n),
-            "size": size,
-            "lesions": bool(lesions),
-            **({"intensities": intensities} if intensities != "ct" else {}),
-            "label_manifest": "phantom",
-            "lesion_label": LESION_LABEL,
-            "file_axcodes": "LPS",
-            "splits": {s: sum(1 for x in splits if x == s) for s in SPLIT_DIRS},
-            "cases": cases,
-        }
+        cases = _write_cases(tmp, seed, layout, splits, sample, progress)
+        record = _dataset_record(
+            seed=seed,
+            layout=layout,
+            n=n,
+            size=size,
+            lesions=lesions,
+            intensities=intensities,
+            splits=splits,
+            cases=cases,
+        )
         (tmp / "phantom.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-        if out.exists():
-            _prepare_out(out, overwrite)  # still only what an earlier phantom run wrote
-            remove(out)
-        tmp.rename(out)
+        _move_into_place(tmp, out, overwrite)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
