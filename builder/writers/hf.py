@@ -208,13 +208,22 @@ def dataset_card(features_by_level, split_sizes, *, config, sample_config, sourc
     """
     import yaml
 
+    names = list(sources)
+    front = _card_front_matter(features_by_level, split_sizes, names)
+    lines = ["---", yaml.safe_dump(front, sort_keys=False, allow_unicode=True).rstrip(), "---", ""]
+    lines += _card_intro()
+    lines += _card_columns(features_by_level)
+    lines += _card_licences(names)
+    lines += _card_provenance(config, sample_config, sources)
+    return "\n".join(lines)
+
+
+def _card_front_matter(features_by_level, split_sizes, names: list[str]) -> dict[str, Any]:
+    """The card's YAML front matter: licence, tags, one config per level, ``dataset_info``."""
     from spar_bench.compat import features_yaml_list
 
-    from .. import __version__
-
-    names = list(sources)
     lic_ids = sorted({LICENCES.get(s, ("other", s))[0] for s in names})
-    front: dict[str, Any] = {
+    return {
         "license": lic_ids[0] if len(lic_ids) == 1 else "other",
         "task_categories": ["image-classification"],
         "tags": ["medical", "ct", "spatial-reasoning", "probing", "spar-bench"],
@@ -228,8 +237,11 @@ def dataset_card(features_by_level, split_sizes, *, config, sample_config, sourc
         "dataset_info": [_dataset_info(level, feats, split_sizes[level], features_yaml_list)
                          for level, feats in features_by_level.items()],
     }
-    lines = ["---", yaml.safe_dump(front, sort_keys=False, allow_unicode=True).rstrip(), "---", ""]
-    lines += [
+
+
+def _card_intro() -> list[str]:
+    """Title, what the three configs are, and the canonical frame (patient's left/right)."""
+    return [
         "# SPAR-Bench",
         "",
         "Spatial anatomical reasoning probes for vision encoders, built from abdominal CT "
@@ -245,16 +257,19 @@ def dataset_card(features_by_level, split_sizes, *, config, sample_config, sourc
         "patient's left is at larger columns. Every left/right in a label or question is the "
         "PATIENT's. Organs in class order: " + ", ".join(f"{i} {o}" for i, o in enumerate(ORGANS)) + ".",
         "",
-        "## Columns",
-        "",
     ]
+
+
+def _card_columns(features_by_level) -> list[str]:
+    """One line per column (first seen across levels), then the Level 3 question fields."""
+    lines = ["## Columns", ""]
     seen = set()
     for feats in features_by_level.values():
         for k in feats:
             if k not in seen:
                 seen.add(k)
                 lines.append(f"- `{k}`: {DESCRIPTIONS.get(k, 'see docs/FORMATS.md')}")
-    lines += [
+    return lines + [
         "",
         "Level 3 question fields (inside `questions`): `key`, `probe` (index into "
         f"{list(LEVEL3_PROBES)}), `axis` (relative position: 0 left/right, 1 "
@@ -262,14 +277,21 @@ def dataset_card(features_by_level, split_sizes, *, config, sample_config, sourc
         "`centroid_a`/`centroid_b` (pixels), `area_a_mm2`/`area_b_mm2`, `distance_mm`, "
         "`count` (lesion components), `seed`.",
         "",
-        "## Licences of the sources used",
-        "",
     ]
+
+
+def _card_licences(names: list[str]) -> list[str]:
+    """The licence of every source used, and the note that derived data inherit them."""
+    lines = ["## Licences of the sources used", ""]
     lines += [f"- {s}: {LICENCES.get(s, ('other', 'unknown: check the source'))[1]}" for s in names]
-    lines += [
-        "",
-        "The derived data inherit the licence terms of their sources.",
-        "",
+    return lines + ["", "The derived data inherit the licence terms of their sources.", ""]
+
+
+def _card_provenance(config, sample_config, sources) -> list[str]:
+    """Builder version, seed and the published build config, sample config and sources (JSON)."""
+    from .. import __version__
+
+    return [
         "## How it was built",
         "",
         f"SPAR-Bench builder version {__version__}; global seed {config.seed}. "
@@ -283,7 +305,6 @@ def dataset_card(features_by_level, split_sizes, *, config, sample_config, sourc
         "```",
         "",
     ]
-    return "\n".join(lines)
 
 
 def _dataset_info(level: str, features, sizes: Mapping[str, Mapping[str, int]], to_yaml) -> dict[str, Any]:
