@@ -49,6 +49,7 @@ for pair probes the A/B order is then swapped with probability 1/2):
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from itertools import combinations
 
 import numpy as np
@@ -152,28 +153,20 @@ def _pick_pairs(rng: np.random.Generator, cands: list[tuple], k: int) -> list[tu
     return out
 
 
-def slice_questions(
-    z: int,
-    stats: SliceStats,
-    spacing: tuple[float, float, float],
-    frame: Frame224,
-    lesion: np.ndarray | None,
-    config: SampleConfig,
-    rng: np.random.Generator,
-) -> list[dict]:
-    """The questions of slice ``z`` as dicts (fields of :data:`QUESTION_FIELDS` minus keys/slice/seed)."""
-    area = area_mm2(stats, spacing)[z]
-    organs = [int(o) for o in np.flatnonzero(area >= config.l3_min_area_mm2)]
-    if len(organs) < config.l3_min_organs:  # a counting-only slice: no organ probe here
-        organs = []
-    rc = stats.centroid_rc[z, 1:]  # (16, 2) native (row, col)
-    row_mm, col_mm = rc[:, 0] * float(spacing[1]), rc[:, 1] * float(spacing[2])
-    fx, fy = frame.to_frame(rc[:, 0], rc[:, 1])
-    k = config.l3_questions_per_probe
-    pairs = list(combinations(organs, 2))
-    out: list[dict] = []
+@dataclass(frozen=True)
+class _SliceOrgans:
+    """One slice's organs as the question probes see them."""
 
-    def q(probe: str, a: int, b: int = -1, answer: int = -1, axis: int = -1, **extra) -> dict:
+    organs: list[int]  # organ indices that may be asked about (large enough, enough of them)
+    area: np.ndarray  # (16,) area in mm^2
+    row_mm: np.ndarray  # (16,) centroid row in mm (native grid)
+    col_mm: np.ndarray  # (16,) centroid column in mm (native grid)
+    fx: np.ndarray  # (16,) centroid x in the 224 frame
+    fy: np.ndarray  # (16,) centroid y in the 224 frame
+
+    def q(self, probe: str, a: int, b: int = -1, answer: int = -1, axis: int = -1, **extra) -> dict:
+        """One question record; ``extra`` overrides the NaN / -1 defaults."""
+        fx, fy = self.fx, self.fy
         rec = {
             "q_probe": PROBE_ID[probe],
             "q_axis": axis,
@@ -190,7 +183,34 @@ def slice_questions(
         rec.update(extra)
         return rec
 
-    # relative position
+    def gap_mm(self, a: int, b: int) -> float:
+        """In-plane distance (mm) between the centroids of organs ``a`` and ``b``."""
+        return math.hypot(self.col_mm[a] - self.col_mm[b], self.row_mm[a] - self.row_mm[b])
+
+
+def _slice_organs(
+    z: int,
+    stats: SliceStats,
+    spacing: tuple[float, float, float],
+    frame: Frame224,
+    config: SampleConfig,
+) -> _SliceOrgans:
+    """Areas and centroids of slice ``z``; no organ at all on a counting-only slice."""
+    area = area_mm2(stats, spacing)[z]
+    organs = [int(o) for o in np.flatnonzero(area >= config.l3_min_area_mm2)]
+    if len(organs) < config.l3_min_organs:  # a counting-only slice: no organ probe here
+        organs = []
+    rc = stats.centroid_rc[z, 1:]  # (16, 2) native (row, col)
+    row_mm, col_mm = rc[:, 0] * float(spacing[1]), rc[:, 1] * float(spacing[2])
+    fx, fy = frame.to_frame(rc[:, 0], rc[:, 1])
+    return _SliceOrgans(organs, area, row_mm, col_mm, fx, fy)
+
+
+def _relative_position_qs(
+    g: _SliceOrgans, pairs: list[tuple[int, int]], config: SampleConfig, rng: np.random.Generator
+) -> list[dict]:
+    """Is a left of b (axis 0) / anterior to b (axis 1)? Pairs at least ``rel_margin_mm`` apart."""
+    col_mm, row_mm = g.col_mm, g.row_mm
     cands = [
         (a, b, axis)
         for a, b in pairs
@@ -198,41 +218,68 @@ def slice_questions(
         if abs((col_mm if axis == 0 else row_mm)[a] - (col_mm if axis == 0 else row_mm)[b])
         >= config.rel_margin_mm
     ]
-    for a, b, axis in _pick_pairs(rng, cands, k):
+    out = []
+    for a, b, axis in _pick_pairs(rng, cands, config.l3_questions_per_probe):
         ans = int(col_mm[a] > col_mm[b]) if axis == 0 else int(row_mm[a] < row_mm[b])
-        out.append(q("relative_position", a, b, ans, axis))
-    # orientation
-    cands2 = [
-        (a, b)
-        for a, b in pairs
-        if math.hypot(col_mm[a] - col_mm[b], row_mm[a] - row_mm[b]) >= config.rel_margin_mm
-    ]
-    for a, b in _pick_pairs(rng, cands2, k):
-        sector = orientation_sector(col_mm[b] - col_mm[a], row_mm[a] - row_mm[b])
-        out.append(q("orientation", a, b, sector))
-    # symmetry
-    n_sym = 0
+        out.append(g.q("relative_position", a, b, ans, axis))
+    return out
+
+
+def _orientation_qs(
+    g: _SliceOrgans, pairs: list[tuple[int, int]], config: SampleConfig, rng: np.random.Generator
+) -> list[dict]:
+    """The compass sector of b seen from a, for pairs at least ``rel_margin_mm`` apart."""
+    cands = [(a, b) for a, b in pairs if g.gap_mm(a, b) >= config.rel_margin_mm]
+    out = []
+    for a, b in _pick_pairs(rng, cands, config.l3_questions_per_probe):
+        sector = orientation_sector(g.col_mm[b] - g.col_mm[a], g.row_mm[a] - g.row_mm[b])
+        out.append(g.q("orientation", a, b, sector))
+    return out
+
+
+def _symmetry_qs(g: _SliceOrgans, config: SampleConfig) -> list[dict]:
+    """Left/right pairs both present: which side is larger, or similar (within the band)."""
+    out: list[dict] = []
+    area, col_mm = g.area, g.col_mm
     for left_name, right_name in BILATERAL_PAIRS:
         lo, ro = organ_index(left_name), organ_index(right_name)
-        if n_sym >= k or lo not in organs or ro not in organs:
+        if len(out) >= config.l3_questions_per_probe or lo not in g.organs or ro not in g.organs:
             continue
         a, b = (ro, lo) if col_mm[ro] > col_mm[lo] else (lo, ro)
         d = (area[a] - area[b]) / ((area[a] + area[b]) / 2.0)
         ans = 0 if d > config.symmetry_band else (2 if d < -config.symmetry_band else 1)
-        out.append(q("symmetry", a, b, ans, q_area_a_mm2=area[a], q_area_b_mm2=area[b]))
-        n_sym += 1
-    # size
-    for p in _pick(rng, len(organs), k):
-        a = organs[p]
-        out.append(q("size", a, q_area_a_mm2=area[a]))
-    # distance
+        out.append(g.q("symmetry", a, b, ans, q_area_a_mm2=area[a], q_area_b_mm2=area[b]))
+    return out
+
+
+def slice_questions(
+    z: int,
+    stats: SliceStats,
+    spacing: tuple[float, float, float],
+    frame: Frame224,
+    lesion: np.ndarray | None,
+    config: SampleConfig,
+    rng: np.random.Generator,
+) -> list[dict]:
+    """The questions of slice ``z`` as dicts (fields of :data:`QUESTION_FIELDS` minus keys/slice/seed).
+
+    The probes draw from ``rng`` in this order: relative position, orientation, size,
+    distance (symmetry and counting draw nothing).
+    """
+    g = _slice_organs(z, stats, spacing, frame, config)
+    k = config.l3_questions_per_probe
+    pairs = list(combinations(g.organs, 2))
+    out = _relative_position_qs(g, pairs, config, rng)
+    out += _orientation_qs(g, pairs, config, rng)
+    out += _symmetry_qs(g, config)
+    for p in _pick(rng, len(g.organs), k):
+        a = g.organs[p]
+        out.append(g.q("size", a, q_area_a_mm2=g.area[a]))
     for a, b in _pick_pairs(rng, pairs, k):
-        dist = math.hypot(col_mm[a] - col_mm[b], row_mm[a] - row_mm[b])
-        out.append(q("distance", a, b, q_distance_mm=dist))
-    # counting
+        out.append(g.q("distance", a, b, q_distance_mm=g.gap_mm(a, b)))
     if lesion is not None:
         n = count_lesions(lesion[z], config.lesion_min_voxels)
-        out.append(q("counting", -1, -1, min(n, 3), q_count=n))
+        out.append(g.q("counting", -1, -1, min(n, 3), q_count=n))
     return out
 
 
