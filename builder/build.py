@@ -29,12 +29,15 @@ from collections.abc import Iterable
 from concurrent.futures import as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from spar_bench.errors import CaseError, ConfigError, IntegrityError, SparError
 from spar_bench.provenance import json_safe, path_from_build, portable_path
+
+if TYPE_CHECKING:
+    from .samples import SampleConfig
 
 from .schema import (
     LEVEL3_CLASS_NAMES,
@@ -687,19 +690,13 @@ def write_outputs(config: BuildConfig, ordered: list[dict], sources_info: dict[s
     ``ordered`` holds every case's index record in ``(source, case_id)`` order; their spill
     files are in ``work/cases``.
     """
-    from spar_bench.provenance import BUILD_PACKAGES, package_versions
-
-    from . import __version__
     from .writers.manifest import write_manifest
 
     sample_cfg = _sample_config(config)
     levels = tuple(lv for lv in LEVELS if lv in sample_cfg.levels)
     cases_dir = work / "cases"
     records = [r for r in ordered if r["status"] == "ok"]
-    roots = dict(zip(config.sources, config.roots, strict=True))
-    skipped = [{k: r[k] for k in ("source", "case_id", "split")}
-               | {"reason": _portable_text(r["reason"], roots[r["source"]])}
-               for r in ordered if r["status"] != "ok"]
+    skipped = _skipped_cases(config, ordered)
     if not records:
         raise SparError(f"every case failed; first: {skipped[0]['reason'] if skipped else 'none found'}")
     sources_info = _published_sources(config, sources_info, records)
@@ -712,7 +709,37 @@ def write_outputs(config: BuildConfig, ordered: list[dict], sources_info: dict[s
 
         hf_info = write_hf(out_dir, shards, config=config, sample_config=sample_cfg.to_dict(),
                            sources=sources_info, workers=config.workers)
-    manifest = {
+    manifest = json_safe(_manifest(
+        config, sample_cfg, levels, sources_info, {"values": th, "origin": th_origin},
+        shards=shards, hf_info=hf_info, counts=counts, records=records, origins=origins,
+        skipped=skipped,
+    ))
+    _refuse_local_paths(config, manifest, out_dir)
+    write_manifest(out_dir, manifest)
+    _replace_build(out_dir, out)
+    shutil.rmtree(work)
+    if not quiet:
+        _print_summary(counts, skipped)
+    return out
+
+
+def _skipped_cases(config: BuildConfig, ordered: list[dict]) -> list[dict[str, Any]]:
+    """The manifest's ``skipped`` entries: source, case id, split and a portable reason."""
+    roots = dict(zip(config.sources, config.roots, strict=True))
+    return [{k: r[k] for k in ("source", "case_id", "split")}
+            | {"reason": _portable_text(r["reason"], roots[r["source"]])}
+            for r in ordered if r["status"] != "ok"]
+
+
+def _manifest(config: BuildConfig, sample_cfg: SampleConfig, levels: tuple[str, ...],
+              sources_info: dict[str, Any], thresholds: dict[str, Any], *, shards, hf_info,
+              counts, records: list[dict], origins: dict, skipped: list[dict]) -> dict[str, Any]:
+    """The build's ``manifest.json`` record (before :func:`json_safe`)."""
+    from spar_bench.provenance import BUILD_PACKAGES, package_versions
+
+    from . import __version__
+
+    return {
         "schema_version": SCHEMA_VERSION,
         "builder_version": __version__,
         "config": config.published(),
@@ -720,7 +747,7 @@ def write_outputs(config: BuildConfig, ordered: list[dict], sources_info: dict[s
         "sample_config": sample_cfg.to_dict(),
         "levels": list(levels),
         "sources": sources_info,
-        "thresholds": {"values": th, "origin": th_origin},
+        "thresholds": thresholds,
         "shards": shards,
         "hf": hf_info,
         "counts": counts,
@@ -731,9 +758,10 @@ def write_outputs(config: BuildConfig, ordered: list[dict], sources_info: dict[s
         "skipped": skipped,
         "versions": package_versions(BUILD_PACKAGES),
     }
-    manifest = json_safe(manifest)
-    _refuse_local_paths(config, manifest, out_dir)
-    write_manifest(out_dir, manifest)
+
+
+def _replace_build(out_dir: Path, out: Path) -> None:
+    """Move the finished ``out_dir`` to ``out``, replacing an empty folder or an earlier build."""
     if out.exists():  # empty, or an earlier build that --overwrite / --resume may replace
         from spar_bench.outputs import claim, remove
 
@@ -742,10 +770,6 @@ def write_outputs(config: BuildConfig, ordered: list[dict], sources_info: dict[s
         claim(out, overwrite=True, owned=owned_build, what="build")
         remove(out)
     os.replace(out_dir, out)
-    shutil.rmtree(work)
-    if not quiet:
-        _print_summary(counts, skipped)
-    return out
 
 
 def default_root(source: str) -> Path:
