@@ -573,6 +573,34 @@ def _slab_hu(lut: np.ndarray, tissue: np.ndarray, rng: np.random.Generator) -> n
     return np.rint(slab)
 
 
+def _plan_render(
+    mask: np.ndarray,
+    sp: tuple[float, float, float],
+    body: np.ndarray | None,
+    organ_hu: dict[str, float] | None,
+    rng: np.random.Generator,
+) -> _SlabPlan:
+    """Draw the wall thicknesses, organ HU and gas field (in this order); outline the body."""
+    t_fat = float(rng.uniform(8.0, 22.0))
+    t_mus = float(rng.uniform(8.0, 14.0))
+    hull = derive_body_hull(mask, sp) if body is None else None
+    depth = None if body is None else _CoarseDepth(np.asarray(body, dtype=bool) | (mask > 0), sp)
+    lut = _organ_lut(rng, organ_hu)
+    gas_ids, gas_thr = _gas_thresholds()
+    return _SlabPlan(
+        spacing=sp,
+        shrinks=(0.0, t_fat, t_fat + t_mus),
+        hull=hull,
+        depth=depth,
+        lut=lut,
+        combo=_layer_organ_table(),
+        gas_ids=gas_ids,
+        gas_thr=gas_thr,
+        gas_coarse=_gas_coarse(mask.shape, sp, rng),
+        rows_mm=np.arange(mask.shape[1], dtype=np.float64) * sp[1],
+    )
+
+
 def render_pseudo_ct(
     mask: np.ndarray,
     spacing,
@@ -610,25 +638,7 @@ def render_pseudo_ct(
     rng = np.random.default_rng(int(seed))
     nz = mask.shape[0]
     mask = np.ascontiguousarray(mask)
-
-    t_fat = float(rng.uniform(8.0, 22.0))
-    t_mus = float(rng.uniform(8.0, 14.0))
-    hull = derive_body_hull(mask, sp) if body is None else None
-    depth = None if body is None else _CoarseDepth(np.asarray(body, dtype=bool) | (mask > 0), sp)
-    lut = _organ_lut(rng, organ_hu)
-    gas_ids, gas_thr = _gas_thresholds()
-    plan = _SlabPlan(
-        spacing=sp,
-        shrinks=(0.0, t_fat, t_fat + t_mus),
-        hull=hull,
-        depth=depth,
-        lut=lut,
-        combo=_layer_organ_table(),
-        gas_ids=gas_ids,
-        gas_thr=gas_thr,
-        gas_coarse=_gas_coarse(mask.shape, sp, rng),
-        rows_mm=np.arange(mask.shape[1], dtype=np.float64) * sp[1],
-    )
+    plan = _plan_render(mask, sp, body, organ_hu, rng)
     out = np.empty(mask.shape, dtype=np.int16)
     for z0 in range(0, nz, _SLAB):
         z1 = min(nz, z0 + _SLAB)
