@@ -136,7 +136,7 @@ def read_throughput(cache: Path, level: str, split: str, batch: int = 256, reps:
             "samples_per_s": min(batch, n) / dt, "pooled_full_read_ms": 1000 * dp}
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--encoders", default="timm:resnet50,timm:vit_base_patch32_224")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or auto")
@@ -154,13 +154,69 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compute", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--json", default=None, help="also write the results here")
-    a = ap.parse_args(argv)
+    return ap.parse_args(argv)
 
-    import torch
 
+def measure_encoder(name: str, a, data: Path, levels: list[str], device, compute: str, tmp: Path) -> dict:
+    """Bare forward vs caching of one random-init encoder over ``data``, interleaved ``a.repeats``
+    times: throughputs are the best of each, the ratio the median of the paired ratios (robust
+    on a shared, noisy machine); start-up is the time to the first flushed batch."""
+    from spar_bench.builder.shards import Build
     from spar_bench.probes.cache import write_cache
     from spar_bench.probes.encoders import load_encoder
     from spar_bench.probes.finetune.run import published_encoder
+
+    b = Build(data)
+    n_rows = sum(b.count(lv, s) for lv in levels for s in b.splits(lv))
+    enc = load_encoder(name, random_init=True)
+    if not enc.spec.extra.get("vit_like", True):
+        enc.use_channels_last()
+    enc.to(device)
+    out = tmp / f"{name.replace(':', '_')}.h5"
+    bares, e2es, startups = [], [], []
+    for _ in range(a.repeats):
+        bares.append(bare_throughput(enc, device, compute, a.batch, a.iters))
+        first: list[float] = []
+        t0 = time.perf_counter()
+        write_cache(name, data, out, encoder_obj=enc, levels=levels, device=str(device),
+                    batch=a.batch, dtype=a.dtype, compute=compute, workers=a.workers,
+                    progress=False, overwrite=True,
+                    on_batch=lambda *_, f=first: f or f.append(time.perf_counter()))
+        total = time.perf_counter() - t0
+        e2es.append(n_rows / total)
+        startups.append(((first[0] - t0) if first else total, total))
+    lv = levels[0]
+    r = {"encoder": published_encoder(name, enc.spec), "tokens": enc.spec.n_tokens, "dim": enc.spec.dim,
+         "bare_img_s": max(bares), "cache_img_s": max(e2es), "bare_all": bares, "cache_all": e2es,
+         "startup_s": min(st for st, _ in startups),
+         "startup_share": min(st / tot for st, tot in startups),
+         "ratio": float(np.median([c / b for b, c in zip(bares, e2es, strict=True)])),
+         "bytes_per_sample": out.stat().st_size / n_rows,
+         "token_bytes_per_sample": enc.spec.n_tokens * enc.spec.dim * (2 if a.dtype == "fp16" else 4),
+         **read_throughput(out, lv, b.splits(lv)[0]),
+         **precision(enc, data, device, min(a.batch, 32))}
+    out.unlink()
+    return r
+
+
+def print_table(results: list[dict]) -> None:
+    print()
+    print(f"{'encoder':28s} {'bare img/s':>10s} {'cache img/s':>11s} {'ratio':>6s} {'KB/sample':>9s} "
+          f"{'ms/rand256':>10s} {'fp16 rel':>9s} {'bf16 rel':>9s} {'start s':>7s} {'start %':>7s}")
+    for r in results:
+        print(f"{r['encoder']:28s} {r['bare_img_s']:10.1f} {r['cache_img_s']:11.1f} {r['ratio']:6.2f} "
+              f"{r['bytes_per_sample'] / 1024:9.1f} {r['ms_per_random_batch']:10.1f} "
+              f"{r['fp16_storage_rel_l2']:9.2e} {r['bf16_compute_rel_l2']:9.2e} "
+              f"{r['startup_s']:7.2f} {100 * r['startup_share']:6.1f}%")
+    print(f"peak RSS {peak_rss_mib():.0f} MiB")
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+
+    import torch
+
+    from spar_bench.builder.shards import Build
     from spar_bench.probes.hardware import pick_compute, pick_device
 
     device = pick_device(a.device)
@@ -174,8 +230,6 @@ def main(argv: list[str] | None = None) -> int:
             data, what = synthetic_build(tmp, a.synthetic, a.compression)
         else:
             data, what = make_build(tmp, a.n)
-        from spar_bench.builder.shards import Build
-
         b = Build(data)
         levels = a.levels.split(",") if a.levels else b.levels()
         n_rows = sum(b.count(lv, s) for lv in levels for s in b.splits(lv))
@@ -183,48 +237,9 @@ def main(argv: list[str] | None = None) -> int:
               f" ({torch.cuda.get_device_name(device) if device.type == 'cuda' else f'{torch.get_num_threads()} threads'});"
               f" compute {compute}; storage {a.dtype}; batch {a.batch}", flush=True)
         for name in a.encoders.split(","):
-            enc = load_encoder(name, random_init=True)
-            if not enc.spec.extra.get("vit_like", True):
-                enc.use_channels_last()
-            enc.to(device)
-            out = tmp / f"{name.replace(':', '_')}.h5"
-            bares, e2es, startups = [], [], []
-            # interleaved repeats: throughputs are the best of each, the ratio the median of the
-            # paired ratios (robust on a shared, noisy machine)
-            for _ in range(a.repeats):
-                bares.append(bare_throughput(enc, device, compute, a.batch, a.iters))
-                first: list[float] = []
-                t0 = time.perf_counter()
-                write_cache(name, data, out, encoder_obj=enc, levels=levels, device=str(device),
-                            batch=a.batch, dtype=a.dtype, compute=compute, workers=a.workers,
-                            progress=False, overwrite=True,
-                            on_batch=lambda *_, f=first: f or f.append(time.perf_counter()))
-                total = time.perf_counter() - t0
-                e2es.append(n_rows / total)
-                startups.append(((first[0] - t0) if first else total, total))
-            bare, e2e = max(bares), max(e2es)
-            lv = levels[0]
-            r = {"encoder": published_encoder(name, enc.spec), "tokens": enc.spec.n_tokens, "dim": enc.spec.dim,
-                 "bare_img_s": bare, "cache_img_s": e2e,
-                 "bare_all": bares, "cache_all": e2es,
-                 "startup_s": min(st for st, _ in startups),
-                 "startup_share": min(st / tot for st, tot in startups), "ratio": float(np.median([c / b for b, c in zip(bares, e2es, strict=True)])),
-                 "bytes_per_sample": out.stat().st_size / n_rows,
-                 "token_bytes_per_sample": enc.spec.n_tokens * enc.spec.dim * (2 if a.dtype == "fp16" else 4),
-                 **read_throughput(out, lv, b.splits(lv)[0]),
-                 **precision(enc, data, device, min(a.batch, 32))}
-            results.append(r)
-            print(json.dumps(r, indent=None), flush=True)
-            out.unlink()
-    print()
-    print(f"{'encoder':28s} {'bare img/s':>10s} {'cache img/s':>11s} {'ratio':>6s} {'KB/sample':>9s} "
-          f"{'ms/rand256':>10s} {'fp16 rel':>9s} {'bf16 rel':>9s} {'start s':>7s} {'start %':>7s}")
-    for r in results:
-        print(f"{r['encoder']:28s} {r['bare_img_s']:10.1f} {r['cache_img_s']:11.1f} {r['ratio']:6.2f} "
-              f"{r['bytes_per_sample'] / 1024:9.1f} {r['ms_per_random_batch']:10.1f} "
-              f"{r['fp16_storage_rel_l2']:9.2e} {r['bf16_compute_rel_l2']:9.2e} "
-              f"{r['startup_s']:7.2f} {100 * r['startup_share']:6.1f}%")
-    print(f"peak RSS {peak_rss_mib():.0f} MiB")
+            results.append(measure_encoder(name, a, data, levels, device, compute, tmp))
+            print(json.dumps(results[-1], indent=None), flush=True)
+    print_table(results)
     if a.json:
         Path(a.json).write_text(json.dumps({"data": what, "device": str(device), "compute": compute,
                                             "dtype": a.dtype, "results": results}, indent=1))
