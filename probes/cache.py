@@ -430,7 +430,11 @@ def _write_locked(out: Path, target: Path, build, plan, enc, args: dict, batch: 
     if ranks.distributed:
         barrier(ranks, DIST_TIMEOUT_S)
         if ranks.rank == 0:
-            merge_parts(out, all_parts(out, ranks.world))
+            from spar_bench.locks import output_lock
+
+            # the merge writes OUT: it holds OUT's lock, as a one-process writer of OUT does
+            with output_lock(out, what="feature cache (spar-probe cache)"):
+                merge_parts(out, all_parts(out, ranks.world))
         barrier(ranks, DIST_TIMEOUT_S)
 
 

@@ -73,6 +73,23 @@ def test_two_ranks_merge_to_the_single_process_cache(build, single, tmp_path, mo
     FeatureCache(out).close()
 
 
+def test_the_merge_refuses_while_another_process_writes_the_same_cache(build, single, tmp_path, monkeypatch) -> None:
+    """Rank 0's merge writes OUT, so it takes OUT's lock: a one-process `cache` writing OUT
+    (it holds that lock) makes the merge refuse in one line instead of clobbering its file."""
+    from spar_bench.errors import ConfigError
+    from spar_bench.locks import output_lock
+
+    out = tmp_path / "shared.h5"
+    as_rank(monkeypatch, 1, 2)
+    write_cache("dummy", build, out, **ARGS)
+    as_rank(monkeypatch, 0, 2)
+    with output_lock(out, what="feature cache"), pytest.raises(ConfigError, match="is being written by another"):
+        write_cache("dummy", build, out, **ARGS)
+    assert not out.exists() and all(p.is_file() for p in all_parts(out, 2))  # parts kept for a rerun
+    write_cache("dummy", build, out, **ARGS)  # the rerun merges
+    assert_same(out, single)
+
+
 def test_a_killed_rank_resumes_and_an_unfinished_part_blocks_the_merge(
     build, single, tmp_path, monkeypatch
 ) -> None:
