@@ -35,9 +35,12 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
-@dataclass
+@dataclass(frozen=True)
 class EncoderSpec:
     """Everything that defines an encoder's features. JSON-serialisable (``to_json``).
+
+    Frozen: a loader that learns a field by running the network (token grid, width) makes a
+    new spec with :func:`dataclasses.replace` and gives it to the encoder.
 
     ``n_prefix`` tokens (CLS, registers) come first, then ``grid[0] * grid[1]`` patch tokens
     in row-major order (a CNN feature map flattened the same way, with ``n_prefix = 0``).

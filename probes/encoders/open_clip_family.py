@@ -20,6 +20,7 @@ Preprocessing (size, mean, std, interpolation) comes from the tower's ``preproce
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -150,9 +151,9 @@ def _tower(visual: Any, name: str, record: dict[str, Any]) -> Encoder:
     trunk = getattr(visual, "trunk", None)
     if trunk is not None:
         spec = timm_spec_from_model(trunk, name, "open_clip", record)
-        spec.input_size, spec.mean, spec.std = pre["size"], pre["mean"], pre["std"]
-        spec.interpolation = pre["interpolation"]
-        spec.extra.update(tower="timm-trunk", module=TOWER_MODULES["timm-trunk"])
+        spec = replace(spec, input_size=pre["size"], mean=pre["mean"], std=pre["std"],
+                       interpolation=pre["interpolation"],
+                       extra={**spec.extra, "tower": "timm-trunk", "module": TOWER_MODULES["timm-trunk"]})
         return TimmEncoder(spec, trunk)
     if not hasattr(visual, "forward_intermediates"):
         raise ConfigError(f"encoder {name}: its vision tower {type(visual).__name__} exposes no tokens")
@@ -172,9 +173,8 @@ def _tower(visual: Any, name: str, record: dict[str, Any]) -> Encoder:
         t = enc._layer_tokens(enc.preprocess(torch.zeros(1, 224, 224, dtype=torch.uint8)), [-1])[-1]
     grid = tuple(int(g) for g in getattr(visual, "grid_size", (0, 0)))
     n_prefix = int(t.shape[1]) - grid[0] * grid[1] if grid[0] else 0
-    spec.grid, spec.n_prefix, spec.dim = grid, n_prefix, int(t.shape[-1])
     ps = getattr(visual, "patch_size", None)
-    spec.patch_size = int(ps[0] if isinstance(ps, (tuple, list)) else ps) if ps else None
-    if n_prefix == 0:
-        spec.pooled = "mean-patch"
+    enc.spec = replace(spec, grid=grid, n_prefix=n_prefix, dim=int(t.shape[-1]),
+                       patch_size=int(ps[0] if isinstance(ps, (tuple, list)) else ps) if ps else None,
+                       pooled="mean-patch" if n_prefix == 0 else spec.pooled)
     return enc

@@ -14,6 +14,7 @@ The encoder is named by the file's base name and content hash (``torchscript:tok
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from spar_bench.errors import ConfigError
@@ -68,11 +69,10 @@ def load_torchscript(rest: str, *, weights: str | None = None, random_init: bool
     enc = TorchScriptEncoder(spec, module)
     with torch.inference_mode():
         outs = enc._raw(enc.preprocess(torch.zeros(1, 224, 224, dtype=torch.uint8)))
-    spec.n_layers = len(outs) if len(outs) > 1 else None
     t = outs[-1]
     if t.ndim != 3:
         raise ConfigError(f"encoder {name}: the module returned {tuple(t.shape)}, expected tokens (B, T, D)")
-    spec.dim = int(t.shape[-1])
     n_patch = int(t.shape[1]) - spec.n_prefix
-    spec.grid = tuple(cfg["grid"]) if "grid" in cfg else (1, n_patch)
+    enc.spec = replace(spec, n_layers=len(outs) if len(outs) > 1 else None, dim=int(t.shape[-1]),
+                       grid=tuple(cfg["grid"]) if "grid" in cfg else (1, n_patch))
     return enc
