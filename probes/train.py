@@ -83,10 +83,14 @@ class TrainResult:
     val_loss: list[float]
 
     def stopped_by(self, patience: int) -> str:
-        """Why training ended: ``early_stopping`` (no better validation loss for ``patience``
-        epochs) or ``max_epochs`` (the cap, with the loss still improving within the patience
-        window: the head could have gone further)."""
-        return "early_stopping" if self.epochs_run - 1 - self.best_epoch >= patience else "max_epochs"
+        return stopped_by(self.epochs_run, self.best_epoch, patience)
+
+
+def stopped_by(epochs_run: int, best_epoch: int, patience: int) -> str:
+    """Why training ended: ``early_stopping`` (no better validation loss for ``patience``
+    epochs) or ``max_epochs`` (the cap, with the loss still improving within the patience
+    window: the head could have gone further). ``best_epoch`` counts from 0."""
+    return "early_stopping" if epochs_run - 1 - best_epoch >= patience else "max_epochs"
 
 
 def batch_tensors(feats: np.ndarray, t: Targets, idx: np.ndarray):

@@ -50,6 +50,7 @@ def test_vit_from_scratch_learns_exports_and_recaches(pipeline, tmp_path: Path) 
     m = json.loads((rd / "metrics.json").read_text())
     losses = m["train"]["train_loss"]
     assert len(losses) == 3 and losses[-1] < losses[0]
+    assert m["train"]["stopped_by"] == "max_epochs"  # 3 epochs, patience 5: the cap ended it (the report flags it)
     assert m["training"]["mode"] == "scratch" and m["random_init"] is False
     assert m["training"]["label"] == "trained from scratch on build shards"
     assert rd.parts[-4] == "timm-vit_tiny_patch16_224-scratch-shards"

@@ -151,6 +151,7 @@ def run_finetune(encoder: str, data: str | Path, head: str, probe: str, seed: in
     from ..heads import head_input
     from ..runspec import RunSpec
     from ..tasks import get_probe
+    from ..train import stopped_by
 
     cfg = cfg or FinetuneConfig()
     head_cfg = dict(head_cfg or {})
@@ -182,7 +183,9 @@ def run_finetune(encoder: str, data: str | Path, head: str, probe: str, seed: in
     metrics.update({"encoder": rd.parent.parent.parent.name, "random_init": False, "layer": cfg.layer,
                     "val_source": val_source, "training": training,
                     "train": {"epochs_run": len(result.hist_tr), "best_epoch": result.best_epoch,
-                              "best_val_loss": result.best_val, "train_loss": result.hist_tr,
+                              "best_val_loss": result.best_val,
+                              "stopped_by": stopped_by(len(result.hist_tr), result.best_epoch, cfg.patience),
+                              "train_loss": result.hist_tr,
                               "val_loss": result.hist_va, "optimizer_steps": result.opt_steps, "images_per_s": result.images / max(result.seconds, 1e-9)}})
     config = _config(encoder, enc_spec, init, weights, model_kwargs, build, probe, head, seed, kind, model,
                      (in_dim, n_tokens), cfg, precision, training, controls, n_boot, train_mirrors)
