@@ -281,6 +281,7 @@ def time_grid_prune(cache_path: Path, probe: str, head: str, seeds: list[int],
     ``alone`` (every grid point alone), ``0`` (the full grid as one batch) and each K of ``ks`` (the grid pruned after epoch K)."""
     from spar_bench.probes.ensemble import Prune, train_heads
     from spar_bench.probes.fit import prepare_run, score
+    from spar_bench.probes.report import select_on_validation
     from spar_bench.probes.runspec import make_run
     from spar_bench.probes.train import train_head
 
@@ -303,8 +304,11 @@ def time_grid_prune(cache_path: Path, probe: str, head: str, seeds: list[int],
                           ([p.feats[sp.val_split] for p in ps], sp.va), [r.train for r in runs],
                           [r.seed for r in runs], prune=Prune(k, tuple(r.seed for r in runs)) if k else None)  # fmt: skip
         sec = time.perf_counter() - t0
-        chosen = [min((i for i, r in enumerate(runs) if r.seed == s and res[i].pruned_at is None),
-                      key=lambda i: res[i].best_val_loss) for s in seeds]  # fmt: skip
+        # the report's rule, on these results: per seed the lowest validation loss, pruned runs out
+        ms = [{"seed": r.seed, "variant": r.variant(), "i": i,
+               "train": {"best_val_loss": res[i].best_val_loss, "pruned_at": res[i].pruned_at}}
+              for i, r in enumerate(runs)]  # fmt: skip
+        chosen = [m["i"] for m in select_on_validation(ms)]
         test = [score(sp.te, _predict(ps[i], sp.te), None, 0)[sp.te.spec.headline] for i in chosen]
         out[k] = (sec, [grid[i % len(grid)] for i in chosen], float(np.mean(test)))
     return out
