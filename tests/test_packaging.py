@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -19,7 +20,7 @@ MAPPED = {"builder": "spar_bench/builder", "probes": "spar_bench/probes",
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     r = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
          "-w", str(out), str(REPO)],
         capture_output=True, encoding="utf-8", errors="replace", timeout=600, cwd=out,
     )
@@ -47,11 +48,27 @@ def test_wheel_holds_one_import_package_and_every_label_map(wheel: Path) -> None
     assert not missing, f"modules not packaged (list their package in setup.cfg): {sorted(missing)}"
 
 
+def _venv_over_running_environment(venv: Path) -> Path:
+    """A new venv that sees the dependencies of the environment running the tests.
+
+    ``--system-site-packages`` would expose the *base* interpreter's site-packages, which in a
+    venv or conda env is not where the dependencies are (a clean base Python has none of them).
+    Instead the new venv gets a ``.pth`` naming the running environment's site-packages: its
+    dependencies are importable, while its ``.pth`` files (the editable install of the checkout)
+    are not processed, so ``spar_bench`` comes from the wheel installed into the new venv.
+    """
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    py = venv / "bin" / "python"
+    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, encoding="utf-8", check=True, timeout=60).stdout.strip()
+    running = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
+    Path(site, "_running_environment.pth").write_text("".join(f"{d}\n" for d in running), encoding="utf-8")
+    return venv
+
+
 @pytest.mark.slow
 def test_wheel_install_builds_and_fits_outside_the_repo(wheel: Path, tmp_path: Path) -> None:
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True,
-                   timeout=300)
+    venv = _venv_over_running_environment(tmp_path / "venv")
     py, bindir = venv / "bin" / "python", venv / "bin"
     r = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", str(wheel)],
                        capture_output=True, encoding="utf-8", errors="replace", timeout=300)
@@ -76,3 +93,20 @@ def test_wheel_install_builds_and_fits_outside_the_repo(wheel: Path, tmp_path: P
     run("spar-probe", "fit", "--features", "c.h5", "--head", "mlp", "--probe", "level3.size",
         "--seeds", "0", "--max-epochs", "2", "--out", "runs")
     assert list((work / "runs").rglob("metrics.json"))
+
+
+def _readme_commands() -> list[str]:
+    """The one-line commands of README.md's quick start, in order (main job, tests)."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    quick = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    blocks = quick.split("```bash\n")[1:]
+    return [b.split("\n```", 1)[0].strip() for b in blocks]
+
+
+def test_ci_runs_the_readme_test_command_in_a_fresh_venv() -> None:
+    main_job, tests = _readme_commands()
+    assert tests.startswith("python3 -m venv .venv && . .venv/bin/activate && ")
+    assert tests.endswith("python -m pytest") and main_job.endswith("bash scripts/main-job.sh")
+    ci = (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert tests in ci, "'.ci/run' must run README.md's test command as written"
+    assert ci.index("rm -rf .venv") < ci.index(tests), "CI's venv must be new, not left over"
