@@ -21,6 +21,8 @@ from spar_bench.builder.phantom.render import RenderError, derive_body, render_p
 from spar_bench.builder.schema import ORGAN_ID, ORGANS
 from spar_bench.errors import ConfigError, SparError
 
+from helpers import tree_hashes
+
 GRID = {"in_plane": 96, "n_slices": 32}  # small grid: fast, big enough for every organ
 
 
@@ -355,3 +357,14 @@ def test_cli_writes_and_reports(tmp_path, capsys):
     rc = run_cli(cli, ["phantom", "--out", str(out), "--n", "1"])
     assert rc == 2
     assert "pass --overwrite" in capsys.readouterr().err
+
+
+def test_phantom_bytes_do_not_depend_on_the_number_of_workers(tmp_path: Path) -> None:
+    """``spar-build phantom --workers N`` renders cases in N processes: same files, same bytes."""
+    one = write_phantom_dataset(tmp_path / "w1", 3, seed=5, progress=False, in_plane=48, n_slices=10)
+    three = write_phantom_dataset(tmp_path / "w3", 3, seed=5, progress=False, in_plane=48, n_slices=10,
+                                  workers=3)
+    assert one == three
+    hashes = tree_hashes(tmp_path / "w1")
+    assert len(hashes) == 7  # phantom.json + an image and a label map per case
+    assert hashes == tree_hashes(tmp_path / "w3")

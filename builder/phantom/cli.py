@@ -47,9 +47,13 @@ from .generate import INTENSITIES, LAYOUTS, SIZES
     "own mean HU, 17 HU apart, so organs can be told apart by intensity in any layout.",
 )
 @click.option("--overwrite", is_flag=True, help="Replace an existing phantom dataset in --out.")
+@click.option(
+    "--workers", default=1, show_default=True, type=click.IntRange(min=1),
+    help="Processes rendering cases; the dataset's bytes do not depend on it.",
+)
 def phantom_command(
     out_dir: str, n: int, layout: str, seed: int, no_lesions: bool, size: str, intensities: str,
-    overwrite: bool,
+    overwrite: bool, workers: int,
 ) -> None:
     """Write N phantom cases (imagesTr/labelsTr, imagesVal/labelsVal, imagesTs/labelsTs).
 
@@ -61,7 +65,7 @@ def phantom_command(
 
     record = write_phantom_dataset(
         out_dir, n, layout=layout, seed=seed, lesions=not no_lesions, size=size, intensities=intensities,
-        overwrite=overwrite,
+        overwrite=overwrite, workers=workers,
     )
     splits = ", ".join(f"{k} {v}" for k, v in record["splits"].items())
     n_les = sum(1 for c in record["cases"].values() if c["lesion_voxels"] > 0)

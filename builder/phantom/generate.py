@@ -75,7 +75,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -682,24 +682,44 @@ def _write_case(
 
 
 def _write_cases(
-    tmp: Path, seed: int, layout: str, splits: list[str], sample: dict[str, Any], progress: bool
+    tmp: Path, seed: int, layout: str, splits: list[str], sample: dict[str, Any], progress: bool,
+    workers: int = 1,
 ) -> dict[str, Any]:
-    """Write every case (``phantom_NNNN``, split ``splits[i]``) under ``tmp``; their records."""
+    """Write every case (``phantom_NNNN``, split ``splits[i]``) under ``tmp``; their records.
+
+    With ``workers > 1`` the cases are rendered in that many processes. Each case depends only
+    on its own derived seed and is written to its own file, and the records are gathered in
+    case order, so the dataset is byte-identical whatever ``workers``.
+    """
     from tqdm.auto import tqdm
 
+    from spar_bench.procs import process_pool
     from spar_bench.seeding import derive_seed
 
     for d in SPLIT_DIRS.values():
         for sub in d:
             (tmp / sub).mkdir()
     n = len(splits)
-    cases: dict[str, Any] = {}
     width = max(4, len(str(n - 1)))
-    for i in tqdm(range(n), desc=f"phantom ({layout})", unit="case", disable=not progress):
-        case_id = f"phantom_{i:0{width}d}"
-        case_seed = derive_seed(seed, "phantom", case_id, layout)
-        cases[case_id] = _write_case(tmp, case_id, splits[i], case_seed, layout, sample)
-    return cases
+    ids = [f"phantom_{i:0{width}d}" for i in range(n)]
+    jobs = [(tmp, cid, splits[i], derive_seed(seed, "phantom", cid, layout), layout, sample)
+            for i, cid in enumerate(ids)]
+    bar = tqdm(total=n, desc=f"phantom ({layout})", unit="case", disable=not progress)
+    with bar:
+        if workers <= 1 or n <= 1:
+            return _gather(ids, (_write_case(*job) for job in jobs), bar)
+        with process_pool(min(workers, n)) as pool:
+            futures = [pool.submit(_write_case, *job) for job in jobs]
+            return _gather(ids, (f.result() for f in futures), bar)
+
+
+def _gather(ids: list[str], records: Iterable[dict[str, Any]], bar) -> dict[str, Any]:
+    """``{case_id: record}`` in case order, ticking the progress bar per finished case."""
+    out: dict[str, Any] = {}
+    for case_id, record in zip(ids, records, strict=True):
+        out[case_id] = record
+        bar.update()
+    return out
 
 
 def _dataset_record(
@@ -754,6 +774,7 @@ def write_phantom_dataset(
     intensities: str = "ct",
     overwrite: bool = False,
     progress: bool = True,
+    workers: int = 1,
 ) -> dict[str, Any]:
     """Write ``n`` phantom cases as a WORD-layout folder and return its ``phantom.json`` record.
 
@@ -768,7 +789,8 @@ def write_phantom_dataset(
     ``out_dir/phantom.json`` records the generator version, seed, layout, n, size,
     ``intensities`` (only when not ``ct``, so default records are unchanged) and each
     case's split and full params. The folder is written in a temporary sibling and
-    renamed into place, so an interrupted run leaves no partial dataset.
+    renamed into place, so an interrupted run leaves no partial dataset. ``workers``
+    processes render the cases; the bytes do not depend on it.
 
     Raises:
         ConfigError: ``out_dir`` is non-empty without ``overwrite`` (or is not a
@@ -786,7 +808,7 @@ def write_phantom_dataset(
     sample = dict(size=size, lesions=lesions, in_plane=in_plane, n_slices=n_slices,
                   intensities=intensities)
     try:
-        cases = _write_cases(tmp, seed, layout, splits, sample, progress)
+        cases = _write_cases(tmp, seed, layout, splits, sample, progress, workers)
         record = _dataset_record(
             seed=seed,
             layout=layout,
