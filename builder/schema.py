@@ -23,6 +23,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 SCHEMA_VERSION = "1.0"
+#: The version of docs/PROTOCOL.md this code implements: recorded in every build manifest
+#: (``protocol_version``) and in every run's ``config.json`` and ``metrics.json``; the report
+#: says which version each run used. Bump it with every change of a rule in PROTOCOL.md
+#: (and list the change in its "Changes" section).
+PROTOCOL_VERSION = "1.2"
 
 #: The 16 WORD organs; canonical id = index + 1 (0 is background).
 ORGANS: tuple[str, ...] = (
