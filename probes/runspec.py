@@ -29,6 +29,19 @@ from spar_bench.errors import ConfigError
 from .train import TrainConfig
 
 
+def proj_width(text: str | int) -> int | str:
+    """A ``proj_dim`` value: a PCA width >= 1, or ``"none"`` (also ``0``): no PCA."""
+    t = str(text).strip().lower()
+    if t in ("none", "0"):
+        return "none"
+    if not t.isdigit():
+        raise ValueError(f"expected a width >= 1 or 'none', got {text!r}")
+    return int(t)
+
+
+proj_width.__name__ = "width >= 1 or none"
+
+
 @dataclass(frozen=True)
 class Option:
     """One run option: where it goes (``train``, ``head`` or ``run``) and its type."""
@@ -44,12 +57,13 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("lr", "train", float, "Learning rate (AdamW)."),
     Option("weight_decay", "train", float, "Weight decay (AdamW)."),
     Option("batch_size", "train", int, "Items per batch."),
-    Option("max_epochs", "train", int, "Default: 100 pooled heads, 40 token heads."),
+    Option("max_epochs", "train", int, "Hard ceiling on epochs; early stopping (--patience) ends runs before it."),
     Option("patience", "train", int, "Early-stopping patience in epochs."),
     Option("val_fraction", "train", float, "Held-out share of train patients without a val split."),
     Option("sinkhorn_iters", "train", int, "Sinkhorn iterations of the Level 2 loss."),
     Option("grad_clip", "train", float, "Gradient-norm clip, 0 = none."),
-    Option("proj_dim", "head", int, "Token heads: width of the fixed PCA projection. [default: 128]"),
+    Option("proj_dim", "head", proj_width, "Token heads: width of the fixed PCA projection, or 'none' "
+                                          "(no PCA: every channel, centred and scaled). [default: 128]"),
     Option("d_model", "head", int, "Token heads: model width. [default: 64 transformer, 128 attnpool]"),
     Option("n_layers", "head", int, "transformer: layers. [default: 2]"),
     Option("n_heads", "head", int, "Token heads: attention heads. [default: 4]"),
@@ -152,13 +166,29 @@ class RunSpec:
         for name in ("layer", "train_mirrors"):
             if getattr(self, name) != getattr(base, name):
                 changed[name] = getattr(self, name)
-        return ",".join(f"{k}={_text(v)}" for k, v in sorted(changed.items()))
+        return variant_text(changed)
 
     def run_dir(self, out: str | Path, encoder_slug: str) -> Path:
         """``OUT/<encoder>/<probe>/<head>[,variant]/seed<k>``."""
-        variant = self.variant()
-        name = f"{self.head},{variant}" if variant else self.head
-        return Path(out) / encoder_slug / self.probe / name / f"seed{self.seed}"
+        return run_folder(out, encoder_slug, self.probe, self.head, self.variant(), self.seed)
+
+
+def variant_text(changed: dict[str, Any]) -> str:
+    """``k=v,...`` (keys sorted) of the options that differ from their defaults: a run folder's suffix."""
+    return ",".join(f"{k}={_text(v)}" for k, v in sorted(changed.items()))
+
+
+def run_folder(out: str | Path, slug: str, probe: str, head: str, variant: str, seed: int) -> Path:
+    """``OUT/<slug>/<probe>/<head>[,variant]/seed<k>``: the folder of every kind of run."""
+    name = f"{head},{variant}" if variant else head
+    return Path(out) / slug / probe / name / f"seed{seed}"
+
+
+def differences(had: dict[str, Any], want: dict[str, Any]) -> list[str]:
+    """``key=old (now new)`` for each key whose recorded value differs from this run's:
+    what a finished run's refusal names (``fit``, ``vqa``)."""
+    return [f"{k}={had.get(k)} (now {want.get(k)})" for k in sorted(set(want) | set(had))
+            if had.get(k) != want.get(k)]
 
 
 def _text(v: Any) -> str:
