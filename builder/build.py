@@ -47,6 +47,7 @@ from .schema import (
     LEVELS,
     N_ORGANS,
     ORGANS,
+    PROTOCOL_VERSION,
     SCHEMA_VERSION,
     ordered_splits,
 )
@@ -741,6 +742,7 @@ def _manifest(config: BuildConfig, sample_cfg: SampleConfig, levels: tuple[str, 
 
     return {
         "schema_version": SCHEMA_VERSION,
+        "protocol_version": PROTOCOL_VERSION,
         "builder_version": __version__,
         "config": config.published(),
         "seed": config.seed,

@@ -30,7 +30,7 @@ import click
 import numpy as np
 
 from spar_bench.errors import ConfigError
-from spar_bench.provenance import RUN_PACKAGES, json_safe, package_versions
+from spar_bench.provenance import RUN_PACKAGES, json_safe, package_versions, protocol_versions
 
 from .runspec import OPTIONS, RunSpec, check_device, make_run
 from .tasks import get_probe, probe_names
@@ -413,6 +413,7 @@ def finish_run(run: RunSpec, p: Prepared, result, out: str | Path, blind=None, b
         "controls": _controls(run, model, p.dims, s, prior, boot, blind),
         "training": (cache.meta.get("weights") or {}).get("training")
         if isinstance(cache.meta.get("weights"), dict) else None,  # a `finetune` export probed frozen
+        **protocol_versions(p.build.manifest),
     }  # fmt: skip
     config = _run_config(run, cache, p.build, model, p.dims)
     if batch is not None:
@@ -472,6 +473,7 @@ def _run_config(run: RunSpec, cache, build, model, dims: tuple[int, int]) -> dic
         "in_dim": dims[0],
         "n_tokens": dims[1],
         "train_config": run.train.to_dict(),
+        **protocol_versions(build.manifest),
         "versions": package_versions(RUN_PACKAGES),
     }  # fmt: skip
 

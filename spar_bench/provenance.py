@@ -34,6 +34,16 @@ RUN_PACKAGES = ("spar-bench", "torch", "numpy", "scipy")
 VQA_PACKAGES = ("spar-bench", "numpy", "torch", "transformers", "pillow")
 
 
+def protocol_versions(manifest: dict[str, Any] | None) -> dict[str, str | None]:
+    """What a run records of the protocol (docs/PROTOCOL.md): the version this code
+    implements and the version the build (its ``manifest``) was made under (None: a build
+    older than protocol 1.2, which did not record it)."""
+    from spar_bench.builder.schema import PROTOCOL_VERSION
+
+    return {"protocol_version": PROTOCOL_VERSION,
+            "build_protocol_version": (manifest or {}).get("protocol_version")}
+
+
 def package_version(dist: str) -> str | None:
     """The installed version of distribution ``dist``, or None."""
     from importlib import metadata

@@ -24,6 +24,7 @@ import click
 import numpy as np
 
 from spar_bench.errors import ConfigError
+from spar_bench.provenance import protocol_versions
 
 from .config import FinetuneConfig
 from .loop import BEST, CHECKPOINT, Split, Trainer, run_key
@@ -181,7 +182,7 @@ def run_finetune(encoder: str, data: str | Path, head: str, probe: str, seed: in
     training = training_record(init, build, enc_spec.weights)
     metrics = _score(encoding, model, kind, hrun, splits, (in_dim, n_tokens))
     metrics.update({"encoder": rd.parent.parent.parent.name, "random_init": False, "layer": cfg.layer,
-                    "val_source": val_source, "training": training,
+                    "val_source": val_source, "training": training, **protocol_versions(build.manifest),
                     "train": {"epochs_run": len(result.hist_tr), "best_epoch": result.best_epoch,
                               "best_val_loss": result.best_val,
                               "stopped_by": stopped_by(len(result.hist_tr), result.best_epoch, cfg.patience),
@@ -240,7 +241,7 @@ def _config(encoder, spec, init, weights, model_kwargs, build, probe, head, seed
         "finetune_config": cfg.to_dict(), "compute_dtype": precision.dtype,
         "compute_reason": precision.reason, "train_config": cfg.train_config().to_dict(),
         "train_mirrors": train_mirrors, "controls": controls, "n_bootstrap": n_boot,
-        "versions": package_versions(CACHE_PACKAGES),
+        **protocol_versions(build.manifest), "versions": package_versions(CACHE_PACKAGES),
     }
 
 
