@@ -23,7 +23,27 @@ from spar_bench.errors import ConfigError, IntegrityError
 if TYPE_CHECKING:  # pragma: no cover
     from spar_bench.builder.shards import Build
 
-_JSON_ATTRS = ("encoder_config", "weights", "versions", "layers", "cache_args")
+_JSON_ATTRS = ("encoder_config", "weights", "versions", "layers", "cache_args", "token_storage")
+#: the cache's ``dtype`` attribute -> numpy float dtype (int8 tokens are returned in it)
+STORAGE_FLOAT = {"fp16": "float16", "fp32": "float32"}
+
+
+def _read_rows(path: Path, level: str, split: str, ds, rows: np.ndarray | None) -> np.ndarray:
+    """``ds[rows]`` in the order of ``rows``, read one chunk (row) at a time in sorted order."""
+    if rows is None:
+        return ds[()]
+    rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+    n = ds.shape[0]
+    if rows.size and (rows.min() < -n or rows.max() >= n):
+        raise IndexError(f"{path}: {level}/{split} rows out of range [0, {n})")
+    rows = rows % n if rows.size else rows
+    uniq, inverse = np.unique(rows, return_inverse=True)
+    if uniq.size == 0:
+        return np.zeros((0, *ds.shape[1:]), dtype=ds.dtype)
+    out = np.empty((uniq.size, *ds.shape[1:]), dtype=ds.dtype)
+    for i, r in enumerate(uniq):
+        ds.read_direct(out, np.s_[int(r)], np.s_[i])
+    return out[inverse.reshape(-1)]
 
 
 class FeatureCache:
@@ -128,22 +148,26 @@ class FeatureCache:
         return self._group(level, split, layer)["pooled"][()].astype(np.float32, copy=False)
 
     def tokens(self, level: str, split: str, layer: int = -1, rows: np.ndarray | None = None) -> np.ndarray:
-        """``(N, T, D)`` tokens (storage dtype: float16 or float32), or only ``rows`` in that order."""
-        ds = self._group(level, split, layer)["tokens"]
-        if rows is None:
-            return ds[()]
-        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
-        n = ds.shape[0]
-        if rows.size and (rows.min() < -n or rows.max() >= n):
-            raise IndexError(f"{self.path}: {level}/{split} rows out of range [0, {n})")
-        rows = rows % n if rows.size else rows
-        uniq, inverse = np.unique(rows, return_inverse=True)
-        if uniq.size == 0:
-            return np.zeros((0, *ds.shape[1:]), dtype=ds.dtype)
-        out = np.empty((uniq.size, *ds.shape[1:]), dtype=ds.dtype)
-        for i, r in enumerate(uniq):
-            ds.read_direct(out, np.s_[int(r)], np.s_[i])
-        return out[inverse.reshape(-1)]
+        """``(N, T, D)`` tokens (storage dtype: float16 or float32), or only ``rows`` in that order.
+
+        Tokens stored as int8 (``--token-int8``) are dequantised with their per-row channel
+        scales and returned in the cache's float storage dtype.
+        """
+        g = self._group(level, split, layer)
+        toks = _read_rows(self.path, level, split, g["tokens"], rows)
+        if "token_scale" not in g:
+            return toks
+        from .token_storage import dequantise_int8
+
+        scale = _read_rows(self.path, level, split, g["token_scale"], rows)
+        return dequantise_int8(toks, scale, np.dtype(STORAGE_FLOAT.get(self.meta.get("dtype"), "float32")))
+
+    @property
+    def token_storage(self) -> dict[str, Any]:
+        """How the tokens were reduced before storage (``{"grid", "proj", "int8"}``; all off by default)."""
+        from .token_storage import TokenStorage
+
+        return TokenStorage.from_dict(self.meta.get("token_storage")).to_dict()
 
     def check_matches(self, build: Build) -> None:
         """Raise :class:`ConfigError` unless this cache was made from ``build``'s shards."""
