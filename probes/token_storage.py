@@ -114,23 +114,53 @@ def random_projection(dim: int, k: int, seed: int) -> tuple[np.ndarray, np.ndarr
 
 
 def pca_projection(sample: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(mean, components)`` of ``sample`` (``(n, dim)`` training tokens): top-``k`` axes.
+    """``(mean, components)`` of ``sample`` (``(n, dim)`` training tokens): top-``k`` axes."""
+    x = np.asarray(sample, np.float64)
+    if x.ndim != 2:
+        raise ConfigError("a PCA token projection needs a 2-D sample of training tokens")
+    return pca_from_moments(x.shape[0], x.sum(axis=0), x.T @ x, k)
 
-    Computed in float64 from the covariance (``dim x dim``), so the cost does not grow with
-    the sample; each axis's sign is fixed (largest coefficient positive) so the map is
+
+def pca_from_moments(n: int, total: np.ndarray, xtx: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(mean, components)`` from ``n`` tokens' sum and ``X^T X`` (float64, ``dim x dim``).
+
+    The moments can be accumulated batch by batch (on the device), so the sample never has to
+    be held; each axis's sign is fixed (largest coefficient positive) so the map is
     deterministic.
     """
-    x = np.asarray(sample, np.float64)
-    if x.ndim != 2 or x.shape[0] < 2:
+    if n < 2:
         raise ConfigError("a PCA token projection needs at least 2 training tokens")
-    mean = x.mean(axis=0)
-    xc = x - mean
-    cov = xc.T @ xc / (x.shape[0] - 1)
-    vals, vecs = np.linalg.eigh(cov)
+    mean = np.asarray(total, np.float64) / n
+    cov = (np.asarray(xtx, np.float64) - n * np.outer(mean, mean)) / (n - 1)
+    vals, vecs = np.linalg.eigh((cov + cov.T) / 2)
     comps = vecs[:, np.argsort(vals)[::-1][:k]]
     signs = np.sign(comps[np.abs(comps).argmax(axis=0), np.arange(comps.shape[1])])
     comps = comps * np.where(signs == 0, 1.0, signs)
     return mean.astype(np.float32), comps.astype(np.float32)
+
+
+class Moments:
+    """Running sum and ``X^T X`` of tokens (float64, on their device): PCA without the sample."""
+
+    def __init__(self) -> None:
+        self.n, self.total, self.xtx = 0, None, None
+
+    def update(self, tokens: torch.Tensor) -> None:
+        import torch
+
+        x = tokens.reshape(-1, tokens.shape[-1]).to(torch.float64)
+        if self.total is None:
+            self.total, self.xtx = x.sum(dim=0), x.T @ x
+        else:
+            self.total += x.sum(dim=0)
+            self.xtx += x.T @ x
+        self.n += x.shape[0]
+
+    def pca(self, k: int) -> Projection:
+        if self.total is None:
+            raise ConfigError("a PCA token projection needs training images; the build has none")
+        mean, comps = pca_from_moments(self.n, self.total.cpu().numpy(), self.xtx.cpu().numpy(), k)
+        return Projection(mean, comps)
 
 
 def quantise_int8(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -117,3 +117,20 @@ def test_encoder_checks_and_record() -> None:
         TokenStorage.parse(proj="pca:1024").check_encoder(1, (37, 37), 768, "enc")
     with pytest.raises(ConfigError, match="known token grid"):
         TokenStorage.parse(grid=7).check_encoder(0, None, 768, "enc")
+
+
+def test_moments_accumulated_in_batches_give_the_pca_of_the_whole_sample() -> None:
+    from spar_bench.probes.token_storage import Moments
+
+    g = torch.Generator().manual_seed(3)
+    t = torch.randn(10, 5, 6, generator=g) * torch.tensor([4.0, 3, 2, 1, 0.5, 0.1]) + 1.0
+    m = Moments()
+    for chunk in t.split(3):
+        m.update(chunk)
+    p = m.pca(2)
+    mean, comps = pca_projection(t.reshape(-1, 6).numpy(), 2)
+    np.testing.assert_allclose(p.mean, mean, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(p.components, comps, rtol=1e-4, atol=1e-5)
+    assert m.n == 50
+    with pytest.raises(ConfigError, match="training images"):
+        Moments().pca(2)
