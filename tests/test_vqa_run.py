@@ -68,12 +68,12 @@ def test_dummy_run_folder_scores_and_controls(env):
     assert m["controls"]["prior"]["n"] == m["test"]["n"]  # the spec's input-free optimum
     assert m["controls"]["blind"]["n"] == m["test"]["n"] and m["mirror"]["n"] > 0
     assert m["circular"]["n_rotations"] == 2 and m["circular"]["strict"] <= m["circular"]["mean"]
-    assert cfg["template_version"] == "relative_position@1" and cfg["convention_hint"] is True
+    assert cfg["template_version"] == "relative_position@2" and cfg["convention_hint"] is True
     assert str(env["root"]) not in (rd / "config.json").read_text()  # no local path published
     recs = [json.loads(line) for line in (rd / "answers.jsonl").read_text().splitlines()]
     n, nm = m["n_items"]["test"], m["n_items"]["test_mirror"]
     assert len(recs) == 2 * n + nm + (n + nm)  # 2 rotations + mirrors + blind
-    assert all(r["template"] == "relative_position@1" for r in recs)
+    assert all(r["template"] == "relative_position@2" for r in recs)
     assert {r["variant"] for r in recs} == {"image", "blind"}
     assert (runs / "dummy" / "level3.counting").is_dir()  # every probe the build has
 
@@ -192,14 +192,14 @@ def test_hf_scores_do_not_depend_on_batch_or_scoring_path(tiny):
 
     from spar_bench.probes.vqa import BackendOptions, load_backend
     from spar_bench.probes.vqa.base import Request, to_pil
-    from spar_bench.probes.vqa.prompts import render
+    from spar_bench.probes.vqa.prompts import PromptContext, render
 
     be = load_backend(f"hf:{tiny}", BackendOptions(batch_size=4))
     rng = np.random.default_rng(0)
     reqs = []
     for i, (probe, n, axis) in enumerate([("relative_position", 2, 0), ("orientation", 8, -1),
                                            ("size", 3, -1), ("relative_position", 2, 1)]):
-        p = render(probe, i, i + 2, axis, tuple(range(n)))
+        p = render(probe, i, i + 2, axis, tuple(range(n)), context=PromptContext(1.5, 224, (900.0, 2000.0)))
         img = to_pil(rng.integers(0, 255, (224, 224), dtype=np.uint8), 224)
         reqs.append(Request(f"k{i}", p.text, p.letters, p.options, img if i != 2 else None))
     together = be.answer(reqs)

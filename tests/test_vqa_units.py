@@ -7,24 +7,26 @@ import pytest
 
 from spar_bench.builder.schema import LEVEL3_CLASS_NAMES, LEVEL3_PROBES, ORGANS
 from spar_bench.errors import IntegrityError
-from spar_bench.probes.vqa.prompts import CONVENTION_HINT, render, rotations, template_version
+from spar_bench.probes.vqa.prompts import CONVENTION_HINT, PromptContext, render, rotations, template_version
 
 
 def test_prompts_name_organs_options_and_patient_frame():
     liver, spleen = ORGANS.index("liver"), ORGANS.index("spleen")
     p = render("relative_position", liver, spleen, 0, (0, 1))
-    assert "Is the liver to the patient's left of the spleen?" in p.text
-    assert CONVENTION_HINT in p.text and "patient's left" in p.text
-    assert "A. no" in p.text and "B. yes" in p.text and p.version == "relative_position@1"
+    assert "Is the centre of the liver to the patient's left of the centre of the spleen?" in p.text
+    assert CONVENTION_HINT in p.text and "patient's left" in p.text and "centroid" in p.text
+    assert "A. no" in p.text and "B. yes" in p.text and p.version == "relative_position@2"
     ap = render("relative_position", liver, spleen, 1, (1, 0), hint=False)
     assert "anterior" in ap.text and CONVENTION_HINT not in ap.text
     assert ap.options == ("yes", "no") and ap.class_of(0) == 1 and ap.class_of(None) == -1
     for probe in LEVEL3_PROBES:  # every probe renders, options = its class names, in order
         n = len(LEVEL3_CLASS_NAMES[probe])
-        q = render(probe, 2, 3, 0 if probe == "relative_position" else -1, tuple(range(n)))
+        q = render(probe, 2, 3, 0 if probe == "relative_position" else -1, tuple(range(n)),
+                   context=PromptContext(1.5, 224, (100.0, 200.0), 0.15))
         assert len(q.letters) == n and q.text.count("\n") >= n + 2
         assert template_version(probe) == q.version
-    sym = render("symmetry", ORGANS.index("kidney_left"), ORGANS.index("kidney_right"), -1, (0, 1, 2))
+    sym = render("symmetry", ORGANS.index("kidney_left"), ORGANS.index("kidney_right"), -1, (0, 1, 2),
+                 context=PromptContext(band=0.15))
     assert "left kidney" in sym.text and "right kidney" in sym.text
 
 

@@ -108,6 +108,14 @@ def fit_thresholds(questions: list[dict[str, np.ndarray]], min_n: int = MIN_N) -
     }
 
 
+def cuts_for(thresholds: dict[str, Any], probe: str, a: int, b: int = -1) -> list[float]:
+    """The two cut points a ``size`` question about organ ``a`` (or a ``distance`` question
+    about the pair ``a``, ``b``) is classified with: its organ's or pair's entry, else the
+    probe's global cuts."""
+    group = ORGANS[int(a)] if probe == "size" else pair_key(a, b)
+    return thresholds[probe]["groups"].get(group, thresholds[probe]["global"])["cuts"]
+
+
 def _classify(value: float, cuts: list[float]) -> int:
     return int(np.searchsorted(np.asarray(cuts, dtype=np.float64), value, side="right"))
 
@@ -129,14 +137,10 @@ def apply_thresholds(
     probe = np.asarray(questions["q_probe"]).astype(np.int64)
     a_idx, b_idx = np.asarray(questions["q_organ_a"]), np.asarray(questions["q_organ_b"])
     for i in np.flatnonzero(probe == _SIZE):
-        entry = thresholds["size"]["groups"].get(
-            ORGANS[int(a_idx[i])], thresholds["size"]["global"]
-        )
-        answer[i] = _classify(float(questions["q_area_a_mm2"][i]), entry["cuts"])
+        cuts = cuts_for(thresholds, "size", a_idx[i])
+        answer[i] = _classify(float(questions["q_area_a_mm2"][i]), cuts)
     for i in np.flatnonzero(probe == _DIST):
-        entry = thresholds["distance"]["groups"].get(
-            pair_key(a_idx[i], b_idx[i]), thresholds["distance"]["global"]
-        )
-        answer[i] = _classify(float(questions["q_distance_mm"][i]), entry["cuts"])
+        cuts = cuts_for(thresholds, "distance", a_idx[i], b_idx[i])
+        answer[i] = _classify(float(questions["q_distance_mm"][i]), cuts)
     out["q_answer"] = answer
     return out

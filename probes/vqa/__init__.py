@@ -8,6 +8,8 @@ imports neither torch nor transformers:
 * ``openai:MODEL`` - an OpenAI-compatible chat server (``--base-url``): vLLM, SGLang,
   llama.cpp, Ollama;
 * ``dummy`` / ``dummy:A`` - seeded or fixed answers, for tests and dry runs.
+* ``oracle`` / ``oracle:pixels`` - answers recomputed from the build's masks and geometry
+  (needs ``--data``): proves every question answerable from its image.
 
 Modules: :mod:`.prompts` (versioned templates), :mod:`.parse` (strict parser),
 :mod:`.cache` (response cache), :mod:`.questions` (questions from a build),
@@ -23,6 +25,7 @@ from .base import Backend, BackendOptions
 
 BACKENDS: Registry = Registry("MLLM backend")
 BACKENDS.register_lazy("dummy", "spar_bench.probes.vqa.dummy:load_dummy")
+BACKENDS.register_lazy("oracle", "spar_bench.probes.vqa.oracle:load_oracle")
 BACKENDS.register_lazy("hf", "spar_bench.probes.vqa.hf:load_hf", extra="transformers")
 BACKENDS.register_lazy("openai", "spar_bench.probes.vqa.openai:load_openai")
 

@@ -138,6 +138,7 @@ class BackendOptions:
         guided: ``none``, ``guided_choice`` (vLLM's extra parameter) or
             ``structured_outputs`` (current vLLM: ``{"choice": [...]}``).
         timeout, retries, backoff, concurrency: HTTP bounds (``openai:``).
+        data: the build folder the questions come from (``oracle`` reads its masks).
     """
 
     mode: str = "constrained"
@@ -154,3 +155,4 @@ class BackendOptions:
     retries: int = 3
     backoff: float = 1.0
     concurrency: int = 4
+    data: str | None = None

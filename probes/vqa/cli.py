@@ -56,7 +56,7 @@ def default_cache(out: str | Path, model: str) -> Path:
 
 
 @click.command("vqa")
-@click.option("--model", required=True, help="hf:PATH_OR_ID, openai:MODEL or dummy[:LETTER].")
+@click.option("--model", required=True, help="hf:PATH_OR_ID, openai:MODEL, dummy[:LETTER] or oracle[:pixels].")
 @click.option("--data", required=True, type=click.Path(file_okay=False), help="Build folder.")
 @click.option("--probe", default="all", show_default=True, help="Level 3 probe(s), comma-separated, or all.")
 @click.option("--splits", default="test", show_default=True, help="Splits whose questions are asked.")
@@ -109,7 +109,7 @@ def vqa_command(model, data, probe, splits, out, revision, base_url, api_key_env
     opts = options_from(generate, seed=seed, revision=revision, base_url=base_url,
                         api_key_env=api_key_env, device=device, dtype=dtype, batch_size=batch_size,
                         max_new_tokens=max_new_tokens, guided=guided, timeout=timeout,
-                        retries=retries, concurrency=concurrency)
+                        retries=retries, concurrency=concurrency, data=str(data))
     backend = load_backend(model, opts)
     cfg = AskConfig(split_list, not no_convention_hint, not no_circular, not no_blind,
                     resolve_image_size(image_size, backend), seed, n_boot)

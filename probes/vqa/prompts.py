@@ -6,6 +6,13 @@ options in a given order (a rotation, for CircularEval). Every "left/right" is t
 PATIENT's; by default the prompt also states the display convention of the slice
 (``hint=False`` drops that sentence, to measure convention confusion).
 
+Every question can be answered by a perfect reader of the image (protocol 1.2): the
+prompt says what is compared (organ centres are the centroids of their cross-sections),
+states the symmetry band, and gives the size and distance thresholds in mm^2 and mm with
+the image's pixel size (:class:`PromptContext`, filled per question by
+:meth:`spar_bench.probes.vqa.questions.Questions.context`). A blind prompt (no image sent)
+says that no image is shown instead of describing one.
+
 Change any wording here and bump :data:`TEMPLATE_VERSION`: the version is recorded with
 every answer and is part of the response cache's key (together with the sha256 of the
 rendered text, so an unbumped edit still cannot reuse old answers).
@@ -19,7 +26,7 @@ from dataclasses import dataclass
 from spar_bench.builder.schema import LEVEL3_PROBES, ORGANS
 from spar_bench.errors import ConfigError
 
-TEMPLATE_VERSION = "1"
+TEMPLATE_VERSION = "2"
 
 #: Organ names as a radiologist says them (left/right are the patient's).
 ORGAN_TEXT: dict[str, str] = {
@@ -36,33 +43,51 @@ CONVENTION_HINT = (
     "left is on the right side of the image, the patient's right on the left side, and "
     "the front of the patient (anterior) is at the top."
 )
+#: Replaces every sentence about the image when none is sent (the blind control).
+BLIND_NOTE = (
+    "No image is shown to you. The question is about one axial CT slice of the abdomen; "
+    "answer as well as you can without seeing it."
+)
 FRAME = "Left and right always mean the patient's left and right."
 INSTRUCTION = "Answer with the letter of the correct option only."
+#: The image's scale, for the questions in mm^2 and mm (``{n}``: shown size in pixels).
+PIXEL_SIZE = (
+    "The image is {n} x {n} pixels and shows a square field of view {fov:.1f} mm wide: one "
+    "pixel is {mpp:.3f} mm wide and covers {mpp2:.3f} mm^2."
+)
+CENTRE = "An organ's centre is the centroid of its cross-section on this slice."
 
 QUESTIONS: dict[str, str] = {
-    "relative_position.0": "Is the {a} to the patient's left of the {b}?",
-    "relative_position.1": "Is the {a} anterior of (in front of) the {b}?",
+    "relative_position.0": "Is the centre of the {a} to the patient's left of the centre of the {b}?",
+    "relative_position.1": "Is the centre of the {a} anterior of (in front of) the centre of the {b}?",
     "orientation": (
         "Looking from the centre of the {a} to the centre of the {b}, in which direction "
         "does the {b} lie, in the patient's frame (left = the patient's left, anterior = "
-        "towards the patient's front)?"
+        "towards the patient's front)? Each direction stands for a 45-degree sector "
+        "centred on it."
     ),
     "symmetry": (
-        "Compare the cross-sections of the {a} (on the patient's left) and the {b} (on the "
-        "patient's right) on this slice. Which is larger?"
+        "Compare the cross-sectional areas of the {a} (on the patient's left) and the {b} "
+        "(on the patient's right) on this slice. They are similar when their difference is "
+        "at most {band}% of their mean area. Which is larger?"
     ),
     "size": (
-        "How large is the cross-section of the {a} on this slice, compared with the "
-        "{a} on axial slices in general (small, medium or large: the lower, middle or upper "
-        "third of its usual areas)?"
+        "What is the cross-sectional area of the {a} on this slice? small: below {t0} mm^2; "
+        "medium: from {t0} mm^2 to below {t1} mm^2; large: {t1} mm^2 or more."
     ),
     "distance": (
-        "How far apart are the centres of the {a} and the {b} on this slice, compared with "
-        "that pair of organs in general (near, medium or far: the lower, middle or upper "
-        "third of their usual distances)?"
+        "How far apart are the centres of the {a} and the {b} on this slice? near: below "
+        "{t0} mm; medium: from {t0} mm to below {t1} mm; far: {t1} mm or more."
     ),
-    "counting": "How many separate lesions (tumours) are visible on this slice?",
+    "counting": (
+        "How many separate lesions (tumours) are visible on this slice? Lesion regions that "
+        "touch, even only at a corner, count as one."
+    ),
 }
+#: Probes whose prompt compares organ centres (the :data:`CENTRE` sentence is added).
+CENTRE_PROBES = ("relative_position", "orientation", "distance")
+#: Probes whose prompt states thresholds in mm^2 / mm (they need ``PromptContext.cuts``).
+THRESHOLD_PROBES = ("size", "distance")
 
 #: Option texts shown for class names that are not plain words.
 OPTION_TEXT: dict[str, str] = {"left_larger": "the left one is larger",
@@ -77,6 +102,35 @@ def organ_text(index: int) -> str:
 
 def option_text(class_name: str) -> str:
     return OPTION_TEXT.get(class_name, class_name)
+
+
+def stated(value: float) -> float:
+    """A threshold as the prompt states it (mm^2 or mm, one decimal): the MLLM's answer is
+    defined against this stated value, so the text decides it exactly."""
+    return round(float(value), 1)
+
+
+@dataclass(frozen=True)
+class PromptContext:
+    """What one question's prompt states beyond its organs: the image's scale, the
+    symmetry band and the size / distance thresholds.
+
+    Attributes:
+        mm_per_pixel: the stored 224 slice's pixel size (mm).
+        image_size: the side of the image as shown, in pixels (224, or an upscale).
+        cuts: the two stated thresholds (mm^2 for size, mm for distance), or None.
+        band: the symmetry band as a fraction (0.15), or None.
+    """
+
+    mm_per_pixel: float | None = None
+    image_size: int = 224
+    cuts: tuple[float, float] | None = None
+    band: float | None = None
+
+    def pixel_sentence(self) -> str:
+        fov = float(self.mm_per_pixel) * 224
+        mpp = fov / self.image_size
+        return PIXEL_SIZE.format(n=self.image_size, fov=fov, mpp=mpp, mpp2=mpp * mpp)
 
 
 def template_version(probe: str) -> str:
@@ -112,18 +166,46 @@ class Prompt:
         return -1 if position is None else self.order[position]
 
 
-def question_text(probe: str, organ_a: int, organ_b: int, axis: int) -> str:
+def question_text(probe: str, organ_a: int, organ_b: int, axis: int,
+                  context: PromptContext | None = None) -> str:
     if probe not in LEVEL3_PROBES:
         raise ConfigError(f"no prompt template for probe {probe!r}; templates: {', '.join(LEVEL3_PROBES)}")
+    ctx = context or PromptContext()
     key = f"{probe}.{axis}" if probe == "relative_position" else probe
-    a = organ_text(organ_a) if organ_a >= 0 else ""
-    b = organ_text(organ_b) if organ_b >= 0 else ""
-    return QUESTIONS[key].format(a=a, b=b)
+    fill = {"a": organ_text(organ_a) if organ_a >= 0 else "",
+            "b": organ_text(organ_b) if organ_b >= 0 else ""}
+    if probe in THRESHOLD_PROBES:
+        if ctx.cuts is None:
+            raise ConfigError(f"the {probe} prompt states its thresholds: give PromptContext.cuts")
+        fill["t0"], fill["t1"] = (f"{stated(c):.1f}" for c in ctx.cuts)
+    if probe == "symmetry":
+        if ctx.band is None:
+            raise ConfigError("the symmetry prompt states its band: give PromptContext.band")
+        fill["band"] = f"{100 * ctx.band:g}"
+    return QUESTIONS[key].format(**fill)
+
+
+def _preamble(probe: str, hint: bool, blind: bool, context: PromptContext | None) -> list[str]:
+    """The sentences before the question: the image (or that none is shown) and the frame."""
+    if blind:
+        lines = [BLIND_NOTE, FRAME]
+    else:
+        lines = ([CONVENTION_HINT] if hint else []) + [FRAME]
+        if probe in THRESHOLD_PROBES and context is not None and context.mm_per_pixel:
+            lines.append(context.pixel_sentence())
+    if probe in CENTRE_PROBES:
+        lines.append(CENTRE)
+    return lines
 
 
 def render(probe: str, organ_a: int, organ_b: int, axis: int, order: tuple[int, ...],
-           hint: bool = True) -> Prompt:
-    """The prompt of one question with its options shown in ``order``."""
+           hint: bool = True, *, blind: bool = False, context: PromptContext | None = None) -> Prompt:
+    """The prompt of one question with its options shown in ``order``.
+
+    ``blind``: the prompt of the no-image control (no sentence describes an image);
+    ``context``: the question's scale, band and thresholds (required by size, distance
+    and symmetry, whose prompts state them).
+    """
     from ..tasks import get_probe
 
     names = get_probe(f"level3.{probe}").class_names
@@ -131,8 +213,8 @@ def render(probe: str, organ_a: int, organ_b: int, axis: int, order: tuple[int, 
         raise ValueError(f"order {order} is not a permutation of {len(names)} options")
     letters = tuple(string.ascii_uppercase[: len(names)])
     options = tuple(option_text(names[c]) for c in order)
-    lines = [CONVENTION_HINT] if hint else []
-    lines += [FRAME, question_text(probe, organ_a, organ_b, axis), "Options:"]
+    lines = _preamble(probe, hint, blind, context)
+    lines += [question_text(probe, organ_a, organ_b, axis, context), "Options:"]
     lines += [f"{letter}. {text}" for letter, text in zip(letters, options, strict=True)]
     lines.append(INSTRUCTION)
     return Prompt("\n".join(lines), letters, options, tuple(order), template_version(probe))

@@ -4,6 +4,14 @@ The answers, organs, axis, patients and mirror flags come from
 :meth:`spar_bench.probes.tasks.QuestionSpec.load_targets` (the same reader ``fit`` uses);
 here the question keys and splits are added, and each question's ``row`` is its
 slice's row in its split (``Build.images(spec.level, split, row)``).
+
+What the prompt states beside the organs (protocol 1.2, :class:`.prompts.PromptContext`)
+comes from the build too: the slice's ``mm_per_pixel``, the manifest's symmetry band and
+the size / distance thresholds of each question's organ or pair. The MLLM's answer to a
+size or distance question is its stored measurement (``q_area_a_mm2``, ``q_distance_mm``)
+classed by the thresholds AS STATED (one decimal), so the prompt decides it exactly; the
+encoders' probes keep the stored ``q_answer`` (full-precision thresholds). The two differ
+only for a measurement within 0.05 of a threshold.
 """
 
 from __future__ import annotations
@@ -15,15 +23,28 @@ import numpy as np
 from spar_bench.errors import ConfigError
 
 from ..targets import Targets, concat
+from .prompts import THRESHOLD_PROBES, PromptContext, stated
+
+#: The stored measurement a size / distance question's stated thresholds class.
+MEASURE_FIELD = {"size": "q_area_a_mm2", "distance": "q_distance_mm"}
 
 
 @dataclass(frozen=True)
 class Questions:
-    """The questions of one probe (``t``: its Targets) with their keys and splits."""
+    """The questions of one probe (``t``: its Targets) with their keys and splits.
+
+    ``mm_per_pixel`` (per question: its slice's), ``cuts`` (``(Q, 2)`` stated size /
+    distance thresholds, or None), ``measure`` (the stored area / distance those classify)
+    and ``band`` (symmetry) fill each prompt's :class:`PromptContext`.
+    """
 
     t: Targets
     key: np.ndarray
     split: np.ndarray
+    mm_per_pixel: np.ndarray | None = None
+    cuts: np.ndarray | None = None
+    measure: np.ndarray | None = None
+    band: float | None = None
 
     @property
     def spec(self):
@@ -39,7 +60,18 @@ class Questions:
 
     @property
     def answer(self) -> np.ndarray:
-        return self.t.y["answer"]
+        """The answer the MLLM is scored against: size and distance by the stated thresholds
+        (see the module doc), every other probe the stored answer."""
+        if self.cuts is None:
+            return self.t.y["answer"]
+        return np.array([np.searchsorted(c, m, side="right") for c, m in zip(self.cuts, self.measure, strict=True)],
+                        dtype=self.t.y["answer"].dtype)
+
+    def context(self, i: int, image_size: int = 224) -> PromptContext:
+        """What the prompt of question ``i`` states beside its organs."""
+        mpp = None if self.mm_per_pixel is None else float(self.mm_per_pixel[i])
+        cuts = None if self.cuts is None else (float(self.cuts[i, 0]), float(self.cuts[i, 1]))
+        return PromptContext(mpp, int(image_size), cuts, self.band)
 
     @property
     def organ_a(self) -> np.ndarray:
@@ -66,12 +98,35 @@ class Questions:
         return self.t.is_mirror
 
 
-def _targets(build, spec, split: str) -> tuple[Targets, np.ndarray]:
-    slice_keys = build.read(spec.level, split, ["key"])["key"]
-    t = spec.load_targets(build, split, slice_keys)  # rows = the slices' rows in the split
-    q = build.read(spec.level, split, ["q_key", "q_probe"])
-    keys = q["q_key"][q["q_probe"].astype(np.int64) == spec.index].astype(str)
-    return t, keys
+def _targets(build, spec, split: str) -> tuple[Targets, np.ndarray, dict[str, np.ndarray]]:
+    """The probe's targets on ``split``, its question keys, and per question the slice's
+    ``mm_per_pixel`` and the stored size / distance measurement (``measure``; NaN else)."""
+    slices = build.read(spec.level, split, ["key", "mm_per_pixel"])
+    t = spec.load_targets(build, split, slices["key"])  # rows = the slices' rows in the split
+    probe = spec.name.split(".", 1)[1]
+    fields = ["q_key", "q_probe"] + ([MEASURE_FIELD[probe]] if probe in MEASURE_FIELD else [])
+    q = build.read(spec.level, split, fields)
+    mine = q["q_probe"].astype(np.int64) == spec.index
+    keys = q["q_key"][mine].astype(str)
+    measure = q[MEASURE_FIELD[probe]][mine].astype(np.float64) if probe in MEASURE_FIELD \
+        else np.full(len(keys), np.nan)
+    extra = {"mm_per_pixel": slices["mm_per_pixel"].astype(np.float64)[t.rows], "measure": measure}
+    return t, keys, extra
+
+
+def _stated_cuts(build, probe: str, t: Targets) -> np.ndarray | None:
+    """``(Q, 2)`` the thresholds each size / distance prompt states; None for other probes."""
+    if probe not in THRESHOLD_PROBES:
+        return None
+    from spar_bench.builder.samples.thresholds import cuts_for
+
+    values = (build.manifest.get("thresholds") or {}).get("values") or {}
+    if probe not in values:
+        raise ConfigError(f"{build.root}: the build records no {probe} thresholds; the {probe} prompt "
+                          "states them (rebuild, or take them with --thresholds-from)")
+    a, b = t.y["organ_a"], t.y["organ_b"]
+    return np.array([[stated(c) for c in cuts_for(values, probe, int(a[i]), int(b[i]))] for i in range(len(t))],
+                    dtype=np.float64).reshape(len(t), 2)
 
 
 def load_questions(build, spec, splits: list[str]) -> Questions:
@@ -82,12 +137,17 @@ def load_questions(build, spec, splits: list[str]) -> Questions:
     t = concat([p[0][0] for p in parts])
     keys = np.concatenate([p[0][1] for p in parts])
     split = np.concatenate([np.full(len(p[0][1]), p[1]) for p in parts]).astype(str)
-    return Questions(t, keys, split)
+    mpp = np.concatenate([p[0][2]["mm_per_pixel"] for p in parts])
+    measure = np.concatenate([p[0][2]["measure"] for p in parts])
+    probe = spec.name.split(".", 1)[1]
+    band = (build.manifest.get("sample_config") or {}).get("symmetry_band") if probe == "symmetry" else None
+    return Questions(t, keys, split, mpp, _stated_cuts(build, probe, t), measure,
+                     None if band is None else float(band))
 
 
 def train_targets(build, spec) -> Targets | None:
     """The probe's original training questions (majority and prior controls), or None."""
     if "train" not in build.splits(spec.level):
         return None
-    t, _ = _targets(build, spec, "train")
+    t, _, _ = _targets(build, spec, "train")
     return t.subset(~t.is_mirror)

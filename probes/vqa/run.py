@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from spar_bench.errors import ConfigError
+from spar_bench.provenance import protocol_versions
 
 from .base import Backend, PartialAnswers, Reply, Request, to_pil
 from .cache import ResponseCache
@@ -86,10 +87,11 @@ def plan(qs: Questions, cfg: AskConfig) -> list[Item]:
     for i in range(len(qs)):
         rots = range(n) if cfg.circular and not qs.is_mirror[i] else range(1)
         args = (qs.probe, int(qs.organ_a[i]), int(qs.organ_b[i]), int(qs.axis[i]))
+        ctx = qs.context(i, cfg.image_size)  # scale, band and stated thresholds (protocol 1.2)
         for r in rots:
-            items.append(Item(i, "image", r, render(*args, orders[r], cfg.hint)))
+            items.append(Item(i, "image", r, render(*args, orders[r], cfg.hint, context=ctx)))
         if cfg.blind:
-            items.append(Item(i, "blind", 0, render(*args, orders[0], cfg.hint)))
+            items.append(Item(i, "blind", 0, render(*args, orders[0], cfg.hint, blind=True, context=ctx)))
     return items
 
 
@@ -228,13 +230,15 @@ def run_probe(backend: Backend, build, probe: str, out: str | Path, cfg: AskConf
     metrics = score_run(qs, records, train_targets(build, spec), cfg.seed, cfg.n_boot, head)
     metrics.update({"probe": probe, "head": head, "seed": cfg.seed,
                     "encoder": backend.name, "random_init": backend.random_init,
-                    "track": "vqa", "mode": backend.mode, "template_version": items[0].prompt.version})
+                    "track": "vqa", "mode": backend.mode, "template_version": items[0].prompt.version,
+                    **protocol_versions(build.manifest)})
     config = {"track": "vqa", "probe": probe, "head": head, "seed": cfg.seed,
               "model": backend.name, "model_identity": backend.identity,
               "decoding": backend.decoding, "mode": backend.mode, **cfg.to_dict(),
               "template_version": items[0].prompt.version, "probe_spec": spec.describe(),
               "dataset": Path(build.root).resolve().name,
-              "dataset_fingerprint": build.fingerprint, "versions": versions()}
+              "dataset_fingerprint": build.fingerprint, **protocol_versions(build.manifest),
+              "versions": versions()}
     rd = Path(out) / backend.name / probe / head / f"seed{cfg.seed}"
     write_run(rd, config, records, metrics)
     return rd

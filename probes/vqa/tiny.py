@@ -23,9 +23,11 @@ CHAT_TEMPLATE = (
 def _vocabulary() -> list[str]:
     from spar_bench.builder.schema import LEVEL3_CLASS_NAMES, ORGANS
 
-    from .prompts import CONVENTION_HINT, FRAME, INSTRUCTION, OPTION_TEXT, QUESTIONS, organ_text
+    from .prompts import (BLIND_NOTE, CENTRE, CONVENTION_HINT, FRAME, INSTRUCTION, OPTION_TEXT, PIXEL_SIZE,
+                          QUESTIONS, organ_text)
 
-    text = " ".join([CONVENTION_HINT, FRAME, INSTRUCTION, *QUESTIONS.values(), *OPTION_TEXT.values(),
+    text = " ".join([CONVENTION_HINT, BLIND_NOTE, CENTRE, PIXEL_SIZE, FRAME, INSTRUCTION, *QUESTIONS.values(),
+                     *OPTION_TEXT.values(), "0 1 2 3 4 5 6 7 8 9",
                      *(organ_text(i) for i in range(len(ORGANS))),
                      *(n for names in LEVEL3_CLASS_NAMES.values() for n in names),
                      "the correct answer is user assistant options"])

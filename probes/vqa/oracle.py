@@ -1,0 +1,207 @@
+"""``oracle`` and ``oracle:pixels``: answers from the build's masks and geometry, never from
+its stored answers (protocol 1.2: every MLLM question is answerable from its image).
+
+The oracle reads the question from the build (organs, axis) and the thresholds and band
+from the PROMPT's text, then recomputes the answer:
+
+* ``oracle`` reads the geometry stored with each question, measured at the scan's own
+  resolution: the organ centres (``q_centroid_a``/``_b``, pixels of the 224 frame), areas
+  (``q_area_a_mm2``/``_b``), lesion count (``q_count``) and the slice's ``mm_per_pixel``;
+  it checks in the slice's label mask that every organ it is asked about is visible, and
+  abstains (no answer: a miss) when one is not. It must score 100 % on every probe,
+  original and mirrored; anything less is a labelling or prompt bug.
+* ``oracle:pixels`` measures everything on the 224 x 224 masks themselves (centroids and
+  areas of the label map, 8-connected lesion components), as a perfect reader of the
+  image as shown would: the ceiling of a model that sees only those pixels. It falls short
+  of 100 % only on items whose measurement lies within the frame's resampling error of a
+  decision boundary.
+
+Without an image (the blind control) the oracle abstains. Answers are deterministic; the
+identity holds :data:`ORACLE_VERSION` so a changed oracle never reuses cached answers.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from spar_bench.builder.schema import LEVEL3_CLASS_NAMES, LEVEL3_PROBES
+from spar_bench.errors import ConfigError
+
+from .base import Backend, BackendOptions, Reply, Request
+from .prompts import option_text
+
+ORACLE_VERSION = "1"
+VARIANTS = ("geometry", "pixels")
+Q_FIELDS = ("q_key", "q_slice", "q_probe", "q_axis", "q_organ_a", "q_organ_b", "q_centroid_a",
+            "q_centroid_b", "q_area_a_mm2", "q_area_b_mm2", "q_count")
+
+_NUMBER = r"([0-9]+(?:\.[0-9]+)?)"
+#: Where each prompt states what the oracle needs: probe -> patterns of its numbers.
+STATED = {
+    "size": (rf"small: below {_NUMBER} mm\^2", rf"large: {_NUMBER} mm\^2 or more"),
+    "distance": (rf"near: below {_NUMBER} mm", rf"far: {_NUMBER} mm or more"),
+    "symmetry": (rf"at most {_NUMBER}% of their mean",),
+}
+
+
+def stated_numbers(probe: str, text: str) -> tuple[float, ...]:
+    """The numbers the prompt of ``probe`` states (thresholds; the symmetry band in %)."""
+    out = []
+    for pattern in STATED.get(probe, ()):
+        m = re.search(pattern, text)
+        if m is None:
+            raise ConfigError(f"oracle: the {probe} prompt does not state {pattern!r}: {text!r}")
+        out.append(float(m.group(1)))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """One question's measurements: centres (x, y) in pixels of the 224 frame, areas in
+    mm^2, lesion count, and the slice's pixel size."""
+
+    a: tuple[float, float]
+    b: tuple[float, float]
+    area_a: float
+    area_b: float
+    count: int
+    mm_per_pixel: float
+
+
+def sector(d_left: float, d_ant: float) -> int:
+    """Compass sector 0..7 (0 left, 2 anterior, 4 right, 6 posterior) of a direction."""
+    return int(round(math.atan2(d_ant, d_left) / (math.pi / 4))) % 8
+
+
+def _tertile(value: float, cuts: tuple[float, ...]) -> int:
+    return int(value >= cuts[0]) + int(value >= cuts[1])
+
+
+def decide(probe: str, axis: int, g: Geometry, stated: tuple[float, ...]) -> int:
+    """The class of a question, from its geometry and what its prompt states.
+
+    Image x grows towards the patient's left, y towards the patient's back (the canonical
+    frame, docs/PROTOCOL.md §2).
+    """
+    (xa, ya), (xb, yb) = g.a, g.b
+    if probe == "relative_position":
+        return int(xa > xb) if axis == 0 else int(ya < yb)
+    if probe == "orientation":
+        return sector(xb - xa, ya - yb)
+    if probe == "symmetry":  # the organ whose centre lies further to the patient's left is "left"
+        left, right = (g.area_a, g.area_b) if xa > xb else (g.area_b, g.area_a)
+        d, band = (left - right) / ((left + right) / 2.0), stated[0] / 100.0
+        return 0 if d > band else (2 if d < -band else 1)
+    if probe == "size":
+        return _tertile(g.area_a, stated)
+    if probe == "distance":
+        return _tertile(math.hypot(xa - xb, ya - yb) * g.mm_per_pixel, stated)
+    if probe == "counting":
+        return min(int(g.count), 3)
+    raise ConfigError(f"oracle: no rule for probe {probe!r}")
+
+
+def measure_pixels(label: np.ndarray, lesion: np.ndarray, a: int, b: int, mpp: float) -> Geometry:
+    """:class:`Geometry` measured on the 224 masks alone (``oracle:pixels``)."""
+    from scipy import ndimage
+
+    def organ(o: int) -> tuple[tuple[float, float], float]:
+        if o < 0:
+            return (math.nan, math.nan), math.nan
+        rows, cols = np.nonzero(label == o + 1)
+        return (float(cols.mean()), float(rows.mean())), float(rows.size) * mpp * mpp
+
+    (ca, area_a), (cb, area_b) = organ(a), organ(b)
+    _, n = ndimage.label(lesion > 0, structure=np.ones((3, 3), dtype=bool))
+    return Geometry(ca, cb, area_a, area_b, int(n), mpp)
+
+
+class OracleBackend(Backend):
+    """Reads the build given with ``--data`` (see the module doc)."""
+
+    def __init__(self, variant: str, data: str | Path | None, mode: str = "constrained"):
+        from spar_bench.builder.shards import Build
+
+        if variant not in VARIANTS:
+            raise ConfigError(f"model oracle:{variant}: expected oracle or oracle:pixels")
+        if data is None:
+            raise ConfigError("model oracle: needs the build it answers from (--data)")
+        self.variant, self.mode, self.build = variant, mode, Build(data)
+        self.name = "oracle" if variant == "geometry" else f"oracle-{variant}"
+        self.identity = {"kind": "oracle", "variant": variant, "version": ORACLE_VERSION,
+                         "build": self.build.fingerprint}
+        self.decoding = {"mode": mode}
+        self.batch_size = 4096
+        self.random_init = False
+        self._index: dict[str, tuple[str, int]] | None = None
+        self._q: dict[str, dict[str, np.ndarray]] = {}
+        self._slices: dict[tuple[str, int], tuple[np.ndarray, np.ndarray, float]] = {}
+
+    def _locate(self, key: str) -> tuple[str, int]:
+        """(split, question index in that split) of a question key."""
+        if self._index is None:
+            self._index = {}
+            for split in self.build.splits("level3"):
+                self._q[split] = self.build.read("level3", split, list(Q_FIELDS))
+                for j, k in enumerate(self._q[split]["q_key"].astype(str)):
+                    self._index[k] = (split, j)
+        if key not in self._index:
+            raise ConfigError(f"oracle: question {key} is not in {self.build.root}; pass its build as --data")
+        return self._index[key]
+
+    def _slice(self, split: str, row: int) -> tuple[np.ndarray, np.ndarray, float]:
+        if (split, row) not in self._slices:
+            rows = np.array([row], dtype=np.int64)
+            label = self.build.images("level3", split, rows, field="label")[0]
+            lesion = self.build.images("level3", split, rows, field="lesion")[0]
+            mpp = float(self.build.read("level3", split, ["mm_per_pixel"])["mm_per_pixel"][row])
+            self._slices[(split, row)] = (label, lesion, mpp)
+        return self._slices[(split, row)]
+
+    def _class(self, r: Request) -> tuple[str, int | None]:
+        """(probe, recomputed class, or None when an organ asked about is not visible)."""
+        split, j = self._locate(r.key)
+        q = {f: v[j] for f, v in self._q[split].items()}
+        probe, axis = LEVEL3_PROBES[int(q["q_probe"])], int(q["q_axis"])
+        a, b = int(q["q_organ_a"]), int(q["q_organ_b"])
+        label, lesion, mpp = self._slice(split, int(q["q_slice"]))
+        if any(o >= 0 and not (label == o + 1).any() for o in (a, b)):
+            return probe, None  # an organ the image does not show: no reader could answer
+        if self.variant == "pixels":
+            g = measure_pixels(label, lesion, a, b, mpp)
+        else:
+            g = Geometry(tuple(map(float, q["q_centroid_a"])), tuple(map(float, q["q_centroid_b"])),
+                         float(q["q_area_a_mm2"]), float(q["q_area_b_mm2"]), int(q["q_count"]), mpp)
+        return probe, decide(probe, axis, g, stated_numbers(probe, r.text))
+
+    def _position(self, r: Request) -> int | None:
+        """The displayed position of the recomputed answer, or None (abstain)."""
+        if r.image is None:
+            return None
+        probe, cls = self._class(r)
+        if cls is None:
+            return None
+        text = option_text(LEVEL3_CLASS_NAMES[probe][cls])
+        return r.options.index(text) if text in r.options else None
+
+    def answer(self, requests: list[Request]) -> list[Reply]:
+        out = []
+        for r in requests:
+            p = self._position(r)
+            if self.mode == "generate":
+                out.append(Reply(text="" if p is None else f"The correct answer is ({r.letters[p]})."))
+            else:
+                out.append(Reply(choice=p, text="" if p is not None else "(no answer)"))
+        return out
+
+    def close(self) -> None:
+        self.build.close()
+
+
+def load_oracle(rest: str, options: BackendOptions) -> OracleBackend:
+    return OracleBackend(rest or "geometry", options.data, options.mode)
