@@ -1,4 +1,5 @@
-"""The strict answer parser of the MLLM track, on a table of real-looking answers."""
+"""The strict answer parser of the MLLM track, on a table of real-looking answers
+(the grammar, case by kind: tests/test_vqa_parser_grammar.py)."""
 
 from __future__ import annotations
 
@@ -37,10 +38,10 @@ TABLE = [
     ("A or B", YES_NO, None),
     ("The answer is A or B", YES_NO, None),
     ("Either A or B", YES_NO, None),
-    ("B, not A", YES_NO, None),
+    ("B, not A", YES_NO, 1),  # issue 20: the negated option is not credited, the other is
     ("B) no", YES_NO, None),  # the letter and the text disagree
     ("The answer is A. Option B is wrong.", YES_NO, 0),  # only the statement is read
-    ("The answer is A.\nThe answer is B.", YES_NO, None),  # two statements disagree
+    ("The answer is A.\nThe answer is B.", YES_NO, 1),  # issue 20: the last answer statement wins
     ("I cannot determine this from the image.", YES_NO, None),
     ("A kidney is usually on the left.", YES_NO, None),  # an article, not a letter
     ("", YES_NO, None),
@@ -52,7 +53,7 @@ TABLE = [
     ("B) left", SECTORS, None),
     ("The answer is (H) left-posterior", SECTORS, 7),
     ("c) anterior", SECTORS, 2),
-    ("The spleen lies left-anterior of the liver.", SECTORS, 1),
+    ("The spleen lies left-anterior of the liver.", SECTORS, None),  # issue 20: a mention, not an answer
     ("left or right", SECTORS, None),
     ("I", SECTORS, None),  # not one of the letters shown
     # long option texts
@@ -64,13 +65,13 @@ TABLE = [
 @pytest.mark.parametrize("text,opts,expected", TABLE)
 def test_parser_table(text, opts, expected):
     letters, options = opts
-    assert parse_answer(text, letters, options) == expected
+    assert parse_answer(text, letters, options).position == expected
 
 
 def test_rotated_options_map_letters_to_what_is_shown():
     # with the options rotated, "B" is "no": the parser returns positions, not classes
-    assert parse_answer("B) no", ("A", "B"), ("yes", "no")) == 1
-    assert parse_answer("no", ("A", "B"), ("yes", "no")) == 1
+    assert parse_answer("B) no", ("A", "B"), ("yes", "no")).position == 1
+    assert parse_answer("no", ("A", "B"), ("yes", "no")).position == 1
 
 
 def test_strip_think():
