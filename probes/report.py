@@ -128,6 +128,7 @@ def _row(spec, enc: str, head: str, ms: list[dict]) -> dict[str, Any]:
     row["track"] = ms[0].get("track", "probe")  # "vqa": a multimodal LLM asked directly
     for name, path in VQA_COLUMNS.items():
         row[name], _ = _stat([_get(m, *path[1]) for m in ms])
+    row["unparsed"] = _unparsed(ms)
     # seeds whose training the epoch cap ended while the validation loss still improved
     row["capped"] = sum(_get(m, "train", "stopped_by") == "max_epochs" for m in ms)
     # a trained blind head below the prior (which sees what it sees) is under-trained
@@ -222,6 +223,25 @@ def _fs(s: dict, pct: bool, ci: bool = True) -> str:
     return text
 
 
+def _unparsed(ms: list[dict]) -> dict[str, int] | None:
+    """Unparseable headline answers of an MLLM row by reason, summed over seeds (None: no
+    run of the row records them)."""
+    got = [_get(m, "unparsed", "test") for m in ms]
+    if all(g is None for g in got):
+        return None
+    out: dict[str, int] = {}
+    for g in got:
+        for why, k in (g or {}).items():
+            out[why] = out.get(why, 0) + int(k)
+    return dict(sorted(out.items()))
+
+
+def _unparsed_cell(u: dict[str, int] | None) -> str:
+    if u is None:
+        return "-"
+    return ", ".join(f"{why} {k}" for why, k in u.items()) or "0"
+
+
 def _label(r: dict) -> str:
     trained = f" ({r['training']})" if r.get("training") else ""
     return r["encoder"] + trained + (
@@ -240,6 +260,8 @@ def _main_table(spec, rows: list[dict]) -> list[str]:
     cols += [f"transfer: {t}" for t in transfer]
     vqa = [c for c in VQA_COLUMNS if any(r.get(c) is not None for r in rows)]
     cols += [VQA_COLUMNS[c][0] for c in vqa]
+    why = any(r.get("unparsed") is not None for r in rows)
+    cols += ["unparsed (why)"] if why else []
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         score = "-" if r["mean"] is None else f"{_f(r['mean'], pct)} +- {_f(r['std'], pct)}"
@@ -253,6 +275,7 @@ def _main_table(spec, rows: list[dict]) -> list[str]:
             cells[-4] += " (!)"
         cells += [_fs(r["transfer"][t], pct) if t in r["transfer"] else "-" for t in transfer]
         cells += [_f(r.get(c), True) for c in vqa]
+        cells += [_unparsed_cell(r.get("unparsed"))] if why else []
         lines.append("| " + " | ".join(cells) + " |")
     if any(r["blind_below_prior"] for r in rows):
         lines += ["", "(!) The blind head scores below the prior, the best input-free prediction: it "
@@ -329,8 +352,9 @@ def render_markdown(table: dict[str, list[dict]], any_random: bool) -> str:
         lines += [
             "Heads named `vqa-*` are multimodal LLMs asked the questions directly (`spar-probe vqa`):",
             "their blind control is the same prompt without the image; parse: answers that named",
-            "exactly one option (the rest count wrong); circular: right under every rotation of the",
-            "options (CircularEval), and the mean accuracy over rotations.",
+            "exactly one option (the rest count wrong); unparsed (why): those that did not, by the",
+            "parser's reason, summed over seeds (docs/PROTOCOL.md 11); circular: right under every",
+            "rotation of the options (CircularEval), and the mean accuracy over rotations.",
             "",
         ]
     known = probe_names()

@@ -256,3 +256,51 @@ def test_steps_are_exposed():
     st = classify("B, not A", *YN)
     assert (st.kind, st.position) == ("answer", 1)
     assert classify("not A", *YN).kind == "negated" and classify("perhaps B", *YN).kind == "hedged"
+
+
+# --------------------------------------------------------------------------- in a run
+#: Replies of the stub model, one per question in turn: every reason and a credited one.
+STUB_REPLIES = ("The answer is {last}.", "perhaps A", "not A", "A or B", "I cannot determine this.",
+                "The kidney is {first}.", "")
+
+
+def test_reasons_are_recorded_per_answer_per_run_and_in_the_report(pipeline, tmp_path, monkeypatch):
+    """A stub generating model answers in every form: each answer's reason is in
+    answers.jsonl, the counts in metrics.json (``unparsed``), and the report's MLLM row."""
+    import json
+
+    from helpers import run_cmd
+
+    from spar_bench.probes.cli import cli
+    from spar_bench.probes.vqa.base import Reply
+    from spar_bench.probes.vqa.dummy import DummyBackend
+
+    def answer(self, requests):
+        return [Reply(text=STUB_REPLIES[i % len(STUB_REPLIES)].format(first=r.options[0], last=r.letters[-1]))
+                for i, r in enumerate(requests)]
+
+    monkeypatch.setattr(DummyBackend, "answer", answer)
+    runs = tmp_path / "runs"
+    assert run_cmd(cli, ["vqa", "--bootstrap", 20, "--model", "dummy", "--generate", "--data",
+                         pipeline["shards"], "--out", runs, "--probe", "relative_position"]) == 0
+    (rd,) = [p.parent for p in runs.rglob("metrics.json")]
+    recs = [json.loads(line) for line in (rd / "answers.jsonl").read_text().splitlines()]
+    m = json.loads((rd / "metrics.json").read_text())
+    expect = dict(zip(STUB_REPLIES[1:], ("hedged", "negated", "several", "refusal", "mention", "empty")))
+    for r in recs:  # the stub's batches may start anywhere in the cycle: check reply by reply
+        form = next((f for f in STUB_REPLIES[1:] if r["text"] == f.format(first="no", last="B")
+                     or r["text"] == f.format(first="yes", last="B")), None)
+        assert (r["choice"] is None) == (form is not None)
+        assert r["reason"] == (expect[form] if form is not None else None)
+    every = {}
+    for r in recs:
+        if r["choice"] is None:
+            every[r["reason"]] = every.get(r["reason"], 0) + 1
+    assert m["unparsed"]["all"] == dict(sorted(every.items())) and m["unparsed"]["n_answers"] == len(recs)
+    assert set(every) == {"hedged", "negated", "several", "refusal", "mention", "empty"}
+    assert sum(m["unparsed"]["test"].values()) == m["test"]["n_unparsed"]
+    out = tmp_path / "report"
+    assert run_cmd(cli, ["report", runs, "--out", out]) == 0
+    md = (out / "report.md").read_text()
+    row = next(line for line in md.splitlines() if "| vqa-generate |" in line)
+    assert "unparsed (why)" in md and ", ".join(f"{k} {v}" for k, v in m["unparsed"]["test"].items()) in row

@@ -111,6 +111,23 @@ def _controls(qs: Questions, t: dict[str, np.ndarray], train, part) -> dict[str,
     return ctrl
 
 
+def unparsed_reasons(records: list[dict]) -> dict[str, Any]:
+    """Unparseable answers by the parser's reason (``reason`` in answers.jsonl, see
+    :data:`spar_bench.probes.vqa.parse.REASONS`): on the headline items (``test``: original
+    questions with the image, rotation 0, the parse rate's items) and over ``all`` answers."""
+    test: dict[str, int] = {}
+    every: dict[str, int] = {}
+    for r in records:
+        if r.get("choice") is not None:
+            continue
+        why = r.get("reason") or "unparseable"
+        every[why] = every.get(why, 0) + 1
+        if r["variant"] == "image" and r["rotation"] == 0 and not r["mirror"]:
+            test[why] = test.get(why, 0) + 1
+    return {"test": dict(sorted(test.items())), "all": dict(sorted(every.items())),
+            "n_answers": len(records)}
+
+
 def score_run(qs: Questions, records: list[dict], train, seed: int, n_boot: int,
               head: str) -> dict[str, Any]:
     """The metrics.json body: test (rotation 0), mirror, CircularEval, controls."""
@@ -136,6 +153,7 @@ def score_run(qs: Questions, records: list[dict], train, seed: int, n_boot: int,
         "n_patients": {"test": int(np.unique(g[orig]).size)},
         "test": test,
         "parse_rate": (test or {}).get("parse_rate"),
+        "unparsed": unparsed_reasons(records),
         "mirror": part(mir, t["image"][:, 0], "mirror"),
         "circular": circular_metrics(y[orig], t["image"][orig], g[orig], boot("circular"), n_boot),
         "controls": _controls(qs, t, train, part),
