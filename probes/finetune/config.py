@@ -7,6 +7,11 @@ from dataclasses import asdict, dataclass
 
 from spar_bench.errors import ConfigError
 
+#: Options that change no trained weight or score beyond the device's numerics: not in a
+#: run's folder name nor in the identity a finished run is checked against (the precision
+#: itself is, as ``compute_dtype``).
+NOT_NAMED = frozenset({"device", "compute", "workers", "checkpoint_every"})
+
 
 @dataclass(frozen=True)
 class FinetuneConfig:
@@ -47,6 +52,12 @@ class FinetuneConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def changed(self) -> dict:
+        """The options that change the trained run and differ from their defaults (they name
+        the run's folder); where and how it runs (:data:`NOT_NAMED`) is left out."""
+        base = FinetuneConfig()
+        return {k: v for k, v in self.to_dict().items() if k not in NOT_NAMED and v != getattr(base, k)}
 
     def train_config(self):
         """The head-training config of ``spar-probe fit`` matching this run (blind baseline)."""

@@ -1,7 +1,9 @@
 """``spar-probe finetune``: train an encoder and a probe head end to end on a build's images.
 
-One run = one (encoder, init, build, probe, head, seed). Its folder
-``OUT/<encoder>-<finetuned|scratch>-<build>/<probe>/<head>/seed<k>/`` holds what a
+One run = one (encoder, init, build, probe, head + options, seed). Its folder
+``OUT/<encoder>-<finetuned|scratch>-<build>/<probe>/<head>[,<options>]/seed<k>/`` (the
+options that differ from their defaults, as ``fit``'s; a finished run is kept: rerun with
+the same options it is skipped, with others refused, replaced only with ``--overwrite``) holds what a
 ``spar-probe fit`` run holds (``config.json``, ``head.pt``, ``metrics.json`` with the same
 metrics, controls and patient-bootstrap intervals, so ``spar-probe report`` shows frozen,
 finetuned and from-scratch runs side by side) plus ``encoder.safetensors``: the trained
@@ -26,13 +28,17 @@ import numpy as np
 from spar_bench.errors import ConfigError
 from spar_bench.provenance import protocol_versions
 
-from .config import FinetuneConfig
+from ..runspec import differences, run_folder, variant_text
+from .config import NOT_NAMED, FinetuneConfig
 from .loop import BEST, CHECKPOINT, Split, Trainer, run_key
 from .model import EXPORT_FILE, export_encoder, freeze_blocks, load_trainable
 
 RUN_FILES = frozenset({"config.json", "head.pt", "metrics.json", "metrics.json.tmp", EXPORT_FILE,
                        EXPORT_FILE + ".tmp", CHECKPOINT, CHECKPOINT + ".tmp", BEST, BEST + ".tmp"})
 MODES = {"weights": "finetuned", "scratch": "scratch"}
+#: ``config.json`` fields that, with the head's and the training options, identify a run.
+IDENTITY = ("encoder", "init", "weights", "model_args", "dataset_fingerprint", "probe", "head", "seed",
+            "head_input", "compute_dtype", "train_mirrors", "controls", "n_bootstrap")
 
 
 def run_slug(encoder: str, init: str, build_root: str | Path) -> str:
@@ -120,23 +126,59 @@ def _encoding(encoder: str, build, seed: int, cfg: FinetuneConfig, *, weights, i
     return _encoding_of(enc, build, cfg)
 
 
-def _prepare_run_dir(rd: Path, resume: bool, overwrite: bool) -> None:
-    """A fresh run folder, or the checkpointed one with ``resume``; never a foreign folder.
+def finetune_variant(cfg: FinetuneConfig, head: str, head_cfg: dict, train_mirrors: bool) -> str:
+    """The run folder's suffix (as ``fit``'s :meth:`~..runspec.RunSpec.variant`): the training
+    and head options that differ from their defaults, ``encoder_lr=0.01,max_epochs=2``."""
+    from ..heads import head_defaults
 
-    A finished run of the same name is replaced (as ``fit`` does); an interrupted one only
-    with ``--overwrite``, so its checkpoints are not lost by accident.
+    changed = {**cfg.changed(), **{k: v for k, v in head_cfg.items() if head_defaults(head).get(k) != v}}
+    return variant_text({**changed, **({"train_mirrors": True} if train_mirrors else {})})
+
+
+def run_identity(config: dict) -> dict:
+    """What makes two finetune runs the same run, from a ``config.json``: :data:`IDENTITY`, the
+    head's options and the training options (not where it ran: ``config.NOT_NAMED``)."""
+    named = {k: v for k, v in (config.get("finetune_config") or {}).items() if k not in NOT_NAMED}
+    return {**{k: config.get(k) for k in IDENTITY}, **(config.get("head_config") or {}), **named}
+
+
+def _check_finished(rd: Path, config: dict) -> None:
+    """``rd`` holds a finished run: refuse it (one line) unless it is this run, same options."""
+    from spar_bench.provenance import json_safe
+
+    try:
+        had = run_identity(json.loads((rd / "config.json").read_text(encoding="utf-8")))
+    except (OSError, ValueError, AttributeError) as e:
+        raise ConfigError(f"{rd}: a finished run with an unreadable config.json ({e}); pass --overwrite "
+                          "to replace it, or write to a new --out") from None  # fmt: skip
+    diff = differences(had, json.loads(json.dumps(json_safe(run_identity(config)), default=str)))
+    if diff:
+        raise ConfigError(f"{rd}: a finished run with other options ({', '.join(diff)}); pass --overwrite "
+                          "to replace it, or write to a new --out")  # fmt: skip
+
+
+def _prepare_run_dir(rd: Path, config: dict, resume: bool, overwrite: bool) -> bool:
+    """A fresh run folder, or the checkpointed one with ``resume``; never a foreign folder.
+    True: ``rd`` holds this run, finished with the same options (nothing to train).
+
+    A finished run is replaced only with ``--overwrite``: one with other options is refused,
+    naming what differs; an interrupted one is continued with ``--resume``.
     """
     from spar_bench.outputs import check_target, claim, remove
 
     check_target(rd)
+    if (rd / "metrics.json").is_file() and not overwrite:
+        _check_finished(rd, config)
+        return True
     started = (rd / CHECKPOINT).is_file() and not (rd / "metrics.json").is_file()
     if started and resume:
-        return
+        return False
     if started and not overwrite:
         raise ConfigError(f"{rd}: holds an interrupted run; pass --resume to continue it, or --overwrite")
     if claim(rd, overwrite=True, owned=owned_finetune_run, what="finetune run folder"):
         remove(rd)
     rd.mkdir(parents=True, exist_ok=True)
+    return False
 
 
 def run_finetune(encoder: str, data: str | Path, head: str, probe: str, seed: int, out: str | Path, *,
@@ -169,28 +211,31 @@ def run_finetune(encoder: str, data: str | Path, head: str, probe: str, seed: in
                                     model_kwargs=model_kwargs, revision=revision)
     enc_spec = encoding.enc.spec
     encoder = published_encoder(encoder, enc_spec)  # no local path in the folder name or any record
-    rd = Path(out) / run_slug(encoder, init, data) / probe / head / f"seed{seed}"
-    _prepare_run_dir(rd, resume, overwrite)
+    variant = finetune_variant(cfg, head, head_cfg, train_mirrors)
+    rd = run_folder(out, run_slug(encoder, init, data), probe, head, variant, seed)
     level = spec.level
     trs, vas = Split(tr, level, "train"), Split(va, level, val_split)
     model, in_dim, n_tokens = _new_head(encoding, head, spec, kind, seed, head_cfg, trs, init == "scratch")
+    training = training_record(init, build, enc_spec.weights)
+    config = _config(encoder, enc_spec, init, weights, model_kwargs, build, probe, head, seed, kind, model,
+                     (in_dim, n_tokens), cfg, precision, training, controls, n_boot, train_mirrors)
+    config.update(variant=variant, run={**hrun.to_dict(), "features": Path(str(data)).name})  # names only, as fit's
+    if _prepare_run_dir(rd, config, resume, overwrite):
+        click.echo(f"{rd}: finished earlier with these options; kept (--overwrite trains it again)", err=True)
+        return rd
     key = run_key(encoder=encoder, weights=enc_spec.weights, init=init, model_kwargs=model_kwargs,
                   build=build.fingerprint, probe=probe, head=head, head_cfg=head_cfg, seed=seed,
                   cfg=cfg.to_dict(), compute=precision.dtype, train_mirrors=train_mirrors)
     trainer = Trainer(encoding, model, kind, seed, rd, key, progress)
     result = trainer.fit(trs, vas, resume)
-    training = training_record(init, build, enc_spec.weights)
     metrics = _score(encoding, model, kind, hrun, splits, (in_dim, n_tokens))
-    metrics.update({"encoder": rd.parent.parent.parent.name, "random_init": False, "layer": cfg.layer,
+    metrics.update({"encoder": rd.parent.parent.parent.name, "variant": variant, "random_init": False, "layer": cfg.layer,
                     "val_source": val_source, "training": training, **protocol_versions(build.manifest),
                     "train": {"epochs_run": len(result.hist_tr), "best_epoch": result.best_epoch,
                               "best_val_loss": result.best_val,
                               "stopped_by": stopped_by(len(result.hist_tr), result.best_epoch, cfg.patience),
                               "train_loss": result.hist_tr,
                               "val_loss": result.hist_va, "optimizer_steps": result.opt_steps, "images_per_s": result.images / max(result.seconds, 1e-9)}})
-    config = _config(encoder, enc_spec, init, weights, model_kwargs, build, probe, head, seed, kind, model,
-                     (in_dim, n_tokens), cfg, precision, training, controls, n_boot, train_mirrors)
-    config["run"] = {**hrun.to_dict(), "features": Path(str(data)).name}  # names only, as fit's
     _write(rd, encoding.enc, model, config, metrics)
     return rd
 
@@ -207,14 +252,16 @@ def _score(encoding, model, kind: str, run, data, dims: tuple) -> dict:
     spec, probe, head, seed, n_boot = run.spec, run.probe, run.head, run.seed, run.n_boot
     boot = lambda tag: np.random.default_rng(derive_seed(seed, "bootstrap", probe, head, tag))  # noqa: E731
 
+    prior = spec.fit_prior(tr)
+
     def scored(t, tag):
         rows = np.unique(t.rows)
         feats = encoding.features(spec.level, "test", rows, model, kind)
-        return score(t, predict(model, feats, remap(t, rows)), boot(tag), n_boot)
+        return score(t, predict(model, feats, remap(t, rows)), boot(tag), n_boot, prior)
 
     test = scored(te, "test")
     mirror = scored(te_mirror, "mirror") if len(te_mirror) else None
-    ctrl = _controls(run, model, dims, data, spec.fit_prior(tr), boot)
+    ctrl = _controls(run, model, dims, data, prior, boot)
     return {"probe": probe, "head": head, "seed": seed, "headline": spec.headline,
             "n_items": {"train": len(tr), "val": len(va), "test": len(te), "test_mirror": len(te_mirror)},
             "n_patients": {"train": int(np.unique(tr.patient).size), "test": int(np.unique(te.patient).size)},
@@ -312,7 +359,7 @@ def parse_model_args(text: str | None) -> dict[str, Any] | None:
 @click.option("--no-controls", is_flag=True, help="Skip the blind baseline.")
 @click.option("--train-mirrors", is_flag=True, help="Also train on mirrored counterfactual samples.")
 @click.option("--resume", is_flag=True, help="Continue an interrupted run from its checkpoint.")
-@click.option("--overwrite", is_flag=True, help="Replace an interrupted run instead of resuming it.")
+@click.option("--overwrite", is_flag=True, help="Replace a finished or interrupted run (train it again).")
 def finetune_command(encoder, weights, init, model_args, revision, data, head, probe, seeds, out, encoder_lr,
                      head_lr, weight_decay, batch_size, accum, max_epochs, warmup_epochs, patience,
                      freeze_blocks, layer, device, compute, workers, checkpoint_every, threads, n_boot,
