@@ -59,7 +59,8 @@ UNKNOWN_LABELS = ("fail", "ignore")
 #: default, so a build without them keeps the bytes of its dataset card and manifest config.
 #: Fields holding a file or folder: published as seen from OUT, or null (BuildConfig.recorded).
 PATH_FIELDS = ("thresholds_from", "split_file")
-OPTIONAL_FIELDS = {"cases": {}, "limit": {}, "split_ratio": {}, "split_file": None, "unknown_labels": "fail"}
+OPTIONAL_FIELDS = {"cases": {}, "limit": {}, "split_ratio": {}, "split_file": None, "unknown_labels": "fail",
+                   "preset": None}
 #: Fields of the build config that never change the output bytes (kept out of the manifest).
 RUNTIME_FIELDS = ("out", "workers", "resume", "overwrite", "partition")
 
@@ -92,6 +93,8 @@ class BuildConfig:
             ``ignore`` it (background; listed per case in the manifest).
         partition: ``(i, n)``: run phase 1 only, for the cases of partition i of n, into a
             partition folder that ``spar-build merge`` combines (:mod:`.partition`).
+        preset: ``{"name", "options", "overridden"}`` of a ``--preset`` (:mod:`spar_bench.presets`):
+            which options it set and which explicit options overrode it; None without one.
     """
 
     sources: tuple[str, ...]
@@ -115,6 +118,7 @@ class BuildConfig:
     split_file: str | None = None
     unknown_labels: str = "fail"
     partition: tuple[int, int] | None = None
+    preset: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.sources:
@@ -872,6 +876,7 @@ def build_from_cli(**options: Any) -> Path:
         hf=not options.get("no_hf"),
         unknown_labels=options.get("unknown_labels") or "fail",
         partition=parse_partition(options.get("partition")),
+        preset=options.get("preset_record"),
         **_choice_options(options, sources),
     )
     path = build(config)

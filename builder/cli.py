@@ -61,6 +61,9 @@ COMMANDS = {
 @click.option("--split-file", metavar="CSV", help="Splits of listed cases: columns case_id,split[,source].")
 @click.option("--unknown-labels", type=click.Choice(["fail", "ignore"]), default="fail", show_default=True,
               help="A label id the label map does not know: stop, or ignore it (recorded per case).")
+@click.option("--preset", metavar="NAME",
+              help="Fill the options not given from a named preset: paper (docs/PROTOCOL.md §12); "
+                   "explicit options win, and the manifest records both.")
 @click.version_option(package_name="spar-bench")
 @click.pass_context
 def cli(ctx: click.Context, **options) -> None:
@@ -71,6 +74,11 @@ def cli(ctx: click.Context, **options) -> None:
         click.echo(ctx.get_help())
         return
     from .build import build_from_cli
+
+    if options.get("preset"):
+        from spar_bench.presets import apply_build_preset, explicit_options
+
+        options, options["preset_record"] = apply_build_preset(options["preset"], options, explicit_options(ctx))
 
     build_from_cli(**options)
 

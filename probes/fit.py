@@ -590,11 +590,32 @@ def run_options(f):
     f = click.option("--bootstrap", "n_boot", default=1000, show_default=True, type=int,
                      help="Bootstrap replicates.")(f)  # fmt: skip
     f = click.option("--no-controls", is_flag=True, help="Skip the blind baseline (faster).")(f)
+    f = click.option("--preset", default=None, metavar="NAME",
+                     help="Fill the options not given from a named preset: paper (docs/PROTOCOL.md "
+                          "§12); explicit options win, and each run records both.")(f)  # fmt: skip
     f = click.option("--device", default="cpu", show_default=True,
                      help="Where heads train: cpu, or cuda[:N] (heads are light; the Level 1-2 "
                           "transformer gains most).")(f)  # fmt: skip
     return click.option("--threads", default=1, show_default=True, type=click.IntRange(1),
                         help="torch CPU threads per run (the same metrics either way).")(f)  # fmt: skip
+
+
+def apply_preset(params: dict[str, Any]) -> tuple[dict[str, Any], dict | None]:
+    """``--preset`` (popped from ``params``): the command's parameters with the preset's values
+    where none was given on the command line, and the preset's record (None without one)."""
+    name = params.pop("preset", None)
+    if not name:
+        return params, None
+    from spar_bench.presets import apply_probe_preset, explicit_options
+
+    return apply_probe_preset(name, params, explicit_options(click.get_current_context()))
+
+
+def with_preset(run: RunSpec, record: dict | None) -> RunSpec:
+    """``run`` marked with the preset that filled its options (recorded in config.json's ``run``)."""
+    if record is None:
+        return run
+    return run.replace(preset=record["name"], preset_overridden=tuple(record["overridden"]))
 
 
 def pop_run_options(kw: dict) -> dict[str, Any]:
@@ -619,11 +640,13 @@ def fit_command(features, head, probe, seeds, out, data, n_boot, no_controls, de
     """Train a probe head on cached features and score it (one run per probe x seed)."""
     import torch
 
+    kw, preset = apply_preset({"seeds": seeds, **kw})
+    seeds = kw.pop("seeds")
     options = pop_run_options(kw)
     check_device(device)
     probes = parse_probes(probe)
-    runs = [[make_run(features, p, head, s, options, data=data, controls=not no_controls,
-                      n_boot=n_boot, device=device) for s in parse_seeds(seeds)]
+    runs = [[with_preset(make_run(features, p, head, s, options, data=data, controls=not no_controls,
+                                  n_boot=n_boot, device=device), preset) for s in parse_seeds(seeds)]
             for p in probes]  # fmt: skip
     torch.set_num_threads(threads)
     explicit = all(p.strip() != "all" for item in probe for p in item.split(","))

@@ -103,6 +103,8 @@ class RunSpec:
     controls: bool = True
     train_mirrors: bool = False
     n_boot: int = 1000
+    preset: str | None = None  # a --preset that filled options (spar_bench.presets); never changes the head
+    preset_overridden: tuple[str, ...] = ()  # the preset's options given explicitly instead
 
     def __post_init__(self) -> None:
         from .heads import head_defaults
@@ -150,6 +152,7 @@ class RunSpec:
         kw = dict(d)
         kw["head_options"] = tuple(sorted((kw.get("head_options") or {}).items()))
         kw["train"] = TrainConfig(**kw.get("train", {}))
+        kw["preset_overridden"] = tuple(kw.get("preset_overridden") or ())
         return cls(**kw)
 
     # ------------------------------------------------------------------ naming

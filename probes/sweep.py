@@ -37,7 +37,7 @@ import click
 
 from spar_bench.errors import SparError
 
-from .fit import pop_run_options, run_options
+from .fit import apply_preset, pop_run_options, run_options, with_preset
 from .runspec import RunSpec
 
 
@@ -301,6 +301,8 @@ def sweep_command(features, heads, probes, seeds, out, jobs, grid, list_ids, onl
     from .heads import head_input
     from .runspec import check_device, parse_grid
 
+    kw, preset = apply_preset({"seeds": seeds, "heads": heads, **kw})
+    seeds, heads = kw.pop("seeds"), kw.pop("heads")
     options = pop_run_options(kw)
     head_list = [h.strip() for h in heads.split(",") if h.strip()]
     for h in head_list:
@@ -310,6 +312,7 @@ def sweep_command(features, heads, probes, seeds, out, jobs, grid, list_ids, onl
     all_jobs = make_jobs(str(features), head_list, parse_probes(probes), parse_seeds(seeds), options,
                          points, str(out), threads, data=data, controls=not no_controls,
                          n_boot=n_boot, device=device)  # fmt: skip
+    all_jobs = [Job(with_preset(j.run, preset), j.out, j.threads) for j in all_jobs]
     if grid_prune:
         check_grid_prune(grid_prune, all_jobs, points, bool(only or partition))
     cache = open_cache(features)
