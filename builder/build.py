@@ -705,6 +705,12 @@ def write_outputs(config: BuildConfig, ordered: list[dict], sources_info: dict[s
     if not records:
         raise SparError(f"every case failed; first: {skipped[0]['reason'] if skipped else 'none found'}")
     sources_info = _published_sources(config, sources_info, records)
+    if any(LEVEL_SPECS[lv].mosaic for lv in levels):  # which sources can give Level 1-2 samples
+        from .writers.manifest import level12_reach
+
+        for name, info in sources_info.items():
+            info["level12"] = level12_reach(info.get("label_map") or {}, sample_cfg.l12_min_organs,
+                                            [r["rows"] for r in records if r["source"] == name])
     th, th_origin = _thresholds(config, records, cases_dir, levels)
     out_dir = work / "out"
     shards, counts = _write_shards(config, records, cases_dir, out_dir, levels, th, sample_cfg)
@@ -851,7 +857,7 @@ def build_from_cli(**options: Any) -> Path:
     sample: dict[str, Any] = {}
     if options.get("levels"):
         sample["levels"] = [s.strip() for s in options["levels"].split(",") if s.strip()]
-    for opt in ("samples_per_case", "arrangement", "counterfactual"):
+    for opt in ("samples_per_case", "l12_min_organs", "arrangement", "counterfactual"):
         if options.get(opt) is not None:
             sample[opt] = options[opt]
     def given(name: str, default: Any) -> Any:  # 0 and "" are values, not "absent"

@@ -29,6 +29,8 @@ COMMANDS = {
 @click.option("--out", metavar="DIR", help="Output folder (required to build).")
 @click.option("--levels", metavar="LIST", help="Comma list of level1,level2,level3 (default all).")
 @click.option("--samples-per-case", type=int, help="Level 1/2 mosaics per case.")
+@click.option("--l12-min-organs", type=int,
+              help="Present organs a Level 1/2 mosaic needs (default 8; fewer: the case gives none).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Global seed.")
 @click.option("--workers", type=int, default=1, show_default=True,
               help="Worker processes (never changes the output).")

@@ -31,7 +31,8 @@ from spar_bench.clitools import run_cli
 from spar_bench.errors import CaseError
 
 # -- a fake source and small builds ----------------------------------------------------
-SMALL_SAMPLE = {"samples_per_case": 2, "l3_stride": 4, "l3_questions_per_probe": 2}
+# the fake cases show 5 organs: below the default Level 1-2 floor (l12_min_organs, 8)
+SMALL_SAMPLE = {"samples_per_case": 2, "l3_stride": 4, "l3_questions_per_probe": 2, "l12_min_organs": 1}
 
 
 def make_case(case_id: str, split: str, seed: int) -> Case:

@@ -20,7 +20,8 @@ from spar_bench.builder.samples.level12 import arrangement_slots, compose_mosaic
 from spar_bench.builder.schema import IMAGE_SIZE, N_ORGANS, ORGAN_ID, TILE_SIZE
 from spar_bench.errors import CaseError, ConfigError
 
-CFG = SampleConfig(levels=("level1", "level2"), samples_per_case=6)
+# the synthetic case has 5 organs: below the default Level 1-2 floor (test_level12_floor.py)
+CFG = SampleConfig(levels=("level1", "level2"), samples_per_case=6, l12_min_organs=1)
 
 
 def synthetic_case(case_id: str = "c0", shape=(10, 60, 80), spacing=(2.0, 1.5, 1.2)) -> Case:
@@ -150,7 +151,8 @@ def test_arrangement_slots_by_hand():
 @pytest.mark.parametrize("arrangement", ["rows-by-y", "rank-x", "rank-y"])
 def test_level2_perm_and_target_slot_reconstruct_the_arrangement(arrangement):
     case = synthetic_case()
-    cfg = SampleConfig(levels=("level1", "level2"), samples_per_case=4, arrangement=arrangement)
+    cfg = SampleConfig(levels=("level1", "level2"), samples_per_case=4, arrangement=arrangement,
+                       l12_min_organs=1)
     out = process_case(case, cfg, global_seed=3)
     l1, l2 = out["level1"], out["level2"]
     for i in range(4):

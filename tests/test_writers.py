@@ -26,7 +26,7 @@ def built(tmp_path_factory) -> Path:
     with SOURCES.registered("fake", FakeSource):
         yield build(build_config(root, root.parent / "out", sample={
             "samples_per_case": 2, "l3_stride": 3, "l3_questions_per_probe": 2,
-            "counterfactual": "mirror"}), quiet=True)
+            "counterfactual": "mirror", "l12_min_organs": 1}), quiet=True)
 
 
 def test_hdf5_layout_and_attributes(built: Path) -> None:

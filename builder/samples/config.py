@@ -13,7 +13,7 @@ from typing import Any
 
 from spar_bench.errors import ConfigError
 
-from ..schema import ARRANGEMENTS, LEVELS
+from ..schema import ARRANGEMENTS, LEVELS, N_ORGANS
 
 COUNTERFACTUALS = (None, "mirror")
 
@@ -30,6 +30,9 @@ class SampleConfig:
         fov_margin_mm: margin around the body's bounding box of the square field of view.
         tile_min_area_frac: a Level 1/2 tile's slice must show the organ with at least
             this fraction of the organ's largest slice area.
+        l12_min_organs: a Level 1/2 sample needs at least this many present organs (tiles);
+            a case with fewer gives no Level 1/2 samples (LiTS: liver only). Default 8:
+            exact-permutation chance ``1/8!`` (2.5e-5) is negligible (docs/PROTOCOL.md 4).
         l3_stride: Level 3 considers slices ``z`` with ``z % l3_stride == 0``.
         l3_min_organs: a Level 3 slice needs this many organs of area >= ``l3_min_area_mm2``.
         l3_min_area_mm2: an organ takes part in Level 3 questions only at this area or more.
@@ -48,6 +51,7 @@ class SampleConfig:
     window_width: float = 400.0
     fov_margin_mm: float = 10.0
     tile_min_area_frac: float = 0.25
+    l12_min_organs: int = 8
     l3_stride: int = 2
     l3_min_organs: int = 2
     l3_min_area_mm2: float = 50.0
@@ -74,6 +78,7 @@ class SampleConfig:
             )
         positive_ints = (
             "samples_per_case",
+            "l12_min_organs",
             "l3_stride",
             "l3_min_organs",
             "l3_questions_per_probe",
@@ -85,6 +90,11 @@ class SampleConfig:
                 raise ConfigError(f"sample config: {name} must be an integer >= 1, got {value!r}")
         if self.window_width <= 0:
             raise ConfigError(f"sample config: window_width must be > 0, got {self.window_width}")
+        if self.l12_min_organs > N_ORGANS:
+            raise ConfigError(
+                f"sample config: l12_min_organs must be at most {N_ORGANS} (the canonical organs), "
+                f"got {self.l12_min_organs}"
+            )
         if not 0.0 <= self.tile_min_area_frac <= 1.0:
             raise ConfigError(
                 f"sample config: tile_min_area_frac must be in [0, 1], got {self.tile_min_area_frac}"

@@ -2,6 +2,10 @@
 
 Level 1 sample ``i`` of a case
 ------------------------------
+* A case gives Level 1/2 samples only when at least ``l12_min_organs`` organs (default 8)
+  have an eligible slice (are present); otherwise it gives none (a LiTS case, liver only;
+  a scan whose field of view holds a few organs): a mosaic of k present tiles has
+  exact-permutation chance ``1/k!``, so a one-tile mosaic would be a free Level 2 item.
 * rng = ``np.random.default_rng(derive_seed(global_seed, source, case_id, "level1", i))``.
 * For each organ in class order that is present in the case: the eligible slices are
   those whose organ area (native pixels) is ``>= tile_min_area_frac *`` the organ's
@@ -70,8 +74,13 @@ def draw_tile_slices(eligible: list[np.ndarray], rng: np.random.Generator) -> np
 def plan_level12(
     case: Case, stats: SliceStats, config: SampleConfig, global_seed: int
 ) -> np.ndarray:
-    """The tile slices of every Level 1/2 sample: ``(samples_per_case, 16)`` int64, -1 absent."""
+    """The tile slices of every Level 1/2 sample: ``(samples_per_case, 16)`` int64, -1 absent.
+
+    ``(0, 16)`` (no sample) when fewer than ``config.l12_min_organs`` organs are present.
+    """
     eligible = eligible_tile_slices(stats, config.tile_min_area_frac)
+    if sum(len(zs) > 0 for zs in eligible) < config.l12_min_organs:
+        return np.empty((0, N_ORGANS), dtype=np.int64)
     draws = np.empty((config.samples_per_case, N_ORGANS), dtype=np.int64)
     for i in range(config.samples_per_case):
         rng = np.random.default_rng(

@@ -12,7 +12,8 @@ complete. Layout (top-level keys, as :func:`spar_bench.builder.build.build` writ
     seed              the global seed
     sample_config     SampleConfig.to_dict()
     levels            the levels built, e.g. ["level1", "level2", "level3"]
-    sources           {name: {"root", "inputs_sha256", "n_inputs", "n_cases", "needs", "label_map"}}
+    sources           {name: {"root", "inputs_sha256", "n_inputs", "n_cases", "needs", "label_map",
+                      "level12"}}; "level12" (builds with a mosaic level): see :func:`level12_reach`
     thresholds        {"values": {...} | null, "origin": "..."}
     shards            {level: {split: [{"path", "sha256", "rows", "questions"}]}}
     hf                {"files": [{"path", "sha256", "rows"}], "card": {"path", "sha256"}} | null
@@ -63,6 +64,31 @@ def shard_entries(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
     hf = manifest.get("hf") or {}
     pairs += [(e["path"], e["sha256"]) for e in hf.get("files", [])]
     return pairs
+
+
+def level12_reach(label_map: Mapping[str, Any], min_organs: int,
+                  case_rows: list[Mapping[str, int]]) -> dict[str, Any]:
+    """What one source gives Levels 1-2: the manifest's ``sources[name]["level12"]``.
+
+    A Level 1/2 sample needs ``min_organs`` present organs (``SampleConfig.l12_min_organs``).
+    ``reachable`` is False when the source's label map annotates fewer organs (LiTS: liver
+    only), so none of its cases can give a sample; None when the label map does not say which
+    organs it annotates. ``cases_with_samples`` / ``cases_without`` count the built cases
+    (``case_rows``: each case's rows per level) that gave / did not give Level 1 or 2 rows:
+    a reachable source can still hold cases whose field of view shows too few organs.
+    """
+    annotated = label_map.get("annotated")
+    n_annotated = len(annotated) if isinstance(annotated, list) else None
+    reachable = None if n_annotated is None else n_annotated >= min_organs
+    with_rows = sum(1 for r in case_rows if r.get("level1", 0) or r.get("level2", 0))
+    out: dict[str, Any] = {
+        "min_present_organs": min_organs, "annotated_organs": n_annotated, "reachable": reachable,
+        "cases_with_samples": with_rows, "cases_without": len(case_rows) - with_rows,
+    }  # fmt: skip
+    if reachable is False:
+        out["note"] = (f"the label map annotates {n_annotated} organ(s) ({', '.join(annotated)}); a "
+                       f"Level 1-2 sample needs {min_organs} present: no Level 1-2 samples from this source")
+    return out
 
 
 def dumps(manifest: Mapping[str, Any]) -> str:
