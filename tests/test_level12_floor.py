@@ -110,3 +110,19 @@ def test_cli_refuses_a_meaningless_floor(lits_root, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "l12_min_organs must be an integer >= 1" in err[0]
     assert not out.exists()
+
+
+def test_a_liver_only_build_publishes_no_empty_level12_files(lits_root, tmp_path):
+    """Level 1-2 of a liver-only build have no rows: no Parquet file (datasets cannot read a
+    0-row file) and no card config for them; the build verifies."""
+    from spar_bench.builder.verify import verify_build
+
+    out = tmp_path / "lits-only"
+    assert run_cmd(build_cli, ["--source", "lits", "--root", lits_root, "--samples-per-case", 2,
+                               "--out", out]) == 0  # fmt: skip
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["counts"]["level1"]["test"]["samples"] == 0 and m["counts"]["level3"]["test"]["slices"] > 0
+    assert {Path(e["path"]).parts[1] for e in m["hf"]["files"]} == {"level3"}
+    card = (out / "hf" / "README.md").read_text()
+    assert "config_name: level3" in card and "config_name: level1" not in card
+    assert verify_build(out) == []

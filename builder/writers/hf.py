@@ -170,8 +170,10 @@ def write_hf(
 
     out_dir = Path(out_dir)
     hf = out_dir / "hf"
+    # an empty shard has no Parquet file (datasets cannot read a 0-row one): a level or split
+    # without rows (Level 1-2 of a build of liver-only cases) has no config or split in the card
     jobs = [(str(out_dir), level, e["path"]) for level, by_split in shards.items()
-            for entries in by_split.values() for e in entries]
+            for entries in by_split.values() for e in entries if e["rows"]]
     if workers > 1 and len(jobs) > 1:
         from spar_bench.procs import process_pool
 
