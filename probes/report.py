@@ -117,6 +117,7 @@ def _row(spec, enc: str, head: str, ms: list[dict]) -> dict[str, Any]:
         # an encoder trained by `spar-probe finetune` (end to end, or its export probed frozen)
         "training": next((_get(m, "training", "label") for m in ms if _get(m, "training", "label")), None),
         "seeds": sorted(m["seed"] for m in ms),
+        "protocol": sorted({run_protocol(m) for m in ms}),
         "metric": key,
         **_summary(ms, "test", key),
     }
@@ -242,11 +243,24 @@ def _unparsed_cell(u: dict[str, int] | None) -> str:
     return ", ".join(f"{why} {k}" for why, k in u.items()) or "0"
 
 
+def run_protocol(m: dict) -> str:
+    """The protocol version a run used (docs/PROTOCOL.md), ``<1.2`` for runs that predate its record."""
+    return str(m.get("protocol_version") or "<1.2")
+
+
+def _protocol_note(r: dict) -> str:
+    """`` [protocol X]`` when a row's runs used another protocol than this code's."""
+    from spar_bench.builder.schema import PROTOCOL_VERSION
+
+    have = r.get("protocol") or []
+    return "" if have in ([], [PROTOCOL_VERSION]) else f" [protocol {', '.join(have)}]"
+
+
 def _label(r: dict) -> str:
     trained = f" ({r['training']})" if r.get("training") else ""
     return r["encoder"] + trained + (
         " **(random-init)**" if r["random_init"] and "random-init" not in r["encoder"] else ""
-    )
+    ) + _protocol_note(r)
 
 
 def _main_table(spec, rows: list[dict]) -> list[str]:
@@ -329,6 +343,15 @@ def _selection_table(spec, rows: list[dict]) -> list[str]:
     return lines
 
 
+def _protocol_line(table: dict[str, list[dict]]) -> str:
+    """Which protocol versions (docs/PROTOCOL.md) the report's runs used."""
+    have = sorted({v for rows in table.values() for r in rows for v in r.get("protocol") or []})
+    if not have:
+        return ""
+    return (f"Protocol (docs/PROTOCOL.md) of these runs: {', '.join(have)}. A row whose runs used another "
+            "version than this code's is marked [protocol X]; runs before 1.2 did not record theirs (<1.2).")
+
+
 def render_markdown(table: dict[str, list[dict]], any_random: bool) -> str:
     lines = ["# SPAR-Bench probe report", ""]
     if any_random:
@@ -346,6 +369,8 @@ def render_markdown(table: dict[str, list[dict]], any_random: bool) -> str:
         "left-right mirrored counterfactual test samples (a model that computes keeps its score; one",
         "that recalls canonical anatomy collapses). Transfer: mean +- std [95% CI] on another cache.",
         "Rates in %; Level 1 errors in pixels of the 224 frame (lower is better).",
+        "",
+        _protocol_line(table),
         "",
     ]
     if any(r.get("track") == "vqa" for rows in table.values() for r in rows):

@@ -124,3 +124,21 @@ def test_oracle_needs_its_build(tmp_path):
         load_backend("oracle", BackendOptions())
     with pytest.raises(ConfigError, match="oracle:pixels"):
         load_backend("oracle:nope", BackendOptions(data=str(tmp_path)))
+
+
+def test_report_says_which_protocol_each_run_used(oracle_runs, tmp_path):
+    import shutil
+
+    runs = tmp_path / "runs"
+    shutil.copytree(oracle_runs / "oracle" / "level3.size", runs / "oracle" / "level3.size")
+    old = runs / "old-model" / "level3.size"
+    shutil.copytree(oracle_runs / "oracle" / "level3.size", old)
+    mp = old / "vqa-loglik" / "seed0" / "metrics.json"
+    m = json.loads(mp.read_text())
+    del m["protocol_version"], m["build_protocol_version"]
+    m["encoder"] = "old-model"
+    mp.write_text(json.dumps(m))
+    assert run_cmd(cli, ["report", runs, "--out", tmp_path / "report"]) == 0
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "Protocol (docs/PROTOCOL.md) of these runs: 1.2, <1.2." in md
+    assert "| old-model [protocol <1.2] |" in md and "| oracle |" in md
