@@ -127,6 +127,8 @@ def _row(spec, enc: str, head: str, ms: list[dict]) -> dict[str, Any]:
         row[name], _ = _stat([_get(m, "controls", name, key) for m in ms])
     row["mirror"], _ = _stat([_get(m, "mirror", key) for m in ms])
     row["track"] = ms[0].get("track", "probe")  # "vqa": a multimodal LLM asked directly
+    # the splits scored as "test" (an MLLM run may ask other splits: never in the headline table)
+    row["splits"] = sorted({str(s) for m in ms for s in (m.get("splits") or ["test"])})
     for name, path in VQA_COLUMNS.items():
         row[name], _ = _stat([_get(m, *path[1]) for m in ms])
     row["unparsed"] = _unparsed(ms)
@@ -279,7 +281,8 @@ def _main_table(spec, rows: list[dict]) -> list[str]:
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         score = "-" if r["mean"] is None else f"{_f(r['mean'], pct)} +- {_f(r['std'], pct)}"
-        ci = "-" if r["ci_low"] is None else f"[{_f(r['ci_low'], pct)}, {_f(r['ci_high'], pct)}]"
+        ci = "-" if r["mean"] is None else "n/a" if r["ci_low"] is None else \
+            f"[{_f(r['ci_low'], pct)}, {_f(r['ci_high'], pct)}]"
         seeds = f"{len(r['seeds'])} (cap: {r['capped']})" if r.get("capped") else str(len(r["seeds"]))
         cells = [_label(r), r["head"], seeds, score, ci]
         cells += [_f(r["metrics"]["test"][k]["mean"], METRICS[k].percent) for k in others]
@@ -307,10 +310,22 @@ def _metrics_table(spec, rows: list[dict]) -> list[str]:
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         for ev, ms in r["metrics"].items():
-            cells = [_label(r), r["head"], ev]
+            cells = [_label(r), r["head"], _evaluation_label(r, ev)]
             cells += [_fs(ms[k], METRICS[k].percent) for k in spec.metrics]
             lines.append("| " + " | ".join(cells) + " |")
     return lines
+
+
+def _on_test(r: dict) -> bool:
+    """Whether a row scores the test split (the headline); MLLM runs may ask other splits."""
+    return r.get("splits", ["test"]) == ["test"]
+
+
+def _evaluation_label(r: dict, ev: str) -> str:
+    """``test``/``mirror`` named by the splits a row scored (``val``, ``val mirror``)."""
+    if _on_test(r) or ev not in ("test", "mirror"):
+        return ev
+    return "+".join(r["splits"]) + (" mirror" if ev == "mirror" else "")
 
 
 def _per_organ_table(spec, probe: str, rows: list[dict]) -> list[str]:
@@ -363,8 +378,9 @@ def render_markdown(table: dict[str, list[dict]], any_random: bool) -> str:
         ]
     lines += [
         "Scores on original test samples; mean +- std over seeds. CI: 95 % bootstrap over patients",
-        "(mean of the per-seed bounds). Prior: the best input-free prediction, fitted in closed form",
-        "on the training split (a trained blind head below it is under-trained). Blind: the same head",
+        "(mean of the per-seed bounds; n/a over fewer than 2 patients). Prior: the best input-free",
+        "prediction, fitted in closed form on the training split (a trained blind head below it is",
+        "under-trained). Blind: the same head",
         "trained on the question alone (no image features). Mirror: the same trained head on",
         "left-right mirrored counterfactual test samples (a model that computes keeps its score; one",
         "that recalls canonical anatomy collapses). Transfer: mean +- std [95% CI] on another cache.",
@@ -386,7 +402,12 @@ def render_markdown(table: dict[str, list[dict]], any_random: bool) -> str:
     for probe in [p for p in known if p in table] + sorted(set(table) - set(known)):
         spec, rows = get_probe(probe), table[probe]
         lines += [f"## {probe}", "", f"Prior: {spec.prior_rule}.", "", f"![{probe}]({probe}.png)", ""]
-        lines += _main_table(spec, rows) + [""]
+        if any(_on_test(r) for r in rows):
+            lines += _main_table(spec, [r for r in rows if _on_test(r)]) + [""]
+        if not all(_on_test(r) for r in rows):
+            lines += ["### Runs on other splits (not the test split: not in the table above)", "",
+                      "Each row is labelled by the splits it asked (`splits=...`).", ""]
+            lines += _main_table(spec, [r for r in rows if not _on_test(r)]) + [""]
         lines += ["### Every metric, every evaluation", ""] + _metrics_table(spec, rows) + [""]
         if any(r.get("selection") for r in rows):
             lines += _selection_table(spec, rows) + [""]

@@ -384,15 +384,22 @@ class Handler(BaseHTTPRequestHandler):
             kind, arg = "text", "A"
         if kind == "status":
             self._send(int(arg), b'{"error": "scripted"}')
+        elif kind == "retry":  # 429 with a Retry-After header (seconds or an HTTP date)
+            self._send(429, b'{"error": "busy"}', {"Retry-After": arg})
+        elif kind == "refusal":  # the OpenAI refusal field, no content
+            message = {"role": "assistant", "content": None, "refusal": arg}
+            self._send(200, json.dumps({"choices": [{"index": 0, "message": message}]}).encode())
         elif kind == "malformed":
             self._send(200, b'{"choices": [ not json')
         else:
             reply = {"choices": [{"index": 0, "message": {"role": "assistant", "content": arg}}]}
             self._send(200, json.dumps(reply).encode())
 
-    def _send(self, code: int, payload: bytes):
+    def _send(self, code: int, payload: bytes, headers: dict[str, str] | None = None):
         try:
             self.send_response(code)
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(payload)))
             self.end_headers()

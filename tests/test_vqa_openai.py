@@ -96,3 +96,76 @@ def test_bad_options_are_one_line_errors():
         OpenAIBackend("m", BackendOptions())
     with pytest.raises(ConfigError, match="served model"):
         OpenAIBackend("", BackendOptions(base_url="http://127.0.0.1:1/v1"))
+
+
+def test_retry_after_header_values():
+    from email.utils import formatdate
+
+    from spar_bench.probes.vqa.openai import retry_after
+
+    assert retry_after("5") == 5.0 and retry_after(" 0 ") == 0.0 and retry_after("-3") == 0.0
+    assert retry_after(None) is None and retry_after("") is None and retry_after("soon") is None
+    now = 1_800_000_000.0
+    assert retry_after(formatdate(now + 30, usegmt=True), now=now) == pytest.approx(30.0)
+    assert retry_after(formatdate(now - 30, usegmt=True), now=now) == 0.0  # a date already past
+
+
+@pytest.fixture()
+def waits(monkeypatch):
+    """The back-off waits asked for (recorded, not slept: no test measures the clock)."""
+    from spar_bench.probes.vqa import openai
+
+    got: list[float] = []
+    monkeypatch.setattr(openai, "_sleep", got.append)
+    return got
+
+
+def test_429_retry_after_is_honoured_with_jitter_up_to_a_cap(stub, waits):
+    from email.utils import formatdate
+
+    stub.plan = ["retry:5", "retry:5"]
+    (rep,) = _backend(stub, timeout=60, backoff=1.0).answer([_req()])
+    assert rep.text == "The correct answer is (B)." and rep.meta["attempts"] == 3
+    assert len(waits) == 2 and all(5.0 <= w <= 5.0 * 1.25 for w in waits)  # not the 1 s / 2 s back-off
+    waits.clear()
+    import time
+
+    stub.plan = [f"retry:{formatdate(time.time() + 20, usegmt=True)}"]  # an HTTP date
+    _backend(stub, timeout=60).answer([_req()])
+    assert len(waits) == 1 and 17.0 <= waits[0] <= 20.0 * 1.25
+    waits.clear()
+    stub.plan = ["retry:100000"]  # capped at MAX_BACKOFF_S, never a day
+    from spar_bench.probes.vqa.openai import MAX_BACKOFF_S
+
+    _backend(stub, timeout=600).answer([_req()])
+    assert len(waits) == 1 and MAX_BACKOFF_S <= waits[0] <= MAX_BACKOFF_S * 1.25
+    waits.clear()
+    stub.plan = ["status:503", "status:503"]  # no Retry-After: the doubling back-off from --backoff
+    _backend(stub, timeout=60, backoff=1.0).answer([_req()])
+    assert 1.0 <= waits[0] <= 1.25 and 2.0 <= waits[1] <= 2.5
+
+
+def test_waits_count_against_the_timeout(stub, waits):
+    stub.default = "retry:8"
+    with pytest.raises(PartialAnswers, match=r"Retry-After.*--timeout 10") as e:
+        _backend(stub, timeout=10, retries=5).answer([_req()])
+    assert len(waits) == 1 and len(stub.seen) == 2  # 8 s waited; 8 more would pass 10 s: stop
+    assert "\n" not in str(e.value)
+
+
+def test_a_refusal_is_stored_as_a_refusal(stub):
+    from spar_bench.probes.vqa.prompts import render
+    from spar_bench.probes.vqa.run import Item, decide
+
+    stub.plan = ["refusal:I cannot help with medical images."]
+    be = _backend(stub)
+    (rep,) = be.answer([_req()])
+    assert rep.text == "I cannot help with medical images." and rep.meta["refusal"] is True
+    from spar_bench.probes.vqa.base import Reply
+
+    again = Reply.from_dict(rep.to_dict())  # as the response cache gives it back
+    it = Item(0, "image", 0, render("relative_position", 1, 2, 0, (0, 1)))
+    assert decide(be, it, again) == (None, "refusal")
+    stub.plan = ["text:B"]
+    (ok,) = be.answer([_req()])
+    assert "refusal" not in ok.meta and decide(be, it, ok) == (1, None)

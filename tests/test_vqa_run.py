@@ -137,9 +137,10 @@ def test_rerun_reads_the_cache_and_another_model_does_not(env, tiny, monkeypatch
 def test_hf_tiny_generation_mode_parses_strictly(env, tiny):
     assert _vqa("--model", f"hf:{tiny}", "--data", env["shards"], "--out", env["runs"], "--probe",
                 "symmetry", "--generate", "--max-new-tokens", 4, "--no-circular") == 0
-    m = _metrics(env["runs"], _tiny(env["runs"]), "symmetry", "vqa-generate")
-    assert 0.0 <= m["parse_rate"] <= 1.0 and m["circular"] is None
-    recs = [json.loads(x) for x in (env["runs"] / _tiny(env["runs"]) / "level3.symmetry/vqa-generate/seed0/answers.jsonl")
+    m = _metrics(env["runs"], _tiny(env["runs"]), "symmetry", "vqa-generate,max_new_tokens=4")
+    assert 0.0 <= m["parse_rate"] <= 1.0 and m["circular"] is None and m["variant"] == "max_new_tokens=4"
+    recs = [json.loads(x) for x in (env["runs"] / _tiny(env["runs"]) /
+                                    "level3.symmetry/vqa-generate,max_new_tokens=4/seed0/answers.jsonl")
             .read_text().splitlines()]
     assert all(isinstance(r["text"], str) for r in recs)
     unparsed = [r for r in recs if not r["parsed"]]
@@ -173,10 +174,11 @@ def test_openai_backend_end_to_end_on_stub_server(env, capsys):
         assert _vqa("--model", "openai:stub-vlm", "--base-url", url, "--data", env["shards"], "--out",
                     env["runs"], "--probe", "symmetry", "--image-size", 448, "--concurrency", 3,
                     "--retries", 0, "--timeout", 10) == 0
-    rd = env["runs"] / "openai-stub-vlm/level3.symmetry/vqa-generate-448px/seed0"
+    (rd,) = env["runs"].glob("openai-stub-vlm-*/level3.symmetry/vqa-generate-448px/seed0")
+    assert re.fullmatch(r"openai-stub-vlm-[0-9a-f]{8}", rd.parts[-4])  # the server's URL names it too
     recs = [json.loads(x) for x in (rd / "answers.jsonl").read_text().splitlines()]
-    assert len(recs) == len(srv.seen) and sum(not r["parsed"] for r in recs) == 7
     m = json.loads((rd / "metrics.json").read_text())
+    assert len(recs) == len(srv.seen) + m["requests"]["deduplicated"] and sum(not r["parsed"] for r in recs) >= 7
     assert m["parse_rate"] < 1.0 and m["mode"] == "generate"
     png = next(s["body"]["messages"][0]["content"][0]["image_url"]["url"] for s in srv.seen
                if s["body"]["messages"][0]["content"][0]["type"] == "image_url")
@@ -220,7 +222,8 @@ def test_no_convention_hint_is_its_own_run_and_cache_entries(env):
     from spar_bench.probes.vqa.cache import ResponseCache
 
     cache = env["root"] / "hint-cache.sqlite"
-    args = ["--model", "dummy", "--data", env["shards"], "--out", env["runs"], "--probe", "symmetry",
+    runs = env["root"] / "runs-hint"
+    args = ["--model", "dummy", "--data", env["shards"], "--out", runs, "--probe", "symmetry",
             "--no-circular", "--no-blind", "--cache", cache]
     assert _vqa(*args) == 0
     with ResponseCache(cache) as c:
@@ -228,7 +231,7 @@ def test_no_convention_hint_is_its_own_run_and_cache_entries(env):
     assert _vqa(*args, "--no-convention-hint") == 0
     with ResponseCache(cache) as c:
         assert len(c) == 2 * n  # another prompt: asked again, never read from the hinted one
-    rd = env["runs"] / "dummy/level3.symmetry/vqa-loglik-nohint/seed0"
+    rd = runs / "dummy/level3.symmetry/vqa-loglik-nohint/seed0"
     assert json.loads((rd / "config.json").read_text())["convention_hint"] is False
 
 

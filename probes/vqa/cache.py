@@ -10,6 +10,10 @@ another, even on a hash collision or a hand-edited file.
 
 Answers are committed after each batch, so an interrupted run resumes where it stopped,
 and rescoring (a new parser, new bootstrap replicates) costs no model call.
+
+A damaged file is one line, never a traceback: the file is checked when opened
+(``PRAGMA quick_check``), and any SQLite error later (a page that goes bad, a full disk)
+names the file and what to do.
 """
 
 from __future__ import annotations
@@ -56,16 +60,32 @@ class ResponseCache:
             self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (SCHEMA,))
             self._db.commit()
             (schema,) = self._db.execute("SELECT value FROM meta WHERE name='schema'").fetchone()
+            (check,) = self._db.execute("PRAGMA quick_check(1)").fetchone()
         except sqlite3.DatabaseError as e:
-            raise ConfigError(f"{self.path}: not a SPAR-Bench response cache ({e})") from None
+            raise ConfigError(f"{self.path}: not a readable SPAR-Bench response cache ({e}); "
+                              "delete it (its answers are asked again) or pass another --cache") from None
         if schema != SCHEMA:
             raise ConfigError(f"{self.path}: response cache schema {schema!r}, expected {SCHEMA!r}")
+        if check != "ok":
+            raise self._damaged("it fails SQLite's quick_check")
+
+    def _damaged(self, what: object) -> ConfigError:
+        """The one-line error of a cache file SQLite cannot read or write."""
+        text = str(what).splitlines()[0] if str(what) else type(what).__name__
+        if "full" in text.lower():
+            return ConfigError(f"{self.path}: cannot write the response cache ({text}); free space and "
+                               "rerun (the answers stored so far are kept)")
+        return ConfigError(f"{self.path}: the response cache is damaged ({text}); delete the file "
+                           "(its answers are asked again) or pass another --cache")
 
     def get(self, key: dict[str, Any]) -> dict[str, Any] | None:
         """The reply stored for exactly ``key``, or None."""
-        row = self._db.execute(
-            "SELECT key, reply FROM replies WHERE hash=?", (key_hash(key),)
-        ).fetchone()
+        try:
+            row = self._db.execute(
+                "SELECT key, reply FROM replies WHERE hash=?", (key_hash(key),)
+            ).fetchone()
+        except sqlite3.DatabaseError as e:
+            raise self._damaged(e) from None
         if row is None:
             return None
         if row[0] != canonical(key):
@@ -78,11 +98,17 @@ class ResponseCache:
     def put_many(self, items: list[tuple[dict[str, Any], dict[str, Any]]]) -> None:
         """Store replies and commit (one transaction)."""
         rows = [(key_hash(k), canonical(k), canonical(r)) for k, r in items]
-        with self._db:
-            self._db.executemany("INSERT OR REPLACE INTO replies VALUES (?, ?, ?)", rows)
+        try:
+            with self._db:
+                self._db.executemany("INSERT OR REPLACE INTO replies VALUES (?, ?, ?)", rows)
+        except sqlite3.DatabaseError as e:
+            raise self._damaged(e) from None
 
     def __len__(self) -> int:
-        return int(self._db.execute("SELECT COUNT(*) FROM replies").fetchone()[0])
+        try:
+            return int(self._db.execute("SELECT COUNT(*) FROM replies").fetchone()[0])
+        except sqlite3.DatabaseError as e:
+            raise self._damaged(e) from None
 
     def close(self) -> None:
         self._db.close()

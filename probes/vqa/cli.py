@@ -79,7 +79,9 @@ def default_cache(out: str | Path, model: str) -> Path:
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--dtype", default="float32", show_default=True,
               type=click.Choice(["float32", "bfloat16", "float16"]))
-@click.option("--timeout", default=120.0, show_default=True, type=float, help="Seconds per HTTP request.")
+@click.option("--timeout", default=120.0, show_default=True, type=float,
+              help="Seconds per HTTP request; the back-off waits of one question (Retry-After honoured, "
+                   "capped) count against it too.")
 @click.option("--retries", default=3, show_default=True, type=click.IntRange(0, 20))
 @click.option("--concurrency", default=4, show_default=True, type=click.IntRange(1, 64))
 @click.option("--seed", default=0, show_default=True, type=int)
@@ -95,7 +97,7 @@ def vqa_command(model, data, probe, splits, out, revision, base_url, api_key_env
     from ..tasks import get_probe
     from . import load_backend
     from .cache import ResponseCache
-    from .run import AskConfig, run_probe
+    from .run import AskConfig, check_finished, run_dir, run_identity, run_probe
 
     probes = parse_question_probes(probe)
     if not (Path(data) / "manifest.json").is_file():
@@ -113,6 +115,9 @@ def vqa_command(model, data, probe, splits, out, revision, base_url, api_key_env
     backend = load_backend(model, opts)
     cfg = AskConfig(split_list, not no_convention_hint, not no_circular, not no_blind,
                     resolve_image_size(image_size, backend), seed, n_boot)
+    for p in probes:  # a finished run made otherwise is refused before any question is asked
+        check_finished(run_dir(backend, p, out, cfg), run_identity(backend, build, p, cfg))
+    saved = 0
     with ResponseCache(cache_path or default_cache(out, backend.name)) as cache:
         for p in probes:
             with _Progress(p) as progress:
@@ -120,8 +125,10 @@ def vqa_command(model, data, probe, splits, out, revision, base_url, api_key_env
             if rd is None:
                 click.echo(f"{p}: no questions on {', '.join(split_list)}; skipped", err=True)
                 continue
-            _echo(p, rd)
+            saved += _echo(p, rd)
     backend.close()
+    if saved:
+        click.echo(f"byte-identical prompts asked once: {saved} requests saved")
 
 
 class _Progress:
@@ -145,7 +152,8 @@ class _Progress:
             self.bar.close()
 
 
-def _echo(probe: str, rd: Path) -> None:
+def _echo(probe: str, rd: Path) -> int:
+    """Print a probe's scores; return the requests its deduplication saved."""
     m = json.loads((rd / "metrics.json").read_text())
     f = lambda v: "n/a" if v is None else f"{100 * v:.1f}%"  # noqa: E731
     circ = m.get("circular") or {}
@@ -153,3 +161,4 @@ def _echo(probe: str, rd: Path) -> None:
     click.echo(f"{probe}: accuracy={f(m['test']['accuracy'])} parse={f(m['parse_rate'])} "
                f"circular={f(circ.get('strict'))} blind={f(blind)} "
                f"mirror={f((m.get('mirror') or {}).get('accuracy'))} -> {rd}")
+    return int((m.get("requests") or {}).get("deduplicated", 0))

@@ -9,15 +9,27 @@ llama.cpp, Ollama), over the standard library's HTTP client.
   ``structured_outputs: {"choice": [...]}``, listing the option letters; the reply is
   still parsed strictly. A server that refuses the parameter stops the run with its error.
 * Bounded everywhere: ``--concurrency`` requests in flight, ``--timeout`` seconds each,
-  ``--retries`` more attempts with exponential back-off on timeouts, connection errors,
-  429 and 5xx answers and malformed JSON; any other 4xx stops at once. A request that
-  still fails stops the run (the answers so far are cached: a rerun resumes).
+  ``--retries`` more attempts on timeouts, connection errors, 429 and 5xx answers and
+  malformed JSON; any other 4xx stops at once. A request that still fails stops the run
+  (the answers so far are cached: a rerun resumes).
+* Back-off follows the server: a ``Retry-After`` header (seconds or an HTTP date) sets the
+  wait before the next attempt, else it doubles from 1 s; each wait is capped at
+  ``min(MAX_BACKOFF_S, --timeout)`` and stretched by up to 25 % jitter (so concurrent
+  requests do not return together), and the waits of one question count against
+  ``--timeout``: once they would exceed it, the question stops with the server's last answer.
+* A reply in the ``refusal`` field (no ``content``) is kept as a refusal: its text is
+  stored, and it counts as unparseable with reason ``refusal``.
+* The run folder is ``openai-<model>-<sha8 of the server URL>``: one model name on two
+  servers makes two runs.
 """
 
 from __future__ import annotations
 
+import email.utils
+import hashlib
 import json
 import os
+import random
 import time
 import urllib.error
 import urllib.request
@@ -37,7 +49,35 @@ class ServerError(SparError):
 
 
 class _Retry(Exception):
-    """A failure worth another attempt (timeout, 5xx, 429, malformed JSON)."""
+    """A failure worth another attempt (timeout, 5xx, 429, malformed JSON); ``after``: the
+    seconds the server asked to wait (``Retry-After``), when it did."""
+
+    def __init__(self, message: str, after: float | None = None):
+        super().__init__(message)
+        self.after = after
+
+
+def retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header: delay-seconds or an HTTP date; None
+    when absent or unreadable, 0 for a date in the past."""
+    if not value or not value.strip():
+        return None
+    v = value.strip()
+    try:
+        return max(0.0, float(v))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(v)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None or when.tzinfo is None:
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def _sleep(seconds: float) -> None:  # one place to wait (tests record the waits instead)
+    time.sleep(seconds)
 
 
 class OpenAIBackend(Backend):
@@ -55,9 +95,12 @@ class OpenAIBackend(Backend):
         self.concurrency = options.concurrency
         self.guided = options.guided
         self.mode = "generate"
-        self.name = "openai-" + model.replace("/", "-").replace(":", "-")
-        self.identity = {"kind": "openai", "base_url": options.base_url.rstrip("/"), "model": model,
-                         "revision": options.revision}
+        base = options.base_url.rstrip("/")
+        # the server names the folder too: one model name on two servers makes two runs
+        self.name = ("openai-" + model.replace("/", "-").replace(":", "-") + "-"
+                     + hashlib.sha256(base.encode("utf-8")).hexdigest()[:8])
+        self.identity = {"kind": "openai", "base_url": base, "model": model, "revision": options.revision}
+        self.jitter = random.Random()
         self.decoding = {"mode": "generate", "temperature": 0, "max_tokens": options.max_new_tokens,
                          "guided": self.guided}
         self.batch_size = max(options.batch_size, options.concurrency)
@@ -74,7 +117,7 @@ class OpenAIBackend(Backend):
             body["structured_outputs"] = {"choice": list(r.letters)}
         return body
 
-    def _post(self, data: bytes) -> str:
+    def _post(self, data: bytes) -> Reply:
         headers = {"Content-Type": "application/json"}
         if self.key:
             headers["Authorization"] = f"Bearer {self.key}"
@@ -85,27 +128,48 @@ class OpenAIBackend(Backend):
         except urllib.error.HTTPError as e:
             detail = e.read(300).decode("utf-8", "replace").strip().replace("\n", " ")
             if e.code == 429 or e.code >= 500:
-                raise _Retry(f"HTTP {e.code}: {detail}") from None
+                after = retry_after(e.headers.get("Retry-After") if e.headers else None)
+                raise _Retry(f"HTTP {e.code}: {detail}", after) from None
             raise ServerError(f"{self.url}: HTTP {e.code}: {detail}") from None
         except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as e:
             raise _Retry(f"{type(e).__name__}: {getattr(e, 'reason', e)}") from None
         try:
-            content = json.loads(raw)["choices"][0]["message"]["content"]
-        except (ValueError, KeyError, IndexError, TypeError):
+            message = json.loads(raw)["choices"][0]["message"]
+            content, refusal = message.get("content"), message.get("refusal")
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
             raise _Retry(f"malformed reply: {raw[:120]!r}") from None
-        return content if isinstance(content, str) else ""
+        if isinstance(refusal, str) and refusal.strip() and not (isinstance(content, str) and content.strip()):
+            return Reply(text=refusal, meta={"refusal": True})
+        return Reply(text=content if isinstance(content, str) else "")
+
+    def wait_before(self, attempt: int, after: float | None) -> float:
+        """Seconds before attempt ``attempt`` (1 = the first retry): the server's ``after``,
+        else the doubling back-off; capped, plus up to 25 % jitter."""
+        base = after if after is not None else self.backoff * 2 ** (attempt - 1)
+        return min(base, MAX_BACKOFF_S, self.timeout) * (1.0 + 0.25 * self.jitter.random())
 
     def ask_one(self, r: Request) -> Reply:
-        """One request, at most ``retries + 1`` attempts."""
+        """One request, at most ``retries + 1`` attempts; the waits between them count
+        against ``--timeout``."""
         data = json.dumps(self.body(r)).encode("utf-8")
-        last = ""
+        waited, last = 0.0, _Retry("")
         for attempt in range(self.retries + 1):
             if attempt:
-                time.sleep(min(MAX_BACKOFF_S, self.backoff * 2 ** (attempt - 1)))
+                wait = self.wait_before(attempt, last.after)
+                if waited + wait > self.timeout:
+                    why = "Retry-After" if last.after is not None else "back-off"
+                    raise ServerError(
+                        f"{self.url}: question {r.key}: waiting {wait:.1f} s more ({why}) after {waited:.1f} s "
+                        f"would pass --timeout {self.timeout:g} (last: {last}); answers so far are cached, "
+                        "rerun later to resume")
+                _sleep(wait)
+                waited += wait
             try:
-                return Reply(text=self._post(data), meta={"attempts": attempt + 1})
+                reply = self._post(data)
             except _Retry as e:
-                last = str(e)
+                last = e
+                continue
+            return Reply(text=reply.text, meta={**reply.meta, "attempts": attempt + 1})
         raise ServerError(
             f"{self.url}: question {r.key} failed {self.retries + 1} times (last: {last}); "
             "answers so far are cached, rerun to resume"

@@ -1,10 +1,15 @@
 """Ask a model every Level 3 question of a build, score it like a probe head, write the run.
 
 One run = one (model, probe, answering mode) on the chosen splits. Its folder
-``OUT/<model-slug>/<probe>/<head>/seed<k>/`` (``head`` = ``vqa-loglik``, ``vqa-generate``
-or ``vqa-guided``, plus ``-nohint`` without the convention hint and ``-<N>px`` for an
-upscaled image) holds ``config.json``, ``answers.jsonl`` (every answer, with its template
-version, option order and raw text) and ``metrics.json`` (written last: a finished run).
+``OUT/<model-slug>/<probe>/<head>[,<key>=<value>...]/seed<k>/`` (``head`` = ``vqa-loglik``,
+``vqa-generate`` or ``vqa-guided``, plus ``-nohint`` without the convention hint and
+``-<N>px`` for an upscaled image; then, as for ``fit`` runs, the options that change the
+answers and differ from their defaults: ``splits``, ``guided``, ``max_new_tokens``,
+``dtype``) holds ``config.json``, ``answers.jsonl`` (every answer, with its template
+version, option order, image digest and raw text) and ``metrics.json`` (written last: a
+finished run). A finished run made with anything else that changes its answers (the
+model's identity, decoding, template, build, image size, controls) is refused in one
+line, never replaced.
 
 Asked per probe:
 
@@ -15,6 +20,9 @@ Asked per probe:
   them, with and without the image.
 
 Every answer goes through the response cache (:mod:`.cache`): reruns resume, rescoring is free.
+An image answer's key holds the sha256 of the stored slice, so another build's pixels are
+never answered from the cache; a blind answer's key holds no question key (the model sees
+the prompt alone), so byte-identical blind prompts are asked once per run and cache.
 """
 
 from __future__ import annotations
@@ -31,14 +39,19 @@ import numpy as np
 from spar_bench.errors import ConfigError
 from spar_bench.provenance import protocol_versions
 
-from .base import Backend, PartialAnswers, Reply, Request, to_pil
-from .cache import ResponseCache
+from ..runspec import differences, run_folder, variant_text
+from .base import Backend, BackendOptions, PartialAnswers, Reply, Request, to_pil
+from .cache import ResponseCache, key_hash
 from .parse import parse_answer
-from .prompts import Prompt, render, rotations
+from .prompts import Prompt, render, rotations, template_version
 from .questions import Questions, load_questions, train_targets
 from .score import score_run
 
 METRICS_FILE = "metrics.json"
+#: config.json fields a finished run must share with a run that would write its folder.
+IDENTITY_FIELDS = ("model_identity", "decoding", "template_version", "splits", "convention_hint",
+                   "circular", "blind", "image_size", "dataset_fingerprint")
+DEFAULT_MAX_NEW_TOKENS = BackendOptions().max_new_tokens
 RUN_FILES = frozenset({"config.json", "answers.jsonl", METRICS_FILE, METRICS_FILE + ".tmp"})
 
 
@@ -78,6 +91,63 @@ def head_name(backend: Backend, cfg: AskConfig) -> str:
         "" if cfg.image_size == 224 else f"-{cfg.image_size}px")
 
 
+def variant_of(backend: Backend, cfg: AskConfig) -> str:
+    """``k=v,...`` of the options that change the answers, differ from their defaults and are
+    named neither by the model slug nor by the head: the folder suffix (``splits=val``)."""
+    dec, changed = backend.decoding, {}
+    if tuple(cfg.splits) != ("test",):
+        changed["splits"] = "+".join(cfg.splits)
+    if dec.get("guided", "none") != "none":
+        changed["guided"] = dec["guided"]
+    tokens = dec.get("max_new_tokens", dec.get("max_tokens"))
+    if tokens is not None and tokens != DEFAULT_MAX_NEW_TOKENS:
+        changed["max_new_tokens"] = tokens
+    if dec.get("dtype", "float32") != "float32":
+        changed["dtype"] = dec["dtype"]
+    return variant_text(changed)
+
+
+def run_dir(backend: Backend, probe: str, out: str | Path, cfg: AskConfig) -> Path:
+    """``OUT/<model>/<probe>/<head>[,variant]/seed<k>``."""
+    return run_folder(out, backend.name, probe, head_name(backend, cfg), variant_of(backend, cfg), cfg.seed)
+
+
+def run_identity(backend: Backend, build, probe: str, cfg: AskConfig) -> dict[str, Any]:
+    """The :data:`IDENTITY_FIELDS` of a run of ``probe`` (``level3.<name>``), as config.json has them."""
+    d = {"model_identity": backend.identity, "decoding": backend.decoding,
+         "template_version": template_version(probe.split(".", 1)[1]), **cfg.to_dict(),
+         "dataset_fingerprint": build.fingerprint}
+    return json.loads(json.dumps({k: d[k] for k in IDENTITY_FIELDS}))
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"decoding": {"guided": x}}`` -> ``{"decoding.guided": x}`` (a refusal names the leaf)."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def check_finished(rd: Path, identity: dict[str, Any]) -> None:
+    """A finished run in ``rd`` made with another :func:`run_identity` is refused in one line
+    (its answers are not this run's; replacing it would lose them)."""
+    if not (rd / METRICS_FILE).is_file():
+        return
+    try:
+        had = json.loads((rd / "config.json").read_text(encoding="utf-8"))
+        had = {k: had.get(k) for k in IDENTITY_FIELDS}
+    except (OSError, ValueError, AttributeError) as e:
+        raise ConfigError(f"{rd}: a finished MLLM run with an unreadable config.json ({e}); "
+                          "delete the folder to rerun it") from None
+    diff = differences(_flat(had), _flat(identity))
+    if diff:
+        raise ConfigError(f"{rd}: finished with {'; '.join(diff)}; write to a new --out, "
+                          "or delete that folder to rerun it")
+
+
 def plan(qs: Questions, cfg: AskConfig) -> list[Item]:
     """Requests per question: every rotation (originals, with CircularEval), rotation 0
     for mirrors, and rotation 0 without the image (blind)."""
@@ -95,17 +165,42 @@ def plan(qs: Questions, cfg: AskConfig) -> list[Item]:
     return items
 
 
-def cache_key(backend: Backend, qs: Questions, it: Item, cfg: AskConfig) -> dict[str, Any]:
+def image_digest(image: np.ndarray) -> str:
+    """sha256 of a stored slice: dtype, shape and bytes."""
+    a = np.ascontiguousarray(image)
+    return hashlib.sha256(f"{a.dtype.str}{a.shape}".encode("ascii") + a.tobytes()).hexdigest()
+
+
+def image_digests(build, qs: Questions, items: list[Item], chunk: int = 256) -> dict[int, str]:
+    """:func:`image_digest` of the slice of every question asked with its image, by question index."""
+    need = sorted({it.q for it in items if it.variant == "image"})
+    out: dict[int, str] = {}
+    for split in sorted({str(qs.split[i]) for i in need}):
+        idx = [i for i in need if str(qs.split[i]) == split]
+        for lo in range(0, len(idx), chunk):
+            part = idx[lo:lo + chunk]
+            for i, arr in zip(part, build.images(qs.spec.level, split, qs.row[part]), strict=True):
+                out[i] = image_digest(arr)
+    return out
+
+
+def cache_key(backend: Backend, qs: Questions, it: Item, cfg: AskConfig,
+              digest: str | None = None) -> dict[str, Any]:
+    """The response cache key of ``it``: an image answer's holds the question key and the
+    image's ``digest``; a blind answer's holds neither (it depends on the prompt alone)."""
     from spar_bench import __version__
 
+    blind = it.variant == "blind"
+    if not blind and digest is None:
+        raise ValueError(f"question {qs.key[it.q]}: an image answer's cache key needs the image digest")
     return {
         "model": backend.identity,
         "decoding": backend.decoding,
         "template": it.prompt.version,
         "prompt_sha256": hashlib.sha256(it.prompt.text.encode("utf-8")).hexdigest(),
-        "sample": str(qs.key[it.q]),
+        "sample": None if blind else str(qs.key[it.q]),
         "order": list(it.prompt.order),
-        "image": None if it.variant == "blind" else {"size": cfg.image_size},
+        "image": None if blind else {"size": cfg.image_size, "sha256": digest},
         "tool": __version__,
     }
 
@@ -126,14 +221,20 @@ def _requests(build, qs: Questions, items: list[Item], size: int) -> list[Reques
 
 
 def ask(backend: Backend, cache: ResponseCache, build, qs: Questions, items: list[Item],
-        cfg: AskConfig, progress: Callable[[int, int], None] | None = None) -> list[Reply]:
-    """Replies of every item: from the cache, else from the backend (stored per batch)."""
-    keys = [cache_key(backend, qs, it, cfg) for it in items]
-    got: list[Reply | None] = []
-    for k in keys:
-        d = cache.get(k)
-        got.append(Reply.from_dict(d) if d is not None else None)
-    todo = [i for i, r in enumerate(got) if r is None]
+        keys: list[dict[str, Any]], cfg: AskConfig,
+        progress: Callable[[int, int], None] | None = None) -> list[Reply]:
+    """Replies of every item (``keys``: their cache keys): from the cache, else from the
+    backend (stored per batch); items of one key are asked once."""
+    hashes = [key_hash(k) for k in keys]
+    first: dict[str, int] = {}
+    for i, h in enumerate(hashes):
+        first.setdefault(h, i)
+    got: dict[str, Reply] = {}
+    for h, i in first.items():
+        d = cache.get(keys[i])
+        if d is not None:
+            got[h] = Reply.from_dict(d)
+    todo = [i for h, i in first.items() if h not in got]
     step = max(1, int(backend.batch_size))
     for lo in range(0, len(todo), step):
         idx = todo[lo:lo + step]
@@ -146,31 +247,39 @@ def ask(backend: Backend, cache: ResponseCache, build, qs: Questions, items: lis
             raise ConfigError(f"backend {backend.name} returned {len(replies)} answers for {len(idx)} questions")
         cache.put_many([(keys[i], r.to_dict()) for i, r in zip(idx, replies, strict=True)])
         for i, r in zip(idx, replies, strict=True):
-            got[i] = r
+            got[hashes[i]] = r
         if progress:
             progress(lo + len(idx), len(todo))
-    return got  # type: ignore[return-value]
+    return [got[h] for h in hashes]
 
 
-def decide(backend: Backend, it: Item, reply: Reply) -> tuple[int | None, bool]:
-    """``(displayed position or None, parsed?)``: the choice, or the strictly parsed text."""
+REFUSAL = "refusal"
+
+
+def decide(backend: Backend, it: Item, reply: Reply) -> tuple[int | None, str | None]:
+    """``(displayed position or None, why none)``: the choice, or the strictly parsed text;
+    a model's refusal (the OpenAI ``refusal`` field) is never parsed: reason ``refusal``."""
+    if reply.meta.get(REFUSAL):
+        return None, REFUSAL
     if backend.mode == "constrained" and reply.choice is not None:
-        return int(reply.choice), True
-    pos = parse_answer(reply.text, it.prompt.letters, it.prompt.options)
-    return pos, pos is not None
+        return int(reply.choice), None
+    got = parse_answer(reply.text, it.prompt.letters, it.prompt.options)
+    return got.position, got.reason
 
 
-def answer_records(qs: Questions, items: list[Item], replies: list[Reply], backend: Backend) -> list[dict]:
+def answer_records(qs: Questions, items: list[Item], replies: list[Reply], backend: Backend,
+                   digests: dict[int, str]) -> list[dict]:
     """One JSON record per answer (answers.jsonl), in plan order."""
     names = qs.spec.class_names
     out = []
     for it, rep in zip(items, replies, strict=True):
-        pos, ok = decide(backend, it, rep)
+        pos, reason = decide(backend, it, rep)
         cls = it.prompt.class_of(pos)
         out.append({
             "key": str(qs.key[it.q]), "split": str(qs.split[it.q]), "mirror": bool(qs.is_mirror[it.q]),
             "variant": it.variant, "rotation": it.rotation, "order": list(it.prompt.order),
-            "template": it.prompt.version, "text": rep.text, "choice": pos, "parsed": ok,
+            "template": it.prompt.version, "text": rep.text, "choice": pos, "parsed": pos is not None,
+            "reason": reason, "image_sha256": digests.get(it.q) if it.variant == "image" else None,
             "answer": names[cls] if cls >= 0 else None, "class": cls,
             "truth": int(qs.answer[it.q]), "correct": bool(cls == int(qs.answer[it.q])),
             **({"scores": list(rep.scores)} if rep.scores is not None else {}),
@@ -223,22 +332,28 @@ def run_probe(backend: Backend, build, probe: str, out: str | Path, cfg: AskConf
     qs = load_questions(build, spec, list(cfg.splits))
     if not (~qs.is_mirror).any():
         return None
+    rd = run_dir(backend, probe, out, cfg)
+    check_finished(rd, run_identity(backend, build, probe, cfg))
     items = plan(qs, cfg)
-    replies = ask(backend, cache, build, qs, items, cfg, progress)
-    records = answer_records(qs, items, replies, backend)
-    head = head_name(backend, cfg)
+    digests = image_digests(build, qs, items)
+    keys = [cache_key(backend, qs, it, cfg, digests.get(it.q)) for it in items]
+    replies = ask(backend, cache, build, qs, items, keys, cfg, progress)
+    records = answer_records(qs, items, replies, backend, digests)
+    head, variant = head_name(backend, cfg), variant_of(backend, cfg)
+    distinct = len({key_hash(k) for k in keys})
     metrics = score_run(qs, records, train_targets(build, spec), cfg.seed, cfg.n_boot, head)
-    metrics.update({"probe": probe, "head": head, "seed": cfg.seed,
+    metrics.update({"probe": probe, "head": head, "variant": variant, "seed": cfg.seed,
+                    "requests": {"answers": len(items), "distinct": distinct,
+                                 "deduplicated": len(items) - distinct},
                     "encoder": backend.name, "random_init": backend.random_init,
                     "track": "vqa", "mode": backend.mode, "template_version": items[0].prompt.version,
                     **protocol_versions(build.manifest)})
-    config = {"track": "vqa", "probe": probe, "head": head, "seed": cfg.seed,
+    config = {"track": "vqa", "probe": probe, "head": head, "variant": variant, "seed": cfg.seed,
               "model": backend.name, "model_identity": backend.identity,
               "decoding": backend.decoding, "mode": backend.mode, **cfg.to_dict(),
               "template_version": items[0].prompt.version, "probe_spec": spec.describe(),
               "dataset": Path(build.root).resolve().name,
               "dataset_fingerprint": build.fingerprint, **protocol_versions(build.manifest),
               "versions": versions()}
-    rd = Path(out) / backend.name / probe / head / f"seed{cfg.seed}"
     write_run(rd, config, records, metrics)
     return rd

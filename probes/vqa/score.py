@@ -2,7 +2,8 @@
 
 Unparseable answers (class -1) count wrong: in accuracy, and in macro-F1 as a miss of
 the true class (never as a prediction of some other class). Confidence intervals are the
-probes' 95 % bootstrap over patients (:mod:`spar_bench.probes.bootstrap`).
+probes' 95 % bootstrap over patients (:mod:`spar_bench.probes.bootstrap`); over fewer than
+2 patients there is no interval (``null``: resampling one patient gives back its score).
 """
 
 from __future__ import annotations
@@ -15,6 +16,15 @@ from spar_bench.seeding import derive_seed
 
 from ..bootstrap import bootstrap_ci
 from .questions import Questions
+
+MIN_PATIENTS_CI = 2
+
+
+def patient_ci(metric, groups: np.ndarray, rng: np.random.Generator, n_boot: int) -> list[float] | None:
+    """The patient-bootstrap 95 % CI of ``metric``, or None over fewer than 2 patients."""
+    if np.unique(groups).size < MIN_PATIENTS_CI:
+        return None
+    return list(bootstrap_ci(metric, groups, rng, n_boot))
 
 
 def macro_f1_with_misses(y: np.ndarray, pred: np.ndarray, n: int) -> float:
@@ -50,9 +60,8 @@ def answer_metrics(y: np.ndarray, pred: np.ndarray, n: int, groups: np.ndarray |
     }
     if groups is not None and rng is not None:
         out["ci"] = {
-            "accuracy": list(bootstrap_ci(lambda i: float(hit[i].mean()), groups, rng, n_boot)),
-            "macro_f1": list(bootstrap_ci(lambda i: macro_f1_with_misses(y[i], pred[i], n),
-                                          groups, rng, n_boot)),
+            "accuracy": patient_ci(lambda i: float(hit[i].mean()), groups, rng, n_boot),
+            "macro_f1": patient_ci(lambda i: macro_f1_with_misses(y[i], pred[i], n), groups, rng, n_boot),
         }
     return out
 
@@ -87,8 +96,8 @@ def circular_metrics(y: np.ndarray, image: np.ndarray, groups: np.ndarray,
         "strict": float(strict.mean()), "mean": float(mean.mean()),
         "per_rotation": [float(v) for v in right.mean(axis=0)],
         "n_rotations": int(image.shape[1]), "n": int(asked.sum()),
-        "ci": {"strict": list(bootstrap_ci(lambda i: float(strict[i].mean()), g, rng, n_boot)),
-               "mean": list(bootstrap_ci(lambda i: float(mean[i].mean()), g, rng, n_boot))},
+        "ci": {"strict": patient_ci(lambda i: float(strict[i].mean()), g, rng, n_boot),
+               "mean": patient_ci(lambda i: float(mean[i].mean()), g, rng, n_boot)},
     }
 
 
