@@ -21,8 +21,9 @@ import json
 import pickle
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -239,10 +240,13 @@ def _store_batch(f, item: Item, res: dict, *, dtype: str, where: str) -> None:
 
 
 def check_space(path: Path, res: dict, item: Item, rows: int, dtype: str) -> None:
-    """Refuse to go on when the rows still to write cannot fit on the disk of ``path``.
+    """Refuse at once when the rows still to write certainly cannot fit on the disk of ``path``.
 
-    The cache is uncompressed, so its size is known from the first batch. Checking first
-    matters: HDF5 can crash the process at exit after a write failed for lack of space.
+    The features are stored uncompressed, so the first batch gives their bytes per row:
+    a lower bound of what the file grows by (HDF5 adds its chunk index and metadata, about
+    20% for small features). A lower bound refuses only what cannot fit; a run that fails
+    later for lack of space stops cleanly with the file as at its last batch
+    (:func:`~spar_bench.h5files.open_h5`), and the rerun resumes.
     """
     import shutil
 
@@ -254,7 +258,7 @@ def check_space(path: Path, res: dict, item: Item, rows: int, dtype: str) -> Non
     need, free = int(per_row * rows), shutil.disk_usage(path.parent).free
     if need > free:
         raise DiskFullError(
-            f"{path}: the {rows} rows still to write need about {_size(need)} but only "
+            f"{path}: the {rows} rows still to write need at least {_size(need)} but only "
             f"{_size(free)} are free on that disk; free space (or choose another --out) "
             "and rerun the same command (it resumes)"
         )
@@ -438,18 +442,30 @@ def _write_locked(out: Path, target: Path, build, plan, enc, args: dict, batch: 
         barrier(ranks, DIST_TIMEOUT_S)
 
 
-def _fill(target: Path, build, plan, enc, args: dict, meta: dict, batch: int, ranks: Ranks,
-          fill: dict[str, Any]) -> None:
-    """Open (or resume) ``target``, encode this process's pending batches, mark it finished."""
-    import h5py
+@contextmanager
+def _open_cache(target: Path) -> Iterator[Any]:
+    """``target`` open to append (:func:`~spar_bench.h5files.open_h5`: a full disk leaves it as
+    at its last flush, which a rerun resumes); a file HDF5 cannot open is a ConfigError."""
+    from spar_bench.h5files import open_h5
+    from spar_bench.outputs import is_disk_full
 
+    opened = False
     try:
-        f = h5py.File(target, "a")
+        with open_h5(target) as f:
+            opened = True
+            yield f
     except OSError as e:
+        if opened or is_disk_full(e):
+            raise
         raise ConfigError(
             f"{target}: cannot open ({e}); if a run was killed while writing, delete it and rerun"
         ) from None
-    with f:
+
+
+def _fill(target: Path, build, plan, enc, args: dict, meta: dict, batch: int, ranks: Ranks,
+          fill: dict[str, Any]) -> None:
+    """Open (or resume) ``target``, encode this process's pending batches, mark it finished."""
+    with _open_cache(target) as f:
         resumed = _check_args(f, target, args)
         if resumed and (f.attrs.get("complete") or f.attrs.get("part_complete")):
             if fill["progress"]:

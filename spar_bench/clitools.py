@@ -3,8 +3,8 @@
 * :class:`LazyGroup`: a click group whose subcommands are ``"module:attr"`` strings,
   imported only when that subcommand runs (``spar-build --help`` imports no torch).
 * :func:`run_cli`: runs a group and turns :class:`~spar_bench.errors.SparError` (an unknown
-  registry name included) into one newline-terminated line on stderr and exit status 2,
-  instead of a traceback.
+  registry name included) and a full disk anywhere (:func:`spar_bench.outputs.disk_full_error`)
+  into one newline-terminated line on stderr and exit status 2, instead of a traceback.
 * :func:`run_main`: the console scripts' entry: SIGTERM runs every cleanup (no worker
   process outlives the command) and a full disk exits at once after its one line.
 """
@@ -57,8 +57,18 @@ def error_line(e: BaseException) -> str:
     return "error: " + " ".join(part.strip() for part in str(e).splitlines() if part.strip())
 
 
+def _end_progress_bars() -> None:
+    """Close the progress bars an error left open, so its line starts a line of its own."""
+    tqdm = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ())):
+        try:
+            bar.close()
+        except Exception:  # noqa: BLE001 (a bar that cannot close must not hide the error)
+            pass
+
+
 def run_cli(group: click.Command, argv: list[str] | None = None) -> int:
-    """Run ``group``; a :class:`SparError` becomes ``error: <message>`` and exit 2."""
+    """Run ``group``; a :class:`SparError` or a full disk becomes ``error: <message>`` and exit 2."""
     return _run(group, argv)[0]
 
 
@@ -74,8 +84,18 @@ def _run(group: click.Command, argv: list[str] | None) -> tuple[int, BaseExcepti
         click.echo("aborted", err=True)
         return 130, e
     except SparError as e:
+        _end_progress_bars()
         click.echo(error_line(e), err=True)  # echo ends the line with a newline
         return 2, e
+    except Exception as e:  # a full disk where no command caught it: the same one line
+        from spar_bench.outputs import disk_full_error, is_disk_full
+
+        if not is_disk_full(e):
+            raise
+        err = disk_full_error(e)
+        _end_progress_bars()
+        click.echo(error_line(err), err=True)
+        return 2, err
     except SystemExit as e:
         if e.code == 128 + signal.SIGTERM:  # from exit_on_sigterm, after every cleanup ran
             click.echo("terminated (SIGTERM)", err=True)

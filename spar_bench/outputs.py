@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -131,22 +132,65 @@ def remove(path: Path) -> None:
 
 #: errno values that mean "the disk (or the quota) is full".
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+#: how libraries that drop the errno say it: HDF5 (h5py's RuntimeError at a close), safetensors,
+#: pyarrow, sqlite3 (SQLITE_FULL).
+_DISK_FULL_TEXTS = (
+    "No space left on device", "Disk quota exceeded", f"errno = {errno.ENOSPC},",
+    f"errno = {errno.EDQUOT},", "database or disk is full",
+)
 
 
 class DiskFullError(SparError):
     """The disk filled up while writing an output (reported as one line; the run resumes)."""
 
 
+def _causes(err: BaseException) -> Iterator[BaseException]:
+    """``err`` and the exceptions it was raised from or during (torch.save keeps the
+    OSError only as the context of its own RuntimeError)."""
+    seen: set[int] = set()
+    e: BaseException | None = err
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__
+
+
 def is_disk_full(err: BaseException) -> bool:
-    """Whether ``err`` is an OSError for a full disk or quota (h5py and pyarrow set errno too)."""
-    return isinstance(err, OSError) and (
-        err.errno in DISK_FULL_ERRNOS or "No space left on device" in str(err)
+    """Whether ``err`` (or what it was raised from) says the disk or the quota is full."""
+    return any(
+        (isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS)
+        or any(text in str(e) for text in _DISK_FULL_TEXTS)
+        for e in _causes(err)
+        if not isinstance(e, DiskFullError)
+    )
+
+
+def _failed_path(err: BaseException) -> str | None:
+    """The file a full-disk error names: an OSError's ``filename``, or HDF5's ``filename = '...'``."""
+    for e in _causes(err):
+        if isinstance(e, OSError) and e.filename:
+            return str(e.filename)
+        if m := re.search(r"filename = '([^']+)'", str(e)):
+            return m.group(1)
+    return None
+
+
+def disk_full_error(err: BaseException, where: str | Path | None = None,
+                    rerun: str = "rerun the same command") -> DiskFullError:
+    """The one line of a full disk: the file that failed (else ``where``) and how to go on.
+
+    The one place a full disk becomes a message; :func:`disk_full_is_an_error` and the
+    console scripts (:func:`spar_bench.clitools.run_cli`) both use it.
+    """
+    path = _failed_path(err) or (str(where) if where is not None else "an output")
+    return DiskFullError(
+        f"no space left on the disk while writing {path}; free space (or write elsewhere) and {rerun}"
     )
 
 
 @contextmanager
 def disk_full_is_an_error(where: str | Path, *, rerun: str) -> Iterator[None]:
-    """Turn a full-disk OSError inside the block into one :class:`DiskFullError` line.
+    """Turn a full-disk error inside the block into one :class:`DiskFullError` line.
 
     Args:
         where: the output being written (named when the error carries no file name).
@@ -154,10 +198,18 @@ def disk_full_is_an_error(where: str | Path, *, rerun: str) -> Iterator[None]:
     """
     try:
         yield
-    except OSError as e:
-        if not is_disk_full(e):
+    except Exception as e:
+        if isinstance(e, DiskFullError) or not is_disk_full(e):
             raise
-        path = e.filename or where
-        raise DiskFullError(
-            f"no space left on the disk while writing {path}; free space (or write elsewhere) and {rerun}"
-        ) from None
+        raise disk_full_error(e, where, rerun) from None
+
+
+def write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path``; a failure (a full disk too) is an ``OSError`` naming ``path``."""
+    try:
+        with open(path, "wb") as fh:
+            fh.write(data)
+    except OSError as e:
+        if e.filename:
+            raise
+        raise OSError(e.errno, e.strerror, str(path)) from None

@@ -367,7 +367,7 @@ def test_full_disk_during_a_cache_is_one_error_and_the_rerun_resumes(fake_root, 
     kw = dict(device="cpu", progress=False, batch=4, dtype="fp32", compute="fp32", levels=["level1"])
     monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**6, 10**6 - 10, 10))
     out = tmp_path / "c.h5"
-    with pytest.raises(DiskFullError, match=r"c.h5: the \d+ rows still to write need about .* but only 10 bytes are free"):
+    with pytest.raises(DiskFullError, match=r"c.h5: the \d+ rows still to write need at least .* but only 10 bytes are free"):
         pc.write_cache("dummy", data, out, **kw)
     monkeypatch.undo()
     real, n = pc._store_batch, []

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,7 +25,6 @@ import numpy as np
 from spar_bench.errors import SparError
 
 from ..schema import IMAGE_FIELDS
-from .manifest import sha256_file
 
 LIBVER = ("earliest", "v110")
 #: Image compressions: blosc needs hdf5plugin to write and read; the others are built into h5py.
@@ -75,12 +75,15 @@ def write_shard(
     path: str | Path, fields: Mapping[str, np.ndarray], attrs: Mapping[str, Any],
     compression: str = "blosc",
 ) -> str:
-    """Write one shard reproducibly; return its sha256."""
-    import h5py
+    """Write one shard reproducibly; return its sha256.
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with h5py.File(path, "w", libver=LIBVER, track_order=False) as f:
+    HDF5 builds the file in memory (:func:`spar_bench.h5files.h5_image`) and Python writes
+    it: a full disk is one ``OSError`` naming the shard, never a failed write inside HDF5.
+    """
+    from spar_bench.h5files import h5_image
+    from spar_bench.outputs import write_bytes
+
+    def fill(f) -> None:
         for name in sorted(fields):
             arr = _encode(name, fields[name])
             kw: dict[str, Any] = {"track_times": False}
@@ -90,7 +93,12 @@ def write_shard(
             f.create_dataset(name, data=arr, **kw)
         for key in sorted(attrs):
             f.attrs[key] = attrs[key]
-    return sha256_file(path)
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image = h5_image(fill, libver=LIBVER, track_order=False)
+    write_bytes(path, image)
+    return hashlib.sha256(image).hexdigest()
 
 
 def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
