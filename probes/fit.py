@@ -32,7 +32,7 @@ import numpy as np
 from spar_bench.errors import ConfigError
 from spar_bench.provenance import RUN_PACKAGES, json_safe, package_versions, protocol_versions
 
-from .runspec import OPTIONS, RunSpec, check_device, make_run
+from .runspec import OPTIONS, RunSpec, check_device, differences, make_run
 from .tasks import get_probe, probe_names
 
 METRICS_FILE = "metrics.json"
@@ -103,7 +103,8 @@ def encoder_slug(cache) -> str:
     path recorded by an older cache is replaced by its base name + hash (``published_name``).
 
     Weights from a local file or folder add their hash (``timm:resnet50 --weights a.pt`` and
-    ``--weights b.pt`` are two encoders: their runs never share a folder).
+    ``--weights b.pt`` are two encoders: their runs never share a folder). A cache whose
+    Levels 1-2 were encoded tile by tile (``cache --tile-encoding per-tile``) adds ``-per-tile``.
     """
     from .encoders.base import published_name
 
@@ -117,6 +118,8 @@ def encoder_slug(cache) -> str:
     if isinstance(training, dict):  # an encoder trained by `spar-probe finetune`, probed frozen
         trained = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{training.get('mode')}-{training.get('build')}")
         slug += f"-{trained}-frozen"
+    if getattr(cache, "tile_encoding", "mosaic") == "per-tile":  # other features: other runs
+        slug += "-per-tile"
     return slug + ("-random-init" if cache.random_init else "")
 
 
@@ -150,9 +153,17 @@ def load_features(
 
 
 # --------------------------------------------------------------------------- scoring
-def score(t, pred: np.ndarray, rng: np.random.Generator | None, n_boot: int) -> dict:
-    """Every metric the probe declares, of ``pred`` on ``t``; CIs (over patients) when ``rng``."""
-    return t.spec.score(t, pred, rng, n_boot)
+def score(t, pred: np.ndarray, rng: np.random.Generator | None, n_boot: int, prior: dict | None = None) -> dict:
+    """Every metric the probe declares, of ``pred`` on ``t``; CIs (over patients) when ``rng``.
+
+    With the run's ``prior`` (fitted on train), a Level 3 score also holds ``conflict``: the
+    same ``pred`` on the items whose answer differs from the prior's (``ProbeSpec.conflict``).
+    """
+    out = t.spec.score(t, pred, rng, n_boot)
+    conflict = t.spec.conflict(prior, t, pred, rng, n_boot) if len(t) else None
+    if conflict is not None:
+        out["conflict"] = conflict
+    return out
 
 
 class ProbeUnavailable(ConfigError):
@@ -248,20 +259,20 @@ def _controls(run: RunSpec, model, dims: tuple[int, int], s: Splits, prior: dict
     if majority is not None:
         ctrl["majority_class"] = majority
         ctrl["majority"] = spec.majority_rate(majority, s.te)
-    ctrl["prior"] = score(s.te, spec.prior_predict(prior, s.te), boot("prior"), n_boot)
+    ctrl["prior"] = score(s.te, spec.prior_predict(prior, s.te), boot("prior"), n_boot, prior)
     if len(s.te_mirror):
         pred = spec.prior_predict(prior, s.te_mirror)
-        ctrl["prior_mirror"] = score(s.te_mirror, pred, boot("prior-mirror"), n_boot)
+        ctrl["prior_mirror"] = score(s.te_mirror, pred, boot("prior-mirror"), n_boot, prior)
     if not run.controls:
         return ctrl
     zero = blind_inputs(run, model, dims)
     if blind is None:
         blind = new_blind(run, model, dims)
         train_head(blind, (zero, _blind(s.tr)), (zero, _blind(s.va)), run.train, run.seed, progress=False)
-    ctrl["blind"] = score(s.te, predict(blind, zero, _blind(s.te)), boot("blind"), n_boot)
+    ctrl["blind"] = score(s.te, predict(blind, zero, _blind(s.te)), boot("blind"), n_boot, prior)
     if len(s.te_mirror):
         pred = predict(blind, zero, _blind(s.te_mirror))
-        ctrl["blind_mirror"] = score(s.te_mirror, pred, boot("blind-mirror"), n_boot)
+        ctrl["blind_mirror"] = score(s.te_mirror, pred, boot("blind-mirror"), n_boot, prior)
     return ctrl
 
 
@@ -279,9 +290,11 @@ def owned_run(rd: Path) -> set[str] | None:
     return set(RUN_FILES) | {p.name for p in Path(rd).glob("eval-*.json")}
 
 
-def finished_run(run: RunSpec, rd: Path, cache_fingerprint: str, grid_prune: int = 0) -> bool:
+def finished_run(run: RunSpec, rd: Path, cache_fingerprint: str, grid_prune: int = 0,
+                 replace: str = "delete that folder") -> bool:
     """Whether ``rd`` holds a finished run of ``run`` on a cache of the build ``cache_fingerprint``; one
-    finished with other options, or on another cache, is an error; so is a run pruned by
+    finished with other options (``--bootstrap`` and ``--no-controls`` included), or on another
+    cache, is an error (``replace``: how the command replaces it); so is a run pruned by
     ``--grid-prune K`` when the sweep asks for another ``grid_prune`` (0: a full run).
 
     A folder's name holds only the options that differ from their defaults, so a run
@@ -295,7 +308,7 @@ def finished_run(run: RunSpec, rd: Path, cache_fingerprint: str, grid_prune: int
         return False
     try:
         cfg = json.loads((rd / "config.json").read_text(encoding="utf-8"))
-        had = {**cfg["head_config"], **cfg["run"]["train"]}
+        had = {**cfg["head_config"], **cfg["run"]["train"], **{k: cfg["run"].get(k) for k in ("controls", "n_boot")}}
         old_cache = cfg["cache_fingerprint"]
         pruned = json.loads((rd / METRICS_FILE).read_text(encoding="utf-8"))["train"].get("pruned_at")
     except (OSError, ValueError, KeyError, TypeError) as e:
@@ -303,17 +316,17 @@ def finished_run(run: RunSpec, rd: Path, cache_fingerprint: str, grid_prune: int
     if old_cache != cache_fingerprint:
         raise ConfigError(f"{rd}: finished on a feature cache of another build ({cfg.get('features')}, build "
                           f"fingerprint {str(old_cache)[:12]}; this cache's {cache_fingerprint[:12]}); "
-                          "write to a new --out")  # fmt: skip
+                          f"write to a new --out, or {replace} to rerun it")  # fmt: skip
     if pruned is not None and pruned != grid_prune:
         asked = f"--grid-prune {grid_prune}" if grid_prune else "a full run"
         raise ConfigError(f"{rd}: pruned after epoch {pruned} (--grid-prune {pruned}) and this sweep asks for "
                           f"{asked}; rerun with --grid-prune {pruned}, or delete the folder to train it")  # fmt: skip
-    want = json.loads(json.dumps(json_safe({**head_defaults(run.head), **run.head_config, **run.train.to_dict()})))
-    diff = [f"{k}={had.get(k)} (now {want.get(k)})" for k in sorted(set(want) | set(had))
-            if k != "device" and had.get(k) != want.get(k)]  # fmt: skip
+    want = json.loads(json.dumps(json_safe({**head_defaults(run.head), **run.head_config, **run.train.to_dict(),
+                                            "controls": run.controls, "n_boot": run.n_boot})))
+    diff = differences({k: v for k, v in had.items() if k != "device"}, {k: v for k, v in want.items() if k != "device"})
     if diff:
-        raise ConfigError(f"{rd}: finished with {', '.join(diff)} (defaults changed since?); "
-                          "write to a new --out, or delete that folder to rerun it")  # fmt: skip
+        raise ConfigError(f"{rd}: finished with {', '.join(diff)} (other options, or defaults changed since); "
+                          f"write to a new --out, or {replace} to rerun it")  # fmt: skip
     return True
 
 
@@ -373,10 +386,20 @@ def prepare_run(run: RunSpec) -> Prepared:
     return Prepared(cache, build, s, model, (in_dim, n_tokens), feats)
 
 
-def run_fit(run: RunSpec, out: str | Path, progress: bool = True) -> Path:
-    """Train and score the head of ``run``; write the run directory; return its path."""
+def run_fit(run: RunSpec, out: str | Path, progress: bool = True, overwrite: bool = False) -> Path:
+    """Train and score the head of ``run``; write the run directory; return its path.
+
+    A run finished with the same spec is kept (nothing is trained), one with other options is
+    refused (:func:`finished_run`); ``overwrite`` trains it again and replaces it.
+    """
     from .train import train_head
 
+    if not overwrite:
+        with open_cache(run.features) as cache:
+            rd = run.run_dir(out, encoder_slug(cache))
+            if finished_run(run, rd, cache.fingerprint, replace="pass --overwrite"):
+                click.echo(f"{rd}: finished earlier with these options; kept (--overwrite trains it again)", err=True)
+                return rd
     p = prepare_run(run)
     s = p.splits
     result = train_head(p.model, (p.feats["train"], s.tr), (p.feats[s.val_split], s.va), run.train,
@@ -407,9 +430,9 @@ def finish_run(run: RunSpec, p: Prepared, result, out: str | Path, blind=None, b
         "train": {**{k: getattr(result, k) for k in ("epochs_run", "best_epoch", "best_val_loss")},
                   "stopped_by": result.stopped_by(run.train.patience),
                   **getattr(result, "pruned", {})},  # pruned_at: stopped by `sweep --grid-prune`
-        "test": score(s.te, predict(model, feats["test"], s.te), boot("test"), run.n_boot),
-        "mirror": score(s.te_mirror, predict(model, feats["test"], s.te_mirror), boot("mirror"), run.n_boot)
-        if len(s.te_mirror) else None,
+        "test": score(s.te, predict(model, feats["test"], s.te), boot("test"), run.n_boot, prior),
+        "mirror": score(s.te_mirror, predict(model, feats["test"], s.te_mirror), boot("mirror"), run.n_boot,
+                        prior) if len(s.te_mirror) else None,
         "controls": _controls(run, model, p.dims, s, prior, boot, blind),
         "training": (cache.meta.get("weights") or {}).get("training")
         if isinstance(cache.meta.get("weights"), dict) else None,  # a `finetune` export probed frozen
@@ -503,10 +526,29 @@ def load_run(rd: Path):
     return run, c, saved.get("prior"), model
 
 
+def kept_eval(out: Path, inputs: dict[str, Any], overwrite: bool) -> bool:
+    """True when ``out`` (an ``eval-*.json``) holds this evaluation already: the same ``inputs``
+    (kept as it is). One of other inputs is refused in one line unless ``overwrite``."""
+    if overwrite or not out.is_file():
+        return False
+    try:
+        had = json.loads(out.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        had = None
+    diff = differences({k: had.get(k) for k in inputs} if isinstance(had, dict) else {}, inputs)
+    if diff:
+        raise ConfigError(f"{out}: an evaluation of other inputs ({', '.join(diff)}); pass --overwrite "
+                          "to replace it")  # fmt: skip
+    click.echo(f"{out}: evaluated earlier with these inputs; kept (--overwrite evaluates it again)", err=True)
+    return True
+
+
 def run_eval(
-    run: str | Path, features: str | Path, data: str | Path | None = None, n_boot: int = 1000
+    run: str | Path, features: str | Path, data: str | Path | None = None, n_boot: int = 1000,
+    overwrite: bool = False,
 ) -> Path:
-    """Score a trained run on another cache without retraining; write ``eval-<cache>.json``."""
+    """Score a trained run on another cache without retraining; write ``eval-<cache>.json``
+    (kept when it holds this evaluation, refused when another, unless ``overwrite``)."""
     from spar_bench.seeding import derive_seed
 
     from .targets import concat, load_targets
@@ -518,6 +560,11 @@ def run_eval(
     trained = json.loads((rd / METRICS_FILE).read_text())
     majority = (trained.get("controls") or {}).get("majority_class")
     cache = open_cache(features)
+    out = rd / f"eval-{Path(features).stem}.json"
+    inputs = {"features": Path(features).name, "cache_fingerprint": cache.fingerprint,
+              "encoder": encoder_slug(cache), "n_bootstrap": n_boot}  # fmt: skip
+    if kept_eval(out, inputs, overwrite):
+        return out
     build = resolve_build(cache, data)
     level = spec.level
     if level not in cache.levels():
@@ -542,13 +589,13 @@ def run_eval(
         "features": Path(features).name, "cache_fingerprint": cache.fingerprint,
         "encoder": encoder_slug(cache), "random_init": bool(cache.random_init), "splits": splits,
         "probe": spec.name, "head": spec_run.head, "variant": spec_run.variant(), "seed": spec_run.seed,
-        "test": score(orig, p[~t.is_mirror], rng("test"), n_boot),
-        "mirror": score(mir, p[t.is_mirror], rng("mirror"), n_boot) if len(mir) else None,
+        "n_bootstrap": n_boot,
+        "test": score(orig, p[~t.is_mirror], rng("test"), n_boot, prior),
+        "mirror": score(mir, p[t.is_mirror], rng("mirror"), n_boot, prior) if len(mir) else None,
         "controls": {"chance": spec.chance(orig), "majority": spec.majority_rate(majority, orig)},
     }  # fmt: skip
     if prior is not None:
-        result["controls"]["prior"] = score(orig, spec.prior_predict(prior, orig), rng("prior"), n_boot)
-    out = rd / f"eval-{Path(features).stem}.json"
+        result["controls"]["prior"] = score(orig, spec.prior_predict(prior, orig), rng("prior"), n_boot, prior)
     out.write_text(json.dumps(json_safe(result), indent=2) + "\n")
     return out
 
@@ -635,8 +682,9 @@ def pop_run_options(kw: dict) -> dict[str, Any]:
 )
 @click.option("--seeds", default="0", show_default=True, help="Comma-separated seeds.")
 @click.option("--out", default="runs", show_default=True, type=click.Path(file_okay=False))
+@click.option("--overwrite", is_flag=True, help="Train a finished run again and replace it (else it is kept).")
 @run_options
-def fit_command(features, head, probe, seeds, out, data, n_boot, no_controls, device, threads, **kw):
+def fit_command(features, head, probe, seeds, out, overwrite, data, n_boot, no_controls, device, threads, **kw):
     """Train a probe head on cached features and score it (one run per probe x seed)."""
     import torch
 
@@ -653,7 +701,7 @@ def fit_command(features, head, probe, seeds, out, data, n_boot, no_controls, de
     for per_probe in runs:
         for run in per_probe:
             try:
-                rd = run_fit(run, out)
+                rd = run_fit(run, out, overwrite=overwrite)
             except ProbeUnavailable as e:
                 if explicit:
                     raise
@@ -685,7 +733,8 @@ def fit_command(features, head, probe, seeds, out, data, n_boot, no_controls, de
 @click.option("--bootstrap", "n_boot", default=1000, show_default=True, type=click.IntRange(1))
 @click.option("--encoder", default=None,
               help="Re-encoding a finetune run of a local model: its path again (hf:DIR, open_clip:local-dir:DIR).")
-def eval_command(run, features, data, n_boot, encoder):
+@click.option("--overwrite", is_flag=True, help="Replace an evaluation of other inputs (else it is refused).")
+def eval_command(run, features, data, n_boot, encoder, overwrite):
     """Score a trained head on another cache (transfer), without retraining.
 
     A ``spar-probe finetune`` run given ``--data`` and no ``--features`` re-encodes that
@@ -700,12 +749,12 @@ def eval_command(run, features, data, n_boot, encoder):
                 "--features is required (re-encoding with --data alone needs a `spar-probe finetune` "
                 f"run holding {EXPORT_FILE})"
             )
-        out = run_eval_reencoded(run, data, n_boot, encoder=encoder)
+        out = run_eval_reencoded(run, data, n_boot, encoder=encoder, overwrite=overwrite)
         m = json.loads(out.read_text())
         key = get_probe(m["probe"]).headline
         click.echo(f"{m['probe']} {m['head']} on {m['data']} (re-encoded): {key}={_fmt(m['test'].get(key))} -> {out}")
         return
-    out = run_eval(run, features, data, n_boot)
+    out = run_eval(run, features, data, n_boot, overwrite=overwrite)
     m = json.loads(out.read_text())
     key = get_probe(m["probe"]).headline
     click.echo(

@@ -65,3 +65,59 @@ def test_finetune_keeps_a_finished_run(pipeline, tmp_path: Path, monkeypatch, ca
     # --overwrite trains it again
     again = _finetune(pipeline, out, n_boot=30, overwrite=True)
     assert again == first and json.loads((first / "config.json").read_text())["n_bootstrap"] == 30
+
+
+def _files(rd: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(rd.iterdir())}
+
+
+def _one_error(capsys, *words: str) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and len(err.splitlines()) == 1, err
+    for w in words:
+        assert w in err, err
+    return err
+
+
+def test_fit_and_eval_keep_what_they_finished(pipeline, tmp_path: Path, capsys) -> None:
+    """fit replaced a finished run of the same folder (other --bootstrap, --no-controls, a cache
+    of another build) and eval an evaluation of other inputs, without a word."""
+    from spar_bench.probes.cache import write_cache
+    from spar_bench.probes.cli import cli
+
+    out = tmp_path / "runs"
+
+    def fit(*extra, features=pipeline["cache"], controls=False):
+        return run_cmd(cli, ["fit", "--features", features, "--out", out, "--probe", "level1.localisation",
+                             "--max-epochs", 2, *([] if controls else ["--no-controls"]), "--bootstrap", 20, *extra])
+
+    assert fit() == 0
+    (rd,) = out.glob("*/level1.localisation/*/seed0")
+    before = _files(rd)
+    capsys.readouterr()
+    assert fit() == 0 and "kept" in capsys.readouterr().err and _files(rd) == before  # the same run: kept
+    assert fit("--bootstrap", 30) == 2
+    _one_error(capsys, str(rd), "n_boot=20 (now 30)", "--overwrite")
+    assert fit(controls=True) == 2
+    _one_error(capsys, str(rd), "controls=False (now True)")
+    other = write_cache("dummy", pipeline["other"], tmp_path / "other.h5", levels=["level1"], progress=False)
+    assert fit(features=other) == 2
+    _one_error(capsys, str(rd), "another build")
+    assert _files(rd) == before
+
+    def evaluate(*extra):
+        return run_cmd(cli, ["eval", "--run", rd, "--features", pipeline["cache"], "--bootstrap", 20, *extra])
+
+    assert evaluate() == 0
+    (ev,) = rd.glob("eval-*.json")
+    first = ev.read_bytes()
+    assert json.loads(first)["n_bootstrap"] == 20
+    capsys.readouterr()
+    assert evaluate() == 0 and "kept" in capsys.readouterr().err and ev.read_bytes() == first
+    assert evaluate("--bootstrap", 30) == 2
+    _one_error(capsys, str(ev), "n_bootstrap=20 (now 30)", "--overwrite")
+    assert ev.read_bytes() == first
+    assert evaluate("--bootstrap", 30, "--overwrite") == 0 and json.loads(ev.read_text())["n_bootstrap"] == 30
+    # --overwrite trains the run again (its evaluations go with it)
+    assert fit("--overwrite", features=other) == 0
+    assert json.loads((rd / "config.json").read_text())["features"] == "other.h5" and not list(rd.glob("eval-*"))

@@ -422,11 +422,12 @@ def load_run_encoder(rd: Path, config: dict, encoder: str | None = None):
 
 
 def run_eval_reencoded(run: str | Path, data: str | Path, n_boot: int = 1000, device: str = "auto",
-                       compute: str = "auto", encoder: str | None = None) -> Path:
+                       compute: str = "auto", encoder: str | None = None, overwrite: bool = False) -> Path:
     """Score a finetune run on another build, re-encoding its images with the run's encoder.
 
-    Writes ``RUN/eval-<build>.json`` (the layout of ``spar-probe eval``'s output). ``encoder``:
-    the path of a local model again (:func:`load_run_encoder`).
+    Writes ``RUN/eval-<build>.json`` (the layout of ``spar-probe eval``'s output; kept when it
+    holds this evaluation, refused when another, unless ``overwrite``). ``encoder``: the path
+    of a local model again (:func:`load_run_encoder`).
     """
     import torch
 
@@ -434,7 +435,7 @@ def run_eval_reencoded(run: str | Path, data: str | Path, n_boot: int = 1000, de
     from spar_bench.provenance import json_safe
     from spar_bench.seeding import derive_seed
 
-    from ..fit import score
+    from ..fit import kept_eval, score
     from ..heads import build_head
     from ..targets import concat, load_targets
     from ..tasks import get_probe
@@ -450,6 +451,11 @@ def run_eval_reencoded(run: str | Path, data: str | Path, n_boot: int = 1000, de
     head = build_head(c["head"], spec, c["in_dim"], c["n_tokens"], **c["head_config"])
     head.load_state_dict(saved["state_dict"])
     build = Build(data)
+    name = Path(build.root).resolve().name
+    out = rd / f"eval-{name}.json"
+    inputs = {"features": f"{name} (re-encoded)", "dataset_fingerprint": build.fingerprint, "n_bootstrap": n_boot}
+    if kept_eval(out, inputs, overwrite):
+        return out
     cfg = FinetuneConfig(**{**c["finetune_config"], "device": device, "compute": compute})
     enc = load_run_encoder(rd, c, encoder)
     encoding, _ = _encoding_of(enc, build, cfg)
@@ -469,17 +475,15 @@ def run_eval_reencoded(run: str | Path, data: str | Path, n_boot: int = 1000, de
     p = np.concatenate(preds)
     rng = lambda tag: np.random.default_rng(derive_seed(c["seed"], "bootstrap", "eval", tag))  # noqa: E731
     orig, mir = ~t.is_mirror, t.is_mirror
-    name = Path(build.root).resolve().name
     result = {"run": "/".join(rd.resolve().parts[-4:]), "features": f"{name} (re-encoded)", "data": name,
               "dataset_fingerprint": build.fingerprint, "encoder": rd.parent.parent.parent.name,
               "random_init": False, "training": run_metrics.get("training"), "splits": splits,
               "probe": spec.name, "head": c["head"],
-              "seed": c["seed"],
+              "seed": c["seed"], "n_bootstrap": n_boot,
               "test": score(t.subset(orig), p[orig], rng("test"), n_boot),
               "mirror": score(t.subset(mir), p[mir], rng("mirror"), n_boot) if mir.any() else None,
               "controls": {"chance": spec.chance(t.subset(orig)),
                            "majority": spec.majority_rate(majority, t.subset(orig))}}
-    out = rd / f"eval-{name}.json"
     out.write_text(json.dumps(json_safe(result), indent=2) + "\n")
     return out
 
