@@ -25,7 +25,8 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, suppress
 from concurrent.futures import as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -232,11 +233,20 @@ def input_digest(ref: Any) -> dict[str, str]:
     """sha256 of every input file (or DICOM / segmentation folder) of a case, by role.
 
     A file this process has just read keeps the digest taken while reading it
-    (:func:`~spar_bench.builder.readers.file_sha256`: not read a second time)."""
+    (:func:`~spar_bench.builder.readers.file_sha256`: not read a second time). A file that
+    cannot be read is ``"unreadable"`` (its case's error names it; a resume rebuilds it)."""
+    return {role: _digest(p) for role, p in sorted(ref.files.items())}
+
+
+def _digest(path: str | Path) -> str:
     from .readers import file_sha256
 
-    return {role: file_sha256(p) if Path(p).exists() else "missing"
-            for role, p in sorted(ref.files.items())}
+    if not Path(path).exists():
+        return "missing"
+    try:
+        return file_sha256(path)
+    except OSError:
+        return "unreadable"
 
 
 def _reusable_spill(job: dict[str, Any], expected: dict[str, Any]) -> dict[str, Any] | None:
@@ -374,7 +384,9 @@ def _thresholds(config: BuildConfig, records: list[dict], cases_dir: Path, level
 
 
 # -- output ----------------------------------------------------------------------------
-WORK_ENTRIES = {"config.json", "config.part.json", "cases", "out"}
+#: In ``OUT.tmp`` of a build that stopped on an error: that error's line.
+FAILED = "failed.txt"
+WORK_ENTRIES = {"config.json", "config.part.json", "cases", "out", FAILED}
 
 
 def _owned_work(work: Path) -> set[str] | None:
@@ -414,9 +426,7 @@ def _prepare_dirs(config: BuildConfig) -> tuple[Path, Path]:
               option="work folder")
         remove(work)
     if work.exists() and not config.resume:
-        raise ConfigError(
-            f"{work} holds an interrupted build; pass --resume to finish it or --overwrite to start over"
-        )
+        raise ConfigError(f"{work} holds {_unfinished(work)}; pass --resume to finish it or --overwrite to start over")
     (work / "cases").mkdir(parents=True, exist_ok=True)
     rec = config.recorded()
     if config.partition:  # a partition resumes only as the same partition
@@ -425,15 +435,37 @@ def _prepare_dirs(config: BuildConfig) -> tuple[Path, Path]:
     cfg = work / "config.json"
     if cfg.exists() and cfg.read_text(encoding="utf-8") != recorded:
         raise ConfigError(
-            f"{cfg}: the interrupted build used other options; resume with the same options "
+            f"{cfg}: the unfinished build used other options; resume with the same options "
             "or pass --overwrite to start over"
         )
+    (work / FAILED).unlink(missing_ok=True)  # resumed: its error is no longer the state
     cfg_tmp = work / "config.part.json"
     cfg_tmp.write_text(recorded, encoding="utf-8")
     os.replace(cfg_tmp, cfg)
     if (work / "out").exists():
         shutil.rmtree(work / "out")  # outputs are always rewritten from the spilled cases
     return work, out
+
+
+def _unfinished(work: Path) -> str:
+    """What an ``OUT.tmp`` left behind is: a build stopped by an error (named), or interrupted."""
+    try:
+        reason = (work / FAILED).read_text(encoding="utf-8").strip()
+    except OSError:
+        return "an interrupted build (killed or stopped before it finished)"
+    return f"a build that stopped on an error ({reason})"
+
+
+@contextmanager
+def _failure_recorded(work: Path) -> Iterator[None]:
+    """A :class:`SparError` inside leaves its line in ``OUT.tmp/failed.txt``: the next run says
+    what the leftover ``OUT.tmp`` is (a full disk may leave nothing: then it is 'interrupted')."""
+    try:
+        yield
+    except SparError as e:
+        with suppress(OSError):
+            (work / FAILED).write_text(str(e).splitlines()[0] + "\n", encoding="utf-8")
+        raise
 
 
 def _find(config: BuildConfig) -> tuple[list[tuple[Any, str, type]], dict[str, Any], dict[tuple[str, str], str]]:
@@ -672,14 +704,15 @@ def build(config: BuildConfig, *, quiet: bool = False) -> Path:
     with disk_full_is_an_error(config.out, rerun="rerun the same command with --resume"), \
             output_lock(config.out, what="build (spar-build)"):
         work, out = _prepare_dirs(config)  # refuses a bad OUT before anything is written
-        done = _run_cases(config, refs, work / "cases", sample_cfg.to_dict())
-        ordered = [done[(r.source, r.case_id)] for r, _, _ in refs]
-        if not config.partition:
-            return write_outputs(config, ordered, sources_info, origins, work, out, quiet=quiet)
-        from .partition import finish_partition
+        with _failure_recorded(work):
+            done = _run_cases(config, refs, work / "cases", sample_cfg.to_dict())
+            ordered = [done[(r.source, r.case_id)] for r, _, _ in refs]
+            if not config.partition:
+                return write_outputs(config, ordered, sources_info, origins, work, out, quiet=quiet)
+            from .partition import finish_partition
 
-        path = finish_partition(config.recorded(), config.partition, selection, json_safe(ordered),
-                                sources_info, origins, work, out)
+            path = finish_partition(config.recorded(), config.partition, selection, json_safe(ordered),
+                                    sources_info, origins, work, out)
     if not quiet:
         import click
 

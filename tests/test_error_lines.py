@@ -1,0 +1,64 @@
+"""Bad inputs and faults of issue 19, part B: each gives one line naming the file and the
+problem (or the right behaviour), never a traceback."""
+
+from __future__ import annotations
+
+import builtins
+import io
+import os
+from pathlib import Path
+
+from spar_bench.builder.cli import cli as build_cli
+from spar_bench.clitools import run_cli
+
+from test_bad_input import make_case
+
+
+def _one_error(capsys, *words: str) -> str:
+    """The one ``error:`` line on stderr (progress bars aside), holding ``words``."""
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.replace("\r", "\n").splitlines() if ln.strip() and "%|" not in ln]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    for w in words:
+        assert w in lines[0], lines[0]
+    return lines[0]
+
+
+def _unreadable(path: Path, monkeypatch) -> None:
+    """``path`` cannot be opened: its mode is 000, or, for root (who reads anything), every
+    ``open`` of it fails as the kernel would fail it."""
+    os.chmod(path, 0)
+    if os.geteuid() != 0:
+        return
+    real_open, real_io_open = builtins.open, io.open
+
+    def refuse(opener):
+        def wrapped(file, *a, **k):
+            if isinstance(file, (str, os.PathLike)) and Path(file).resolve() == path.resolve():
+                raise PermissionError(13, "Permission denied", str(file))
+            return opener(file, *a, **k)
+
+        return wrapped
+
+    monkeypatch.setattr(builtins, "open", refuse(real_open))
+    monkeypatch.setattr(io, "open", refuse(real_io_open))
+
+
+def test_an_unreadable_input_file_is_one_line(tmp_path: Path, monkeypatch, capsys) -> None:
+    """Case (7): the error path hashed the unreadable file again (input_digest): a traceback."""
+    root = tmp_path / "word"
+    make_case(root, "a_good")
+    _, bad = make_case(root, "b_bad")
+    _unreadable(bad, monkeypatch)
+    args = ["--source", "word", "--root", root, "--levels", "level1", "--no-hf"]
+    assert run_cli(build_cli, [str(a) for a in [*args, "--out", tmp_path / "out"]]) == 2
+    _one_error(capsys, "case b_bad", str(bad), "Permission denied")
+    assert not (tmp_path / "out").exists()
+    # the failed build's OUT.tmp is said to be what it is, not "an interrupted build"
+    assert run_cli(build_cli, [str(a) for a in [*args, "--out", tmp_path / "out"]]) == 2
+    _one_error(capsys, "out.tmp holds a build that stopped on an error (case b_bad", "--resume")
+    # skipped, it is recorded in the manifest
+    assert run_cli(build_cli, [str(a) for a in [*args, "--out", tmp_path / "out", "--on-error", "skip",
+                                                "--overwrite"]]) == 0
+    manifest = (tmp_path / "out" / "manifest.json").read_text()
+    assert "b_bad" in manifest and "Permission denied" in manifest
