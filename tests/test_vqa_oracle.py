@@ -81,10 +81,12 @@ def test_prompts_state_what_decides_them():
     assert stated_numbers("symmetry", sym.text) == (15.0,)
     with pytest.raises(ConfigError):
         render("size", 0, -1, -1, (0, 1, 2))  # a size prompt without its thresholds
+    count = render("counting", -1, -1, -1, (0, 1, 2, 3), context=PromptContext(min_voxels=3))
+    assert "fewer than 3 voxels" in count.text
 
 
 def test_blind_prompt_does_not_describe_an_image():
-    ctx = PromptContext(mm_per_pixel=1.75, cuts=(10.0, 20.0), band=0.15)
+    ctx = PromptContext(mm_per_pixel=1.75, cuts=(10.0, 20.0), band=0.15, min_voxels=3)
     for probe, n in (("relative_position", 2), ("size", 3), ("distance", 3), ("counting", 4)):
         p = render(probe, 0, 1 if probe != "size" else -1, 0, tuple(range(n)), blind=True, context=ctx)
         assert "The image is" not in p.text and CONVENTION_HINT not in p.text

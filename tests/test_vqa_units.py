@@ -22,7 +22,7 @@ def test_prompts_name_organs_options_and_patient_frame():
     for probe in LEVEL3_PROBES:  # every probe renders, options = its class names, in order
         n = len(LEVEL3_CLASS_NAMES[probe])
         q = render(probe, 2, 3, 0 if probe == "relative_position" else -1, tuple(range(n)),
-                   context=PromptContext(1.5, 224, (100.0, 200.0), 0.15))
+                   context=PromptContext(1.5, 224, (100.0, 200.0), 0.15, 3))
         assert len(q.letters) == n and q.text.count("\n") >= n + 2
         assert template_version(probe) == q.version
     sym = render("symmetry", ORGANS.index("kidney_left"), ORGANS.index("kidney_right"), -1, (0, 1, 2),

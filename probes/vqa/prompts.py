@@ -81,7 +81,8 @@ QUESTIONS: dict[str, str] = {
     ),
     "counting": (
         "How many separate lesions (tumours) are visible on this slice? Lesion regions that "
-        "touch, even only at a corner, count as one."
+        "touch, even only at a corner, count as one; a region of fewer than {min_voxels} "
+        "voxels of the original scan is not counted."
     ),
 }
 #: Probes whose prompt compares organ centres (the :data:`CENTRE` sentence is added).
@@ -120,12 +121,14 @@ class PromptContext:
         image_size: the side of the image as shown, in pixels (224, or an upscale).
         cuts: the two stated thresholds (mm^2 for size, mm for distance), or None.
         band: the symmetry band as a fraction (0.15), or None.
+        min_voxels: the smallest lesion component counted (voxels of the scan), or None.
     """
 
     mm_per_pixel: float | None = None
     image_size: int = 224
     cuts: tuple[float, float] | None = None
     band: float | None = None
+    min_voxels: int | None = None
 
     def pixel_sentence(self) -> str:
         fov = float(self.mm_per_pixel) * 224
@@ -182,6 +185,10 @@ def question_text(probe: str, organ_a: int, organ_b: int, axis: int,
         if ctx.band is None:
             raise ConfigError("the symmetry prompt states its band: give PromptContext.band")
         fill["band"] = f"{100 * ctx.band:g}"
+    if probe == "counting":
+        if ctx.min_voxels is None:
+            raise ConfigError("the counting prompt states the smallest lesion counted: give PromptContext.min_voxels")
+        fill["min_voxels"] = str(int(ctx.min_voxels))
     return QUESTIONS[key].format(**fill)
 
 
@@ -203,8 +210,8 @@ def render(probe: str, organ_a: int, organ_b: int, axis: int, order: tuple[int, 
     """The prompt of one question with its options shown in ``order``.
 
     ``blind``: the prompt of the no-image control (no sentence describes an image);
-    ``context``: the question's scale, band and thresholds (required by size, distance
-    and symmetry, whose prompts state them).
+    ``context``: the question's scale, band, thresholds and smallest lesion (required by
+    size, distance, symmetry and counting, whose prompts state them).
     """
     from ..tasks import get_probe
 

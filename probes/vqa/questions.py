@@ -34,8 +34,8 @@ class Questions:
     """The questions of one probe (``t``: its Targets) with their keys and splits.
 
     ``mm_per_pixel`` (per question: its slice's), ``cuts`` (``(Q, 2)`` stated size /
-    distance thresholds, or None), ``measure`` (the stored area / distance those classify)
-    and ``band`` (symmetry) fill each prompt's :class:`PromptContext`.
+    distance thresholds, or None), ``measure`` (the stored area / distance those classify),
+    ``band`` (symmetry) and ``min_voxels`` (counting) fill each prompt's :class:`PromptContext`.
     """
 
     t: Targets
@@ -45,6 +45,7 @@ class Questions:
     cuts: np.ndarray | None = None
     measure: np.ndarray | None = None
     band: float | None = None
+    min_voxels: int | None = None
 
     @property
     def spec(self):
@@ -71,7 +72,7 @@ class Questions:
         """What the prompt of question ``i`` states beside its organs."""
         mpp = None if self.mm_per_pixel is None else float(self.mm_per_pixel[i])
         cuts = None if self.cuts is None else (float(self.cuts[i, 0]), float(self.cuts[i, 1]))
-        return PromptContext(mpp, int(image_size), cuts, self.band)
+        return PromptContext(mpp, int(image_size), cuts, self.band, self.min_voxels)
 
     @property
     def organ_a(self) -> np.ndarray:
@@ -140,9 +141,11 @@ def load_questions(build, spec, splits: list[str]) -> Questions:
     mpp = np.concatenate([p[0][2]["mm_per_pixel"] for p in parts])
     measure = np.concatenate([p[0][2]["measure"] for p in parts])
     probe = spec.name.split(".", 1)[1]
-    band = (build.manifest.get("sample_config") or {}).get("symmetry_band") if probe == "symmetry" else None
+    sample = build.manifest.get("sample_config") or {}
+    band = sample.get("symmetry_band") if probe == "symmetry" else None
+    min_voxels = sample.get("lesion_min_voxels") if probe == "counting" else None
     return Questions(t, keys, split, mpp, _stated_cuts(build, probe, t), measure,
-                     None if band is None else float(band))
+                     None if band is None else float(band), None if min_voxels is None else int(min_voxels))
 
 
 def train_targets(build, spec) -> Targets | None:
