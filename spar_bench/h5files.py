@@ -185,16 +185,18 @@ def open_h5(path: str | Path, **kwargs: Any) -> Iterator[Any]:
     import h5py
 
     path = Path(path)
-    with open(path, "r+b" if path.exists() else "w+b") as fh:
-        raw = _LatchedFile(path, fh.fileno())
+    new = not path.exists() or path.stat().st_size == 0  # 0 bytes: its first flush failed
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | (os.O_TRUNC if new else 0), 0o666)
+    raw = _LatchedFile(path, fd)
+    try:
         try:
-            try:
-                with h5py.File(raw, "a", **kwargs) as f:
-                    yield f
-                raw.flush()  # the close's last writes (HDF5 writes the superblock after its flush)
-            except Exception:
-                if raw.error is not None:
-                    raise raw.error from None
-                raise
-        finally:
-            raw.release()
+            with h5py.File(raw, "w" if new else "a", **kwargs) as f:
+                yield f
+            raw.flush()  # the close's last writes (HDF5 writes the superblock after its flush)
+        except Exception:
+            if raw.error is not None:
+                raise raw.error from None
+            raise
+    finally:
+        raw.release()
+        os.close(fd)

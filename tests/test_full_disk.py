@@ -1,0 +1,234 @@
+"""A full disk at any write (issue 19): one line naming the path, exit 2, and the rerun
+(``--resume`` for a build) finishes with the bytes of an uninterrupted run.
+
+:class:`DiskFills` counts every write a command makes under the test's folder (files opened
+for writing, renames, parquet files, torch.save, the feature cache's reserved flushes) and
+makes the k-th fail with ENOSPC, after writing half of it where a real disk would. Each
+test first runs the command once to list its write sites, then fails it at the first
+write of every site (and at the last write), frees the space and reruns. A test on a small
+tmpfs (root only) checks the same with a real full disk and the real HDF5.
+"""
+
+from __future__ import annotations
+
+import builtins
+import errno
+import io
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spar_bench.clitools import run_cli
+
+from helpers import tree_hashes
+
+BUILD_ARGS = ["--samples-per-case", "2", "--shard-size", "5", "--seed", "3"]
+
+
+def _enospc(path: object = None) -> OSError:
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), *([str(path)] if path else []))
+
+
+class _FullFile:
+    """A file opened for writing whose first write stores half its bytes and fails."""
+
+    def __init__(self, fh):
+        self._fh = fh
+
+    def write(self, data):
+        self._fh.write(data[: len(data) // 2])
+        raise _enospc()  # as Python's own write: no file name
+
+    def __getattr__(self, name):
+        return getattr(self._fh, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._fh.close()
+
+    def __iter__(self):
+        return iter(self._fh)
+
+
+class DiskFills:
+    """Count the writes under ``root``; with ``fail_at=k`` the k-th write fails with ENOSPC.
+
+    ``events`` lists ``(site, path relative to root)`` in order; a site is the kind of write
+    and the file's name, numbers aside (``open:manifest.json``, ``rename:fake__cN.npz``,
+    ``parquet:train-N-of-N.parquet``, ``h5-flush:c.h5``, ...).
+    """
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, root: Path, fail_at: int | None = None):
+        self.root, self.fail_at = Path(os.path.abspath(root)), fail_at
+        self.events: list[tuple[str, str]] = []
+        self.failed: tuple[str, str] | None = None
+        self._patch(monkeypatch)
+
+    def _hit(self, kind: str, path: object) -> bool:
+        """Record one write; True when it is the one to fail."""
+        try:
+            p = Path(os.path.abspath(os.fsdecode(path)))
+        except TypeError:  # a file descriptor or a file object: not a path we watch
+            return False
+        if not p.is_relative_to(self.root):
+            return False
+        site = f"{kind}:{re.sub(r'[0-9]+(?=.*[.])', 'N', p.name)}"  # shard and case numbers aside
+        self.events.append((site, p.relative_to(self.root).as_posix()))
+        if len(self.events) - 1 == self.fail_at:
+            self.failed = self.events[-1]
+            return True
+        return False
+
+    def _patch(self, mp: pytest.MonkeyPatch) -> None:
+        real_open, real_replace, real_rename = io.open, os.replace, os.rename
+
+        def fake_open(file, mode="r", *a, **k):
+            fh = real_open(file, mode, *a, **k)
+            if any(c in mode for c in "wax+") and self._hit("open", file):
+                return _FullFile(fh)
+            return fh
+
+        def renamer(real, kind):
+            def fake(src, dst, *a, **k):
+                if self._hit(kind, dst):
+                    raise _enospc(dst)
+                return real(src, dst, *a, **k)
+            return fake
+
+        mp.setattr(builtins, "open", fake_open)
+        mp.setattr(io, "open", fake_open)
+        mp.setattr(os, "replace", renamer(real_replace, "rename"))
+        mp.setattr(os, "rename", renamer(real_rename, "rename"))
+        self._patch_libraries(mp)
+
+    def _patch_libraries(self, mp: pytest.MonkeyPatch) -> None:
+        import spar_bench.h5files as h5files
+
+        real_commit = h5files._LatchedFile._commit
+
+        def commit(raw):  # the feature cache's HDF5 writes: one reserved flush
+            if self._hit("h5-flush", raw.path):
+                raise _enospc()  # the reservation fails: nothing of this flush is written
+            return real_commit(raw)
+
+        mp.setattr(h5files._LatchedFile, "_commit", commit)
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            return
+        real_table = pq.write_table
+
+        def write_table(table, where, *a, **k):
+            if self._hit("parquet", where):
+                Path(where).write_bytes(b"PAR1")  # torn
+                raise OSError(errno.ENOSPC, "Error writing bytes to file. Detail: [errno 28] No space left on device")
+            return real_table(table, where, *a, **k)
+
+        mp.setattr(pq, "write_table", write_table)
+
+    def sites(self) -> list[int]:
+        """The first write of every site, one in the middle and the last write."""
+        first: dict[str, int] = {}
+        for i, (site, _) in enumerate(self.events):
+            first.setdefault(site, i)
+        return sorted({*first.values(), len(self.events) // 2, len(self.events) - 1})
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("error: ")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def _fail_each_site(monkeypatch, capsys, root: Path, run, clean: dict[str, str], result: Path,
+                    rerun, names: tuple[str, ...]) -> list[str]:
+    """Fail ``run`` at each write site in turn; each time one line naming a path, then
+    ``rerun`` (space freed) must leave ``result`` with the bytes ``clean``."""
+    with monkeypatch.context() as mp:
+        counter = DiskFills(mp, root)
+        assert run() == 0
+    capsys.readouterr()
+    remove_tree(result)
+    tried = []
+    for k in counter.sites():
+        with monkeypatch.context() as mp:
+            fault = DiskFills(mp, root, fail_at=k)
+            code = run()
+        assert fault.failed is not None and code == 2, (k, fault.failed, code)
+        line = one_error_line(capsys)
+        assert line.startswith("error: no space left on the disk while writing ")
+        assert any(n in line for n in names), line
+        assert rerun() == 0, (fault.failed, capsys.readouterr().err)
+        capsys.readouterr()
+        got = tree_hashes(result) if result.is_dir() else {result.name: _sha(result)}
+        assert got == clean, fault.failed
+        tried.append(fault.failed[0])
+        remove_tree(result)
+    return tried
+
+
+def _sha(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def remove_tree(path: Path) -> None:
+    import shutil
+
+    if path.is_dir():
+        shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()
+
+
+# -- the build: spills, shards, parquet, card, manifest, renames ------------------------------
+def test_a_full_disk_at_every_build_write_is_one_line_and_resume_gives_the_same_build(
+        fake_root, tmp_path, monkeypatch, capsys):
+    from spar_bench.builder.cli import cli
+
+    work = tmp_path / "w"
+    work.mkdir()
+    out = work / "out"
+    args = ["--source", "fake", "--root", str(fake_root), "--out", str(out), *BUILD_ARGS]
+    assert run_cli(cli, args) == 0
+    clean = tree_hashes(out)
+    remove_tree(out)
+    capsys.readouterr()
+    tried = _fail_each_site(monkeypatch, capsys, work, lambda: run_cli(cli, args), clean, out,
+                            lambda: run_cli(cli, [*args, "--resume"]), names=(str(out),))
+    assert {"open:config.part.json", "open:fake__cN.part.npz", "rename:fake__cN.npz", "open:fake__cN.part.json",
+            "open:train-N-of-N.h5", "parquet:train-N-of-N.parquet", "open:README.md", "open:manifest.json",
+            "rename:out"} <= set(tried), tried
+    assert not (work / "out.lock").exists()
+
+
+# -- the feature cache: its HDF5 flushes ----------------------------------------------------
+def test_a_full_disk_at_every_cache_write_is_one_line_and_the_rerun_gives_the_same_cache(
+        fake_root, tmp_path, monkeypatch, capsys):
+    from spar_bench.builder.build import build
+    from spar_bench.probes.cli import cli
+
+    from helpers import build_config
+
+    data = build(build_config(fake_root, tmp_path / "b", hf=False), quiet=True)
+    work = tmp_path / "w"
+    work.mkdir()
+    out = work / "c.h5"
+    args = ["cache", "--encoder", "dummy", "--data", str(data), "--out", str(out), "--device", "cpu",
+            "--batch", "4", "--levels", "level1,level3"]
+    assert run_cli(cli, args) == 0
+    clean = {out.name: _sha(out)}
+    remove_tree(out)
+    capsys.readouterr()
+    tried = _fail_each_site(monkeypatch, capsys, work, lambda: run_cli(cli, args), clean, out,
+                            lambda: run_cli(cli, args), names=(str(out),))
+    assert tried.count("h5-flush:c.h5") >= 3, tried  # the first batch, one in the middle, the close
+    assert not (work / "c.h5.lock").exists()
