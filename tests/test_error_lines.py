@@ -62,3 +62,25 @@ def test_an_unreadable_input_file_is_one_line(tmp_path: Path, monkeypatch, capsy
                                                 "--overwrite"]]) == 0
     manifest = (tmp_path / "out" / "manifest.json").read_text()
     assert "b_bad" in manifest and "Permission denied" in manifest
+
+
+def test_resume_from_a_truncated_checkpoint_is_one_line(pipeline, tmp_path: Path, capsys) -> None:
+    """Case (8): finetune --resume with a cut checkpoint.pt: RuntimeError: PytorchStreamReader failed."""
+    import json
+
+    import torch
+
+    from spar_bench.probes.cli import cli
+
+    model_args = {"depth": 1, "embed_dim": 16, "num_heads": 2, "img_size": 64}
+    out = tmp_path / "runs"
+    rd = out / "timm-vit_tiny_patch16_224-scratch-shards" / "level1.localisation" / "mlp,max_epochs=1" / "seed0"
+    rd.mkdir(parents=True)
+    torch.save({"key": {}, "encoder": {"w": torch.zeros(1000)}}, rd / "checkpoint.pt")
+    data = (rd / "checkpoint.pt").read_bytes()
+    (rd / "checkpoint.pt").write_bytes(data[: len(data) // 2])
+    args = ["finetune", "--encoder", "timm:vit_tiny_patch16_224", "--init", "scratch", "--model-args",
+            json.dumps(model_args), "--data", pipeline["shards"], "--probe", "level1.localisation", "--out", out,
+            "--max-epochs", 1, "--device", "cpu", "--compute", "fp32", "--bootstrap", 20, "--no-controls", "--resume"]
+    assert run_cli(cli, [str(a) for a in args]) == 2
+    _one_error(capsys, str(rd / "checkpoint.pt"), "unreadable checkpoint file", "--overwrite")

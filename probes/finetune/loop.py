@@ -180,7 +180,7 @@ class Trainer:
         path = self.run / CHECKPOINT
         if not path.is_file():
             return None
-        blob = torch.load(path, map_location="cpu", weights_only=False)
+        blob = _load(path, "checkpoint")
         if blob.get("key") != self.key:
             diff = sorted(k for k in set(self.key) | set(blob.get("key", {}))
                           if self.key.get(k) != blob.get("key", {}).get(k))
@@ -202,9 +202,7 @@ class Trainer:
                       "epoch": self.state.best_epoch, "val_loss": self.state.best_val}, self.run / BEST)
 
     def load_best(self) -> None:
-        import torch
-
-        blob = torch.load(self.run / BEST, map_location="cpu", weights_only=False)
+        blob = _load(self.run / BEST, "best-epoch weights")
         self.enc.module.load_state_dict(blob["encoder"])
         self.head.load_state_dict(blob["head"])
 
@@ -290,6 +288,21 @@ class Trainer:
                        f"  ({st.images / max(st.seconds, 1e-9):.1f} img/s)")
         st.epoch += 1
         st.batch, st.tr_sum, st.tr_n = 0, 0.0, 0
+
+
+def _load(path: Path, what: str) -> dict:
+    """A checkpoint file, or one line naming it when it is truncated or not one (a copy cut
+    short, a full disk before the atomic writes): the run can only start over."""
+    import torch
+
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # torch raises RuntimeError, pickle and zip errors, EOFError, ...
+        raise ConfigError(f"{path}: unreadable {what} file ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}); "
+                          "pass --overwrite to start the run over") from None  # fmt: skip
+    if not isinstance(blob, dict):
+        raise ConfigError(f"{path}: not a {what} file of spar-probe finetune; pass --overwrite to start the run over")
+    return blob
 
 
 def _atomic_save(obj, path: Path) -> None:
