@@ -46,6 +46,7 @@ PAPER = Preset(
     build={
         "seed": 0,
         "samples_per_case": 32,
+        "l12_min_organs": 8,
         "arrangement": "rows-by-y",
         "counterfactual": "mirror",
         "limit": {"lits": 20},
@@ -77,6 +78,9 @@ PAPER = Preset(
     choices={
         "samples_per_case": "32 mosaics per case (the paper gives no number): 3,200 training mosaics "
                             "from WORD's 100 training volumes",
+        "l12_min_organs": "a Level 1-2 mosaic needs 8 present organs (half the canonical set): exact "
+                          "permutation by chance 1/8! = 2.5e-5, so no free items (LiTS, liver only, "
+                          "gives none; docs/PROTOCOL.md 4)",
         "arrangement": "rows-by-y: the centroid-based reading order (4 rows by y, then x), the "
                        "arrangement closest to 'the centroid-based spatial arrangement'",
         "counterfactual": "mirror: the control that separates recall from computation; it adds "

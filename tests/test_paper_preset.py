@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_paper_preset_table_is_pinned():
-    assert PAPER.build == {"seed": 0, "samples_per_case": 32, "arrangement": "rows-by-y",
+    assert PAPER.build == {"seed": 0, "samples_per_case": 32, "l12_min_organs": 8, "arrangement": "rows-by-y",
                            "counterfactual": "mirror", "limit": {"lits": 20},
                            "split_ratio": {"lits": "0.7,0.1,0.2"}}
     assert PAPER.probe == {"seeds": "0,1,2", "heads": "mlp,transformer", "lr": 1e-3,
@@ -53,17 +53,17 @@ def test_code_matches_what_the_preset_pins():
     for key in ("lr", "weight_decay", "batch_size", "patience"):
         assert key in OPTIONS and getattr(TrainConfig(), key) == PAPER.probe[key]
     SampleConfig(samples_per_case=PAPER.build["samples_per_case"], arrangement=PAPER.build["arrangement"],
-                 counterfactual=PAPER.build["counterfactual"])
+                 counterfactual=PAPER.build["counterfactual"], l12_min_organs=PAPER.build["l12_min_organs"])
 
 
 def test_apply_fills_missing_options_and_records_overrides():
-    opts = {"source": ("word", "lits"), "seed": 0, "samples_per_case": 4, "arrangement": None,
+    opts = {"source": ("word", "lits"), "seed": 0, "samples_per_case": 4, "l12_min_organs": None, "arrangement": None,
             "counterfactual": None, "limit": (), "split_ratio": ()}
     out, rec = apply_build_preset("paper", opts, {"samples_per_case"})
     assert out["samples_per_case"] == 4 and out["counterfactual"] == "mirror"
     assert out["limit"] == ("lits=20",) and out["split_ratio"] == ("lits=0.7,0.1,0.2",)
     assert rec == {"name": "paper", "overridden": ["samples_per_case"],
-                   "options": {"seed": 0, "arrangement": "rows-by-y", "counterfactual": "mirror",
+                   "options": {"seed": 0, "l12_min_organs": 8, "arrangement": "rows-by-y", "counterfactual": "mirror",
                                "limit": ["lits=20"], "split_ratio": ["lits=0.7,0.1,0.2"]}}
     out, rec = apply_build_preset("paper", {**opts, "source": ("word",)}, set())
     assert out["limit"] == () and "limit" not in rec["options"]  # no LiTS in this build
@@ -85,6 +85,7 @@ def test_build_and_runs_record_the_preset(tmp_path, pipeline):
     assert man["config"]["preset"]["name"] == "paper"
     assert man["config"]["preset"]["overridden"] == ["samples_per_case"]
     assert man["sample_config"]["counterfactual"] == "mirror" and man["sample_config"]["samples_per_case"] == 1
+    assert man["sample_config"]["l12_min_organs"] == 8
     assert run_cmd(build_cli, ["--source", "phantom", "--root", tmp_path / "ph", "--out", tmp_path / "bad",
                                "--preset", "nope", "--no-hf"]) == 2
 
