@@ -93,6 +93,8 @@ CASES: dict[str, list[tuple[str, tuple, int | str]]] = {
         ("<think>long reasoning</think>", YN, "empty"), ("reasoning </think>", YN, "empty"),
         ("<think>B</think>\nI cannot tell.", YN, "refusal"),
         ("so it is left-anterior\n</think>\nanterior", SEC, 2),
+        ("<think>\n\n</think>\n\nB", YN, 1), ("<answer>B</answer>", YN, 1),
+        ("<think>A?</think>\n<answer>\nB\n</answer>", YN, 1),
     ],
     "self_correction": [
         ("The answer is A. Actually, the answer is B.", YN, 1),
@@ -144,6 +146,7 @@ CASES: dict[str, list[tuple[str, tuple, int | str]]] = {
         ("It might be A. The answer is B.", YN, 1),
         ("A seems plausible at first. Final answer: B", YN, 1),
         ("The answer is B because the liver appears on the left.", YN, 1),
+        ("Let me think step by step: B is correct.", YN, 1), ("I would say B.", YN, 1),
     ],
     "mention": [
         ("The spleen lies left-anterior of the liver.", SEC, "mention"),
@@ -161,6 +164,9 @@ CASES: dict[str, list[tuple[str, tuple, int | str]]] = {
         ("The answer is B. The spleen lies left of the liver.", SEC, 1),
         ("A kidney is usually on the left.", YN, "no_option"),
         ("A large mass is visible.", SIZE, "mention"),
+        ("Is the spleen left of the liver? B", SEC, 1),  # the question echoed, then the answer
+        ("Based on the image, the left kidney appears to lie left of the spleen. Therefore, the answer is B.",
+         YN, 1),
     ],
     "several": [
         ("A or B", YN, "several"), ("Either A or B", YN, "several"), ("The answer is A or B.", YN, "several"),

@@ -183,7 +183,7 @@ go with pick choose select opt going chose picked selected
 _SEPARATORS = frozenset(",:.)-\u2013\u2014")
 _HEDGE = re.compile(
     r"\b(?:perhaps|maybe|possibly|probably|likely|might|may|could|seems?|seemingly|appears?|"
-    r"apparently|looks like|presumably|guess|suppose|think|believe|suspect|not sure|unsure|"
+    r"apparently|looks like|presumably|guess|(?:i|we) (?:think|believe|suspect|suppose)|not sure|unsure|"
     r"uncertain|not certain|not confident|hard to (?:tell|say)|difficult to (?:tell|say|determine))\b|\?")
 _DOUBT = re.compile(
     r"\b(?:not (?:sure|certain|confident)|unsure|uncertain|hard to (?:tell|say)|"
