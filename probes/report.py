@@ -55,20 +55,44 @@ def collect(runs: str | Path) -> list[dict[str, Any]]:
         )
     out = []
     for p in sorted(root.rglob("metrics.json")):
-        try:
-            m = json.loads(p.read_text())
-        except ValueError as e:
-            raise ConfigError(
-                f"{p}: unreadable metrics ({e}); delete the run and re-fit it"
-            ) from None
+        m = _read_json(p, "metrics")
+        if not _is_run(m, p):
+            continue
         m["_dir"] = str(p.parent)
-        m["_evals"] = [json.loads(e.read_text()) for e in sorted(p.parent.glob("eval-*.json"))]
+        m["_evals"] = [_read_json(e, "evaluation") for e in sorted(p.parent.glob("eval-*.json"))]
         out.append(m)
     if not out:
         raise ConfigError(
             f"{root}: no metrics.json found; run `spar-probe fit` or `spar-probe sweep` first"
         )
     return out
+
+
+#: What the metrics.json of every kind of run holds (fit, sweep, finetune, vqa).
+RUN_KEYS = ("probe", "head", "seed", "encoder", "test")
+
+
+def _read_json(p: Path, what: str) -> dict[str, Any]:
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{p}: unreadable {what} ({e}); delete the run and re-fit it") from None
+
+
+def _is_run(m: Any, p: Path) -> bool:
+    """Whether ``m`` (read from ``p``) is a run's metrics. A foreign ``metrics.json`` (another
+    tool's, in a folder that is no run) is skipped with a warning line; one in a run's folder
+    (its ``config.json`` is a run's) that lacks what a run's holds is a damaged run: an error."""
+    from .fit import owned_run
+
+    missing = [k for k in RUN_KEYS if k not in m] if isinstance(m, dict) else list(RUN_KEYS)
+    if not missing:
+        return True
+    if owned_run(p.parent) is not None:
+        raise ConfigError(f"{p}: a run's metrics.json without {', '.join(missing)} (damaged?); "
+                          "delete the run and re-fit it")  # fmt: skip
+    click.echo(f"{p}: not a SPAR-Bench run's metrics.json (no {', '.join(missing)}); skipped", err=True)
+    return False
 
 
 def _get(d: dict | None, *path):

@@ -84,3 +84,31 @@ def test_resume_from_a_truncated_checkpoint_is_one_line(pipeline, tmp_path: Path
             "--max-epochs", 1, "--device", "cpu", "--compute", "fp32", "--bootstrap", 20, "--no-controls", "--resume"]
     assert run_cli(cli, [str(a) for a in args]) == 2
     _one_error(capsys, str(rd / "checkpoint.pt"), "unreadable checkpoint file", "--overwrite")
+
+
+def test_report_skips_a_foreign_metrics_json(pipeline, tmp_path: Path, capsys) -> None:
+    """Case (10): a foreign metrics.json under RUNS gave KeyError: 'head'. Another tool's file
+    in a folder that is no run is skipped with a warning line naming it (a report over a folder
+    shared with other tools still works); one in a run's folder is a damaged run: one error line."""
+    import json
+
+    from spar_bench.probes.cli import cli
+
+    runs = tmp_path / "runs"
+    assert run_cli(cli, [str(a) for a in ["fit", "--features", pipeline["cache"], "--out", runs, "--probe",
+                                          "level3.size", "--max-epochs", 1, "--bootstrap", 20, "--no-controls"]]) == 0
+    foreign = runs / "wandb" / "run-1" / "metrics.json"
+    foreign.parent.mkdir(parents=True)
+    foreign.write_text(json.dumps({"accuracy": 0.9}))
+    capsys.readouterr()
+    assert run_cli(cli, ["report", str(runs), "--out", str(tmp_path / "rep")]) == 0
+    err = capsys.readouterr().err
+    assert f"{foreign}: not a SPAR-Bench run's metrics.json" in err and "skipped" in err
+    assert "level3.size" in (tmp_path / "rep" / "report.md").read_text()
+    (damaged,) = runs.glob("*/level3.size/*/seed0/metrics.json")
+    damaged.write_text(json.dumps({"probe": "level3.size"}))
+    assert run_cli(cli, ["report", str(runs), "--out", str(tmp_path / "rep2")]) == 2
+    _one_error(capsys, str(damaged), "head, seed, encoder, test", "damaged")
+    damaged.write_text("{")
+    assert run_cli(cli, ["report", str(runs), "--out", str(tmp_path / "rep2")]) == 2
+    _one_error(capsys, str(damaged), "unreadable metrics")
