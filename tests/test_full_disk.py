@@ -16,6 +16,7 @@ import errno
 import io
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -181,8 +182,6 @@ def _sha(path: Path) -> str:
 
 
 def remove_tree(path: Path) -> None:
-    import shutil
-
     if path.is_dir():
         shutil.rmtree(path)
     elif path.exists():
@@ -232,3 +231,86 @@ def test_a_full_disk_at_every_cache_write_is_one_line_and_the_rerun_gives_the_sa
                             lambda: run_cli(cli, args), names=(str(out),))
     assert tried.count("h5-flush:c.h5") >= 3, tried  # the first batch, one in the middle, the close
     assert not (work / "c.h5.lock").exists()
+
+
+# -- a real full disk: a small tmpfs (root only), the real HDF5, every size ------------------
+@pytest.fixture()
+def small_disk(tmp_path):
+    """A 64 MB tmpfs at ``tmp_path/disk`` (skipped where mounting one is not allowed)."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(disk)],
+                       capture_output=True, text=True, timeout=60)
+    if r.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True, timeout=60)
+
+
+def _leave_free(disk: Path, nbytes: int) -> Path:
+    """Fill ``disk`` until about ``nbytes`` are free; the filler file (delete it to free space)."""
+    st = os.statvfs(disk)
+    filler = disk / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.posix_fallocate(fd, 0, max(st.f_bavail * st.f_frsize - nbytes, 1))
+    finally:
+        os.close(fd)
+    return filler
+
+
+def _cli(module: str, *args: object) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True,
+                          encoding="utf-8", errors="replace", timeout=600)
+
+
+def _size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
+
+
+def _fill_and_resume(disk: Path, out: Path, full: int, run, resume, clean) -> list[int]:
+    """Run with ~5%..95% of ``full`` bytes free; each run ends 0 or with one line and exit 2
+    (never a crash), and the resumed output has the clean bytes. Returns the exit codes."""
+    codes = []
+    for fraction in (0.05, 0.35, 0.7, 0.95):
+        filler = _leave_free(disk, int(full * fraction))
+        r = run()
+        errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]
+        assert r.returncode in (0, 2) and "Traceback" not in r.stderr, (fraction, r.returncode, r.stderr[-3000:])
+        if r.returncode == 2:
+            assert len(errors) == 1 and str(out) in errors[0] and "free space" in errors[0], r.stderr[-2000:]
+        codes.append(r.returncode)
+        filler.unlink()
+        r = resume()
+        assert r.returncode == 0 and clean(), (fraction, r.stderr[-2000:])
+        remove_tree(out)
+    return codes
+
+
+@pytest.mark.slow
+def test_a_real_full_disk_under_a_build_and_a_cache_is_one_line_and_resumes(tmp_path, small_disk):
+    ph = tmp_path / "ph"
+    assert _cli("spar_bench.builder.cli", "phantom", "--out", ph, "--n", "2").returncode == 0
+    out = small_disk / "out"
+    build = ["--source", "phantom", "--root", ph, "--out", out, "--samples-per-case", "2"]
+    assert _cli("spar_bench.builder.cli", *build).returncode == 0
+    clean, full = tree_hashes(out), _size(out)
+    data = tmp_path / "data"
+    shutil.move(out, data)
+    codes = _fill_and_resume(small_disk, out, full, lambda: _cli("spar_bench.builder.cli", *build),
+                             lambda: _cli("spar_bench.builder.cli", *build, "--resume"),
+                             lambda: tree_hashes(out) == clean)
+    assert codes.count(2) >= 3, codes
+
+    cache = small_disk / "c.h5"
+    args = ["cache", "--encoder", "dummy", "--data", data, "--out", cache, "--device", "cpu", "--batch", "8"]
+    assert _cli("spar_bench.probes.cli", *args).returncode == 0
+    clean_cache, full = _sha(cache), _size(cache)
+    cache.unlink()
+    codes = _fill_and_resume(small_disk, cache, full, lambda: _cli("spar_bench.probes.cli", *args),
+                             lambda: _cli("spar_bench.probes.cli", *args), lambda: _sha(cache) == clean_cache)
+    assert codes.count(2) >= 3, codes
