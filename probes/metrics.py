@@ -6,8 +6,12 @@
 * Level 2 (arrangement): exact permutation accuracy (every present tile at its right
   slot: the headline), per-tile accuracy (overall and, given the tiles' organs, per
   organ), mean Kendall's tau between predicted and true slots of the present tiles.
+  ``by_k``: the same per number k of present tiles, beside its chance 1/k!.
 * Level 3 (questions): accuracy, macro-F1, chance (1/n_classes) and the majority-class
-  rate (majority class taken from TRAIN, its rate measured on the evaluated split).
+  rate (majority class taken from TRAIN, its rate measured on the evaluated split);
+  :func:`by_axis` splits a probe whose questions have axes (relative position: left/right,
+  anterior/posterior); :func:`conflict_metrics` scores the conflict items, whose answer in
+  the image differs from the prior's (canonical anatomy's) answer.
 
 Every ``*_metrics`` function also accepts ``groups`` (patient ids) to add 95 %
 bootstrap-over-patients confidence intervals (see :mod:`spar_bench.probes.bootstrap`).
@@ -173,6 +177,7 @@ def level2_metrics(
         "kendall_tau": _nanmean(s["tau"]),
         "n": int(np.isfinite(s["exact"]).sum()),
     }
+    out["by_k"] = _perm_acc_by_k(s["exact"], ntile)
     if perm is not None:
         out["per_organ"] = _tile_acc_per_organ(pred_slot, target_slot, present_pos, perm)
     if groups is not None:
@@ -184,6 +189,19 @@ def level2_metrics(
             n_reps,
         )
         out["ci"]["tile_acc"] = list(bootstrap_ci(tile_acc, groups, _rng(rng), n_reps))
+    return out
+
+
+def _perm_acc_by_k(exact: np.ndarray, ntile: np.ndarray) -> dict[str, dict]:
+    """Per number k of present tiles (str keys, ascending): items ``n``, their exact
+    permutation accuracy ``perm_acc`` and its chance ``1/k!``."""
+    from math import factorial
+
+    out = {}
+    for k in np.unique(ntile[np.isfinite(exact)]).astype(int).tolist():
+        at = (ntile == k) & np.isfinite(exact)
+        out[str(k)] = {"n": int(at.sum()), "perm_acc": float(exact[at].mean()),
+                       "chance": 1.0 / factorial(k)}  # fmt: skip
     return out
 
 
@@ -256,6 +274,47 @@ def level3_metrics(
                 )
             ),
         }
+    return out
+
+
+def by_axis(axis: np.ndarray, names: tuple[str, ...], score: Callable[[np.ndarray], dict | None]) -> dict:
+    """``score(mask)`` of the items of each named axis (``axis == i`` is ``names[i]``), for
+    the axes that have items: relative position's left/right and anterior/posterior."""
+    axis = np.asarray(axis)
+    return {name: score(axis == i) for i, name in enumerate(names) if (axis == i).any()}
+
+
+def conflict_metrics(
+    y_true: np.ndarray,
+    y_pred: np.ndarray,
+    y_prior: np.ndarray,
+    groups: np.ndarray | None = None,
+    rng: np.random.Generator | None = None,
+    n_reps: int = DEFAULT_REPS,
+) -> dict:
+    """Scores on the conflict items: those whose answer in the image (``y_true``) differs
+    from the prior's answer ``y_prior`` (canonical anatomy's, fitted on train).
+
+    Returns ``n`` (conflict items), ``n_items``, ``share`` (n / n_items), ``accuracy`` (on
+    the conflict items) and ``prior_agreement`` (how often ``y_pred`` gives the prior's answer
+    there); with ``groups``, ``ci`` over patients. A prediction outside the classes (an
+    MLLM's unparsed -1) counts wrong and not as the prior's answer. The prior itself scores
+    0 and agrees 100 %; a model that recalls canonical anatomy tends to the same; one that
+    reads the image scores as on any item.
+    """
+    y_true, y_pred, y_prior = (np.asarray(a, dtype=np.int64) for a in (y_true, y_pred, y_prior))
+    _check("y_pred", y_pred, y_true.shape)
+    _check("y_prior", y_prior, y_true.shape)
+    c = y_true != y_prior
+    hit = (y_pred[c] == y_true[c]).astype(np.float64)
+    agree = (y_pred[c] == y_prior[c]).astype(np.float64)
+    out: dict = {
+        "n": int(c.sum()), "n_items": int(c.size), "share": _nanmean(c.astype(np.float64)),
+        "accuracy": _nanmean(hit), "prior_agreement": _nanmean(agree),
+    }  # fmt: skip
+    if groups is not None and c.any():
+        out["ci"] = _cis({"accuracy": hit, "prior_agreement": agree}, lambda a, idx: _nanmean(a[idx]),
+                         np.asarray(groups)[c], rng, n_reps)  # fmt: skip
     return out
 
 

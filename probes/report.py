@@ -16,6 +16,10 @@ writes to ``--out``:
   validation]``: per seed the grid point with the lowest ``train.best_val_loss`` (runs
   pruned by ``--grid-prune`` excluded), aggregated over seeds, and a table of the chosen
   points; runs pruned by ``--grid-prune`` are left out of the per-option rows;
+  for relative position a per-axis table (left/right, anterior/posterior: the mirror control
+  is read on left/right); for Level 3 a table of the conflict items (items whose answer differs
+  from the prior's: accuracy there and how often the answer is the prior's, beside blind and
+  mirrored); for Level 2 exact permutation accuracy by number k of present tiles, beside 1/k!;
 * ``report.json`` - the same numbers, machine-readable (a selected row's ``selection``
   lists each seed's chosen point);
 * ``<probe>.png``  - bars per configuration with chance / majority / prior / blind lines;
@@ -173,7 +177,41 @@ def _row(spec, enc: str, head: str, ms: list[dict]) -> dict[str, Any]:
         row["per_organ"] = {
             o: _stat([_get(m, "test", "per_organ", o, spec.per_organ) for m in ms])[0] for o in ORGANS
         }
+    row.update(_breakdowns(spec, ms))
     return row
+
+
+#: Where each evaluation's score dict lies in metrics.json (breakdowns read all of them).
+SCORED = {"test": ("test",), "mirror": ("mirror",), "prior": ("controls", "prior"),
+          "blind": ("controls", "blind"), "prior_mirror": ("controls", "prior_mirror"),
+          "blind_mirror": ("controls", "blind_mirror")}  # fmt: skip
+CONFLICT_KEYS = ("accuracy", "prior_agreement", "n", "share")
+
+
+def _means(ms: list[dict], *path) -> float | None:
+    return _stat([_get(m, *path) for m in ms])[0]
+
+
+def _breakdowns(spec, ms: list[dict]) -> dict[str, Any]:
+    """Means over seeds of ``by_k`` (Level 2: per number of present tiles), ``per_axis``
+    (relative position) and ``conflict`` (Level 3: items whose answer differs from the prior's),
+    for every evaluation in :data:`SCORED` that has them."""
+    key, out = spec.headline, {}
+    ks = sorted({k for m in ms for k in (_get(m, "test", "by_k") or {})}, key=int)
+    if ks:
+        out["by_k"] = {k: {f: _means(ms, "test", "by_k", k, f) for f in ("n", "perm_acc", "chance")}
+                       for k in ks}  # fmt: skip
+    if spec.axes:
+        out["per_axis"] = {a: {ev: _means(ms, *path, "per_axis", a, key) for ev, path in SCORED.items()}
+                           for a in spec.axes}  # fmt: skip
+    if any(_get(m, "test", "conflict") for m in ms):
+        out["conflict"] = {ev: {f: _means(ms, *path, "conflict", f) for f in CONFLICT_KEYS}
+                           for ev, path in SCORED.items()}  # fmt: skip
+        if spec.axes:
+            out["conflict_per_axis"] = {
+                a: {ev: {f: _means(ms, *path, "conflict", "per_axis", a, f) for f in CONFLICT_KEYS}
+                    for ev, path in SCORED.items()} for a in spec.axes}  # fmt: skip
+    return out
 
 
 SELECTED = "selected on validation"
@@ -352,6 +390,67 @@ def _evaluation_label(r: dict, ev: str) -> str:
     return "+".join(r["splits"]) + (" mirror" if ev == "mirror" else "")
 
 
+def _by_k_table(rows: list[dict]) -> list[str]:
+    """Level 2 per number k of present tiles: items, exact-permutation chance 1/k!, score."""
+    lines = ["### Exact permutation accuracy by number of present tiles (k)", "",
+             "The chance column of the table above is the mean of 1/k! over the items scored;",
+             "a mosaic needs `l12_min_organs` present organs (docs/PROTOCOL.md 4), so no item is free.",
+             "", "| encoder | head | k | items | chance 1/k! | perm. acc. |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        for k, v in (r.get("by_k") or {}).items():
+            n = "-" if v["n"] is None else f"{v['n']:.0f}"
+            lines.append(f"| {_label(r)} | {r['head']} | {k} | {n} | {v['chance']:.2g} | {_f(v['perm_acc'], True)} |")
+    return lines + [""]
+
+
+def _per_axis_table(spec, rows: list[dict]) -> list[str]:
+    """Relative position per axis: mirroring changes the left/right answers only, so the
+    mirror control is read on the left/right rows."""
+    pct = METRICS[spec.headline].percent
+    cols = ["encoder", "head", "axis", "accuracy", "mirror", "prior", "blind", "prior (mirror)",
+            "blind (mirror)", "conflict acc.", "conflict acc. (mirror)"]
+    lines = ["### Per axis", "",
+             "Mirroring flips left/right answers and leaves anterior/posterior ones: the mirror",
+             "control is read on the `left_right` rows (pooled numbers above).", "",
+             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]  # fmt: skip
+    for r in rows:
+        for axis, v in (r.get("per_axis") or {}).items():
+            conf = (r.get("conflict_per_axis") or {}).get(axis, {})
+            cells = [_label(r), r["head"], axis, *(_f(v[ev], pct) for ev in SCORED)]
+            cells += [_f(_get(conf, ev, "accuracy"), True) for ev in ("test", "mirror")]
+            lines.append("| " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def _conflict_table(rows: list[dict]) -> list[str]:
+    """Conflict items: accuracy there and how often the model gives the prior's answer."""
+    cols = ["encoder", "head", "accuracy (all)", "conflict items", "conflict acc.", "gives prior's",
+            "blind: conflict acc.", "blind: gives prior's", "mirror: conflict items",
+            "mirror: conflict acc.", "mirror: gives prior's", "blind (mirror): conflict acc."]
+    lines = ["### Conflict items", "",
+             "Items whose answer in the image differs from the prior's answer (canonical anatomy:",
+             "the majority training answer of the question type). The prior scores 0 there and agrees",
+             "100 %; a model that recalls canonical anatomy scores at or below its blind baseline",
+             "there and gives the prior's answer; one that reads the image keeps its accuracy.",
+             "Items: count (share of all items).", "",
+             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]  # fmt: skip
+
+    def items(c: dict) -> str:
+        return "-" if c.get("n") is None else f"{c['n']:.0f} ({_f(c['share'], True)})"
+
+    for r in rows:
+        c = r.get("conflict") or {}
+        if not c:
+            continue
+        t, b, m, bm = (c.get(ev) or {} for ev in ("test", "blind", "mirror", "blind_mirror"))
+        cells = [_label(r), r["head"], _f(r["mean"], True), items(t), _f(t.get("accuracy"), True),
+                 _f(t.get("prior_agreement"), True), _f(b.get("accuracy"), True),
+                 _f(b.get("prior_agreement"), True), items(m), _f(m.get("accuracy"), True),
+                 _f(m.get("prior_agreement"), True), _f(bm.get("accuracy"), True)]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 def _per_organ_table(spec, probe: str, rows: list[dict]) -> list[str]:
     m = METRICS[spec.per_organ]
     lines = [f"### {m.label} per organ", "", f"![per organ]({probe}-per-organ.png)", ""]
@@ -432,6 +531,12 @@ def render_markdown(table: dict[str, list[dict]], any_random: bool) -> str:
             lines += ["### Runs on other splits (not the test split: not in the table above)", "",
                       "Each row is labelled by the splits it asked (`splits=...`).", ""]
             lines += _main_table(spec, [r for r in rows if not _on_test(r)]) + [""]
+        if any(r.get("per_axis") for r in rows):
+            lines += _per_axis_table(spec, rows)
+        if any(r.get("conflict") for r in rows):
+            lines += _conflict_table(rows)
+        if any(r.get("by_k") for r in rows):
+            lines += _by_k_table(rows)
         lines += ["### Every metric, every evaluation", ""] + _metrics_table(spec, rows) + [""]
         if any(r.get("selection") for r in rows):
             lines += _selection_table(spec, rows) + [""]

@@ -14,7 +14,11 @@ Modelled on lm-evaluation-harness's ``Task``: each of the eight probes is one fr
   one's label and direction), and ``per_organ``: the metric also reported per organ;
 * ``chance``, ``majority`` and the **prior**: the best input-free prediction, fitted in
   closed form on the training split (:meth:`ProbeSpec.fit_prior`);
-* ``class_names`` (Level 3).
+* ``class_names`` (Level 3), and ``axes``: the names of the question axes a probe's
+  metrics are also split by (relative position: left/right, anterior/posterior);
+* the **conflict items** (:meth:`ProbeSpec.conflict`, Level 3): the items whose answer in
+  the image differs from the prior's answer, scored by one function,
+  :func:`spar_bench.probes.metrics.conflict_metrics`, for heads and MLLMs alike.
 
 ``fit``, ``eval``, ``sweep``, ``report`` and the heads read these specs; none of them
 branches on a level name. Adding a probe = one entry here (or ``register_probe``) plus
@@ -44,6 +48,7 @@ from spar_bench.builder.schema import (
     LEVEL3_N_CLASSES,
     LEVEL3_PROBES,
     N_ORGANS,
+    RELATIVE_POSITION_AXES,
 )
 from spar_bench.errors import ConfigError, IntegrityError
 from spar_bench.registry import Registry
@@ -89,6 +94,8 @@ class ProbeSpec:
     metrics: tuple[str, ...]
     per_organ: str | None = None
     class_names: tuple[str, ...] = ()
+    #: names of the values of the items' ``axis`` (metrics also reported per axis); () none
+    axes: tuple[str, ...] = ()
     asks: bool = False
     prior_rule: str = ""
     #: the prior sees what the blind head sees, so it bounds it (a blind head below it is
@@ -162,6 +169,11 @@ class ProbeSpec:
     def prior_predict(self, prior: dict, t: Targets) -> np.ndarray:
         raise NotImplementedError
 
+    def conflict(self, prior: dict | None, t: Targets, pred: np.ndarray, rng, n_boot: int) -> dict | None:
+        """Scores of ``pred`` on the items whose answer differs from the prior's (None: the
+        probe has no such items: Levels 1-2)."""
+        return None
+
     def worse(self, a: float | None, b: float | None, rel: float = 0.02) -> bool:
         """Whether headline score ``a`` is worse than ``b`` by more than ``rel`` of ``b``."""
         if a is None or b is None:
@@ -176,7 +188,7 @@ class ProbeSpec:
             "output": self.output, "output_shape": list(self.output_shape), "loss": self.loss,
             "metrics": list(self.metrics), "headline": self.headline,
             "higher_is_better": self.higher_is_better, "per_organ": self.per_organ,
-            "class_names": list(self.class_names), "prior": self.prior_rule,
+            "class_names": list(self.class_names), "axes": list(self.axes), "prior": self.prior_rule,
             "prior_bounds_blind": self.prior_bounds_blind,
         }  # fmt: skip
 
@@ -367,7 +379,36 @@ class QuestionSpec(ProbeSpec):
         if len(t) == 0:
             return {"n": 0}
         groups = t.patient if rng is not None else None
-        return level3_metrics(t.y["answer"], pred, self.n_classes, None, groups, rng, n_boot)
+        y, pred = t.y["answer"], np.asarray(pred)
+        out = level3_metrics(y, pred, self.n_classes, None, groups, rng, n_boot)
+        if self.axes:
+            out["per_axis"] = self._by_axis(t, lambda m: level3_metrics(
+                y[m], pred[m], self.n_classes, None, None if groups is None else groups[m], rng, n_boot))
+        return out
+
+    def _by_axis(self, t: Targets, score) -> dict:
+        from .metrics import by_axis
+
+        return by_axis(t.y["axis"], self.axes, score)
+
+    def conflict(self, prior, t, pred, rng, n_boot):
+        """:func:`~spar_bench.probes.metrics.conflict_metrics` of ``pred`` against this spec's
+        prior (``fit_prior`` on train), per axis too; None without a prior or items."""
+        from .metrics import conflict_metrics
+
+        if prior is None or len(t) == 0:
+            return None
+        y, pred, y_prior = t.y["answer"], np.asarray(pred), self.prior_predict(prior, t)
+        groups = t.patient if rng is not None else None
+
+        def score(m):
+            return conflict_metrics(y[m], pred[m], y_prior[m], None if groups is None else groups[m],
+                                    rng, n_boot)  # fmt: skip
+
+        out = score(np.ones(len(t), bool))
+        if self.axes:
+            out["per_axis"] = self._by_axis(t, score)
+        return out
 
     def chance(self, t):
         return 1.0 / self.n_classes
@@ -435,6 +476,7 @@ for _i, _p in enumerate(LEVEL3_PROBES):
         name=f"level3.{_p}", level="level3", fields=("key", "patient_id", "mm_per_pixel", *Q_FIELDS),
         output="classes", output_shape=(LEVEL3_N_CLASSES[_p],), loss="cross-entropy",
         metrics=("accuracy", "macro_f1"), class_names=LEVEL3_CLASS_NAMES[_p], asks=True,
+        axes=RELATIVE_POSITION_AXES if _p == "relative_position" else (),
         prior_rule="majority training answer per question type (organ A, organ B, axis)", index=_i,
     ))  # fmt: skip
 

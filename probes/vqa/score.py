@@ -15,6 +15,7 @@ import numpy as np
 from spar_bench.seeding import derive_seed
 
 from ..bootstrap import bootstrap_ci
+from ..metrics import by_axis
 from .questions import Questions
 
 MIN_PATIENTS_CI = 2
@@ -101,6 +102,21 @@ def circular_metrics(y: np.ndarray, image: np.ndarray, groups: np.ndarray,
     }
 
 
+def axes_and_conflicts(t, pred: np.ndarray, prior: dict | None, boot, tag: str, n_boot: int) -> dict[str, Any]:
+    """``per_axis`` (probes with axes: relative position) and ``conflict`` (the items whose
+    answer differs from the prior's; ``ProbeSpec.conflict``, the function heads use) of
+    ``pred`` on the items ``t``."""
+    spec, out = t.spec, {}
+    if spec.axes:
+        rng, y = boot(f"{tag}-axis"), t.y["answer"]
+        out["per_axis"] = by_axis(t.y["axis"], spec.axes, lambda m: answer_metrics(
+            y[m], pred[m], spec.n_classes, t.patient[m], rng, n_boot))
+    conflict = spec.conflict(prior, t, pred, boot(f"{tag}-conflict"), n_boot)
+    if conflict is not None:
+        out["conflict"] = conflict
+    return out
+
+
 def _controls(qs: Questions, t: dict[str, np.ndarray], train, part) -> dict[str, Any]:
     """Chance, majority and the prior (from the probe spec, as for heads), blind runs, and
     how often each displayed position was chosen (a letter bias CircularEval exposes)."""
@@ -147,12 +163,15 @@ def score_run(qs: Questions, records: list[dict], train, seed: int, n_boot: int,
     orig, mir = ~qs.is_mirror, qs.is_mirror
     y, g = qs.answer, qs.patient
 
+    prior = qs.spec.fit_prior(train) if train is not None and len(train) else None
+
     def part(mask, pred, tag, full=False):
         """Metrics of ``pred`` (all items, or only those of ``mask`` when not ``full``)."""
         p = pred if full else pred[mask]
         if not mask.any() or (p == -2).all():
             return None
-        return answer_metrics(y[mask], p, n, g[mask], boot(tag), n_boot)
+        out = answer_metrics(y[mask], p, n, g[mask], boot(tag), n_boot)
+        return {**out, **axes_and_conflicts(qs.t.subset(mask), p, prior, boot, tag, n_boot)}
 
     test = part(orig, t["image"][:, 0], "test")
     return {
