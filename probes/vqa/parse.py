@@ -124,12 +124,12 @@ _CLAUSE_BREAK = re.compile(
 def statements(body: str, options: tuple[str, ...] = ()) -> list[str]:
     """Lines, sentences and clauses of the answer, in order (empty ones dropped); a
     sentence that is only a letter label stays with a next one that opens with an option."""
-    opens = [re.compile(p.pattern.replace("(?<![\\w\\-])", "^", 1), re.I) for _, p in _option_patterns(options)]
     out: list[str] = []
     for line in body.splitlines():
         sentences: list[str] = []
         for s in _SENTENCE_END.split(line.strip()):
-            if sentences and _LABEL_ONLY.fullmatch(sentences[-1]) and any(o.match(s) for o in opens):
+            if sentences and _LABEL_ONLY.fullmatch(sentences[-1]) and any(
+                    p.match(s) for _, p in _option_patterns(tuple(options))):
                 sentences[-1] += " " + s  # "B. yes": a letter label and its text
             else:
                 sentences.append(s)
