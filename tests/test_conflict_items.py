@@ -117,3 +117,20 @@ def test_report_shows_conflict_items_for_heads_and_mllms(runs, tmp_path):
     (row,) = [r for r in report["probes"][PROBE] if r["head"] == "mlp [max_epochs=3]"]
     assert row["conflict"]["prior"]["accuracy"] == 0.0 and row["conflict"]["prior"]["prior_agreement"] == 1.0
     assert row["conflict"]["test"]["n"] == _metrics(runs, "mlp")["test"]["conflict"]["n"]
+
+
+def test_mask_oracle_scores_every_conflict_item(pipeline, tmp_path):
+    """The mask oracle reads the answer from the stored geometry: 100 % on the conflict items
+    of every probe, original and mirrored, and never the prior's answer there."""
+    out = tmp_path / "runs"
+    assert run_cmd(cli, ["vqa", "--model", "oracle", "--data", pipeline["shards"], "--out", out,
+                         "--bootstrap", 10, "--no-blind"]) == 0  # fmt: skip
+    seen = 0
+    for path in sorted(out.rglob("metrics.json")):
+        m = json.loads(path.read_text())
+        for ev in (m["test"], m["mirror"]):
+            c = ev["conflict"]
+            if c["n"]:
+                seen += 1
+                assert c["accuracy"] == 1.0 and c["prior_agreement"] == 0.0, path
+    assert seen >= 6  # relative position, orientation, symmetry, ... have conflict items
