@@ -112,3 +112,35 @@ def test_report_skips_a_foreign_metrics_json(pipeline, tmp_path: Path, capsys) -
     damaged.write_text("{")
     assert run_cli(cli, ["report", str(runs), "--out", str(tmp_path / "rep2")]) == 2
     _one_error(capsys, str(damaged), "unreadable metrics")
+
+
+def test_a_misspelled_model_args_key_is_one_line(pipeline, tmp_path: Path, capsys) -> None:
+    from spar_bench.probes.cli import cli
+
+    args = ["finetune", "--encoder", "timm:resnet10t", "--init", "scratch", "--model-args", '{"dpeth": 1}',
+            "--data", pipeline["shards"], "--probe", "level1.localisation", "--out", tmp_path / "runs"]
+    assert run_cli(cli, [str(a) for a in args]) == 2
+    _one_error(capsys, "--model-args", "dpeth", "timm:resnet10t")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_push_with_a_bad_repo_or_offline_is_one_line(pipeline, tmp_path: Path, capsys) -> None:
+    """``spar-build push`` with an invalid --repo, or offline, gave a huggingface_hub traceback."""
+    import shutil
+    import subprocess
+    import sys
+
+    for repo in ("bad repo/x y", "no-org", "a/b/c"):
+        assert run_cli(build_cli, ["push", str(tmp_path / "absent"), "--repo", repo]) == 2
+        _one_error(capsys, f"--repo {repo!r}")
+    out = tmp_path / "build"
+    shutil.copytree(pipeline["other"], out)
+    (out / "hf").mkdir()
+    (out / "hf" / "README.md").write_text("card\n")
+    code = "from spar_bench.builder.cli import main; main()"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    proc = subprocess.run([sys.executable, "-c", code, "push", str(out), "--repo", "org/name"], capture_output=True,
+                          text=True, timeout=120, env={**env, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"error: push of {out / 'hf'} to the Hub dataset org/name failed") and "offline" in lines[0]

@@ -21,7 +21,7 @@ from typing import Any
 import click
 import numpy as np
 
-from spar_bench.errors import ConfigError
+from spar_bench.errors import ConfigError, SparError
 
 from ..schema import IMAGE_FIELDS, LEVEL3_PROBES, LEVEL_SPECS, ORGANS, ordered_splits
 
@@ -322,6 +322,18 @@ def _ordered(splits) -> list[str]:
     return ordered_splits(splits)
 
 
+def _check_repo_id(repo: str) -> None:
+    """``--repo`` is a Hub repo id ``ORG/NAME`` (the hub's own rule), else one line."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if repo.count("/") != 1:
+        raise ConfigError(f"--repo {repo!r}: expected ORG/NAME")
+    try:
+        validate_repo_id(repo)
+    except HFValidationError as e:
+        raise ConfigError(f"--repo {repo!r}: not a Hub repo id ({str(e).splitlines()[0]})") from None
+
+
 @click.command("push")
 @click.argument("out", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--repo", required=True, help="Hub dataset repo ORG/NAME.")
@@ -333,19 +345,24 @@ def push_command(out: Path, repo: str, private: bool, revision: str | None) -> N
 
     from ..shards import Build
 
+    _check_repo_id(repo)
     build = Build(out)
     folder = out / "hf"
     if not (folder / "README.md").is_file():
         raise ConfigError(f"{folder}: no Hugging Face folder; rebuild without --no-hf")
-    if "/" not in repo:
-        raise ConfigError(f"--repo {repo!r}: expected ORG/NAME")
     api = HfApi()
-    api.create_repo(repo_id=repo, repo_type="dataset", private=private, exist_ok=True)
-    if revision:
-        api.create_branch(repo_id=repo, branch=revision, repo_type="dataset", exist_ok=True)
-    api.upload_folder(
-        folder_path=str(folder), repo_id=repo, repo_type="dataset", revision=revision,
-        commit_message=f"SPAR-Bench build {build.fingerprint[:12]}",
-    )
+    try:
+        api.create_repo(repo_id=repo, repo_type="dataset", private=private, exist_ok=True)
+        if revision:
+            api.create_branch(repo_id=repo, branch=revision, repo_type="dataset", exist_ok=True)
+        api.upload_folder(
+            folder_path=str(folder), repo_id=repo, repo_type="dataset", revision=revision,
+            commit_message=f"SPAR-Bench build {build.fingerprint[:12]}",
+        )
+    except Exception as e:  # offline, no login, no write access, a refused name: the hub's many types
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        raise SparError(f"push of {folder} to the Hub dataset {repo} failed ({type(e).__name__}: {first}); check "
+                        "the network (HF_HUB_OFFLINE unset), the login (`hf auth login` or HF_TOKEN) and your "
+                        f"write access to {repo}") from None  # fmt: skip
     click.echo(f"pushed {folder} to https://huggingface.co/datasets/{repo}"
                + (f" (revision {revision})" if revision else ""))

@@ -120,8 +120,14 @@ def _new_head(encoding, head: str, spec, kind: str, seed: int, head_cfg: dict, t
 def _encoding(encoder: str, build, seed: int, cfg: FinetuneConfig, *, weights, init, model_kwargs,
               revision=None):
     """The trainable encoder on its device (channels-last for CNNs), and its precision."""
-    enc = load_trainable(encoder, weights=weights, init=init, seed=seed, model_kwargs=model_kwargs,
-                         revision=revision)
+    try:
+        enc = load_trainable(encoder, weights=weights, init=init, seed=seed, model_kwargs=model_kwargs,
+                             revision=revision)
+    except TypeError as e:  # the model's constructor refuses a key of --model-args
+        if not model_kwargs or "keyword argument" not in str(e):
+            raise
+        raise ConfigError(f"--model-args {json.dumps(model_kwargs)}: {encoder} refuses them ({e}); check "
+                          "the keys' spelling against the model's constructor") from None  # fmt: skip
     freeze_blocks(enc, cfg.freeze_blocks)
     return _encoding_of(enc, build, cfg)
 
