@@ -332,17 +332,15 @@ def finished_run(run: RunSpec, rd: Path, cache_fingerprint: str, grid_prune: int
 
 def _write_run(rd: Path, config: dict, metrics: dict, model, prior: dict | None = None) -> None:
     """config.json, head.pt, then metrics.json last: its presence marks a finished run."""
-    import torch
-
-    from spar_bench.outputs import check_target, claim, remove
+    from spar_bench.outputs import check_target, claim, remove, save_torch, write_bytes
 
     check_target(rd)
     if claim(rd, overwrite=True, owned=owned_run, what="run folder"):
         remove(rd)  # an earlier run of the same spec is replaced whole
     rd.mkdir(parents=True, exist_ok=True)
-    (rd / "config.json").write_text(json.dumps(json_safe(config), indent=2, default=str) + "\n")
+    write_bytes(rd / "config.json", json.dumps(json_safe(config), indent=2, default=str) + "\n")
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    torch.save({"state_dict": state, "config": config, "prior": prior}, rd / "head.pt")
+    save_torch({"state_dict": state, "config": config, "prior": prior}, rd / "head.pt")
     tmp = rd / (METRICS_FILE + ".tmp")
     tmp.write_text(json.dumps(json_safe(metrics), indent=2) + "\n")
     tmp.replace(rd / METRICS_FILE)

@@ -67,6 +67,17 @@ def _end_progress_bars() -> None:
             pass
 
 
+def _out_option(argv: list[str] | None) -> str | None:
+    """The command's ``--out`` (the output a full disk names when the error names no file)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    for i, arg in enumerate(args):
+        if arg == "--out" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--out="):
+            return arg.split("=", 1)[1]
+    return None
+
+
 def run_cli(group: click.Command, argv: list[str] | None = None) -> int:
     """Run ``group``; a :class:`SparError` or a full disk becomes ``error: <message>`` and exit 2."""
     return _run(group, argv)[0]
@@ -92,7 +103,7 @@ def _run(group: click.Command, argv: list[str] | None) -> tuple[int, BaseExcepti
 
         if not is_disk_full(e):
             raise
-        err = disk_full_error(e)
+        err = disk_full_error(e, _out_option(argv))
         _end_progress_bars()
         click.echo(error_line(err), err=True)
         return 2, err

@@ -204,12 +204,36 @@ def disk_full_is_an_error(where: str | Path, *, rerun: str) -> Iterator[None]:
         raise disk_full_error(e, where, rerun) from None
 
 
-def write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path``; a failure (a full disk too) is an ``OSError`` naming ``path``."""
+def write_bytes(path: str | Path, data: bytes | str) -> None:
+    """Write ``data`` (str: UTF-8) to ``path``, all of it or no file: a failure (a full disk)
+    removes what was written and is an ``OSError`` naming ``path``. A torn file would look
+    like an output of another kind to the rerun (a run folder whose config.json is cut)."""
+    path = Path(path)
     try:
         with open(path, "wb") as fh:
-            fh.write(data)
+            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
     except OSError as e:
+        path.unlink(missing_ok=True)
         if e.filename:
             raise
         raise OSError(e.errno, e.strerror, str(path)) from None
+
+
+#: a failed ``torch.save`` with less than this left on its disk is taken for a full disk
+_NEARLY_FULL = 1 << 20
+
+
+def save_torch(obj: object, path: str | Path) -> None:
+    """``torch.save(obj, path)`` (the same bytes); a full disk is an ``OSError`` naming ``path``.
+
+    torch's own file writer drops the errno ("unexpected pos 576 vs 534"): a failed save
+    that leaves less than 1 MiB free on the disk of ``path`` is reported as a full disk.
+    """
+    import torch
+
+    try:
+        torch.save(obj, path)
+    except RuntimeError as e:
+        if is_disk_full(e) or shutil.disk_usage(Path(path).parent).free < _NEARLY_FULL:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from None
+        raise

@@ -119,6 +119,7 @@ class DiskFills:
             return real_commit(raw)
 
         mp.setattr(h5files._LatchedFile, "_commit", commit)
+        self._patch_torch(mp)
         try:
             import pyarrow.parquet as pq
         except ImportError:
@@ -132,6 +133,20 @@ class DiskFills:
             return real_table(table, where, *a, **k)
 
         mp.setattr(pq, "write_table", write_table)
+
+    def _patch_torch(self, mp: pytest.MonkeyPatch) -> None:
+        import torch
+
+        real_save = torch.save
+
+        def save(obj, f, *a, **k):
+            if isinstance(f, (str, os.PathLike)) and self._hit("torch.save", f):
+                Path(f).write_bytes(b"PK")  # torn; torch's own writer drops the errno:
+                mp.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(1 << 30, 1 << 30, 0))
+                raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")
+            return real_save(obj, f, *a, **k)
+
+        mp.setattr(torch, "save", save)
 
     def sites(self) -> list[int]:
         """The first write of every site, one in the middle and the last write."""
@@ -231,6 +246,31 @@ def test_a_full_disk_at_every_cache_write_is_one_line_and_the_rerun_gives_the_sa
                             lambda: run_cli(cli, args), names=(str(out),))
     assert tried.count("h5-flush:c.h5") >= 3, tried  # the first batch, one in the middle, the close
     assert not (work / "c.h5.lock").exists()
+
+
+# -- a sweep of probe heads: config.json, head.pt (torch.save), metrics.json and its rename -----
+def test_a_full_disk_at_every_sweep_write_is_one_line_and_the_rerun_gives_the_same_runs(
+        fake_root, tmp_path, monkeypatch, capsys, one_torch_thread):
+    from spar_bench.builder.build import build
+    from spar_bench.probes.cache import write_cache
+    from spar_bench.probes.cli import cli
+
+    from helpers import build_config
+
+    data = build(build_config(fake_root, tmp_path / "b", hf=False), quiet=True)
+    cache = write_cache("dummy", data, tmp_path / "c.h5", device="cpu", progress=False, levels=["level3"])
+    work = tmp_path / "w"
+    work.mkdir()
+    out = work / "runs"
+    args = ["sweep", "--features", str(cache), "--heads", "linear,mlp", "--probes", "level3.symmetry",
+            "--seeds", "0", "--jobs", "1", "--bootstrap", "20", "--max-epochs", "2", "--out", str(out)]
+    assert run_cli(cli, args) == 0
+    clean = tree_hashes(out)
+    remove_tree(out)
+    capsys.readouterr()
+    tried = _fail_each_site(monkeypatch, capsys, work, lambda: run_cli(cli, args), clean, out,
+                            lambda: run_cli(cli, args), names=(str(out),))
+    assert {"open:config.json", "torch.save:head.pt", "open:metrics.json.tmp", "rename:metrics.json"} <= set(tried), tried
 
 
 # -- a real full disk: a small tmpfs (root only), the real HDF5, every size ------------------

@@ -306,10 +306,10 @@ def _load(path: Path, what: str) -> dict:
 
 
 def _atomic_save(obj, path: Path) -> None:
-    import torch
+    from spar_bench.outputs import save_torch
 
     tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
+    save_torch(obj, tmp)
     tmp.replace(path)
 
 

@@ -120,14 +120,8 @@ def _new_head(encoding, head: str, spec, kind: str, seed: int, head_cfg: dict, t
 def _encoding(encoder: str, build, seed: int, cfg: FinetuneConfig, *, weights, init, model_kwargs,
               revision=None):
     """The trainable encoder on its device (channels-last for CNNs), and its precision."""
-    try:
-        enc = load_trainable(encoder, weights=weights, init=init, seed=seed, model_kwargs=model_kwargs,
-                             revision=revision)
-    except TypeError as e:  # the model's constructor refuses a key of --model-args
-        if not model_kwargs or "keyword argument" not in str(e):
-            raise
-        raise ConfigError(f"--model-args {json.dumps(model_kwargs)}: {encoder} refuses them ({e}); check "
-                          "the keys' spelling against the model's constructor") from None  # fmt: skip
+    enc = load_trainable(encoder, weights=weights, init=init, seed=seed, model_kwargs=model_kwargs,
+                         revision=revision)
     freeze_blocks(enc, cfg.freeze_blocks)
     return _encoding_of(enc, build, cfg)
 
@@ -301,8 +295,7 @@ def _config(encoder, spec, init, weights, model_kwargs, build, probe, head, seed
 def _write(rd: Path, enc, model, config: dict, metrics: dict) -> None:
     """encoder.safetensors, head.pt, config.json, then metrics.json last (it marks a finished
     run); the checkpoints go once the run is complete."""
-    import torch
-
+    from spar_bench.outputs import save_torch
     from spar_bench.provenance import json_safe
 
     meta = {"encoder": config["encoder"], "encoder_config": config["encoder_config"],
@@ -310,7 +303,7 @@ def _write(rd: Path, enc, model, config: dict, metrics: dict) -> None:
             "run": {"probe": config["probe"], "head": config["head"], "seed": config["seed"]}}
     export_encoder(enc, rd / EXPORT_FILE, meta)
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    torch.save({"state_dict": state, "config": config}, rd / "head.pt")
+    save_torch({"state_dict": state, "config": config}, rd / "head.pt")
     (rd / "config.json").write_text(json.dumps(json_safe(config), indent=2, default=str) + "\n")
     tmp = rd / "metrics.json.tmp"
     tmp.write_text(json.dumps(json_safe(metrics), indent=2) + "\n")
