@@ -354,3 +354,119 @@ def test_a_real_full_disk_under_a_build_and_a_cache_is_one_line_and_resumes(tmp_
     codes = _fill_and_resume(small_disk, cache, full, lambda: _cli("spar_bench.probes.cli", *args),
                              lambda: _cli("spar_bench.probes.cli", *args), lambda: _sha(cache) == clean_cache)
     assert codes.count(2) >= 3, codes
+
+
+# -- the one translation: what every library says, and the line it becomes -------------------
+def _torch_error_with_context() -> RuntimeError:
+    try:
+        try:
+            raise _enospc()
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")  # noqa: B904
+    except RuntimeError as e:
+        return e
+
+
+@pytest.mark.parametrize("err, path", [
+    (_enospc("out/a.json"), "out/a.json"),
+    (OSError(errno.EDQUOT, "Disk quota exceeded"), "OUT"),
+    (RuntimeError("Disable slist on flush dest failure failed (file write failed: time = Mon Nov 30 2026\n"
+                  ", filename = 'out.tmp/out/level3/test-00000-of-00001.h5', file descriptor = 4, errno = 28, "
+                  "error message = 'No space left on device', buf = 0x5, total write size = 3680)"),
+     "out.tmp/out/level3/test-00000-of-00001.h5"),
+    (Exception("Error while serializing: I/O error: No space left on device (os error 28)"), "OUT"),
+    (OSError(errno.ENOSPC, "Error writing bytes to file. Detail: [errno 28] No space left on device"), "OUT"),
+    (__import__("sqlite3").OperationalError("database or disk is full"), "OUT"),
+    (_torch_error_with_context(), "OUT"),
+])
+def test_every_library_s_full_disk_is_one_line_naming_the_path(err, path):
+    from spar_bench.outputs import disk_full_error, is_disk_full
+
+    assert is_disk_full(err)
+    line = str(disk_full_error(err, "OUT", "rerun"))
+    assert line == f"no space left on the disk while writing {path}; free space (or write elsewhere) and rerun"
+
+
+@pytest.mark.parametrize("err", [OSError(errno.EACCES, "Permission denied", "x"), RuntimeError("unexpected pos 5 vs 3"),
+                                 ValueError("no space left in the grid")])
+def test_other_errors_are_not_a_full_disk(err):
+    from spar_bench.outputs import is_disk_full
+
+    assert not is_disk_full(err)
+
+
+def test_a_full_disk_no_command_caught_is_one_line_naming_its_out(tmp_path, capsys):
+    import click
+
+    @click.command()
+    @click.option("--out")
+    def writer(out):
+        Path(out).write_text("x")
+        raise _enospc()
+
+    assert run_cli(writer, ["--out", str(tmp_path / "o.txt")]) == 2
+    assert one_error_line(capsys) == (f"error: no space left on the disk while writing {tmp_path / 'o.txt'}; "
+                                      "free space (or write elsewhere) and rerun the same command")
+
+
+def test_save_torch_and_write_bytes_leave_no_torn_file_and_name_it(tmp_path, monkeypatch):
+    import torch
+
+    from spar_bench.outputs import save_torch, write_bytes
+
+    for sub in ("ours", "torch"):
+        (tmp_path / sub).mkdir()
+    save_torch({"a": torch.arange(3)}, tmp_path / "ours" / "head.pt")
+    torch.save({"a": torch.arange(3)}, tmp_path / "torch" / "head.pt")
+    assert (tmp_path / "ours" / "head.pt").read_bytes() == (tmp_path / "torch" / "head.pt").read_bytes()
+    with monkeypatch.context() as mp:
+        DiskFills(mp, tmp_path, fail_at=0)
+        with pytest.raises(OSError) as e:
+            write_bytes(tmp_path / "c.json", "{}" * 100)
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(tmp_path / "c.json")
+    assert not (tmp_path / "c.json").exists()
+    with monkeypatch.context() as mp:
+        DiskFills(mp, tmp_path, fail_at=0)
+        with pytest.raises(OSError) as e:
+            save_torch({"a": torch.arange(3)}, tmp_path / "head.pt")
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(tmp_path / "head.pt")
+
+
+# -- HDF5 written through open_h5: a flush is applied whole or not at all -----------------------
+def test_open_h5_keeps_the_last_flush_and_resumes_to_the_same_bytes(tmp_path, monkeypatch):
+    import h5py
+    import numpy as np
+
+    from spar_bench.h5files import h5_image, open_h5
+
+    def fill(path: Path, rows: range) -> None:
+        with open_h5(path) as f:
+            if "x" not in f:
+                f.create_dataset("x", shape=(6, 300), dtype="f4", chunks=(1, 300))
+                f.create_dataset("done", shape=(6,), dtype=bool)
+            for i in rows:
+                if not f["done"][i]:
+                    f["x"][i] = i
+                    f["done"][i] = True
+                    f.flush()
+
+    fill(tmp_path / "clean.h5", range(6))
+    for k in range(7):  # every flush, the close's included
+        path = tmp_path / f"c{k}.h5"
+        with monkeypatch.context() as mp:
+            faults = DiskFills(mp, tmp_path, fail_at=k)
+            with pytest.raises(OSError) as e:
+                fill(path, range(6))
+        assert faults.failed == ("h5-flush:cN.h5", path.name) and e.value.filename == str(path)
+        if path.stat().st_size:  # as at the last good flush: every row marked done is written
+            with h5py.File(path) as f:
+                done = f["done"][()]
+                assert done.sum() == min(k, 6) and all((f["x"][i] == i).all() for i in np.flatnonzero(done))
+        fill(path, range(6))  # space freed
+        assert path.read_bytes() == (tmp_path / "clean.h5").read_bytes(), k
+    # a new file built in memory has the bytes h5py's own driver writes
+    with h5py.File(tmp_path / "plain.h5", "w", libver=("earliest", "v110")) as f:
+        f.create_dataset("x", data=np.arange(10), track_times=False)
+    image = h5_image(lambda f: f.create_dataset("x", data=np.arange(10), track_times=False),
+                     libver=("earliest", "v110"))
+    assert image == (tmp_path / "plain.h5").read_bytes()
