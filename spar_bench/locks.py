@@ -56,9 +56,19 @@ def _refuse(output: Path, lock: Path, what: str) -> ConfigError:
     )
 
 
+def _open(output: Path, lock: Path, flags: int) -> int:
+    """``os.open`` of the lock file; a folder (or anything else) in its place is one line."""
+    try:
+        return os.open(lock, flags, 0o644)
+    except (IsADirectoryError, PermissionError, NotADirectoryError) as e:
+        what = "is a folder" if lock.is_dir() else f"cannot be created ({e.strerror})"
+        raise ConfigError(f"{lock}, the lock file of {output}, {what}; move it away (it is not "
+                          "SPAR-Bench's), or write elsewhere") from None  # fmt: skip
+
+
 def _acquire_flock(output: Path, lock: Path, what: str) -> int:
     while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open(output, lock, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -76,7 +86,7 @@ def _acquire_flock(output: Path, lock: Path, what: str) -> int:
 def _acquire_exclusive(output: Path, lock: Path, what: str) -> int:  # pragma: no cover - Windows
     while True:
         try:
-            return os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            return _open(output, lock, os.O_RDWR | os.O_CREAT | os.O_EXCL)
         except FileExistsError:
             text = lock.read_text(encoding="utf-8").strip() if lock.exists() else ""
             if text.isdigit() and _pid_alive(int(text)):
@@ -94,7 +104,10 @@ def output_lock(output: str | Path, *, what: str) -> Iterator[Path]:
     """
     output = Path(output)
     lock = lock_path(output)
-    lock.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError, PermissionError) as e:
+        raise ConfigError(f"{lock.parent}: cannot hold {output} and its lock file ({e.strerror}); write elsewhere") from None
     fd = (_acquire_flock if fcntl is not None else _acquire_exclusive)(output, lock, what)
     try:
         os.ftruncate(fd, 0)

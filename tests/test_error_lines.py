@@ -144,3 +144,22 @@ def test_push_with_a_bad_repo_or_offline_is_one_line(pipeline, tmp_path: Path, c
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert lines[0].startswith(f"error: push of {out / 'hf'} to the Hub dataset org/name failed") and "offline" in lines[0]
+
+
+def test_a_folder_in_place_of_the_lock_file_is_one_line(tmp_path: Path, capsys) -> None:
+    import pytest
+
+    from spar_bench.errors import ConfigError
+    from spar_bench.locks import output_lock
+
+    root = tmp_path / "word"
+    make_case(root, "a_good")
+    (tmp_path / "out.lock").mkdir()
+    args = ["--source", "word", "--root", root, "--levels", "level1", "--no-hf", "--out", tmp_path / "out"]
+    assert run_cli(build_cli, [str(a) for a in args]) == 2
+    _one_error(capsys, str(tmp_path / "out.lock"), "is a folder")
+    assert (tmp_path / "out.lock").is_dir() and not (tmp_path / "out").exists()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match="cannot hold"):
+        with output_lock(tmp_path / "file" / "c.h5", what="feature cache"):
+            pass
