@@ -201,7 +201,7 @@ def _breakdowns(spec, ms: list[dict]) -> dict[str, Any]:
     if ks:
         out["by_k"] = {k: {f: _means(ms, "test", "by_k", k, f) for f in ("n", "perm_acc", "chance")}
                        for k in ks}  # fmt: skip
-    if spec.axes:
+    if spec.axes and any(_get(m, "test", "per_axis") for m in ms):  # runs before protocol 1.2: none
         out["per_axis"] = {a: {ev: _means(ms, *path, "per_axis", a, key) for ev, path in SCORED.items()}
                            for a in spec.axes}  # fmt: skip
     if any(_get(m, "test", "conflict") for m in ms):
