@@ -301,14 +301,14 @@ def owned_vqa_run(rd: Path) -> set[str] | None:
 
 def write_run(rd: Path, config: dict, records: list[dict], metrics: dict) -> None:
     """config.json, answers.jsonl, then metrics.json last (a finished run)."""
-    from spar_bench.outputs import check_target, claim, remove
+    from spar_bench.outputs import check_target, claim, remove, write_bytes
     from spar_bench.provenance import json_safe
 
     check_target(rd)
     if claim(rd, overwrite=True, owned=owned_vqa_run, what="MLLM run folder"):
         remove(rd)
     rd.mkdir(parents=True, exist_ok=True)
-    (rd / "config.json").write_text(json.dumps(json_safe(config), indent=2) + "\n")
+    write_bytes(rd / "config.json", json.dumps(json_safe(config), indent=2) + "\n")  # whole or none
     with open(rd / "answers.jsonl", "w", encoding="utf-8") as fh:
         for r in records:
             fh.write(json.dumps(r, sort_keys=True) + "\n")
