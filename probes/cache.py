@@ -219,12 +219,14 @@ def _store_batch(f, item: Item, res: dict, *, dtype: str, where: str) -> None:
     store_t = torch.float16 if store == np.float16 else torch.float32
     g = f[f"{lv}/{sp}"]
     n = g["done"].shape[0]
-    for v, (toks, pooled) in res.items():
-        toks, pooled = toks.to(store_t).cpu().numpy(), pooled.to(store_t).cpu().numpy()
+    for v, (raw_t, raw_p) in res.items():
+        toks, pooled = raw_t.to(store_t).cpu().numpy(), raw_p.to(store_t).cpu().numpy()
         if not (np.isfinite(toks).all() and np.isfinite(pooled).all()):
+            own = not (bool(torch.isfinite(raw_t).all()) and bool(torch.isfinite(raw_p).all()))
             raise IntegrityError(
                 f"{where} layer {v} gave non-finite features for {lv}/{sp} rows {lo}..{hi - 1}"
-                + (" (fp16 overflow: use --dtype fp32)" if dtype == "fp16" else "")
+                + (" (the encoder itself output NaN or inf, before storage: check its weights and "
+                   "inputs, or --compute fp32)" if own else " (fp16 overflow of its finite output: use --dtype fp32)")
             )
         name = f"layer{v}"
         if name not in g:

@@ -163,3 +163,24 @@ def test_a_folder_in_place_of_the_lock_file_is_one_line(tmp_path: Path, capsys) 
     with pytest.raises(ConfigError, match="cannot hold"):
         with output_lock(tmp_path / "file" / "c.h5", what="feature cache"):
             pass
+
+
+def test_an_encoder_that_outputs_nan_is_named_as_such(pipeline, tmp_path: Path, monkeypatch) -> None:
+    """The "fp16 overflow" hint was shown for an encoder whose own output is NaN."""
+    import pytest
+
+    from spar_bench.errors import IntegrityError
+    from spar_bench.probes.cache import write_cache
+    from spar_bench.probes.encoders.base import DummyEncoder
+
+    layer_tokens = DummyEncoder._layer_tokens
+    for value, words in ((float("nan"), "the encoder itself output NaN"), (1e6, "fp16 overflow")):
+        def scaled(self, x, layers, value=value):
+            return {v: t * 0 + value for v, t in layer_tokens(self, x, layers).items()}
+
+        monkeypatch.setattr(DummyEncoder, "_layer_tokens", scaled)
+        with pytest.raises(IntegrityError) as e:
+            write_cache("dummy", pipeline["other"], tmp_path / f"c{value}.h5", levels=["level1"], progress=False,
+                        compute="fp32")
+        assert words in str(e.value) and "\n" not in str(e.value)
+        assert ("fp16 overflow" in str(e.value)) == (value == 1e6)
