@@ -1,9 +1,12 @@
 """Training loop of a probe head with early stopping, and prediction.
 
-Defaults (:class:`TrainConfig`): AdamW, lr 1e-3, weight decay 0.01, batch 256, at
-most 100 epochs (pooled heads) / 40 epochs (token heads), early stopping when the
-validation loss has not improved for 8 epochs (the best epoch's weights are kept),
-gradient-norm clipping at 1.0. The loss, the question a head reads and the decoding of
+Defaults (:class:`TrainConfig`): AdamW, lr 1e-3, weight decay 0.01, batch 256, early
+stopping when the validation loss has not improved for 8 epochs (the best epoch's
+weights are kept) under a hard ceiling of :data:`DEFAULT_MAX_EPOCHS` epochs for every
+head, gradient-norm clipping at 1.0. Patience ends the runs; the ceiling only bounds a
+run whose validation loss keeps creeping down (docs/SCALE.md: on the default sweep it
+does not bind; the old 40-epoch cap of the token heads ended every Levels 1-2
+transformer run while it still improved). The loss, the question a head reads and the decoding of
 predictions are the probe spec's (:mod:`spar_bench.probes.tasks`): Level 1 mean squared
 error of the normalised (x, y) over present organs; Level 2 the permutation loss
 through 20 log-domain Sinkhorn iterations masked to present tiles and valid slots,
@@ -33,6 +36,10 @@ import numpy as np
 from .targets import Targets
 
 
+#: The hard epoch ceiling of every head (``--max-epochs``); early stopping ends runs before it.
+DEFAULT_MAX_EPOCHS = 300
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """How a head is trained (recorded in each run's ``config.json``); values checked on creation."""
@@ -40,7 +47,9 @@ class TrainConfig:
     lr: float = 1e-3
     weight_decay: float = 0.01
     batch_size: int = 256
-    max_epochs: int | None = None  # None: 100 for pooled heads, 40 for token heads
+    # the ceiling is recorded in every run's config.json; a run finished under another
+    # default (0.2: None, meaning 100 pooled / 40 token heads) is refused, not reused
+    max_epochs: int | None = DEFAULT_MAX_EPOCHS  # None: DEFAULT_MAX_EPOCHS
     patience: int = 8
     sinkhorn_iters: int = 20
     grad_clip: float = 1.0
@@ -66,9 +75,8 @@ class TrainConfig:
                 raise ConfigError(f"{flag} {rule}, got {getattr(self, name)}")
 
     def epochs_for(self, input_kind: str) -> int:
-        if self.max_epochs is not None:
-            return int(self.max_epochs)
-        return 100 if input_kind == "pooled" else 40
+        """The epoch ceiling of a head reading ``input_kind`` features (the same for all)."""
+        return int(self.max_epochs) if self.max_epochs is not None else DEFAULT_MAX_EPOCHS
 
     def to_dict(self) -> dict:
         return asdict(self)

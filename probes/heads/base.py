@@ -7,6 +7,14 @@ stored as buffers in the head (it travels with the state_dict, so ``eval`` on an
 cache applies the same one). The training loop calls :meth:`TokenHead.preproject`
 once on every split and trains on the small tokens.
 
+``proj_dim="none"`` (CLI ``--proj-dim none``; ``0`` means the same): no PCA, every
+channel reaches the head. The fixed map is then only centring per channel and ONE
+global scale (1 / the standard deviation of all centred values), so no channel is
+dropped, rotated or amplified against the others (per-channel whitening would scale
+near-constant channels of weak features by up to 1e6); the learned ``embed`` layer reads
+all ``in_dim`` channels. It costs memory (pre-projected splits are ``in_dim`` wide,
+float32) and time (docs/SCALE.md).
+
 Queries: ``spec.n_queries`` learned query tokens - 16 tile queries for Levels 1-2
 (query p belongs to organ p in Level 1, to mosaic position p in Level 2), one query
 for a probe that asks questions (Level 3), plus the question (sum of organ A, organ B,
@@ -31,6 +39,11 @@ from torch import nn
 from .pooled import QuestionEmbedding
 
 
+def no_projection(proj_dim) -> bool:
+    """Whether a token head's ``proj_dim`` option asks for no PCA (``"none"``, 0 or None)."""
+    return proj_dim in (None, 0, "none")
+
+
 class TokenHead(nn.Module):
     input_kind = "tokens"
     #: True when the head encodes each cache row once and the training loop should batch
@@ -43,7 +56,8 @@ class TokenHead(nn.Module):
         self.spec = spec
         self.cfg = {**self.DEFAULTS, **cfg}
         d = self.cfg["d_model"]
-        k = min(int(self.cfg["proj_dim"]), in_dim) if self.cfg["proj_dim"] else in_dim
+        self.no_pca = no_projection(self.cfg["proj_dim"])
+        k = in_dim if self.no_pca else min(int(self.cfg["proj_dim"]), in_dim)
         self.in_dim, self.proj_dim = in_dim, k
         self.register_buffer("proj_mean", torch.zeros(in_dim))
         self.register_buffer("proj_w", torch.eye(in_dim)[:, :k].clone())
@@ -61,10 +75,15 @@ class TokenHead(nn.Module):
     # ---------------------------------------------------------------- projection
     @torch.no_grad()
     def fit_projection(self, tokens: np.ndarray) -> None:
-        """Fit the fixed PCA projection on a sample of training tokens ``(M, D)``."""
+        """Fit the fixed PCA projection on a sample of training tokens ``(M, D)``
+        (``proj_dim="none"``: centring and one global scale, no PCA)."""
         x = torch.as_tensor(np.asarray(tokens, dtype=np.float64))
         mean = x.mean(dim=0)
         xc = x - mean
+        if self.no_pca:
+            self.proj_mean.copy_(mean.float())
+            self.proj_scale.fill_(float(1.0 / xc.std().clamp(min=1e-6)))
+            return
         cov = xc.T @ xc / max(x.shape[0] - 1, 1)
         evals, evecs = torch.linalg.eigh(cov)
         order = torch.argsort(evals, descending=True)[: self.proj_dim]
@@ -85,6 +104,8 @@ class TokenHead(nn.Module):
             raise ValueError(
                 f"tokens have width {t.shape[-1]}, the head was built for {self.in_dim}"
             )
+        if self.no_pca:  # proj_w is the identity: skip the (D, D) product
+            return ((t - self.proj_mean) * self.proj_scale).numpy()
         return (((t - self.proj_mean) @ self.proj_w) * self.proj_scale).numpy()
 
     # ---------------------------------------------------------------- pieces
