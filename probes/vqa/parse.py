@@ -66,10 +66,6 @@ class Parsed:
     position: int | None
     reason: str | None = None
 
-    @property
-    def ok(self) -> bool:
-        return self.position is not None
-
 
 @dataclass(frozen=True)
 class Statement:
