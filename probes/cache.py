@@ -38,6 +38,22 @@ from .hardware import COMPUTE_DTYPES, Precision, pick_compute, pick_device
 
 CACHE_SCHEMA = "1.0"
 STORAGE_DTYPES = {"fp16": "float16", "fp32": "float32"}
+#: ``--tile-encoding``: a Level 1-2 mosaic encoded whole (``mosaic``), or each of its 16 tiles
+#: resized to the encoder's input and encoded alone, the 16 token sets stacked (``per-tile``)
+TILE_ENCODINGS = ("mosaic", "per-tile")
+TILED_LEVELS = ("level1", "level2")
+
+
+def tile_layout(spec) -> dict[str, Any]:
+    """What a ``per-tile`` cache records of its Levels 1-2 features (``tile_layout`` attribute)."""
+    from spar_bench.builder.schema import TILE_GRID, TILE_SIZE
+
+    n = TILE_GRID * TILE_GRID
+    return {"levels": list(TILED_LEVELS), "grid": [TILE_GRID, TILE_GRID], "tile_px": TILE_SIZE,
+            "resize_to": list(spec.input_size), "tokens_per_tile": spec.n_tokens,
+            "tokens": f"{n} tiles x tokens_per_tile, tile p (row p // {TILE_GRID}, column p % {TILE_GRID}) "
+                      "at rows p * tokens_per_tile ...",
+            "pooled": f"the {n} tiles' pooled vectors concatenated in tile order ({n} x dim)"}  # fmt: skip
 
 
 def parse_layers(text: str | Sequence[int]) -> list[int]:
@@ -275,7 +291,7 @@ def _size(n: int) -> str:
 
 def _encode_items(f, build, items: list[Item], enc, layers: list[int], *, dev, comp: str, dtype: str,
                   workers: int, where: str, desc: str, progress: bool,
-                  on_batch: Callable[[str, str, int, int], None] | None) -> None:
+                  on_batch: Callable[[str, str, int, int], None] | None, tile_encoding: str = "mosaic") -> None:
     """Encode ``items`` and store them, reads, compute and writes overlapping.
 
     One DataLoader (one set of reader workers) serves every level and split; one writer
@@ -306,7 +322,7 @@ def _encode_items(f, build, items: list[Item], enc, layers: list[int], *, dev, c
                     pending.popleft().result()
                 item = items[int(i)]
                 with torch.autocast(dev.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
-                    res = enc(images.to(dev, non_blocking=True), layers)
+                    res = _encode(enc, item[0], images.to(dev, non_blocking=True), layers, tile_encoding)
                 if not seen:
                     check_space(Path(f.filename), res, item, sum(hi - lo for _, _, lo, hi in items), dtype)
                 pending.append(writer.submit(store, item, res))
@@ -321,6 +337,17 @@ def _encode_items(f, build, items: list[Item], enc, layers: list[int], *, dev, c
             for fut in pending:
                 fut.cancel()
             bar.close()
+
+
+def _encode(enc, level: str, images, layers: list[int], tile_encoding: str) -> dict:
+    """``{layer: (tokens, pooled)}`` of one batch; ``per-tile`` encodes Levels 1-2 tile by tile."""
+    if tile_encoding == "per-tile" and level in TILED_LEVELS:
+        from spar_bench.builder.schema import TILE_GRID
+
+        from .encoders.base import encode_tiles
+
+        return encode_tiles(enc, images, layers, TILE_GRID)
+    return enc(images, layers)
 
 
 def write_cache(
@@ -343,12 +370,13 @@ def write_cache(
     progress: bool = True,
     encoder_obj: Any = None,
     on_batch: Callable[[str, str, int, int], None] | None = None,
+    tile_encoding: str = "mosaic",
 ) -> Path:
     """Write (or resume) the feature cache of ``encoder`` over the build ``data`` at ``out``.
 
     ``encoder_obj`` lets a caller pass an already-built :class:`spar_bench.probes.encoders.base.Encoder`
     (its spec is what gets recorded). ``on_batch(level, split, lo, hi)`` is called after each
-    batch is flushed. Returns ``out``.
+    batch is flushed. ``tile_encoding``: :data:`TILE_ENCODINGS` (docs/FORMATS.md). Returns ``out``.
     """
     from spar_bench.builder.shards import Build
     from spar_bench.locks import output_lock
@@ -363,6 +391,8 @@ def write_cache(
     if overwrite and out.exists():
         claim(out, overwrite=True, owned=owned_cache, what="feature cache")
     _check_options(dtype, batch, workers)
+    if tile_encoding not in TILE_ENCODINGS:
+        raise ConfigError(f"--tile-encoding must be one of {', '.join(TILE_ENCODINGS)}; got {tile_encoding!r}")
     layers = parse_layers(layers)
     build = Build(data)
     plan = _plan(build, data, levels, splits)
@@ -382,6 +412,8 @@ def write_cache(
         "dtype": dtype, "compute_dtype": comp, "dataset_fingerprint": build.fingerprint,
         "plan": [list(p) for p in plan],
     }
+    if tile_encoding == "per-tile":  # recorded only when asked: older mosaic caches still resume
+        args["tile_encoding"] = tile_encoding
     with disk_full_is_an_error(target, rerun="rerun the same command (it resumes)"), \
             output_lock(target, what="feature cache (spar-probe cache)"):
         if overwrite and claim(out, overwrite=True, owned=owned_cache, what="feature cache"):
@@ -389,7 +421,8 @@ def write_cache(
         out.parent.mkdir(parents=True, exist_ok=True)
         _write_locked(out, target, build, plan, enc, args, batch, ranks, precision, data, dict(
             layers=layers, dev=dev, comp=comp, dtype=dtype, workers=workers,
-            where=f"{target}: {spec.name}", desc=spec.name, progress=progress, on_batch=on_batch))
+            where=f"{target}: {spec.name}", desc=spec.name, progress=progress, on_batch=on_batch,
+            tile_encoding=tile_encoding))
     return out
 
 
@@ -429,7 +462,10 @@ def _write_locked(out: Path, target: Path, build, plan, enc, args: dict, batch: 
         "compute_dtype": comp, "compute_reason": precision.reason, "versions": package_versions(CACHE_PACKAGES),
         "dataset_fingerprint": build.fingerprint, "dataset_dir": _relative_dir(data, out),
         "layers": layers, "cache_args": json.dumps(args, sort_keys=True), "complete": False,
+        "tile_encoding": fill["tile_encoding"],
     }
+    if fill["tile_encoding"] == "per-tile":
+        meta["tile_layout"] = tile_layout(spec)
     if ranks.distributed and _is_complete(out, args):
         return  # every rank sees the same finished file
     _fill(target, build, plan, enc, args, meta, batch, ranks, fill)
@@ -501,13 +537,17 @@ def _fill(target: Path, build, plan, enc, args: dict, meta: dict, batch: int, ra
                    "native bf16 (AMX/AVX512-BF16), else fp32; the choice and reason are recorded.")
 @click.option("--workers", default=None, type=int, help="DataLoader workers reading shards (default: 2 on CUDA, 0 on CPU).")
 @click.option("--overwrite", is_flag=True, help="Delete an existing cache at --out first.")
+@click.option("--tile-encoding", type=click.Choice(TILE_ENCODINGS), default="mosaic", show_default=True,
+              help="Levels 1-2: encode each mosaic whole, or each 56-pixel tile resized to the encoder's "
+                   "input and encoded alone (the 16 token sets stacked; pooled: the 16 vectors side by side).")
 def cache_command(encoder, weights, random_init, revision, data, out, levels, splits, layers,
-                  device, batch, dtype, compute, workers, overwrite) -> None:
+                  device, batch, dtype, compute, workers, overwrite, tile_encoding) -> None:
     """Encode every image of a build and store tokens + pooled vectors (resumable)."""
     split_list = lambda s: [v for v in s.split(",") if v] if s else None  # noqa: E731
     path = write_cache(
         encoder, data, out, weights=weights, random_init=random_init, revision=revision,
         levels=split_list(levels), splits=split_list(splits), layers=layers, device=device,
         batch=batch, dtype=dtype, compute=compute, workers=workers, overwrite=overwrite,
+        tile_encoding=tile_encoding,
     )
     click.echo(str(path))

@@ -23,7 +23,7 @@ from spar_bench.errors import ConfigError, IntegrityError
 if TYPE_CHECKING:  # pragma: no cover
     from spar_bench.builder.shards import Build
 
-_JSON_ATTRS = ("encoder_config", "weights", "versions", "layers", "cache_args", "token_storage")
+_JSON_ATTRS = ("encoder_config", "weights", "versions", "layers", "cache_args", "token_storage", "tile_layout")
 #: the cache's ``dtype`` attribute -> numpy float dtype (int8 tokens are returned in it)
 STORAGE_FLOAT = {"fp16": "float16", "fp32": "float32"}
 
@@ -88,6 +88,9 @@ class FeatureCache:
         self.fingerprint: str = meta["dataset_fingerprint"]
         self.random_init: bool = bool(meta.get("random_init", False))
         self.encoder: str = meta["encoder"]
+        #: ``mosaic`` (Levels 1-2 encoded whole; also every cache older than the option) or
+        #: ``per-tile`` (each tile alone, token sets stacked: ``meta["tile_layout"]``)
+        self.tile_encoding: str = str(meta.get("tile_encoding") or "mosaic")
 
     def __repr__(self) -> str:
         ri = ", random-init" if self.random_init else ""

@@ -416,6 +416,34 @@ def _fit(values: Sequence[float], c: int) -> list[float]:
     raise ConfigError(f"mean/std has {len(values)} values but the encoder takes {c} channels")
 
 
+def encode_tiles(enc: Encoder, mosaics: torch.Tensor, layers: Sequence[int] = (-1,),
+                 grid: int = 4) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """Per-tile encoding of Level 1-2 mosaics: ``{layer: (tokens (B, grid^2 * T, D), pooled (B, grid^2 * D))}``.
+
+    Each mosaic ``(H, W)`` is cut into ``grid x grid`` tiles (tile ``p`` at row ``p // grid``,
+    column ``p % grid``, the builder's layout); each tile is resized to the encoder's input
+    size by its own preprocessing and encoded alone. Tile ``p``'s ``T`` tokens are rows
+    ``p*T .. (p+1)*T - 1`` of the stacked token set; the pooled vector is the tiles' pooled
+    vectors side by side in tile order (their mean would not say which tile is where). The
+    tiles go through the encoder ``B`` at a time (``grid^2`` forwards of as many images as the
+    batch of mosaics), so memory stays that of encoding the mosaics whole.
+    """
+    import torch
+
+    b, h, w = mosaics.shape
+    if h % grid or w % grid:
+        raise ValueError(f"a {h}x{w} mosaic does not split into {grid}x{grid} tiles")
+    th, tw = h // grid, w // grid
+    tiles = mosaics.reshape(b, grid, th, grid, tw).transpose(2, 3).reshape(b * grid * grid, th, tw)
+    parts = [enc(tiles[s:s + max(b, 1)], layers) for s in range(0, tiles.shape[0], max(b, 1))]
+    out = {}
+    for v in parts[0]:
+        toks = torch.cat([p[v][0] for p in parts])  # (B * grid^2, T, D), mosaic-major
+        pooled = torch.cat([p[v][1] for p in parts])  # (B * grid^2, D)
+        out[v] = (toks.reshape(b, -1, toks.shape[-1]), pooled.reshape(b, -1))
+    return out
+
+
 EncoderFactory = Callable[..., Encoder]
 """``factory(rest, *, weights=None, random_init=False, revision=None) -> Encoder``."""
 
