@@ -91,6 +91,9 @@ def _did_you_mean(name: str, known: Sequence[str]) -> str:
 def choose_cases(refs: list[CaseRef], *, cases: Sequence[str] | None, limit: int | None, seed: int) -> list[CaseRef]:
     """Keep the ``cases`` listed, then ``limit`` cases by a seeded patient-level draw."""
     if cases is not None:
+        if not cases:
+            raise ConfigError(f"--cases: the selection of source {refs[0].source} is empty (no case id given); "
+                              "list ids (--cases ID,ID) or leave --cases out to take every case")  # fmt: skip
         known = [r.case_id for r in refs]
         missing = [c for c in cases if c not in set(known)]
         if missing:

@@ -184,3 +184,26 @@ def test_an_encoder_that_outputs_nan_is_named_as_such(pipeline, tmp_path: Path, 
                         compute="fp32")
         assert words in str(e.value) and "\n" not in str(e.value)
         assert ("fp16 overflow" in str(e.value)) == (value == 1e6)
+
+
+def test_an_empty_case_selection_says_so(tmp_path: Path, capsys) -> None:
+    """``--cases ""`` said "every case failed; first: none found" (and left OUT.tmp)."""
+    root = tmp_path / "word"
+    make_case(root, "a_good")
+    for cases in ("", " , ", "word="):
+        args = ["--source", "word", "--root", root, "--out", tmp_path / "out", "--cases", cases]
+        assert run_cli(build_cli, [str(a) for a in args]) == 2
+        _one_error(capsys, "--cases", "selection of source word is empty")
+    assert not list(tmp_path.glob("out*"))
+
+
+def test_an_unsafe_image_id_in_meta_csv_is_refused(tmp_path: Path, capsys) -> None:
+    """A ``..`` id in meta.csv was reported as "no segmentations/ folder" (a folder outside ROOT)."""
+    root = tmp_path / "ts"
+    (root / "s0001" / "segmentations").mkdir(parents=True)
+    for bad in ("..", "../s0001", "/etc", "a\\b"):
+        (root / "meta.csv").write_text(f"image_id;split\ns0001;train\n{bad};test\n")
+        args = ["--source", "totalsegmentator", "--root", root, "--out", tmp_path / "out"]
+        assert run_cli(build_cli, [str(a) for a in args]) == 2
+        _one_error(capsys, f"{root / 'meta.csv'} line 3", repr(bad), "unsafe")
+    assert not list(tmp_path.glob("out*"))

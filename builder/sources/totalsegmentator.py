@@ -102,7 +102,12 @@ def read_meta_csv(path: Path) -> dict[str, str]:
                     f"{path} line {line}: unknown split {row['split']!r} for {row['image_id']!r}; "
                     f"expected one of {sorted(SPLIT_NAMES)}"
                 )
-            splits[row["image_id"].strip()] = SPLIT_NAMES[name]
+            image_id = (row["image_id"] or "").strip()
+            if image_id in ("", ".", "..") or "/" in image_id or "\\" in image_id:
+                raise ConfigError(f"{path} line {line}: image_id {image_id!r} is not a case folder name "
+                                  "(empty, '.', '..' or a path: unsafe, it would name a folder outside "
+                                  "ROOT/<image_id>); fix or remove the row")  # fmt: skip
+            splits[image_id] = SPLIT_NAMES[name]
     return splits
 
 
