@@ -121,3 +121,63 @@ def test_fit_and_eval_keep_what_they_finished(pipeline, tmp_path: Path, capsys) 
     # --overwrite trains the run again (its evaluations go with it)
     assert fit("--overwrite", features=other) == 0
     assert json.loads((rd / "config.json").read_text())["features"] == "other.h5" and not list(rd.glob("eval-*"))
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_builds_phantoms_and_caches_are_never_replaced_without_overwrite(pipeline, tmp_path: Path, capsys) -> None:
+    """The other commands that write a build, a phantom or a cache refuse a finished one in one
+    line (a cache rerun with the same arguments keeps it), whatever the options."""
+    from spar_bench.builder.cli import cli as build_cli
+    from spar_bench.probes.cli import cli as probe_cli
+
+    ph = pipeline["root"] / "ph"
+    common = ["--source", "phantom", "--root", ph, "--levels", "level1", "--no-hf", "--cases", "phantom_0001,phantom_0002"]
+    for i in (0, 1):
+        assert run_cmd(build_cli, [*common, "--out", tmp_path / f"p{i}", "--partition", f"{i}/2"]) == 0
+    merged = tmp_path / "merged"
+    assert run_cmd(build_cli, ["merge", tmp_path / "p0", tmp_path / "p1", "--out", merged]) == 0
+    cache = tmp_path / "c.h5"
+    assert run_cmd(probe_cli, ["cache", "--encoder", "dummy", "--data", merged, "--out", cache]) == 0
+    before = {p: _tree(p) for p in (merged, tmp_path / "p0")}
+    cached = cache.read_bytes()
+    capsys.readouterr()
+    attempts = [
+        (build_cli, ["merge", tmp_path / "p0", tmp_path / "p1", "--out", merged], "exists and is not empty"),
+        (build_cli, [*common, "--out", merged, "--seed", 3], "exists and is not empty"),
+        (build_cli, [*common, "--out", merged, "--seed", 3, "--resume"], "already a finished build"),
+        (build_cli, [*common, "--out", tmp_path / "p0", "--partition", "0/2", "--seed", 3], "exists and is not empty"),
+        (build_cli, ["phantom", "--out", merged, "--n", 1], "exists and is not empty"),
+        (probe_cli, ["cache", "--encoder", "dummy", "--data", merged, "--out", cache, "--dtype", "fp32"],
+         "made with other arguments"),
+    ]
+    for cli, args, words in attempts:
+        assert run_cmd(cli, args) == 2, args
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0] and "--overwrite" in err[0], (args, err)
+    assert run_cmd(probe_cli, ["cache", "--encoder", "dummy", "--data", merged, "--out", cache]) == 0  # kept
+    assert {p: _tree(p) for p in before} == before and cache.read_bytes() == cached
+
+
+def test_sweep_does_not_skip_a_run_finished_with_other_bootstrap_or_controls(pipeline, tmp_path: Path, capsys) -> None:
+    """A sweep skipped a finished run made with another --bootstrap or --no-controls and reported
+    it as its own (other CIs, or no blind baseline)."""
+    from spar_bench.probes.cli import cli
+
+    def sweep(*extra):
+        return run_cmd(cli, ["sweep", "--features", pipeline["cache"], "--out", tmp_path / "runs", "--heads", "mlp",
+                             "--probes", "level3.size", "--seeds", "0", "--max-epochs", 1, "--jobs", 1, *extra])
+
+    assert sweep("--bootstrap", 10, "--no-controls") == 0
+    (rd,) = (tmp_path / "runs").glob("*/level3.size/*/seed0")
+    before = _tree(rd)
+    capsys.readouterr()
+    assert sweep("--bootstrap", 10, "--no-controls") == 0 and "0 run(s) done" in capsys.readouterr().out
+    for extra, words in ((("--bootstrap", 20, "--no-controls"), "n_boot=10 (now 20)"),
+                         (("--bootstrap", 10), "controls=False (now True)")):
+        assert sweep(*extra) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and str(rd) in err[0] and words in err[0], err
+    assert _tree(rd) == before
