@@ -65,6 +65,15 @@ def test_finetune_keeps_a_finished_run(pipeline, tmp_path: Path, monkeypatch, ca
     # --overwrite trains it again
     again = _finetune(pipeline, out, n_boot=30, overwrite=True)
     assert again == first and json.loads((first / "config.json").read_text())["n_bootstrap"] == 30
+    # its re-encoded evaluation on a build: kept when the same, refused when other, as eval's
+    from spar_bench.probes.finetune.run import run_eval_reencoded
+
+    ev = run_eval_reencoded(first, pipeline["other"], n_boot=20, device="cpu", compute="fp32")
+    made = ev.read_bytes()
+    assert run_eval_reencoded(first, pipeline["other"], n_boot=20, device="cpu", compute="fp32") == ev
+    with pytest.raises(ConfigError, match="n_bootstrap=20 \\(now 30\\)"):
+        run_eval_reencoded(first, pipeline["other"], n_boot=30, device="cpu", compute="fp32")
+    assert ev.read_bytes() == made
 
 
 def _files(rd: Path) -> dict[str, bytes]:
