@@ -168,7 +168,7 @@ _POST_CUE = frozenset({"correct", "right", "true", "best", "accurate", "answer"}
 _GRAMMAR = frozenset("""
 the it it's its is are was be been being would will should must can i i'd i'll i'm we my me
 option options choice choices letter answer answers final correct true best accurate
-so thus therefore hence then actually wait ok okay well no yes right
+so thus therefore hence then actually wait ok okay no yes right
 or and either both vs versus nor neither
 not isn't aren't wasn't cannot can't never incorrect wrong false unlikely impossible
 ruled rule out excluded exclude eliminated rather than instead of other except excluding
