@@ -8,10 +8,10 @@ import io
 import os
 from pathlib import Path
 
+from test_bad_input import make_case
+
 from spar_bench.builder.cli import cli as build_cli
 from spar_bench.clitools import run_cli
-
-from test_bad_input import make_case
 
 
 def _one_error(capsys, *words: str) -> str:
@@ -207,3 +207,15 @@ def test_an_unsafe_image_id_in_meta_csv_is_refused(tmp_path: Path, capsys) -> No
         assert run_cli(build_cli, [str(a) for a in args]) == 2
         _one_error(capsys, f"{root / 'meta.csv'} line 3", repr(bad), "unsafe")
     assert not list(tmp_path.glob("out*"))
+
+
+def test_eval_of_a_finetune_run_with_a_truncated_head_is_one_line(pipeline, tmp_path: Path, capsys) -> None:
+    from spar_bench.probes.cli import cli
+
+    rd = tmp_path / "run"
+    rd.mkdir()
+    (rd / "encoder.safetensors").write_bytes(b"")
+    (rd / "metrics.json").write_text("{}")
+    (rd / "head.pt").write_bytes(b"PK\x03\x04 cut short")
+    assert run_cli(cli, ["eval", "--run", str(rd), "--data", str(pipeline["shards"])]) == 2
+    _one_error(capsys, str(rd / "head.pt"), "unreadable head file", "--overwrite")

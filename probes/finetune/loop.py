@@ -180,7 +180,7 @@ class Trainer:
         path = self.run / CHECKPOINT
         if not path.is_file():
             return None
-        blob = _load(path, "checkpoint")
+        blob = load_saved(path, "checkpoint")
         if blob.get("key") != self.key:
             diff = sorted(k for k in set(self.key) | set(blob.get("key", {}))
                           if self.key.get(k) != blob.get("key", {}).get(k))
@@ -202,7 +202,7 @@ class Trainer:
                       "epoch": self.state.best_epoch, "val_loss": self.state.best_val}, self.run / BEST)
 
     def load_best(self) -> None:
-        blob = _load(self.run / BEST, "best-epoch weights")
+        blob = load_saved(self.run / BEST, "best-epoch weights")
         self.enc.module.load_state_dict(blob["encoder"])
         self.head.load_state_dict(blob["head"])
 
@@ -290,18 +290,18 @@ class Trainer:
         st.batch, st.tr_sum, st.tr_n = 0, 0.0, 0
 
 
-def _load(path: Path, what: str) -> dict:
-    """A checkpoint file, or one line naming it when it is truncated or not one (a copy cut
-    short, a full disk before the atomic writes): the run can only start over."""
+def load_saved(path: Path, what: str, fix: str = "pass --overwrite to start the run over") -> dict:
+    """A checkpoint file (or a run's ``head.pt``), or one line naming it when it is truncated or
+    not one (a copy cut short, a full disk before the atomic writes): ``fix`` says what to do."""
     import torch
 
     try:
         blob = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # torch raises RuntimeError, pickle and zip errors, EOFError, ...
         raise ConfigError(f"{path}: unreadable {what} file ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}); "
-                          "pass --overwrite to start the run over") from None  # fmt: skip
+                          f"{fix}") from None  # fmt: skip
     if not isinstance(blob, dict):
-        raise ConfigError(f"{path}: not a {what} file of spar-probe finetune; pass --overwrite to start the run over")
+        raise ConfigError(f"{path}: not a {what} file of spar-probe finetune; {fix}")
     return blob
 
 
