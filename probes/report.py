@@ -269,6 +269,7 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
         row = _selected_row(get_probe(probe), enc, head, ms)
         if row is not None:
             table[probe].append(row)
+    mark_protocols(table)
     return dict(table)
 
 
@@ -312,19 +313,24 @@ def run_protocol(m: dict) -> str:
     return str(m.get("protocol_version") or "<1.2")
 
 
-def _protocol_note(r: dict) -> str:
-    """`` [protocol X]`` when a row's runs used another protocol than this code's."""
-    from spar_bench.builder.schema import PROTOCOL_VERSION
-
-    have = r.get("protocol") or []
-    return "" if have in ([], [PROTOCOL_VERSION]) else f" [protocol {', '.join(have)}]"
+def mark_protocols(table: dict[str, list[dict]]) -> None:
+    """Rows of a report that mixes protocol versions get ``protocol_note`` `` [protocol X]``
+    where their runs used another version than the newest (or several)."""
+    have = {v for rows in table.values() for r in rows for v in r.get("protocol") or []}
+    if len(have) < 2:
+        return
+    newest = max(have, key=lambda v: (v != "<1.2", [int(p) for p in v.split(".") if p.isdigit()]))
+    for rows in table.values():
+        for r in rows:
+            if (r.get("protocol") or [newest]) != [newest]:
+                r["protocol_note"] = f" [protocol {', '.join(r['protocol'])}]"
 
 
 def _label(r: dict) -> str:
     trained = f" ({r['training']})" if r.get("training") else ""
     return r["encoder"] + trained + (
         " **(random-init)**" if r["random_init"] and "random-init" not in r["encoder"] else ""
-    ) + _protocol_note(r)
+    ) + r.get("protocol_note", "")
 
 
 def _main_table(spec, rows: list[dict]) -> list[str]:
@@ -486,8 +492,9 @@ def _protocol_line(table: dict[str, list[dict]]) -> str:
     have = sorted({v for rows in table.values() for r in rows for v in r.get("protocol") or []})
     if not have:
         return ""
-    return (f"Protocol (docs/PROTOCOL.md) of these runs: {', '.join(have)}. A row whose runs used another "
-            "version than this code's is marked [protocol X]; runs before 1.2 did not record theirs (<1.2).")
+    return (f"Protocol (docs/PROTOCOL.md) of these runs: {', '.join(have)} (<1.2: runs made before the "
+            "version was recorded)." + (" Rows whose runs used another than the newest are marked "
+                                         "[protocol X]." if len(have) > 1 else ""))
 
 
 def render_markdown(table: dict[str, list[dict]], any_random: bool) -> str:
