@@ -224,16 +224,19 @@ _NEARLY_FULL = 1 << 20
 
 
 def save_torch(obj: object, path: str | Path) -> None:
-    """``torch.save(obj, path)`` (the same bytes); a full disk is an ``OSError`` naming ``path``.
+    """``torch.save(obj, path)`` (the same bytes), all of it or no file (as :func:`write_bytes`);
+    a full disk is an ``OSError`` naming ``path``.
 
     torch's own file writer drops the errno ("unexpected pos 576 vs 534"): a failed save
     that leaves less than 1 MiB free on the disk of ``path`` is reported as a full disk.
     """
     import torch
 
+    path = Path(path)
     try:
         torch.save(obj, path)
-    except RuntimeError as e:
-        if is_disk_full(e) or shutil.disk_usage(Path(path).parent).free < _NEARLY_FULL:
+    except (RuntimeError, OSError) as e:
+        path.unlink(missing_ok=True)
+        if is_disk_full(e) or shutil.disk_usage(path.parent).free < _NEARLY_FULL:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from None
         raise

@@ -61,8 +61,8 @@ class DiskFills:
     """Count the writes under ``root``; with ``fail_at=k`` the k-th write fails with ENOSPC.
 
     ``events`` lists ``(site, path relative to root)`` in order; a site is the kind of write
-    and the file's name, numbers aside (``open:manifest.json``, ``rename:fake__cN.npz``,
-    ``parquet:train-N-of-N.parquet``, ``h5-flush:c.h5``, ...).
+    and the file's name, numbers and splits aside (``open:manifest.json``,
+    ``rename:fake__cN.npz``, ``parquet:SPLIT-N-of-N.parquet``, ``h5-flush:c.h5``, ...).
     """
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, root: Path, fail_at: int | None = None):
@@ -79,7 +79,8 @@ class DiskFills:
             return False
         if not p.is_relative_to(self.root):
             return False
-        site = f"{kind}:{re.sub(r'[0-9]+(?=.*[.])', 'N', p.name)}"  # shard and case numbers aside
+        name = re.sub(r"^(train|val|test)-", "SPLIT-", re.sub(r"[0-9]+(?=.*[.])", "N", p.name))
+        site = f"{kind}:{name}"  # shard and case numbers, and splits, aside
         self.events.append((site, p.relative_to(self.root).as_posix()))
         if len(self.events) - 1 == self.fail_at:
             self.failed = self.events[-1]
@@ -148,6 +149,19 @@ class DiskFills:
             return real_save(obj, f, *a, **k)
 
         mp.setattr(torch, "save", save)
+        try:
+            import safetensors.torch as st
+        except ImportError:
+            return
+        real_save_file = st.save_file
+
+        def save_file(tensors, filename, *a, **k):
+            if self._hit("safetensors", filename):
+                Path(filename).write_bytes(b"{")  # torn
+                raise Exception("Error while serializing: I/O error: No space left on device (os error 28)")
+            return real_save_file(tensors, filename, *a, **k)
+
+        mp.setattr(st, "save_file", save_file)
 
     def _patch_sqlite(self, mp: pytest.MonkeyPatch) -> None:
         import sqlite3
@@ -208,11 +222,27 @@ def _fail_each_site(monkeypatch, capsys, root: Path, run, clean: dict[str, str],
         assert "free space" in line and any(n in line for n in names), line
         assert rerun() == 0, (fault.failed, capsys.readouterr().err)
         capsys.readouterr()
-        got = tree_hashes(result) if result.is_dir() else {result.name: _sha(result)}
-        assert got == clean, fault.failed
+        assert _hashes(result) == clean, fault.failed
         tried.append(fault.failed[0])
         remove_tree(result)
     return tried
+
+
+def _hashes(out: Path) -> dict[str, str]:
+    """sha256 of every file of ``out`` (a file or a folder); a finetune's metrics.json without
+    its throughput (``images_per_s``: a time, different in every run)."""
+    import hashlib
+    import json
+
+    if not out.is_dir():
+        return {out.name: _sha(out)}
+    got = tree_hashes(out)
+    for p in out.rglob("metrics.json"):
+        m = json.loads(p.read_text())
+        if isinstance(m.get("train"), dict) and "images_per_s" in m["train"]:
+            m["train"]["images_per_s"] = None
+            got[p.relative_to(out).as_posix()] = hashlib.sha256(json.dumps(m).encode()).hexdigest()
+    return got
 
 
 def _sha(path: Path) -> str:
@@ -244,7 +274,7 @@ def test_a_full_disk_at_every_build_write_is_one_line_and_resume_gives_the_same_
     tried = _fail_each_site(monkeypatch, capsys, work, lambda: run_cli(cli, args), clean, out,
                             lambda: run_cli(cli, [*args, "--resume"]), names=(str(out),))
     assert {"open:config.part.json", "open:fake__cN.part.npz", "rename:fake__cN.npz", "open:fake__cN.part.json",
-            "open:train-N-of-N.h5", "parquet:train-N-of-N.parquet", "open:README.md", "open:manifest.json",
+            "open:SPLIT-N-of-N.h5", "parquet:SPLIT-N-of-N.parquet", "open:README.md", "open:manifest.json",
             "rename:out"} <= set(tried), tried
     assert not (work / "out.lock").exists()
 
@@ -318,6 +348,34 @@ def test_a_full_disk_at_every_vqa_write_is_one_line_and_the_rerun_gives_the_same
     tried = _fail_each_site(monkeypatch, capsys, work, lambda: run_cli(cli, args), clean, out,
                             lambda: run_cli(cli, args), names=(str(out),))
     assert {"sqlite:dummy.sqlite", "open:config.json", "open:answers.jsonl", "rename:metrics.json"} <= set(tried), tried
+
+
+# -- a finetune run: checkpoints (torch.save), encoder.safetensors, head.pt, config, metrics -----
+def test_a_full_disk_at_every_finetune_write_is_one_line_and_resume_gives_the_same_run(
+        fake_root, tmp_path, monkeypatch, capsys, one_torch_thread):
+    import json
+
+    from spar_bench.builder.build import build
+    from spar_bench.probes.cli import cli
+
+    from helpers import build_config
+
+    data = build(build_config(fake_root, tmp_path / "b", hf=False), quiet=True)
+    work = tmp_path / "w"
+    work.mkdir()
+    out = work / "runs"
+    args = ["finetune", "--encoder", "timm:vit_tiny_patch16_224", "--init", "scratch", "--model-args",
+            json.dumps({"depth": 1, "embed_dim": 16, "num_heads": 2, "img_size": 64}), "--data", str(data),
+            "--probe", "level1.localisation", "--out", str(out), "--batch-size", "16", "--max-epochs", "2",
+            "--device", "cpu", "--compute", "fp32", "--bootstrap", "20", "--no-controls"]
+    assert run_cli(cli, args) == 0
+    clean = _hashes(out)
+    remove_tree(out)
+    capsys.readouterr()
+    tried = _fail_each_site(monkeypatch, capsys, work, lambda: run_cli(cli, args), clean, out,
+                            lambda: run_cli(cli, [*args, "--resume"]), names=(str(out),))
+    assert {"torch.save:checkpoint.pt.tmp", "safetensors:encoder.safetensors.tmp", "torch.save:head.pt",
+            "open:config.json", "rename:metrics.json"} <= set(tried), tried
 
 
 # -- a real full disk: a small tmpfs (root only), the real HDF5, every size ------------------

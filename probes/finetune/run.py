@@ -30,7 +30,7 @@ from spar_bench.provenance import protocol_versions
 
 from ..runspec import differences, run_folder, variant_text
 from .config import NOT_NAMED, FinetuneConfig
-from .loop import BEST, CHECKPOINT, Split, Trainer, load_saved, run_key
+from .loop import BEST, CHECKPOINT, Split, Trainer, run_key
 from .model import EXPORT_FILE, export_encoder, freeze_blocks, load_trainable
 
 RUN_FILES = frozenset({"config.json", "head.pt", "metrics.json", "metrics.json.tmp", EXPORT_FILE,
@@ -68,9 +68,13 @@ def training_record(init: str, build, weights_record: dict) -> dict[str, Any]:
 
 
 def owned_finetune_run(rd: Path) -> set[str] | None:
-    """The files of a finetune run (finished or not) in ``rd``, or None."""
+    """The files of a finetune run (finished or not) in ``rd``, or None. A run stopped before
+    its first checkpoint (killed, or a full disk between a save and its rename) leaves only
+    ``best.pt``, ``best.pt.tmp`` or ``checkpoint.pt.tmp``: that is a run too."""
     rd = Path(rd)
-    if (rd / CHECKPOINT).is_file() or (rd / "config.json").is_file():
+    names = {p.name for p in rd.iterdir()} if rd.is_dir() else set()
+    first_saves = {BEST, BEST + ".tmp", CHECKPOINT + ".tmp"}
+    if (rd / CHECKPOINT).is_file() or (rd / "config.json").is_file() or (names and names <= first_saves):
         return set(RUN_FILES) | {p.name for p in rd.glob("eval-*.json")}
     return None
 
@@ -428,6 +432,8 @@ def run_eval_reencoded(run: str | Path, data: str | Path, n_boot: int = 1000, de
     holds this evaluation, refused when another, unless ``overwrite``). ``encoder``: the path
     of a local model again (:func:`load_run_encoder`).
     """
+    import torch
+
     from spar_bench.builder.shards import Build
     from spar_bench.provenance import json_safe
     from spar_bench.seeding import derive_seed
@@ -442,7 +448,7 @@ def run_eval_reencoded(run: str | Path, data: str | Path, n_boot: int = 1000, de
     rd = Path(run)
     if not (rd / EXPORT_FILE).is_file() or not (rd / "metrics.json").is_file():
         raise ConfigError(f"{rd}: not a finished finetune run (needs {EXPORT_FILE} and metrics.json)")
-    saved = load_saved(rd / "head.pt", "head", "train the run again (finetune --overwrite)")
+    saved = torch.load(rd / "head.pt", map_location="cpu", weights_only=False)
     c = saved["config"]
     spec = get_probe(c["probe"])
     head = build_head(c["head"], spec, c["in_dim"], c["n_tokens"], **c["head_config"])
