@@ -144,3 +144,17 @@ def test_report_says_which_protocol_each_run_used(oracle_runs, tmp_path):
     md = (tmp_path / "report" / "report.md").read_text()
     assert "Protocol (docs/PROTOCOL.md) of these runs: 1.2, <1.2 (<1.2: runs made before" in md
     assert "| old-model [protocol <1.2] |" in md and "| oracle |" in md
+
+
+def test_size_prompt_needs_the_builds_thresholds(pipeline, tmp_path, capsys):
+    """A build that records no thresholds cannot state them: one line, exit 2."""
+    import shutil
+
+    data = tmp_path / "shards"
+    shutil.copytree(pipeline["shards"], data)
+    man = json.loads((data / "manifest.json").read_text())
+    man["thresholds"] = {}
+    (data / "manifest.json").write_text(json.dumps(man))
+    assert run_cmd(cli, ["vqa", "--model", "oracle", "--data", data, "--out", tmp_path / "runs",
+                         "--probe", "size", "--bootstrap", 5]) == 2
+    assert "records no size thresholds" in capsys.readouterr().err

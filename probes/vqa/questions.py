@@ -119,6 +119,8 @@ def _stated_cuts(build, probe: str, t: Targets) -> np.ndarray | None:
     """``(Q, 2)`` the thresholds each size / distance prompt states; None for other probes."""
     if probe not in THRESHOLD_PROBES:
         return None
+    if len(t) == 0:  # no such question here (a LiTS-only build records no thresholds)
+        return np.empty((0, 2), dtype=np.float64)
     from spar_bench.builder.samples.thresholds import cuts_for
 
     values = (build.manifest.get("thresholds") or {}).get("values") or {}
