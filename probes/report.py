@@ -522,7 +522,7 @@ def render_markdown(table: dict[str, list[dict]], any_random: bool) -> str:
     if any(r.get("track") == "vqa" for rows in table.values() for r in rows):
         lines += [
             "Heads named `vqa-*` are multimodal LLMs asked the questions directly (`spar-probe vqa`):",
-            "their blind control is the same prompt without the image; parse: answers that named",
+            "their blind control is the same question without the image; parse: answers that named",
             "exactly one option (the rest count wrong); unparsed (why): those that did not, by the",
             "parser's reason, summed over seeds (docs/PROTOCOL.md 11); circular: right under every",
             "rotation of the options (CircularEval), and the mean accuracy over rotations.",

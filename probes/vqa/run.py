@@ -15,7 +15,7 @@ Asked per probe:
 
 * every original question with its options in each cyclic order (CircularEval; the
   headline is rotation 0, the class order);
-* the same prompt without the image (blind);
+* the same question without the image (blind: no sentence describes an image);
 * mirrored counterfactual questions (labels recomputed by the builder) when the build has
   them, with and without the image.
 
