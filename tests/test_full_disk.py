@@ -575,3 +575,18 @@ def test_open_h5_keeps_the_last_flush_and_resumes_to_the_same_bytes(tmp_path, mo
     image = h5_image(lambda f: f.create_dataset("x", data=np.arange(10), track_times=False),
                      libver=("earliest", "v110"))
     assert image == (tmp_path / "plain.h5").read_bytes()
+
+
+def test_a_full_disk_opening_the_vqa_response_cache_says_free_space_not_delete_it(tmp_path, monkeypatch):
+    import sqlite3
+
+    from spar_bench.errors import ConfigError
+    from spar_bench.probes.vqa.cache import ResponseCache
+
+    def full(*a, **k):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(sqlite3, "connect", full)
+    with pytest.raises(ConfigError) as e:
+        ResponseCache(tmp_path / "c.sqlite")
+    assert "free space and rerun" in str(e.value) and "delete" not in str(e.value)

@@ -62,6 +62,8 @@ class ResponseCache:
             (schema,) = self._db.execute("SELECT value FROM meta WHERE name='schema'").fetchone()
             (check,) = self._db.execute("PRAGMA quick_check(1)").fetchone()
         except sqlite3.DatabaseError as e:
+            if "full" in str(e).lower():  # SQLITE_FULL: a full disk, not a damaged file
+                raise self._damaged(e) from None
             raise ConfigError(f"{self.path}: not a readable SPAR-Bench response cache ({e}); "
                               "delete it (its answers are asked again) or pass another --cache") from None
         if schema != SCHEMA:
