@@ -577,6 +577,9 @@ def run_eval(
             raise ConfigError(
                 f"{features}: feature width {f.shape[-1]} does not match run {rd} ({c['in_dim']})"
             )
+        if c["head_input"] == "tokens" and f.shape[1] != c.get("n_tokens", f.shape[1]):  # e.g. per-tile vs mosaic
+            raise ConfigError(f"{features}: {f.shape[1]} tokens per item (tile encoding "
+                              f"{cache.tile_encoding}) but run {rd} was trained on {c['n_tokens']}")
         tests.append(t)
         preds.append(predict(model, f, t))
     t, p = concat(tests), np.concatenate(preds)

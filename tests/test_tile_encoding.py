@@ -105,7 +105,7 @@ def test_per_tile_cache_is_deterministic(pipeline, tiled, tmp_path) -> None:
             assert a.pooled("level2", split).tobytes() == b.pooled("level2", split).tobytes()
 
 
-def test_fit_report_over_a_per_tile_cache(tiled, tmp_path) -> None:
+def test_fit_report_over_a_per_tile_cache(pipeline, tiled, tmp_path, capsys) -> None:
     runs = tmp_path / "runs"
     args = ["sweep", "--features", tiled, "--out", runs, "--heads", "mlp,transformer", "--probes",
             "level1.localisation,level2.arrangement", "--seeds", "0", "--max-epochs", 2, "--bootstrap", 10,
@@ -121,6 +121,11 @@ def test_fit_report_over_a_per_tile_cache(tiled, tmp_path) -> None:
             assert cfg["in_dim"] == 16 * 16  # the 16 tiles' pooled vectors side by side
         else:
             assert (cfg["in_dim"], cfg["n_tokens"]) == (16, 16 * 50)  # the 16 token sets stacked
+    for rd in rds:  # a head trained on tiles is not scored on whole mosaics
+        capsys.readouterr()
+        assert run_cmd(cli, ["eval", "--run", rd, "--features", pipeline["cache"], "--bootstrap", 10]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and ("does not match run" in err or "tile encoding mosaic" in err)
     assert run_cmd(cli, ["report", runs, "--out", tmp_path / "report"]) == 0
     md = (tmp_path / "report" / "report.md").read_text()
     assert "dummy-per-tile-random-init" in md
