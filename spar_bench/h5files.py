@@ -22,6 +22,7 @@ disk). So HDF5 never writes to a disk here:
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 from collections.abc import Callable, Iterator
@@ -34,7 +35,8 @@ _NO_FALLOCATE = {"EINVAL", "EOPNOTSUPP", "ENOSYS", "ENOTSUP"}
 
 
 class _LatchedFile(io.RawIOBase):
-    """A binary file for h5py's ``fileobj`` driver that stops at its first failed write."""
+    """A binary file for h5py's ``fileobj`` driver: HDF5's writes wait in memory until its
+    flush, which applies them all or none; after a failed flush nothing more is written."""
 
     def __init__(self, path: Path, fd: int):
         super().__init__()
@@ -134,8 +136,6 @@ class _LatchedFile(io.RawIOBase):
             try:
                 os.posix_fallocate(self.fd, lo, hi - lo)
             except OSError as e:
-                import errno
-
                 if errno.errorcode.get(e.errno or 0) not in _NO_FALLOCATE:
                     raise
 
