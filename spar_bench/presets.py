@@ -113,27 +113,38 @@ def get_preset(name: str) -> Preset:
     return PRESETS[name]
 
 
-def _per_source(table: dict[str, Any], sources: tuple[str, ...]) -> tuple[str, ...]:
-    """``{source: value}`` as ``("source=value", ...)`` for the sources the build has."""
-    return tuple(f"{s}={v}" for s, v in table.items() if s in sources)
+def _per_source(table: dict[str, Any], sources: tuple[str, ...], given: tuple[str, ...]) -> tuple[tuple, list]:
+    """A per-source option (``{source: value}``) merged into the entries ``given`` on the
+    command line (``("word=5",)``): the preset's entry of each built source that no given
+    entry names (an entry without ``SOURCE=`` names every source). Returns (the merged
+    entries, the sources whose preset entry was overridden)."""
+    named = {g.split("=", 1)[0] for g in given if "=" in g}
+    every = any("=" not in g for g in given)
+    mine = [(src, v) for src, v in table.items() if src in sources]
+    add = tuple(f"{src}={v}" for src, v in mine if not every and src not in named)
+    return tuple(given) + add, [src for src, _ in mine if every or src in named]
 
 
 def apply_build_preset(name: str, options: dict[str, Any], explicit: set[str]) -> tuple[dict[str, Any], dict]:
     """``spar-build`` options with the preset's filled in where not given explicitly, and the
-    record (``{"name", "options", "overridden"}``) the manifest keeps."""
+    record (``{"name", "options", "overridden"}``) the manifest keeps. A per-source option
+    (``--limit``) is merged per source: ``--limit word=5`` keeps the preset's ``lits=20``."""
     preset = get_preset(name)
     sources = tuple(options.get("source") or ())
     out, used, overridden = dict(options), {}, []
     for key, value in preset.build.items():
         if isinstance(value, dict):
-            value = _per_source(value, sources)
-            if not value:
-                continue
+            given = tuple(options.get(key) or ()) if key in explicit else ()
+            merged, lost = _per_source(value, sources, given)
+            overridden += [f"{key}[{src}]" for src in lost]
+            if merged[len(given):]:
+                out[key], used[key] = merged, list(merged[len(given):])
+            continue
         if key in explicit:
             overridden.append(key)
             continue
         out[key] = value
-        used[key] = list(value) if isinstance(value, tuple) else value
+        used[key] = value
     return out, {"name": preset.name, "options": used, "overridden": sorted(overridden)}
 
 

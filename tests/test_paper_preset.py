@@ -67,6 +67,12 @@ def test_apply_fills_missing_options_and_records_overrides():
                                "limit": ["lits=20"], "split_ratio": ["lits=0.7,0.1,0.2"]}}
     out, rec = apply_build_preset("paper", {**opts, "source": ("word",)}, set())
     assert out["limit"] == () and "limit" not in rec["options"]  # no LiTS in this build
+    out, rec = apply_build_preset("paper", {**opts, "limit": ("word=5",)}, {"limit"})
+    assert out["limit"] == ("word=5", "lits=20") and rec["options"]["limit"] == ["lits=20"]
+    out, rec = apply_build_preset("paper", {**opts, "limit": ("lits=3",)}, {"limit"})
+    assert out["limit"] == ("lits=3",) and "limit[lits]" in rec["overridden"]
+    out, rec = apply_build_preset("paper", {**opts, "limit": ("7",)}, {"limit"})  # every source
+    assert out["limit"] == ("7",) and "limit[lits]" in rec["overridden"]
     p, prec = apply_probe_preset("paper", {"seeds": "0", "lr": 0.01, "patience": None}, {"lr"})
     assert p == {"seeds": "0,1,2", "lr": 0.01, "patience": 8}  # fit has no --heads: skipped
     assert prec["overridden"] == ["lr"] and prec["options"] == {"seeds": "0,1,2", "patience": 8}
