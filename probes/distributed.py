@@ -111,8 +111,10 @@ def merge_parts(out: Path, parts: list[Path]) -> Path:
     """Merge the part files of a distributed cache into ``out`` (see module doc); return it."""
     import h5py
 
+    from spar_bench.h5files import open_h5
+
     tmp = out.with_name(out.name + ".merging")
-    with h5py.File(tmp, "w") as dst:
+    with open_h5(tmp, "w") as dst:  # a full disk: one clean OSError naming tmp
         for i, part in enumerate(parts):
             with h5py.File(part, "r") as src:
                 if not src.attrs.get("part_complete"):

@@ -8,7 +8,8 @@ disk). So HDF5 never writes to a disk here:
 * :func:`h5_image` builds a new file in memory (the ``core`` driver, no backing store)
   and gives its bytes, which the caller writes with plain Python I/O (a shard: the bytes
   are those h5py's default driver writes);
-* :func:`open_h5` opens a file written in place and resumed (a feature cache) through
+* :func:`open_h5` opens a file written in place and resumed (a feature cache; ``mode="w"``
+  a new one written straight through, the merge of a distributed cache) through
   h5py's ``fileobj`` driver and :class:`_LatchedFile`: the writes made since the last
   ``flush()`` stay in memory and are applied at the flush (and at the close) after their
   space is reserved with ``posix_fallocate``. A full disk fails the reservation: the file
@@ -38,15 +39,15 @@ class _LatchedFile(io.RawIOBase):
     """A binary file for h5py's ``fileobj`` driver: HDF5's writes wait in memory until its
     flush, which applies them all or none; after a failed flush nothing more is written."""
 
-    def __init__(self, path: Path, fd: int):
+    def __init__(self, path: Path, fd: int, *, through: bool = False):
         super().__init__()
-        self.path, self.fd = path, fd
+        self.path, self.fd, self.through = path, fd, through  # through: commit every write
         self.error: OSError | None = None
         self._pos = 0
         self._disk_size = os.fstat(self.fd).st_size  # what the disk holds (committed)
         self._size = self._disk_size  # what HDF5 sees
         self._pending: list[tuple[int, bytes]] = []
-        self._released = False
+        self._released = self._reported = False
 
     def __repr__(self) -> str:  # h5py names the file by it (``File.filename``, its messages)
         return str(self.path)
@@ -87,6 +88,11 @@ class _LatchedFile(io.RawIOBase):
             self._pending.append((self._pos, data))
         self._pos += len(data)
         self._size = max(self._size, self._pos)
+        if self.through and self.error is None:
+            try:
+                self._commit()
+            except OSError as e:  # raised from HDF5's write callback, an error crashes HDF5:
+                self._latch(e)  # it is raised at the next flush instead
         return len(data)
 
     def truncate(self, size: int | None = None) -> int:
@@ -96,8 +102,16 @@ class _LatchedFile(io.RawIOBase):
         return size
 
     def flush(self) -> None:
-        if self.error is None and not self._released:
-            self._guard(self._commit)
+        if self._released:
+            return
+        if self.error is None:
+            try:
+                self._commit()
+            except OSError as e:
+                self._latch(e)
+        if self.error is not None and not self._reported:
+            self._reported = True
+            raise self.error  # once: HDF5 survives an error from its flush, and closes
 
     def release(self) -> None:
         """Forget what is not committed; later flushes write nothing (the file is closed)."""
@@ -105,14 +119,10 @@ class _LatchedFile(io.RawIOBase):
         self.close()
 
     # -- committing ----------------------------------------------------------------------
-    def _guard(self, op) -> None:
-        """Run one commit; its first failure latches (and is raised to HDF5 once)."""
-        try:
-            op()
-        except OSError as e:
-            self.error = OSError(e.errno, e.strerror, str(self.path))
-            self._pending = []
-            raise self.error from None
+    def _latch(self, e: OSError) -> None:
+        """The first failed commit: remembered (naming the file); nothing more is written."""
+        self.error = OSError(e.errno, e.strerror, str(self.path))
+        self._pending = []
 
     def _commit(self) -> None:
         """Reserve the space of the pending writes, then apply them (or leave the disk as it was)."""
@@ -175,8 +185,12 @@ def h5_image(fill: Callable[[Any], None], **kwargs: Any) -> bytes:
 
 
 @contextmanager
-def open_h5(path: str | Path, **kwargs: Any) -> Iterator[Any]:
-    """``h5py.File(path, "a", **kwargs)`` whose flushes are applied whole or not at all.
+def open_h5(path: str | Path, mode: str = "a", **kwargs: Any) -> Iterator[Any]:
+    """``h5py.File(path, mode, **kwargs)`` whose flushes are applied whole or not at all.
+
+    ``mode="w"`` starts a new file that is written through (each write applied at once,
+    memory stays flat): one renamed into place when complete (a merge), for which a torn
+    file is no loss.
 
     Raises:
         OSError: the first failed flush (errno set, ``filename`` the file), after HDF5
@@ -185,9 +199,9 @@ def open_h5(path: str | Path, **kwargs: Any) -> Iterator[Any]:
     import h5py
 
     path = Path(path)
-    new = not path.exists() or path.stat().st_size == 0  # 0 bytes: its first flush failed
+    new = mode == "w" or not path.exists() or path.stat().st_size == 0  # 0 bytes: a failed first flush
     fd = os.open(path, os.O_RDWR | os.O_CREAT | (os.O_TRUNC if new else 0), 0o666)
-    raw = _LatchedFile(path, fd)
+    raw = _LatchedFile(path, fd, through=mode == "w")
     try:
         try:
             with h5py.File(raw, "w" if new else "a", **kwargs) as f:

@@ -590,3 +590,55 @@ def test_a_full_disk_opening_the_vqa_response_cache_says_free_space_not_delete_i
     with pytest.raises(ConfigError) as e:
         ResponseCache(tmp_path / "c.sqlite")
     assert "free space and rerun" in str(e.value) and "delete" not in str(e.value)
+
+
+def test_a_full_disk_in_the_merge_of_a_distributed_cache_is_one_error_and_the_rerun_merges(
+        tmp_path, monkeypatch):
+    """Rank 0 merges the parts into OUT.merging with every HDF5 write applied at once: a full
+    disk there is an OSError naming that file (no HDF5 crash), the parts stay, a rerun merges."""
+    import h5py
+    import numpy as np
+
+    from spar_bench.builder.synthetic import write_synthetic_build
+    from spar_bench.probes import cache as cache_mod
+    from spar_bench.probes.cache import write_cache
+    from spar_bench.probes.distributed import all_parts, merge_parts
+
+    kw = dict(dtype="fp32", compute="fp32", batch=3, progress=False, device="cpu", workers=0)
+    data = write_synthetic_build(tmp_path / "b", 12, shard_size=5)
+    single = write_cache("dummy", data, tmp_path / "one.h5", **kw)
+    made = tmp_path / "parts" / "two.h5"
+    made.parent.mkdir()
+    monkeypatch.setattr(cache_mod, "barrier", lambda ranks, timeout: None)  # ranks run in turn
+    monkeypatch.setattr(cache_mod, "merge_parts", lambda out, parts: None)  # parts only
+    for rank in (1, 0):
+        for var in ("RANK", "LOCAL_RANK"):
+            monkeypatch.setenv(var, str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        write_cache("dummy", data, made, **kw)
+
+    def merge(folder: str, fail_at: int | None = None) -> list[tuple[str, str]]:
+        out = tmp_path / folder / "two.h5"
+        if not out.parent.exists():
+            out.parent.mkdir()
+            for p in all_parts(made, 2):
+                shutil.copy(p, out.parent / p.name)
+        with monkeypatch.context() as mp:
+            fills = DiskFills(mp, out.parent, fail_at=fail_at)
+            merge_parts(out, all_parts(out, 2))
+        return fills.events
+
+    writes = [i for i, (site, p) in enumerate(merge("count")) if site.startswith("h5-flush") and p == "two.h5.merging"]
+    assert len(writes) > 3
+    for k in (writes[0], writes[len(writes) // 2], writes[-1]):
+        with pytest.raises(OSError) as e:
+            merge(f"fail{k}", fail_at=k)
+        out = tmp_path / f"fail{k}" / "two.h5"
+        assert e.value.errno == errno.ENOSPC and e.value.filename == str(out) + ".merging"
+        assert not out.exists() and all(p.is_file() for p in all_parts(out, 2))  # kept for a rerun
+        merge(f"fail{k}")  # space freed: the rerun merges
+        with h5py.File(out) as a, h5py.File(single) as b:
+            assert a.attrs["complete"]
+            for lv in b:
+                for sp in b[lv]:
+                    assert np.array_equal(a[f"{lv}/{sp}/layer-1/tokens"][()], b[f"{lv}/{sp}/layer-1/tokens"][()])
