@@ -30,7 +30,7 @@ from spar_bench.provenance import protocol_versions
 
 from ..runspec import differences, run_folder, variant_text
 from .config import NOT_NAMED, FinetuneConfig
-from .loop import BEST, CHECKPOINT, Split, Trainer, run_key
+from .loop import BEST, CHECKPOINT, Split, Trainer, load_saved, run_key
 from .model import EXPORT_FILE, export_encoder, freeze_blocks, load_trainable
 
 RUN_FILES = frozenset({"config.json", "head.pt", "metrics.json", "metrics.json.tmp", EXPORT_FILE,
@@ -124,8 +124,14 @@ def _new_head(encoding, head: str, spec, kind: str, seed: int, head_cfg: dict, t
 def _encoding(encoder: str, build, seed: int, cfg: FinetuneConfig, *, weights, init, model_kwargs,
               revision=None):
     """The trainable encoder on its device (channels-last for CNNs), and its precision."""
-    enc = load_trainable(encoder, weights=weights, init=init, seed=seed, model_kwargs=model_kwargs,
-                         revision=revision)
+    try:
+        enc = load_trainable(encoder, weights=weights, init=init, seed=seed, model_kwargs=model_kwargs,
+                             revision=revision)
+    except TypeError as e:  # the model's constructor refuses a key of --model-args
+        if not model_kwargs or "keyword argument" not in str(e):
+            raise
+        raise ConfigError(f"--model-args {json.dumps(model_kwargs)}: {encoder} refuses them ({e}); check "
+                          "the keys' spelling against the model's constructor") from None  # fmt: skip
     freeze_blocks(enc, cfg.freeze_blocks)
     return _encoding_of(enc, build, cfg)
 
@@ -432,8 +438,6 @@ def run_eval_reencoded(run: str | Path, data: str | Path, n_boot: int = 1000, de
     holds this evaluation, refused when another, unless ``overwrite``). ``encoder``: the path
     of a local model again (:func:`load_run_encoder`).
     """
-    import torch
-
     from spar_bench.builder.shards import Build
     from spar_bench.provenance import json_safe
     from spar_bench.seeding import derive_seed
@@ -448,7 +452,7 @@ def run_eval_reencoded(run: str | Path, data: str | Path, n_boot: int = 1000, de
     rd = Path(run)
     if not (rd / EXPORT_FILE).is_file() or not (rd / "metrics.json").is_file():
         raise ConfigError(f"{rd}: not a finished finetune run (needs {EXPORT_FILE} and metrics.json)")
-    saved = torch.load(rd / "head.pt", map_location="cpu", weights_only=False)
+    saved = load_saved(rd / "head.pt", "head", "train the run again (finetune --overwrite)")
     c = saved["config"]
     spec = get_probe(c["probe"])
     head = build_head(c["head"], spec, c["in_dim"], c["n_tokens"], **c["head_config"])
