@@ -27,7 +27,6 @@ import os
 import shutil
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
-from concurrent.futures import as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -572,12 +571,12 @@ def _run_cases(config: BuildConfig, refs, cases_dir: Path, sample: dict) -> dict
             for job in todo:
                 accept(process_one(job))
         else:
-            from spar_bench.procs import process_pool
+            from spar_bench.procs import completed, process_pool
 
-            # spawn workers, terminated on any exception (a kill, an error): none outlives us
+            # spawn workers that die with us, killed on any exception (a signal, an error)
             with process_pool(config.workers) as pool:
                 futures = [pool.submit(process_one, job) for job in todo]
-                for fut in as_completed(futures):
+                for fut in completed(futures):
                     accept(fut.result())
     finally:
         bar.close()

@@ -33,7 +33,7 @@ import numpy as np
 from spar_bench.errors import ConfigError, IntegrityError
 from spar_bench.provenance import CACHE_PACKAGES, package_versions
 
-from .distributed import Ranks, all_parts, barrier, merge_parts, part_path
+from .distributed import Ranks, all_parts, barrier, die_with_launcher, merge_parts, part_path
 from .hardware import COMPUTE_DTYPES, Precision, pick_compute, pick_device
 
 CACHE_SCHEMA = "1.0"
@@ -543,6 +543,7 @@ def _fill(target: Path, build, plan, enc, args: dict, meta: dict, batch: int, ra
 def cache_command(encoder, weights, random_init, revision, data, out, levels, splits, layers,
                   device, batch, dtype, compute, workers, overwrite, tile_encoding) -> None:
     """Encode every image of a build and store tokens + pooled vectors (resumable)."""
+    die_with_launcher()  # a torchrun rank ends with torchrun, however torchrun ends
     split_list = lambda s: [v for v in s.split(",") if v] if s else None  # noqa: E731
     path = write_cache(
         encoder, data, out, weights=weights, random_init=random_init, revision=revision,

@@ -14,6 +14,7 @@ DDP; these rules make that impossible):
   the parts into ``OUT.merging``, checks that every row is done exactly once, marks it
   complete, renames it to ``OUT`` and deletes the parts. A failed rank therefore leaves no
   ``OUT``, only parts that a rerun of the same command resumes.
+* Every rank dies with torchrun (:func:`die_with_launcher`), even when torchrun is killed.
 
 The merged cache holds the same arrays and metadata as a one-process cache of the same
 arguments (tested with 2 CPU processes on gloo).
@@ -62,6 +63,20 @@ class Ranks:
     def owns(self, batch_index: int) -> bool:
         """Whether batch number ``batch_index`` of the plan is this rank's."""
         return batch_index % self.world == self.rank
+
+
+def die_with_launcher() -> None:
+    """Under torchrun, make this rank die with its launcher (:func:`spar_bench.procs.die_with_parent`).
+
+    torchrun starts each rank in a session of its own: a Ctrl-C or SIGTERM reaches torchrun,
+    which passes SIGTERM on (each rank exits 143 after its cleanup), but a SIGKILL of torchrun
+    would leave the ranks running under PID 1. Outside torchrun (``TORCHELASTIC_RUN_ID``
+    unset) nothing changes.
+    """
+    if os.environ.get("TORCHELASTIC_RUN_ID"):
+        from spar_bench.procs import die_with_parent
+
+        die_with_parent()
 
 
 def part_path(out: Path, ranks: Ranks) -> Path:

@@ -10,7 +10,9 @@ options apply to the heads that have them.
 Runs are independent processes (a ``spawn`` process pool; each worker uses ``--threads``
 torch threads, 1 by default, so ``--jobs 2`` keeps both cores of a small machine busy
 without oversubscription). A run whose ``metrics.json`` exists is skipped, so an
-interrupted sweep resumes where it stopped. Token heads are scheduled first (they take
+interrupted sweep resumes where it stopped. SIGTERM or Ctrl-C stops the sweep and its
+processes at once (:mod:`spar_bench.procs`); the runs they were training have no
+``metrics.json`` and are trained again by the rerun. Token heads are scheduled first (they take
 longest).
 
 Spreading a sweep over machines (docs/SCALE.md): every run has an id, its folder relative
@@ -155,23 +157,30 @@ def run_sweep(jobs: list[Job], n_jobs: int = 2, batched: bool = False, prune_at:
         units = batches(todo, batched)
     if done:
         click.echo(f"skipping {len(done)} finished run(s)")
-    results = []
+    results: list[JobResult] = []
     bar = tqdm(total=sum(len(u) for u in units), desc="sweep", unit="run")
+    try:
+        _run_units(units, n_jobs, prune_at, results, bar)
+    finally:
+        bar.close()  # before the line of a stop (SIGINT, SIGTERM)
+    return results
+
+
+def _run_units(units: list[list[Job]], n_jobs: int, prune_at: int, results: list[JobResult], bar) -> None:
+    """Run ``units`` here (``n_jobs`` 1) or in :func:`spar_bench.procs.process_pool`, whose workers
+    die with this process and are killed by a signal or an error (nothing queued runs after)."""
     if n_jobs <= 1 or len(units) <= 1:
         for u in units:
             results.extend(run_batch(u, prune_at))
             bar.update(len(u))
-    else:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor, as_completed
+        return
+    from spar_bench.procs import completed, process_pool
 
-        with ProcessPoolExecutor(max_workers=n_jobs, mp_context=mp.get_context("spawn")) as ex:
-            futures = [ex.submit(run_batch, u, prune_at) for u in units]
-            for f in as_completed(futures):
-                results.extend(f.result())
-                bar.update(len(results) - bar.n)
-    bar.close()
-    return results
+    with process_pool(n_jobs) as ex:
+        futures = [ex.submit(run_batch, u, prune_at) for u in units]
+        for f in completed(futures):
+            results.extend(f.result())
+            bar.update(len(results) - bar.n)
 
 
 def make_jobs(features: str, heads: list[str], probes: list[str], seeds: list[int], options: dict,

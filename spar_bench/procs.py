@@ -1,11 +1,15 @@
 """Worker processes that never outlive the command that started them.
 
 :func:`process_pool` is the one way SPAR-Bench runs work in other processes (the build's
-cases, the Parquet conversion). Its workers start with ``spawn`` (a forked child deadlocks
-on thread pools, torch or BLAS, that the parent already started) and ignore SIGINT, so a
-Ctrl-C reaches the parent only; when the parent leaves the pool by any exception
-(KeyboardInterrupt from SIGINT, SystemExit from SIGTERM, an error), pending work is
-cancelled and every worker is terminated before the exception goes on.
+cases, the Parquet conversion, the sweep's runs). Its workers start with ``spawn`` (a forked
+child deadlocks on thread pools, torch or BLAS, that the parent already started), ignore
+SIGINT and SIGTERM (a Ctrl-C or ``scancel`` reaches the whole process group: the parent
+alone decides, so it never sees a worker vanish first) and die with the parent
+(:func:`die_with_parent`: even a SIGKILL of the parent takes them along). When the parent
+leaves the pool by any exception (KeyboardInterrupt from SIGINT, SystemExit from SIGTERM,
+an error), pending work is cancelled and every worker is killed before the exception goes
+on. :func:`completed` waits for futures in slices, so a signal is handled within a
+fraction of a second whichever thread the kernel gave it to.
 
 :func:`exit_on_sigterm` turns SIGTERM into ``SystemExit(143)`` in the main thread, so
 ``finally`` blocks and this pool's cleanup run instead of the process vanishing and
@@ -15,41 +19,114 @@ leaving its workers hung under PID 1.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
+import sys
 import threading
-from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
+import time
+from collections.abc import Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 
+from spar_bench.errors import SparError
 
-def _ignore_sigint() -> None:
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _set_pdeathsig(sig: int) -> bool:
+    """Linux: the kernel sends ``sig`` to this process when its parent exits; False elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _watch_parent(parent: int, interval_s: float = 0.5) -> None:
+    """Where no prctl exists: a daemon thread that ends the process when ``parent`` is gone."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval_s)
+        os._exit(128 + signal.SIGKILL)
+
+    threading.Thread(target=watch, name="spar-parent-watchdog", daemon=True).start()
+
+
+def die_with_parent(parent: int | None = None) -> None:
+    """Make this process die (SIGKILL) when its parent ``parent`` (default: the present one) does.
+
+    On Linux the kernel does it (``PR_SET_PDEATHSIG``; it fires when the parent *thread* that
+    started us ends, so start workers from a thread that outlives them, as the main thread
+    does); elsewhere a watchdog thread polls the parent pid. A parent already gone: exit now.
+    """
+    parent = os.getppid() if parent is None else parent
+    if not _set_pdeathsig(signal.SIGKILL):
+        _watch_parent(parent)
+    if os.getppid() != parent:  # the parent died before the prctl took effect
+        os._exit(128 + signal.SIGKILL)
+
+
+def _thread_lock_for_tqdm() -> None:
+    """tqdm's first bar in a process makes a multiprocessing lock, a named semaphore that a
+    worker killed at a stop leaves for the resource tracker to remove (with a warning on the
+    user's terminal). In a spawn worker no other process shares it: a thread lock does."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return
+    tqdm.set_lock(threading.RLock())
+
+
+def _init_worker(parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    die_with_parent(parent)
+    _thread_lock_for_tqdm()
 
 
 def _terminate(pool: ProcessPoolExecutor) -> None:
     procs = list((getattr(pool, "_processes", None) or {}).values())
     pool.shutdown(wait=False, cancel_futures=True)
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-    for p in procs:
-        p.join(timeout=5)
+    for p in procs:  # they ignore SIGTERM: their work is lost anyway, so SIGKILL
         if p.is_alive():
             p.kill()
-            p.join(timeout=5)
+    for p in procs:
+        p.join(timeout=10)
 
 
 @contextmanager
 def process_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
-    """A ``spawn`` ProcessPoolExecutor of ``workers`` processes, terminated on any exception."""
+    """A ``spawn`` ProcessPoolExecutor of ``workers`` processes that die with this one, killed on
+    any exception; a worker killed from outside (out of memory) is one :class:`SparError` line."""
     ctx = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_ignore_sigint)
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
+                               initargs=(os.getpid(),))
     try:
         yield pool
+    except BrokenProcessPool:
+        _terminate(pool)
+        raise SparError("a worker process died (killed from outside, e.g. out of memory); "
+                        "rerun the same command to resume") from None
     except BaseException:
         _terminate(pool)
         raise
     pool.shutdown(wait=True)
+
+
+def completed(futures: Iterable[Future], poll_s: float = 0.5) -> Iterator[Future]:
+    """Like ``as_completed``, but the main thread wakes every ``poll_s`` so that a signal that
+    the kernel gave another thread (a pool's manager or feeder) is still handled at once."""
+    pending = list(futures)
+    while pending:
+        done, _ = wait(pending, timeout=poll_s, return_when=FIRST_COMPLETED)
+        yield from (f for f in pending if f in done)  # submission order among the done
+        pending = [f for f in pending if f not in done]
 
 
 def _raise_exit(signum: int, _frame) -> None:
