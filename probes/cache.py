@@ -35,6 +35,7 @@ from spar_bench.provenance import CACHE_PACKAGES, package_versions
 
 from .distributed import Ranks, all_parts, barrier, die_with_launcher, merge_parts, part_path
 from .hardware import COMPUTE_DTYPES, Precision, pick_compute, pick_device
+from .token_storage import Moments, Projection, Reducer, TokenStorage, random_projection
 
 CACHE_SCHEMA = "1.0"
 STORAGE_DTYPES = {"fp16": "float16", "fp32": "float32"}
@@ -225,36 +226,56 @@ def _finish(f, path: Path, plan: list[tuple[str, str]], batch: int, ranks: Ranks
 def _store_batch(f, item: Item, res: dict, *, dtype: str, where: str) -> None:
     """Copy one batch's features to the host in the storage dtype, check them, write, flush.
 
-    The cast happens on the device (half the bytes to copy for fp16; IEEE rounding is the
-    same as numpy's). ``done`` is set only after the features are written.
+    ``res``: ``{layer: {"tokens", "pooled"[, "token_scale"]}}`` (:func:`_reduced`). Float
+    arrays are cast on the device (half the bytes to copy for fp16; IEEE rounding is the same
+    as numpy's); int8 tokens and their float32 scales are written as they are. ``done`` is
+    set only after the features are written.
     """
+    lv, sp, lo, hi = item
+    g = f[f"{lv}/{sp}"]
+    n = g["done"].shape[0]
+    for v, arrays in res.items():
+        host = {k: _to_host(k, t, dtype) for k, t in arrays.items()}
+        if not all(np.isfinite(a).all() for a in host.values() if a.dtype.kind == "f"):
+            _non_finite(arrays, where, v, item, dtype)
+        name = f"layer{v}"
+        if name not in g:
+            _create_layer(g.create_group(name), n, host)
+        for k, a in host.items():
+            g[name][k][lo:hi] = a
+    g["done"][lo:hi] = True
+    f.flush()
+
+
+def _to_host(name: str, t, dtype: str) -> np.ndarray:
+    """One array of a batch on the host, in the dtype it is stored in."""
+    import torch
+
+    if t.dtype == torch.int8 or name == "token_scale":
+        return t.cpu().numpy()
+    return t.to(torch.float16 if dtype == "fp16" else torch.float32).cpu().numpy()
+
+
+def _non_finite(arrays: dict, where: str, v: int, item: Item, dtype: str) -> None:
     import torch
 
     lv, sp, lo, hi = item
-    store = np.dtype(STORAGE_DTYPES[dtype])
-    store_t = torch.float16 if store == np.float16 else torch.float32
-    g = f[f"{lv}/{sp}"]
-    n = g["done"].shape[0]
-    for v, (raw_t, raw_p) in res.items():
-        toks, pooled = raw_t.to(store_t).cpu().numpy(), raw_p.to(store_t).cpu().numpy()
-        if not (np.isfinite(toks).all() and np.isfinite(pooled).all()):
-            own = not (bool(torch.isfinite(raw_t).all()) and bool(torch.isfinite(raw_p).all()))
-            raise IntegrityError(
-                f"{where} layer {v} gave non-finite features for {lv}/{sp} rows {lo}..{hi - 1}"
-                + (" (the encoder itself output NaN or inf, before storage: check its weights and "
-                   "inputs, or --compute fp32)" if own else " (fp16 overflow of its finite output: use --dtype fp32)")
-            )
-        name = f"layer{v}"
-        if name not in g:
-            lg = g.create_group(name)
-            lg.create_dataset("tokens", shape=(n, *toks.shape[1:]), dtype=store, chunks=(1, *toks.shape[1:]))
-            rows_per_mb = max(1, (1 << 20) // (pooled.shape[1] * store.itemsize))
-            lg.create_dataset("pooled", shape=(n, pooled.shape[1]), dtype=store,
-                              chunks=(min(n, rows_per_mb), pooled.shape[1]))
-        g[name]["tokens"][lo:hi] = toks
-        g[name]["pooled"][lo:hi] = pooled
-    g["done"][lo:hi] = True
-    f.flush()
+    own = not all(bool(torch.isfinite(t).all()) for t in arrays.values() if t.is_floating_point())
+    raise IntegrityError(
+        f"{where} layer {v} gave non-finite features for {lv}/{sp} rows {lo}..{hi - 1}"
+        + (" (the encoder itself output NaN or inf, before storage: check its weights and "
+           "inputs, or --compute fp32)" if own else " (fp16 overflow of its finite output: use --dtype fp32)")
+    )
+
+
+def _create_layer(lg, n: int, host: dict[str, np.ndarray]) -> None:
+    """A layer's datasets: tokens (and their int8 scales) one row per chunk; pooled ~1 MB chunks."""
+    for k, a in host.items():
+        if k == "pooled":
+            rows_per_mb = max(1, (1 << 20) // (a.shape[1] * a.dtype.itemsize))
+            lg.create_dataset(k, shape=(n, a.shape[1]), dtype=a.dtype, chunks=(min(n, rows_per_mb), a.shape[1]))
+        else:
+            lg.create_dataset(k, shape=(n, *a.shape[1:]), dtype=a.dtype, chunks=(1, *a.shape[1:]))
 
 
 def check_space(path: Path, res: dict, item: Item, rows: int, dtype: str) -> None:
@@ -268,11 +289,14 @@ def check_space(path: Path, res: dict, item: Item, rows: int, dtype: str) -> Non
     """
     import shutil
 
+    import torch
+
     from spar_bench.outputs import DiskFullError
 
-    itemsize = np.dtype(STORAGE_DTYPES[dtype]).itemsize
+    floats = np.dtype(STORAGE_DTYPES[dtype]).itemsize
     n = max(item[3] - item[2], 1)
-    per_row = sum((toks.numel() + pooled.numel()) * itemsize / n for toks, pooled in res.values())
+    per_row = sum(t.numel() * (1 if t.dtype == torch.int8 else 4 if k == "token_scale" else floats) / n
+                  for arrays in res.values() for k, t in arrays.items())
     need, free = int(per_row * rows), shutil.disk_usage(path.parent).free
     if need > free:
         raise DiskFullError(
@@ -291,7 +315,8 @@ def _size(n: int) -> str:
 
 def _encode_items(f, build, items: list[Item], enc, layers: list[int], *, dev, comp: str, dtype: str,
                   workers: int, where: str, desc: str, progress: bool,
-                  on_batch: Callable[[str, str, int, int], None] | None, tile_encoding: str = "mosaic") -> None:
+                  on_batch: Callable[[str, str, int, int], None] | None, tile_encoding: str = "mosaic",
+                  reduce: Reducer | None = None) -> None:
     """Encode ``items`` and store them, reads, compute and writes overlapping.
 
     One DataLoader (one set of reader workers) serves every level and split; one writer
@@ -301,10 +326,13 @@ def _encode_items(f, build, items: list[Item], enc, layers: list[int], *, dev, c
     import torch
     from tqdm.auto import tqdm
 
+    from spar_bench.procs import init_loader_worker
+
     amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(comp)
     loader = torch.utils.data.DataLoader(
         _Batches(build, items), batch_size=None, shuffle=False, num_workers=workers,
         pin_memory=dev.type == "cuda", prefetch_factor=4 if workers else None,
+        worker_init_fn=init_loader_worker,
     )
 
     def store(item: Item, res: dict) -> None:
@@ -323,6 +351,7 @@ def _encode_items(f, build, items: list[Item], enc, layers: list[int], *, dev, c
                 item = items[int(i)]
                 with torch.autocast(dev.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
                     res = _encode(enc, item[0], images.to(dev, non_blocking=True), layers, tile_encoding)
+                res = (reduce or Reducer.identity())(item[0], res)
                 if not seen:
                     check_space(Path(f.filename), res, item, sum(hi - lo for _, _, lo, hi in items), dtype)
                 pending.append(writer.submit(store, item, res))
@@ -371,12 +400,15 @@ def write_cache(
     encoder_obj: Any = None,
     on_batch: Callable[[str, str, int, int], None] | None = None,
     tile_encoding: str = "mosaic",
+    token_storage: TokenStorage | None = None,
 ) -> Path:
     """Write (or resume) the feature cache of ``encoder`` over the build ``data`` at ``out``.
 
     ``encoder_obj`` lets a caller pass an already-built :class:`spar_bench.probes.encoders.base.Encoder`
     (its spec is what gets recorded). ``on_batch(level, split, lo, hi)`` is called after each
-    batch is flushed. ``tile_encoding``: :data:`TILE_ENCODINGS` (docs/FORMATS.md). Returns ``out``.
+    batch is flushed. ``tile_encoding``: :data:`TILE_ENCODINGS` (docs/FORMATS.md).
+    ``token_storage``: the reductions of the stored tokens (:mod:`.token_storage`; none by
+    default). Returns ``out``.
     """
     from spar_bench.builder.shards import Build
     from spar_bench.locks import output_lock
@@ -414,6 +446,10 @@ def write_cache(
     }
     if tile_encoding == "per-tile":  # recorded only when asked: older mosaic caches still resume
         args["tile_encoding"] = tile_encoding
+    storage = token_storage or TokenStorage()
+    storage.check_encoder(spec.n_prefix, spec.grid, spec.dim or 0, f"{out}: {spec.name}")
+    if not storage.identity:  # likewise: full-token caches keep their arguments
+        args["token_storage"] = storage.to_dict()
     with disk_full_is_an_error(target, rerun="rerun the same command (it resumes)"), \
             output_lock(target, what="feature cache (spar-probe cache)"):
         if overwrite and claim(out, overwrite=True, owned=owned_cache, what="feature cache"):
@@ -422,7 +458,7 @@ def write_cache(
         _write_locked(out, target, build, plan, enc, args, batch, ranks, precision, data, dict(
             layers=layers, dev=dev, comp=comp, dtype=dtype, workers=workers,
             where=f"{target}: {spec.name}", desc=spec.name, progress=progress, on_batch=on_batch,
-            tile_encoding=tile_encoding))
+            tile_encoding=tile_encoding, storage=storage))
     return out
 
 
@@ -462,7 +498,7 @@ def _write_locked(out: Path, target: Path, build, plan, enc, args: dict, batch: 
         "compute_dtype": comp, "compute_reason": precision.reason, "versions": package_versions(CACHE_PACKAGES),
         "dataset_fingerprint": build.fingerprint, "dataset_dir": _relative_dir(data, out),
         "layers": layers, "cache_args": json.dumps(args, sort_keys=True), "complete": False,
-        "tile_encoding": fill["tile_encoding"],
+        "tile_encoding": fill["tile_encoding"], "token_storage": fill["storage"].to_dict(),
     }
     if fill["tile_encoding"] == "per-tile":
         meta["tile_layout"] = tile_layout(spec)
@@ -514,8 +550,94 @@ def _fill(target: Path, build, plan, enc, args: dict, meta: dict, batch: int, ra
                 f.attrs[k] = _attr(v)
         items = _pending_items(f, build, plan, batch, ranks)
         if items:
-            _encode_items(f, build, items, enc, **fill)
+            storage = fill["storage"]
+            reducer = _reducer(enc, storage, fill["tile_encoding"])
+            if storage.proj is not None:
+                reducer.projections = _projections(f, build, plan, enc, reducer, batch, fill)
+            _encode_items(f, build, items, enc, reduce=reducer,
+                          **{k: v for k, v in fill.items() if k != "storage"})
         _finish(f, target, plan, batch, ranks)
+
+
+def _reducer(enc, storage: TokenStorage, tile_encoding: str) -> Reducer:
+    from spar_bench.builder.schema import TILE_GRID
+
+    tiled = TILED_LEVELS if tile_encoding == "per-tile" else ()
+    return Reducer(storage, enc.spec.n_prefix, enc.spec.grid, None, tiled, TILE_GRID * TILE_GRID)
+
+
+#: training images encoded to fit a PCA token projection (evenly spaced blocks of each train split)
+PCA_FIT_IMAGES = 512
+
+
+def _projections(f, build, plan, enc, reducer: Reducer, batch: int, fill: dict) -> dict[int, Projection]:
+    """``{layer: Projection}``: read from the file when a run already fitted them, else fitted
+    (PCA: on training images only; random: from the encoder's name and the layer) and stored
+    under ``/token_projection/layer<L>`` before the first token is written."""
+    if "token_projection" in f:
+        g = f["token_projection"]
+        return {v: Projection(g[f"layer{v}/mean"][()], g[f"layer{v}/components"][()]) for v in fill["layers"]}
+    storage, k = reducer.storage, reducer.storage.proj_dim
+    if storage.proj_kind == "random":
+        from spar_bench.seeding import derive_seed
+
+        dims = {v: _layer_dim(enc, v, fill["dev"]) for v in fill["layers"]}
+        fitted = {v: Projection(*random_projection(dims[v], k, derive_seed(0, "token-projection", enc.spec.name, v)))
+                  for v in fill["layers"]}
+    else:
+        fitted = _fit_pca(build, plan, enc, reducer, batch, fill)
+    for v, proj in fitted.items():
+        if proj.components.shape[1] != k:
+            raise ConfigError(f"{f.filename}: --token-proj {storage.proj}: layer {v} has only "
+                              f"{proj.components.shape[0]} dimensions")
+        g = f.require_group(f"token_projection/layer{v}")
+        g.create_dataset("mean", data=proj.mean)
+        g.create_dataset("components", data=proj.components)
+        g.attrs["fitted_on"] = "train" if storage.proj_kind == "pca" else "seed"
+    return fitted
+
+
+def _layer_dim(enc, layer: int, dev) -> int:
+    """The token width of ``layer`` (one forward of a blank image when the spec does not say it)."""
+    import torch
+
+    if layer == -1 and enc.spec.dim:
+        return int(enc.spec.dim)
+    with torch.no_grad():
+        toks, _ = enc(torch.zeros(1, 224, 224, dtype=torch.uint8, device=dev), [layer])[layer]
+    return int(toks.shape[-1])
+
+
+def _fit_pca(build, plan, enc, reducer: Reducer, batch: int, fill: dict) -> dict[int, Projection]:
+    """PCA of grid-pooled tokens of about :data:`PCA_FIT_IMAGES` training images per layer."""
+    import torch
+
+    train = [(lv, sp) for lv, sp in plan if sp == "train"]
+    if not train:
+        raise ConfigError("--token-proj pca: the cache's plan has no train split to fit it on; "
+                          "add the train split (--splits) or use random:K")
+    items = _sample_blocks(build, train, batch, PCA_FIT_IMAGES // len(train))
+    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(fill["comp"])
+    moments: dict[int, Moments] = {v: Moments() for v in fill["layers"]}
+    for lv, sp, lo, hi in items:
+        _, images = next(build.iter_images(lv, sp, hi - lo, start=lo))
+        with torch.no_grad(), torch.autocast(fill["dev"].type, dtype=amp or torch.float32, enabled=amp is not None):
+            res = _encode(enc, lv, torch.from_numpy(np.ascontiguousarray(images)).to(fill["dev"]),
+                          fill["layers"], fill["tile_encoding"])
+        for v, (toks, _) in res.items():
+            moments[v].update(reducer.pool(lv, toks))
+    return {v: m.pca(reducer.storage.proj_dim) for v, m in moments.items()}
+
+
+def _sample_blocks(build, pairs: list[tuple[str, str]], batch: int, per_split: int) -> list[Item]:
+    """About ``per_split`` rows of each (level, split), as evenly spaced blocks of ``batch`` rows."""
+    items: list[Item] = []
+    for lv, sp in pairs:
+        n = build.count(lv, sp)
+        blocks = max(1, min(n // max(batch, 1), -(-per_split // max(batch, 1))))
+        starts = np.linspace(0, max(n - batch, 0), blocks).round().astype(int) if n else []
+        items += [(lv, sp, int(lo), int(min(lo + batch, n))) for lo in sorted(set(starts))]
+    return items
 
 
 @click.command("cache")
@@ -540,8 +662,17 @@ def _fill(target: Path, build, plan, enc, args: dict, meta: dict, batch: int, ra
 @click.option("--tile-encoding", type=click.Choice(TILE_ENCODINGS), default="mosaic", show_default=True,
               help="Levels 1-2: encode each mosaic whole, or each 56-pixel tile resized to the encoder's "
                    "input and encoded alone (the 16 token sets stacked; pooled: the 16 vectors side by side).")
+@click.option("--token-grid", type=int, default=None,
+              help="Pool each token grid to G x G by area averaging before storing (e.g. 37x37 -> 14); "
+                   "prefix tokens are kept.")
+@click.option("--token-proj", default=None,
+              help="Project stored tokens to K dimensions: pca:K (fitted on training images only) or "
+                   "random:K (seeded); the map is stored in the cache.")
+@click.option("--token-int8", is_flag=True,
+              help="Store tokens as int8 with one scale per row and channel (dequantised on read).")
 def cache_command(encoder, weights, random_init, revision, data, out, levels, splits, layers,
-                  device, batch, dtype, compute, workers, overwrite, tile_encoding) -> None:
+                  device, batch, dtype, compute, workers, overwrite, tile_encoding,
+                  token_grid, token_proj, token_int8) -> None:
     """Encode every image of a build and store tokens + pooled vectors (resumable)."""
     die_with_launcher()  # a torchrun rank ends with torchrun, however torchrun ends
     split_list = lambda s: [v for v in s.split(",") if v] if s else None  # noqa: E731
@@ -549,6 +680,6 @@ def cache_command(encoder, weights, random_init, revision, data, out, levels, sp
         encoder, data, out, weights=weights, random_init=random_init, revision=revision,
         levels=split_list(levels), splits=split_list(splits), layers=layers, device=device,
         batch=batch, dtype=dtype, compute=compute, workers=workers, overwrite=overwrite,
-        tile_encoding=tile_encoding,
+        tile_encoding=tile_encoding, token_storage=TokenStorage.parse(token_grid, token_proj, token_int8),
     )
     click.echo(str(path))

@@ -194,14 +194,57 @@ class Projection:
         return (tokens.float() - mean) @ comps
 
 
-def reduce_tokens(storage: TokenStorage, tokens: torch.Tensor, n_prefix: int,
-                  grid: tuple[int, int] | None, projection: Projection | None) -> dict[str, torch.Tensor]:
-    """The arrays to write for one batch: ``{"tokens": ..., ["token_scale": ...]}``."""
-    if storage.grid is not None:
-        tokens = pool_grid(tokens, n_prefix, grid, storage.grid)
-    if projection is not None:
-        tokens = projection.apply(tokens)
-    if storage.int8:
-        q, scale = quantise_int8(tokens)
-        return {"tokens": q, "token_scale": scale}
-    return {"tokens": tokens}
+def patch_grid(n_tokens: int, n_prefix: int, grid: tuple[int, int] | None) -> tuple[int, int]:
+    """The patch grid of a token set of ``n_tokens``: the encoder's, else the square one."""
+    import math
+
+    patches = n_tokens - n_prefix
+    if grid is not None and grid[0] * grid[1] == patches:
+        return tuple(grid)
+    side = math.isqrt(patches)
+    if side * side != patches:
+        raise ConfigError(f"--token-grid: a layer of {n_tokens} tokens ({n_prefix} prefix) has no "
+                          "square patch grid to pool; drop --token-grid for this encoder")
+    return side, side
+
+
+@dataclass
+class Reducer:
+    """Applies a :class:`TokenStorage` to a batch's ``{layer: (tokens, pooled)}``.
+
+    ``tiled``: levels whose tokens are ``tiles`` token sets stacked (``--tile-encoding
+    per-tile``); the grid is pooled tile by tile. ``projections``: ``{layer: Projection}``.
+    """
+
+    storage: TokenStorage
+    n_prefix: int = 0
+    grid: tuple[int, int] | None = None
+    projections: dict[int, Projection] | None = None
+    tiled: tuple[str, ...] = ()
+    tiles: int = 1
+
+    @classmethod
+    def identity(cls) -> Reducer:
+        return cls(TokenStorage())
+
+    def pool(self, level: str, tokens: torch.Tensor) -> torch.Tensor:
+        """The grid pooling alone (what a PCA projection is fitted on)."""
+        if self.storage.grid is None:
+            return tokens
+        k = self.tiles if level in self.tiled else 1
+        b, t, d = tokens.shape
+        per = tokens.reshape(b * k, t // k, d)
+        pooled = pool_grid(per, self.n_prefix, patch_grid(t // k, self.n_prefix, self.grid), self.storage.grid)
+        return pooled.reshape(b, -1, d)
+
+    def __call__(self, level: str, res: dict) -> dict[int, dict[str, torch.Tensor]]:
+        out = {}
+        for v, (tokens, pooled) in res.items():
+            tokens = self.pool(level, tokens)
+            if self.projections:
+                tokens = self.projections[v].apply(tokens)
+            arrays = {"tokens": tokens, "pooled": pooled}
+            if self.storage.int8:
+                arrays["tokens"], arrays["token_scale"] = quantise_int8(tokens)
+            out[v] = arrays
+        return out
