@@ -8,8 +8,10 @@ alone decides, so it never sees a worker vanish first) and die with the parent
 (:func:`die_with_parent`: even a SIGKILL of the parent takes them along). When the parent
 leaves the pool by any exception (KeyboardInterrupt from SIGINT, SystemExit from SIGTERM,
 an error), pending work is cancelled and every worker is killed before the exception goes
-on. :func:`completed` waits for futures in slices, so a signal is handled within a
-fraction of a second whichever thread the kernel gave it to.
+on. :func:`init_loader_worker` sets up a DataLoader's reader workers (``spar-probe cache
+--workers``, finetune) the same way. :func:`completed` waits for futures in
+slices, so a signal is handled within a fraction of a second whichever thread the kernel
+gave it to.
 
 :func:`exit_on_sigterm` turns SIGTERM into ``SystemExit(143)`` in the main thread, so
 ``finally`` blocks and this pool's cleanup run instead of the process vanishing and
@@ -70,6 +72,14 @@ def die_with_parent(parent: int | None = None) -> None:
         _watch_parent(parent)
     if os.getppid() != parent:  # the parent died before the prctl took effect
         os._exit(128 + signal.SIGKILL)
+
+
+def init_loader_worker(_worker_id: int) -> None:
+    """A DataLoader ``worker_init_fn``: a reader worker is set up as the pool's are. It leaves
+    SIGINT and SIGTERM to its process (a worker killed by a ``scancel`` of the group would
+    make torch raise 'DataLoader worker is killed' instead of the stop's one line) and dies
+    with it at once (torch's own check notices a dead parent only every 5 s)."""
+    _init_worker(os.getppid())
 
 
 def _thread_lock_for_tqdm() -> None:

@@ -338,3 +338,81 @@ def test_stopped_or_killed_torchrun_takes_its_ranks_along(pipeline, tmp_path, si
     finally:
         cmd.close()
     _rerun_torchrun(pipeline, out)
+
+
+# -- spar-probe cache --workers 2 (DataLoader reader workers) --------------------------------
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+def test_a_stopped_cache_stops_its_reader_workers_and_a_rerun_completes(pipeline, tmp_path, sig):
+    """SIGTERM to the group (``scancel``) reaches the readers too: still one line and 143. A SIGKILL
+    of the command takes them along at once (torch's own check would take 5 s)."""
+    from spar_bench.probes.cli import cli
+
+    from helpers import run_cmd
+
+    sig = getattr(signal, sig)
+    out = tmp_path / "c.h5"
+    args = _cache_args(pipeline, out)
+    args[args.index("--workers") + 1] = "2"
+    cmd = Command(tmp_path, args, hang="batch")
+    try:
+        _markers(cmd.markers, 1)
+        assert len(_family(cmd.proc.pid)) >= 2  # the reader workers
+        rc, err = cmd.wait_exit(cmd.signal(sig, group=sig != signal.SIGKILL), f"cache --workers 2, {sig.name}")
+        if sig != signal.SIGKILL:
+            _check_stopped(rc, err, sig)
+        cmd.assert_no_orphan("cache")
+    finally:
+        cmd.close()
+    assert run_cmd(cli, args[1:]) == 0  # resumes the batches written before the stop
+    from spar_bench.probes.features import FeatureCache
+
+    FeatureCache(out).close()
+
+
+# -- the mechanism itself ----------------------------------------------------------------------
+ORPHAN = '''
+import os, subprocess, sys, time
+import spar_bench.procs as procs
+
+if sys.argv[1] == "parent":  # start a child, wait for its pid file, then die abruptly
+    subprocess.Popen([sys.executable, __file__, "child", sys.argv[2], sys.argv[3]])
+    while not os.path.exists(sys.argv[3]):
+        time.sleep(0.05)
+    os._exit(0)
+if sys.argv[2] == "watchdog":  # the fallback where no prctl exists
+    procs._set_pdeathsig = lambda sig: False
+procs.die_with_parent()
+with open(sys.argv[3] + ".tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.replace(sys.argv[3] + ".tmp", sys.argv[3])
+time.sleep(600)
+'''
+
+
+@pytest.mark.parametrize("how", ["prctl", "watchdog"])
+def test_die_with_parent_ends_a_child_whose_parent_died(tmp_path, how):
+    (tmp_path / "orphan.py").write_text(ORPHAN)
+    pid_file = tmp_path / "child.pid"
+    parent = subprocess.run([sys.executable, str(tmp_path / "orphan.py"), "parent", how, str(pid_file)],
+                            timeout=WAIT_S, capture_output=True, encoding="utf-8", errors="replace")
+    assert parent.returncode == 0, parent.stderr
+    child = int(pid_file.read_text())
+    try:
+        assert _poll(lambda: not _alive(child), STOP_S), f"{how}: the child outlived its parent"
+    finally:
+        if _alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def _die_by_sigkill() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_worker_killed_from_outside_is_one_error_line():
+    from spar_bench.errors import SparError
+    from spar_bench.procs import completed, process_pool
+
+    with pytest.raises(SparError, match="a worker process died"):
+        with process_pool(1) as pool:
+            for f in completed([pool.submit(_die_by_sigkill)]):
+                f.result()

@@ -84,9 +84,12 @@ class Loading:
     def loader(self, dataset):
         import torch
 
+        from spar_bench.procs import init_loader_worker
+
         return torch.utils.data.DataLoader(
             dataset, batch_size=None, shuffle=False, num_workers=self.workers, pin_memory=self.pin,
             prefetch_factor=4 if self.workers else None, persistent_workers=False,
+            worker_init_fn=init_loader_worker,  # readers leave signals to the run and die with it
             # its own generator: starting an iterator must not draw from torch's global RNG
             # (dropout's), or a resumed epoch would see other dropout masks
             generator=torch.Generator().manual_seed(0),
