@@ -30,6 +30,7 @@ from typing import Any
 import click
 import numpy as np
 
+from spar_bench.builder.schema import LEVEL_SPECS
 from spar_bench.errors import ConfigError, IntegrityError
 from spar_bench.provenance import CACHE_PACKAGES, package_versions
 
@@ -42,7 +43,7 @@ STORAGE_DTYPES = {"fp16": "float16", "fp32": "float32"}
 #: ``--tile-encoding``: a Level 1-2 mosaic encoded whole (``mosaic``), or each of its 16 tiles
 #: resized to the encoder's input and encoded alone, the 16 token sets stacked (``per-tile``)
 TILE_ENCODINGS = ("mosaic", "per-tile")
-TILED_LEVELS = ("level1", "level2")
+TILED_LEVELS = tuple(lv for lv, spec in LEVEL_SPECS.items() if spec.mosaic)
 
 
 def tile_layout(spec) -> dict[str, Any]:

@@ -29,11 +29,14 @@ from pathlib import Path
 
 import numpy as np
 
-from spar_bench.builder.schema import LEVEL3_CLASS_NAMES, LEVEL3_PROBES
+from spar_bench.builder.schema import LEVEL3_CLASS_NAMES, LEVEL3_PROBES, LEVEL_SPECS
 from spar_bench.errors import ConfigError
 
 from .base import Backend, BackendOptions, Reply, Request
 from .prompts import option_text
+
+#: the level whose rows carry the questions (Level 3), looked up in the schema
+_QLEVEL = next(spec.name for spec in LEVEL_SPECS.values() if spec.questions)
 
 ORACLE_VERSION = "1"
 VARIANTS = ("geometry", "pixels")
@@ -146,8 +149,8 @@ class OracleBackend(Backend):
         """(split, question index in that split) of a question key."""
         if self._index is None:
             self._index = {}
-            for split in self.build.splits("level3"):
-                self._q[split] = self.build.read("level3", split, list(Q_FIELDS))
+            for split in self.build.splits(_QLEVEL):
+                self._q[split] = self.build.read(_QLEVEL, split, list(Q_FIELDS))
                 for j, k in enumerate(self._q[split]["q_key"].astype(str)):
                     self._index[k] = (split, j)
         if key not in self._index:
@@ -157,9 +160,9 @@ class OracleBackend(Backend):
     def _slice(self, split: str, row: int) -> tuple[np.ndarray, np.ndarray, float]:
         if (split, row) not in self._slices:
             rows = np.array([row], dtype=np.int64)
-            label = self.build.images("level3", split, rows, field="label")[0]
-            lesion = self.build.images("level3", split, rows, field="lesion")[0]
-            mpp = float(self.build.read("level3", split, ["mm_per_pixel"])["mm_per_pixel"][row])
+            label = self.build.images(_QLEVEL, split, rows, field="label")[0]
+            lesion = self.build.images(_QLEVEL, split, rows, field="lesion")[0]
+            mpp = float(self.build.read(_QLEVEL, split, ["mm_per_pixel"])["mm_per_pixel"][row])
             self._slices[(split, row)] = (label, lesion, mpp)
         return self._slices[(split, row)]
 
