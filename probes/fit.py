@@ -104,9 +104,12 @@ def encoder_slug(cache) -> str:
 
     Weights from a local file or folder add their hash (``timm:resnet50 --weights a.pt`` and
     ``--weights b.pt`` are two encoders: their runs never share a folder). A cache whose
-    Levels 1-2 were encoded tile by tile (``cache --tile-encoding per-tile``) adds ``-per-tile``.
+    Levels 1-2 were encoded tile by tile (``cache --tile-encoding per-tile``) adds ``-per-tile``,
+    and one whose tokens were reduced (``--token-grid/--token-proj/--token-int8``) adds
+    :meth:`TokenStorage.slug`.
     """
     from .encoders.base import published_name
+    from .token_storage import TokenStorage
 
     weights = cache.meta.get("weights")
     name = published_name(str(cache.meta.get("encoder") or Path(cache.path).stem), weights)
@@ -120,6 +123,7 @@ def encoder_slug(cache) -> str:
         slug += f"-{trained}-frozen"
     if getattr(cache, "tile_encoding", "mosaic") == "per-tile":  # other features: other runs
         slug += "-per-tile"
+    slug += TokenStorage.from_dict(cache.meta.get("token_storage")).slug()  # reduced tokens: likewise
     return slug + ("-random-init" if cache.random_init else "")
 
 

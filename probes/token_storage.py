@@ -81,6 +81,17 @@ class TokenStorage:
         parts = ([f"grid {self.grid}x{self.grid}"] if self.grid else []) + ([self.proj] if self.proj else [])
         return ", ".join(parts + (["int8"] if self.int8 else [])) or "full tokens"
 
+    def slug(self) -> str:
+        """The runs' encoder-folder suffix: ``""`` for full tokens, else ``-tokens-grid14-pca128-int8``.
+
+        Runs over reduced tokens are other runs than those over full tokens: they never share
+        a folder, and the report's encoder column says which storage each row read.
+        """
+        if self.identity:
+            return ""
+        parts = ([f"grid{self.grid}"] if self.grid else []) + ([self.proj.replace(":", "")] if self.proj else [])
+        return "-tokens-" + "-".join(parts + (["int8"] if self.int8 else []))
+
     def check_encoder(self, n_prefix: int, grid: tuple[int, int] | None, dim: int, where: str) -> None:
         """Refuse reductions the encoder's token layout cannot take, in one line."""
         if self.grid is not None:

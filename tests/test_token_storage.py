@@ -255,3 +255,13 @@ def test_random_projection_cache_and_cli_errors(pipeline, tmp_path, capsys) -> N
         err = capsys.readouterr().err.strip()
         assert words in err and len(err.splitlines()) == 1, err
         assert not (tmp_path / "bad.h5").exists()
+
+
+def test_runs_over_reduced_tokens_get_their_own_encoder_folder(reduced) -> None:
+    from spar_bench.probes.features import FeatureCache
+    from spar_bench.probes.fit import encoder_slug
+
+    assert TokenStorage.parse(grid=14, proj="pca:128", int8=True).slug() == "-tokens-grid14-pca128-int8"
+    with FeatureCache(reduced[0]) as full, FeatureCache(reduced[1]) as small:
+        assert encoder_slug(full) == "dummy-random-init"
+        assert encoder_slug(small) == "dummy-tokens-grid3-pca8-int8-random-init"
