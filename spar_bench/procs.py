@@ -121,8 +121,8 @@ def process_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
         yield pool
     except BrokenProcessPool:
         _terminate(pool)
-        raise SparError("a worker process died (killed from outside, e.g. out of memory); "
-                        "rerun the same command to resume") from None
+        raise SparError("a worker process died (killed from outside, e.g. out of memory); rerun the "
+                        "command to continue (a build with --resume)") from None
     except BaseException:
         _terminate(pool)
         raise
