@@ -27,7 +27,8 @@ import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures import TimeoutError as FuturesTimeout  # not the builtin before Python 3.11
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 
@@ -130,13 +131,16 @@ def process_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
 
 
 def completed(futures: Iterable[Future], poll_s: float = 0.5) -> Iterator[Future]:
-    """Like ``as_completed``, but the main thread wakes every ``poll_s`` so that a signal that
+    """``as_completed``, but the main thread wakes at least every ``poll_s`` so that a signal
     the kernel gave another thread (a pool's manager or feeder) is still handled at once."""
-    pending = list(futures)
+    pending = set(futures)
     while pending:
-        done, _ = wait(pending, timeout=poll_s, return_when=FIRST_COMPLETED)
-        yield from (f for f in pending if f in done)  # submission order among the done
-        pending = [f for f in pending if f not in done]
+        try:
+            for f in as_completed(pending, timeout=poll_s):
+                pending.discard(f)
+                yield f
+        except FuturesTimeout:
+            continue
 
 
 def _raise_exit(signum: int, _frame) -> None:
