@@ -1,7 +1,7 @@
 """Faults and careless input (issue 14): nothing lost, nothing stale, nothing silent.
 
 Options that mean nothing, stray files in a build, stale or torn spills on --resume,
-a full disk, two writers on one output, killed parallel builds.
+a full disk, two writers on one output (stopped or killed parallel commands: test_signals.py).
 """
 
 from __future__ import annotations
