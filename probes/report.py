@@ -492,9 +492,9 @@ def _protocol_line(table: dict[str, list[dict]]) -> str:
     have = sorted({v for rows in table.values() for r in rows for v in r.get("protocol") or []})
     if not have:
         return ""
-    return (f"Protocol (docs/PROTOCOL.md) of these runs: {', '.join(have)} (<1.2: runs made before the "
-            "version was recorded)." + (" Rows whose runs used another than the newest are marked "
-                                         "[protocol X]." if len(have) > 1 else ""))
+    old = " (<1.2: runs made before the version was recorded)" if "<1.2" in have else ""
+    return (f"Protocol (docs/PROTOCOL.md) of these runs: {', '.join(have)}{old}."
+            + (" Rows whose runs used another than the newest are marked [protocol X]." if len(have) > 1 else ""))
 
 
 def render_markdown(table: dict[str, list[dict]], any_random: bool) -> str:

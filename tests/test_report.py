@@ -95,3 +95,11 @@ def test_report_on_empty_folder_is_a_clear_error(tmp_path, capsys):
 
     assert run_cmd(cli, ["report", tmp_path, "--out", tmp_path / "r"]) == 2
     assert "no metrics.json found" in capsys.readouterr().err
+
+
+def test_protocol_line_explains_old_runs_only_when_there_are_some() -> None:
+    from spar_bench.probes.report import _protocol_line
+
+    assert _protocol_line({"p": [{"protocol": ["1.2"]}]}) == "Protocol (docs/PROTOCOL.md) of these runs: 1.2."
+    mixed = _protocol_line({"p": [{"protocol": ["1.2"]}, {"protocol": ["<1.2"]}]})
+    assert "runs made before the version was recorded" in mixed and "[protocol X]" in mixed
