@@ -35,11 +35,13 @@ from spar_bench.errors import ConfigError, IntegrityError
 from spar_bench.provenance import CACHE_PACKAGES, package_versions
 
 from .distributed import Ranks, all_parts, barrier, die_with_launcher, merge_parts, part_path
+from .features import STORAGE_FLOAT
 from .hardware import COMPUTE_DTYPES, Precision, pick_compute, pick_device
 from .token_storage import Moments, Projection, Reducer, TokenStorage, random_projection
 
 CACHE_SCHEMA = "1.0"
-STORAGE_DTYPES = {"fp16": "float16", "fp32": "float32"}
+#: storage name -> numpy dtype (one table, the reader's)
+STORAGE_DTYPES = STORAGE_FLOAT
 #: ``--tile-encoding``: a Level 1-2 mosaic encoded whole (``mosaic``), or each of its 16 tiles
 #: resized to the encoder's input and encoded alone, the 16 token sets stacked (``per-tile``)
 TILE_ENCODINGS = ("mosaic", "per-tile")
@@ -434,6 +436,9 @@ def write_cache(
         encoder, weights=weights, random_init=random_init, revision=revision)
     layers = enc.check_layers(layers)
     ranks = Ranks.from_env()
+    if ranks.distributed and token_storage is not None and token_storage.proj is not None:
+        raise ConfigError("--token-proj is not supported under torchrun yet (each rank would fit its own "
+                          "map); make the cache in one process, or use --token-grid/--token-int8")
     dev, workers = _place(enc, device, ranks, workers)
     target = part_path(out, ranks) if ranks.distributed else out  # the file this process writes
     # a resumed file keeps its precision; --overwrite starts over, so it chooses afresh

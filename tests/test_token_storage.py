@@ -265,3 +265,15 @@ def test_runs_over_reduced_tokens_get_their_own_encoder_folder(reduced) -> None:
     with FeatureCache(reduced[0]) as full, FeatureCache(reduced[1]) as small:
         assert encoder_slug(full) == "dummy-random-init"
         assert encoder_slug(small) == "dummy-tokens-grid3-pca8-int8-random-init"
+
+
+def test_a_projection_under_torchrun_is_refused_in_one_line(pipeline, tmp_path, monkeypatch) -> None:
+    from spar_bench.probes.cache import write_cache
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(ConfigError, match="--token-proj is not supported under torchrun"):
+        write_cache("dummy", pipeline["shards"], tmp_path / "c.h5", levels=["level3"],
+                    token_storage=TokenStorage.parse(proj="random:4"), **EXACT)
+    assert not list(tmp_path.iterdir())
