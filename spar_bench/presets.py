@@ -125,26 +125,35 @@ def _per_source(table: dict[str, Any], sources: tuple[str, ...], given: tuple[st
     return tuple(given) + add, [src for src, _ in mine if every or src in named]
 
 
+def _fill(table: dict[str, Any], options: dict[str, Any], explicit: set[str]) -> tuple[dict, dict, list]:
+    """``(options with the table's values where not given explicitly, the values used, the
+    keys given explicitly instead)``; keys the command does not have are left out."""
+    out, used, overridden = dict(options), {}, []
+    for key, value in table.items():
+        if key not in options:
+            continue  # an option this command does not have (fit has no --heads)
+        if key in explicit:
+            overridden.append(key)
+            continue
+        out[key] = used[key] = value
+    return out, used, overridden
+
+
 def apply_build_preset(name: str, options: dict[str, Any], explicit: set[str]) -> tuple[dict[str, Any], dict]:
     """``spar-build`` options with the preset's filled in where not given explicitly, and the
     record (``{"name", "options", "overridden"}``) the manifest keeps. A per-source option
     (``--limit``) is merged per source: ``--limit word=5`` keeps the preset's ``lits=20``."""
     preset = get_preset(name)
     sources = tuple(options.get("source") or ())
-    out, used, overridden = dict(options), {}, []
-    for key, value in preset.build.items():
-        if isinstance(value, dict):
-            given = tuple(options.get(key) or ()) if key in explicit else ()
-            merged, lost = _per_source(value, sources, given)
-            overridden += [f"{key}[{src}]" for src in lost]
-            if merged[len(given):]:
-                out[key], used[key] = merged, list(merged[len(given):])
-            continue
-        if key in explicit:
-            overridden.append(key)
-            continue
-        out[key] = value
-        used[key] = value
+    per_source = {k: v for k, v in preset.build.items() if isinstance(v, dict)}
+    scalars = {k: v for k, v in preset.build.items() if k not in per_source}
+    out, used, overridden = _fill(scalars, options, explicit)
+    for key, value in per_source.items():
+        given = tuple(options.get(key) or ()) if key in explicit else ()
+        merged, lost = _per_source(value, sources, given)
+        overridden += [f"{key}[{src}]" for src in lost]
+        if merged[len(given):]:
+            out[key], used[key] = merged, list(merged[len(given):])
     return out, {"name": preset.name, "options": used, "overridden": sorted(overridden)}
 
 
@@ -152,15 +161,7 @@ def apply_probe_preset(name: str, options: dict[str, Any], explicit: set[str]) -
     """``spar-probe fit``/``sweep`` options (click names; run options included) with the
     preset's filled in where not given explicitly, and the record each run keeps."""
     preset = get_preset(name)
-    out, used, overridden = dict(options), {}, []
-    for key, value in preset.probe.items():
-        if key not in options:
-            continue  # an option this command does not have (fit has no --heads)
-        if key in explicit:
-            overridden.append(key)
-            continue
-        out[key] = value
-        used[key] = value
+    out, used, overridden = _fill(preset.probe, options, explicit)
     return out, {"name": preset.name, "options": used, "overridden": sorted(overridden)}
 
 
