@@ -33,8 +33,6 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 _PROJ = re.compile(r"(pca|random):([1-9][0-9]*)")
-#: tokens sampled from the training split to fit a PCA projection (deterministic rows)
-PCA_SAMPLE_TOKENS = 200_000
 
 
 @dataclass(frozen=True)
