@@ -3,7 +3,9 @@
 A feature cache stores one feature row per Level 1/2 sample or per Level 3 slice, in
 the split's canonical order, with the sample/slice keys. :func:`load_targets` reads
 the targets of one probe and one split from the build (what it reads is the probe
-spec's business: :meth:`spar_bench.probes.tasks.ProbeSpec.load_targets`) and maps every
+spec's business: :meth:`spar_bench.probes.tasks.ProbeSpec.load_targets`, which builds on
+this module's :class:`Targets`, :func:`cache_rows` and :func:`read_fields`; this module
+imports no probe) and maps every
 item (a mosaic sample, or a Level 3 question) to its cache row BY KEY, so a cache
 written in another order, or holding only part of a split, can never silently pair
 features with the wrong labels: a key the cache lacks raises
@@ -13,11 +15,14 @@ features with the wrong labels: a key the cache lacks raises
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from spar_bench.errors import ConfigError, IntegrityError
+
+if TYPE_CHECKING:  # annotations only: tasks imports this module
+    from .tasks import ProbeSpec
 
 
 @dataclass
@@ -36,7 +41,7 @@ class Targets:
             ``probe`` (N,) int64.
     """
 
-    spec: Any
+    spec: ProbeSpec
     split: str
     rows: np.ndarray
     patient: np.ndarray
@@ -102,15 +107,21 @@ def read_fields(build, level: str, split: str, names: list[str]) -> dict[str, np
     return build.read(level, split, names)
 
 
-def load_targets(build, spec, split: str, cache_keys: np.ndarray) -> Targets:
-    """Targets of probe ``spec`` (a spec or its name) on ``split`` of ``build``.
+class TargetReader(Protocol):
+    """What :func:`load_targets` needs of a probe: a :class:`~spar_bench.probes.tasks.ProbeSpec`
+    (this module knows no probe: ``tasks`` builds on it, never the other way)."""
+
+    def load_targets(self, build, split: str, cache_keys: np.ndarray) -> Targets: ...
+
+
+def load_targets(build, spec: TargetReader, split: str, cache_keys: np.ndarray) -> Targets:
+    """Targets of probe ``spec`` (a spec; resolve a name with ``tasks.get_probe``) on ``split``
+    of ``build``.
 
     ``build`` is a ``spar_bench.builder.shards.Build``; ``cache_keys`` are the cache's
     keys for ``(spec.level, split)``.
     """
-    from .tasks import get_probe
-
-    return get_probe(spec).load_targets(build, split, cache_keys)
+    return spec.load_targets(build, split, cache_keys)
 
 
 def holdout_patients(patient: np.ndarray, fraction: float, rng: np.random.Generator) -> np.ndarray:
