@@ -30,10 +30,14 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .targets import Targets
+
+if TYPE_CHECKING:
+    from .heads import Head
 
 
 #: The hard epoch ceiling of every head (``--max-epochs``); early stopping ends runs before it.
@@ -134,9 +138,9 @@ def group_batch(feats: np.ndarray, t: Targets, idx: np.ndarray):
     return (x, torch.from_numpy(inv.reshape(-1).astype(np.int64)), *_question_and_targets(t, idx))
 
 
-def _grouped(head, t: Targets) -> bool:
+def _grouped(head: Head, t: Targets) -> bool:
     """Whether ``head`` reads question items through :func:`group_batch` (token heads)."""
-    return t.spec.asks and getattr(head, "input_kind", "pooled") == "tokens"
+    return t.spec.asks and head.input_kind == "tokens"
 
 
 def _to(device, obj):
@@ -163,14 +167,14 @@ def _run(head, feats: np.ndarray, t: Targets, idx: np.ndarray):
     return head(x, q), y
 
 
-def _eval_order(head, t: Targets) -> np.ndarray:
+def _eval_order(head: Head, t: Targets) -> np.ndarray:
     """Item order for evaluation: by cache row for heads sharing a body per row, else as is."""
-    if getattr(head, "shares_body", False):
+    if head.shares_body:
         return np.argsort(t.rows, kind="stable")
     return np.arange(len(t))
 
 
-def epoch_order(head, t: Targets, gen) -> np.ndarray:
+def epoch_order(head: Head, t: Targets, gen) -> np.ndarray:
     """A seeded item order for one training epoch (``gen``: a ``torch.Generator``).
 
     Heads that share one body per cache row (``head.shares_body``) get the rows in a
@@ -179,7 +183,7 @@ def epoch_order(head, t: Targets, gen) -> np.ndarray:
     """
     import torch
 
-    if not getattr(head, "shares_body", False):
+    if not head.shares_body:
         return torch.randperm(len(t), generator=gen).numpy()
     uniq, inv = np.unique(t.rows, return_inverse=True)
     rank = np.empty(uniq.size, dtype=np.int64)
@@ -192,7 +196,7 @@ def loss_fn(spec, out, y: dict, sinkhorn_iters: int = 20):
     return spec.loss_value(out, y, sinkhorn_iters)
 
 
-def predict(head, feats: np.ndarray, t: Targets, batch_size: int = 512) -> np.ndarray:
+def predict(head: Head, feats: np.ndarray, t: Targets, batch_size: int = 512) -> np.ndarray:
     """Predictions of ``head`` on the items of ``t``, decoded by the probe spec.
 
     Level 1: ``(N, 16, 2)`` normalised coordinates; Level 2: ``(N, 16)`` slots decoded
@@ -230,7 +234,7 @@ def _mean_loss(head, spec, feats, t: Targets, cfg: TrainConfig) -> float:
 
 
 def train_head(
-    head,
+    head: Head,
     train: tuple[np.ndarray, Targets],
     val: tuple[np.ndarray, Targets],
     cfg: TrainConfig,
@@ -253,7 +257,7 @@ def train_head(
         raise ValueError(f"no training items for {tr.spec.name}")
     spec = tr.spec
     head.to(cfg.device)
-    epochs = cfg.epochs_for(getattr(head, "input_kind", "pooled"))
+    epochs = cfg.epochs_for(head.input_kind)
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     gen = torch.Generator().manual_seed(int(seed))
     best = (math.inf, 0, copy.deepcopy(head.state_dict()))

@@ -49,6 +49,7 @@ class PooledHead(nn.Module):
     """Base of pooled-vector heads: LayerNorm(x) [+ question] -> body -> output."""
 
     input_kind = "pooled"
+    shares_body = False
     DEFAULTS: dict = {"q_dim": 32}
 
     def __init__(self, spec, in_dim: int, n_tokens: int = 1, **cfg):
@@ -85,7 +86,7 @@ class MLPHead(PooledHead):
     Options: ``hidden`` (512), ``dropout`` (0.1), ``q_dim`` (32).
     """
 
-    DEFAULTS = {"q_dim": 32, "hidden": 512, "dropout": 0.1}
+    DEFAULTS = {**PooledHead.DEFAULTS, "hidden": 512, "dropout": 0.1}
 
     def __init__(self, spec, in_dim: int, n_tokens: int = 1, **cfg):
         super().__init__(spec, in_dim, n_tokens, **cfg)
