@@ -9,10 +9,12 @@ Pipeline of :func:`build`:
    after it, which marks the case done). Memory stays bounded; ``resume`` reuses a done
    case only while its inputs' sha256, the config and the spilled file are unchanged,
    and rebuilds any other (an edited input, a torn spill);
-3. fit the size/distance thresholds on the train split's original (non-mirror)
+3. fit the thresholds that finish a level's open answers (its hooks,
+   :mod:`spar_bench.builder.samples.levels`) on the train split's original (non-mirror)
    questions, or take them from another build's manifest, or fit them on a named split;
 4. stream the cases, in ``(source, case_id)`` order whatever the completion order,
-   through :class:`~spar_bench.builder.writers.hdf5.ShardSink` (thresholds applied on the way);
+   through :class:`~spar_bench.builder.writers.hdf5.ShardSink` (the level's hooks finish
+   the answers on the way);
 5. convert each HDF5 shard to a Parquet shard and write the dataset card;
 6. write ``manifest.json`` last, then move ``OUT.tmp/out`` to ``OUT`` atomically.
 
@@ -315,16 +317,6 @@ def process_one(job: dict[str, Any]) -> dict[str, Any]:
 
 
 # -- thresholds ------------------------------------------------------------------------
-def _original_questions(res: dict[str, dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    q, s = res["level3_questions"], res["level3"]
-    if not q or not _rows(q):
-        return q
-    if "is_mirror" in s and _rows(s):
-        keep = ~s["is_mirror"][q["q_slice"]]
-        return {k: v[keep] for k, v in q.items()}
-    return q
-
-
 def _load_thresholds_from(path: str) -> tuple[dict[str, Any], str]:
     """(thresholds, fingerprint) of the build at ``path`` (a folder or its manifest.json)."""
     p = Path(path)
@@ -341,45 +333,53 @@ def _load_thresholds_from(path: str) -> tuple[dict[str, Any], str]:
     return th, str(m.get("fingerprint", "unknown"))
 
 
-def _has_threshold_questions(records: list[dict], cases_dir: Path) -> bool:
-    """Whether any case has a size or distance question (which need fitted thresholds)."""
-    wanted = [LEVEL3_PROBES.index("size"), LEVEL3_PROBES.index("distance")]
-    for r in records:
-        q = load_case_result(cases_dir, _case_stem(r["source"], r["case_id"]), ("level3_questions",))
-        if np.isin(q["level3_questions"].get("q_probe", np.empty(0)), wanted).any():
-            return True
-    return False
+def _fitting_levels(levels: tuple[str, ...]) -> list[str]:
+    """The built levels whose questions may need thresholds (:mod:`.samples.levels`)."""
+    from .samples.levels import level_hooks
+
+    return [lv for lv in levels if level_hooks(lv).fits_thresholds]
+
+
+def _needs_thresholds(level: str, records: list[dict], cases_dir: Path) -> bool:
+    """Whether any case has a question of ``level`` that the thresholds decide."""
+    from .samples.levels import level_hooks
+
+    part = LEVEL_SPECS[level].questions
+    return any(level_hooks(level).needs_thresholds(
+        load_case_result(cases_dir, _case_stem(r["source"], r["case_id"]), (part,))[part]) for r in records)
 
 
 def _thresholds(config: BuildConfig, records: list[dict], cases_dir: Path, levels: tuple[str, ...]):
-    if "level3" not in levels:
-        return None, "not needed (no level3)"
+    """(thresholds, origin) of the build: fitted, taken from another build, or not needed."""
+    from .samples.levels import level_hooks
+
+    fitting = _fitting_levels(levels)
+    if not fitting:
+        return None, f"not needed (no {' or '.join(_fitting_levels(LEVELS))})"
+    level = fitting[0]  # LEVEL_HOOKS: at most one level fits thresholds
+    hooks, spec = level_hooks(level), LEVEL_SPECS[level]
     if config.thresholds_from:
         th, fp = _load_thresholds_from(config.thresholds_from)
         where = path_from_build(Path(config.thresholds_from), config.out)
         return th, f"from build {fp}" + (f" ({where})" if where else "")
-    if not _has_threshold_questions(records, cases_dir):  # e.g. a lesion-only (LiTS) build
-        return None, "not needed (no size or distance questions in this build)"
+    if not _needs_thresholds(level, records, cases_dir):  # e.g. a lesion-only (LiTS) build
+        return None, f"not needed (no {hooks.threshold_questions} in this build)"
     splits = sorted({r["split"] for r in records})
     fit_split = config.fit_thresholds_on or ("train" if "train" in splits else None)
     if fit_split is None:
         raise ConfigError(
-            f"this build has no train split (splits: {', '.join(splits) or 'none'}), so size/distance "
-            "thresholds cannot be fitted on it; pass --thresholds-from BUILD/manifest.json "
-            "(reuse a training build's thresholds) or --fit-thresholds-on SPLIT"
+            f"this build has no train split (splits: {', '.join(splits) or 'none'}), so the thresholds of "
+            f"its {hooks.threshold_questions} cannot be fitted on it; pass --thresholds-from "
+            "BUILD/manifest.json (reuse a training build's thresholds) or --fit-thresholds-on SPLIT"
         )
     if fit_split not in splits:
         raise ConfigError(f"--fit-thresholds-on {fit_split}: no such split; splits: {', '.join(splits)}")
-    qs = []
+    tables = []
     for r in records:
         if r["split"] == fit_split:
-            res = load_case_result(cases_dir, _case_stem(r["source"], r["case_id"]),
-                                   ("level3", "level3_questions"))
-            res["level3"] = {k: v for k, v in res["level3"].items() if k == "is_mirror"}
-            qs.append(_original_questions(res))
-    from .samples import fit_thresholds
-
-    return json_safe(fit_thresholds(qs)), f"fitted on split {fit_split!r} (original, non-mirror questions)"
+            res = load_case_result(cases_dir, _case_stem(r["source"], r["case_id"]), (level, spec.questions))
+            tables.append(hooks.fit_input(res[level], res[spec.questions]))
+    return json_safe(hooks.fit(tables)), f"fitted on split {fit_split!r} (original, non-mirror questions)"
 
 
 # -- output ----------------------------------------------------------------------------
@@ -611,7 +611,7 @@ def _write_shards(config, records, cases_dir: Path, out_dir: Path, levels, thres
     from tqdm.auto import tqdm
 
     from . import __version__
-    from .samples import apply_thresholds
+    from .samples.levels import level_hooks
     from .writers.hdf5 import ShardSink
 
     splits = ordered_splits(r["split"] for r in records)
@@ -634,9 +634,7 @@ def _write_shards(config, records, cases_dir: Path, out_dir: Path, levels, thres
                 parts = (level, spec.questions) if spec.questions else (level,)
                 res = load_case_result(cases_dir, _case_stem(r["source"], r["case_id"]), parts)
                 if spec.questions:
-                    q = res[spec.questions]
-                    if thresholds is not None and q and _rows(q):
-                        q = apply_thresholds(q, thresholds)
+                    q = level_hooks(level).finalise(res[spec.questions], thresholds)
                     res[spec.questions] = q
                     n_q += _rows(q)
                     sink.add(res[level], q)

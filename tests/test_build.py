@@ -153,3 +153,20 @@ def test_real_word_masks_build_identical_across_workers(word_labels_dir: Path, t
     b = Build(tmp_path / "o1")
     assert b.splits("level3") == ["test"] and b.count_questions("level3", "test") > 50
     assert all(c["image_synthesized"] for c in b.manifest["cases"])
+
+
+def test_build_names_no_probe() -> None:
+    """The orchestrator knows levels, not probes: the open answers are finished by the level's
+    hooks (samples/levels.py), so build.py holds no probe name and no threshold rule."""
+    import ast
+
+    from spar_bench.builder import build as build_module
+    from spar_bench.builder.schema import LEVEL3_PROBES, PROBES
+
+    tree = ast.parse(Path(build_module.__file__).read_text(encoding="utf-8"))
+    names = set(LEVEL3_PROBES) | set(PROBES)
+    found = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value in names]
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    used |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert not found, f"build.py names the probe(s) {found}"
+    assert not used & {"apply_thresholds", "fit_thresholds", "original_questions"}

@@ -11,7 +11,7 @@ import pytest
 from spar_bench.builder.case import Case
 from spar_bench.builder.samples import SampleConfig, apply_thresholds, fit_thresholds, process_case
 from spar_bench.builder.samples.level3 import count_lesions, empty_questions, orientation_sector
-from spar_bench.builder.samples.thresholds import pair_key
+from spar_bench.builder.samples.thresholds import original_questions, pair_key
 from spar_bench.builder.schema import LEVEL3_PROBES, ORGAN_ID, organ_index
 from spar_bench.errors import ConfigError
 
@@ -225,7 +225,17 @@ def _training():
         "distance", [0] * 40 + [3] * 2, [2] * 40 + [2] * 2, list(np.arange(40.0)) + [500.0, 600.0]
     )
     mirrored = _table("size", [0] * 3, [-1] * 3, [1e6] * 3, mirror=True)
-    return [liver, spleen, dist, mirrored]
+    mirrored["q_slice"] = np.zeros(3, np.int32)  # questions of a mirrored slice: left out
+    return [liver, spleen, dist, original_questions({"is_mirror": np.array([True])}, mirrored)]
+
+
+def test_original_questions_by_the_slices_mirror_flag():
+    """Questions are dropped by their slice's is_mirror, not by their key."""
+    q = _table("size", [0] * 4, [-1] * 4, [1.0, 2.0, 3.0, 4.0])
+    q["q_slice"] = np.array([0, 1, 1, 2], np.int32)
+    kept = original_questions({"is_mirror": np.array([False, True, False])}, q)
+    assert kept["q_area_a_mm2"].tolist() == [1.0, 4.0]
+    assert original_questions({}, q) is q and original_questions({"is_mirror": np.array([True])}, {}) == {}
 
 
 def test_fit_thresholds_tertiles_and_fallback():

@@ -11,7 +11,8 @@ the plan of Level 1/2 tile slices (:mod:`.level12`) and of Level 3 slices
 (:mod:`.level3`), ONE resampling of all needed slices, then the arrays. With
 ``counterfactual="mirror"`` the same pipeline runs again on :func:`mirror_case` (same
 seeds) and its rows are appended (:mod:`.mirror`). Size and distance answers are -1
-until :func:`apply_thresholds` (:mod:`.thresholds`).
+until :func:`apply_thresholds` (:mod:`.thresholds`); the build calls it through the level's
+hooks (:mod:`.levels`).
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from ..case import Case
 from ..schema import LEVEL_SPECS
 from .config import SampleConfig
 from .mirror import mirror_case
-from .thresholds import apply_thresholds, fit_thresholds
+from .thresholds import apply_thresholds, fit_thresholds, original_questions
 
-__all__ = ["SampleConfig", "apply_thresholds", "fit_thresholds", "mirror_case", "process_case"]
+__all__ = ["SampleConfig", "apply_thresholds", "fit_thresholds", "mirror_case", "original_questions", "process_case"]
 
 
 def _process_one(

@@ -9,9 +9,9 @@
   questions. Each entry records its ``n`` and whether it fell back.
 
 Class = ``0`` if value < cut1, ``1`` if cut1 <= value < cut2, ``2`` otherwise.
-Only original questions are used: mirrored ones (keys containing ``/mirror/``) are
-dropped. The same thresholds are applied unchanged to every split and to transfer
-sources.
+Only original questions are used: :func:`original_questions` drops the questions of
+mirrored slices (``is_mirror``). The same thresholds are applied unchanged to every split
+and to transfer sources.
 """
 
 from __future__ import annotations
@@ -74,17 +74,28 @@ def _fit_probe(values: np.ndarray, groups: list[str], probe: str, min_n: int) ->
     return {"global": {"cuts": global_cuts, "n": int(len(values))}, "groups": entries}
 
 
+def original_questions(slices: dict[str, np.ndarray], questions: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The questions of one case whose slice is an original: ``slices["is_mirror"]`` (the
+    case's ``level3`` rows, indexed by ``q_slice``) is False. Without that field, all of them."""
+    if not questions or not len(next(iter(questions.values()))):
+        return questions
+    is_mirror = slices.get("is_mirror")
+    if is_mirror is None or not len(is_mirror):
+        return questions
+    keep = ~np.asarray(is_mirror, dtype=bool)[questions["q_slice"]]
+    return {k: v[keep] for k, v in questions.items()}
+
+
 def fit_thresholds(questions: list[dict[str, np.ndarray]], min_n: int = MIN_N) -> dict[str, Any]:
     """Fit size and distance tertiles on training question tables (see the module doc).
 
-    ``questions`` are ``level3_questions`` tables (e.g. one per training case); mirrored
-    questions are ignored. Returns a JSON-serialisable dict recorded in the manifest.
+    ``questions`` are original ``level3_questions`` tables (one per training case, through
+    :func:`original_questions`). Returns a JSON-serialisable dict recorded in the manifest.
     """
     q = _concat(questions)
-    keep = np.array(["/mirror/" not in str(k) for k in q["q_key"]], dtype=bool)
     probe = q["q_probe"].astype(np.int64)
-    size = keep & (probe == _SIZE)
-    dist = keep & (probe == _DIST)
+    size = probe == _SIZE
+    dist = probe == _DIST
     size_groups = [ORGANS[int(a)] for a in q["q_organ_a"][size]]
     dist_groups = [
         pair_key(a, b) for a, b in zip(q["q_organ_a"][dist], q["q_organ_b"][dist], strict=True)
