@@ -110,10 +110,12 @@ def batch_tensors(feats: np.ndarray, t: Targets, idx: np.ndarray):
     import torch
 
     x = torch.from_numpy(np.ascontiguousarray(feats[t.rows[idx]], dtype=np.float32))
-    return (x, *_question_and_targets(t, idx))
+    return (x, *question_and_targets(t, idx))
 
 
-def _question_and_targets(t: Targets, idx: np.ndarray):
+def question_and_targets(t: Targets, idx: np.ndarray):
+    """``(q, y)`` tensors of the items ``idx`` of ``t``: the question (None: the probe asks none)
+    and the target arrays."""
     import torch
 
     q = t.spec.question(t, idx)
@@ -135,15 +137,15 @@ def group_batch(feats: np.ndarray, t: Targets, idx: np.ndarray):
 
     uniq, inv = np.unique(t.rows[idx], return_inverse=True)
     x = torch.from_numpy(np.ascontiguousarray(feats[uniq], dtype=np.float32))
-    return (x, torch.from_numpy(inv.reshape(-1).astype(np.int64)), *_question_and_targets(t, idx))
+    return (x, torch.from_numpy(inv.reshape(-1).astype(np.int64)), *question_and_targets(t, idx))
 
 
-def _grouped(head: Head, t: Targets) -> bool:
+def is_grouped(head: Head, t: Targets) -> bool:
     """Whether ``head`` reads question items through :func:`group_batch` (token heads)."""
     return t.spec.asks and head.input_kind == "tokens"
 
 
-def _to(device, obj):
+def to_device(device, obj):
     """``obj`` (a tensor, a dict of tensors or None) on ``device``."""
     if obj is None:
         return None
@@ -160,14 +162,14 @@ def _run(head, feats: np.ndarray, t: Targets, idx: np.ndarray):
     """``(output, y)`` of ``head`` on items ``idx`` (on the head's device); Level 3 token
     heads get distinct rows once."""
     dev = _device_of(head)
-    if _grouped(head, t):
-        x, index, q, y = (_to(dev, v) for v in group_batch(feats, t, idx))
+    if is_grouped(head, t):
+        x, index, q, y = (to_device(dev, v) for v in group_batch(feats, t, idx))
         return head(x, q, index), y
-    x, q, y = (_to(dev, v) for v in batch_tensors(feats, t, idx))
+    x, q, y = (to_device(dev, v) for v in batch_tensors(feats, t, idx))
     return head(x, q), y
 
 
-def _eval_order(head: Head, t: Targets) -> np.ndarray:
+def eval_order(head: Head, t: Targets) -> np.ndarray:
     """Item order for evaluation: by cache row for heads sharing a body per row, else as is."""
     if head.shares_body:
         return np.argsort(t.rows, kind="stable")
@@ -191,11 +193,6 @@ def epoch_order(head: Head, t: Targets, gen) -> np.ndarray:
     return np.argsort(rank[inv.reshape(-1)], kind="stable")
 
 
-def loss_fn(spec, out, y: dict, sinkhorn_iters: int = 20):
-    """The probe's training loss of head output ``out`` against targets ``y``."""
-    return spec.loss_value(out, y, sinkhorn_iters)
-
-
 def predict(head: Head, feats: np.ndarray, t: Targets, batch_size: int = 512) -> np.ndarray:
     """Predictions of ``head`` on the items of ``t``, decoded by the probe spec.
 
@@ -206,7 +203,7 @@ def predict(head: Head, feats: np.ndarray, t: Targets, batch_size: int = 512) ->
 
     head.eval()
     outs = []
-    order = _eval_order(head, t)
+    order = eval_order(head, t)
     with torch.no_grad():
         for s in range(0, len(t), batch_size):
             idx = order[s : s + batch_size]
@@ -218,17 +215,18 @@ def predict(head: Head, feats: np.ndarray, t: Targets, batch_size: int = 512) ->
     return t.spec.decode(out, t)
 
 
-def _mean_loss(head, spec, feats, t: Targets, cfg: TrainConfig) -> float:
+def mean_loss(head: Head, spec, feats, t: Targets, cfg: TrainConfig) -> float:
+    """The mean training loss of ``head`` on the items of ``t`` (evaluation mode, no gradient)."""
     import torch
 
     head.eval()
     total, n = 0.0, 0
-    order = _eval_order(head, t)
+    order = eval_order(head, t)
     with torch.no_grad():
         for s in range(0, len(t), 512):
             idx = order[s : s + 512]
             out, y = _run(head, feats, t, idx)
-            total += float(loss_fn(spec, out, y, cfg.sinkhorn_iters)) * idx.size
+            total += float(spec.loss_value(out, y, cfg.sinkhorn_iters)) * idx.size
             n += idx.size
     return total / max(n, 1)
 
@@ -264,7 +262,7 @@ def train_head(
     hist_tr: list[float] = []
     hist_va: list[float] = []
     bar = tqdm(range(epochs), desc=f"{spec.name}", leave=False, disable=not progress)
-    with torch.random.fork_rng(devices=[]), _deterministic():
+    with torch.random.fork_rng(devices=[]), deterministic():
         torch.manual_seed(int(seed))
         for epoch in bar:
             head.train()
@@ -273,7 +271,7 @@ def train_head(
             for s in range(0, len(tr), cfg.batch_size):
                 idx = np.sort(order[s : s + cfg.batch_size])
                 out, y = _run(head, feats, tr, idx)
-                loss = loss_fn(spec, out, y, cfg.sinkhorn_iters)
+                loss = spec.loss_value(out, y, cfg.sinkhorn_iters)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 if cfg.grad_clip:
@@ -281,7 +279,7 @@ def train_head(
                 opt.step()
                 total += float(loss.detach()) * idx.size
             hist_tr.append(total / len(tr))
-            vl = _mean_loss(head, spec, vfeats, va, cfg) if len(va) else hist_tr[-1]
+            vl = mean_loss(head, spec, vfeats, va, cfg) if len(va) else hist_tr[-1]
             hist_va.append(vl)
             bar.set_postfix(train=f"{hist_tr[-1]:.4f}", val=f"{vl:.4f}")
             if vl < best[0] - 1e-6:
@@ -301,7 +299,7 @@ def seeded(factory, seed: int):
         return factory()
 
 
-class _deterministic:
+class deterministic:
     """Context manager: ``torch.use_deterministic_algorithms(True)``, restored on exit."""
 
     def __enter__(self):
@@ -314,3 +312,13 @@ class _deterministic:
         import torch
 
         torch.use_deterministic_algorithms(self.prev)
+
+
+# alias for the move in progress (issue 22): probes/ensemble.py still imports these names
+_deterministic, _eval_order, _grouped, _to = deterministic, eval_order, is_grouped, to_device
+
+
+def loss_fn(spec, out, y: dict, sinkhorn_iters: int = 20):
+    """Deprecated relay, kept for bench/heads.py only: call ``spec.loss_value(out, y, sinkhorn_iters)``."""
+    # alias for the move in progress (issue 22)
+    return spec.loss_value(out, y, sinkhorn_iters)

@@ -130,9 +130,9 @@ def test_each_member_stops_on_its_own_and_keeps_its_best_epoch():
     for h, r in zip(heads, res, strict=True):
         assert r.epochs_run == 30 or r.epochs_run - 1 - r.best_epoch == 4  # patience 4
         assert r.best_val_loss == min(r.val_loss)
-        from spar_bench.probes.train import _mean_loss
+        from spar_bench.probes.train import mean_loss
 
-        assert _mean_loss(h, t.spec, vfeats, va, good) == pytest.approx(r.best_val_loss, rel=1e-4)
+        assert mean_loss(h, t.spec, vfeats, va, good) == pytest.approx(r.best_val_loss, rel=1e-4)
     assert _accuracy(heads[0], vfeats, va) > _accuracy(heads[1], vfeats, va)
 
 

@@ -132,14 +132,14 @@ class Trainer:
         """Loss of the items of ``t`` whose images are ``images`` (rows ``batch_rows``)."""
         import torch
 
-        from ..train import _question_and_targets, _to, loss_fn
+        from ..train import question_and_targets, to_device
 
         idx, index = items_of(t, batch_rows)
-        q, y = (_to(self.dev, v) for v in _question_and_targets(t, idx))
+        q, y = (to_device(self.dev, v) for v in question_and_targets(t, idx))
         index = torch.from_numpy(index).to(self.dev)
         with self.encoding.autocast():
             out = self.head_output(images, q, index)
-        return loss_fn(t.spec, out.float(), y, self.cfg.sinkhorn_iters), idx.size
+        return t.spec.loss_value(out.float(), y, self.cfg.sinkhorn_iters), idx.size
 
     def head_output(self, images, q, index):
         tokens, pooled = encode(self.enc, images, self.cfg.layer)
@@ -148,7 +148,7 @@ class Trainer:
         return self.head(project(self.head, tokens), q, index)
 
     def val_loss(self, va: Split) -> float:
-        from ..train import _mean_loss
+        from ..train import mean_loss
         from .data import remap
 
         t = va.targets
@@ -156,7 +156,7 @@ class Trainer:
             return self.state.hist_tr[-1]
         rows = np.unique(t.rows)
         feats = self.encoding.features(va.level, va.split, rows, self.head, self.kind)
-        return _mean_loss(self.head, t.spec, feats, remap(t, rows), self.cfg.train_config())
+        return mean_loss(self.head, t.spec, feats, remap(t, rows), self.cfg.train_config())
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, batches: list[np.ndarray]) -> None:
@@ -211,12 +211,12 @@ class Trainer:
         """Train until ``max_epochs`` or early stopping; the best epoch's weights are loaded."""
         import torch
 
-        from ..train import _deterministic
+        from ..train import deterministic
 
         n_batches = len(epoch_batches(tr.targets.rows, self.cfg.batch_size, self.seed, 0))
         self.schedule(n_batches)
         devices = [self.dev] if self.dev.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices), _deterministic():
+        with torch.random.fork_rng(devices=devices), deterministic():
             torch.manual_seed(self.seed)
             batches = self.restore() if resume else None
             if batches is None:
