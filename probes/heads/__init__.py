@@ -36,6 +36,7 @@ from ..tasks import ProbeSpec, get_probe
 if TYPE_CHECKING:
     import numpy as np
 
+
 class Head(Protocol):
     """What the training loop, ``fit`` and ``finetune`` read of a head (a ``torch.nn.Module``).
 
@@ -82,7 +83,9 @@ def head_input(name: str) -> str:
     return HEADS.get(name).input_kind
 
 
-def build_head(name: str, spec: ProbeSpec | str, in_dim: int, n_tokens: int = 1, **cfg: Any) -> Head:
+def build_head(
+    name: str, spec: ProbeSpec | str, in_dim: int, n_tokens: int = 1, **cfg: Any
+) -> Head:
     """Instantiate head ``name`` for probe ``spec`` (a spec or its name) on features of width ``in_dim``.
 
     ``n_tokens`` is the token count (token heads); ``cfg`` overrides the head's
