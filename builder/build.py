@@ -388,7 +388,7 @@ FAILED = "failed.txt"
 WORK_ENTRIES = {"config.json", "config.part.json", "cases", "out", FAILED}
 
 
-def _owned_work(work: Path) -> set[str] | None:
+def owned_work(work: Path) -> set[str] | None:
     """All files of an interrupted build's ``OUT.tmp``, or None if it is not one."""
     from spar_bench.outputs import files_under
 
@@ -421,7 +421,7 @@ def _prepare_dirs(config: BuildConfig) -> tuple[Path, Path]:
         claim(out, overwrite=config.overwrite, owned=owned, what=what,
               hint=", --resume to finish an interrupted build")
     if work.exists() and config.overwrite:
-        claim(work, overwrite=True, owned=_owned_work, what="work folder (OUT.tmp)",
+        claim(work, overwrite=True, owned=owned_work, what="work folder (OUT.tmp)",
               option="work folder")
         remove(work)
     if work.exists() and not config.resume:

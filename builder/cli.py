@@ -16,7 +16,7 @@ COMMANDS = {
     "inspect": "spar_bench.builder.inspect:inspect_command",
     "phantom": "spar_bench.builder.phantom.cli:phantom_command",
     "verify": "spar_bench.builder.verify:verify_command",
-    "merge": "spar_bench.builder.partition:merge_command",
+    "merge": "spar_bench.builder.merge:merge_command",
     "push": "spar_bench.builder.writers.hf:push_command",
 }
 

@@ -3,9 +3,11 @@
 A build has two phases. Phase 1 turns each case into its samples and raw measurements
 (the per-case spill files); phase 2 fits the size/distance thresholds on the training
 split's original questions *over all cases*, then writes shards, the Hugging Face folder
-and the manifest. A partition runs phase 1 for its share of the cases; ``merge`` runs
-phase 2 once over all of them, with the code of a one-machine build, so the result is
-byte-identical to ``spar-build`` without ``--partition`` (same options, same seed).
+and the manifest. A partition runs phase 1 for its share of the cases; ``merge``
+(:mod:`.merge`) runs phase 2 once over all of them, with the code of a one-machine build,
+so the result is byte-identical to ``spar-build`` without ``--partition`` (same options,
+same seed). This module is the partition folder: which cases, its record, reading and
+gathering partitions; the build (:mod:`.build`) uses it, and it uses no build code.
 
 * Case ``(source, case_id)`` belongs to partition ``sha256("source/case_id") mod N``: stable
   under any reordering of the files and independent of the machine.
@@ -25,8 +27,6 @@ import os
 import shutil
 from pathlib import Path
 from typing import Any
-
-import click
 
 from spar_bench.errors import ConfigError, IntegrityError
 from spar_bench.hashing import sha256_file
@@ -121,75 +121,3 @@ def gather_cases(parts: list[Path], records: list[dict[str, Any]], cases_dir: Pa
             if sha256_file(dst) != sha:
                 raise IntegrityError(f"{src}: sha256 differs from {part / PARTITION_FILE}; "
                                      "rebuild that partition with --overwrite")
-
-
-def config_from_recorded(recorded: dict[str, Any], **runtime: Any):
-    """The BuildConfig whose ``recorded()`` is ``recorded`` (checked), with runtime fields."""
-    from .build import BuildConfig
-
-    fields = dict(recorded, **runtime)
-    fields["sources"], fields["roots"] = tuple(fields["sources"]), tuple(fields["roots"])
-    try:
-        config = BuildConfig(**fields)
-    except TypeError as e:
-        raise ConfigError(f"partition config is not one this builder knows ({e}); merge with the "
-                          "spar-bench version that built the partitions") from None
-    if config.recorded() != recorded:
-        raise IntegrityError("partition config does not round-trip; merge with the spar-bench "
-                             "version that built the partitions")
-    return config
-
-
-def merge(parts: list[Path], out: Path, *, workers: int = 1, overwrite: bool = False,
-          quiet: bool = False) -> Path:
-    """Phase 2 over every partition's cases: the build a one-machine run would have written.
-
-    Like a build: ``OUT.lock`` keeps a second writer away, a full disk is one line.
-    """
-    from spar_bench.locks import output_lock
-    from spar_bench.outputs import disk_full_is_an_error
-
-    with disk_full_is_an_error(out, rerun="rerun the same merge"), output_lock(out, what="build (spar-build merge)"):
-        return _merge(parts, Path(out), workers=workers, overwrite=overwrite, quiet=quiet)
-
-
-def _merge(parts: list[Path], out: Path, *, workers: int, overwrite: bool, quiet: bool) -> Path:
-    from spar_bench.outputs import check_target, claim, remove
-
-    from .build import _owned_work, write_outputs
-    from .writers.manifest import owned_build
-
-    if not parts:
-        raise ConfigError("merge: give the partition folders, e.g. spar-build merge parts/* --out OUT")
-    records = read_partitions(parts)
-    config = config_from_recorded(records[0]["config"], out=str(out), workers=workers)
-    work = out.parent / (out.name + ".tmp")
-    for target, option in ((out, "--out"), (work, "work folder")):
-        check_target(target, inputs=parts, option=option)
-    claim(out, overwrite=overwrite, owned=owned_build, what="build")
-    if claim(work, overwrite=True, owned=_owned_work, what="work folder (OUT.tmp)", option="work folder"):
-        remove(work)  # phase 2 always starts over from the partitions' spills
-    gather_cases(parts, records, work / "cases")
-    (work / "config.json").write_text(json.dumps(config.recorded(), sort_keys=True, indent=2),
-                                      encoding="utf-8")
-    ordered = sorted((r for rec in records for r in rec["records"]),
-                     key=lambda r: (r["source"], r["case_id"]))
-    if [[r["source"], r["case_id"]] for r in ordered] != records[0]["selection"]:
-        raise IntegrityError("the partitions' cases do not add up to their selection; rebuild "
-                             "the partitions with the same options")
-    origins = {(s, c): o for s, c, o in records[0]["origins"]}
-    return write_outputs(config, ordered, records[0]["sources"], origins, work, out, quiet=quiet)
-
-
-@click.command("merge")
-@click.argument("parts", nargs=-1, required=True, type=click.Path(file_okay=False, path_type=Path))
-@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="The merged build folder.")
-@click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1),
-              help="Processes for the Parquet conversion (never changes a byte).")
-@click.option("--overwrite", is_flag=True, help="Replace an existing build at --out.")
-def merge_command(parts: tuple[Path, ...], out: Path, workers: int, overwrite: bool) -> None:
-    """Merge the folders of `spar-build ... --partition I/N` into one build (byte-identical
-    to a one-machine build with the same options)."""
-    path = merge(list(parts), out, workers=workers, overwrite=overwrite)
-    click.echo(f"\nbuild written to {path}")

@@ -431,7 +431,7 @@ def test_a_second_build_or_cache_to_one_output_is_refused_naming_the_holder(fake
 def test_merge_to_an_output_being_written_is_refused(tmp_path):
     import os
 
-    from spar_bench.builder.partition import merge
+    from spar_bench.builder.merge import merge
     from spar_bench.errors import ConfigError
     from spar_bench.locks import output_lock
 
