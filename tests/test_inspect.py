@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import types
 
 import numpy as np
 
@@ -45,9 +44,10 @@ def test_inspect_real_word_masks_only(word_labels_dir, monkeypatch, capsys, tmp_
                          "--images", "require"])
     assert code == 2 and "--images synthesize" in capsys.readouterr().err
 
-    module = types.ModuleType("spar_bench.builder.phantom.render")
-    module.render_pseudo_ct = lambda mask, spacing, *, lesion=None, seed: np.zeros(mask.shape, np.int16)
-    monkeypatch.setitem(sys.modules, "spar_bench.builder.phantom.render", module)
+    from spar_bench.builder.synth import render
+
+    monkeypatch.setattr(render, "render_pseudo_ct",
+                        lambda mask, spacing, *, lesion=None, seed: np.zeros(mask.shape, np.int16))
     code = run_cli(cli, ["inspect", "--source", "word", "--root", str(word_labels_dir),
                          "--case", "word_0014", "--images", "synthesize"])
     out = capsys.readouterr().out

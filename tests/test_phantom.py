@@ -17,8 +17,8 @@ from spar_bench.builder.phantom.generate import (
     split_counts,
     write_phantom_dataset,
 )
-from spar_bench.builder.phantom.render import RenderError, derive_body, render_pseudo_ct
 from spar_bench.builder.schema import ORGAN_ID, ORGANS
+from spar_bench.builder.synth.render import RenderError, derive_body, render_pseudo_ct
 from spar_bench.errors import ConfigError, SparError
 
 from helpers import tree_hashes
@@ -141,14 +141,14 @@ def test_organs_inside_body_off_spine_lesions_in_liver(batch, layout):
 def test_first_painted_organ_is_never_carved():
     """Non-overlap by priority: the first organ painted keeps its whole shape."""
     from spar_bench.builder.phantom.generate import organ_shape
-    from spar_bench.builder.phantom.render import _inplane_depth
+    from spar_bench.builder.synth.render import inplane_depth
 
     vol = make_phantom(2, "canonical", **GRID)
     first = vol.params["organs"][0]
     assert first["name"] == PAINT_ORDER[0]
     shape, sp = vol.mask.shape, vol.spacing
     full = organ_shape(first, shape, sp)
-    full &= (_inplane_depth(vol.body, sp) > vol.params["wall_mm"]) & ~vol.bone
+    full &= (inplane_depth(vol.body, sp) > vol.params["wall_mm"]) & ~vol.bone
     np.testing.assert_array_equal(vol.mask == first["id"], full)
 
 

@@ -12,8 +12,8 @@ from scipy import ndimage as ndi
 
 from spar_bench.builder.cli import cli
 from spar_bench.builder.phantom.generate import make_phantom, sample_phantom_params
-from spar_bench.builder.phantom.render import DISTINCT_HU_LEVELS, DISTINCT_ORDER
 from spar_bench.builder.schema import ORGAN_ID, ORGANS
+from spar_bench.builder.synth.render import DISTINCT_HU_LEVELS, DISTINCT_ORDER
 from spar_bench.clitools import run_cli
 from spar_bench.errors import ConfigError
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
-import types
 from pathlib import Path
 
 import nibabel as nib
@@ -52,16 +50,16 @@ def columns(mask: np.ndarray, organ: str) -> float:
 
 @pytest.fixture
 def fake_renderer(monkeypatch):
-    """A stand-in for spar_bench.builder.phantom.render.render_pseudo_ct that records its calls."""
+    """A stand-in for spar_bench.builder.synth.render.render_pseudo_ct that records its calls."""
+    from spar_bench.builder.synth import render
+
     calls = []
 
     def render_pseudo_ct(mask, spacing, *, lesion=None, seed):
         calls.append({"shape": mask.shape, "spacing": spacing, "seed": seed, "lesion": lesion})
         return np.where(mask > 0, 50, -1000).astype(np.int16)
 
-    module = types.ModuleType("spar_bench.builder.phantom.render")
-    module.render_pseudo_ct = render_pseudo_ct
-    monkeypatch.setitem(sys.modules, "spar_bench.builder.phantom.render", module)
+    monkeypatch.setattr(render, "render_pseudo_ct", render_pseudo_ct)
     return calls
 
 
@@ -320,7 +318,6 @@ def test_lits_header_without_sform_qform_uses_voxel_sizes(tmp_path):
 
 @pytest.mark.slow
 def test_word_real_masks_with_real_renderer(word_labels_dir):
-    pytest.importorskip("spar_bench.builder.phantom.render")
     src = WordSource(word_labels_dir, images="synthesize", seed=3)
     ref = src.find()[1]
     a = src.load(ref)

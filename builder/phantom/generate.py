@@ -61,7 +61,7 @@ Layouts
 
 Intensities
 -----------
-From :func:`spar_bench.builder.phantom.render.render_pseudo_ct`. ``intensities="ct"`` (the
+From :func:`spar_bench.builder.synth.render.render_pseudo_ct`. ``intensities="ct"`` (the
 default) keeps its CT-like organ means, under which several organs are within a few HU
 of each other and left/right pairs are identical: in a ``random`` layout "which one is
 the left kidney" is then not answerable from the image. ``intensities="distinct"`` gives
@@ -85,6 +85,14 @@ import numpy as np
 from spar_bench.errors import ConfigError, SparError
 
 from ..schema import ORGAN_ID, ORGANS
+from ..sources.word import SPLIT_DIRS as WORD_SPLIT_DIRS
+from ..synth.render import (
+    DISTINCT_HU_LEVELS,
+    DISTINCT_JITTER_HU,
+    DISTINCT_ORDER,
+    inplane_depth,
+    render_pseudo_ct,
+)
 
 PHANTOM_VERSION = "1.0"
 LAYOUTS: tuple[str, ...] = ("canonical", "mirrored", "random")
@@ -437,12 +445,10 @@ def _check_choices(layout: str, size: str, intensities: str) -> None:
 def distinct_organ_hu(rng: np.random.Generator) -> dict[str, float]:
     """Organ -> mean HU of the ``distinct`` intensities: its fixed level plus N(0, 3 HU).
 
-    The levels (:data:`~spar_bench.builder.phantom.render.DISTINCT_HU_LEVELS`, in the order
-    of :data:`~spar_bench.builder.phantom.render.DISTINCT_ORDER`) are the same for every
+    The levels (:data:`~spar_bench.builder.synth.render.DISTINCT_HU_LEVELS`, in the order
+    of :data:`~spar_bench.builder.synth.render.DISTINCT_ORDER`) are the same for every
     case, so an organ can be recognised by its intensity in any layout.
     """
-    from .render import DISTINCT_HU_LEVELS, DISTINCT_JITTER_HU, DISTINCT_ORDER
-
     jitter = rng.normal(0.0, DISTINCT_JITTER_HU, size=len(DISTINCT_ORDER))
     return {o: round(float(DISTINCT_HU_LEVELS[k] + jitter[k]), 3) for k, o in enumerate(DISTINCT_ORDER)}
 
@@ -524,8 +530,6 @@ def render_phantom(params: dict[str, Any]) -> PhantomVolume:
 
     A pure function: the same record gives the same arrays, byte for byte.
     """
-    from .render import _inplane_depth, render_pseudo_ct
-
     try:
         shape = tuple(int(v) for v in params["shape"])
         spacing = tuple(float(v) for v in params["spacing"])
@@ -541,7 +545,7 @@ def render_phantom(params: dict[str, Any]) -> PhantomVolume:
     cols = np.arange(nc)[None, :] * spacing[2] - s["center_mm"][1]
     spine2d = (rows / s["semi_mm"][0]) ** 2 + (cols / s["semi_mm"][1]) ** 2 <= 1.0
     bone = np.broadcast_to(spine2d, shape) & body
-    interior = (_inplane_depth(body, spacing) > params["wall_mm"]) & ~bone
+    interior = (inplane_depth(body, spacing) > params["wall_mm"]) & ~bone
 
     mask = np.zeros(shape, dtype=np.uint8)
     for organ in organs:
@@ -576,11 +580,8 @@ def make_phantom(seed: int, layout: str = "canonical", **kwargs: Any) -> Phantom
 # ---------------------------------------------------------------------------------------
 # writing a WORD-layout dataset
 # ---------------------------------------------------------------------------------------
-SPLIT_DIRS = {
-    "train": ("imagesTr", "labelsTr"),
-    "val": ("imagesVal", "labelsVal"),
-    "test": ("imagesTs", "labelsTs"),
-}
+#: split -> (image folder, label folder): the WORD layout (:mod:`spar_bench.builder.sources.word`).
+SPLIT_DIRS = {split: (images, labels) for images, labels, split in WORD_SPLIT_DIRS}
 LESION_LABEL = 17
 
 

@@ -3,7 +3,7 @@
 layouts share (:func:`find_image`, :func:`check_unique`, :meth:`VolumeSource.find_pairs`).
 
 A masks-only folder is read with ``images="synthesize"``: the image is then a pseudo-CT
-rendered from the masks by :func:`spar_bench.builder.phantom.render.render_pseudo_ct`,
+rendered from the masks by :func:`spar_bench.builder.synth.render.render_pseudo_ct`,
 seeded per case and recorded. Concrete layouts (WORD, LiTS, TotalSegmentator, nnU-Net,
 the phantom) subclass :class:`VolumeSource` and implement ``find``.
 """
@@ -28,6 +28,7 @@ from ..readers import (
     read_volume,
     strip_nifti_suffix,
 )
+from ..synth import render
 from .base import Source
 
 
@@ -281,14 +282,8 @@ def _to_canonical(image, image_affine, mask, lesion, mask_affine, extra: dict):
 def render_pseudo_ct_checked(
     mask: np.ndarray, spacing: tuple[float, float, float], *, lesion: np.ndarray | None, seed: int, case_id: str
 ) -> np.ndarray:
-    """Call :func:`spar_bench.builder.phantom.render.render_pseudo_ct` and check what it returns."""
-    try:
-        from spar_bench.builder.phantom.render import render_pseudo_ct
-    except ImportError as e:
-        raise ConfigError(
-            f"--images synthesize needs the pseudo-CT renderer spar_bench.builder.phantom.render ({e})"
-        ) from None
-    image = render_pseudo_ct(mask, spacing, lesion=lesion, seed=seed)
+    """Call :func:`spar_bench.builder.synth.render.render_pseudo_ct` and check what it returns."""
+    image = render.render_pseudo_ct(mask, spacing, lesion=lesion, seed=seed)
     if image.shape != mask.shape:
         raise CaseError(case_id, None, f"pseudo-CT has shape {image.shape}, mask {mask.shape}")
     return np.asarray(image, dtype=np.int16)

@@ -14,6 +14,13 @@ from typing import ClassVar
 from ..case import CaseRef
 from .volume import VolumeSource
 
+#: The WORD folders, ``(image folder, label folder, split)``; the phantom is written in them.
+SPLIT_DIRS: tuple[tuple[str, str, str], ...] = (
+    ("imagesTr", "labelsTr", "train"),
+    ("imagesVal", "labelsVal", "val"),
+    ("imagesTs", "labelsTs", "test"),
+)
+
 
 class WordSource(VolumeSource):
     """WORD: ``imagesTr|imagesVal|imagesTs`` + ``labelsTr|labelsVal|labelsTs``, any ``*.nii[.gz]``."""
@@ -26,11 +33,7 @@ class WordSource(VolumeSource):
     labels_manifest: ClassVar[str] = "word"
     split_rule: ClassVar[str] = "official split (folders Tr = train, Val = val, Ts = test)"
     #: (image folder, label folder, split).
-    split_dirs: ClassVar[tuple[tuple[str, str, str], ...]] = (
-        ("imagesTr", "labelsTr", "train"),
-        ("imagesVal", "labelsVal", "val"),
-        ("imagesTs", "labelsTs", "test"),
-    )
+    split_dirs: ClassVar[tuple[tuple[str, str, str], ...]] = SPLIT_DIRS
 
     def find(self) -> list[CaseRef]:
         return self.find_pairs(self.split_dirs)

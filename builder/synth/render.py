@@ -1,7 +1,7 @@
 """Pseudo-CT rendering: HU-like intensities for a canonical label volume.
 
 One renderer serves two callers: the procedural phantom (:mod:`spar_bench.builder.phantom.generate`)
-and real masks-only cases (the WORD label maps ship without CT images), so a
+and real masks-only cases (``--images synthesize``, :mod:`spar_bench.builder.sources.volume`) (the WORD label maps ship without CT images), so a
 pseudo-CT of a real case and a phantom look alike and differ only in anatomy.
 
 Everything is in the canonical frame (:mod:`spar_bench.builder.schema`): arrays ``[z, row, col]``,
@@ -333,7 +333,7 @@ class _CoarseDepth:
     """In-plane depth below the body outline (mm), kept coarse, upsampled per slab.
 
     One in-plane distance transform on a ~2 mm grid (a huge z sampling makes it 2-D per
-    slice); the renderer reads it slab by slab, :func:`_inplane_depth` all at once.
+    slice); the renderer reads it slab by slab, :func:`inplane_depth` all at once.
     """
 
     def __init__(self, body: np.ndarray, spacing):
@@ -355,7 +355,7 @@ class _CoarseDepth:
         return d[:, : self.shape[1], : self.shape[2]]
 
 
-def _inplane_depth(body: np.ndarray, spacing) -> np.ndarray:
+def inplane_depth(body: np.ndarray, spacing) -> np.ndarray:
     """In-plane distance (mm, float32) from each body voxel to the body's outline."""
     return _CoarseDepth(body, spacing).slab(0, body.shape[0])
 
