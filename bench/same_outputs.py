@@ -16,13 +16,15 @@ the other in the same temporary folders (same absolute paths, same cwd), so a re
 cannot differ by where it ran. The installed distribution (its version, its dependencies)
 is the same for both sides; no output embeds a git commit (there is nothing to normalise).
 
-**Pipeline** (CPU, about 1-3 min a side): a 6-case phantom; a build with mirrored
-counterfactuals and a Level 1 build of another seed; ``dummy``-encoder caches of both; ``fit``
-of an ``mlp`` head (controls: blind, mirror, chance/majority/prior) and of a ``transformer``
-token head; a ``sweep`` of 2 heads x 2 probes x 2 seeds in 1 process; ``eval`` (transfer) of a
-fit run on the other build's cache; ``finetune`` of a tiny scratch ViT for 1 epoch with
-controls, and its ``eval`` re-encoding the other build; ``vqa`` with the ``dummy`` and the
-``oracle`` models; ``report``.
+**Pipeline** (CPU, about 1-2 min a side): a 6-case phantom; a build with mirrored
+counterfactuals and a Levels 1+3 build of another seed; ``dummy``-encoder caches of both;
+``fit`` of an ``mlp`` head (controls: blind, mirror, chance/majority/prior) and of a
+``transformer`` token head; ``sweep``: 2 heads x 2 probes x 2 seeds in 1 process, an lr grid
+x 2 seeds trained as one vmapped batch (``--batch-runs on``), and ``--grid-prune``; ``eval``
+(transfer) of a fit run on the other build's cache; ``finetune`` of a tiny scratch ViT for 1
+epoch with controls, and its ``eval`` re-encoding the other build; ``vqa`` with the ``dummy``
+and the ``oracle`` models; ``report``. Both sides get the same argv, in today's CLI spelling
+(``sweep --heads/--probes``): when an old spelling is removed, update :func:`steps`.
 
 **Compared**: every file the steps write under ``runs/`` and ``report/`` (metrics.json,
 config.json, eval-*.json, answers.jsonl, head.pt, exported encoders, the VQA response cache,
@@ -87,6 +89,12 @@ def steps() -> list[tuple[str, list[str]]]:
                         "--proj-dim", "16", *fast]),
         ("spar-probe", ["sweep", "--features", "cache/dummy.h5", "--heads", "linear,mlp", "--probes",
                         f"{L1},{L3B}", "--seeds", "0,1", "--jobs", "1", "--out", "runs/sweep", *fast]),
+        ("spar-probe", ["sweep", "--features", "cache/dummy.h5", "--heads", "mlp", "--probes", L3A,
+                        "--seeds", "0,1", "--grid", "lr=1e-3,3e-4", "--batch-runs", "on", "--jobs", "1",
+                        "--out", "runs/batched", *fast]),
+        ("spar-probe", ["sweep", "--features", "cache/dummy.h5", "--heads", "mlp", "--probes", L1,
+                        "--grid", "lr=1e-3,3e-4", "--grid-prune", "1", "--jobs", "1", "--out",
+                        "runs/pruned", *fast]),
         ("spar-probe", ["eval", "--run", f"glob:runs/fit/*/{L1}/mlp,*/seed0", "--features",
                         "cache/other.h5", "--bootstrap", "20"]),
         ("spar-probe", finetune),
@@ -133,7 +141,8 @@ def export_ref(ref: str, dest: Path) -> None:
         archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", ref],
                                  check=True, capture_output=True).stdout
     except subprocess.CalledProcessError as e:
-        sys.exit(f"error: git archive {ref}: {e.stderr.decode().strip()}")
+        print(f"error: git archive {ref}: {e.stderr.decode().strip()}", file=sys.stderr)
+        raise SystemExit(2) from None
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
 
 
@@ -143,13 +152,17 @@ LAUNCH = ("import sys; sys.path.insert(0, sys.argv[1]); import importlib; "
           "sys.exit(getattr(importlib.import_module(mod), fn)())")
 
 
+class StepFailed(Exception):
+    pass
+
+
 def resolve(argv: list[str], work: Path) -> list[str]:
     out = []
     for a in argv:
         if a.startswith("glob:"):
             hits = sorted(work.glob(a[5:]))
             if len(hits) != 1:
-                sys.exit(f"error: {a[5:]} matches {len(hits)} paths in {work}, not one")
+                raise StepFailed(f"{a[5:]} matches {len(hits)} paths in {work}, not one")
             a = hits[0].relative_to(work).as_posix()
         out.append(a)
     return out
@@ -175,7 +188,7 @@ def run_side(label: str, code: Path, scripts: dict[str, str], work: Path, log: P
             rc = subprocess.run(cmd, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
             print(f"  {label}: {script} {argv[0]:<10} rc={rc} {time.monotonic() - t0:5.1f} s", flush=True)
             if rc != 0:
-                sys.exit(f"error: {label}: `{script} {' '.join(argv)}` exited {rc}; see {log}")
+                raise StepFailed(f"{label}: `{script} {' '.join(argv)}` exited {rc}")
     return time.monotonic() - start
 
 
@@ -251,11 +264,20 @@ def main(argv: list[str] | None = None) -> int:
         else:
             ref_src, ref_label = args.tree, "tree (1st run)"
         seconds = {}
-        for label, src, name in ((ref_label, ref_src, "ref"), ("tree", args.tree, "tree")):
-            scripts = lay_out(src, code)
-            seconds[name] = run_side(label, code, scripts, work, log)
-            work.rename(tmp / f"out-{name}")
-            shutil.rmtree(code)
+        try:
+            for label, src, name in ((ref_label, ref_src, "ref"), ("tree", args.tree, "tree")):
+                scripts = lay_out(src, code)
+                seconds[name] = run_side(label, code, scripts, work, log)
+                work.rename(tmp / f"out-{name}")
+                shutil.rmtree(code)
+        except StepFailed as e:
+            print("".join(log.read_text().splitlines(keepends=True)[-15:]), file=sys.stderr)
+            if args.keep:
+                args.keep.mkdir(parents=True, exist_ok=True)
+                shutil.copy(log, args.keep / "steps.log")
+            print(f"error: {e} (its output above{'; the log in --keep' if args.keep else ''})",
+                  file=sys.stderr)
+            return 2
         rows, bad = compare(tmp / "out-ref", tmp / "out-tree", args.compare_all)
         width = max(len(n) for n, _ in rows)
         for name, verdict in rows:
