@@ -29,7 +29,7 @@ import os
 import shutil
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +39,7 @@ from spar_bench.errors import CaseError, ConfigError, IntegrityError, SparError
 from spar_bench.provenance import json_safe, path_from_build, portable_path
 
 if TYPE_CHECKING:
+    from .case import CaseRef
     from .samples import SampleConfig
 
 from .schema import (
@@ -191,18 +192,79 @@ def _to_storable(arr: Any) -> np.ndarray:
     return arr
 
 
-def _spill(cases_dir: Path, stem: str, result: dict[str, dict[str, Any]], meta: dict[str, Any]) -> None:
+@dataclass(frozen=True)
+class CaseJob:
+    """One case for a worker (:func:`process_one`); picklable, so any start method runs it."""
+
+    ref: CaseRef
+    source_cls: type
+    root: str
+    images: str
+    seed: int
+    sample: dict[str, Any]
+    cases_dir: str
+    config_sha256: str
+    unknown_labels: str = "fail"
+    resume: bool = False
+
+    @property
+    def stem(self) -> str:
+        return _case_stem(self.ref.source, self.ref.case_id)
+
+
+@dataclass(frozen=True)
+class CaseRecord:
+    """A processed case's index record: ``OUT.tmp/cases/<stem>.json`` (written after its
+    ``.npz``: the case is done), an entry of ``partition.json``, a row of the manifest's cases.
+
+    ``status`` is ``"ok"`` (then ``provenance``, ``image_synthesized``, ``rows`` and
+    ``spill_sha256`` are set) or ``"error"`` (then ``reason``); :meth:`to_json` leaves the
+    other fields out.
+    """
+
+    source: str
+    case_id: str
+    split: str
+    patient_id: str
+    config_sha256: str
+    status: str
+    inputs: dict[str, str]
+    reason: str | None = None
+    provenance: dict[str, Any] | None = None
+    image_synthesized: bool | None = None
+    rows: dict[str, int] | None = None
+    spill_sha256: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as its ``.json`` file and ``partition.json`` hold it (unset fields left out)."""
+        return json_safe({k: v for k, v in asdict(self).items() if v is not None})
+
+    @classmethod
+    def from_json(cls, record: Any) -> CaseRecord | None:
+        """The record read back from :meth:`to_json`'s dict, or None when it is not one."""
+        try:
+            return cls(**record)
+        except TypeError:
+            return None
+
+
+def _spill(cases_dir: Path, stem: str, result: dict[str, dict[str, Any]], record: CaseRecord) -> CaseRecord:
     """Write the case's arrays, then its ``.json`` record (with the arrays' sha256): done."""
     from spar_bench.hashing import sha256_file
 
     arrays = {f"{part}/{name}": _to_storable(v) for part, d in result.items() for name, v in d.items()}
     tmp = cases_dir / f"{stem}.part.npz"
     np.savez(tmp, **arrays)
-    meta["spill_sha256"] = sha256_file(tmp)
+    record = replace(record, spill_sha256=sha256_file(tmp))
     os.replace(tmp, cases_dir / f"{stem}.npz")
     tmp_json = cases_dir / f"{stem}.part.json"
-    tmp_json.write_text(json.dumps(json_safe(meta), sort_keys=True), encoding="utf-8")
+    tmp_json.write_text(json.dumps(record.to_json(), sort_keys=True), encoding="utf-8")
     os.replace(tmp_json, cases_dir / f"{stem}.json")
+    return record
 
 
 def load_case_result(
@@ -250,7 +312,11 @@ def _digest(path: str | Path) -> str:
         return "unreadable"
 
 
-def _reusable_spill(job: dict[str, Any], expected: dict[str, Any]) -> dict[str, Any] | None:
+#: The fields that say which case, split, patient and config a record is of.
+_CASE_IDENTITY = ("source", "case_id", "split", "patient_id", "config_sha256")
+
+
+def _reusable_spill(job: CaseJob, expected: CaseRecord) -> CaseRecord | None:
     """The spilled record of a case if it still holds, else None (the case is rebuilt).
 
     It holds when its ``.json`` parses, names the same case, split, patient and config,
@@ -259,61 +325,64 @@ def _reusable_spill(job: dict[str, Any], expected: dict[str, Any]) -> dict[str, 
     """
     from spar_bench.hashing import sha256_file
 
-    stem = _case_stem(job["ref"].source, job["ref"].case_id)
-    cases_dir = Path(job["cases_dir"])
+    cases_dir = Path(job.cases_dir)
     try:
-        rec = json.loads((cases_dir / f"{stem}.json").read_text(encoding="utf-8"))
-        npz_sha = sha256_file(cases_dir / f"{stem}.npz")
+        rec = CaseRecord.from_json(json.loads((cases_dir / f"{job.stem}.json").read_text(encoding="utf-8")))
+        npz_sha = sha256_file(cases_dir / f"{job.stem}.npz")
     except (OSError, ValueError):
         return None
-    if not isinstance(rec, dict) or rec.get("status") != "ok" or rec.get("spill_sha256") != npz_sha:
+    if rec is None or not rec.ok or rec.spill_sha256 != npz_sha:
         return None
-    if any(rec.get(k) != v for k, v in expected.items()):
+    if any(getattr(rec, k) != getattr(expected, k) for k in _CASE_IDENTITY):
         return None
-    return rec if rec.get("inputs") == input_digest(job["ref"]) else None
+    return rec if rec.inputs == input_digest(job.ref) else None
 
 
-def process_one(job: dict[str, Any]) -> dict[str, Any]:
+def process_one(job: CaseJob) -> CaseRecord:
     """Worker: load one case, make its samples, spill them; return its index record.
 
-    With ``job["resume"]`` a spilled case whose inputs, config and spill file are
+    With ``job.resume`` a spilled case whose inputs, config and spill file are
     unchanged is returned as it is (:func:`_reusable_spill`); any other is rebuilt.
     Top-level and argument-only (picklable), so it runs under any multiprocessing
-    start method. A :class:`CaseError` becomes ``{"status": "error", ...}``.
+    start method. A :class:`CaseError` becomes a record with ``status="error"``.
     """
     from .samples import SampleConfig, process_case
 
-    ref, cases_dir = job["ref"], Path(job["cases_dir"])
-    meta: dict[str, Any] = {"source": ref.source, "case_id": ref.case_id, "split": ref.split,
-                            "patient_id": ref.patient, "config_sha256": job["config_sha256"]}
-    if job.get("resume") and (rec := _reusable_spill(job, meta)) is not None:
+    ref, cases_dir = job.ref, Path(job.cases_dir)
+    record = CaseRecord(source=ref.source, case_id=ref.case_id, split=ref.split, patient_id=ref.patient,
+                        config_sha256=job.config_sha256, status="", inputs={})
+    if job.resume and (rec := _reusable_spill(job, record)) is not None:
         return rec
-    (cases_dir / f"{_case_stem(ref.source, ref.case_id)}.json").unlink(missing_ok=True)  # stale or torn
+    (cases_dir / f"{job.stem}.json").unlink(missing_ok=True)  # stale or torn
+    inputs = None
     try:
-        src = open_source(job["source_cls"], job["root"], images=job["images"], seed=job["seed"],
-                          unknown_labels=job.get("unknown_labels", "fail"))
+        src = open_source(job.source_cls, job.root, images=job.images, seed=job.seed,
+                          unknown_labels=job.unknown_labels)
         case = src.load(ref)
-        meta["inputs"] = input_digest(ref)  # after the read: its file digests are reused
-        result = process_case(case, SampleConfig.from_dict(job["sample"]), job["seed"])
+        inputs = input_digest(ref)  # after the read: its file digests are reused
+        result = process_case(case, SampleConfig.from_dict(job.sample), job.seed)
     except CaseError as e:
-        return {**meta, "inputs": meta.get("inputs") or input_digest(ref), "status": "error", "reason": str(e)}
-    levels = job["sample"]["levels"]
+        return replace(record, inputs=inputs or input_digest(ref), status="error", reason=str(e))
+    result = _checked_result(ref.case_id, result, job.sample["levels"])
+    record = replace(record, inputs=inputs, status="ok",
+                     provenance=_portable_provenance(case.provenance, job.root),
+                     image_synthesized=bool(case.image_synthesized),
+                     rows={p: _rows(result[p]) for p in LEVEL_PARTS})
+    return _spill(cases_dir, job.stem, result, record)
+
+
+def _checked_result(case_id: str, result: dict[str, dict[str, Any]], levels: list[str]) -> dict[str, dict[str, Any]]:
+    """``process_case``'s result with every part (empty where not built); SparError when a
+    level asked for is missing or its rows have no key."""
     wanted = [*levels, *(q for lv in levels if (q := LEVEL_SPECS[lv].questions))]
     missing = [p for p in wanted if p not in result]
     if missing:
-        raise SparError(f"case {ref.case_id}: process_case returned no {', '.join(missing)}")
+        raise SparError(f"case {case_id}: process_case returned no {', '.join(missing)}")
     result = {p: result.get(p, {}) for p in LEVEL_PARTS}
     for part in LEVELS:
         if result[part] and "key" not in result[part]:
-            raise SparError(f"case {ref.case_id}: process_case gave {part} rows without 'key'")
-    meta.update(
-        status="ok",
-        provenance=_portable_provenance(case.provenance, job["root"]),
-        image_synthesized=bool(case.image_synthesized),
-        rows={p: _rows(result[p]) for p in LEVEL_PARTS},
-    )
-    _spill(cases_dir, _case_stem(ref.source, ref.case_id), result, meta)
-    return meta
+            raise SparError(f"case {case_id}: process_case gave {part} rows without 'key'")
+    return result
 
 
 # -- thresholds ------------------------------------------------------------------------
@@ -340,16 +409,16 @@ def _fitting_levels(levels: tuple[str, ...]) -> list[str]:
     return [lv for lv in levels if level_hooks(lv).fits_thresholds]
 
 
-def _needs_thresholds(level: str, records: list[dict], cases_dir: Path) -> bool:
+def _needs_thresholds(level: str, records: list[CaseRecord], cases_dir: Path) -> bool:
     """Whether any case has a question of ``level`` that the thresholds decide."""
     from .samples.levels import level_hooks
 
     part = LEVEL_SPECS[level].questions
     return any(level_hooks(level).needs_thresholds(
-        load_case_result(cases_dir, _case_stem(r["source"], r["case_id"]), (part,))[part]) for r in records)
+        load_case_result(cases_dir, _case_stem(r.source, r.case_id), (part,))[part]) for r in records)
 
 
-def _thresholds(config: BuildConfig, records: list[dict], cases_dir: Path, levels: tuple[str, ...]):
+def _thresholds(config: BuildConfig, records: list[CaseRecord], cases_dir: Path, levels: tuple[str, ...]):
     """(thresholds, origin) of the build: fitted, taken from another build, or not needed."""
     from .samples.levels import level_hooks
 
@@ -364,7 +433,7 @@ def _thresholds(config: BuildConfig, records: list[dict], cases_dir: Path, level
         return th, f"from build {fp}" + (f" ({where})" if where else "")
     if not _needs_thresholds(level, records, cases_dir):  # e.g. a lesion-only (LiTS) build
         return None, f"not needed (no {hooks.threshold_questions} in this build)"
-    splits = sorted({r["split"] for r in records})
+    splits = sorted({r.split for r in records})
     fit_split = config.fit_thresholds_on or ("train" if "train" in splits else None)
     if fit_split is None:
         raise ConfigError(
@@ -376,8 +445,8 @@ def _thresholds(config: BuildConfig, records: list[dict], cases_dir: Path, level
         raise ConfigError(f"--fit-thresholds-on {fit_split}: no such split; splits: {', '.join(splits)}")
     tables = []
     for r in records:
-        if r["split"] == fit_split:
-            res = load_case_result(cases_dir, _case_stem(r["source"], r["case_id"]), (level, spec.questions))
+        if r.split == fit_split:
+            res = load_case_result(cases_dir, _case_stem(r.source, r.case_id), (level, spec.questions))
             tables.append(hooks.fit_input(res[level], res[spec.questions]))
     return json_safe(hooks.fit(tables)), f"fitted on split {fit_split!r} (original, non-mirror questions)"
 
@@ -515,7 +584,7 @@ def _portable_text(text: str, root: str) -> str:
 
 
 def _published_sources(config: BuildConfig, sources_info: dict[str, dict[str, Any]],
-                       records: list[dict]) -> dict[str, dict[str, Any]]:
+                       records: list[CaseRecord]) -> dict[str, dict[str, Any]]:
     """The sources' records as published: ``root`` as seen from OUT (or None), and
     ``inputs_sha256`` over the sha256 of every input file of the source's built cases.
 
@@ -527,8 +596,8 @@ def _published_sources(config: BuildConfig, sources_info: dict[str, dict[str, An
     roots = dict(zip(config.sources, config.roots, strict=True))
     out = {}
     for name, info in sources_info.items():
-        entries = [(f"{r['case_id']}/{role}", sha) for r in records if r["source"] == name
-                   for role, sha in (r.get("provenance") or {}).get("sha256", {}).items()]
+        entries = [(f"{r.case_id}/{role}", sha) for r in records if r.source == name
+                   for role, sha in (r.provenance or {}).get("sha256", {}).items()]
         out[name] = {**info, "root": path_from_build(roots[name], config.out),
                      "inputs_sha256": fingerprint(entries), "n_inputs": len(entries)}
     return out
@@ -549,21 +618,21 @@ def _refuse_local_paths(config: BuildConfig, manifest: dict[str, Any], out_dir: 
                                  "this is a bug in SPAR-Bench, please report it")
 
 
-def _run_cases(config: BuildConfig, refs, cases_dir: Path, sample: dict) -> dict[tuple[str, str], dict]:
+def _run_cases(config: BuildConfig, refs, cases_dir: Path, sample: dict) -> dict[tuple[str, str], CaseRecord]:
     from tqdm.auto import tqdm
 
-    done: dict[tuple[str, str], dict] = {}
+    done: dict[tuple[str, str], CaseRecord] = {}
     config_sha = hashlib.sha256(json.dumps(config.recorded(), sort_keys=True).encode("utf-8")).hexdigest()
-    todo = [{"ref": ref, "source_cls": cls, "root": str(root), "images": config.images, "seed": config.seed,
-             "sample": sample, "cases_dir": str(cases_dir), "unknown_labels": config.unknown_labels,
-             "resume": config.resume, "config_sha256": config_sha} for ref, root, cls in refs]
+    todo = [CaseJob(ref=ref, source_cls=cls, root=str(root), images=config.images, seed=config.seed,
+                    sample=sample, cases_dir=str(cases_dir), config_sha256=config_sha,
+                    unknown_labels=config.unknown_labels, resume=config.resume) for ref, root, cls in refs]
     bar = tqdm(total=len(refs), desc="cases", unit="case")
 
-    def accept(rec: dict) -> None:
-        if rec["status"] == "error" and config.on_error == "fail":
-            raise CaseError(rec["case_id"], None, rec["reason"].removeprefix(f"case {rec['case_id']}: ")
+    def accept(rec: CaseRecord) -> None:
+        if not rec.ok and config.on_error == "fail":
+            raise CaseError(rec.case_id, None, rec.reason.removeprefix(f"case {rec.case_id}: ")
                             + " (pass --on-error skip to leave bad cases out)")
-        done[(rec["source"], rec["case_id"])] = rec
+        done[(rec.source, rec.case_id)] = rec
         bar.update(1)
 
     try:
@@ -614,15 +683,15 @@ def _write_shards(config, records, cases_dir: Path, out_dir: Path, levels, thres
     from .samples.levels import level_hooks
     from .writers.hdf5 import ShardSink
 
-    splits = ordered_splits(r["split"] for r in records)
+    splits = ordered_splits(r.split for r in records)
     shards: dict[str, dict[str, list]] = {}
     counts: dict[str, dict[str, dict]] = {}
     for level in levels:
         spec = LEVEL_SPECS[level]
         shards[level], counts[level] = {}, {}
         for split in splits:
-            recs = [r for r in records if r["split"] == split]
-            n_rows = sum(r["rows"][level] for r in recs)
+            recs = [r for r in records if r.split == split]
+            n_rows = sum(r.rows[level] for r in recs)
             attrs = {"schema_version": SCHEMA_VERSION, "builder_version": __version__}
             if spec.shuffled:
                 attrs["arrangement"] = sample_cfg.arrangement
@@ -632,7 +701,7 @@ def _write_shards(config, records, cases_dir: Path, out_dir: Path, levels, thres
             n_q = 0
             for r in tqdm(recs, desc=f"{level}/{split}", unit="case", leave=False):
                 parts = (level, spec.questions) if spec.questions else (level,)
-                res = load_case_result(cases_dir, _case_stem(r["source"], r["case_id"]), parts)
+                res = load_case_result(cases_dir, _case_stem(r.source, r.case_id), parts)
                 if spec.questions:
                     q = level_hooks(level).finalise(res[spec.questions], thresholds)
                     res[spec.questions] = q
@@ -708,7 +777,7 @@ def build(config: BuildConfig, *, quiet: bool = False) -> Path:
                 return write_outputs(config, ordered, sources_info, origins, work, out, quiet=quiet)
             from .partition import finish_partition
 
-            path = finish_partition(config.recorded(), config.partition, selection, json_safe(ordered),
+            path = finish_partition(config.recorded(), config.partition, selection, [r.to_json() for r in ordered],
                                     sources_info, origins, work, out)
     if not quiet:
         import click
@@ -718,7 +787,7 @@ def build(config: BuildConfig, *, quiet: bool = False) -> Path:
     return path
 
 
-def write_outputs(config: BuildConfig, ordered: list[dict], sources_info: dict[str, Any],
+def write_outputs(config: BuildConfig, ordered: list[CaseRecord], sources_info: dict[str, Any],
                   origins: dict, work: Path, out: Path, *, quiet: bool = False) -> Path:
     """Phase 2: thresholds over all cases, shards, HF folder, manifest; move ``work/out`` to ``out``.
 
@@ -730,7 +799,7 @@ def write_outputs(config: BuildConfig, ordered: list[dict], sources_info: dict[s
     sample_cfg = _sample_config(config)
     levels = tuple(lv for lv in LEVELS if lv in sample_cfg.levels)
     cases_dir = work / "cases"
-    records = [r for r in ordered if r["status"] == "ok"]
+    records = [r for r in ordered if r.ok]
     skipped = _skipped_cases(config, ordered)
     if not records:
         raise SparError(f"every case failed; first: {skipped[0]['reason'] if skipped else 'none found'}")
@@ -740,7 +809,7 @@ def write_outputs(config: BuildConfig, ordered: list[dict], sources_info: dict[s
 
         for name, info in sources_info.items():
             info["level12"] = level12_reach(info.get("label_map") or {}, sample_cfg.l12_min_organs,
-                                            [r["rows"] for r in records if r["source"] == name])
+                                            [r.rows for r in records if r.source == name])
     th, th_origin = _thresholds(config, records, cases_dir, levels)
     out_dir = work / "out"
     shards, counts = _write_shards(config, records, cases_dir, out_dir, levels, th, sample_cfg)
@@ -764,17 +833,17 @@ def write_outputs(config: BuildConfig, ordered: list[dict], sources_info: dict[s
     return out
 
 
-def _skipped_cases(config: BuildConfig, ordered: list[dict]) -> list[dict[str, Any]]:
+def _skipped_cases(config: BuildConfig, ordered: list[CaseRecord]) -> list[dict[str, Any]]:
     """The manifest's ``skipped`` entries: source, case id, split and a portable reason."""
     roots = dict(zip(config.sources, config.roots, strict=True))
-    return [{k: r[k] for k in ("source", "case_id", "split")}
-            | {"reason": _portable_text(r["reason"], roots[r["source"]])}
-            for r in ordered if r["status"] != "ok"]
+    return [{"source": r.source, "case_id": r.case_id, "split": r.split,
+             "reason": _portable_text(r.reason, roots[r.source])}
+            for r in ordered if not r.ok]
 
 
 def _manifest(config: BuildConfig, sample_cfg: SampleConfig, levels: tuple[str, ...],
               sources_info: dict[str, Any], thresholds: dict[str, Any], *, shards, hf_info,
-              counts, records: list[dict], origins: dict, skipped: list[dict]) -> dict[str, Any]:
+              counts, records: list[CaseRecord], origins: dict, skipped: list[dict]) -> dict[str, Any]:
     """The build's ``manifest.json`` record (before :func:`json_safe`)."""
     from spar_bench.provenance import BUILD_PACKAGES, package_versions
 
@@ -793,9 +862,9 @@ def _manifest(config: BuildConfig, sample_cfg: SampleConfig, levels: tuple[str, 
         "shards": shards,
         "hf": hf_info,
         "counts": counts,
-        "cases": [{**{k: r.get(k) for k in ("source", "case_id", "split", "patient_id",
-                                            "image_synthesized", "rows", "provenance")},
-                   "split_origin": origins[(r["source"], r["case_id"])]}
+        "cases": [{**{k: getattr(r, k) for k in ("source", "case_id", "split", "patient_id",
+                                                 "image_synthesized", "rows", "provenance")},
+                   "split_origin": origins[(r.source, r.case_id)]}
                   for r in records],
         "skipped": skipped,
         "versions": package_versions(BUILD_PACKAGES),

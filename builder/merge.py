@@ -16,7 +16,7 @@ import click
 
 from spar_bench.errors import ConfigError, IntegrityError
 
-from .build import BuildConfig, owned_work, write_outputs
+from .build import BuildConfig, CaseRecord, owned_work, write_outputs
 from .partition import gather_cases, read_partitions
 
 
@@ -66,13 +66,25 @@ def _merge(parts: list[Path], out: Path, *, workers: int, overwrite: bool, quiet
     gather_cases(parts, records, work / "cases")
     (work / "config.json").write_text(json.dumps(config.recorded(), sort_keys=True, indent=2),
                                       encoding="utf-8")
-    ordered = sorted((r for rec in records for r in rec["records"]),
-                     key=lambda r: (r["source"], r["case_id"]))
-    if [[r["source"], r["case_id"]] for r in ordered] != records[0]["selection"]:
+    ordered = sorted(_case_records(records), key=lambda r: (r.source, r.case_id))
+    if [[r.source, r.case_id] for r in ordered] != records[0]["selection"]:
         raise IntegrityError("the partitions' cases do not add up to their selection; rebuild "
                              "the partitions with the same options")
     origins = {(s, c): o for s, c, o in records[0]["origins"]}
     return write_outputs(config, ordered, records[0]["sources"], origins, work, out, quiet=quiet)
+
+
+def _case_records(records: list[dict[str, Any]]) -> list[CaseRecord]:
+    """Every partition's case records; IntegrityError on one this builder cannot read."""
+    out = []
+    for rec in records:
+        for r in rec["records"]:
+            case = CaseRecord.from_json(r)
+            if case is None:
+                raise IntegrityError("a partition's case record is not one this builder knows; merge "
+                                     "with the spar-bench version that built the partitions")
+            out.append(case)
+    return out
 
 
 @click.command("merge")

@@ -86,7 +86,7 @@ def test_resume_after_interruption_equals_clean_build(fake_root: Path, tmp_path:
     calls = []
 
     def flaky(job):
-        calls.append(job["ref"].case_id)
+        calls.append(job.ref.case_id)
         if len(calls) == 3:
             raise KeyboardInterrupt("simulated kill")
         return real(job)

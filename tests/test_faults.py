@@ -111,7 +111,7 @@ def interrupt_after(monkeypatch, n_cases: int):
     real, calls = bb.process_one, []
 
     def flaky(job):
-        calls.append(job["ref"].case_id)
+        calls.append(job.ref.case_id)
         if len(calls) > n_cases:
             raise KeyboardInterrupt("simulated kill")
         return real(job)
