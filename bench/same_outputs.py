@@ -176,7 +176,8 @@ def run_side(label: str, code: Path, scripts: dict[str, str], work: Path, log: P
     check = ("import spar_bench.probes, spar_bench.builder, sys; "
              "sys.exit(0 if all(m.__file__.startswith(sys.argv[1]) for m in "
              "(spar_bench, spar_bench.probes, spar_bench.builder)) else 3)")
-    subprocess.run([sys.executable, "-c", check, str(code)], cwd=work, env=env, check=True)
+    if subprocess.run([sys.executable, "-c", check, str(code)], cwd=work, env=env).returncode:
+        raise StepFailed(f"{label}: spar_bench does not import from {code}")
     start = time.monotonic()
     with log.open("a") as out:
         for script, argv in steps():
@@ -257,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="spar-same-") as tmp_:
         tmp = Path(tmp_)
         log = tmp / "steps.log"
+        log.touch()
         code, work = tmp / "code", tmp / "work"  # the same paths for both sides
         if args.ref:
             export_ref(args.ref, tmp / "src-ref")
