@@ -4,6 +4,7 @@ with the working tree's code, must write byte-identical outputs.
     python bench/same_outputs.py --ref HEAD              # HEAD against the working tree
     python bench/same_outputs.py --ref main~3 --keep /tmp/same   # keep both output trees
     python bench/same_outputs.py --ref HEAD --tree /tmp/scratch  # another checkout as "tree"
+    python bench/same_outputs.py --ref HEAD~1 --tree-ref HEAD    # two commits (others' edits aside)
     python bench/same_outputs.py --self                  # the tree twice: is it deterministic?
 
 **Code.** Each side's code is laid out as the installed package would be: its ``setup.cfg``
@@ -251,7 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     side = ap.add_mutually_exclusive_group(required=True)
     side.add_argument("--ref", help="git ref whose code is the reference (e.g. HEAD, main~2)")
     side.add_argument("--self", action="store_true", help="run the tree twice (determinism)")
-    ap.add_argument("--tree", type=Path, default=REPO, help="checkout to compare (default: this one)")
+    tree = ap.add_mutually_exclusive_group()
+    tree.add_argument("--tree", type=Path, default=REPO, help="checkout to compare (default: this one)")
+    tree.add_argument("--tree-ref", help="compare this git ref's code instead of a checkout")
     ap.add_argument("--keep", type=Path, help="copy both output trees (ref/, tree/) and the log here")
     ap.add_argument("--compare-all", action="store_true", help="also compare builds, caches, binaries")
     args = ap.parse_args(argv)
@@ -260,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
         log = tmp / "steps.log"
         log.touch()
         code, work = tmp / "code", tmp / "work"  # the same paths for both sides
+        if args.tree_ref:
+            export_ref(args.tree_ref, tmp / "src-tree")
+            args.tree = tmp / "src-tree"
         if args.ref:
             export_ref(args.ref, tmp / "src-ref")
             ref_src, ref_label = tmp / "src-ref", f"ref {args.ref}"
