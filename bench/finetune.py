@@ -81,21 +81,22 @@ def setup(args, data: Path):
     from spar_bench.probes.finetune.config import FinetuneConfig
     from spar_bench.probes.finetune.data import epoch_batches
     from spar_bench.probes.finetune.loop import Split, Trainer
-    from spar_bench.probes.finetune.run import _encoding, _new_head, _targets, parse_model_args
+    from spar_bench.probes.finetune.run import load_encoding, new_head, parse_model_args
+    from spar_bench.probes.runs.inputs import build_splits
     from spar_bench.probes.tasks import get_probe
 
     cfg = FinetuneConfig(batch_size=args.batch, device=args.device, compute=args.compute,
                          workers=args.workers, max_epochs=1)
     build = Build(data)
     spec = get_probe(args.probe)
-    from spar_bench.probes.runspec import RunSpec
+    from spar_bench.probes.runs.spec import RunSpec
 
     run = RunSpec(features=str(data), probe=args.probe, head="mlp", train=cfg.train_config())
-    tr = _targets(build, run)[0]
-    encoding, precision = _encoding(args.encoder, build, 0, cfg, weights=None, init="scratch",
+    tr = build_splits(build, run).tr
+    encoding, precision = load_encoding(args.encoder, build, 0, cfg, weights=None, init="scratch",
                                     model_kwargs=parse_model_args(args.model_args))
     trs = Split(tr, spec.level, "train")
-    head = _new_head(encoding, "mlp", spec, "pooled", 0, {}, trs)[0]
+    head = new_head(encoding, "mlp", spec, "pooled", 0, {}, trs)[0]
     trainer = Trainer(encoding, head, "pooled", 0, Path(tempfile.mkdtemp()), {}, progress=False)
     batches = epoch_batches(tr.rows, args.batch, 0, 0)[: args.batches]
     trainer.schedule(len(batches))

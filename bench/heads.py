@@ -86,8 +86,8 @@ def prepare(
 def train_from_cache(cache_path: Path, epochs: int, seed: int = 0) -> float:
     import torch
 
-    from spar_bench.probes.fit import resolve_build
     from spar_bench.probes.heads import build_head
+    from spar_bench.probes.runs.inputs import resolve_build
     from spar_bench.probes.targets import load_targets
     from spar_bench.probes.tasks import get_probe
 
@@ -113,8 +113,8 @@ def train_reencoding(
 
     from spar_bench.probes.encoders import load_encoder
     from spar_bench.probes.features import FeatureCache
-    from spar_bench.probes.fit import resolve_build
     from spar_bench.probes.heads import build_head
+    from spar_bench.probes.runs.inputs import resolve_build
     from spar_bench.probes.targets import load_targets
     from spar_bench.probes.tasks import get_probe
 
@@ -145,7 +145,7 @@ def train_reencoding(
 def _fit_epochs(head, task, epochs: int, features, t, batch: int = 64) -> None:
     import torch
 
-    from spar_bench.probes.train import batch_tensors, loss_fn
+    from spar_bench.probes.train import batch_tensors
 
     opt = torch.optim.AdamW(head.parameters(), lr=1e-3, weight_decay=0.01)
     gen = torch.Generator().manual_seed(0)
@@ -155,7 +155,7 @@ def _fit_epochs(head, task, epochs: int, features, t, batch: int = 64) -> None:
         for s in range(0, len(t), batch):
             idx = np.sort(order[s : s + batch])
             _, q, y = batch_tensors(dummy, t.subset(np.arange(len(t))), idx)
-            loss = loss_fn(task, head(features(idx), q), y)
+            loss = task.loss_value(head(features(idx), q), y)
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -166,11 +166,11 @@ def time_level3_transformer(cache_path: Path, epochs: int) -> tuple[float, float
     import torch
 
     from spar_bench.probes.features import FeatureCache
-    from spar_bench.probes.fit import load_features, resolve_build
     from spar_bench.probes.heads import build_head
+    from spar_bench.probes.runs.inputs import load_features, resolve_build
     from spar_bench.probes.targets import load_targets
     from spar_bench.probes.tasks import get_probe
-    from spar_bench.probes.train import epoch_order, group_batch, loss_fn
+    from spar_bench.probes.train import epoch_order, group_batch
 
     cache = FeatureCache(cache_path)
     task = get_probe("level3.relative_position")
@@ -190,7 +190,7 @@ def time_level3_transformer(cache_path: Path, epochs: int) -> tuple[float, float
             for s in range(0, len(t), 256):
                 x, index, q, y = group_batch(feats, t, order[s : s + 256])
                 out = head(x, q, index) if shared else head(x[index], q)
-                loss = loss_fn(task, out, y)
+                loss = task.loss_value(out, y)
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
@@ -201,8 +201,8 @@ def time_level3_transformer(cache_path: Path, epochs: int) -> tuple[float, float
 def time_sweep(cache_path: Path, heads: list[str], seeds: list[int], jobs: int, out: Path,
                max_epochs: int | None, small: bool) -> tuple[float, list]:  # fmt: skip
     """Seconds of a full sweep (all probes x ``heads`` x ``seeds``) and its per-run results."""
-    from spar_bench.probes.fit import parse_probes
-    from spar_bench.probes.sweep import make_jobs, run_sweep
+    from spar_bench.probes.cli.options import parse_probes
+    from spar_bench.probes.runs.sweep import make_jobs, run_sweep
 
     options = {"max_epochs": max_epochs, "batch_size": 64 if small else None}
     js = make_jobs(str(cache_path), heads, parse_probes("all"), seeds, options, [{}], str(out),
@@ -255,8 +255,8 @@ def time_batched(cache_path: Path, probe: str, head: str, seeds: list[int], epoc
     seed ``seeds[0]``; then "one at a time" times the FIRST point only (one configuration).
     """
     from spar_bench.probes.ensemble import train_heads
-    from spar_bench.probes.fit import prepare_run
-    from spar_bench.probes.runspec import make_run
+    from spar_bench.probes.runs.session import prepare_run
+    from spar_bench.probes.runs.spec import make_run
     from spar_bench.probes.train import train_head
 
     points = [(seeds[0], lr, wd) for lr, wd in grid] if grid else [(s, 1e-3, 0.01) for s in seeds]
@@ -266,12 +266,12 @@ def time_batched(cache_path: Path, probe: str, head: str, seeds: list[int], epoc
     sp = prepared[0].splits
     t0 = time.perf_counter()
     for r, p in zip(runs[:1] if grid else runs, prepared, strict=False):
-        train_head(p.model, (p.feats["train"], sp.tr), (p.feats[sp.val_split], sp.va), r.train, r.seed)
+        train_head(p.head.model, (p.head.feats["train"], sp.tr), (p.head.feats[sp.val_split], sp.va), r.train, r.seed)
     alone = time.perf_counter() - t0
     fresh = [prepare_run(r) for r in runs]  # untrained heads again
     t0 = time.perf_counter()
-    train_heads([p.model for p in fresh], ([p.feats["train"] for p in fresh], sp.tr),
-                ([p.feats[sp.val_split] for p in fresh], sp.va), [r.train for r in runs], [r.seed for r in runs])  # fmt: skip
+    train_heads([p.head.model for p in fresh], ([p.head.feats["train"] for p in fresh], sp.tr),
+                ([p.head.feats[sp.val_split] for p in fresh], sp.va), [r.train for r in runs], [r.seed for r in runs])  # fmt: skip
     return alone, time.perf_counter() - t0
 
 
@@ -280,9 +280,10 @@ def time_grid_prune(cache_path: Path, probe: str, head: str, seeds: list[int],
     """Seconds, each seed's chosen point and its test headline: ``one`` (grid[0] per seed alone),
     ``alone`` (every grid point alone), ``0`` (the full grid as one batch) and each K of ``ks`` (the grid pruned after epoch K)."""
     from spar_bench.probes.ensemble import Prune, train_heads
-    from spar_bench.probes.fit import prepare_run, score
     from spar_bench.probes.report import select_on_validation
-    from spar_bench.probes.runspec import make_run
+    from spar_bench.probes.runs.evaluate import score
+    from spar_bench.probes.runs.session import prepare_run
+    from spar_bench.probes.runs.spec import make_run
     from spar_bench.probes.train import train_head
 
     runs = [make_run(str(cache_path), probe, head, s, {"lr": lr, "weight_decay": wd}) for s in seeds for lr, wd in grid]
@@ -290,18 +291,18 @@ def time_grid_prune(cache_path: Path, probe: str, head: str, seeds: list[int],
     sp = one[0].splits
     t0 = time.perf_counter()
     for r, p in zip(runs[:: len(grid)], one, strict=True):
-        train_head(p.model, (p.feats["train"], sp.tr), (p.feats[sp.val_split], sp.va), r.train, r.seed)
+        train_head(p.head.model, (p.head.feats["train"], sp.tr), (p.head.feats[sp.val_split], sp.va), r.train, r.seed)
     out: dict = {"one": (time.perf_counter() - t0, None, None)}
     alone = [prepare_run(r) for r in runs]
     t0 = time.perf_counter()
     for r, p in zip(runs, alone, strict=True):
-        train_head(p.model, (p.feats["train"], sp.tr), (p.feats[sp.val_split], sp.va), r.train, r.seed)
+        train_head(p.head.model, (p.head.feats["train"], sp.tr), (p.head.feats[sp.val_split], sp.va), r.train, r.seed)
     out["alone"] = (time.perf_counter() - t0, None, None)
     for k in [0, *ks]:
         ps = [prepare_run(r) for r in runs]
         t0 = time.perf_counter()
-        res = train_heads([p.model for p in ps], ([p.feats["train"] for p in ps], sp.tr),
-                          ([p.feats[sp.val_split] for p in ps], sp.va), [r.train for r in runs],
+        res = train_heads([p.head.model for p in ps], ([p.head.feats["train"] for p in ps], sp.tr),
+                          ([p.head.feats[sp.val_split] for p in ps], sp.va), [r.train for r in runs],
                           [r.seed for r in runs], prune=Prune(k, tuple(r.seed for r in runs)) if k else None)  # fmt: skip
         sec = time.perf_counter() - t0
         # the report's rule, on these results: per seed the lowest validation loss, pruned runs out
@@ -317,7 +318,7 @@ def time_grid_prune(cache_path: Path, probe: str, head: str, seeds: list[int],
 def _predict(p, t):
     from spar_bench.probes.train import predict
 
-    return predict(p.model, p.feats["test"], t)
+    return predict(p.head.model, p.head.feats["test"], t)
 
 
 def peak_rss_mib() -> tuple[float, float]:

@@ -41,7 +41,6 @@ import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
 
@@ -49,19 +48,19 @@ from .targets import Targets
 from .train import (
     TrainConfig,
     TrainResult,
-    _deterministic,
-    _eval_order,
-    _grouped,
-    _to,
     batch_tensors,
+    deterministic,
     epoch_order,
+    eval_order,
     group_batch,
+    is_grouped,
+    to_device,
 )
 
 BETAS, EPS = (0.9, 0.999), 1e-8  # torch.optim.AdamW defaults, as train_head uses
 
 
-def _without_lr_wd(cfg: TrainConfig) -> TrainConfig:
+def without_lr_wd(cfg: TrainConfig) -> TrainConfig:
     """``cfg`` with what members may hold apart (learning rate, weight decay) set to fixed values."""
     return replace(cfg, lr=1.0, weight_decay=0.0)
 
@@ -70,7 +69,7 @@ def check_batchable(cfgs: list[TrainConfig]) -> None:
     """Members may differ in ``lr`` and ``weight_decay`` only."""
     from spar_bench.errors import ConfigError
 
-    if len({_without_lr_wd(c) for c in cfgs}) != 1:
+    if len({without_lr_wd(c) for c in cfgs}) != 1:
         raise ConfigError("runs trained as one batch may differ in seed, lr and weight decay only")
 
 
@@ -160,22 +159,22 @@ def _forward(base, grouped: bool):
 
 
 def _val_losses(base, params, buffers, feats: list[np.ndarray], t: Targets, cfg: TrainConfig) -> list[float]:
-    """Each member's mean validation loss (items in :func:`_eval_order`, 512 at a time)."""
+    """Each member's mean validation loss (items in :func:`~.train.eval_order`, 512 at a time)."""
     import torch
 
     s, dev = len(feats), next(iter(params.values())).device
-    grouped = _grouped(base, t)
+    grouped = is_grouped(base, t)
     fwd = _forward(base, grouped)
     total, n = torch.zeros(s, dtype=torch.float64), 0
-    order = _eval_order(base, t)
+    order = eval_order(base, t)
     base.eval()
     with torch.no_grad():
         for start in range(0, len(t), 512):
             idx = order[start : start + 512]
             x, q, index, ys = _stacked_batch(feats, t, [idx] * s, grouped)
-            out = fwd(params, buffers, *(_to(dev, v) for v in (x, q, index)))
+            out = fwd(params, buffers, *(to_device(dev, v) for v in (x, q, index)))
             for m in range(s):
-                y = _to(dev, ys[m])
+                y = to_device(dev, ys[m])
                 total[m] += float(t.spec.loss_value(out[m], y, cfg.sinkhorn_iters)) * idx.size
             n += idx.size
     return (total / max(n, 1)).tolist()
@@ -243,15 +242,15 @@ def train_heads(heads: list, train: tuple[list[np.ndarray], Targets], val: tuple
         h.to(cfg.device)
     params, buffers = stack_module_state(heads)
     base = copy.deepcopy(heads[0]).to("meta")
-    fwd = _forward(base, _grouped(base, tr))
+    fwd = _forward(base, is_grouped(base, tr))
     opt = StackedAdamW(params, [c.lr for c in cfgs], [c.weight_decay for c in cfgs])
     st = _Active(list(range(s)), list(feats), list(vfeats), [torch.Generator().manual_seed(int(sd)) for sd in seeds])
     best: list[tuple] = [(math.inf, 0, None)] * s
     stopped, pruned = [False] * s, [None] * s
     hist: list[tuple[list[float], list[float]]] = [([], []) for _ in range(s)]
-    epochs = cfg.epochs_for(getattr(base, "input_kind", "pooled"))
+    epochs = cfg.epochs_for(base.input_kind)
     bar = tqdm(range(epochs), desc=f"{tr.spec.name} x{s}", leave=False, disable=not progress)
-    with torch.random.fork_rng(devices=[]), _deterministic():
+    with torch.random.fork_rng(devices=[]), deterministic():
         torch.manual_seed(int(seeds[0]))
         for epoch in bar:
             if on_epoch is not None:
@@ -322,15 +321,15 @@ def _train_epoch(base, fwd, params, buffers, opt, train, gens, cfg: TrainConfig)
 
     feats, tr = train
     s, dev = len(gens), next(iter(params.values())).device
-    grouped = _grouped(base, tr)
+    grouped = is_grouped(base, tr)
     orders = [epoch_order(base, tr, g) for g in gens]
     totals = np.zeros(s)
     base.train()
     for start in range(0, len(tr), cfg.batch_size):
         idxs = [np.sort(o[start : start + cfg.batch_size]) for o in orders]
         x, q, index, ys = _stacked_batch(feats, tr, idxs, grouped)
-        out = fwd(params, buffers, *(_to(dev, v) for v in (x, q, index)))
-        per = [tr.spec.loss_value(out[m], _to(dev, ys[m]), cfg.sinkhorn_iters) for m in range(s)]
+        out = fwd(params, buffers, *(to_device(dev, v) for v in (x, q, index)))
+        per = [tr.spec.loss_value(out[m], to_device(dev, ys[m]), cfg.sinkhorn_iters) for m in range(s)]
         for p in params.values():
             p.grad = None
         torch.stack(per).sum().backward()
@@ -343,59 +342,4 @@ def _train_epoch(base, fwd, params, buffers, opt, train, gens, cfg: TrainConfig)
 # --------------------------------------------------------------------------- runs trained as one batch
 def batch_key(run):
     """Runs with equal keys may be trained as one batch: they differ in seed, lr and weight decay only."""
-    return run.replace(seed=0, train=_without_lr_wd(run.train))
-
-
-def run_fit_batch(runs: list, out, progress: bool = False, prune_at: int = 0) -> list:
-    """``spar-probe fit`` for runs of one :func:`batch_key`, trained as one batch (and their blind
-    baselines as another); each run writes its own folder, recording the batch it was trained in.
-
-    Without a val split every seed holds out its own patients, so only runs of one seed
-    (grid points) share a batch then. ``prune_at``: each seed's grid points are pruned to
-    one after that epoch (:class:`Prune`).
-    """
-    from spar_bench.errors import ConfigError
-
-    from .fit import encoder_slug, prepare_run
-
-    if len({batch_key(r) for r in runs}) != 1:
-        raise ConfigError("runs trained as one batch may differ in seed, lr and weight decay only")
-    prepared = [prepare_run(r) for r in runs]
-    slug = encoder_slug(prepared[0].cache)
-    groups: dict[int, list[int]] = {}
-    for i, (r, p) in enumerate(zip(runs, prepared, strict=True)):
-        groups.setdefault(r.seed if p.splits.val_split != "val" else 0, []).append(i)
-    dirs: dict[int, Any] = {}  # id(run) -> its folder
-    for members in groups.values():
-        ids = [runs[i].run_dir("", slug).as_posix() for i in members]
-        batch = {"runs": ids, "trainer": "spar_bench.probes.ensemble.train_heads",
-                 "note": "trained as one vmapped batch: agrees with training alone in distribution, not bit for bit"}  # fmt: skip
-        dirs.update(_fit_members([runs[i] for i in members], [prepared[i] for i in members], out, batch, progress,
-                                 prune_at))
-    return [dirs[id(r)] for r in runs]
-
-
-def _fit_members(runs: list, prepared: list, out, batch: dict, progress: bool, prune_at: int = 0) -> dict:
-    """Train one batch's heads, then their blind baselines, then score and write each run.
-
-    Pruned (``prune_at``): a blind baseline stops where its real head was pruned."""
-    from .fit import _blind, blind_inputs, finish_run, new_blind
-
-    s0 = prepared[0].splits
-    cfgs, seeds = [r.train for r in runs], [r.seed for r in runs]
-    feats = lambda split: [p.feats[split] for p in prepared]  # noqa: E731
-    prune = Prune(prune_at, tuple(seeds)) if prune_at else None
-    results = train_heads([p.model for p in prepared], (feats("train"), s0.tr), (feats(s0.val_split), s0.va),
-                          cfgs, seeds, progress=progress, prune=prune)  # fmt: skip
-    if prune is not None:
-        losers = tuple(r.pruned_at is not None for r in results)
-        prune = replace(prune, losers=losers)
-        batch = {**batch, "grid_prune": {"after_epoch": prune_at, "rule": "per seed, the lowest validation loss so far",
-                                         "pruned": [i for i, lose in zip(batch["runs"], losers, strict=True) if lose]}}
-    blinds: list = [None] * len(runs)
-    if runs[0].controls:
-        blinds = [new_blind(r, p.model, p.dims) for r, p in zip(runs, prepared, strict=True)]
-        zero = [blind_inputs(r, p.model, p.dims) for r, p in zip(runs, prepared, strict=True)]
-        train_heads(blinds, (zero, _blind(s0.tr)), (zero, _blind(s0.va)), cfgs, seeds, prune=prune)
-    return {id(r): finish_run(r, p, res, out, blind=b, batch=batch)
-            for r, p, res, b in zip(runs, prepared, results, blinds, strict=True)}  # fmt: skip
+    return run.replace(seed=0, train=without_lr_wd(run.train))

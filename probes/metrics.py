@@ -219,18 +219,22 @@ def _tile_acc_per_organ(pred_slot, target_slot, present_pos, perm) -> dict[str, 
 
 # --------------------------------------------------------------------------- Level 3
 def macro_f1(y_true: np.ndarray, y_pred: np.ndarray, n_classes: int) -> float:
-    """Macro-F1 over the classes that occur in ``y_true`` or ``y_pred`` (sklearn's rule)."""
+    """Macro-F1 over the classes that occur in ``y_true`` or ``y_pred`` (sklearn's rule).
+
+    A prediction outside the classes (``< 0``: an MLLM's unparsed answer) is a miss: a false
+    negative of the true class and no class's false positive.
+    """
     y_true = np.asarray(y_true, dtype=np.int64)
     y_pred = np.asarray(y_pred, dtype=np.int64)
     if y_true.size == 0:
         return float("nan")
-    cm = np.bincount(y_true * n_classes + y_pred, minlength=n_classes * n_classes).reshape(
-        n_classes, n_classes
-    )
-    tp = np.diag(cm).astype(np.float64)
-    fp = cm.sum(axis=0) - tp
+    n = n_classes
+    col = np.where(y_pred < 0, n, y_pred)  # column n: no answer
+    cm = np.bincount(y_true * (n + 1) + col, minlength=n * (n + 1)).reshape(n, n + 1)
+    tp = np.diag(cm[:, :n]).astype(np.float64)
+    fp = cm[:, :n].sum(axis=0) - tp
     fn = cm.sum(axis=1) - tp
-    used = (cm.sum(axis=0) + cm.sum(axis=1)) > 0
+    used = (cm[:, :n].sum(axis=0) + cm.sum(axis=1)) > 0
     denom = 2 * tp + fp + fn
     f1 = np.where(denom > 0, 2 * tp / np.maximum(denom, 1), 0.0)
     return float(f1[used].mean())

@@ -87,7 +87,7 @@ def _is_run(m: Any, p: Path) -> bool:
     """Whether ``m`` (read from ``p``) is a run's metrics. A foreign ``metrics.json`` (another
     tool's, in a folder that is no run) is skipped with a warning line; one in a run's folder
     (its ``config.json`` is a run's) that lacks what a run's holds is a damaged run: an error."""
-    from .fit import owned_run
+    from .runs.store import owned_run
 
     missing = [k for k in RUN_KEYS if k not in m] if isinstance(m, dict) else list(RUN_KEYS)
     if not missing:
@@ -645,12 +645,3 @@ def write_report(runs: str | Path, out: str | Path) -> Path:
             "files": sorted(["report.md"] + [p.name for p in plots]), "probes": table}
     (out / "report.json").write_text(json.dumps(json_safe(meta), indent=2) + "\n")  # NaN -> null
     return out / "report.md"
-
-
-@click.command("report")
-@click.argument("runs", type=click.Path(file_okay=False))
-@click.option("--out", default="report", show_default=True, type=click.Path(file_okay=False))
-def report_command(runs, out):
-    """Tables (report.md, report.json) and plots over a folder of runs."""
-    path = write_report(runs, out)
-    click.echo(f"report: {path}")

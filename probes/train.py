@@ -312,13 +312,3 @@ class deterministic:
         import torch
 
         torch.use_deterministic_algorithms(self.prev)
-
-
-# alias for the move in progress (issue 22): probes/ensemble.py still imports these names
-_deterministic, _eval_order, _grouped, _to = deterministic, eval_order, is_grouped, to_device
-
-
-def loss_fn(spec, out, y: dict, sinkhorn_iters: int = 20):
-    """Deprecated relay, kept for bench/heads.py only: call ``spec.loss_value(out, y, sinkhorn_iters)``."""
-    # alias for the move in progress (issue 22)
-    return spec.loss_value(out, y, sinkhorn_iters)

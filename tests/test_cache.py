@@ -156,7 +156,7 @@ def test_dataset_dir_is_relative_or_empty_never_a_local_path(build: Path, tmp_pa
     """The build as seen from the cache's folder when both lie in one project folder; else
     empty (fit then needs --data): no absolute path, no climb through the home folder."""
     from spar_bench.probes.cache import _relative_dir
-    from spar_bench.probes.fit import open_cache, resolve_build
+    from spar_bench.probes.runs.inputs import open_cache, resolve_build
 
     proj = tmp_path / "proj"
     assert _relative_dir(proj / "shards", proj / "cache" / "c.h5") == "../shards"

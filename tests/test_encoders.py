@@ -266,7 +266,7 @@ def test_local_models_are_named_by_folder_name_and_content(tmp_path: Path) -> No
     # an older cache's run folder: named from the base name + hash, not the path
     from types import SimpleNamespace
 
-    from spar_bench.probes.fit import encoder_slug
+    from spar_bench.probes.runs.inputs import encoder_slug
 
     old = SimpleNamespace(meta={"encoder": "hf:/home/me/tiny", "weights": {**sha, "path": "/home/me/tiny"}},
                           path="c.h5", random_init=False)

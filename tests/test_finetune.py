@@ -44,7 +44,7 @@ def test_vit_from_scratch_learns_exports_and_recaches(pipeline, tmp_path: Path) 
     """Loss falls; the export re-cached (and re-encoded by eval) scores what the run scored."""
     from spar_bench.probes.cache import write_cache
     from spar_bench.probes.finetune.run import run_eval_reencoded
-    from spar_bench.probes.fit import run_eval
+    from spar_bench.probes.runs.session import run_eval
 
     rd = _finetune(pipeline, tmp_path / "runs", TINY_VIT, "level1.localisation", cfg={"max_epochs": 3})
     m = json.loads((rd / "metrics.json").read_text())

@@ -173,7 +173,7 @@ def test_run_spec_is_frozen_json_and_options_are_checked(pipeline, tmp_path, cap
     import dataclasses
 
     from spar_bench.errors import ConfigError
-    from spar_bench.probes.runspec import RunSpec, make_run, parse_grid
+    from spar_bench.probes.runs.spec import RunSpec, make_run, parse_grid
 
     run = make_run("c.h5", "level3.size", "transformer", 3, {"lr": 3e-4, "d_model": 96, "layer": -2})
     assert RunSpec.from_dict(json.loads(json.dumps(run.to_dict()))) == run

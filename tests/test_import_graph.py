@@ -54,28 +54,10 @@ PACKAGE_DIRS = {"spar_bench": "spar_bench", "builder": "spar_bench.builder",
 PREFIX = "spar_bench."
 
 # issue 22: must shrink to empty. Delete an entry when its cycle is gone (the stale test says which).
-KNOWN_CYCLES: set[str] = {
-    "builder.build -> builder.partition -> builder.build",
-    "probes.finetune.run -> probes.fit -> probes.finetune.run",
-}
+KNOWN_CYCLES: set[str] = set()
 
 # issue 22: must shrink to empty. Delete an entry when its import is gone (the stale test says which).
-KNOWN_PRIVATE: set[str] = {
-    "builder.partition: builder.build._owned_work",
-    "builder.phantom.generate: builder.phantom.render._inplane_depth",
-    "probes.ensemble: probes.fit._blind",
-    "probes.ensemble: probes.train._deterministic",
-    "probes.ensemble: probes.train._eval_order",
-    "probes.ensemble: probes.train._grouped",
-    "probes.ensemble: probes.train._to",
-    "probes.finetune.loop: probes.train._deterministic",
-    "probes.finetune.loop: probes.train._mean_loss",
-    "probes.finetune.loop: probes.train._question_and_targets",
-    "probes.finetune.loop: probes.train._to",
-    "probes.finetune.run: probes.fit._controls",
-    "probes.finetune.run: probes.fit._fmt",
-    "probes.finetune.run: probes.fit._split_targets",
-}
+KNOWN_PRIVATE: set[str] = set()
 
 
 # -- the checker ------------------------------------------------------------------------

@@ -152,16 +152,16 @@ def test_report_refuses_a_foreign_folder(tmp_path: Path) -> None:
 def test_run_folder_with_foreign_files_is_refused(tmp_path: Path) -> None:
     import torch
 
-    from spar_bench.probes.fit import _write_run
+    from spar_bench.probes.runs.store import write_run
 
     rd = tmp_path / "enc" / "level3.size" / "mlp" / "seed0"
     rd.mkdir(parents=True)
     (rd / "draft.txt").write_text("mine")
     model = torch.nn.Linear(2, 2)
     with pytest.raises(ConfigError, match="not a SPAR-Bench run folder"):
-        _write_run(rd, {"probe": "level3.size", "head": "mlp", "seed": 0}, {}, model)
+        write_run(rd, {"probe": "level3.size", "head": "mlp", "seed": 0}, {}, model)
     assert (rd / "draft.txt").read_text() == "mine"
     (rd / "draft.txt").unlink()
-    _write_run(rd, {"probe": "level3.size", "head": "mlp", "seed": 0}, {}, model)
-    _write_run(rd, {"probe": "level3.size", "head": "mlp", "seed": 0}, {"x": 1}, model)
+    write_run(rd, {"probe": "level3.size", "head": "mlp", "seed": 0}, {}, model)
+    write_run(rd, {"probe": "level3.size", "head": "mlp", "seed": 0}, {"x": 1}, model)
     assert json.loads((rd / "metrics.json").read_text()) == {"x": 1}

@@ -34,7 +34,7 @@ def test_code_matches_what_the_preset_pins():
     from spar_bench.builder.samples import SampleConfig
     from spar_bench.builder.samples import thresholds as th
     from spar_bench.builder.schema import LEVEL3_CLASS_NAMES, LEVEL3_N_CLASSES
-    from spar_bench.probes.runspec import OPTIONS
+    from spar_bench.probes.runs.spec import OPTIONS
     from spar_bench.probes.train import TrainConfig
 
     pinned = PAPER.pinned

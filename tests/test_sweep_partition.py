@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from spar_bench.probes.cli import cli
-from spar_bench.probes.fit import encoder_slug, open_cache
-from spar_bench.probes.sweep import make_jobs, run_id, select_jobs
+from spar_bench.probes.runs.inputs import encoder_slug, open_cache
+from spar_bench.probes.runs.sweep import make_jobs, run_id, select_jobs
 
 from helpers import run_cmd
 

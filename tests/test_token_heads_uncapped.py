@@ -13,7 +13,7 @@ import torch
 from spar_bench.errors import ConfigError
 from spar_bench.probes.cli import cli
 from spar_bench.probes.heads import build_head
-from spar_bench.probes.runspec import RunSpec, parse_grid, parse_value, proj_width
+from spar_bench.probes.runs.spec import RunSpec, parse_grid, parse_value, proj_width
 from spar_bench.probes.tasks import get_probe
 from spar_bench.probes.train import DEFAULT_MAX_EPOCHS, TrainConfig
 

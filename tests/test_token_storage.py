@@ -259,7 +259,7 @@ def test_random_projection_cache_and_cli_errors(pipeline, tmp_path, capsys) -> N
 
 def test_runs_over_reduced_tokens_get_their_own_encoder_folder(reduced) -> None:
     from spar_bench.probes.features import FeatureCache
-    from spar_bench.probes.fit import encoder_slug
+    from spar_bench.probes.runs.inputs import encoder_slug
 
     assert TokenStorage.parse(grid=14, proj="pca:128", int8=True).slug() == "-tokens-grid14-pca128-int8"
     with FeatureCache(reduced[0]) as full, FeatureCache(reduced[1]) as small:

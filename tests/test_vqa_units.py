@@ -72,7 +72,8 @@ def test_cache_never_crosses_models_and_detects_tampering(tmp_path):
 
 
 def test_unparseable_answers_count_wrong_never_as_another_class():
-    from spar_bench.probes.vqa.score import answer_metrics, macro_f1_with_misses
+    from spar_bench.probes.metrics import macro_f1
+    from spar_bench.probes.vqa.score import answer_metrics
 
     y = np.array([0, 1, 2, 0])
     pred = np.array([0, -1, 2, -1])
@@ -82,7 +83,7 @@ def test_unparseable_answers_count_wrong_never_as_another_class():
     ci = answer_metrics(y, pred, 3, np.array(["p", "p", "q", "q"]), np.random.default_rng(0), 20)["ci"]
     assert ci["accuracy"][0] <= 0.5 <= ci["accuracy"][1]
     # class 0: tp 1, fn 1 -> 2/3; class 1: fn 1 -> 0; class 2: tp 1 -> 1
-    assert macro_f1_with_misses(y, pred, 3) == pytest.approx((2 / 3 + 0 + 1) / 3)
+    assert macro_f1(y, pred, 3) == pytest.approx((2 / 3 + 0 + 1) / 3)
 
 
 def test_circular_eval_strict_and_mean():
@@ -105,7 +106,7 @@ def test_backend_registry_is_lazy_and_suggests():
     assert {"dummy", "hf", "openai"} <= set(BACKENDS.names())
     with pytest.raises(ConfigError, match="Did you mean 'openai'"):
         load_backend("opneai:x", BackendOptions())
-    code = "import sys, spar_bench.probes.vqa.cli; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    code = "import sys, spar_bench.probes.cli.vqa; print('torch' in sys.modules, 'transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, encoding="utf-8", errors="replace", check=True)
     assert out.stdout.split() == ["False", "False"]
 
@@ -114,7 +115,7 @@ def test_image_size_auto_only_upscales():
     from types import SimpleNamespace
 
     from spar_bench.errors import ConfigError
-    from spar_bench.probes.vqa.cli import resolve_image_size
+    from spar_bench.probes.cli.vqa import resolve_image_size
 
     assert resolve_image_size("auto", SimpleNamespace(preferred_size=336)) == 336
     assert resolve_image_size("auto", SimpleNamespace(preferred_size=32)) == 224

@@ -21,8 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import click
-
 from spar_bench.registry import Registry, UnknownNameError
 
 #: families, chosen by the prefix before the first ":".
@@ -161,23 +159,3 @@ def registry_rows() -> list[dict[str, str]]:
                      "dim": "from config", "pooled": "from config",
                      "weights": "--weights PATH" if f != "hf" else "folder, or hub id + --revision"})
     return rows
-
-
-@click.command("encoders")
-@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
-def encoders_command(as_json: bool) -> None:
-    """List the encoders: names, family, input size, tokens, dim, pooled vector, weights source.
-
-    Nothing is downloaded; "?" marks what is only known once the encoder is loaded.
-    """
-    rows = registry_rows()
-    if as_json:
-        import json
-
-        click.echo(json.dumps(rows, indent=1))
-        return
-    cols = ["name", "family", "input", "tokens", "dim", "pooled", "weights"]
-    widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in cols}
-    click.echo("  ".join(c.ljust(widths[c]) for c in cols))
-    for r in rows:
-        click.echo("  ".join(r[c].ljust(widths[c]) for c in cols).rstrip())

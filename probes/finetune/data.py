@@ -16,23 +16,6 @@ import numpy as np
 from spar_bench.seeding import derive_seed
 
 
-class BuildKeys:
-    """A build seen through the two methods of a feature cache that target loading uses.
-
-    ``load_targets(build, spec, split, BuildKeys(build).keys(level, split))`` maps every
-    item to its row of the split: image rows instead of cache rows.
-    """
-
-    def __init__(self, build):
-        self.build = build
-
-    def splits(self, level: str) -> list[str]:
-        return self.build.splits(level)
-
-    def keys(self, level: str, split: str) -> np.ndarray:
-        return self.build.read(level, split, ["key"])["key"]
-
-
 def epoch_batches(rows: np.ndarray, batch_size: int, seed: int, epoch: int) -> list[np.ndarray]:
     """The distinct ``rows`` in a seeded order for ``epoch``, cut into sorted batches."""
     uniq = np.unique(rows)

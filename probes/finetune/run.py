@@ -28,10 +28,20 @@ import numpy as np
 from spar_bench.errors import ConfigError
 from spar_bench.provenance import protocol_versions
 
-from ..runspec import differences, run_folder, variant_text
+from ..runs.inputs import build_splits
+from ..runs.store import (
+    differences,
+    fresh_run_dir,
+    run_folder,
+    save_head,
+    variant_text,
+    write_config,
+    write_metrics,
+)
 from .config import NOT_NAMED, FinetuneConfig
 from .loop import BEST, CHECKPOINT, Split, Trainer, load_saved, run_key
 from .model import EXPORT_FILE, export_encoder, freeze_blocks, load_trainable
+from .predictor import FinetunedEncoder
 
 RUN_FILES = frozenset({"config.json", "head.pt", "metrics.json", "metrics.json.tmp", EXPORT_FILE,
                        EXPORT_FILE + ".tmp", CHECKPOINT, CHECKPOINT + ".tmp", BEST, BEST + ".tmp"})
@@ -79,20 +89,7 @@ def owned_finetune_run(rd: Path) -> set[str] | None:
     return None
 
 
-def _targets(build, run):
-    """``fit``'s split rule on the build's image rows (``fit.Splits``) for the head run ``run``."""
-    from ..fit import _split_targets
-    from .data import BuildKeys
-
-    level = run.spec.level
-    if level not in build.levels():
-        raise ConfigError(f"{build.root}: build has no {level}; levels: {', '.join(build.levels())}")
-    if not {"train", "test"} <= set(build.splits(level)):
-        raise ConfigError(f"{build.root}: {level} needs train and test splits, has {build.splits(level)}")
-    return _split_targets(build, BuildKeys(build), run)
-
-
-def _new_head(encoding, head: str, spec, kind: str, seed: int, head_cfg: dict, tr: Split,
+def new_head(encoding, head: str, spec, kind: str, seed: int, head_cfg: dict, tr: Split,
               scratch: bool = False):
     """A seeded head sized by one encoded image; token heads fit their fixed PCA projection
     on the initial encoder's tokens of a seeded sample of training images (as ``fit``).
@@ -121,7 +118,7 @@ def _new_head(encoding, head: str, spec, kind: str, seed: int, head_cfg: dict, t
     return model.to(encoding.dev), in_dim, n_tokens
 
 
-def _encoding(encoder: str, build, seed: int, cfg: FinetuneConfig, *, weights, init, model_kwargs,
+def load_encoding(encoder: str, build, seed: int, cfg: FinetuneConfig, *, weights, init, model_kwargs,
               revision=None):
     """The trainable encoder on its device (channels-last for CNNs), and its precision."""
     try:
@@ -133,7 +130,7 @@ def _encoding(encoder: str, build, seed: int, cfg: FinetuneConfig, *, weights, i
         raise ConfigError(f"--model-args {json.dumps(model_kwargs)}: {encoder} refuses them ({e}); check "
                           "the keys' spelling against the model's constructor") from None  # fmt: skip
     freeze_blocks(enc, cfg.freeze_blocks)
-    return _encoding_of(enc, build, cfg)
+    return encoding_of(enc, build, cfg)
 
 
 def finetune_variant(cfg: FinetuneConfig, head: str, head_cfg: dict, train_mirrors: bool) -> str:
@@ -174,7 +171,7 @@ def _prepare_run_dir(rd: Path, config: dict, resume: bool, overwrite: bool) -> b
     A finished run is replaced only with ``--overwrite``: one with other options is refused,
     naming what differs; an interrupted one is continued with ``--resume``.
     """
-    from spar_bench.outputs import check_target, claim, remove
+    from spar_bench.outputs import check_target
 
     check_target(rd)
     if (rd / "metrics.json").is_file() and not overwrite:
@@ -185,9 +182,7 @@ def _prepare_run_dir(rd: Path, config: dict, resume: bool, overwrite: bool) -> b
         return False
     if started and not overwrite:
         raise ConfigError(f"{rd}: holds an interrupted run; pass --resume to continue it, or --overwrite")
-    if claim(rd, overwrite=True, owned=owned_finetune_run, what="finetune run folder"):
-        remove(rd)
-    rd.mkdir(parents=True, exist_ok=True)
+    fresh_run_dir(rd, owned_finetune_run, "finetune run folder")
     return False
 
 
@@ -202,7 +197,7 @@ def run_finetune(encoder: str, data: str | Path, head: str, probe: str, seed: in
 
     from ..encoders import check_encoder_name
     from ..heads import head_input
-    from ..runspec import RunSpec
+    from ..runs.spec import RunSpec
     from ..tasks import get_probe
     from ..train import stopped_by
 
@@ -215,17 +210,17 @@ def run_finetune(encoder: str, data: str | Path, head: str, probe: str, seed: in
                    head_options=tuple(head_cfg.items()), train=cfg.train_config(), controls=controls,
                    train_mirrors=train_mirrors, n_boot=n_boot)  # fmt: skip
     build = Build(data)
-    splits = _targets(build, hrun)
+    splits = build_splits(build, hrun)
     tr, va, te, te_mirror, val_source, val_split = splits
-    encoding, precision = _encoding(encoder, build, seed, cfg, weights=weights, init=init,
+    encoding, precision = load_encoding(encoder, build, seed, cfg, weights=weights, init=init,
                                     model_kwargs=model_kwargs, revision=revision)
     enc_spec = encoding.enc.spec
     encoder = published_encoder(encoder, enc_spec)  # no local path in the folder name or any record
     variant = finetune_variant(cfg, head, head_cfg, train_mirrors)
     rd = run_folder(out, run_slug(encoder, init, data), probe, head, variant, seed)
     level = spec.level
-    trs, vas = Split(tr, level, "train"), Split(va, level, val_split)
-    model, in_dim, n_tokens = _new_head(encoding, head, spec, kind, seed, head_cfg, trs, init == "scratch")
+    trs = Split(tr, level, "train")
+    model, in_dim, n_tokens = new_head(encoding, head, spec, kind, seed, head_cfg, trs, init == "scratch")
     training = training_record(init, build, enc_spec.weights)
     config = _config(encoder, enc_spec, init, weights, model_kwargs, build, probe, head, seed, kind, model,
                      (in_dim, n_tokens), cfg, precision, training, controls, n_boot, train_mirrors)
@@ -237,8 +232,9 @@ def run_finetune(encoder: str, data: str | Path, head: str, probe: str, seed: in
                   build=build.fingerprint, probe=probe, head=head, head_cfg=head_cfg, seed=seed,
                   cfg=cfg.to_dict(), compute=precision.dtype, train_mirrors=train_mirrors)
     trainer = Trainer(encoding, model, kind, seed, rd, key, progress)
-    result = trainer.fit(trs, vas, resume)
-    metrics = _score(encoding, model, kind, hrun, splits, (in_dim, n_tokens))
+    predictor = FinetunedEncoder(hrun, encoding, model, kind, (in_dim, n_tokens), trainer, val_split, resume)
+    result = predictor.fit(tr, va)
+    metrics = _score(predictor, hrun, splits)
     metrics.update({"encoder": rd.parent.parent.parent.name, "variant": variant, "random_init": False, "layer": cfg.layer,
                     "val_source": val_source, "training": training, **protocol_versions(build.manifest),
                     "train": {"epochs_run": len(result.hist_tr), "best_epoch": result.best_epoch,
@@ -250,32 +246,17 @@ def run_finetune(encoder: str, data: str | Path, head: str, probe: str, seed: in
     return rd
 
 
-def _score(encoding, model, kind: str, run, data, dims: tuple) -> dict:
+def _score(predictor, run, data) -> dict:
     """Test (and mirrored test) metrics of the trained encoder + head, with ``fit``'s controls."""
-    from spar_bench.seeding import derive_seed
-
-    from ..fit import _controls, score
-    from ..train import predict
-    from .data import remap
+    from ..runs.evaluate import evaluate
 
     tr, va, te, te_mirror = data.tr, data.va, data.te, data.te_mirror
-    spec, probe, head, seed, n_boot = run.spec, run.probe, run.head, run.seed, run.n_boot
-    boot = lambda tag: np.random.default_rng(derive_seed(seed, "bootstrap", probe, head, tag))  # noqa: E731
-
+    spec = run.spec
     prior = spec.fit_prior(tr)
-
-    def scored(t, tag):
-        rows = np.unique(t.rows)
-        feats = encoding.features(spec.level, "test", rows, model, kind)
-        return score(t, predict(model, feats, remap(t, rows)), boot(tag), n_boot, prior)
-
-    test = scored(te, "test")
-    mirror = scored(te_mirror, "mirror") if len(te_mirror) else None
-    ctrl = _controls(run, model, dims, data, prior, boot)
-    return {"probe": probe, "head": head, "seed": seed, "headline": spec.headline,
+    return {"probe": run.probe, "head": run.head, "seed": run.seed, "headline": spec.headline,
             "n_items": {"train": len(tr), "val": len(va), "test": len(te), "test_mirror": len(te_mirror)},
             "n_patients": {"train": int(np.unique(tr.patient).size), "test": int(np.unique(te.patient).size)},
-            "test": test, "mirror": mirror, "controls": ctrl}
+            **evaluate(run, predictor, data, prior)}
 
 
 def _config(encoder, spec, init, weights, model_kwargs, build, probe, head, seed, kind, model, dims,
@@ -305,19 +286,13 @@ def _config(encoder, spec, init, weights, model_kwargs, build, probe, head, seed
 def _write(rd: Path, enc, model, config: dict, metrics: dict) -> None:
     """encoder.safetensors, head.pt, config.json, then metrics.json last (it marks a finished
     run); the checkpoints go once the run is complete."""
-    from spar_bench.outputs import save_torch
-    from spar_bench.provenance import json_safe
-
     meta = {"encoder": config["encoder"], "encoder_config": config["encoder_config"],
             "model_args": config["model_args"], "training": config["training"],
             "run": {"probe": config["probe"], "head": config["head"], "seed": config["seed"]}}
     export_encoder(enc, rd / EXPORT_FILE, meta)
-    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    save_torch({"state_dict": state, "config": config}, rd / "head.pt")
-    (rd / "config.json").write_text(json.dumps(json_safe(config), indent=2, default=str) + "\n")
-    tmp = rd / "metrics.json.tmp"
-    tmp.write_text(json.dumps(json_safe(metrics), indent=2) + "\n")
-    tmp.replace(rd / "metrics.json")
+    save_head(rd, model, config, with_prior=False)
+    write_config(rd, config)
+    write_metrics(rd, metrics)
     for name in (CHECKPOINT, BEST):
         (rd / name).unlink(missing_ok=True)
 
@@ -333,75 +308,6 @@ def parse_model_args(text: str | None) -> dict[str, Any] | None:
     if not isinstance(value, dict):
         raise ConfigError(f"--model-args must be a JSON object, got {text!r}")
     return value
-
-
-@click.command("finetune")
-@click.option("--encoder", required=True, help="Encoder spec, e.g. timm:resnet18 (see `spar-probe encoders`).")
-@click.option("--weights", default=None, help="Weights to finetune from (file or folder).")
-@click.option("--init", "init", type=click.Choice(["weights", "scratch"]), default="weights", show_default=True,
-              help="scratch: train the architecture from random weights (recorded as trained from scratch).")
-@click.option("--model-args", default=None, help='JSON for timm.create_model, e.g. \'{"depth": 4}\'.')
-@click.option("--revision", default=None, help="Pinned hub revision (hf: encoders).")
-@click.option("--data", required=True, type=click.Path(file_okay=False), help="Build folder (manifest.json).")
-@click.option("--head", default="mlp", show_default=True, help="linear, mlp, attnpool or transformer.")
-@click.option("--probe", "probe", multiple=True, default=("all",), show_default=True, help="Probe(s) or 'all'.")
-@click.option("--seeds", default="0", show_default=True, help="Comma-separated seeds.")
-@click.option("--out", default="runs", show_default=True, type=click.Path(file_okay=False))
-@click.option("--encoder-lr", default=1e-4, show_default=True, type=float)
-@click.option("--head-lr", default=1e-3, show_default=True, type=float)
-@click.option("--weight-decay", default=0.05, show_default=True, type=float)
-@click.option("--batch-size", default=32, show_default=True, type=int, help="Images per batch.")
-@click.option("--accum", default=1, show_default=True, type=int, help="Batches per optimizer step.")
-@click.option("--max-epochs", default=20, show_default=True, type=int)
-@click.option("--warmup-epochs", default=1.0, show_default=True, type=float)
-@click.option("--patience", default=5, show_default=True, type=int, help="Early stopping on the validation loss.")
-@click.option("--freeze-blocks", default=0, show_default=True, type=int, help="Freeze the stem and the first N blocks.")
-@click.option("--layer", default=-1, show_default=True, type=int)
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
-@click.option("--compute", type=click.Choice(["auto", "fp32", "bf16", "fp16"]), default="auto", show_default=True,
-              help="Autocast precision; auto = bf16 on GPUs and on CPUs with native bf16, else fp32.")
-@click.option("--workers", default=None, type=int, help="DataLoader workers (default: 2 on CUDA, 0 on CPU).")
-@click.option("--checkpoint-every", default=0, show_default=True, type=int,
-              help="Also checkpoint every N optimizer steps (0: at epoch ends only).")
-@click.option("--threads", default=None, type=click.IntRange(1), help="torch CPU threads (default: torch's).")
-@click.option("--bootstrap", "n_boot", default=1000, show_default=True, type=int)
-@click.option("--no-controls", is_flag=True, help="Skip the blind baseline.")
-@click.option("--train-mirrors", is_flag=True, help="Also train on mirrored counterfactual samples.")
-@click.option("--resume", is_flag=True, help="Continue an interrupted run from its checkpoint.")
-@click.option("--overwrite", is_flag=True, help="Replace a finished or interrupted run (train it again).")
-def finetune_command(encoder, weights, init, model_args, revision, data, head, probe, seeds, out, encoder_lr,
-                     head_lr, weight_decay, batch_size, accum, max_epochs, warmup_epochs, patience,
-                     freeze_blocks, layer, device, compute, workers, checkpoint_every, threads, n_boot,
-                     no_controls, train_mirrors, resume, overwrite):
-    """Train an encoder and a probe head end to end on a build's images (finetune or from scratch)."""
-    import torch
-
-    from ..fit import ProbeUnavailable, _fmt, parse_probes, parse_seeds
-
-    if threads:
-        torch.set_num_threads(threads)
-    cfg = FinetuneConfig(encoder_lr=encoder_lr, head_lr=head_lr, weight_decay=weight_decay,
-                         batch_size=batch_size, accum=accum, max_epochs=max_epochs,
-                         warmup_epochs=warmup_epochs, patience=patience, freeze_blocks=freeze_blocks,
-                         layer=layer, device=device, compute=compute, workers=workers,
-                         checkpoint_every=checkpoint_every)
-    kwargs = parse_model_args(model_args)
-    explicit = all(p.strip() != "all" for item in probe for p in item.split(","))
-    for p in parse_probes(probe):
-        for s in parse_seeds(seeds):
-            try:
-                rd = run_finetune(encoder, data, head, p, s, out, weights=weights, init=init,
-                                  model_kwargs=kwargs, revision=revision, cfg=cfg, n_boot=n_boot,
-                                  controls=not no_controls, train_mirrors=train_mirrors, resume=resume,
-                                  overwrite=overwrite)
-            except ProbeUnavailable as e:
-                if explicit:
-                    raise
-                click.echo(f"{p}: not available on this build ({e}); skipped", err=True)
-                break
-            m = json.loads((rd / "metrics.json").read_text())
-            key = m["headline"]
-            click.echo(f"{p} {head} seed{s}: {key}={_fmt(m['test'].get(key))} -> {rd}")
 
 
 def load_run_encoder(rd: Path, config: dict, encoder: str | None = None):
@@ -439,15 +345,15 @@ def run_eval_reencoded(run: str | Path, data: str | Path, n_boot: int = 1000, de
     of a local model again (:func:`load_run_encoder`).
     """
     from spar_bench.builder.shards import Build
-    from spar_bench.provenance import json_safe
-    from spar_bench.seeding import derive_seed
 
-    from ..fit import kept_eval, score
     from ..heads import build_head
+    from ..runs.evaluate import transfer
+    from ..runs.inputs import BuildKeys
+    from ..runs.store import kept_eval, run_path, write_eval
     from ..targets import concat, load_targets
     from ..tasks import get_probe
     from ..train import predict
-    from .data import BuildKeys, remap
+    from .data import remap
 
     rd = Path(run)
     if not (rd / EXPORT_FILE).is_file() or not (rd / "metrics.json").is_file():
@@ -465,7 +371,7 @@ def run_eval_reencoded(run: str | Path, data: str | Path, n_boot: int = 1000, de
         return out
     cfg = FinetuneConfig(**{**c["finetune_config"], "device": device, "compute": compute})
     enc = load_run_encoder(rd, c, encoder)
-    encoding, _ = _encoding_of(enc, build, cfg)
+    encoding, _ = encoding_of(enc, build, cfg)
     head.to(encoding.dev)
     level = spec.level
     splits = ["test"] if "test" in build.splits(level) else build.splits(level)
@@ -478,24 +384,15 @@ def run_eval_reencoded(run: str | Path, data: str | Path, n_boot: int = 1000, de
         feats = encoding.features(level, split, rows, head, c["head_input"])
         preds.append(predict(head, feats, remap(t, rows)))
         tests.append(t)
-    t = concat(tests)
-    p = np.concatenate(preds)
-    rng = lambda tag: np.random.default_rng(derive_seed(c["seed"], "bootstrap", "eval", tag))  # noqa: E731
-    orig, mir = ~t.is_mirror, t.is_mirror
-    result = {"run": "/".join(rd.resolve().parts[-4:]), "features": f"{name} (re-encoded)", "data": name,
+    scored = transfer(concat(tests), np.concatenate(preds), c["seed"], n_boot, None, majority)
+    result = {"run": run_path(rd), "features": f"{name} (re-encoded)", "data": name,
               "dataset_fingerprint": build.fingerprint, "encoder": rd.parent.parent.parent.name,
               "random_init": False, "training": run_metrics.get("training"), "splits": splits,
-              "probe": spec.name, "head": c["head"],
-              "seed": c["seed"], "n_bootstrap": n_boot,
-              "test": score(t.subset(orig), p[orig], rng("test"), n_boot),
-              "mirror": score(t.subset(mir), p[mir], rng("mirror"), n_boot) if mir.any() else None,
-              "controls": {"chance": spec.chance(t.subset(orig)),
-                           "majority": spec.majority_rate(majority, t.subset(orig))}}
-    out.write_text(json.dumps(json_safe(result), indent=2) + "\n")
-    return out
+              "probe": spec.name, "head": c["head"], "seed": c["seed"], "n_bootstrap": n_boot, **scored}
+    return write_eval(out, result)
 
 
-def _encoding_of(enc, build, cfg: FinetuneConfig):
+def encoding_of(enc, build, cfg: FinetuneConfig):
     """``enc`` on the configured device (channels-last for CNNs) with its autocast precision."""
     from ..hardware import pick_compute, pick_device
     from .loop import Encoding

@@ -39,7 +39,15 @@ import numpy as np
 from spar_bench.errors import ConfigError
 from spar_bench.provenance import protocol_versions
 
-from ..runspec import differences, run_folder, variant_text
+from ..runs.store import (
+    METRICS_FILE,
+    differences,
+    fresh_run_dir,
+    run_folder,
+    variant_text,
+    write_config,
+    write_metrics,
+)
 from .base import Backend, BackendOptions, PartialAnswers, Reply, Request, to_pil
 from .cache import ResponseCache, key_hash
 from .parse import parse_answer
@@ -47,7 +55,6 @@ from .prompts import Prompt, render, rotations, template_version
 from .questions import Questions, load_questions, train_targets
 from .score import score_run
 
-METRICS_FILE = "metrics.json"
 #: config.json fields a finished run must share with a run that would write its folder.
 IDENTITY_FIELDS = ("model_identity", "decoding", "template_version", "splits", "convention_hint",
                    "circular", "blind", "image_size", "dataset_fingerprint")
@@ -301,20 +308,12 @@ def owned_vqa_run(rd: Path) -> set[str] | None:
 
 def write_run(rd: Path, config: dict, records: list[dict], metrics: dict) -> None:
     """config.json, answers.jsonl, then metrics.json last (a finished run)."""
-    from spar_bench.outputs import check_target, claim, remove, write_bytes
-    from spar_bench.provenance import json_safe
-
-    check_target(rd)
-    if claim(rd, overwrite=True, owned=owned_vqa_run, what="MLLM run folder"):
-        remove(rd)
-    rd.mkdir(parents=True, exist_ok=True)
-    write_bytes(rd / "config.json", json.dumps(json_safe(config), indent=2) + "\n")  # whole or none
+    fresh_run_dir(rd, owned_vqa_run, "MLLM run folder")
+    write_config(rd, config)
     with open(rd / "answers.jsonl", "w", encoding="utf-8") as fh:
         for r in records:
             fh.write(json.dumps(r, sort_keys=True) + "\n")
-    tmp = rd / (METRICS_FILE + ".tmp")
-    tmp.write_text(json.dumps(json_safe(metrics), indent=2) + "\n")
-    tmp.replace(rd / METRICS_FILE)
+    write_metrics(rd, metrics)
 
 
 def versions() -> dict[str, str | None]:

@@ -15,7 +15,7 @@ import numpy as np
 from spar_bench.seeding import derive_seed
 
 from ..bootstrap import bootstrap_ci
-from ..metrics import by_axis
+from ..metrics import by_axis, macro_f1
 from .questions import Questions
 
 MIN_PATIENTS_CI = 2
@@ -26,20 +26,6 @@ def patient_ci(metric, groups: np.ndarray, rng: np.random.Generator, n_boot: int
     if np.unique(groups).size < MIN_PATIENTS_CI:
         return None
     return list(bootstrap_ci(metric, groups, rng, n_boot))
-
-
-def macro_f1_with_misses(y: np.ndarray, pred: np.ndarray, n: int) -> float:
-    """Macro-F1 over the classes present in ``y`` or predicted; ``pred == -1`` is a miss."""
-    if y.size == 0:
-        return float("nan")
-    col = np.where(pred < 0, n, pred)
-    cm = np.bincount(y * (n + 1) + col, minlength=n * (n + 1)).reshape(n, n + 1)
-    tp = np.diag(cm[:, :n]).astype(np.float64)
-    fp = cm[:, :n].sum(axis=0) - tp
-    fn = cm.sum(axis=1) - tp
-    used = (cm[:, :n].sum(axis=0) + cm.sum(axis=1)) > 0
-    denom = 2 * tp + fp + fn
-    return float(np.where(denom > 0, 2 * tp / np.maximum(denom, 1), 0.0)[used].mean())
 
 
 def answer_metrics(y: np.ndarray, pred: np.ndarray, n: int, groups: np.ndarray | None,
@@ -55,14 +41,14 @@ def answer_metrics(y: np.ndarray, pred: np.ndarray, n: int, groups: np.ndarray |
         return {"n": 0}
     hit = (y == pred).astype(np.float64)
     out: dict[str, Any] = {
-        "accuracy": float(hit.mean()), "macro_f1": macro_f1_with_misses(y, pred, n),
+        "accuracy": float(hit.mean()), "macro_f1": macro_f1(y, pred, n),
         "chance": 1.0 / n, "n": int(y.size),
         "parse_rate": float((pred >= 0).mean()), "n_unparsed": int((pred < 0).sum()),
     }
     if groups is not None and rng is not None:
         out["ci"] = {
             "accuracy": patient_ci(lambda i: float(hit[i].mean()), groups, rng, n_boot),
-            "macro_f1": patient_ci(lambda i: macro_f1_with_misses(y[i], pred[i], n), groups, rng, n_boot),
+            "macro_f1": patient_ci(lambda i: macro_f1(y[i], pred[i], n), groups, rng, n_boot),
         }
     return out
 

@@ -1,6 +1,7 @@
-"""``spar-probe sweep``: every probe x head x seed (x grid point) from one feature cache, on all cores.
+"""The batch runner of ``spar-probe sweep``: every probe x head x seed (x grid point) from one
+feature cache, on all cores.
 
-Every job is one :class:`~spar_bench.probes.runspec.RunSpec`, made from the same options as
+Every job is one :class:`~.spec.RunSpec`, made from the same options as
 ``spar-probe fit`` (so a sweep reproduces a fit run with the same options byte for
 byte), plus ``--grid KEY=V1,V2 ...``: the cartesian product of run options (``lr``,
 ``weight_decay``/``wd``, ``batch_size``, ``max_epochs``, ``proj_dim``, ``d_model``,
@@ -39,8 +40,7 @@ import click
 
 from spar_bench.errors import SparError
 
-from .fit import apply_preset, pop_run_options, run_options, with_preset
-from .runspec import RunSpec
+from .spec import RunSpec
 
 
 @dataclass(frozen=True)
@@ -55,9 +55,10 @@ class Job:
 def plan(jobs: list[Job], grid_prune: int = 0) -> tuple[list[Job], list[Job]]:
     """Split ``jobs`` into (to run, already finished); to-run ordered token heads first.
 
-    A finished run made with other options than its job's is an error (:func:`~.fit.finished_run`).
+    A finished run made with other options than its job's is an error (:func:`~.store.finished_run`).
     """
-    from .fit import encoder_slug, finished_run, open_cache
+    from .inputs import encoder_slug, open_cache
+    from .store import finished_run
 
     if not jobs:
         return [], []
@@ -66,13 +67,13 @@ def plan(jobs: list[Job], grid_prune: int = 0) -> tuple[list[Job], list[Job]]:
     todo, done = [], []
     for j in jobs:
         (done if finished_run(j.run, j.run.run_dir(j.out, slug), cache.fingerprint, grid_prune) else todo).append(j)
-    todo.sort(key=_schedule_key)
+    todo.sort(key=schedule_key)
     return todo, done
 
 
-def _schedule_key(j: Job) -> tuple:
+def schedule_key(j: Job) -> tuple:
     """Token heads first (they take longest), then a fixed order."""
-    from .heads import head_input
+    from ..heads import head_input
 
     return head_input(j.run.head) != "tokens", j.run.head, j.run.probe, j.run.variant(), j.run.seed
 
@@ -90,7 +91,8 @@ def run_job(job: Job) -> JobResult:
     """Worker entry: one run with ``job.threads`` torch threads."""
     import torch
 
-    from .fit import ProbeUnavailable, run_fit
+    from .inputs import ProbeUnavailable
+    from .session import run_fit
 
     torch.set_num_threads(job.threads)
     t0 = time.perf_counter()
@@ -104,12 +106,12 @@ def run_job(job: Job) -> JobResult:
 
 
 def run_batch(jobs: list[Job], prune_at: int = 0) -> list[JobResult]:
-    """Worker entry: jobs of one batch key trained as one batch (:func:`~spar_bench.probes.ensemble.run_fit_batch`;
+    """Worker entry: jobs of one batch key trained as one batch (:func:`~.session.run_fit_batch`;
     ``prune_at``: successive halving of each seed's grid points after that epoch)."""
     import torch
 
-    from .ensemble import run_fit_batch
-    from .fit import ProbeUnavailable
+    from .inputs import ProbeUnavailable
+    from .session import run_fit_batch
 
     if len(jobs) == 1:
         return [run_job(jobs[0])]
@@ -128,7 +130,7 @@ def run_batch(jobs: list[Job], prune_at: int = 0) -> list[JobResult]:
 def batches(jobs: list[Job], batched: bool) -> list[list[Job]]:
     """Units of work: one job each, or (``batched``) the jobs that differ only in seed, lr and
     weight decay together, in first-appearance order."""
-    from .ensemble import batch_key
+    from ..ensemble import batch_key
 
     if not batched:
         return [[j] for j in jobs]
@@ -151,7 +153,7 @@ def run_sweep(jobs: list[Job], n_jobs: int = 2, batched: bool = False, prune_at:
     todo, done = plan(jobs, prune_at)
     if prune_at:
         pending = set(todo)
-        units = [u for u in batches(sorted(jobs, key=_schedule_key), True) if pending.intersection(u)]
+        units = [u for u in batches(sorted(jobs, key=schedule_key), True) if pending.intersection(u)]
         done = [j for j in done if not any(j in u for u in units)]
     else:
         units = batches(todo, batched)
@@ -186,7 +188,7 @@ def _run_units(units: list[list[Job]], n_jobs: int, prune_at: int, results: list
 def make_jobs(features: str, heads: list[str], probes: list[str], seeds: list[int], options: dict,
               grid: list[dict], out: str, threads: int = 1, **run_kw) -> list[Job]:  # fmt: skip
     """One job per head x probe x seed x grid point (grid values override ``options``)."""
-    from .runspec import check_options_apply, make_run
+    from .spec import check_options_apply, make_run
 
     for point in grid:
         check_options_apply(heads, {**options, **point})
@@ -200,7 +202,7 @@ def check_grid_prune(k: int, jobs: list[Job], grid: list[dict], split: bool) -> 
     on a sweep run whole (``split``: --only or --partition given)."""
     from spar_bench.errors import ConfigError
 
-    from .heads import head_input
+    from ..heads import head_input
 
     if k < 1:
         raise ConfigError(f"--grid-prune {k}: give the epoch after which to prune (>= 1), or 0 for off")
@@ -242,14 +244,14 @@ def select_jobs(jobs: list[Job], slug: str, only: tuple[str, ...] = (),
 
 def list_runs(jobs: list[Job], slug: str, cache_fingerprint: str, grid_prune: int = 0) -> None:
     """Print ``<run id>\t<done|todo>`` per job."""
-    from .fit import finished_run
+    from .store import finished_run
 
     for j in jobs:
         state = "done" if finished_run(j.run, j.run.run_dir(j.out, slug), cache_fingerprint, grid_prune) else "todo"
         click.echo(f"{run_id(j, slug)}\t{state}")
 
 
-def _print_results(results: list[JobResult], seconds: float, out: str) -> None:
+def print_results(results: list[JobResult], seconds: float, out: str) -> None:
     from spar_bench.errors import ConfigError
 
     failed = [(r.job, r.error) for r in results if r.error]
@@ -269,68 +271,3 @@ def _print_results(results: list[JobResult], seconds: float, out: str) -> None:
     if failed:
         j = failed[0][0].run
         raise ConfigError(f"{len(failed)} run(s) failed; first: {j.probe}/{j.head}: {failed[0][1]}")
-
-
-@click.command("sweep")
-@click.option(
-    "--features", required=True, type=click.Path(dir_okay=False), help="Feature cache (.h5)."
-)
-@click.option(
-    "--heads", default="mlp,transformer", show_default=True, help="Comma-separated heads."
-)
-@click.option("--probes", default="all", show_default=True, help="Comma-separated probes or 'all'.")
-@click.option("--seeds", default="0,1,2", show_default=True, help="Comma-separated seeds.")
-@click.option("--out", default="runs", show_default=True, type=click.Path(file_okay=False))
-@click.option(
-    "--jobs", default=2, show_default=True, type=click.IntRange(1), help="Worker processes."
-)
-@click.option("--grid", multiple=True, metavar="KEY=V1,V2",
-              help="Sweep a run option over values (repeat for a cartesian product), "
-                   "e.g. --grid lr=1e-3,3e-4 --grid wd=0,0.01.")  # fmt: skip
-@click.option("--list", "list_ids", is_flag=True,
-              help="Print every run id (its folder under --out) and whether it is done; run nothing.")
-@click.option("--only", multiple=True, metavar="RUN_ID", help="Run only this run (repeatable; ids from --list).")
-@click.option("--partition", default=None, metavar="I/N",
-              help="Run only the runs whose id hashes to partition I of N (e.g. a SLURM array task).")
-@click.option("--batch-runs", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
-              help="Train the runs that differ only in seed, lr and weight decay as one vmapped batch "
-                   "(auto: on a GPU, where it is faster; results agree with single runs in "
-                   "distribution, not bit for bit).")
-@click.option("--grid-prune", default=0, show_default=True, type=int, metavar="K",
-              help="Successive halving of an lr/wd --grid: each seed's grid points train as one batch, "
-                   "and after epoch K only the point with the lowest validation loss so far trains on "
-                   "(the others are written as pruned). 0: off. Not with --only/--partition.")
-@run_options
-def sweep_command(features, heads, probes, seeds, out, jobs, grid, list_ids, only, partition, batch_runs,
-                  grid_prune, data, n_boot, no_controls, device, threads, **kw):  # fmt: skip
-    """Fit every probe x head x seed (x grid point) from one cache (skips finished runs)."""
-    from spar_bench.partitions import parse_partition
-
-    from .fit import encoder_slug, open_cache, parse_probes, parse_seeds, resolve_build
-    from .heads import head_input
-    from .runspec import check_device, parse_grid
-
-    kw, preset = apply_preset({"seeds": seeds, "heads": heads, **kw})
-    seeds, heads = kw.pop("seeds"), kw.pop("heads")
-    options = pop_run_options(kw)
-    head_list = [h.strip() for h in heads.split(",") if h.strip()]
-    for h in head_list:
-        head_input(h)  # unknown head -> ConfigError with suggestions
-    check_device(device)  # fail fast on an unusable --device
-    points = parse_grid(grid)
-    all_jobs = make_jobs(str(features), head_list, parse_probes(probes), parse_seeds(seeds), options,
-                         points, str(out), threads, data=data, controls=not no_controls,
-                         n_boot=n_boot, device=device)  # fmt: skip
-    all_jobs = [Job(with_preset(j.run, preset), j.out, j.threads) for j in all_jobs]
-    if grid_prune:
-        check_grid_prune(grid_prune, all_jobs, points, bool(only or partition))
-    cache = open_cache(features)
-    resolve_build(cache, data)  # fail fast on a fingerprint mismatch
-    slug = encoder_slug(cache)
-    if list_ids:
-        list_runs(all_jobs, slug, cache.fingerprint, grid_prune)
-        return
-    chosen = select_jobs(all_jobs, slug, tuple(only), parse_partition(partition))
-    t0 = time.perf_counter()
-    batched = batch_runs == "on" or (batch_runs == "auto" and str(device).startswith("cuda"))
-    _print_results(run_sweep(chosen, jobs, batched, grid_prune), time.perf_counter() - t0, out)

@@ -7,14 +7,14 @@ import click
 from spar_bench.clitools import LazyGroup, run_main
 
 COMMANDS = {
-    "encoders": "spar_bench.probes.encoders:encoders_command",
-    "cache": "spar_bench.probes.cache:cache_command",
-    "fit": "spar_bench.probes.fit:fit_command",
-    "sweep": "spar_bench.probes.sweep:sweep_command",
-    "eval": "spar_bench.probes.fit:eval_command",
-    "finetune": "spar_bench.probes.finetune.run:finetune_command",
-    "report": "spar_bench.probes.report:report_command",
-    "vqa": "spar_bench.probes.vqa.cli:vqa_command",
+    "encoders": "spar_bench.probes.cli.encoders:encoders_command",
+    "cache": "spar_bench.probes.cli.cache:cache_command",
+    "fit": "spar_bench.probes.cli.fit:fit_command",
+    "sweep": "spar_bench.probes.cli.sweep:sweep_command",
+    "eval": "spar_bench.probes.cli.fit:eval_command",
+    "finetune": "spar_bench.probes.cli.finetune:finetune_command",
+    "report": "spar_bench.probes.cli.report:report_command",
+    "vqa": "spar_bench.probes.cli.vqa:vqa_command",
 }
 
 

@@ -26,7 +26,8 @@ from typing import Any
 
 from spar_bench.errors import ConfigError
 
-from .train import TrainConfig
+from ..train import TrainConfig
+from .store import run_folder, variant_text
 
 
 def proj_width(text: str | int) -> int | str:
@@ -107,8 +108,8 @@ class RunSpec:
     preset_overridden: tuple[str, ...] = ()  # the preset's options given explicitly instead
 
     def __post_init__(self) -> None:
-        from .heads import head_defaults
-        from .tasks import get_probe
+        from ..heads import head_defaults
+        from ..tasks import get_probe
 
         get_probe(self.probe)
         defaults = head_defaults(self.head)
@@ -128,7 +129,7 @@ class RunSpec:
     @property
     def spec(self):
         """The probe's :class:`~spar_bench.probes.tasks.ProbeSpec`."""
-        from .tasks import get_probe
+        from ..tasks import get_probe
 
         return get_probe(self.probe)
 
@@ -158,7 +159,7 @@ class RunSpec:
     # ------------------------------------------------------------------ naming
     def variant(self) -> str:
         """The options that change the trained head and differ from their defaults: ``k=v,...``."""
-        from .heads import head_defaults
+        from ..heads import head_defaults
 
         base = RunSpec(self.features, self.probe, self.head)
         changed = {k: v for k, v in self.head_options if head_defaults(self.head)[k] != v}
@@ -176,30 +177,48 @@ class RunSpec:
         return run_folder(out, encoder_slug, self.probe, self.head, self.variant(), self.seed)
 
 
-def variant_text(changed: dict[str, Any]) -> str:
-    """``k=v,...`` (keys sorted) of the options that differ from their defaults: a run folder's suffix."""
-    return ",".join(f"{k}={_text(v)}" for k, v in sorted(changed.items()))
+@dataclass(frozen=True)
+class PredictorSpec:
+    """A run of a predictor that reads a build, not a feature cache (a reference predictor such
+    as the constant prior, or an MLLM through :func:`~.session.run_predictor`).
 
+    It has what the evaluation and the split rule read of a :class:`RunSpec` (``probe``,
+    ``seed``, ``controls``, ``n_boot``, ``train_mirrors``, ``train.val_fraction``); ``head``
+    names the predictor in the run folder (``prior``, ``mllm``) and ``features`` the build it reads.
+    """
 
-def run_folder(out: str | Path, slug: str, probe: str, head: str, variant: str, seed: int) -> Path:
-    """``OUT/<slug>/<probe>/<head>[,variant]/seed<k>``: the folder of every kind of run."""
-    name = f"{head},{variant}" if variant else head
-    return Path(out) / slug / probe / name / f"seed{seed}"
+    probe: str
+    head: str
+    seed: int = 0
+    features: str = ""
+    controls: bool = True
+    train_mirrors: bool = False
+    n_boot: int = 1000
+    train: TrainConfig = field(default_factory=TrainConfig)
 
+    def __post_init__(self) -> None:
+        from ..tasks import get_probe
 
-def differences(had: dict[str, Any], want: dict[str, Any]) -> list[str]:
-    """``key=old (now new)`` for each key whose recorded value differs from this run's:
-    what a finished run's refusal names (``fit``, ``vqa``)."""
-    return [f"{k}={had.get(k)} (now {want.get(k)})" for k in sorted(set(want) | set(had))
-            if had.get(k) != want.get(k)]
+        get_probe(self.probe)
+        if self.n_boot < 1:
+            raise ConfigError(f"--bootstrap must be at least 1, got {self.n_boot}")
 
+    @property
+    def spec(self):
+        from ..tasks import get_probe
 
-def _text(v: Any) -> str:
-    if isinstance(v, bool):
-        return "1" if v else "0"
-    if isinstance(v, float):
-        return format(v, "g")
-    return str(v)
+        return get_probe(self.probe)
+
+    def variant(self) -> str:
+        return ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"probe": self.probe, "head": self.head, "seed": self.seed, "features": Path(self.features).name,
+                "controls": self.controls, "train_mirrors": self.train_mirrors, "n_boot": self.n_boot,
+                "val_fraction": self.train.val_fraction}  # fmt: skip
+
+    def run_dir(self, out: str | Path, slug: str) -> Path:
+        return run_folder(out, slug, self.probe, self.head, "", self.seed)
 
 
 # ---------------------------------------------------------------------- options
@@ -255,7 +274,7 @@ def make_run(features: str, probe: str, head: str, seed: int, options: dict[str,
     and skipped otherwise (``sweep``: they apply to the heads that have them; see
     :func:`check_options_apply`).
     """
-    from .heads import head_defaults
+    from ..heads import head_defaults
 
     train, head_opts, run = {"device": device}, {}, {}
     for key, value in options.items():
@@ -276,7 +295,7 @@ def make_run(features: str, probe: str, head: str, seed: int, options: dict[str,
 
 def check_options_apply(heads: list[str], options: dict[str, Any]) -> None:
     """Every head option set must belong to at least one of ``heads``."""
-    from .heads import head_defaults
+    from ..heads import head_defaults
 
     have = set().union(*(head_defaults(h) for h in heads))
     for key, value in options.items():

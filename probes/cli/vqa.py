@@ -10,8 +10,8 @@ import click
 
 from spar_bench.errors import ConfigError
 
-from .base import MODES, BackendOptions
-from .openai import GUIDED
+from ..vqa.base import MODES, BackendOptions
+from ..vqa.openai import GUIDED
 
 
 def parse_question_probes(text: str) -> list[str]:
@@ -95,9 +95,9 @@ def vqa_command(model, data, probe, splits, out, revision, base_url, api_key_env
     from spar_bench.builder.shards import Build
 
     from ..tasks import get_probe
-    from . import load_backend
-    from .cache import ResponseCache
-    from .run import AskConfig, check_finished, run_dir, run_identity, run_probe
+    from ..vqa import load_backend
+    from ..vqa.cache import ResponseCache
+    from ..vqa.run import AskConfig, check_finished, run_dir, run_identity, run_probe
 
     probes = parse_question_probes(probe)
     if not (Path(data) / "manifest.json").is_file():

@@ -1,0 +1,56 @@
+"""``spar-probe cache``: encode every image of a build and store its features
+(:func:`spar_bench.probes.cache.write_cache`)."""
+
+from __future__ import annotations
+
+import click
+
+from ..cache import STORAGE_DTYPES, TILE_ENCODINGS, write_cache
+from ..distributed import die_with_launcher
+from ..hardware import COMPUTE_DTYPES
+from ..token_storage import TokenStorage
+
+
+@click.command("cache")
+@click.option("--encoder", required=True, help="Encoder name (see `spar-probe encoders`), e.g. timm:resnet50.")
+@click.option("--weights", default=None, help="Weights file or folder for the encoder.")
+@click.option("--random-init", is_flag=True, help="Use a randomly initialised network on purpose (recorded).")
+@click.option("--revision", default=None, help="Pinned hub revision (hf: encoders).")
+@click.option("--data", required=True, type=click.Path(file_okay=False), help="Build folder (with manifest.json).")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Cache file, e.g. cache/resnet50.h5.")
+@click.option("--levels", default=None, help="Comma-separated levels (default: all in the build).")
+@click.option("--splits", default=None, help="Comma-separated splits (default: all).")
+@click.option("--layers", default="-1", show_default=True, help="Comma-separated layer indices, e.g. -1,-4.")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--batch", default=64, show_default=True, type=int)
+@click.option("--dtype", type=click.Choice(sorted(STORAGE_DTYPES)), default="fp16", show_default=True,
+              help="Storage dtype of tokens and pooled vectors.")
+@click.option("--compute", type=click.Choice(COMPUTE_DTYPES), default="auto", show_default=True,
+              help="Compute dtype (autocast); auto = bf16 on GPUs (fp16 without bf16) and on CPUs with "
+                   "native bf16 (AMX/AVX512-BF16), else fp32; the choice and reason are recorded.")
+@click.option("--workers", default=None, type=int, help="DataLoader workers reading shards (default: 2 on CUDA, 0 on CPU).")
+@click.option("--overwrite", is_flag=True, help="Delete an existing cache at --out first.")
+@click.option("--tile-encoding", type=click.Choice(TILE_ENCODINGS), default="mosaic", show_default=True,
+              help="Levels 1-2: encode each mosaic whole, or each 56-pixel tile resized to the encoder's "
+                   "input and encoded alone (the 16 token sets stacked; pooled: the 16 vectors side by side).")
+@click.option("--token-grid", type=int, default=None,
+              help="Pool each token grid to G x G by area averaging before storing (e.g. 37x37 -> 14); "
+                   "prefix tokens are kept.")
+@click.option("--token-proj", default=None,
+              help="Project stored tokens to K dimensions: pca:K (fitted on training images only) or "
+                   "random:K (seeded); the map is stored in the cache.")
+@click.option("--token-int8", is_flag=True,
+              help="Store tokens as int8 with one scale per row and channel (dequantised on read).")
+def cache_command(encoder, weights, random_init, revision, data, out, levels, splits, layers,
+                  device, batch, dtype, compute, workers, overwrite, tile_encoding,
+                  token_grid, token_proj, token_int8) -> None:
+    """Encode every image of a build and store tokens + pooled vectors (resumable)."""
+    die_with_launcher()  # a torchrun rank ends with torchrun, however torchrun ends
+    split_list = lambda s: [v for v in s.split(",") if v] if s else None  # noqa: E731
+    path = write_cache(
+        encoder, data, out, weights=weights, random_init=random_init, revision=revision,
+        levels=split_list(levels), splits=split_list(splits), layers=layers, device=device,
+        batch=batch, dtype=dtype, compute=compute, workers=workers, overwrite=overwrite,
+        tile_encoding=tile_encoding, token_storage=TokenStorage.parse(token_grid, token_proj, token_int8),
+    )
+    click.echo(str(path))

@@ -1,0 +1,81 @@
+"""``spar-probe finetune``: train an encoder and a probe head end to end on a build's images
+(the run is :func:`spar_bench.probes.finetune.run.run_finetune`)."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from ..finetune.config import FinetuneConfig
+from ..finetune.run import parse_model_args, run_finetune
+from ..runs.inputs import ProbeUnavailable
+from .options import fmt, parse_probes, parse_seeds
+
+
+@click.command("finetune")
+@click.option("--encoder", required=True, help="Encoder spec, e.g. timm:resnet18 (see `spar-probe encoders`).")
+@click.option("--weights", default=None, help="Weights to finetune from (file or folder).")
+@click.option("--init", "init", type=click.Choice(["weights", "scratch"]), default="weights", show_default=True,
+              help="scratch: train the architecture from random weights (recorded as trained from scratch).")
+@click.option("--model-args", default=None, help='JSON for timm.create_model, e.g. \'{"depth": 4}\'.')
+@click.option("--revision", default=None, help="Pinned hub revision (hf: encoders).")
+@click.option("--data", required=True, type=click.Path(file_okay=False), help="Build folder (manifest.json).")
+@click.option("--head", default="mlp", show_default=True, help="linear, mlp, attnpool or transformer.")
+@click.option("--probe", "probe", multiple=True, default=("all",), show_default=True, help="Probe(s) or 'all'.")
+@click.option("--seeds", default="0", show_default=True, help="Comma-separated seeds.")
+@click.option("--out", default="runs", show_default=True, type=click.Path(file_okay=False))
+@click.option("--encoder-lr", default=1e-4, show_default=True, type=float)
+@click.option("--head-lr", default=1e-3, show_default=True, type=float)
+@click.option("--weight-decay", default=0.05, show_default=True, type=float)
+@click.option("--batch-size", default=32, show_default=True, type=int, help="Images per batch.")
+@click.option("--accum", default=1, show_default=True, type=int, help="Batches per optimizer step.")
+@click.option("--max-epochs", default=20, show_default=True, type=int)
+@click.option("--warmup-epochs", default=1.0, show_default=True, type=float)
+@click.option("--patience", default=5, show_default=True, type=int, help="Early stopping on the validation loss.")
+@click.option("--freeze-blocks", default=0, show_default=True, type=int, help="Freeze the stem and the first N blocks.")
+@click.option("--layer", default=-1, show_default=True, type=int)
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--compute", type=click.Choice(["auto", "fp32", "bf16", "fp16"]), default="auto", show_default=True,
+              help="Autocast precision; auto = bf16 on GPUs and on CPUs with native bf16, else fp32.")
+@click.option("--workers", default=None, type=int, help="DataLoader workers (default: 2 on CUDA, 0 on CPU).")
+@click.option("--checkpoint-every", default=0, show_default=True, type=int,
+              help="Also checkpoint every N optimizer steps (0: at epoch ends only).")
+@click.option("--threads", default=None, type=click.IntRange(1), help="torch CPU threads (default: torch's).")
+@click.option("--bootstrap", "n_boot", default=1000, show_default=True, type=int)
+@click.option("--no-controls", is_flag=True, help="Skip the blind baseline.")
+@click.option("--train-mirrors", is_flag=True, help="Also train on mirrored counterfactual samples.")
+@click.option("--resume", is_flag=True, help="Continue an interrupted run from its checkpoint.")
+@click.option("--overwrite", is_flag=True, help="Replace a finished or interrupted run (train it again).")
+def finetune_command(encoder, weights, init, model_args, revision, data, head, probe, seeds, out, encoder_lr,
+                     head_lr, weight_decay, batch_size, accum, max_epochs, warmup_epochs, patience,
+                     freeze_blocks, layer, device, compute, workers, checkpoint_every, threads, n_boot,
+                     no_controls, train_mirrors, resume, overwrite):
+    """Train an encoder and a probe head end to end on a build's images (finetune or from scratch)."""
+    import torch
+
+
+    if threads:
+        torch.set_num_threads(threads)
+    cfg = FinetuneConfig(encoder_lr=encoder_lr, head_lr=head_lr, weight_decay=weight_decay,
+                         batch_size=batch_size, accum=accum, max_epochs=max_epochs,
+                         warmup_epochs=warmup_epochs, patience=patience, freeze_blocks=freeze_blocks,
+                         layer=layer, device=device, compute=compute, workers=workers,
+                         checkpoint_every=checkpoint_every)
+    kwargs = parse_model_args(model_args)
+    explicit = all(p.strip() != "all" for item in probe for p in item.split(","))
+    for p in parse_probes(probe):
+        for s in parse_seeds(seeds):
+            try:
+                rd = run_finetune(encoder, data, head, p, s, out, weights=weights, init=init,
+                                  model_kwargs=kwargs, revision=revision, cfg=cfg, n_boot=n_boot,
+                                  controls=not no_controls, train_mirrors=train_mirrors, resume=resume,
+                                  overwrite=overwrite)
+            except ProbeUnavailable as e:
+                if explicit:
+                    raise
+                click.echo(f"{p}: not available on this build ({e}); skipped", err=True)
+                break
+            m = json.loads((rd / "metrics.json").read_text())
+            key = m["headline"]
+            click.echo(f"{p} {head} seed{s}: {key}={fmt(m['test'].get(key))} -> {rd}")

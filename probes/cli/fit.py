@@ -1,0 +1,119 @@
+"""``spar-probe fit`` and ``spar-probe eval``: train probe heads on cached features, score them
+(the run lifecycle is :mod:`spar_bench.probes.runs`; see :mod:`~spar_bench.probes.runs.session`
+for what a run folder holds)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from spar_bench.errors import ConfigError
+
+from ..runs.inputs import ProbeUnavailable
+from ..runs.session import run_eval, run_fit
+from ..runs.spec import check_device, make_run
+from ..runs.store import METRICS_FILE
+from ..tasks import get_probe
+from .options import (
+    apply_preset,
+    fmt,
+    parse_probes,
+    parse_seeds,
+    pop_run_options,
+    run_options,
+    with_preset,
+)
+
+
+@click.command("fit")
+@click.option(
+    "--features", required=True, type=click.Path(dir_okay=False), help="Feature cache (.h5)."
+)
+@click.option(
+    "--head", default="mlp", show_default=True, help="linear, mlp, attnpool or transformer."
+)
+@click.option(
+    "--probe", "probe", multiple=True, default=("all",), show_default=True, help="Probe name(s) or 'all'."
+)
+@click.option("--seeds", default="0", show_default=True, help="Comma-separated seeds.")
+@click.option("--out", default="runs", show_default=True, type=click.Path(file_okay=False))
+@click.option("--overwrite", is_flag=True, help="Train a finished run again and replace it (else it is kept).")
+@run_options
+def fit_command(features, head, probe, seeds, out, overwrite, data, n_boot, no_controls, device, threads, **kw):
+    """Train a probe head on cached features and score it (one run per probe x seed)."""
+    import torch
+
+    kw, preset = apply_preset({"seeds": seeds, **kw})
+    seeds = kw.pop("seeds")
+    options = pop_run_options(kw)
+    check_device(device)
+    probes = parse_probes(probe)
+    runs = [[with_preset(make_run(features, p, head, s, options, data=data, controls=not no_controls,
+                                  n_boot=n_boot, device=device), preset) for s in parse_seeds(seeds)]
+            for p in probes]  # fmt: skip
+    torch.set_num_threads(threads)
+    explicit = all(p.strip() != "all" for item in probe for p in item.split(","))
+    for per_probe in runs:
+        for run in per_probe:
+            try:
+                rd = run_fit(run, out, overwrite=overwrite)
+            except ProbeUnavailable as e:
+                if explicit:
+                    raise
+                click.echo(f"{run.probe}: not available on this build ({e}); skipped", err=True)
+                break
+            m = json.loads((rd / METRICS_FILE).read_text())
+            key = m["headline"]
+            click.echo(f"{run.probe} {head} seed{run.seed}: {key}={fmt(m['test'].get(key))} -> {rd}")
+
+
+@click.command("eval")
+@click.option(
+    "--run",
+    "run",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="A finished run directory.",
+)
+@click.option(
+    "--features", default=None, type=click.Path(dir_okay=False),
+    help="Another feature cache (a finetune run may instead re-encode --data's images).",
+)
+@click.option(
+    "--data",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Its build (default: cache's dataset_dir).",
+)
+@click.option("--bootstrap", "n_boot", default=1000, show_default=True, type=click.IntRange(1))
+@click.option("--encoder", default=None,
+              help="Re-encoding a finetune run of a local model: its path again (hf:DIR, open_clip:local-dir:DIR).")
+@click.option("--overwrite", is_flag=True, help="Replace an evaluation of other inputs (else it is refused).")
+def eval_command(run, features, data, n_boot, encoder, overwrite):
+    """Score a trained head on another cache (transfer), without retraining.
+
+    A ``spar-probe finetune`` run given ``--data`` and no ``--features`` re-encodes that
+    build's images with its own trained encoder (a local model's path, which runs do not
+    record, is given again with ``--encoder``).
+    """
+    if features is None:
+        from ..finetune.run import EXPORT_FILE, run_eval_reencoded
+
+        if data is None or not (Path(run) / EXPORT_FILE).is_file():
+            raise ConfigError(
+                "--features is required (re-encoding with --data alone needs a `spar-probe finetune` "
+                f"run holding {EXPORT_FILE})"
+            )
+        out = run_eval_reencoded(run, data, n_boot, encoder=encoder, overwrite=overwrite)
+        m = json.loads(out.read_text())
+        key = get_probe(m["probe"]).headline
+        click.echo(f"{m['probe']} {m['head']} on {m['data']} (re-encoded): {key}={fmt(m['test'].get(key))} -> {out}")
+        return
+    out = run_eval(run, features, data, n_boot, overwrite=overwrite)
+    m = json.loads(out.read_text())
+    key = get_probe(m["probe"]).headline
+    click.echo(
+        f"{m['probe']} {m['head']} on {Path(features).name}: {key}={fmt(m['test'].get(key))} -> {out}"
+    )

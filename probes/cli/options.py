@@ -1,0 +1,87 @@
+"""The options and parsers every ``spar-probe`` command shares: probe and seed lists, the run
+options of :data:`~spar_bench.probes.runs.spec.OPTIONS`, presets, and the one-line summary."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from spar_bench.errors import ConfigError
+
+from ..runs.spec import OPTIONS, RunSpec
+from ..tasks import get_probe, probe_names
+
+
+def parse_probes(text: tuple[str, ...] | str) -> list[str]:
+    """``all``, or probe names (comma-separated or repeated); validated against the probe specs."""
+    items = [text] if isinstance(text, str) else list(text)
+    names = [p.strip() for item in items for p in item.split(",") if p.strip()]
+    if not names or "all" in names:
+        return probe_names()
+    for n in names:
+        get_probe(n)
+    return names
+
+
+def parse_seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise ConfigError(f"--seeds must be comma-separated integers, got {text!r}") from None
+    if not seeds:
+        raise ConfigError("--seeds is empty")
+    return seeds
+
+
+def run_options(f):
+    """The options every run takes, shared by ``fit`` and ``sweep`` (one per :data:`OPTIONS`)."""
+    from ..runs.spec import option_help
+
+    for opt in reversed(list(OPTIONS.values())):
+        flag = f"--{opt.name.replace('_', '-')}"
+        if opt.type is bool:
+            f = click.option(flag, opt.name, is_flag=True, default=None, help=option_help(opt))(f)
+        else:
+            f = click.option(flag, opt.name, type=opt.type, default=None, help=option_help(opt))(f)
+    f = click.option("--data", default=None, type=click.Path(file_okay=False),
+                     help="Build dir (default: the cache's dataset_dir).")(f)  # fmt: skip
+    f = click.option("--bootstrap", "n_boot", default=1000, show_default=True, type=int,
+                     help="Bootstrap replicates.")(f)  # fmt: skip
+    f = click.option("--no-controls", is_flag=True, help="Skip the blind baseline (faster).")(f)
+    f = click.option("--preset", default=None, metavar="NAME",
+                     help="Fill the options not given from a named preset: paper (docs/PROTOCOL.md "
+                          "§12); explicit options win, and each run records both.")(f)  # fmt: skip
+    f = click.option("--device", default="cpu", show_default=True,
+                     help="Where heads train: cpu, or cuda[:N] (heads are light; the Level 1-2 "
+                          "transformer gains most).")(f)  # fmt: skip
+    return click.option("--threads", default=1, show_default=True, type=click.IntRange(1),
+                        help="torch CPU threads per run (the same metrics either way).")(f)  # fmt: skip
+
+
+def apply_preset(params: dict[str, Any]) -> tuple[dict[str, Any], dict | None]:
+    """``--preset`` (popped from ``params``): the command's parameters with the preset's values
+    where none was given on the command line, and the preset's record (None without one)."""
+    name = params.pop("preset", None)
+    if not name:
+        return params, None
+    from spar_bench.presets import apply_probe_preset, explicit_options
+
+    return apply_probe_preset(name, params, explicit_options(click.get_current_context()))
+
+
+def with_preset(run: RunSpec, record: dict | None) -> RunSpec:
+    """``run`` marked with the preset that filled its options (recorded in config.json's ``run``)."""
+    if record is None:
+        return run
+    return run.replace(preset=record["name"], preset_overridden=tuple(record["overridden"]))
+
+
+def pop_run_options(kw: dict) -> dict[str, Any]:
+    """The :data:`OPTIONS` values among click's keyword arguments (removed from ``kw``)."""
+    return {name: kw.pop(name) for name in OPTIONS}
+
+
+def fmt(v) -> str:
+    """A headline value as a command's summary line prints it."""
+    return "n/a" if v is None else f"{v:.4f}"

@@ -1,0 +1,97 @@
+"""One evaluation for every run kind: the test items, the mirrored counterfactuals and the
+controls (chance, majority, the prior, the blind baseline), each with patient-bootstrap
+intervals, in one metrics layout.
+
+:func:`evaluate` scores a fitted :class:`~.predictors.Predictor`; :func:`controls` gives the
+same controls to every kind (its blind baseline is the predictor's own :meth:`blind`);
+:func:`transfer` scores a finished run's predictions on another build or cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .inputs import Splits
+
+Boot = Callable[[str], "np.random.Generator"]
+
+
+def score(t, pred: np.ndarray, rng: np.random.Generator | None, n_boot: int, prior: dict | None = None) -> dict:
+    """Every metric the probe declares, of ``pred`` on ``t``; CIs (over patients) when ``rng``.
+
+    With the run's ``prior`` (fitted on train), a Level 3 score also holds ``conflict``: the
+    same ``pred`` on the items whose answer differs from the prior's (``ProbeSpec.conflict``).
+    """
+    out = t.spec.score(t, pred, rng, n_boot)
+    conflict = t.spec.conflict(prior, t, pred, rng, n_boot) if len(t) else None
+    if conflict is not None:
+        out["conflict"] = conflict
+    return out
+
+
+def bootstraps(seed: int, *names: str) -> Boot:
+    """The bootstrap generator of each scored part (``tag``), derived from the run's seed and names."""
+    from spar_bench.seeding import derive_seed
+
+    return lambda tag: np.random.default_rng(derive_seed(seed, "bootstrap", *names, tag))
+
+
+def controls(run, predictor, s: Splits, prior: dict, boot: Boot, blind=None) -> dict:
+    """Chance, majority, the prior (input-free optimum) and the blind baseline (the predictor
+    without the image: :meth:`~.predictors.Predictor.blind`).
+
+    ``blind``: the blind predictor already fitted (a batch trains them together), or None
+    (fitted here when ``run.controls``).
+    """
+    spec, n_boot = run.spec, run.n_boot
+    majority = spec.majority(s.tr)
+    ctrl: dict[str, Any] = {"chance": spec.chance(s.te)}
+    if majority is not None:
+        ctrl["majority_class"] = majority
+        ctrl["majority"] = spec.majority_rate(majority, s.te)
+    ctrl["prior"] = score(s.te, spec.prior_predict(prior, s.te), boot("prior"), n_boot, prior)
+    if len(s.te_mirror):
+        pred = spec.prior_predict(prior, s.te_mirror)
+        ctrl["prior_mirror"] = score(s.te_mirror, pred, boot("prior-mirror"), n_boot, prior)
+    if not run.controls:
+        return ctrl
+    if blind is None:
+        blind = predictor.blind()
+        if blind is None:
+            return ctrl
+        blind.fit(s.tr, s.va)
+    ctrl["blind"] = score(s.te, blind.predict(s.te, "test"), boot("blind"), n_boot, prior)
+    if len(s.te_mirror):
+        ctrl["blind_mirror"] = score(s.te_mirror, blind.predict(s.te_mirror, "test"), boot("blind-mirror"),
+                                     n_boot, prior)  # fmt: skip
+    return ctrl
+
+
+def evaluate(run, predictor, s: Splits, prior: dict, blind=None) -> dict[str, Any]:
+    """``test``, ``mirror`` (None without mirrored items) and ``controls`` of a fitted predictor."""
+    boot = bootstraps(run.seed, run.probe, run.head)
+    mirror = None
+    if len(s.te_mirror):
+        mirror = score(s.te_mirror, predictor.predict(s.te_mirror, "test"), boot("mirror"), run.n_boot, prior)
+    return {"test": score(s.te, predictor.predict(s.te, "test"), boot("test"), run.n_boot, prior),
+            "mirror": mirror, "controls": controls(run, predictor, s, prior, boot, blind)}
+
+
+def transfer(t, pred: np.ndarray, seed: int, n_boot: int, prior: dict | None, majority) -> dict[str, Any]:
+    """A finished run's predictions ``pred`` on the items ``t`` of another build: ``test`` and
+    ``mirror`` with intervals, and the controls that need no training (chance, majority with
+    the class the run's training set chose, and the run's prior when it has one)."""
+    spec = t.spec
+    rng = bootstraps(seed, "eval")
+    orig, mir = t.subset(~t.is_mirror), t.subset(t.is_mirror)
+    out: dict[str, Any] = {
+        "test": score(orig, pred[~t.is_mirror], rng("test"), n_boot, prior),
+        "mirror": score(mir, pred[t.is_mirror], rng("mirror"), n_boot, prior) if len(mir) else None,
+        "controls": {"chance": spec.chance(orig), "majority": spec.majority_rate(majority, orig)},
+    }
+    if prior is not None:
+        out["controls"]["prior"] = score(orig, spec.prior_predict(prior, orig), rng("prior"), n_boot, prior)
+    return out

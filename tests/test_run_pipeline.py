@@ -1,0 +1,116 @@
+"""One run lifecycle for every run kind (issue 22): a new kind is one Predictor class.
+
+The constant prior, the dummy MLLM and the mask oracle run through
+``spar_bench.probes.runs.session.run_predictor``: the same split by patient, the same
+evaluation with every control, the same store and the same metrics schema as a head on
+cached features (``spar-probe fit``), and the report reads them side by side.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+PROBE = "level3.relative_position"
+
+
+def _run(pipeline, tmp_path: Path, predictor_of, head: str, **kw):
+    from spar_bench.builder.shards import Build
+    from spar_bench.probes.runs.session import run_predictor
+    from spar_bench.probes.runs.spec import PredictorSpec
+
+    build = Build(pipeline["shards"])
+    run = PredictorSpec(PROBE, head, seed=0, features=str(pipeline["shards"]), n_boot=50)
+    rd = run_predictor(run, predictor_of(build), build, tmp_path / "runs", head, **kw)
+    return rd, json.loads((rd / "metrics.json").read_text())
+
+
+def test_constant_prior_scores_what_the_prior_control_scores(pipeline, tmp_path):
+    from spar_bench.probes.runs.predictors import ConstantPrior
+    from spar_bench.probes.tasks import get_probe
+
+    rd, m = _run(pipeline, tmp_path, lambda b: ConstantPrior(get_probe(PROBE)), "prior")
+    assert rd.name == "seed0" and rd.parent.name == "prior"
+    assert m["track"] == "prior" and m["train"] is None
+    assert m["test"]["accuracy"] == m["controls"]["prior"]["accuracy"]
+    assert m["controls"]["blind"]["accuracy"] == m["controls"]["prior"]["accuracy"]  # no image to lose
+    assert m["mirror"] is not None and m["mirror"]["accuracy"] == m["controls"]["prior_mirror"]["accuracy"]
+    assert m["n_items"]["test"] > 0 and m["n_patients"]["test"] >= 2
+
+
+def _oracle(build):
+    from spar_bench.probes.vqa import BackendOptions, load_backend
+    from spar_bench.probes.vqa.cache import ResponseCache
+    from spar_bench.probes.vqa.predictor import Mllm
+
+    backend = load_backend("oracle", BackendOptions(data=str(build.root)))
+    return Mllm(backend, build, ResponseCache(Path(str(build.root)).parent / "oracle-answers.sqlite"))
+
+
+def test_mllm_oracle_through_the_same_path_reads_the_image(pipeline, tmp_path):
+    _, m = _run(pipeline, tmp_path, _oracle, "oracle")
+    assert m["track"] == "mllm"
+    assert m["test"]["accuracy"] == 1.0 and m["mirror"]["accuracy"] == 1.0
+    assert m["controls"]["blind"]["accuracy"] == 0.0  # the oracle abstains without the slice
+    conflict = m["test"].get("conflict")
+    assert conflict is None or conflict["n"] == 0 or conflict["accuracy"] == 1.0
+
+
+def test_dummy_mllm_and_every_kind_share_one_metrics_schema(pipeline, tmp_path):
+    from spar_bench.probes.cli import cli
+    from spar_bench.probes.report import write_report
+    from spar_bench.probes.runs.predictors import ConstantPrior
+    from spar_bench.probes.tasks import get_probe
+    from spar_bench.probes.vqa import BackendOptions, load_backend
+    from spar_bench.probes.vqa.cache import ResponseCache
+    from spar_bench.probes.vqa.predictor import Mllm
+
+    from helpers import run_cmd
+
+    def dummy(build):
+        backend = load_backend("dummy", BackendOptions())
+        return Mllm(backend, build, ResponseCache(tmp_path / "dummy.sqlite"))
+
+    _, md = _run(pipeline, tmp_path, dummy, "dummy")
+    _, mp = _run(pipeline, tmp_path, lambda b: ConstantPrior(get_probe(PROBE)), "prior")
+    assert run_cmd(cli, ["fit", "--features", pipeline["cache"], "--probe", PROBE, "--head", "linear",
+                         "--max-epochs", 2, "--bootstrap", 50, "--out", tmp_path / "runs"]) == 0  # fmt: skip
+    fitted = json.loads(next((tmp_path / "runs").glob(f"*/{PROBE}/linear*/seed0/metrics.json")).read_text())
+    for m in (md, mp):
+        assert set(fitted) <= set(m), set(fitted) - set(m)
+        assert set(m["controls"]) == set(fitted["controls"])
+        assert set(m["test"]) == set(fitted["test"])
+    assert 0.0 <= md["test"]["accuracy"] <= 1.0 and "blind" in md["controls"]
+    report = write_report(tmp_path / "runs", tmp_path / "report")
+    text = (report / "report.md").read_text() if report.is_dir() else Path(report).read_text()
+    for name in ("dummy", "prior", "linear"):
+        assert name in text
+
+
+def test_a_finished_predictor_run_is_kept_and_another_refused(pipeline, tmp_path, capsys):
+    from spar_bench.errors import ConfigError
+    from spar_bench.probes.runs.predictors import ConstantPrior
+    from spar_bench.probes.tasks import get_probe
+
+    rd, _ = _run(pipeline, tmp_path, lambda b: ConstantPrior(get_probe(PROBE)), "prior")
+    before = (rd / "metrics.json").read_bytes()
+    _run(pipeline, tmp_path, lambda b: ConstantPrior(get_probe(PROBE)), "prior")
+    assert "kept" in capsys.readouterr().err and (rd / "metrics.json").read_bytes() == before
+
+    with pytest.raises(ConfigError, match="predictor=prior"):  # another kind of predictor, same folder
+        _run(pipeline, tmp_path, lambda b: ConstantPrior(get_probe(PROBE), kind="other"), "prior")
+
+
+def test_predictors_satisfy_the_protocol():
+    from spar_bench.probes.finetune.predictor import FinetunedEncoder
+    from spar_bench.probes.runs.predictors import BlindHead, CachedHead, ConstantPrior, Predictor
+    from spar_bench.probes.tasks import get_probe
+    from spar_bench.probes.vqa.predictor import Mllm
+
+    assert isinstance(ConstantPrior(get_probe(PROBE)), Predictor)
+    for cls in (CachedHead, BlindHead, FinetunedEncoder, Mllm):
+        assert all(callable(getattr(cls, name, None)) for name in ("fit", "predict", "blind")), cls
+    assert np.array_equal(ConstantPrior(get_probe(PROBE)).blind().spec.class_names, get_probe(PROBE).class_names)
