@@ -94,7 +94,7 @@ def blind(train_build: Path, eval_build: Path, probe: str) -> float | None:
 
 
 def train_and_score(builds: dict[str, Path], out: Path, epochs: int, n_boot: int) -> list[dict]:
-    from spar_bench.probes.finetune.config import FinetuneConfig
+    from spar_bench.probes.finetune.config import FinetuneConfig, FinetuneSpec
     from spar_bench.probes.finetune.run import run_eval_reencoded, run_finetune
     from spar_bench.probes.tasks import get_probe
 
@@ -104,8 +104,9 @@ def train_and_score(builds: dict[str, Path], out: Path, epochs: int, n_boot: int
     for train_on in TRAIN_ON:
         for probe in PROBES:
             t0 = time.perf_counter()
-            rd = run_finetune(ENCODER, builds[train_on], HEAD, probe, 0, out / "runs", init="scratch",
-                              model_kwargs=MODEL_ARGS, cfg=cfg, n_boot=n_boot, resume=True)
+            fs = FinetuneSpec(ENCODER, str(builds[train_on]), probe, HEAD, 0, init="scratch", model_kwargs=MODEL_ARGS,
+                              cfg=cfg, n_boot=n_boot)
+            rd = run_finetune(fs, out / "runs", resume=True)
             m = json.loads((rd / "metrics.json").read_text())
             key = get_probe(probe).headline
             row = {"probe": probe, "trained_on": train_on, "metric": key, "run": str(rd.relative_to(out)),

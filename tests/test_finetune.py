@@ -21,7 +21,7 @@ TINY_RESNET = ("timm:resnet10t", {"pretrained_cfg_overlay": {"input_size": [3, 6
 
 
 def _finetune(pipeline, out, model, probe, head="mlp", **kw):
-    from spar_bench.probes.finetune.config import FinetuneConfig
+    from spar_bench.probes.finetune.config import FinetuneConfig, FinetuneSpec
     from spar_bench.probes.finetune.run import run_finetune
 
     opts = {"batch_size": 8, "max_epochs": 2, "encoder_lr": 1e-3, "warmup_epochs": 0.5,
@@ -29,8 +29,10 @@ def _finetune(pipeline, out, model, probe, head="mlp", **kw):
     opts.update(kw.pop("cfg", {}))
     kw.setdefault("init", "scratch")
     kw.setdefault("controls", False)
-    return run_finetune(model[0], pipeline["shards"], head, probe, 0, out, model_kwargs=model[1],
-                        cfg=FinetuneConfig(**opts), n_boot=20, progress=False, **kw)
+    run_kw = {k: kw.pop(k) for k in ("resume", "overwrite") if k in kw}
+    fs = FinetuneSpec(model[0], str(pipeline["shards"]), probe, head, 0, model_kwargs=model[1],
+                      cfg=FinetuneConfig(**opts), n_boot=20, **kw)
+    return run_finetune(fs, out, progress=False, **run_kw)
 
 
 def _tensors(rd: Path) -> dict[str, torch.Tensor]:

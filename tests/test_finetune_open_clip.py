@@ -22,13 +22,14 @@ EXPORT = "encoder.safetensors"
 
 def _finetune(pipeline, name: str, out: Path, monkeypatch) -> tuple[Path, object]:
     """A 1-epoch finetune of ``name``; returns the run folder and the trained encoder in memory."""
-    from spar_bench.probes.finetune.config import FinetuneConfig
+    from spar_bench.probes.finetune.config import FinetuneConfig, FinetuneSpec
     from spar_bench.probes.finetune.run import run_finetune
 
     trained = keep_trained_encoder(monkeypatch)
     cfg = FinetuneConfig(batch_size=8, max_epochs=1, encoder_lr=1e-2, warmup_epochs=0, device="cpu", compute="fp32")
-    rd = run_finetune(name, pipeline["shards"], "mlp", "level1.localisation", 0, out, cfg=cfg,
-                     n_boot=20, controls=False, progress=False)
+    fs = FinetuneSpec(name, str(pipeline["shards"]), "level1.localisation", "mlp", 0, cfg=cfg, n_boot=20,
+                      controls=False)
+    rd = run_finetune(fs, out, progress=False)
     return rd, trained["enc"]
 
 
@@ -92,11 +93,13 @@ def test_open_clip_run_evals_another_build(pipeline, tmp_path: Path, monkeypatch
 
 def test_init_scratch_on_a_folder_with_a_checkpoint_speaks_of_init_scratch(pipeline, tmp_path: Path) -> None:
     from spar_bench.probes.cli import cli
+    from spar_bench.probes.finetune.config import FinetuneSpec
     from spar_bench.probes.finetune.run import run_finetune
 
     name, _ = make_open_clip(tmp_path, OPEN_CLIP_TOWERS["open_clip-vit"])
     with pytest.raises(ConfigError, match="holds the weights; drop --init scratch") as e:
-        run_finetune(name, pipeline["shards"], "mlp", "level1.localisation", 0, tmp_path / "runs", init="scratch")
+        run_finetune(FinetuneSpec(name, str(pipeline["shards"]), "level1.localisation", init="scratch"),
+                     tmp_path / "runs")
     assert "--random-init" not in str(e.value) and not (tmp_path / "runs").exists()
     # `spar-probe cache` keeps speaking of its own flag
     assert run_cmd(cli, ["cache", "--encoder", name, "--random-init", "--data", pipeline["shards"],

@@ -17,13 +17,14 @@ TINY_VIT = ("timm:vit_tiny_patch16_224", {"depth": 1, "embed_dim": 16, "num_head
 
 
 def _finetune(pipeline, out: Path, **kw):
-    from spar_bench.probes.finetune.config import FinetuneConfig
+    from spar_bench.probes.finetune.config import FinetuneConfig, FinetuneSpec
     from spar_bench.probes.finetune.run import run_finetune
 
     opts = {"batch_size": 16, "max_epochs": 1, "device": "cpu", "compute": "fp32", **kw.pop("cfg", {})}
-    return run_finetune(TINY_VIT[0], pipeline["shards"], "mlp", "level1.localisation", 0, out, init="scratch",
-                        model_kwargs=TINY_VIT[1], cfg=FinetuneConfig(**opts), controls=False,
-                        n_boot=kw.pop("n_boot", 20), progress=False, **kw)  # fmt: skip
+    fs = FinetuneSpec(TINY_VIT[0], str(pipeline["shards"]), "level1.localisation", "mlp", 0, init="scratch",
+                      model_kwargs=TINY_VIT[1], cfg=FinetuneConfig(**opts), controls=False,
+                      n_boot=kw.pop("n_boot", 20))  # fmt: skip
+    return run_finetune(fs, out, progress=False, **kw)
 
 
 def test_finetune_keeps_a_finished_run(pipeline, tmp_path: Path, monkeypatch, capsys) -> None:

@@ -7,7 +7,7 @@ import json
 
 import click
 
-from ..finetune.config import FinetuneConfig
+from ..finetune.config import FinetuneConfig, FinetuneSpec
 from ..finetune.run import parse_model_args, run_finetune
 from ..runs.inputs import ProbeUnavailable
 from .options import fmt, parse_probes, parse_seeds
@@ -67,10 +67,10 @@ def finetune_command(encoder, weights, init, model_args, revision, data, head, p
     for p in parse_probes(probe):
         for s in parse_seeds(seeds):
             try:
-                rd = run_finetune(encoder, data, head, p, s, out, weights=weights, init=init,
-                                  model_kwargs=kwargs, revision=revision, cfg=cfg, n_boot=n_boot,
-                                  controls=not no_controls, train_mirrors=train_mirrors, resume=resume,
-                                  overwrite=overwrite)
+                fs = FinetuneSpec(encoder, str(data), p, head, s, weights=weights, init=init, model_kwargs=kwargs,
+                                  revision=revision, cfg=cfg, n_boot=n_boot, controls=not no_controls,
+                                  train_mirrors=train_mirrors)  # fmt: skip
+                rd = run_finetune(fs, out, resume=resume, overwrite=overwrite)
             except ProbeUnavailable as e:
                 if explicit:
                     raise

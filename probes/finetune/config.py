@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from spar_bench.errors import ConfigError
 
@@ -74,3 +75,37 @@ def lr_factor(step: int, warmup: int, total: int) -> float:
     span = max(total - warmup, 1)
     progress = min(max(step - warmup, 0) / span, 1.0)
     return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+@dataclass(frozen=True)
+class FinetuneSpec:
+    """One finetune run: ``encoder`` (its ``weights``, ``init``, constructor ``model_kwargs`` and hub
+    ``revision``) trained end to end with ``head`` (``head_cfg``) on ``probe`` of build ``data``
+    (``seed``, :class:`FinetuneConfig`), scored like a head run (``n_boot``, ``controls``,
+    ``train_mirrors``). Its head's part is a :class:`~spar_bench.probes.runs.spec.RunSpec`
+    (:meth:`head_run`), whose features are the build's images, encoded by the trained encoder.
+    """
+
+    encoder: str
+    data: str
+    probe: str
+    head: str = "mlp"
+    seed: int = 0
+    weights: str | None = None
+    init: str = "weights"
+    model_kwargs: dict[str, Any] | None = None
+    revision: str | None = None
+    cfg: FinetuneConfig = field(default_factory=FinetuneConfig)
+    head_cfg: dict[str, Any] = field(default_factory=dict)
+    n_boot: int = 1000
+    controls: bool = True
+    train_mirrors: bool = False
+
+    def head_run(self):
+        """The head's :class:`~spar_bench.probes.runs.spec.RunSpec` (as ``fit``'s)."""
+        from ..runs.spec import RunSpec
+
+        return RunSpec(features=str(self.data), probe=self.probe, head=self.head, seed=self.seed,
+                       layer=self.cfg.layer, head_options=tuple(self.head_cfg.items()),
+                       train=self.cfg.train_config(), controls=self.controls,
+                       train_mirrors=self.train_mirrors, n_boot=self.n_boot)  # fmt: skip

@@ -38,7 +38,7 @@ from ..runs.store import (
     write_config,
     write_metrics,
 )
-from .config import NOT_NAMED, FinetuneConfig
+from .config import NOT_NAMED, FinetuneConfig, FinetuneSpec
 from .loop import BEST, CHECKPOINT, Split, Trainer, load_saved, run_key
 from .model import EXPORT_FILE, export_encoder, freeze_blocks, load_trainable
 from .predictor import FinetunedEncoder
@@ -186,111 +186,93 @@ def _prepare_run_dir(rd: Path, config: dict, resume: bool, overwrite: bool) -> b
     return False
 
 
-def run_finetune(encoder: str, data: str | Path, head: str, probe: str, seed: int, out: str | Path, *,
-                 weights: str | None = None, init: str = "weights", model_kwargs: dict | None = None,
-                 revision: str | None = None, cfg: FinetuneConfig | None = None,
-                 head_cfg: dict | None = None, n_boot: int = 1000, controls: bool = True,
-                 train_mirrors: bool = False, resume: bool = False, overwrite: bool = False,
+def run_finetune(fs: FinetuneSpec, out: str | Path, *, resume: bool = False, overwrite: bool = False,
                  progress: bool = True) -> Path:
-    """Train ``encoder`` + ``head`` on ``probe`` of build ``data``; score; write the run folder."""
+    """Train ``fs.encoder`` + ``fs.head`` on ``fs.probe`` of build ``fs.data``; score; write the run folder."""
     from spar_bench.builder.shards import Build
 
     from ..encoders import check_encoder_name
     from ..heads import head_input
-    from ..runs.spec import RunSpec
-    from ..tasks import get_probe
-    from ..train import stopped_by
+    from ..runs.evaluate import evaluate, run_metrics
 
-    cfg = cfg or FinetuneConfig()
-    head_cfg = dict(head_cfg or {})
-    spec, kind = get_probe(probe), head_input(head)
-    check_encoder_name(encoder)  # names first: a typo is named before any file is read
-    # the head's run (RunSpec, as `fit`'s): its features are the build's images, encoded here
-    hrun = RunSpec(features=str(data), probe=probe, head=head, seed=seed, layer=cfg.layer,
-                   head_options=tuple(head_cfg.items()), train=cfg.train_config(), controls=controls,
-                   train_mirrors=train_mirrors, n_boot=n_boot)  # fmt: skip
-    build = Build(data)
+    check_encoder_name(fs.encoder)  # names first: a typo is named before any file is read
+    hrun, kind = fs.head_run(), head_input(fs.head)  # the head's run: the build's images are its features
+    build = Build(fs.data)
     splits = build_splits(build, hrun)
-    tr, va, te, te_mirror, val_source, val_split = splits
-    encoding, precision = load_encoding(encoder, build, seed, cfg, weights=weights, init=init,
-                                    model_kwargs=model_kwargs, revision=revision)
-    enc_spec = encoding.enc.spec
-    encoder = published_encoder(encoder, enc_spec)  # no local path in the folder name or any record
-    variant = finetune_variant(cfg, head, head_cfg, train_mirrors)
-    rd = run_folder(out, run_slug(encoder, init, data), probe, head, variant, seed)
-    level = spec.level
-    trs = Split(tr, level, "train")
-    model, in_dim, n_tokens = new_head(encoding, head, spec, kind, seed, head_cfg, trs, init == "scratch")
-    training = training_record(init, build, enc_spec.weights)
-    config = _config(encoder, enc_spec, init, weights, model_kwargs, build, probe, head, seed, kind, model,
-                     (in_dim, n_tokens), cfg, precision, training, controls, n_boot, train_mirrors)
-    config.update(variant=variant, run={**hrun.to_dict(), "features": Path(str(data)).name})  # names only, as fit's
+    encoding, precision = load_encoding(fs.encoder, build, fs.seed, fs.cfg, weights=fs.weights, init=fs.init,
+                                        model_kwargs=fs.model_kwargs, revision=fs.revision)  # fmt: skip
+    encoder = published_encoder(fs.encoder, encoding.enc.spec)  # no local path in the folder name or any record
+    variant = finetune_variant(fs.cfg, fs.head, fs.head_cfg, fs.train_mirrors)
+    rd = run_folder(out, run_slug(encoder, fs.init, fs.data), fs.probe, fs.head, variant, fs.seed)
+    model, in_dim, n_tokens = new_head(encoding, fs.head, hrun.spec, kind, fs.seed, fs.head_cfg,
+                                       Split(splits.tr, hrun.spec.level, "train"), fs.init == "scratch")  # fmt: skip
+    training = training_record(fs.init, build, encoding.enc.spec.weights)
+    config = _config(fs, encoder, encoding.enc.spec, build, kind, model, (in_dim, n_tokens), precision, training)
+    config.update(variant=variant, run={**hrun.to_dict(), "features": Path(str(fs.data)).name})  # names only, as fit's
     if _prepare_run_dir(rd, config, resume, overwrite):
         click.echo(f"{rd}: finished earlier with these options; kept (--overwrite trains it again)", err=True)
         return rd
-    key = run_key(encoder=encoder, weights=enc_spec.weights, init=init, model_kwargs=model_kwargs,
-                  build=build.fingerprint, probe=probe, head=head, head_cfg=head_cfg, seed=seed,
-                  cfg=cfg.to_dict(), compute=precision.dtype, train_mirrors=train_mirrors)
-    trainer = Trainer(encoding, model, kind, seed, rd, key, progress)
-    predictor = FinetunedEncoder(hrun, encoding, model, kind, (in_dim, n_tokens), trainer, val_split, resume)
-    result = predictor.fit(tr, va)
-    metrics = _score(predictor, hrun, splits)
-    metrics.update({"encoder": rd.parent.parent.parent.name, "variant": variant, "random_init": False, "layer": cfg.layer,
-                    "val_source": val_source, "training": training, **protocol_versions(build.manifest),
-                    "train": {"epochs_run": len(result.hist_tr), "best_epoch": result.best_epoch,
-                              "best_val_loss": result.best_val,
-                              "stopped_by": stopped_by(len(result.hist_tr), result.best_epoch, cfg.patience),
-                              "train_loss": result.hist_tr,
-                              "val_loss": result.hist_va, "optimizer_steps": result.opt_steps, "images_per_s": result.images / max(result.seconds, 1e-9)}})
-    _write(rd, encoding.enc, model, config, metrics)
+    key = run_key(encoder=encoder, weights=encoding.enc.spec.weights, init=fs.init, model_kwargs=fs.model_kwargs,
+                  build=build.fingerprint, probe=fs.probe, head=fs.head, head_cfg=fs.head_cfg, seed=fs.seed,
+                  cfg=fs.cfg.to_dict(), compute=precision.dtype, train_mirrors=fs.train_mirrors)  # fmt: skip
+    trainer = Trainer(encoding, model, kind, fs.seed, rd, key, progress)
+    predictor = FinetunedEncoder(hrun, encoding, model, kind, (in_dim, n_tokens), trainer, splits.val_split, resume)
+    result = predictor.fit(splits.tr, splits.va)
+    prior = hrun.spec.fit_prior(splits.tr)
+    scored = evaluate(hrun, predictor, splits, prior)
+    metrics = run_metrics(hrun, splits, scored, encoder=rd.parent.parent.parent.name, variant=variant,
+                          layer=fs.cfg.layer, train=_train_record(result, fs.cfg.patience), training=training,
+                          manifest=build.manifest)  # fmt: skip
+    _write(rd, encoding.enc, model, config, metrics, prior)
     return rd
 
 
-def _score(predictor, run, data) -> dict:
-    """Test (and mirrored test) metrics of the trained encoder + head, with ``fit``'s controls."""
-    from ..runs.evaluate import evaluate
+def _train_record(result, patience: int) -> dict[str, Any]:
+    """``metrics.json``'s ``train`` of a finetune run: the head runs' fields, the loss curves,
+    optimizer steps and the measured images per second."""
+    from ..train import stopped_by
 
-    tr, va, te, te_mirror = data.tr, data.va, data.te, data.te_mirror
-    spec = run.spec
-    prior = spec.fit_prior(tr)
-    return {"probe": run.probe, "head": run.head, "seed": run.seed, "headline": spec.headline,
-            "n_items": {"train": len(tr), "val": len(va), "test": len(te), "test_mirror": len(te_mirror)},
-            "n_patients": {"train": int(np.unique(tr.patient).size), "test": int(np.unique(te.patient).size)},
-            **evaluate(run, predictor, data, prior)}
+    epochs = len(result.hist_tr)
+    return {"epochs_run": epochs, "best_epoch": result.best_epoch, "best_val_loss": result.best_val,
+            "stopped_by": stopped_by(epochs, result.best_epoch, patience), "train_loss": result.hist_tr,
+            "val_loss": result.hist_va, "optimizer_steps": result.opt_steps,
+            "images_per_s": result.images / max(result.seconds, 1e-9)}
 
 
-def _config(encoder, spec, init, weights, model_kwargs, build, probe, head, seed, kind, model, dims,
-            cfg, precision, training, controls, n_boot, train_mirrors) -> dict:
+def _config(fs: FinetuneSpec, encoder: str, enc_spec, build, kind: str, model, dims: tuple[int, int],
+            precision, training: dict) -> dict:
+    """What a finetune run's ``config.json`` records (no local path)."""
     from spar_bench.provenance import CACHE_PACKAGES, package_versions
     from spar_bench.seeding import derive_seed
 
     from ..encoders.base import published_weights
 
+    seed = fs.seed
     return {
-        "command": "finetune", "probe": probe, "head": head, "seed": seed,
-        "seeds": {"torch": seed, "init": seed if init == "scratch" else None,
-                  "bootstrap": [derive_seed(seed, "bootstrap", probe, head, "test")]},
-        "layer": cfg.layer, "encoder": encoder, "init": init, "weights": published_weights(spec.weights),
-        "model_args": model_kwargs or {}, "random_init": False,
-        "encoder_config": {**spec.to_dict(), "weights": published_weights(spec.weights)},
+        "command": "finetune", "probe": fs.probe, "head": fs.head, "seed": seed,
+        "seeds": {"torch": seed, "init": seed if fs.init == "scratch" else None,
+                  "bootstrap": [derive_seed(seed, "bootstrap", fs.probe, fs.head, "test")]},
+        "layer": fs.cfg.layer, "encoder": encoder, "init": fs.init, "weights": published_weights(enc_spec.weights),
+        "model_args": fs.model_kwargs or {}, "random_init": False,
+        "encoder_config": {**enc_spec.to_dict(), "weights": published_weights(enc_spec.weights)},
         "training": training, "dataset_dir": Path(build.root).resolve().name,
         "dataset_fingerprint": build.fingerprint, "head_input": kind,
         "head_config": getattr(model, "cfg", {}), "in_dim": dims[0], "n_tokens": dims[1],
-        "finetune_config": cfg.to_dict(), "compute_dtype": precision.dtype,
-        "compute_reason": precision.reason, "train_config": cfg.train_config().to_dict(),
-        "train_mirrors": train_mirrors, "controls": controls, "n_bootstrap": n_boot,
+        "finetune_config": fs.cfg.to_dict(), "compute_dtype": precision.dtype,
+        "compute_reason": precision.reason, "train_config": fs.cfg.train_config().to_dict(),
+        "train_mirrors": fs.train_mirrors, "controls": fs.controls, "n_bootstrap": fs.n_boot,
         **protocol_versions(build.manifest), "versions": package_versions(CACHE_PACKAGES),
-    }
+    }  # fmt: skip
 
 
-def _write(rd: Path, enc, model, config: dict, metrics: dict) -> None:
+def _write(rd: Path, enc, model, config: dict, metrics: dict, prior: dict | None) -> None:
     """encoder.safetensors, head.pt, config.json, then metrics.json last (it marks a finished
     run); the checkpoints go once the run is complete."""
     meta = {"encoder": config["encoder"], "encoder_config": config["encoder_config"],
             "model_args": config["model_args"], "training": config["training"],
             "run": {"probe": config["probe"], "head": config["head"], "seed": config["seed"]}}
     export_encoder(enc, rd / EXPORT_FILE, meta)
-    save_head(rd, model, config, with_prior=False)
+    save_head(rd, model, config, prior)
     write_config(rd, config)
     write_metrics(rd, metrics)
     for name in (CHECKPOINT, BEST):
@@ -384,7 +366,7 @@ def run_eval_reencoded(run: str | Path, data: str | Path, n_boot: int = 1000, de
         feats = encoding.features(level, split, rows, head, c["head_input"])
         preds.append(predict(head, feats, remap(t, rows)))
         tests.append(t)
-    scored = transfer(concat(tests), np.concatenate(preds), c["seed"], n_boot, None, majority)
+    scored = transfer(concat(tests), np.concatenate(preds), c["seed"], n_boot, saved.get("prior"), majority)
     result = {"run": run_path(rd), "features": f"{name} (re-encoded)", "data": name,
               "dataset_fingerprint": build.fingerprint, "encoder": rd.parent.parent.parent.name,
               "random_init": False, "training": run_metrics.get("training"), "splits": splits,

@@ -80,6 +80,28 @@ def evaluate(run, predictor, s: Splits, prior: dict, blind=None) -> dict[str, An
             "mirror": mirror, "controls": controls(run, predictor, s, prior, boot, blind)}
 
 
+def run_metrics(run, s: Splits, scored: dict[str, Any], *, encoder: str, train: dict | None,
+                training: dict | None, manifest: dict, layer: int | None = None, variant: str | None = None,
+                random_init: bool = False, track: str | None = None) -> dict[str, Any]:
+    """The one ``metrics.json`` layout of every run kind, which the report reads: what ran
+    (probe, head, variant, seed, encoder, layer), on what (items and patients per split, where
+    validation came from), how it trained (``train``; None: nothing was trained), the
+    evaluation (``scored``: :func:`evaluate`'s test, mirror and controls), how its encoder was
+    trained (``training``), and the protocol versions of the build."""
+    from spar_bench.provenance import protocol_versions
+
+    spec = run.spec
+    return {
+        "probe": run.probe, "head": run.head, "variant": run.variant() if variant is None else variant,
+        "seed": run.seed, "encoder": encoder, "random_init": random_init, "layer": layer,
+        **({"track": track} if track else {}),
+        "headline": spec.headline, "higher_is_better": spec.higher_is_better, "val_source": s.val_source,
+        "n_items": {"train": len(s.tr), "val": len(s.va), "test": len(s.te), "test_mirror": len(s.te_mirror)},
+        "n_patients": {"train": int(np.unique(s.tr.patient).size), "test": int(np.unique(s.te.patient).size)},
+        "train": train, **scored, "training": training, **protocol_versions(manifest),
+    }  # fmt: skip
+
+
 def transfer(t, pred: np.ndarray, seed: int, n_boot: int, prior: dict | None, majority) -> dict[str, Any]:
     """A finished run's predictions ``pred`` on the items ``t`` of another build: ``test`` and
     ``mirror`` with intervals, and the controls that need no training (chance, majority with

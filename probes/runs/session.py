@@ -37,7 +37,7 @@ import numpy as np
 from spar_bench.errors import ConfigError
 from spar_bench.provenance import RUN_PACKAGES, package_versions, protocol_versions
 
-from .evaluate import evaluate, transfer
+from .evaluate import evaluate, run_metrics, transfer
 from .inputs import (
     Splits,
     check_shards,
@@ -105,18 +105,11 @@ def finish_run(run, p: Prepared, result, out: str | Path, blind=None, batch: dic
     spec, cache, s = run.spec, p.cache, p.splits
     prior = spec.fit_prior(s.tr)
     weights = cache.meta.get("weights")
-    metrics: dict[str, Any] = {
-        "probe": run.probe, "head": run.head, "variant": run.variant(), "seed": run.seed,
-        "encoder": encoder_slug(cache), "random_init": bool(cache.random_init), "layer": run.layer,
-        "headline": spec.headline, "higher_is_better": spec.higher_is_better,
-        "val_source": s.val_source,
-        "n_items": {"train": len(s.tr), "val": len(s.va), "test": len(s.te), "test_mirror": len(s.te_mirror)},
-        "n_patients": {"train": int(np.unique(s.tr.patient).size), "test": int(np.unique(s.te.patient).size)},
-        "train": train_record(result, run.train.patience),
-        **evaluate(run, p.head, s, prior, blind),
-        "training": weights.get("training") if isinstance(weights, dict) else None,  # a finetune export probed frozen
-        **protocol_versions(p.build.manifest),
-    }  # fmt: skip
+    training = weights.get("training") if isinstance(weights, dict) else None  # a finetune export probed frozen
+    metrics = run_metrics(run, s, evaluate(run, p.head, s, prior, blind), encoder=encoder_slug(cache),
+                          random_init=bool(cache.random_init), layer=run.layer,
+                          train=train_record(result, run.train.patience), training=training,
+                          manifest=p.build.manifest)  # fmt: skip
     config = run_config(run, cache, p.build, p.head)
     if batch is not None:
         metrics["batch"] = config["batch"] = batch
@@ -300,17 +293,9 @@ def run_predictor(run, predictor, build, out: str | Path, slug: str, overwrite: 
     s = build_splits(build, run)
     fitted = predictor.fit(s.tr, s.va)
     prior = run.spec.fit_prior(s.tr)
-    metrics: dict[str, Any] = {
-        "probe": run.probe, "head": run.head, "variant": "", "seed": run.seed, "encoder": slug,
-        "random_init": False, "layer": None, "track": predictor.kind, "headline": run.spec.headline,
-        "higher_is_better": run.spec.higher_is_better, "val_source": s.val_source,
-        "n_items": {"train": len(s.tr), "val": len(s.va), "test": len(s.te), "test_mirror": len(s.te_mirror)},
-        "n_patients": {"train": int(np.unique(s.tr.patient).size), "test": int(np.unique(s.te.patient).size)},
-        "train": train_record(fitted, run.train.patience) if fitted is not None else None,
-        **evaluate(run, predictor, s, prior),
-        "training": None,
-        **protocol_versions(build.manifest),
-    }  # fmt: skip
+    train = train_record(fitted, run.train.patience) if fitted is not None else None
+    metrics = run_metrics(run, s, evaluate(run, predictor, s, prior), encoder=slug, train=train, training=None,
+                          manifest=build.manifest, track=predictor.kind)  # fmt: skip
     fresh_run_dir(rd, owned_run, "run folder")
     write_config(rd, config)
     write_metrics(rd, metrics)

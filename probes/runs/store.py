@@ -96,14 +96,13 @@ def write_metrics(rd: Path, metrics: dict[str, Any]) -> None:
     tmp.replace(rd / METRICS_FILE)
 
 
-def save_head(rd: Path, model, config: dict[str, Any], prior: dict | None = None, *,
-              with_prior: bool = True) -> None:
-    """``head.pt``: the trained head's ``state_dict`` on the CPU, its config (and fitted prior)."""
+def save_head(rd: Path, model, config: dict[str, Any], prior: dict | None = None) -> None:
+    """``head.pt``: the trained head's ``state_dict`` on the CPU, its config and the prior fitted
+    on its training items (a transfer evaluation scores the prior and the conflict items by it)."""
     from spar_bench.outputs import save_torch
 
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    saved = {"state_dict": state, "config": config, **({"prior": prior} if with_prior else {})}
-    save_torch(saved, rd / HEAD_FILE)
+    save_torch({"state_dict": state, "config": config, "prior": prior}, rd / HEAD_FILE)
 
 
 def write_run(rd: Path, config: dict, metrics: dict, model, prior: dict | None = None) -> None:
