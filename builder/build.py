@@ -78,7 +78,7 @@ class BuildConfig:
         out: output folder (must be empty or absent unless ``resume``/``overwrite``).
         sample: :class:`spar_bench.builder.samples.SampleConfig` fields that differ from its defaults.
         seed: global seed; every random draw derives from it.
-        workers: processes (>= 1). Never affects the output.
+        workers: processes (>= 1; ``spar-build --jobs``). Never affects the output.
         images: ``auto`` | ``require`` | ``synthesize`` (pseudo-CT for masks-only sources).
         shard_size: rows (samples, or Level 3 slices) per HDF5/Parquet shard.
         compression: HDF5 image compression, ``blosc`` (needs hdf5plugin to read) or
@@ -131,7 +131,7 @@ class BuildConfig:
         if self.on_error not in ON_ERROR:
             raise ConfigError(f"--on-error must be one of {ON_ERROR}, got {self.on_error!r}")
         if self.workers < 1:
-            raise ConfigError(f"--workers must be >= 1, got {self.workers}")
+            raise ConfigError(f"--jobs must be >= 1, got {self.workers}")
         if self.compression not in COMPRESSIONS:
             raise ConfigError(f"--compression must be one of {', '.join(COMPRESSIONS)}, "
                               f"got {self.compression!r}")
@@ -969,7 +969,7 @@ def build_from_cli(**options: Any) -> Path:
         out=str(options["out"]),
         sample=sample,
         seed=int(given("seed", 0)),
-        workers=int(given("workers", 1)),
+        workers=int(given("jobs", 1)),
         images=given("images", "auto"),
         shard_size=int(given("shard_size", 2000)),
         compression=given("compression", "blosc"),

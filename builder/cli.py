@@ -11,6 +11,8 @@ import click
 
 from spar_bench.clitools import LazyGroup, run_main
 
+from .options import jobs_option, pop_jobs
+
 COMMANDS = {
     "sources": "spar_bench.builder.sources:sources_command",
     "inspect": "spar_bench.builder.inspect:inspect_command",
@@ -32,8 +34,7 @@ COMMANDS = {
 @click.option("--l12-min-organs", type=int,
               help="Present organs a Level 1/2 mosaic needs (default 8; fewer: the case gives none).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Global seed.")
-@click.option("--workers", type=int, default=1, show_default=True,
-              help="Worker processes (never changes the output).")
+@jobs_option("Processes (never change the output).", checked=False)
 @click.option("--counterfactual", type=click.Choice(["mirror"]), help="Add left-right mirrored copies.")
 @click.option("--images", type=click.Choice(["auto", "require", "synthesize"]), default="auto",
               show_default=True, help="Use real CT, require it, or render pseudo-CT from masks.")
@@ -77,6 +78,7 @@ def cli(ctx: click.Context, **options) -> None:
         return
     from .build import build_from_cli
 
+    options["jobs"] = pop_jobs(options)
     if options.get("preset"):
         from spar_bench.presets import apply_build_preset, explicit_options
 

@@ -17,6 +17,7 @@ import click
 from spar_bench.errors import ConfigError, IntegrityError
 
 from .build import BuildConfig, CaseRecord, owned_work, write_outputs
+from .options import jobs_option, pop_jobs
 from .partition import gather_cases, read_partitions
 
 
@@ -91,11 +92,10 @@ def _case_records(records: list[dict[str, Any]]) -> list[CaseRecord]:
 @click.argument("parts", nargs=-1, required=True, type=click.Path(file_okay=False, path_type=Path))
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="The merged build folder.")
-@click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1),
-              help="Processes for the Parquet conversion (never changes a byte).")
+@jobs_option("Processes for the Parquet conversion (never change a byte).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing build at --out.")
-def merge_command(parts: tuple[Path, ...], out: Path, workers: int, overwrite: bool) -> None:
+def merge_command(parts: tuple[Path, ...], out: Path, overwrite: bool, **jobs: int | None) -> None:
     """Merge the folders of `spar-build ... --partition I/N` into one build (byte-identical
     to a one-machine build with the same options)."""
-    path = merge(list(parts), out, workers=workers, overwrite=overwrite)
+    path = merge(list(parts), out, workers=pop_jobs(jobs), overwrite=overwrite)
     click.echo(f"\nbuild written to {path}")

@@ -33,7 +33,7 @@ spar-build phantom --out "$OUT/phantom" --n "$N_CASES" --layout canonical --over
 
 step "2/6 shards: $SAMPLES samples per case, with mirrored counterfactuals"
 spar-build --source phantom --root "$OUT/phantom" --out "$OUT/shards" \
-  --samples-per-case "$SAMPLES" --counterfactual mirror --no-hf --workers "$JOBS" --overwrite
+  --samples-per-case "$SAMPLES" --counterfactual mirror --no-hf --jobs "$JOBS" --overwrite
 
 step "3/6 feature cache: $ENCODER with RANDOM weights (none can be downloaded here)"
 spar-probe cache --encoder "$ENCODER" --random-init --data "$OUT/shards" \

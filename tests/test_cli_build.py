@@ -25,10 +25,11 @@ def test_help_lists_options_without_importing_heavy_libraries() -> None:
             "assert not heavy, heavy\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, encoding="utf-8", errors="replace", timeout=120)
     assert r.returncode == 0, r.stderr
-    for opt in ("--source", "--root", "--out", "--levels", "--workers", "--counterfactual",
+    for opt in ("--source", "--root", "--out", "--levels", "--jobs", "--counterfactual",
                 "--thresholds-from", "--fit-thresholds-on", "--resume", "--overwrite",
                 "--on-error", "--no-hf", "--shard-size", "--images", "--arrangement"):
         assert opt in r.stdout
+    assert "--workers" not in r.stdout  # the old spelling of --jobs is hidden
 
 
 def test_missing_data_dir_says_where_it_looked(tmp_path: Path, monkeypatch, capsys) -> None:
@@ -62,7 +63,7 @@ def test_cli_resume_after_interruption_equals_clean_build(
 ) -> None:
     import spar_bench.builder.build as bb
 
-    args = ["--source", "fake", "--root", str(fake_root), *SMALL, "--workers", "2"]
+    args = ["--source", "fake", "--root", str(fake_root), *SMALL, "--jobs", "2"]
     assert run_cli(cli, [*args, "--out", str(tmp_path / "clean")]) == 0
     clean = tree_hashes(tmp_path / "clean")
 
@@ -77,7 +78,7 @@ def test_cli_resume_after_interruption_equals_clean_build(
     monkeypatch.setattr(bb, "process_one", dies_on_fourth)
     out = tmp_path / "out"
     with pytest.raises(RuntimeError):
-        run_cli(cli, [*args, "--workers", "1", "--out", str(out)])
+        run_cli(cli, [*args, "--jobs", "1", "--out", str(out)])
     monkeypatch.setattr(bb, "process_one", real)
     assert run_cli(cli, [*args, "--out", str(out)]) == 2  # interrupted work dir, no --resume
     assert run_cli(cli, [*args, "--out", str(out), "--resume"]) == 0
@@ -96,7 +97,7 @@ def test_phantom_build_end_to_end_and_verify(tmp_path: Path) -> None:
     out = tmp_path / "out"
     assert run_cli(cli, ["--source", "phantom", "--root", str(tmp_path / "ph"), "--out", str(out),
                          "--samples-per-case", "3", "--counterfactual", "mirror",
-                         "--workers", "2"]) == 0
+                         "--jobs", "2"]) == 0
     b = Build(out)
     assert b.levels() == ["level1", "level2", "level3"]
     assert b.count("level1", "train") > 0 and b.count_questions("level3", "train") > 0
@@ -109,3 +110,22 @@ def test_phantom_build_end_to_end_and_verify(tmp_path: Path) -> None:
                          "--samples-per-case", "3", "--counterfactual", "mirror",
                          "--overwrite"]) == 0
     assert hashlib.sha256((out / "manifest.json").read_bytes()).hexdigest() == first
+
+
+def test_workers_is_the_hidden_old_spelling_of_jobs(fake_root: Path, tmp_path: Path, capsys) -> None:
+    """--workers (renamed --jobs in 0.2, removed in 0.3) still works, with a note; both at odds is refused."""
+    args = ["--source", "fake", "--root", str(fake_root), *SMALL, "--levels", "level1", "--no-hf"]
+    assert run_cli(cli, [*args, "--jobs", "2", "--out", str(tmp_path / "new")]) == 0
+    assert "--workers" not in capsys.readouterr().err
+    assert run_cli(cli, [*args, "--workers", "2", "--out", str(tmp_path / "old")]) == 0
+    assert "--workers is now --jobs" in capsys.readouterr().err
+    assert tree_hashes(tmp_path / "old") == tree_hashes(tmp_path / "new")
+    assert run_cli(cli, [*args, "--workers", "2", "--jobs", "3", "--out", str(tmp_path / "both")]) == 2
+    assert "give --jobs only" in capsys.readouterr().err and not (tmp_path / "both").exists()
+    for sub in (["phantom", "--out", str(tmp_path / "ph"), "--n", "1"], ["merge", str(tmp_path / "p0"),
+                                                                        "--out", str(tmp_path / "m")]):
+        assert run_cli(cli, [*sub, "--workers", "0"]) == 2  # the alias is checked like --jobs
+        assert "--workers" in capsys.readouterr().err
+        assert run_cli(cli, [*sub, "--help"]) == 0
+        out = capsys.readouterr().out
+        assert "--jobs" in out and "--workers" not in out

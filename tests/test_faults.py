@@ -30,8 +30,9 @@ def one_error_line(capsys) -> str:
 # -- options that mean nothing are errors, never silently replaced by defaults ---------------
 @pytest.mark.parametrize("option, value, words", [
     ("--shard-size", "0", "--shard-size must be >= 1, got 0"),
-    ("--workers", "0", "--workers must be >= 1, got 0"),
-    ("--workers", "-1", "--workers must be >= 1, got -1"),
+    ("--jobs", "0", "--jobs must be >= 1, got 0"),
+    ("--jobs", "-1", "--jobs must be >= 1, got -1"),
+    ("--workers", "0", "--jobs must be >= 1, got 0"),  # the old spelling (renamed in 0.2)
     ("--samples-per-case", "0", "samples_per_case"),
 ])
 def test_build_refuses_meaningless_option_values(fake_root, tmp_path, capsys, option, value, words):

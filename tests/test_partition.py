@@ -48,7 +48,7 @@ def test_three_partitions_merge_to_the_single_build(phantom: Path, single: Path)
     assert sum(sizes) == 7 and all(s > 0 for s in sizes), sizes
     merged = phantom.parent / "merged"
     assert run_cli(cli, ["merge", *map(str, reversed(parts)), "--out", str(merged),
-                         "--workers", "2"]) == 0
+                         "--jobs", "2"]) == 0
     assert tree_hashes(merged) == tree_hashes(single)
     assert run_cli(cli, ["verify", str(merged)]) == 0
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..options import jobs_option, pop_jobs
 from .generate import INTENSITIES, LAYOUTS, SIZES
 
 
@@ -47,13 +48,10 @@ from .generate import INTENSITIES, LAYOUTS, SIZES
     "own mean HU, 17 HU apart, so organs can be told apart by intensity in any layout.",
 )
 @click.option("--overwrite", is_flag=True, help="Replace an existing phantom dataset in --out.")
-@click.option(
-    "--workers", default=1, show_default=True, type=click.IntRange(min=1),
-    help="Processes rendering cases; the dataset's bytes do not depend on it.",
-)
+@jobs_option("Processes rendering cases; the dataset's bytes do not depend on it.")
 def phantom_command(
     out_dir: str, n: int, layout: str, seed: int, no_lesions: bool, size: str, intensities: str,
-    overwrite: bool, workers: int,
+    overwrite: bool, **jobs: int | None,
 ) -> None:
     """Write N phantom cases (imagesTr/labelsTr, imagesVal/labelsVal, imagesTs/labelsTs).
 
@@ -65,7 +63,7 @@ def phantom_command(
 
     record = write_phantom_dataset(
         out_dir, n, layout=layout, seed=seed, lesions=not no_lesions, size=size, intensities=intensities,
-        overwrite=overwrite, workers=workers,
+        overwrite=overwrite, workers=pop_jobs(jobs),
     )
     splits = ", ".join(f"{k} {v}" for k, v in record["splits"].items())
     n_les = sum(1 for c in record["cases"].values() if c["lesion_voxels"] > 0)
