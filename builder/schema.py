@@ -76,6 +76,11 @@ class LevelSpec:
             attrs record (Level 2).
         questions: name of the per-case questions part whose rows point at this level's rows
             (``"level3_questions"``: ``q_*`` fields in the same shards), or None.
+
+    What the build does with a level's rows after the sampler (fit thresholds, finish the
+    answers left open) are the level's hooks,
+    :func:`spar_bench.builder.samples.levels.level_hooks` (they use the sampler's code, which
+    imports this module, so they live beside it).
     """
 
     name: str
