@@ -59,8 +59,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 #: compared by default: the run and report folders
 COMPARED_ROOTS = ("runs", "report")
-#: JSON keys whose values are measured wall-clock rates (left out of the comparison)
+#: JSON keys whose values are measured wall-clock rates (left out of the comparison; a finetune
+#: run's metrics.json held images_per_s before it moved to timing.json)
 VOLATILE_KEYS = frozenset({"images_per_s"})
+#: files of measurements (wall-clock), not outputs: never compared
+MEASURED_FILES = frozenset({"timing.json"})
 
 TINY_VIT = {"depth": 1, "embed_dim": 16, "num_heads": 2, "img_size": 64}
 L1, L2, L3A, L3B = "level1.localisation", "level2.arrangement", "level3.size", "level3.counting"
@@ -198,7 +201,7 @@ def run_side(label: str, code: Path, scripts: dict[str, str], work: Path, log: P
 def files(root: Path, compare_all: bool) -> dict[str, Path]:
     tops = [root] if compare_all else [root / r for r in COMPARED_ROOTS]
     return {p.relative_to(root).as_posix(): p for top in tops for p in sorted(top.rglob("*"))
-            if p.is_file()}
+            if p.is_file() and p.name not in MEASURED_FILES}
 
 
 def _without_volatile(obj, where: str, seen: set[str]):

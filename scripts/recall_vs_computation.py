@@ -110,7 +110,7 @@ def train_and_score(builds: dict[str, Path], out: Path, epochs: int, n_boot: int
             m = json.loads((rd / "metrics.json").read_text())
             key = get_probe(probe).headline
             row = {"probe": probe, "trained_on": train_on, "metric": key, "run": str(rd.relative_to(out)),
-                   "epochs": m["train"]["epochs_run"], "img_s": m["train"]["images_per_s"],
+                   "epochs": m["train"]["epochs_run"], "img_s": json.loads((rd / "timing.json").read_text())["images_per_s"],
                    "chance": m["controls"].get("chance"), "cells": {}}
             for layout in LAYOUTS:
                 if layout == train_on:

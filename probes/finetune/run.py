@@ -30,7 +30,7 @@ from spar_bench.provenance import protocol_versions
 
 from ..runs.inputs import build_splits
 from ..runs.store import (
-    differences,
+    finished_with,
     fresh_run_dir,
     run_folder,
     save_head,
@@ -43,7 +43,8 @@ from .loop import BEST, CHECKPOINT, Split, Trainer, load_saved, run_key
 from .model import EXPORT_FILE, export_encoder, freeze_blocks, load_trainable
 from .predictor import FinetunedEncoder
 
-RUN_FILES = frozenset({"config.json", "head.pt", "metrics.json", "metrics.json.tmp", EXPORT_FILE,
+TIMING_FILE = "timing.json"  # the measured training throughput (a time: never in metrics.json)
+RUN_FILES = frozenset({"config.json", "head.pt", "metrics.json", "metrics.json.tmp", TIMING_FILE, EXPORT_FILE,
                        EXPORT_FILE + ".tmp", CHECKPOINT, CHECKPOINT + ".tmp", BEST, BEST + ".tmp"})
 MODES = {"weights": "finetuned", "scratch": "scratch"}
 #: ``config.json`` fields that, with the head's and the training options, identify a run.
@@ -153,15 +154,8 @@ def _check_finished(rd: Path, config: dict) -> None:
     """``rd`` holds a finished run: refuse it (one line) unless it is this run, same options."""
     from spar_bench.provenance import json_safe
 
-    try:
-        had = run_identity(json.loads((rd / "config.json").read_text(encoding="utf-8")))
-    except (OSError, ValueError, AttributeError) as e:
-        raise ConfigError(f"{rd}: a finished run with an unreadable config.json ({e}); pass --overwrite "
-                          "to replace it, or write to a new --out") from None  # fmt: skip
-    diff = differences(had, json.loads(json.dumps(json_safe(run_identity(config)), default=str)))
-    if diff:
-        raise ConfigError(f"{rd}: a finished run with other options ({', '.join(diff)}); pass --overwrite "
-                          "to replace it, or write to a new --out")  # fmt: skip
+    want = json.loads(json.dumps(json_safe(run_identity(config)), default=str))
+    finished_with(rd, run_identity, want, "pass --overwrite")
 
 
 def _prepare_run_dir(rd: Path, config: dict, resume: bool, overwrite: bool) -> bool:
@@ -223,20 +217,22 @@ def run_finetune(fs: FinetuneSpec, out: str | Path, *, resume: bool = False, ove
     metrics = run_metrics(hrun, splits, scored, encoder=rd.parent.parent.parent.name, variant=variant,
                           layer=fs.cfg.layer, train=_train_record(result, fs.cfg.patience), training=training,
                           manifest=build.manifest)  # fmt: skip
-    _write(rd, encoding.enc, model, config, metrics, prior)
+    timing = {"images": result.images, "seconds": result.seconds,
+              "images_per_s": result.images / max(result.seconds, 1e-9)}
+    _write(rd, encoding.enc, model, config, metrics, prior, timing)
     return rd
 
 
 def _train_record(result, patience: int) -> dict[str, Any]:
     """``metrics.json``'s ``train`` of a finetune run: the head runs' fields, the loss curves,
-    optimizer steps and the measured images per second."""
+    and optimizer steps (the measured throughput is in ``timing.json``: a time differs between any
+    two runs, and metrics.json is byte-identical for the same inputs and seed)."""
     from ..train import stopped_by
 
     epochs = len(result.hist_tr)
     return {"epochs_run": epochs, "best_epoch": result.best_epoch, "best_val_loss": result.best_val,
             "stopped_by": stopped_by(epochs, result.best_epoch, patience), "train_loss": result.hist_tr,
-            "val_loss": result.hist_va, "optimizer_steps": result.opt_steps,
-            "images_per_s": result.images / max(result.seconds, 1e-9)}
+            "val_loss": result.hist_va, "optimizer_steps": result.opt_steps}
 
 
 def _config(fs: FinetuneSpec, encoder: str, enc_spec, build, kind: str, model, dims: tuple[int, int],
@@ -265,7 +261,7 @@ def _config(fs: FinetuneSpec, encoder: str, enc_spec, build, kind: str, model, d
     }  # fmt: skip
 
 
-def _write(rd: Path, enc, model, config: dict, metrics: dict, prior: dict | None) -> None:
+def _write(rd: Path, enc, model, config: dict, metrics: dict, prior: dict | None, timing: dict) -> None:
     """encoder.safetensors, head.pt, config.json, then metrics.json last (it marks a finished
     run); the checkpoints go once the run is complete."""
     meta = {"encoder": config["encoder"], "encoder_config": config["encoder_config"],
@@ -274,6 +270,7 @@ def _write(rd: Path, enc, model, config: dict, metrics: dict, prior: dict | None
     export_encoder(enc, rd / EXPORT_FILE, meta)
     save_head(rd, model, config, prior)
     write_config(rd, config)
+    (rd / TIMING_FILE).write_text(json.dumps(timing, indent=2) + "\n")
     write_metrics(rd, metrics)
     for name in (CHECKPOINT, BEST):
         (rd / name).unlink(missing_ok=True)

@@ -114,6 +114,30 @@ def write_run(rd: Path, config: dict, metrics: dict, model, prior: dict | None =
 
 
 # --------------------------------------------------------------------------- finished runs
+def refuse_other(rd: Path, had: dict[str, Any], want: dict[str, Any], replace: str, why: str = "") -> None:
+    """A one-line refusal naming ``rd`` and every recorded value that differs from this run's
+    (``replace``: how the command replaces the finished run; ``why``: a note after the list)."""
+    diff = differences(had, want)
+    if diff:
+        raise ConfigError(f"{rd}: finished with {', '.join(diff)}{why}; write to a new --out, or {replace} to "
+                          "rerun it")  # fmt: skip
+
+
+def finished_with(rd: Path, identity: Callable[[dict[str, Any]], dict[str, Any]], want: dict[str, Any],
+                  replace: str) -> bool:
+    """Whether ``rd`` holds a finished run (``metrics.json``) whose ``config.json`` has the
+    ``identity`` ``want``; one of another identity (or an unreadable one) is refused in one line."""
+    if not (rd / METRICS_FILE).is_file():
+        return False
+    try:
+        had = identity(json.loads((rd / CONFIG_FILE).read_text(encoding="utf-8")))
+    except (OSError, ValueError, AttributeError, KeyError, TypeError) as e:
+        raise ConfigError(f"{rd}: a finished run with an unreadable config.json ({e}); {replace} to "
+                          "rerun it") from None  # fmt: skip
+    refuse_other(rd, had, want, replace)
+    return True
+
+
 def recorded(rd: Path, name: str = CONFIG_FILE) -> dict[str, Any]:
     """A run file's JSON, or a one-line error naming it."""
     try:
@@ -157,10 +181,8 @@ def finished_run(run, rd: Path, cache_fingerprint: str, grid_prune: int = 0,
                           f"{asked}; rerun with --grid-prune {pruned}, or delete the folder to train it")  # fmt: skip
     want = json.loads(json.dumps(json_safe({**head_defaults(run.head), **run.head_config, **run.train.to_dict(),
                                             "controls": run.controls, "n_boot": run.n_boot})))
-    diff = differences({k: v for k, v in had.items() if k != "device"}, {k: v for k, v in want.items() if k != "device"})
-    if diff:
-        raise ConfigError(f"{rd}: finished with {', '.join(diff)} (other options, or defaults changed since); "
-                          f"write to a new --out, or {replace} to rerun it")  # fmt: skip
+    refuse_other(rd, {k: v for k, v in had.items() if k != "device"}, {k: v for k, v in want.items() if k != "device"},
+                 replace, " (other options, or defaults changed since)")  # fmt: skip
     return True
 
 

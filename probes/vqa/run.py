@@ -41,7 +41,7 @@ from spar_bench.provenance import protocol_versions
 
 from ..runs.store import (
     METRICS_FILE,
-    differences,
+    finished_with,
     fresh_run_dir,
     run_folder,
     variant_text,
@@ -141,18 +141,7 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def check_finished(rd: Path, identity: dict[str, Any]) -> None:
     """A finished run in ``rd`` made with another :func:`run_identity` is refused in one line
     (its answers are not this run's; replacing it would lose them)."""
-    if not (rd / METRICS_FILE).is_file():
-        return
-    try:
-        had = json.loads((rd / "config.json").read_text(encoding="utf-8"))
-        had = {k: had.get(k) for k in IDENTITY_FIELDS}
-    except (OSError, ValueError, AttributeError) as e:
-        raise ConfigError(f"{rd}: a finished MLLM run with an unreadable config.json ({e}); "
-                          "delete the folder to rerun it") from None
-    diff = differences(_flat(had), _flat(identity))
-    if diff:
-        raise ConfigError(f"{rd}: finished with {'; '.join(diff)}; write to a new --out, "
-                          "or delete that folder to rerun it")
+    finished_with(rd, lambda c: _flat({k: c.get(k) for k in IDENTITY_FIELDS}), _flat(identity), "delete that folder")
 
 
 def plan(qs: Questions, cfg: AskConfig) -> list[Item]:
