@@ -178,7 +178,7 @@ def test_word_plus_lits_choice_independent_of_workers(tmp_path):
 
     args = word_plus_lits_args(tmp_path)
     assert run_cli(cli, [*args, "--out", str(tmp_path / "a")]) == 0
-    assert run_cli(cli, [*args, "--out", str(tmp_path / "b"), "--workers", "2"]) == 0
+    assert run_cli(cli, [*args, "--out", str(tmp_path / "b"), "--jobs", "2"]) == 0
     a, b = (json.loads((tmp_path / d / "manifest.json").read_text()) for d in "ab")
     assert [(c["case_id"], c["split"]) for c in a["cases"]] == [(c["case_id"], c["split"]) for c in b["cases"]]
     assert a["fingerprint"] == b["fingerprint"]

@@ -1,6 +1,6 @@
 """SIGTERM, SIGINT and SIGKILL stop every multi-process command promptly and cleanly.
 
-`spar-build --workers 2`, `spar-probe sweep --jobs 2` and `torchrun ... spar-probe cache` run
+`spar-build --jobs 2`, `spar-probe sweep --jobs 2` and `torchrun ... spar-probe cache` run
 in a session of their own, through a wrapper script that makes each worker (or rank) drop a
 marker file and hang mid-work (a case being loaded; a run folder with its config.json but no
 metrics.json yet; a cache part with a batch written). Once every worker has its marker, the
@@ -188,7 +188,7 @@ STOPS = [("SIGTERM", True), ("SIGTERM", False), ("SIGINT", True), ("SIGINT", Fal
 STOP_IDS = [f"{s}-to-{'group' if g else 'parent'}" for s, g in STOPS]
 
 
-# -- spar-build --workers 2 ------------------------------------------------------------------
+# -- spar-build --jobs 2 ---------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def phantom(tmp_path_factory) -> Path:
     from spar_bench.builder.cli import cli
@@ -201,7 +201,7 @@ def phantom(tmp_path_factory) -> Path:
 
 
 def _build_args(phantom: Path, out: Path) -> list[str]:
-    return ["build", "--source", "phantom", "--root", str(phantom), "--out", str(out), "--workers", "2",
+    return ["build", "--source", "phantom", "--root", str(phantom), "--out", str(out), "--jobs", "2",
             "--samples-per-case", "2", "--shard-size", "5", "--no-hf"]
 
 
@@ -221,7 +221,7 @@ def test_a_stopped_parallel_build_leaves_no_worker_and_resumes(phantom, tmp_path
     cmd = Command(tmp_path, _build_args(phantom, out), hang="case")
     try:
         _markers(cmd.markers, 2)
-        rc, err = cmd.wait_exit(cmd.signal(sig, group), f"build --workers 2, {sig.name}")
+        rc, err = cmd.wait_exit(cmd.signal(sig, group), f"build --jobs 2, {sig.name}")
         _check_stopped(rc, err, sig)
         cmd.assert_no_orphan("build")
     finally:
@@ -235,7 +235,7 @@ def test_a_killed_parallel_build_takes_its_workers_along(phantom, tmp_path):
     cmd = Command(tmp_path, _build_args(phantom, out), hang="case")
     try:
         _markers(cmd.markers, 2)
-        cmd.wait_exit(cmd.signal(signal.SIGKILL, group=False), "build --workers 2, SIGKILL")
+        cmd.wait_exit(cmd.signal(signal.SIGKILL, group=False), "build --jobs 2, SIGKILL")
         cmd.assert_no_orphan("build")  # workers and the resource tracker
     finally:
         cmd.close()
