@@ -4,22 +4,30 @@
   imported only when that subcommand runs (``spar-build --help`` imports no torch).
 * :func:`run_cli`: runs a group and turns :class:`~spar_bench.errors.SparError` (an unknown
   registry name included) and a full disk anywhere (:func:`spar_bench.outputs.disk_full_error`)
-  into one newline-terminated line on stderr and exit status 2, instead of a traceback.
+  into one newline-terminated line on stderr instead of a traceback.
 * :func:`run_main`: the console scripts' entry: SIGTERM runs every cleanup (no worker
   process outlives the command) and a full disk exits at once after its one line.
+* :func:`old_spelling`: a renamed option's old flag, hidden, still filling the new parameter.
+
+Exit status (README, "Exit codes"), the same for ``spar-build`` and ``spar-probe``: 0 ok;
+1 a run failed (:class:`~spar_bench.errors.RunFailed`); 2 a usage or input error (click's
+usage errors, every other :class:`~spar_bench.errors.SparError`, a full disk); 130 SIGINT
+(Ctrl-C); 143 SIGTERM.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
-from collections.abc import Mapping
-from typing import NoReturn
+from collections.abc import Callable, Mapping
+from typing import Any, NoReturn
 
 import click
+from click.core import ParameterSource
 
-from spar_bench.errors import SparError
+from spar_bench.errors import ConfigError, RunFailed, SparError
 from spar_bench.registry import import_target
 
 
@@ -78,8 +86,13 @@ def _out_option(argv: list[str] | None) -> str | None:
     return None
 
 
+#: Exit status of a failed run (:class:`RunFailed`) and of a usage or input error.
+EXIT_RUN_FAILED, EXIT_USAGE = 1, 2
+
+
 def run_cli(group: click.Command, argv: list[str] | None = None) -> int:
-    """Run ``group``; a :class:`SparError` or a full disk becomes ``error: <message>`` and exit 2."""
+    """Run ``group``; a :class:`SparError` or a full disk becomes ``error: <message>`` and exit 2
+    (1 for :class:`RunFailed`); Ctrl-C exits 130."""
     return _run(group, argv)[0]
 
 
@@ -97,7 +110,7 @@ def _run(group: click.Command, argv: list[str] | None) -> tuple[int, BaseExcepti
     except SparError as e:
         _end_progress_bars()
         click.echo(error_line(e), err=True)  # echo ends the line with a newline
-        return 2, e
+        return (EXIT_RUN_FAILED if isinstance(e, RunFailed) else EXIT_USAGE), e
     except Exception as e:  # a full disk where no command caught it: the same one line
         from spar_bench.outputs import disk_full_error, is_disk_full
 
@@ -106,7 +119,7 @@ def _run(group: click.Command, argv: list[str] | None) -> tuple[int, BaseExcepti
         err = disk_full_error(e, _out_option(argv))
         _end_progress_bars()
         click.echo(error_line(err), err=True)
-        return 2, err
+        return EXIT_USAGE, err
     except SystemExit as e:
         if e.code == 128 + signal.SIGTERM:  # from exit_on_sigterm, after every cleanup ran
             click.echo("terminated (SIGTERM)", err=True)
@@ -131,3 +144,37 @@ def run_main(group: click.Command, argv: list[str] | None = None) -> NoReturn:
         os._exit(code)
     sys.exit(code)
 
+
+
+_GIVEN = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+
+
+def old_spelling(old: str, new: str, param: str, **option_kw: Any) -> Callable[[Any], Any]:
+    """Decorator (below ``@click.command``): ``old``, the spelling of option ``new`` before 0.2,
+    hidden from ``--help`` and removed in 0.3, filling the command's parameter ``param``.
+
+    ``option_kw`` are the old option's click settings (``type``, ``multiple`` ...). Given alone,
+    its value is ``param``'s, recorded as given on the command line (so a ``--preset`` does not
+    override it); given with ``new``: a :class:`~spar_bench.errors.ConfigError` (one line, exit 2).
+    """
+    hidden = f"_old_{old.lstrip('-').replace('-', '_')}"
+
+    def decorate(f):
+        @functools.wraps(f)
+        def command(*args, **kw):
+            value = kw.pop(hidden)
+            ctx = click.get_current_context()
+            ctx.params.pop(hidden, None)
+            source = ctx.get_parameter_source(hidden)
+            if source in _GIVEN:
+                if ctx.get_parameter_source(param) in _GIVEN:
+                    raise ConfigError(f"{old} and {new}: {old} is the old spelling of {new} "
+                                      f"(renamed in 0.2); give {new} only")
+                kw[param] = ctx.params[param] = value
+                ctx.set_parameter_source(param, source)
+            return f(*args, **kw)
+
+        help_text = f"Old spelling of {new} (renamed in 0.2, removed in 0.3)."
+        return click.option(old, hidden, hidden=True, help=help_text, **option_kw)(command)
+
+    return decorate

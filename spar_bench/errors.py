@@ -28,3 +28,10 @@ class CaseError(SparError):
 
 class IntegrityError(SparError):
     """Written output does not match its manifest (checksums, counts, fingerprints)."""
+
+
+class RunFailed(SparError):
+    """A run of a batch failed (e.g. a sweep finished with failed runs): exit status 1, not 2.
+
+    The inputs and options were valid; a usage or input error stays a :class:`ConfigError` (exit 2).
+    """

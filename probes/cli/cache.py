@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import click
 
+from spar_bench.clitools import old_spelling
+
 from ..cache import STORAGE_DTYPES, TILE_ENCODINGS, write_cache
 from ..distributed import die_with_launcher
 from ..hardware import COMPUTE_DTYPES
 from ..token_storage import TokenStorage
+from .options import loader_workers_option
 
 
 @click.command("cache")
@@ -22,13 +25,14 @@ from ..token_storage import TokenStorage
 @click.option("--splits", default=None, help="Comma-separated splits (default: all).")
 @click.option("--layers", default="-1", show_default=True, help="Comma-separated layer indices, e.g. -1,-4.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
-@click.option("--batch", default=64, show_default=True, type=int)
+@click.option("--batch-size", default=64, show_default=True, type=click.IntRange(1), help="Images per batch.")
+@old_spelling("--batch", "--batch-size", "batch_size", type=click.IntRange(1))
 @click.option("--dtype", type=click.Choice(sorted(STORAGE_DTYPES)), default="fp16", show_default=True,
               help="Storage dtype of tokens and pooled vectors.")
 @click.option("--compute", type=click.Choice(COMPUTE_DTYPES), default="auto", show_default=True,
               help="Compute dtype (autocast); auto = bf16 on GPUs (fp16 without bf16) and on CPUs with "
                    "native bf16 (AMX/AVX512-BF16), else fp32; the choice and reason are recorded.")
-@click.option("--workers", default=None, type=int, help="DataLoader workers reading shards (default: 2 on CUDA, 0 on CPU).")
+@loader_workers_option("DataLoader workers reading shards (default: 2 on CUDA, 0 on CPU).")
 @click.option("--overwrite", is_flag=True, help="Delete an existing cache at --out first.")
 @click.option("--tile-encoding", type=click.Choice(TILE_ENCODINGS), default="mosaic", show_default=True,
               help="Levels 1-2: encode each mosaic whole, or each 56-pixel tile resized to the encoder's "
@@ -42,7 +46,7 @@ from ..token_storage import TokenStorage
 @click.option("--token-int8", is_flag=True,
               help="Store tokens as int8 with one scale per row and channel (dequantised on read).")
 def cache_command(encoder, weights, random_init, revision, data, out, levels, splits, layers,
-                  device, batch, dtype, compute, workers, overwrite, tile_encoding,
+                  device, batch_size, dtype, compute, workers, overwrite, tile_encoding,
                   token_grid, token_proj, token_int8) -> None:
     """Encode every image of a build and store tokens + pooled vectors (resumable)."""
     die_with_launcher()  # a torchrun rank ends with torchrun, however torchrun ends
@@ -50,7 +54,7 @@ def cache_command(encoder, weights, random_init, revision, data, out, levels, sp
     path = write_cache(
         encoder, data, out, weights=weights, random_init=random_init, revision=revision,
         levels=split_list(levels), splits=split_list(splits), layers=layers, device=device,
-        batch=batch, dtype=dtype, compute=compute, workers=workers, overwrite=overwrite,
+        batch=batch_size, dtype=dtype, compute=compute, workers=workers, overwrite=overwrite,
         tile_encoding=tile_encoding, token_storage=TokenStorage.parse(token_grid, token_proj, token_int8),
     )
     click.echo(str(path))

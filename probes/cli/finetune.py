@@ -10,7 +10,17 @@ import click
 from ..finetune.config import FinetuneConfig, FinetuneSpec
 from ..finetune.run import parse_model_args, run_finetune
 from ..runs.inputs import ProbeUnavailable
-from .options import fmt, parse_probes, parse_seeds
+from .options import (
+    bootstrap_option,
+    fmt,
+    head_option,
+    loader_workers_option,
+    names_all,
+    parse_heads,
+    parse_probes,
+    parse_seeds,
+    probe_option,
+)
 
 
 @click.command("finetune")
@@ -21,14 +31,14 @@ from .options import fmt, parse_probes, parse_seeds
 @click.option("--model-args", default=None, help='JSON for timm.create_model, e.g. \'{"depth": 4}\'.')
 @click.option("--revision", default=None, help="Pinned hub revision (hf: encoders).")
 @click.option("--data", required=True, type=click.Path(file_okay=False), help="Build folder (manifest.json).")
-@click.option("--head", default="mlp", show_default=True, help="linear, mlp, attnpool or transformer.")
-@click.option("--probe", "probe", multiple=True, default=("all",), show_default=True, help="Probe(s) or 'all'.")
+@head_option("mlp")
+@probe_option()
 @click.option("--seeds", default="0", show_default=True, help="Comma-separated seeds.")
 @click.option("--out", default="runs", show_default=True, type=click.Path(file_okay=False))
 @click.option("--encoder-lr", default=1e-4, show_default=True, type=float)
 @click.option("--head-lr", default=1e-3, show_default=True, type=float)
 @click.option("--weight-decay", default=0.05, show_default=True, type=float)
-@click.option("--batch-size", default=32, show_default=True, type=int, help="Images per batch.")
+@click.option("--batch-size", default=32, show_default=True, type=click.IntRange(1), help="Images per batch.")
 @click.option("--accum", default=1, show_default=True, type=int, help="Batches per optimizer step.")
 @click.option("--max-epochs", default=20, show_default=True, type=int)
 @click.option("--warmup-epochs", default=1.0, show_default=True, type=float)
@@ -38,22 +48,22 @@ from .options import fmt, parse_probes, parse_seeds
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--compute", type=click.Choice(["auto", "fp32", "bf16", "fp16"]), default="auto", show_default=True,
               help="Autocast precision; auto = bf16 on GPUs and on CPUs with native bf16, else fp32.")
-@click.option("--workers", default=None, type=int, help="DataLoader workers (default: 2 on CUDA, 0 on CPU).")
+@loader_workers_option("DataLoader workers (default: 2 on CUDA, 0 on CPU).")
 @click.option("--checkpoint-every", default=0, show_default=True, type=int,
               help="Also checkpoint every N optimizer steps (0: at epoch ends only).")
 @click.option("--threads", default=None, type=click.IntRange(1), help="torch CPU threads (default: torch's).")
-@click.option("--bootstrap", "n_boot", default=1000, show_default=True, type=int)
+@bootstrap_option
 @click.option("--no-controls", is_flag=True, help="Skip the blind baseline.")
 @click.option("--train-mirrors", is_flag=True, help="Also train on mirrored counterfactual samples.")
 @click.option("--resume", is_flag=True, help="Continue an interrupted run from its checkpoint.")
 @click.option("--overwrite", is_flag=True, help="Replace a finished or interrupted run (train it again).")
-def finetune_command(encoder, weights, init, model_args, revision, data, head, probe, seeds, out, encoder_lr,
+def finetune_command(encoder, weights, init, model_args, revision, data, head, probes, seeds, out, encoder_lr,
                      head_lr, weight_decay, batch_size, accum, max_epochs, warmup_epochs, patience,
                      freeze_blocks, layer, device, compute, workers, checkpoint_every, threads, n_boot,
                      no_controls, train_mirrors, resume, overwrite):
-    """Train an encoder and a probe head end to end on a build's images (finetune or from scratch)."""
+    """Train an encoder and probe heads end to end on a build's images (finetune or from scratch;
+    one run per probe x head x seed)."""
     import torch
-
 
     if threads:
         torch.set_num_threads(threads)
@@ -63,19 +73,19 @@ def finetune_command(encoder, weights, init, model_args, revision, data, head, p
                          layer=layer, device=device, compute=compute, workers=workers,
                          checkpoint_every=checkpoint_every)
     kwargs = parse_model_args(model_args)
-    explicit = all(p.strip() != "all" for item in probe for p in item.split(","))
-    for p in parse_probes(probe):
-        for s in parse_seeds(seeds):
+    heads, seed_list = parse_heads(head), parse_seeds(seeds)
+    for p in parse_probes(probes):
+        for h, s in [(h, s) for h in heads for s in seed_list]:
             try:
-                fs = FinetuneSpec(encoder, str(data), p, head, s, weights=weights, init=init, model_kwargs=kwargs,
+                fs = FinetuneSpec(encoder, str(data), p, h, s, weights=weights, init=init, model_kwargs=kwargs,
                                   revision=revision, cfg=cfg, n_boot=n_boot, controls=not no_controls,
                                   train_mirrors=train_mirrors)  # fmt: skip
                 rd = run_finetune(fs, out, resume=resume, overwrite=overwrite)
             except ProbeUnavailable as e:
-                if explicit:
+                if not names_all(probes):
                     raise
                 click.echo(f"{p}: not available on this build ({e}); skipped", err=True)
                 break
             m = json.loads((rd / "metrics.json").read_text())
             key = m["headline"]
-            click.echo(f"{p} {head} seed{s}: {key}={fmt(m['test'].get(key))} -> {rd}")
+            click.echo(f"{p} {h} seed{s}: {key}={fmt(m['test'].get(key))} -> {rd}")

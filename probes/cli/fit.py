@@ -18,10 +18,15 @@ from ..runs.store import METRICS_FILE
 from ..tasks import get_probe
 from .options import (
     apply_preset,
+    bootstrap_option,
     fmt,
+    head_option,
+    names_all,
+    parse_heads,
     parse_probes,
     parse_seeds,
     pop_run_options,
+    probe_option,
     run_options,
     with_preset,
 )
@@ -31,42 +36,39 @@ from .options import (
 @click.option(
     "--features", required=True, type=click.Path(dir_okay=False), help="Feature cache (.h5)."
 )
-@click.option(
-    "--head", default="mlp", show_default=True, help="linear, mlp, attnpool or transformer."
-)
-@click.option(
-    "--probe", "probe", multiple=True, default=("all",), show_default=True, help="Probe name(s) or 'all'."
-)
+@head_option("mlp")
+@probe_option()
 @click.option("--seeds", default="0", show_default=True, help="Comma-separated seeds.")
 @click.option("--out", default="runs", show_default=True, type=click.Path(file_okay=False))
 @click.option("--overwrite", is_flag=True, help="Train a finished run again and replace it (else it is kept).")
 @run_options
-def fit_command(features, head, probe, seeds, out, overwrite, data, n_boot, no_controls, device, threads, **kw):
-    """Train a probe head on cached features and score it (one run per probe x seed)."""
+def fit_command(features, head, probes, seeds, out, overwrite, data, n_boot, no_controls, device, threads,
+                **kw):  # fmt: skip
+    """Train probe heads on cached features and score them (one run per probe x head x seed)."""
     import torch
 
     kw, preset = apply_preset({"seeds": seeds, **kw})
     seeds = kw.pop("seeds")
     options = pop_run_options(kw)
     check_device(device)
-    probes = parse_probes(probe)
-    runs = [[with_preset(make_run(features, p, head, s, options, data=data, controls=not no_controls,
-                                  n_boot=n_boot, device=device), preset) for s in parse_seeds(seeds)]
-            for p in probes]  # fmt: skip
+    heads = parse_heads(head)
+    runs = [[with_preset(make_run(features, p, h, s, options, data=data, controls=not no_controls,
+                                  n_boot=n_boot, device=device), preset)
+             for h in heads for s in parse_seeds(seeds)]
+            for p in parse_probes(probes)]  # fmt: skip
     torch.set_num_threads(threads)
-    explicit = all(p.strip() != "all" for item in probe for p in item.split(","))
     for per_probe in runs:
         for run in per_probe:
             try:
                 rd = run_fit(run, out, overwrite=overwrite)
             except ProbeUnavailable as e:
-                if explicit:
+                if not names_all(probes):
                     raise
                 click.echo(f"{run.probe}: not available on this build ({e}); skipped", err=True)
                 break
             m = json.loads((rd / METRICS_FILE).read_text())
             key = m["headline"]
-            click.echo(f"{run.probe} {head} seed{run.seed}: {key}={fmt(m['test'].get(key))} -> {rd}")
+            click.echo(f"{run.probe} {run.head} seed{run.seed}: {key}={fmt(m['test'].get(key))} -> {rd}")
 
 
 @click.command("eval")
@@ -87,7 +89,7 @@ def fit_command(features, head, probe, seeds, out, overwrite, data, n_boot, no_c
     type=click.Path(file_okay=False),
     help="Its build (default: cache's dataset_dir).",
 )
-@click.option("--bootstrap", "n_boot", default=1000, show_default=True, type=click.IntRange(1))
+@bootstrap_option
 @click.option("--encoder", default=None,
               help="Re-encoding a finetune run of a local model: its path again (hf:DIR, open_clip:local-dir:DIR).")
 @click.option("--overwrite", is_flag=True, help="Replace an evaluation of other inputs (else it is refused).")

@@ -1,5 +1,12 @@
-"""The options and parsers every ``spar-probe`` command shares: probe and seed lists, the run
-options of :data:`~spar_bench.probes.runs.spec.OPTIONS`, presets, and the one-line summary."""
+"""The options and parsers every ``spar-probe`` command shares: probe, head and seed lists, the run
+options of :data:`~spar_bench.probes.runs.spec.OPTIONS`, presets, and the one-line summary.
+
+One vocabulary (README, "One vocabulary"): ``--probe`` and ``--head`` (repeatable, or comma
+lists), ``--batch-size``, ``--jobs`` for processes, ``--loader-workers`` for DataLoader
+workers, ``--bootstrap N >= 1``. The spellings before 0.2 (``sweep --probes/--heads``,
+``cache --batch``, ``cache``/``finetune --workers``) still work, hidden
+(:func:`spar_bench.clitools.old_spelling`), and go in 0.3.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +14,7 @@ from typing import Any
 
 import click
 
+from spar_bench.clitools import old_spelling
 from spar_bench.errors import ConfigError
 
 from ..runs.spec import OPTIONS, RunSpec
@@ -15,13 +23,81 @@ from ..tasks import get_probe, probe_names
 
 def parse_probes(text: tuple[str, ...] | str) -> list[str]:
     """``all``, or probe names (comma-separated or repeated); validated against the probe specs."""
-    items = [text] if isinstance(text, str) else list(text)
-    names = [p.strip() for item in items for p in item.split(",") if p.strip()]
-    if not names or "all" in names:
+    if names_all(text):
         return probe_names()
+    names = list(dict.fromkeys(split_list(text)))
     for n in names:
         get_probe(n)
     return names
+
+
+def split_list(text: tuple[str, ...] | str) -> list[str]:
+    """The names of a repeatable option whose values may be comma lists (``("a,b", "c")``)."""
+    items = [text] if isinstance(text, str) else list(text)
+    return [p.strip() for item in items for p in item.split(",") if p.strip()]
+
+
+def names_all(text: tuple[str, ...] | str) -> bool:
+    """Whether a ``--probe`` value asks for every probe (``all``, or nothing)."""
+    names = split_list(text)
+    return not names or "all" in names
+
+
+def parse_heads(text: tuple[str, ...] | str) -> list[str]:
+    """Head names (comma-separated or repeated), each checked (an unknown one names the close ones)."""
+    from ..heads import head_input
+
+    heads = list(dict.fromkeys(split_list(text)))
+    if not heads:
+        raise ConfigError("--head is empty; give one or more of linear, mlp, attnpool, transformer")
+    for h in heads:
+        head_input(h)  # unknown head -> ConfigError with suggestions
+    return heads
+
+
+def probe_option(help_text: str = "Probe name(s) or 'all'.", *, param: str = "probes",
+                 old: bool = False):
+    """``--probe`` (repeatable, or a comma list; default all); ``old``: with ``sweep``'s
+    hidden ``--probes``."""
+
+    def decorate(f):
+        if old:
+            f = old_spelling("--probes", "--probe", param, multiple=True)(f)
+        return click.option("--probe", param, multiple=True, default=("all",), show_default=True,
+                            help=f"{help_text} Repeat it or give a comma list.")(f)
+
+    return decorate
+
+
+def head_option(default: str = "mlp", *, param: str = "head", old: bool = False):
+    """``--head`` (repeatable, or a comma list); ``old``: with ``sweep``'s hidden ``--heads``."""
+
+    def decorate(f):
+        if old:
+            f = old_spelling("--heads", "--head", param, multiple=True)(f)
+        return click.option("--head", param, multiple=True, default=(default,), show_default=True,
+                            help="Head(s): linear, mlp, attnpool, transformer; repeat it or give a "
+                                 "comma list (one run per head).")(f)  # fmt: skip
+
+    return decorate
+
+
+def bootstrap_option(f):
+    """``--bootstrap N`` (N >= 1), stored as ``n_boot``."""
+    return click.option("--bootstrap", "n_boot", default=1000, show_default=True, type=click.IntRange(1),
+                        help="Bootstrap replicates.")(f)  # fmt: skip
+
+
+def loader_workers_option(help_text: str):
+    """``--loader-workers N`` (DataLoader workers, stored as ``workers``) and its hidden old
+    spelling ``--workers``."""
+
+    def decorate(f):
+        f = old_spelling("--workers", "--loader-workers", "workers", type=click.IntRange(0))(f)
+        return click.option("--loader-workers", "workers", default=None, type=click.IntRange(0),
+                            help=help_text)(f)
+
+    return decorate
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -46,8 +122,7 @@ def run_options(f):
             f = click.option(flag, opt.name, type=opt.type, default=None, help=option_help(opt))(f)
     f = click.option("--data", default=None, type=click.Path(file_okay=False),
                      help="Build dir (default: the cache's dataset_dir).")(f)  # fmt: skip
-    f = click.option("--bootstrap", "n_boot", default=1000, show_default=True, type=int,
-                     help="Bootstrap replicates.")(f)  # fmt: skip
+    f = bootstrap_option(f)
     f = click.option("--no-controls", is_flag=True, help="Skip the blind baseline (faster).")(f)
     f = click.option("--preset", default=None, metavar="NAME",
                      help="Fill the options not given from a named preset: paper (docs/PROTOCOL.md "

@@ -18,9 +18,12 @@ from ..runs.sweep import (
 )
 from .options import (
     apply_preset,
+    head_option,
+    parse_heads,
     parse_probes,
     parse_seeds,
     pop_run_options,
+    probe_option,
     run_options,
     with_preset,
 )
@@ -30,10 +33,8 @@ from .options import (
 @click.option(
     "--features", required=True, type=click.Path(dir_okay=False), help="Feature cache (.h5)."
 )
-@click.option(
-    "--heads", default="mlp,transformer", show_default=True, help="Comma-separated heads."
-)
-@click.option("--probes", default="all", show_default=True, help="Comma-separated probes or 'all'.")
+@head_option("mlp,transformer", param="heads", old=True)
+@probe_option(old=True)
 @click.option("--seeds", default="0,1,2", show_default=True, help="Comma-separated seeds.")
 @click.option("--out", default="runs", show_default=True, type=click.Path(file_okay=False))
 @click.option(
@@ -61,16 +62,13 @@ def sweep_command(features, heads, probes, seeds, out, jobs, grid, list_ids, onl
     """Fit every probe x head x seed (x grid point) from one cache (skips finished runs)."""
     from spar_bench.partitions import parse_partition
 
-    from ..heads import head_input
     from ..runs.inputs import encoder_slug, open_cache, resolve_build
     from ..runs.spec import check_device, parse_grid
 
     kw, preset = apply_preset({"seeds": seeds, "heads": heads, **kw})
     seeds, heads = kw.pop("seeds"), kw.pop("heads")
     options = pop_run_options(kw)
-    head_list = [h.strip() for h in heads.split(",") if h.strip()]
-    for h in head_list:
-        head_input(h)  # unknown head -> ConfigError with suggestions
+    head_list = parse_heads(heads)
     check_device(device)  # fail fast on an unusable --device
     points = parse_grid(grid)
     all_jobs = make_jobs(str(features), head_list, parse_probes(probes), parse_seeds(seeds), options,

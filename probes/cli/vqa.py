@@ -12,23 +12,25 @@ from spar_bench.errors import ConfigError
 
 from ..vqa.base import MODES, BackendOptions
 from ..vqa.openai import GUIDED
+from .options import bootstrap_option, names_all, probe_option, split_list
 
 
-def parse_question_probes(text: str) -> list[str]:
-    """``all`` or comma-separated question probes (``size`` or ``level3.size``), full names."""
+def parse_question_probes(text: tuple[str, ...] | str) -> list[str]:
+    """``all`` or question probes (``size`` or ``level3.size``; repeated or comma-separated),
+    full names."""
     from ..tasks import get_probe, probe_names
 
     asking = [n for n in probe_names() if get_probe(n).asks]
-    names = [p.strip() for p in text.split(",") if p.strip()]
-    if not names or "all" in names:
+    if names_all(text):
         return asking
     out = []
-    for n in names:
+    for n in dict.fromkeys(split_list(text)):
         spec = get_probe(n if "." in n else f"level3.{n}")
         if not spec.asks:
             raise ConfigError(f"--probe {n}: the MLLM track asks the Level 3 questions only "
                               f"({', '.join(asking)})")
-        out.append(spec.name)
+        if spec.name not in out:
+            out.append(spec.name)
     return out
 
 
@@ -58,7 +60,7 @@ def default_cache(out: str | Path, model: str) -> Path:
 @click.command("vqa")
 @click.option("--model", required=True, help="hf:PATH_OR_ID, openai:MODEL, dummy[:LETTER] or oracle[:pixels].")
 @click.option("--data", required=True, type=click.Path(file_okay=False), help="Build folder.")
-@click.option("--probe", default="all", show_default=True, help="Level 3 probe(s), comma-separated, or all.")
+@probe_option("Level 3 probe(s) (size or level3.size) or 'all'.")
 @click.option("--splits", default="test", show_default=True, help="Splits whose questions are asked.")
 @click.option("--out", default="runs", show_default=True, type=click.Path(file_okay=False))
 @click.option("--revision", default=None, help="Hub revision (required for hf: hub ids).")
@@ -85,10 +87,10 @@ def default_cache(out: str | Path, model: str) -> Path:
 @click.option("--retries", default=3, show_default=True, type=click.IntRange(0, 20))
 @click.option("--concurrency", default=4, show_default=True, type=click.IntRange(1, 64))
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--bootstrap", "n_boot", default=1000, show_default=True, type=int)
+@bootstrap_option
 @click.option("--cache", "cache_path", default=None, type=click.Path(dir_okay=False),
               help="Response cache (default OUT/.vqa-cache/<model>.sqlite).")
-def vqa_command(model, data, probe, splits, out, revision, base_url, api_key_env, generate, guided,
+def vqa_command(model, data, probes, splits, out, revision, base_url, api_key_env, generate, guided,
                 no_convention_hint, no_circular, no_blind, image_size, batch_size, max_new_tokens,
                 device, dtype, timeout, retries, concurrency, seed, n_boot, cache_path):
     """Ask a multimodal LLM every Level 3 question; score it like a probe head."""
@@ -99,7 +101,7 @@ def vqa_command(model, data, probe, splits, out, revision, base_url, api_key_env
     from ..vqa.cache import ResponseCache
     from ..vqa.run import AskConfig, check_finished, run_dir, run_identity, run_probe
 
-    probes = parse_question_probes(probe)
+    probes = parse_question_probes(probes)
     if not (Path(data) / "manifest.json").is_file():
         raise ConfigError(f"--data {data}: no manifest.json; pass a finished build folder")
     build = Build(data)

@@ -252,7 +252,8 @@ def list_runs(jobs: list[Job], slug: str, cache_fingerprint: str, grid_prune: in
 
 
 def print_results(results: list[JobResult], seconds: float, out: str) -> None:
-    from spar_bench.errors import ConfigError
+    """A line per run and a summary; :class:`~spar_bench.errors.RunFailed` (exit 1) when any failed."""
+    from spar_bench.errors import RunFailed
 
     failed = [(r.job, r.error) for r in results if r.error]
     n_unavailable = sum(r.unavailable is not None for r in results)
@@ -270,4 +271,4 @@ def print_results(results: list[JobResult], seconds: float, out: str) -> None:
     )
     if failed:
         j = failed[0][0].run
-        raise ConfigError(f"{len(failed)} run(s) failed; first: {j.probe}/{j.head}: {failed[0][1]}")
+        raise RunFailed(f"{len(failed)} run(s) failed; first: {j.probe}/{j.head}: {failed[0][1]}")
