@@ -280,3 +280,21 @@ def test_fit_thresholds_refuses_empty():
     # empty tables (cases without Level 3 slices) are skipped, not an error
     th = fit_thresholds([{}, empty_questions(), *_training()])
     assert th == fit_thresholds(_training())
+
+
+def test_level_hooks_finish_only_the_open_answers():
+    """Level 3's hooks fit and apply the tertiles; a level without hooks is complete as sampled."""
+    from spar_bench.builder.samples.levels import LEVEL_HOOKS, level_hooks
+
+    assert sum(h.fits_thresholds for h in LEVEL_HOOKS.values()) <= 1  # one manifest entry
+    plain, l3 = level_hooks("level1"), level_hooks("level3")
+    assert not plain.fits_thresholds and plain.fit([]) is None and not plain.needs_thresholds(_training()[0])
+    assert l3.fits_thresholds and l3.needs_thresholds(_training()[0])
+    other = _table("size", [0], [-1], [10.0])
+    other["q_probe"][:] = P["symmetry"]
+    assert not l3.needs_thresholds(other) and not l3.needs_thresholds({})
+    th = l3.fit(_training())
+    assert th == fit_thresholds(_training())
+    q = _training()[0]
+    assert plain.finalise(q, th) is q and l3.finalise(q, None) is q
+    assert np.bincount(l3.finalise(q, th)["q_answer"]).tolist() == [10, 10, 10]
