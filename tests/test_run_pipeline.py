@@ -79,10 +79,14 @@ def test_dummy_mllm_and_every_kind_share_one_metrics_schema(pipeline, tmp_path):
     assert run_cmd(cli, ["fit", "--features", pipeline["cache"], "--probe", PROBE, "--head", "linear",
                          "--max-epochs", 2, "--bootstrap", 50, "--out", tmp_path / "runs"]) == 0  # fmt: skip
     fitted = json.loads(next((tmp_path / "runs").glob(f"*/{PROBE}/linear*/seed0/metrics.json")).read_text())
-    for m in (md, mp):
+    assert run_cmd(cli, ["vqa", "--model", "dummy", "--data", pipeline["shards"], "--probe", "relative_position",
+                         "--bootstrap", 50, "--out", tmp_path / "runs"]) == 0  # fmt: skip
+    asked = json.loads(next((tmp_path / "runs").glob(f"dummy/{PROBE}/vqa-loglik/seed0/metrics.json")).read_text())
+    assert asked["track"] == "vqa" and asked["train"] is None and "circular" in asked
+    for m in (md, mp, asked):
         assert set(fitted) <= set(m), set(fitted) - set(m)
-        assert set(m["controls"]) == set(fitted["controls"])
-        assert set(m["test"]) == set(fitted["test"])
+        assert set(fitted["controls"]) <= set(m["controls"])
+        assert {"accuracy", "macro_f1", "ci", "conflict"} <= set(m["test"])
     assert 0.0 <= md["test"]["accuracy"] <= 1.0 and "blind" in md["controls"]
     report = write_report(tmp_path / "runs", tmp_path / "report")
     text = (report / "report.md").read_text() if report.is_dir() else Path(report).read_text()

@@ -39,6 +39,9 @@ import numpy as np
 from spar_bench.errors import ConfigError
 from spar_bench.provenance import protocol_versions
 
+from ..runs.evaluate import run_metrics
+from ..runs.inputs import Splits
+from ..runs.spec import PredictorSpec
 from ..runs.store import (
     METRICS_FILE,
     finished_with,
@@ -305,6 +308,16 @@ def write_run(rd: Path, config: dict, records: list[dict], metrics: dict) -> Non
     write_metrics(rd, metrics)
 
 
+def asked_splits(qs: Questions, train) -> Splits:
+    """The questions asked as a run's :class:`~..runs.inputs.Splits`: the original questions are
+    ``te``, the mirrored ones ``te_mirror``; ``tr`` the build's training questions (the prior and
+    majority controls; empty without a train split); nothing is trained, so no validation."""
+    empty = qs.t.subset(np.zeros(len(qs), bool))
+    tr = train if train is not None else empty
+    return Splits(tr, empty, qs.t.subset(~qs.is_mirror), qs.t.subset(qs.is_mirror),
+                  "none: nothing is trained", "")
+
+
 def versions() -> dict[str, str | None]:
     from spar_bench.provenance import VQA_PACKAGES, package_versions
 
@@ -329,13 +342,14 @@ def run_probe(backend: Backend, build, probe: str, out: str | Path, cfg: AskConf
     records = answer_records(qs, items, replies, backend, digests)
     head, variant = head_name(backend, cfg), variant_of(backend, cfg)
     distinct = len({key_hash(k) for k in keys})
-    metrics = score_run(qs, records, train_targets(build, spec), cfg.seed, cfg.n_boot, head)
-    metrics.update({"probe": probe, "head": head, "variant": variant, "seed": cfg.seed,
-                    "requests": {"answers": len(items), "distinct": distinct,
-                                 "deduplicated": len(items) - distinct},
-                    "encoder": backend.name, "random_init": backend.random_init,
-                    "track": "vqa", "mode": backend.mode, "template_version": items[0].prompt.version,
-                    **protocol_versions(build.manifest)})
+    train = train_targets(build, spec)
+    scored = score_run(qs, records, train, cfg.seed, cfg.n_boot, head)
+    metrics = run_metrics(PredictorSpec(probe, head, cfg.seed, n_boot=cfg.n_boot), asked_splits(qs, train), scored,
+                          encoder=backend.name, random_init=backend.random_init, variant=variant, train=None,
+                          training=None, manifest=build.manifest, track="vqa")  # fmt: skip
+    metrics.update({"splits": sorted({str(s) for s in qs.split}), "mode": backend.mode,
+                    "template_version": items[0].prompt.version,
+                    "requests": {"answers": len(items), "distinct": distinct, "deduplicated": len(items) - distinct}})
     config = {"track": "vqa", "probe": probe, "head": head, "variant": variant, "seed": cfg.seed,
               "model": backend.name, "model_identity": backend.identity,
               "decoding": backend.decoding, "mode": backend.mode, **cfg.to_dict(),

@@ -141,7 +141,8 @@ def unparsed_reasons(records: list[dict]) -> dict[str, Any]:
 
 def score_run(qs: Questions, records: list[dict], train, seed: int, n_boot: int,
               head: str) -> dict[str, Any]:
-    """The metrics.json body: test (rotation 0), mirror, CircularEval, controls."""
+    """The MLLM's scores for the run's metrics.json (``runs.evaluate.run_metrics`` lays it out):
+    test (rotation 0), its parse rate and unparsed reasons, mirror, CircularEval, controls."""
     n = qs.spec.n_classes
     t = _tables(qs, records, n)
     probe = qs.spec.name
@@ -161,10 +162,6 @@ def score_run(qs: Questions, records: list[dict], train, seed: int, n_boot: int,
 
     test = part(orig, t["image"][:, 0], "test")
     return {
-        "headline": qs.spec.headline,
-        "splits": sorted({str(s) for s in qs.split}),
-        "n_items": {"test": int(orig.sum()), "test_mirror": int(mir.sum())},
-        "n_patients": {"test": int(np.unique(g[orig]).size)},
         "test": test,
         "parse_rate": (test or {}).get("parse_rate"),
         "unparsed": unparsed_reasons(records),
