@@ -43,8 +43,6 @@ if TYPE_CHECKING:
     from .samples import SampleConfig
 
 from .schema import (
-    LEVEL3_CLASS_NAMES,
-    LEVEL3_PROBES,
     LEVEL_PARTS,
     LEVEL_SPECS,
     LEVELS,
@@ -52,6 +50,7 @@ from .schema import (
     ORGANS,
     PROTOCOL_VERSION,
     SCHEMA_VERSION,
+    LevelSpec,
     ordered_splits,
 )
 from .writers.hdf5 import COMPRESSIONS
@@ -661,16 +660,16 @@ def _class_counts(level: str, res: dict[str, dict[str, np.ndarray]], acc: dict) 
             acc["present"] = (np.asarray(acc.get("present", np.zeros(N_ORGANS, np.int64)))
                               + d["present"].sum(axis=0)).tolist()
     if spec.questions:
-        _answer_counts(res[spec.questions], acc)
+        _answer_counts(spec, res[spec.questions], acc)
 
 
-def _answer_counts(q: dict[str, np.ndarray], acc: dict) -> None:
+def _answer_counts(spec: LevelSpec, q: dict[str, np.ndarray], acc: dict) -> None:
     """Add a questions table's answers to ``acc[probe]`` (a count per answer class)."""
     if not q or not _rows(q):
         return
-    for p, probe in enumerate(LEVEL3_PROBES):
+    for p, (probe, names) in enumerate(zip(spec.probes, spec.classes, strict=True)):
         sel = q["q_answer"][q["q_probe"] == p]
-        n_cls = len(LEVEL3_CLASS_NAMES[probe])
+        n_cls = len(names)
         hist = np.bincount(sel[sel >= 0].astype(np.int64), minlength=n_cls)[:n_cls]
         prev = acc.setdefault(probe, [0] * n_cls)
         acc[probe] = [int(a + b) for a, b in zip(prev, hist, strict=True)]
@@ -733,16 +732,16 @@ def _print_summary(counts: dict, skipped: list[dict]) -> None:
                 click.echo(f"  {level} {split}: {sum(present) / n:.1f} organs present per sample; "
                            "rarest " + ", ".join(f"{ORGANS[i]} {present[i] / n:.0%}" for i in rare))
     for level, by_split in counts.items():
-        if not LEVEL_SPECS[level].questions:
+        spec = LEVEL_SPECS[level]
+        if not spec.questions:
             continue
-        click.echo("\nLevel 3 class balance (fraction per class):")
-        for probe in LEVEL3_PROBES:
+        click.echo(f"\n{level} class balance (fraction per class):")
+        for probe, names in zip(spec.probes, spec.classes, strict=True):
             for split, c in by_split.items():
                 hist = c["classes"].get(probe)
                 if not hist or not sum(hist):
                     continue
-                fr = " ".join(f"{n}={h / sum(hist):.2f}" for n, h in
-                              zip(LEVEL3_CLASS_NAMES[probe], hist, strict=True))
+                fr = " ".join(f"{n}={h / sum(hist):.2f}" for n, h in zip(names, hist, strict=True))
                 click.echo(f"  {probe:18} {split:6} n={sum(hist):<6} {fr}")
     if skipped:
         click.echo(f"\nskipped {len(skipped)} case(s):")

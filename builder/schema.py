@@ -76,6 +76,8 @@ class LevelSpec:
             attrs record (Level 2).
         questions: name of the per-case questions part whose rows point at this level's rows
             (``"level3_questions"``: ``q_*`` fields in the same shards), or None.
+        probes: the probes of its questions, in ``q_probe`` order (:data:`LEVEL3_PROBES`).
+        classes: each probe's answer class names, in the order of ``probes``.
 
     What the build does with a level's rows after the sampler (fit thresholds, finish the
     answers left open) are the level's hooks,
@@ -88,23 +90,10 @@ class LevelSpec:
     mosaic: bool
     shuffled: bool = False
     questions: str | None = None
+    probes: tuple[str, ...] = ()
+    classes: tuple[tuple[str, ...], ...] = ()
 
 
-#: Every level, in build order: names, row units and features (see :class:`LevelSpec`).
-LEVEL_SPECS: dict[str, LevelSpec] = {
-    spec.name: spec
-    for spec in (
-        LevelSpec("level1", unit="samples", mosaic=True),
-        LevelSpec("level2", unit="samples", mosaic=True, shuffled=True),
-        LevelSpec("level3", unit="slices", mosaic=False, questions="level3_questions"),
-    )
-}
-#: Level names, in build order.
-LEVELS = tuple(LEVEL_SPECS)
-#: Every per-case result part: the levels' rows, then their questions tables.
-LEVEL_PARTS: tuple[str, ...] = (
-    *LEVELS, *(s.questions for s in LEVEL_SPECS.values() if s.questions)
-)
 #: The six Level 3 probes, then all eight probes.
 LEVEL3_PROBES: tuple[str, ...] = (
     "relative_position",
@@ -152,6 +141,23 @@ LEVEL3_CLASS_NAMES: dict[str, tuple[str, ...]] = {
     "counting": ("0", "1", "2", "3+"),
 }
 RELATIVE_POSITION_AXES = ("left_right", "anterior_posterior")
+
+#: Every level, in build order: names, row units and features (see :class:`LevelSpec`).
+LEVEL_SPECS: dict[str, LevelSpec] = {
+    spec.name: spec
+    for spec in (
+        LevelSpec("level1", unit="samples", mosaic=True),
+        LevelSpec("level2", unit="samples", mosaic=True, shuffled=True),
+        LevelSpec("level3", unit="slices", mosaic=False, questions="level3_questions", probes=LEVEL3_PROBES,
+                  classes=tuple(LEVEL3_CLASS_NAMES[p] for p in LEVEL3_PROBES)),
+    )
+}
+#: Level names, in build order.
+LEVELS = tuple(LEVEL_SPECS)
+#: Every per-case result part: the levels' rows, then their questions tables.
+LEVEL_PARTS: tuple[str, ...] = (
+    *LEVELS, *(s.questions for s in LEVEL_SPECS.values() if s.questions)
+)
 
 IMAGE_SIZE = 224
 TILE_GRID = 4

@@ -170,3 +170,4 @@ def test_build_names_no_probe() -> None:
     used |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
     assert not found, f"build.py names the probe(s) {found}"
     assert not used & {"apply_thresholds", "fit_thresholds", "original_questions"}
+    assert not [n for n in used if n.startswith("LEVEL3_")]  # a level's probes: LevelSpec.probes
