@@ -40,7 +40,7 @@ spar-probe cache --encoder "$ENCODER" --random-init --data "$OUT/shards" \
   --out "$OUT/cache/$NAME.h5" --overwrite
 
 step "4/6 sweep: heads $HEADS x all probes x seeds $SEEDS on $JOBS processes"
-spar-probe sweep --features "$OUT/cache/$NAME.h5" --heads "$HEADS" --probes all \
+spar-probe sweep --features "$OUT/cache/$NAME.h5" --head "$HEADS" --probe all \
   --seeds "$SEEDS" --jobs "$JOBS" --max-epochs "$MAX_EPOCHS" --batch-size "$BATCH" \
   --out "$OUT/runs"
 
