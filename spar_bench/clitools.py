@@ -90,6 +90,15 @@ def _out_option(argv: list[str] | None) -> str | None:
 EXIT_RUN_FAILED, EXIT_USAGE = 1, 2
 
 
+def _hide_old_spellings(e: click.ClickException) -> None:
+    """A mistyped option's "did you mean" leaves out the hidden options (the old spellings)."""
+    ctx = getattr(e, "ctx", None)
+    if not isinstance(e, click.NoSuchOption) or not e.possibilities or ctx is None:
+        return
+    hidden = {o for p in ctx.command.params if getattr(p, "hidden", False) for o in p.opts}
+    e.possibilities = [o for o in e.possibilities if o not in hidden]  # type: ignore[misc]
+
+
 def run_cli(group: click.Command, argv: list[str] | None = None) -> int:
     """Run ``group``; a :class:`SparError` or a full disk becomes ``error: <message>`` and exit 2
     (1 for :class:`RunFailed`); Ctrl-C exits 130."""
@@ -102,6 +111,7 @@ def _run(group: click.Command, argv: list[str] | None) -> tuple[int, BaseExcepti
     except click.exceptions.Exit as e:
         return e.exit_code, None
     except click.ClickException as e:
+        _hide_old_spellings(e)
         e.show()
         return e.exit_code, e
     except click.Abort as e:

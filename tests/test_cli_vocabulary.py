@@ -184,7 +184,9 @@ def test_a_sweep_with_a_failed_run_exits_1(pipeline, tmp_path, monkeypatch, caps
 def test_usage_and_input_errors_exit_2(pipeline, tmp_path, capsys) -> None:
     capsys.readouterr()
     assert run_cmd(cli, ["sweep", "--features", pipeline["cache"], "--hedas", "mlp"]) == 2
-    assert "No such option '--hedas'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "No such option '--hedas'" in err and "'--head'" in err
+    assert "'--heads'" not in err, err  # "did you mean" names no hidden old spelling
     rc = run_cmd(cli, ["fit", "--features", tmp_path / "missing.h5", "--probe", "level3.size"])
     _one_error_line(capsys, rc, 2, "missing.h5")
     rc = run_cmd(cli, ["sweep", "--features", pipeline["cache"], "--head", "mlp", "--bootstrap", 0])
