@@ -147,7 +147,7 @@ class FunctionTimer:
 def run_build(ds: DataSet, out: Path, workers: int, profile: bool) -> dict:
     """{"seconds": build s, "render": pseudo-CT s in this process, "hf": HF folder s, "profile": text}."""
     from spar_bench.builder.build import BuildConfig, build
-    from spar_bench.builder.phantom import render
+    from spar_bench.builder.synth import render
     from spar_bench.builder.writers import hf
 
     cfg = BuildConfig(sources=(ds.source,), roots=(str(ds.root),), out=str(out), workers=workers,
