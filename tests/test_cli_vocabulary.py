@@ -191,3 +191,33 @@ def test_usage_and_input_errors_exit_2(pipeline, tmp_path, capsys) -> None:
     _one_error_line(capsys, rc, 2, "missing.h5")
     rc = run_cmd(cli, ["sweep", "--features", pipeline["cache"], "--head", "mlp", "--bootstrap", 0])
     assert rc == 2 and "--bootstrap" in capsys.readouterr().err
+
+
+def test_spar_build_exits_through_the_same_codes(tmp_path, capsys) -> None:
+    """``spar-build`` runs through the same :func:`~spar_bench.clitools.run_cli`: 2 for a mistyped
+    option and for a missing input folder, 0 for ``--help``."""
+    from spar_bench.builder.cli import cli as build_cli
+
+    assert run_cmd(build_cli, ["--help"]) == 0
+    capsys.readouterr()
+    assert run_cmd(build_cli, ["--source", "phantom", "--root", tmp_path / "none", "--out", tmp_path / "o",
+                               "--jbos", 2]) == 2
+    assert "No such option '--jbos'" in capsys.readouterr().err
+    rc = run_cmd(build_cli, ["--source", "phantom", "--root", tmp_path / "none", "--out", tmp_path / "o"])
+    _one_error_line(capsys, rc, 2, "none")
+    assert not (tmp_path / "o").exists()
+
+
+def test_run_failed_maps_to_exit_1_and_other_errors_to_2(capsys) -> None:
+    import click
+
+    from spar_bench.clitools import run_cli
+    from spar_bench.errors import ConfigError, RunFailed
+
+    for err, want in ((RunFailed("2 run(s) failed"), 1), (ConfigError("--x: bad"), 2)):
+        @click.command()
+        def command(err=err):
+            raise err
+
+        assert run_cli(command, []) == want
+        assert capsys.readouterr().err == f"error: {err}\n"
