@@ -1,0 +1,549 @@
+"""One report for a whole experiment (``spar-bench run``): the paper's tables as the paper lays
+them out.
+
+:func:`write_experiment_report` reads every run under RUNS (any depth; each run folder holds
+``metrics.json``, ``config.json`` and perhaps ``eval-<target>.json``) through
+:func:`spar_bench.probes.report.collect` and writes to ``out``:
+
+* ``experiment.md``: the runner's provenance (experiment, file hash, plan hash, versions); a
+  banner when any run used random-init features; the **main table** (one row per
+  configuration = encoder x mode x head [options], one column per probe in
+  :func:`~spar_bench.probes.tasks.probe_names` order; each cell the headline as
+  ``mean +- std [mean 95% CI]`` over seeds, rates in %), each configuration followed by its
+  ``blind`` sub-row (the same head without the image: recall vs computation), frozen,
+  finetuned and from-scratch rows of one encoder and head side by side; the controls
+  (chance, majority, prior) per probe; the mirrored counterfactual laid out like the main
+  table; one **zero-shot transfer** table per transfer target (``eval-*.json``); the
+  **MLLM** table (``spar-probe vqa`` runs: Level 3 probes, blind, CircularEval, parse rate);
+  and the **provenance** of every cell (run folders relative to RUNS, build and cache
+  fingerprints, weights digest, protocol version);
+* ``experiment.json``: the same numbers and every run's provenance, machine-readable;
+* ``experiment.png``: the headline per probe per configuration with CI error bars.
+
+Modes: ``frozen`` (a head on cached features), ``finetuned`` / ``scratch`` (``spar-probe
+finetune``: encoder and head trained end to end), ``finetuned (frozen head)`` /
+``scratch (frozen head)`` (a head fitted on a cache of such a trained encoder's export) and
+``MLLM`` (``track`` = ``vqa``). Runs pruned by ``sweep --grid-prune`` are left out. The same
+runs give byte-identical files (everything sorted, no time stamp, no absolute path).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from spar_bench.errors import ConfigError
+from spar_bench.probes.report import collect, run_protocol
+from spar_bench.probes.tasks import METRICS, PROBE_SPECS, get_probe, probe_names
+from spar_bench.provenance import json_safe, local_paths, local_prefixes, portable_path
+
+GENERATOR = "spar-bench experiment report"
+MD_FILE, JSON_FILE, PNG_FILE = "experiment.md", "experiment.json", "experiment.png"
+#: modes in the order rows of one encoder and head are shown (MLLM rows come last)
+MODES = ("frozen", "finetuned", "scratch", "finetuned (frozen head)", "scratch (frozen head)", "MLLM")
+#: Level 3 extras of an MLLM row: label -> path in metrics.json (a rate)
+VQA_ROWS: dict[str, tuple[str, ...]] = {"circular (strict)": ("circular", "strict"),
+                                        "parse rate": ("parse_rate",)}  # fmt: skip
+
+
+@dataclass(frozen=True, order=True)
+class Configuration:
+    """One row of the paper's tables: an encoder (or MLLM) in a mode with a head."""
+
+    encoder: str
+    head: str
+    mode: str
+    options: str = ""  # the run folder's variant (non-default options), "" for defaults
+    build: str = ""  # the build it was trained on (shown when an experiment has several)
+    random_init: bool = False
+
+    def sort_key(self) -> tuple:
+        return (self.mode == "MLLM", self.encoder, self.head, MODES.index(self.mode)
+                if self.mode in MODES else len(MODES), self.mode, self.options, self.build)  # fmt: skip
+
+    def label(self) -> str:
+        return self.encoder + (" **(random-init)**" if self.random_init and self.mode == "frozen" else "")
+
+
+@dataclass
+class Run:
+    """One finished run: its metrics, config and folder relative to RUNS."""
+
+    metrics: dict[str, Any]
+    config: dict[str, Any]
+    rel: str
+    evals: list[dict[str, Any]] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- reading
+def _get(d: Any, *path: str) -> Any:
+    for k in path:
+        if not isinstance(d, dict) or d.get(k) is None:
+            return None
+        d = d[k]
+    return d
+
+
+def load_runs(runs: Path) -> list[Run]:
+    """Every finished, unpruned run under ``runs`` with its config.json and eval files."""
+    out = []
+    for m in collect(runs):
+        if _get(m, "train", "pruned_at") is not None:
+            continue
+        rd = Path(m.pop("_dir"))
+        rel = portable_path(rd, runs) or rd.name
+        cfg_path = rd / "config.json"
+        try:
+            config = json.loads(cfg_path.read_text(encoding="utf-8")) if cfg_path.is_file() else {}
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"{cfg_path}: unreadable run config ({e}); delete the run and re-run it") from None
+        names = [p.stem.removeprefix("eval-") for p in sorted(rd.glob("eval-*.json"))]
+        evals = [{**e, "_file": f"eval-{n}.json", "_name": n} for n, e in zip(names, m.pop("_evals"), strict=True)]
+        out.append(Run(m, config, rel, evals))
+    return sorted(out, key=lambda r: r.rel)
+
+
+def mode_of(m: dict, config: dict) -> str:
+    """frozen, finetuned, scratch, ``<mode> (frozen head)`` or MLLM (see the module doc)."""
+    if m.get("track") == "vqa":
+        return "MLLM"
+    trained = _get(m, "training", "mode")
+    if not trained:
+        return "frozen"
+    return str(trained) if config.get("command") == "finetune" else f"{trained} (frozen head)"
+
+
+def configuration(r: Run) -> Configuration:
+    m, c = r.metrics, r.config
+    mode = mode_of(m, c)
+    encoder = c.get("model") if mode == "MLLM" else c.get("encoder")
+    return Configuration(encoder=str(encoder or m["encoder"]), head=str(m["head"]), mode=mode,
+                         options=str(m.get("variant") or ""),
+                         build=str(c.get("dataset_dir") or c.get("dataset") or ""),
+                         random_init=bool(m.get("random_init")) and mode != "MLLM")  # fmt: skip
+
+
+def grid(runs: list[Run]) -> dict[Configuration, dict[str, list[Run]]]:
+    """Configuration -> probe -> its runs (one per seed); two runs of one seed are an error."""
+    out: dict[Configuration, dict[str, list[Run]]] = defaultdict(lambda: defaultdict(list))
+    for r in runs:
+        cell = out[configuration(r)][r.metrics["probe"]]
+        twin = next((o for o in cell if o.metrics["seed"] == r.metrics["seed"]), None)
+        if twin is not None:
+            raise ConfigError(f"runs {twin.rel} and {r.rel}: the same configuration, probe and seed "
+                              f"{r.metrics['seed']} twice; remove one of them")  # fmt: skip
+        cell.append(r)
+    return {k: {p: sorted(v, key=lambda r: r.metrics["seed"]) for p, v in out[k].items()}
+            for k in sorted(out, key=Configuration.sort_key)}  # fmt: skip
+
+
+def ordered_probes(names: set[str]) -> list[str]:
+    known = probe_names()
+    return [p for p in known if p in names] + sorted(names - set(known))
+
+
+# --------------------------------------------------------------------------- statistics
+def headline_of(probe: str, ms: list[dict]) -> tuple[str, bool]:
+    """The probe's headline metric and whether it is shown in %."""
+    key = get_probe(probe).headline if probe in PROBE_SPECS else str(ms[0].get("headline"))
+    return key, bool(METRICS[key].percent) if key in METRICS else False
+
+
+def summary(scores: list[dict | None], key: str) -> dict[str, Any] | None:
+    """Mean, std (ddof 1; 0 for one seed) of ``key`` over ``scores`` (one per seed) and the mean
+    of their 95 % CI bounds; None when no score holds it."""
+    vals = [s[key] for s in scores if isinstance(s, dict) and s.get(key) is not None]
+    if not vals:
+        return None
+    v = np.array(vals, dtype=np.float64)
+    cis = [_get(s, "ci", key) for s in scores if isinstance(s, dict) and s.get(key) is not None]
+    cis = [c for c in cis if isinstance(c, list | tuple) and len(c) == 2 and None not in c]
+    lo_hi = np.array(cis, dtype=np.float64).mean(axis=0).tolist() if cis else [None, None]
+    return {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if v.size > 1 else 0.0,
+            "ci_low": lo_hi[0], "ci_high": lo_hi[1], "n": int(v.size)}  # fmt: skip
+
+
+def rate(values: list[Any]) -> dict[str, Any] | None:
+    """Mean and std over seeds of plain numbers (chance, parse rate ...)."""
+    return summary([{"x": v} for v in values], "x")
+
+
+def cell_stats(probe: str, rs: list[Run], targets: dict[str, str]) -> dict[str, Any]:
+    """Everything the tables show of one configuration x probe."""
+    ms = [r.metrics for r in rs]
+    key, pct = headline_of(probe, ms)
+    out: dict[str, Any] = {"metric": key, "percent": pct, "seeds": [m["seed"] for m in ms],
+                           "test": summary([m.get("test") for m in ms], key),
+                           "blind": summary([_get(m, "controls", "blind") for m in ms], key),
+                           "mirror": summary([m.get("mirror") for m in ms], key),
+                           "chance": rate([_get(m, "controls", "chance") for m in ms]),
+                           "majority": rate([_get(m, "controls", "majority") for m in ms]),
+                           "prior": summary([_get(m, "controls", "prior") for m in ms], key)}  # fmt: skip
+    if any(m.get("track") == "vqa" for m in ms):
+        out.update({label: rate([_get(m, *path) for m in ms]) for label, path in VQA_ROWS.items()})
+    transfer: dict[str, Any] = {}
+    for tid in targets:
+        evs = [e for r in rs for e in r.evals if target_id(e) == tid]
+        if evs:
+            transfer[tid] = {"test": summary([e.get("test") for e in evs], key),
+                             "chance": rate([_get(e, "controls", "chance") for e in evs]),
+                             "prior": summary([_get(e, "controls", "prior") for e in evs], key)}  # fmt: skip
+    out["transfer"] = transfer
+    out["runs"] = [run_provenance(r) for r in rs]
+    return out
+
+
+def target_id(e: dict) -> str:
+    """A transfer target is its build: by fingerprint when the eval records one, else by name."""
+    fp = e.get("dataset_fingerprint") or e.get("cache_fingerprint")
+    return str(fp)[:12] if fp else f"name:{e['_name']}"
+
+
+def transfer_targets(runs: list[Run]) -> dict[str, str]:
+    """Target id -> its label: the names its eval files give it (``data`` or the cache's stem)."""
+    names: dict[str, set[str]] = defaultdict(set)
+    for r in runs:
+        for e in r.evals:
+            names[target_id(e)].add(str(e.get("data") or Path(str(e.get("features") or e["_name"])).stem))
+    labels = {t: " / ".join(sorted(n)) for t, n in names.items()}
+    return dict(sorted(labels.items(), key=lambda kv: (kv[1], kv[0])))
+
+
+# --------------------------------------------------------------------------- provenance
+def weights_digest(c: dict, m: dict) -> str:
+    """What the encoder's weights were: file/dir name + sha256 (12 hex), hub repo @ revision,
+    random-init, or an MLLM's identity; ``not recorded`` when the run's config lacks it."""
+    w = c.get("weights") or _get(c, "encoder_config", "weights") or c.get("model_identity")
+    if not isinstance(w, dict):
+        init = _get(m, "training", "init_weights")
+        w = init if isinstance(init, dict) else None
+    if w is None:
+        return "random-init" if m.get("random_init") else "not recorded"
+    kind = str(w.get("kind") or "?")
+    if w.get("sha256"):
+        return f"{w.get('name') or kind} sha256:{str(w['sha256'])[:12]}"
+    if kind == "hub":
+        return f"{w.get('repo')}@{w.get('revision') or 'unpinned'}"
+    extra = ",".join(f"{k}={w[k]}" for k in sorted(w) if k not in ("kind", "note") and w[k] is not None
+                     and not isinstance(w[k], dict | list))  # fmt: skip
+    return kind + (f" ({extra})" if extra else "")
+
+
+def _fp(v: Any) -> str | None:
+    return str(v)[:12] if v else None
+
+
+def run_provenance(r: Run) -> dict[str, Any]:
+    """One run's provenance: folder (relative to RUNS), fingerprints, weights, protocol, evals."""
+    c, m = r.config, r.metrics
+    return {"run": r.rel, "seed": m["seed"], "build": c.get("dataset_dir") or c.get("dataset"),
+            "build_fingerprint": _fp(c.get("dataset_fingerprint")),
+            "cache": c.get("features"), "cache_fingerprint": _fp(c.get("cache_fingerprint")),
+            "weights": weights_digest(c, m), "trained_on": _get(m, "training", "build"),
+            "protocol_version": run_protocol(m), "build_protocol_version": m.get("build_protocol_version"),
+            "evals": [{"file": f"{r.rel}/{e['_file']}", "target": target_id(e),
+                       "fingerprint": _fp(e.get("dataset_fingerprint") or e.get("cache_fingerprint"))}
+                      for e in r.evals]}  # fmt: skip
+
+
+# --------------------------------------------------------------------------- formatting
+def fmt(v: float | None, pct: bool) -> str:
+    if v is None:
+        return "-"
+    return f"{100 * v:.1f}" if pct else f"{v:.2f}"
+
+
+def fmt_summary(s: dict | None, pct: bool, *, ci: bool = True, n_row: int | None = None) -> str:
+    """``mean +- std [low, high]`` (paper style); `` (n=k)`` when fewer seeds than the row."""
+    if not s:
+        return "-"
+    text = f"{fmt(s['mean'], pct)} +- {fmt(s['std'], pct)}"
+    if ci and s.get("ci_low") is not None:
+        text += f" [{fmt(s['ci_low'], pct)}, {fmt(s['ci_high'], pct)}]"
+    return text + (f" (n={s['n']})" if n_row is not None and s.get("n", n_row) < n_row else "")
+
+
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def _cell_text(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+# --------------------------------------------------------------------------- the tables
+def aggregate(runs: list[Run]) -> dict[str, Any]:
+    """The report's numbers: probes, transfer targets, and per configuration its cells."""
+    table = grid(runs)
+    probes = ordered_probes({r.metrics["probe"] for r in runs})
+    targets = transfer_targets(runs)
+    rows = []
+    for cfg, cells in table.items():
+        stats = {p: cell_stats(p, cells[p], targets) for p in probes if p in cells}
+        rows.append({**asdict(cfg), "seeds": sorted({s for c in stats.values() for s in c["seeds"]}),
+                     "cells": stats})  # fmt: skip
+    return {"probes": probes, "transfer_targets": targets, "configurations": rows,
+            "random_init_used": any(r.metrics.get("random_init") for r in runs), "n_runs": len(runs)}
+
+
+def _n_seeds(row: dict) -> str:
+    ns = sorted({len(c["seeds"]) for c in row["cells"].values()})
+    return str(ns[0]) if len(ns) == 1 else f"{ns[0]}-{ns[-1]}"
+
+
+def _max_seeds(row: dict) -> int:
+    return max(len(c["seeds"]) for c in row["cells"].values())
+
+
+def _key_cells(row: dict, builds: bool) -> list[str]:
+    cfg = Configuration(**{k: row[k] for k in ("encoder", "head", "mode", "options", "build", "random_init")})
+    return [cfg.label(), row["mode"], row["head"], row["options"] or "-", *([row["build"]] if builds else [])]
+
+
+def _key_head(builds: bool) -> list[str]:
+    return ["encoder", "mode", "head", "options", *(["trained on build"] if builds else [])]
+
+
+def _grid_table(doc: dict, rows: list[dict], probes: list[str], value, subrows=()) -> list[str]:
+    """Configuration rows x probe columns; ``value(cell, n_row)`` gives a cell's text; each
+    ``(label, fn)`` of ``subrows`` adds a row under every configuration."""
+    builds = len({r["build"] for r in doc["configurations"]}) > 1
+    head = [*_key_head(builds), "seeds", *probes]
+    lines = []
+    for r in rows:
+        n = _max_seeds(r)
+        lines.append([*_key_cells(r, builds), _n_seeds(r),
+                      *(value(r["cells"][p], n) if p in r["cells"] else "-" for p in probes)])  # fmt: skip
+        for label, fn in subrows:
+            blank = ["", "", label, "", *([""] if builds else []), ""]
+            lines.append([*blank, *(fn(r["cells"][p]) if p in r["cells"] else "-" for p in probes)])
+    return _table(head, [[_cell_text(c) for c in line] for line in lines])
+
+
+def _headline(key: str):
+    return lambda c, n=None: fmt_summary(c.get(key), c["percent"], n_row=n)
+
+
+def main_table(doc: dict) -> list[str]:
+    probes, rows = doc["probes"], doc["configurations"]
+    lines = ["## Main table", "",
+             "One row per configuration (encoder x mode x head [options]), one column per probe: the",
+             "headline metric on the original test samples, mean +- std over seeds [mean of the per-seed",
+             "95 % patient-bootstrap CIs]; `(n=k)`: a cell with fewer seeds than its row. Under each row,",
+             "`blind`: the same head trained on the question alone (no image features; for an MLLM, the",
+             "question without the image): what canonical anatomy alone explains. Frozen, finetuned and",
+             "from-scratch rows of one encoder and head stand side by side.", ""]  # fmt: skip
+    lines += _grid_table(doc, rows, probes, _headline("test"), [("blind", lambda c: fmt_summary(
+        c.get("blind"), c["percent"], ci=False))])
+    return lines + [""]
+
+
+def controls_table(doc: dict) -> list[str]:
+    """Chance, majority and the prior (best input-free prediction) per probe, per training build."""
+    probes = doc["probes"]
+    rows = [r for r in doc["configurations"] if r["mode"] != "MLLM"]
+    builds = sorted({r["build"] for r in rows})
+    lines = []
+    for b in builds:
+        for name in ("chance", "majority", "prior"):
+            vals = [_get(r["cells"].get(p), name, "mean") for p in probes for r in rows]
+            if all(v is None for v in vals):
+                continue
+            cells = []
+            for p in probes:
+                got = [r["cells"][p] for r in rows if r["build"] == b and p in r["cells"]]
+                v = [c[name]["mean"] for c in got if c.get(name)]
+                cells.append(fmt(float(np.mean(v)), got[0]["percent"]) if v else "-")
+            lines.append([name + (f" ({b})" if len(builds) > 1 else ""), *cells])
+    if not lines:
+        return []
+    return ["## Controls", "", "Input-free baselines on the test split of the training build (mean over",
+            "the runs of each probe): chance, the majority training answer, and the prior (the best",
+            "input-free prediction, fitted in closed form on the training split).", "",
+            *_table(["control", *probes], lines), ""]  # fmt: skip
+
+
+def mirror_table(doc: dict) -> list[str]:
+    rows = [r for r in doc["configurations"] if any(c.get("mirror") for c in r["cells"].values())]
+    if not rows:
+        return []
+    return ["## Mirror counterfactual", "",
+            "The same trained heads on left-right mirrored test samples (labels recomputed from the",
+            "mirrored masks): a model that computes keeps its score, one that recalls canonical",
+            "anatomy collapses. Same layout as the main table.", "",
+            *_grid_table(doc, rows, doc["probes"], _headline("mirror")), ""]  # fmt: skip
+
+
+def transfer_tables(doc: dict) -> list[str]:
+    """One "zero-shot transfer" table per target build (eval files), laid out like the main one."""
+    lines = []
+    for tid, name in doc["transfer_targets"].items():
+        rows = [r for r in doc["configurations"] if any(tid in c["transfer"] for c in r["cells"].values())]
+
+        def on(c: dict, n: int | None = None, tid: str = tid, what: str = "test", ci: bool = True) -> str:
+            return fmt_summary(_get(c, "transfer", tid, what), c["percent"], ci=ci, n_row=n)
+
+        fp = "" if tid.startswith("name:") else f" (build fingerprint {tid})"
+        lines += [f"## Zero-shot transfer: {name}", "",
+                  f"Trained heads scored on `{name}`{fp} without retraining: mean +- std over seeds",
+                  "[mean 95% CI]. `prior`: the run's prior (fitted on its training split) on the target.", ""]  # fmt: skip
+        lines += _grid_table(doc, rows, doc["probes"], on, [("prior", lambda c, on=on: on(c, what="prior", ci=False))])
+        lines += [""]
+    return lines
+
+
+def mllm_table(doc: dict) -> list[str]:
+    rows = [r for r in doc["configurations"] if r["mode"] == "MLLM"]
+    if not rows:
+        return []
+    probes = [p for p in doc["probes"] if (get_probe(p).level if p in PROBE_SPECS else "") == "level3"
+              and any(p in r["cells"] for r in rows)]  # fmt: skip
+    subrows = [("blind (no image)", lambda c: fmt_summary(c.get("blind"), c["percent"], ci=False))]
+    subrows += [(label, lambda c, label=label: fmt_summary(c.get(label), True, ci=False)) for label in VQA_ROWS]
+    return ["## Multimodal LLMs (Level 3)", "",
+            "Models asked the Level 3 questions directly (`spar-probe vqa`): accuracy, mean +- std over",
+            "seeds [mean 95% CI]; blind: the same question without the image; circular (strict): right",
+            "under every rotation of the options (CircularEval); parse rate: answers naming exactly one",
+            "option.", "", *_grid_table(doc, rows, probes, _headline("test"), subrows), ""]  # fmt: skip
+
+
+def _folders(runs: list[dict]) -> str:
+    """The run folders of a cell, compact: ``parent/{seed0, seed1}`` when they share a parent."""
+    rels = [r["run"] for r in runs]
+    parents = {rel.rpartition("/")[0] for rel in rels}
+    if len(parents) == 1 and len(rels) > 1:
+        return f"{parents.pop()}/{{{', '.join(rel.rpartition('/')[2] for rel in rels)}}}"
+    return ", ".join(rels)
+
+
+def _distinct(runs: list[dict], key: str) -> str:
+    return ", ".join(sorted({str(r[key]) for r in runs if r.get(key) is not None})) or "-"
+
+
+def provenance_table(doc: dict) -> list[str]:
+    head = ["encoder", "mode", "head", "options", "probe", "run folders (relative to RUNS)", "build",
+            "build fingerprint", "cache fingerprint", "weights", "protocol", "transfer evals"]
+    lines = []
+    for r in doc["configurations"]:
+        for p, c in r["cells"].items():
+            runs = c["runs"]
+            evals = sorted({e["file"].rpartition("/")[2] for x in runs for e in x["evals"]})
+            lines.append([r["encoder"], r["mode"], r["head"], r["options"] or "-", p, _folders(runs),
+                          _distinct(runs, "build"), _distinct(runs, "build_fingerprint"),
+                          _distinct(runs, "cache_fingerprint"), _distinct(runs, "weights"),
+                          _distinct(runs, "protocol_version"), ", ".join(evals) or "-"])  # fmt: skip
+    return ["## Provenance of every cell", "",
+            "Run folders relative to RUNS; fingerprints: first 12 hex digits; weights: the encoder's",
+            "weights (file name + sha256, hub repo @ revision, random-init; a finetuned run's initial",
+            "weights, its trained encoder is the run folder's export). experiment.json lists every run.", "",
+            *_table(head, [[_cell_text(x) for x in line] for line in lines]), ""]  # fmt: skip
+
+
+# --------------------------------------------------------------------------- the report
+RANDOM_BANNER = [
+    "> **WARNING: RANDOM-INIT FEATURES.** At least one run below used an encoder with",
+    "> randomly initialised weights (marked `random-init`). Its scores say nothing about a",
+    "> pretrained model; they only show that the pipeline runs.", "",
+]
+
+
+def _provenance_value(v: Any) -> str:
+    return v if isinstance(v, str) else json.dumps(json_safe(v), sort_keys=True)
+
+
+def header(title: str, provenance: dict | None, doc: dict) -> list[str]:
+    lines = [f"# {title}", ""]
+    if provenance:
+        rows = [[_cell_text(str(k)), _cell_text(_provenance_value(provenance[k]))] for k in sorted(provenance)]
+        lines += _table(["experiment", "value"], rows) + [""]
+    if doc["random_init_used"]:
+        lines += RANDOM_BANNER
+    protocols = sorted({x["protocol_version"] for r in doc["configurations"] for c in r["cells"].values()
+                        for x in c["runs"]})  # fmt: skip
+    lines += [f"{doc['n_runs']} runs, {len(doc['configurations'])} configurations, {len(doc['probes'])} probes; "
+              f"protocol (docs/PROTOCOL.md) {', '.join(protocols)}. Rates in %; Level 1 errors in pixels of",
+              "the 224 frame (lower is better).", ""]  # fmt: skip
+    return lines
+
+
+def render_markdown(title: str, provenance: dict | None, doc: dict) -> str:
+    lines = header(title, provenance, doc) + [f"![headline per probe]({PNG_FILE})", ""]
+    for part in (main_table, controls_table, mirror_table, transfer_tables, mllm_table, provenance_table):
+        lines += part(doc)
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def plot(doc: dict, path: Path) -> None:
+    """The headline per probe (one panel each) per configuration, with mean CI error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    probes, rows = doc["probes"], doc["configurations"]
+    ncol = min(4, len(probes))
+    nrow = -(-len(probes) // ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(3.2 * ncol, 2.8 * nrow + 1.0), squeeze=False)
+    colors = {m: f"C{i}" for i, m in enumerate(MODES)}
+    for ax, probe in zip(axes.flat, probes, strict=False):
+        ys, lo, hi, cs = [], [], [], []
+        for r in rows:
+            s = _get(r["cells"].get(probe), "test") or {}
+            m = s.get("mean")
+            ys.append(np.nan if m is None else m)
+            lo.append(0.0 if m is None or s.get("ci_low") is None else max(m - s["ci_low"], 0.0))
+            hi.append(0.0 if m is None or s.get("ci_high") is None else max(s["ci_high"] - m, 0.0))
+            cs.append(colors.get(r["mode"], "gray"))
+        ax.bar(np.arange(len(rows)), ys, yerr=[lo, hi], color=cs, capsize=2)
+        ax.set_xticks(np.arange(len(rows)), [str(i + 1) for i in range(len(rows))], fontsize=7)
+        ax.set_title(probe, fontsize=8)
+    for ax in list(axes.flat)[len(probes):]:
+        ax.axis("off")
+    legend = "; ".join(f"{i + 1}: {r['encoder']} {r['mode']} {r['head']}" for i, r in enumerate(rows))
+    fig.text(0.01, 0.01, legend, fontsize=6, wrap=True)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.savefig(path, dpi=90, metadata={"Software": None})
+    plt.close(fig)
+
+
+def _check_provenance(provenance: dict | None, prefixes: list[str]) -> None:
+    if provenance is None:
+        return
+    if not isinstance(provenance, dict):
+        raise ConfigError(f"experiment report: provenance must be a mapping, got {type(provenance).__name__}")
+    found = local_paths(provenance, prefixes)
+    if found:
+        raise ConfigError(f"experiment report: provenance holds a local path ({found[0]}); give paths "
+                          "relative to the experiment file")  # fmt: skip
+
+
+def write_experiment_report(runs: Path, out: Path, *, title: str, provenance: dict | None = None) -> Path:
+    """Write ``out/experiment.md``, ``experiment.json`` and ``experiment.png`` for the runs under
+    ``runs`` (any depth); return the path of experiment.md. ``provenance``: what the runner
+    records of the experiment (name, file sha256, plan hash, versions), shown at the top.
+    No runs under ``runs`` is a :class:`ConfigError`; the same runs give the same bytes."""
+    from spar_bench.outputs import write_bytes
+
+    runs, out = Path(runs), Path(out)
+    prefixes = local_prefixes(runs, out)
+    _check_provenance(provenance, prefixes)
+    doc = aggregate(load_runs(runs))
+    meta = json_safe({"generator": GENERATOR, "title": title, "provenance": provenance or {},
+                      "files": sorted([MD_FILE, JSON_FILE, PNG_FILE]), **doc})  # fmt: skip
+    text = render_markdown(title, provenance, doc)
+    leaked = local_paths([meta, text], prefixes)
+    if leaked:  # a run's record held a local path: never publish it
+        raise ConfigError(f"{runs}: a run records a local path ({leaked[0][:80]}); re-run it with this version")
+    out.mkdir(parents=True, exist_ok=True)
+    plot(doc, out / PNG_FILE)
+    write_bytes(out / JSON_FILE, json.dumps(meta, indent=2) + "\n")
+    write_bytes(out / MD_FILE, text)
+    return out / MD_FILE
+
+
+__all__ = ["Configuration", "aggregate", "load_runs", "mode_of", "weights_digest", "write_experiment_report"]
