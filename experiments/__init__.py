@@ -1,1 +1,32 @@
-"""Experiment files: one YAML runs the paper's grid as a resumable plan (spar-bench run), and its report."""
+"""Experiment files: one YAML runs the paper's grid as a resumable plan (``spar-bench run``),
+and its report.
+
+* :mod:`.config`   - read and validate an experiment file (variables, one-line errors);
+* :mod:`.plan`     - the file as steps, each identified by the hash of its inputs and options;
+* :mod:`.runner`   - run a plan: skip what is done, redo what changed, resume, partitions, devices;
+* :mod:`.estimate` - what a plan costs (images, runs, questions; time on 2 CPU cores and one GPU);
+* :mod:`.report`   - the experiment's report: the paper's tables with the provenance of each cell;
+* ``*.yaml``       - presets shipped with the package: ``demo`` (the main job), ``paper``,
+  ``recall-vs-computation``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from spar_bench.errors import ConfigError
+
+#: the experiment files shipped with the package
+PRESETS = ("demo", "paper", "recall-vs-computation")
+
+
+def preset_path(name: str) -> Path:
+    """The shipped experiment file ``name`` (``demo`` -> ``.../experiments/demo.yaml``)."""
+    p = Path(__file__).with_name(f"{name}.yaml")
+    if name in PRESETS and p.is_file():
+        return p
+    import difflib
+
+    close = difflib.get_close_matches(name, PRESETS, n=1)
+    hint = f"; did you mean {close[0]}?" if close else f"; presets: {', '.join(PRESETS)}"
+    raise ConfigError(f"{name}: no such experiment file or preset{hint}")

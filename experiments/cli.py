@@ -1,0 +1,130 @@
+"""``spar-bench``: a whole experiment from one file (``spar-bench run EXPERIMENT.yaml``).
+
+``spar-build`` and ``spar-probe`` stay the tools of single steps; ``spar-bench run`` expands an
+experiment file into a plan of them (:mod:`.plan`), skips what is finished, redoes what changed
+and runs the rest (:mod:`.runner`). A name without ``.yaml`` is a preset shipped with the
+package (``demo``, ``paper``, ``recall-vs-computation``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from spar_bench.clitools import run_main
+from spar_bench.errors import ConfigError
+
+from . import preset_path
+
+
+@click.group()
+@click.version_option(package_name="spar-bench")
+def cli() -> None:
+    """Run SPAR-Bench experiments from a file."""
+
+
+def _overrides(items: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise ConfigError(f"--set {item!r}: expected NAME=VALUE, e.g. --set OUT=/scratch/spar")
+        out[name.strip()] = value
+    return out
+
+
+def _experiment_file(text: str) -> Path:
+    p = Path(text)
+    if p.is_file() or text.endswith((".yaml", ".yml")):
+        return p
+    return preset_path(text)
+
+
+@cli.command("run")
+@click.argument("experiment")
+@click.option("--set", "sets", multiple=True, metavar="NAME=VALUE", help="Set a variable of the file's vars: (repeatable).")
+@click.option("--dry-run", is_flag=True, help="Print the plan (done/todo/changed) and its estimated cost; run nothing.")
+@click.option("--list", "list_steps", is_flag=True, help="Print every step id and its state; run nothing.")
+@click.option("--only", multiple=True, metavar="STEP", help="Run only this step (repeatable; ids from --list).")
+@click.option("--partition", default=None, metavar="I/N",
+              help="Run partition I of N (0 <= I < N) of the plan's steps, in order (e.g. a SLURM array task).")
+@click.option("--wait", "wait_s", default=0.0, show_default=True, type=click.FloatRange(0),
+              help="Seconds to wait for a step of another partition this one needs (0: fail at once).")
+@click.option("--devices", default=None, metavar="LIST",
+              help="Devices to run steps on side by side, e.g. cuda:0,cuda:1 (default: one step at a time, "
+                   "each command's own device default).")
+def run_command(experiment, sets, dry_run, list_steps, only, partition, wait_s, devices):
+    """Run an experiment file: builds, caches, heads, finetuning, transfer, MLLMs, one report."""
+    from spar_bench.partitions import parse_partition
+
+    from .config import load_experiment
+    from .plan import make_plan
+    from .plan import partition as part_of
+    from .runner import check_inputs, run_steps
+
+    path = _experiment_file(experiment)
+    plan = make_plan(load_experiment(path, _overrides(sets)))
+    part = parse_partition(partition)
+    chosen = [plan.step(s) for s in only] if only else plan.steps
+    if part is not None:
+        ids = {s.id for s in part_of(plan, part[0] + 1, part[1])}
+        chosen = [s for s in chosen if s.id in ids]
+    if dry_run or list_steps:
+        return _print_plan(plan, chosen, costs=dry_run)
+    check_inputs(plan, chosen, wait_s)
+    _write_plan(plan)
+    device_list = tuple(d.strip() for d in devices.split(",") if d.strip()) if devices else ()
+    counts = run_steps(plan, chosen, device_list)
+    click.echo(f"{plan.experiment.name}: {counts['ran']} step(s) run, {counts['redone']} redone, "
+               f"{counts['skipped']} already done -> {plan.experiment.out}")
+
+
+def _print_plan(plan, chosen, costs: bool) -> None:
+    from .estimate import duration, step_seconds, totals
+    from .runner import status
+
+    cpu_total = gpu_total = 0.0
+    for s in chosen:
+        line = f"{s.id}\t{status(plan, s)}"
+        if costs:
+            cpu, gpu = step_seconds(plan, s)
+            cpu_total, gpu_total = cpu_total + cpu, gpu_total + gpu
+            what = ", ".join(f"{v:,.0f} {u}" for u, v in s.cost) or "-"
+            line += f"\t{what}\t~{duration(cpu)} on 2 CPU cores, ~{duration(gpu)} on one GPU"
+        click.echo(line)
+    if costs:
+        t = totals(plan, chosen)
+        click.echo("total: " + ", ".join(f"{v:,.0f} {k}" for k, v in t.items()))
+        click.echo(f"estimated time: ~{duration(cpu_total)} on 2 CPU cores (this machine class), "
+                   f"~{duration(gpu_total)} on one GPU (H200 rates); estimates from the benches' rates")
+
+
+def _write_plan(plan) -> None:
+    """``OUT/.plan/plan.json``: the experiment's provenance and every step with its hash."""
+    import hashlib
+
+    from spar_bench import __version__
+    from spar_bench.provenance import RUN_PACKAGES, package_versions
+
+    from .plan import PLAN
+
+    exp = plan.experiment
+    steps = [{"id": s.id, "hash": plan.hashes[s.id], "needs": list(s.needs)} for s in plan.steps]
+    plan_hash = hashlib.sha256(json.dumps(steps, sort_keys=True).encode()).hexdigest()
+    record = {"provenance": {"experiment": exp.name, "file": Path(exp.source).name, "file_sha256": exp.sha256,
+                             "plan_sha256": plan_hash, "spar_bench": __version__,
+                             "versions": package_versions(RUN_PACKAGES)},
+              "steps": steps}  # fmt: skip
+    p = exp.out / PLAN / "plan.json"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_main(cli, argv)
+
+
+if __name__ == "__main__":
+    main()

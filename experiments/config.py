@@ -1,0 +1,350 @@
+"""An experiment file: read, with variables, validated against one schema.
+
+``spar-bench run EXPERIMENT.yaml`` reads a YAML mapping (docs/EXPERIMENTS.md):
+
+* ``experiment``: its name; ``vars``: variables, used as ``${NAME}`` in any string below
+  (also ``${env:NAME}``; a ``${NAME}`` that no ``vars`` entry and no ``--set`` defines is read
+  from the environment), so one file serves every lab (``${WEIGHTS}/rad-dino``);
+* ``out``: the folder everything is written under (``builds/``, ``cache/``, ``runs/``,
+  ``report/``, ``.plan/``);
+* ``builds``: each a phantom (``phantom:``), sources with roots (``sources:``/``roots:``), or
+  an existing build folder (``path:``), with ``spar-build`` options;
+* ``encoders``: ``spec`` (``timm:resnet50``), ``weights`` or a pinned ``revision``, and
+  ``random_init: true`` only when written;
+* ``modes``: ``frozen`` (heads on a feature cache), ``finetune`` and ``scratch`` (encoder and
+  head trained end to end), each with its encoders, heads and options;
+* ``probes``, ``seeds``, ``train_on`` (the build heads train on), ``transfer`` (builds every
+  trained run is scored on, zero-shot), ``mllms`` (``spar-probe vqa`` models), ``report``.
+
+Every error is one line naming the file, the line and the key, with "did you mean" for a
+misspelt key.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spar_bench.errors import ConfigError
+
+#: the keys of each section (``*``: any name, whose value has the schema of the entry)
+SCHEMA: dict[str, Any] = {
+    "experiment": str, "description": str, "vars": {"*": (str, int, float)}, "out": str,
+    "builds": {"*": {"phantom": {"n": int, "layout": str, "seed": int, "intensities": str},
+                     "sources": [str], "roots": [str], "path": str, "options": {"*": object}}},
+    "encoders": {"*": {"spec": str, "weights": str, "revision": str, "random_init": bool,
+                       "model_args": {"*": object}, "label": str}},
+    "modes": {"frozen": {"encoders": [str], "heads": [str], "options": {"*": object}, "cache": {"*": object}},
+              "finetune": {"encoders": [str], "heads": [str], "options": {"*": object}},
+              "scratch": {"encoders": [str], "heads": [str], "options": {"*": object}}},
+    "probes": (str, [str]), "seeds": (int, [int]), "train_on": str, "transfer": [str],
+    "mllms": {"*": {"model": str, "builds": [str], "options": {"*": object}}},
+    "jobs": int, "report": {"title": str},
+}  # fmt: skip
+#: what each mode runs: heads on a cache of a frozen encoder, or the encoder trained end to end
+MODES = ("frozen", "finetune", "scratch")
+_VAR = re.compile(r"\$\{(env:)?([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+@dataclass(frozen=True)
+class Build:
+    name: str
+    phantom: dict[str, Any] | None = None
+    sources: tuple[str, ...] = ()
+    roots: tuple[str, ...] = ()
+    path: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Encoder:
+    name: str
+    spec: str
+    weights: str | None = None
+    revision: str | None = None
+    random_init: bool = False
+    model_args: dict[str, Any] | None = None
+    label: str | None = None
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    encoders: tuple[str, ...]
+    heads: tuple[str, ...]
+    options: dict[str, Any] = field(default_factory=dict)
+    cache: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Mllm:
+    name: str
+    model: str
+    builds: tuple[str, ...] = ()
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """A validated experiment file (paths as written, variables substituted)."""
+
+    name: str
+    source: str  # the file, as given
+    sha256: str  # of the file's bytes
+    out: Path
+    builds: dict[str, Build]
+    encoders: dict[str, Encoder]
+    modes: dict[str, Mode]
+    probes: tuple[str, ...]
+    seeds: tuple[int, ...]
+    train_on: str
+    transfer: tuple[str, ...]
+    mllms: dict[str, Mllm]
+    jobs: int = 1
+    title: str = ""
+    variables: dict[str, str] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- YAML with lines
+class _Where:
+    """The file and the line of every key path (``builds.demo.options``)."""
+
+    def __init__(self, path: str):
+        self.path, self.lines = path, {}
+
+    def at(self, key: str) -> str:
+        line = self.lines.get(key)
+        return f"{self.path}:{line}" if line else self.path
+
+    def error(self, key: str, message: str) -> ConfigError:
+        return ConfigError(f"{self.at(key)}: {key}: {message}" if key else f"{self.path}: {message}")
+
+
+def _to_python(node, where: _Where, key: str = "") -> Any:
+    """A composed YAML node as Python, recording each key's line."""
+    import yaml
+
+    where.lines.setdefault(key, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        out: dict[str, Any] = {}
+        for k, v in node.value:
+            name = str(_to_python(k, where, key))
+            path = f"{key}.{name}" if key else name
+            if name in out:
+                raise ConfigError(f"{where.path}:{k.start_mark.line + 1}: {path}: given twice")
+            where.lines[path] = k.start_mark.line + 1
+            out[name] = _to_python(v, where, path)
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [_to_python(v, where, f"{key}[{i}]") for i, v in enumerate(node.value)]
+    return _scalar(node)
+
+
+def _scalar(node) -> Any:
+    import yaml
+
+    loader = yaml.SafeLoader("")
+    try:
+        return loader.construct_object(node, deep=True)
+    finally:
+        loader.dispose()
+
+
+def read_yaml(path: str | Path) -> tuple[dict[str, Any], _Where, bytes]:
+    """The file's mapping, its key lines and its bytes; a one-line error for bad YAML."""
+    import yaml
+
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read the experiment file ({e.strerror or e})") from None
+    where = _Where(str(path))
+    try:
+        node = yaml.compose(data.decode("utf-8"), Loader=yaml.SafeLoader)
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{p}{line}: not valid YAML ({problem})") from None
+    if node is None or not isinstance(node, yaml.MappingNode):
+        raise ConfigError(f"{p}: an experiment file is a YAML mapping (experiment:, builds:, encoders: ...)")
+    return _to_python(node, where), where, data
+
+
+# --------------------------------------------------------------------------- validation
+def _type_name(t: Any) -> str:
+    if isinstance(t, dict):
+        return "a mapping"
+    if isinstance(t, list):
+        return f"a list of {_type_name(t[0])}"
+    if isinstance(t, tuple):
+        return " or ".join(_type_name(x) for x in t)
+    return {str: "a string", int: "an integer", float: "a number", bool: "true or false", object: "a value"}[t]
+
+
+def _matches(value: Any, t: Any) -> bool:
+    if isinstance(t, tuple):
+        return any(_matches(value, x) for x in t)
+    if isinstance(t, list):
+        return isinstance(value, list)
+    if isinstance(t, dict):
+        return isinstance(value, dict)
+    if t is object:
+        return True
+    if t is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if t is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, t)
+
+
+def check(value: Any, schema: Any, where: _Where, key: str = "") -> None:
+    """``value`` against ``schema`` (:data:`SCHEMA`); the first problem as one line."""
+    if not _matches(value, schema):
+        raise where.error(key, f"expected {_type_name(schema)}, got {type(value).__name__} {value!r}")
+    if isinstance(schema, tuple):
+        schema = next(x for x in schema if _matches(value, x))
+    if isinstance(schema, list):
+        for i, v in enumerate(value):
+            check(v, schema[0], where, f"{key}[{i}]")
+    elif isinstance(schema, dict):
+        for k, v in value.items():
+            path = f"{key}.{k}" if key else k
+            if k not in schema and "*" not in schema:
+                close = difflib.get_close_matches(k, list(schema), n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(schema)}"
+                raise where.error(path, f"unknown key{hint}")
+            check(v, schema.get(k, schema.get("*")), where, path)
+
+
+def substitute(value: Any, variables: dict[str, str], where: _Where, key: str = "") -> Any:
+    """``${NAME}``/``${env:NAME}`` in every string of ``value``; an undefined one is one line."""
+    if isinstance(value, dict):
+        return {k: substitute(v, variables, where, f"{key}.{k}" if key else k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [substitute(v, variables, where, f"{key}[{i}]") for i, v in enumerate(value)]
+    if not isinstance(value, str):
+        return value
+
+    def one(m: re.Match) -> str:
+        env, name = m.group(1), m.group(2)
+        got = os.environ.get(name) if env else variables.get(name, os.environ.get(name))
+        if got is None:
+            known = sorted(variables)
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"; did you mean ${{{close[0]}}}?" if close else ""
+            raise where.error(key, f"${{{m.group(1) or ''}{name}}} is not defined: add it under vars:, pass "
+                                   f"--set {name}=VALUE, or set the environment variable{hint}")  # fmt: skip
+        return str(got)
+
+    m = _VAR.fullmatch(value)
+    if m:  # a whole-value variable takes the type its text reads as (2 -> 2, true -> True)
+        import yaml
+
+        text = one(m)
+        try:
+            return yaml.safe_load(text) if text.strip() else text
+        except yaml.YAMLError:
+            return text
+    return _VAR.sub(one, value)
+
+
+def _variables(raw: dict[str, Any], overrides: dict[str, str], where: _Where) -> dict[str, str]:
+    """``vars:`` with ``--set`` overrides; a variable may use those defined before it."""
+    out: dict[str, str] = {}
+    for name, v in (raw.get("vars") or {}).items():
+        out[name] = overrides[name] if name in overrides else substitute(str(v), out, where, f"vars.{name}")
+    unknown = sorted(set(overrides) - set(out))
+    for name in unknown:
+        out[name] = overrides[name]
+    return out
+
+
+def _names(value: Any) -> tuple:
+    return tuple(value) if isinstance(value, list) else (value,)
+
+
+def _refs(names: tuple[str, ...], known: dict, what: str, where: _Where, key: str) -> None:
+    for n in names:
+        if n not in known:
+            close = difflib.get_close_matches(n, list(known), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; defined: {', '.join(known) or 'none'}"
+            raise where.error(key, f"no {what} named {n!r}{hint}")
+
+
+def _build(name: str, d: dict[str, Any], where: _Where) -> Build:
+    kinds = [k for k in ("phantom", "sources", "path") if k in d]
+    if len(kinds) != 1:
+        raise where.error(f"builds.{name}", "give exactly one of phantom:, sources: (with roots:) or path:")
+    if "sources" in d and len(d.get("roots") or []) not in (0, len(d["sources"])):
+        raise where.error(f"builds.{name}.roots", "give one root per source (or none: the default roots)")
+    return Build(name, d.get("phantom"), tuple(d.get("sources") or ()), tuple(d.get("roots") or ()), d.get("path"),
+                 dict(d.get("options") or {}))  # fmt: skip
+
+
+def _check_names(exp_raw: dict[str, Any], builds: dict, encoders: dict, where: _Where) -> None:
+    """Every name a section uses is defined: builds, encoders, probes and heads."""
+    from spar_bench.probes.heads import head_defaults
+    from spar_bench.probes.tasks import get_probe
+
+    for m, d in (exp_raw.get("modes") or {}).items():
+        _refs(tuple(d.get("encoders") or ()), encoders, "encoder", where, f"modes.{m}.encoders")
+        for i, h in enumerate(d.get("heads") or ()):
+            try:
+                head_defaults(h)
+            except ConfigError as e:
+                raise where.error(f"modes.{m}.heads[{i}]", str(e)) from None
+    for i, p in enumerate(_names(exp_raw.get("probes", "all"))):
+        if p != "all":
+            try:
+                get_probe(p)
+            except ConfigError as e:
+                raise where.error(f"probes[{i}]" if isinstance(exp_raw.get("probes"), list) else "probes",
+                                  str(e)) from None  # fmt: skip
+    _refs(tuple(exp_raw.get("transfer") or ()), builds, "build", where, "transfer")
+    for n, d in (exp_raw.get("mllms") or {}).items():
+        _refs(tuple(d.get("builds") or ()), builds, "build", where, f"mllms.{n}.builds")
+
+
+def load_experiment(path: str | Path, overrides: dict[str, str] | None = None) -> Experiment:
+    """The experiment of ``path`` (``overrides``: ``--set NAME=VALUE``), validated."""
+    import hashlib
+
+    raw, where, data = read_yaml(path)
+    check({k: v for k, v in raw.items() if k == "vars"}, {"vars": SCHEMA["vars"]}, where)
+    variables = _variables(raw, dict(overrides or {}), where)
+    exp = substitute({k: v for k, v in raw.items() if k != "vars"}, variables, where)
+    check(exp, SCHEMA, where)
+    for key in ("experiment", "out", "builds"):
+        if key not in exp:
+            raise ConfigError(f"{path}: missing {key}: (see docs/EXPERIMENTS.md)")
+    builds = {n: _build(n, d, where) for n, d in exp["builds"].items()}
+    encoders = {n: Encoder(n, d["spec"] if "spec" in d else _missing(where, f"encoders.{n}", "spec"),
+                           d.get("weights"), d.get("revision"), bool(d.get("random_init", False)),
+                           d.get("model_args"), d.get("label"))
+                for n, d in (exp.get("encoders") or {}).items()}  # fmt: skip
+    _check_names(exp, builds, encoders, where)
+    train_on = exp.get("train_on") or next(iter(builds))
+    _refs((train_on,), builds, "build", where, "train_on")
+    modes = {m: Mode(m, tuple(d.get("encoders") or encoders), tuple(d.get("heads") or ("mlp",)),
+                     dict(d.get("options") or {}), dict(d.get("cache") or {}))
+             for m, d in (exp.get("modes") or {}).items()}  # fmt: skip
+    mllms = {n: Mllm(n, d["model"] if "model" in d else _missing(where, f"mllms.{n}", "model"),
+                     tuple(d.get("builds") or (train_on,)), dict(d.get("options") or {}))
+             for n, d in (exp.get("mllms") or {}).items()}  # fmt: skip
+    return Experiment(
+        name=exp["experiment"], source=str(path), sha256=hashlib.sha256(data).hexdigest(), out=Path(exp["out"]),
+        builds=builds, encoders=encoders, modes=modes, probes=_names(exp.get("probes", "all")),
+        seeds=tuple(int(s) for s in _names(exp.get("seeds", 0))), train_on=train_on,
+        transfer=tuple(exp.get("transfer") or ()), mllms=mllms, jobs=int(exp.get("jobs", 1)),
+        title=(exp.get("report") or {}).get("title") or exp["experiment"], variables=variables,
+    )  # fmt: skip
+
+
+def _missing(where: _Where, key: str, name: str):
+    raise where.error(key, f"needs {name}:")

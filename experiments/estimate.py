@@ -1,0 +1,80 @@
+"""What a plan will cost: images to encode, runs to train, questions to ask, and the time that
+takes on this machine class (2 CPU cores) and on one GPU, from the benches' measured rates.
+
+The rates are those of ``docs/SCALE.md`` and the benches (``bench/cache.py``,
+``bench/finetune.py``, ``bench/heads.py``; the GPU figures from one H200): an estimate to plan
+with, not a promise. A rate the benches have not measured for an encoder falls back to the
+row of its family.
+"""
+
+from __future__ import annotations
+
+from .plan import Plan, Step
+
+#: images/s of a feature cache, by a substring of the encoder spec: (2 CPU cores fp32, one GPU bf16)
+CACHE_RATES: tuple[tuple[str, float, float], ...] = (
+    ("resnet50", 13.0, 2537.0),
+    ("resnet18", 40.0, 6000.0),
+    ("vit_base_patch32", 22.0, 6789.0),
+    ("vit_small", 22.0, 6000.0),
+    ("dinov2", 4.5, 1500.0),
+    ("rad-dino", 4.5, 1500.0),
+    ("", 20.0, 2500.0),
+)
+#: per unit, (2 CPU cores, one GPU): seconds per head run (WORD-sized build, early stopping),
+#: training images/s end to end, seconds per MLLM question (all its asks), seconds per case built
+UNIT_SECONDS = {
+    "runs": (20.0, 4.0),
+    "train_images": (1 / 10.0, 1 / 1370.0),
+    "questions": (2.0, 0.05),
+    "cases": (1.5, 1.5),
+}
+
+
+def cache_rate(spec: str) -> tuple[float, float]:
+    for key, cpu, gpu in CACHE_RATES:
+        if key in spec:
+            return cpu, gpu
+    return CACHE_RATES[-1][1:]
+
+
+def step_seconds(plan: Plan, step: Step) -> tuple[float, float]:
+    """Estimated seconds of ``step`` on 2 CPU cores and on one GPU."""
+    cpu = gpu = 0.0
+    for unit, amount in step.cost:
+        if unit == "images":
+            enc = step.id.split(":", 1)[1].split("@")[0]
+            spec = plan.experiment.encoders[enc].spec if enc in plan.experiment.encoders else ""
+            if step.kind == "eval" and step.id.startswith("eval:heads"):
+                continue  # heads on a cache: the cache step paid for the images
+            c, g = cache_rate(spec)
+            cpu, gpu = cpu + amount / c, gpu + amount / g
+        elif unit in UNIT_SECONDS:
+            c, g = UNIT_SECONDS[unit]
+            if step.kind == "vqa" and plan.experiment.mllms[step.id[4:].split("@")[0]].model.startswith(("dummy", "oracle")):
+                c = g = 0.001  # no model: answers are computed
+            cpu, gpu = cpu + amount * c, gpu + amount * g
+    return cpu, gpu
+
+
+def duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def totals(plan: Plan, steps: list[Step]) -> dict[str, float]:
+    """Units summed over ``steps`` (images to encode, runs to train, questions to ask ...)."""
+    out: dict[str, float] = {}
+    for s in steps:
+        for unit, amount in s.cost:
+            if s.kind == "eval" and unit == "images" and s.id.startswith("eval:heads"):
+                continue
+            key = "images to encode" if unit in ("images",) else {"runs": "runs to train",
+                                                                   "train_images": "images trained on",
+                                                                   "questions": "questions to ask",
+                                                                   "cases": "cases to build"}.get(unit, unit)
+            out[key] = out.get(key, 0.0) + amount
+    return out

@@ -1,0 +1,226 @@
+"""Running a plan: what is done, what changed, and each step run exactly once.
+
+A finished step leaves ``OUT/.plan/steps/<step>.json`` (its hash and outputs) and a line in
+``OUT/.plan/log.jsonl``. On a rerun a step recorded with its current hash is skipped; one
+recorded with another hash is redone, its outputs removed first (the line says so); one
+never finished runs (its commands resume what they had written: a build with ``--resume``,
+a cache, a sweep and finetuning with their own resumption). Interrupted anywhere, a rerun
+continues where the run stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from spar_bench.errors import ConfigError, RunFailed
+
+from .plan import PLAN, Plan, Step
+
+
+def marker(out: Path, step_id: str) -> Path:
+    return out / PLAN / "steps" / (re.sub(r"[^A-Za-z0-9@._-]+", "_", step_id) + ".json")
+
+
+def status(plan: Plan, step: Step) -> str:
+    """``done`` (finished with this hash), ``changed`` (finished with another) or ``todo``."""
+    try:
+        had = json.loads(marker(plan.experiment.out, step.id).read_text())["hash"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "todo"
+    return "done" if had == plan.hashes[step.id] else "changed"
+
+
+def _log(out: Path, event: str, step: Step, **kw: Any) -> None:
+    path = out / PLAN / "log.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps({"event": event, "step": step.id, **kw}, sort_keys=True) + "\n")
+
+
+def concrete(arg: str, out: Path) -> str:
+    return arg.replace("{out}", str(out))
+
+
+def _remove_outputs(out: Path, step: Step) -> None:
+    """A changed step's outputs go before it is redone: only paths inside ``out``."""
+    for rel in step.outputs:
+        if not rel.startswith("{out}/"):
+            continue
+        p = Path(concrete(rel, out))
+        if p.is_dir():
+            shutil.rmtree(p)
+        elif p.exists():
+            p.unlink()
+
+
+def _build_flags(argv: tuple[str, ...], out: Path) -> list[str]:
+    """A build step's output may be half written (``OUT.tmp``: resume it) or whole without its
+    marker (killed after the build: make it again; it is deterministic)."""
+    if "phantom" in argv[:1]:
+        return ["--overwrite"]
+    target = Path(concrete(argv[argv.index("--out") + 1], out))
+    if Path(f"{target}.tmp").exists():
+        return ["--resume"]
+    return ["--overwrite"] if target.exists() else []
+
+
+def _call(program: str, argv: list[str]) -> None:
+    from spar_bench.clitools import run_cli
+
+    if program == "spar-build":
+        from spar_bench.builder.cli import cli
+    else:
+        from spar_bench.probes.cli import cli
+    code = run_cli(cli, argv)
+    if code != 0:
+        raise RunFailed(f"{program} {' '.join(argv[:1])} exited {code}")
+
+
+def execute(step: Step, out: Path, device: str | None) -> None:
+    """Run ``step``'s commands (in this process)."""
+    if step.kind == "eval":
+        return _evaluate(step, out, device)
+    for program, argv in step.commands:
+        args = [concrete(a, out) for a in argv]
+        if step.kind == "build":
+            args += _build_flags(argv, out)
+        if device and step.device and "--device" not in args:
+            args += ["--device", device]
+        _call(program, args)
+    if step.kind == "report":
+        _experiment_report(step, out)
+
+
+def _evaluate(step: Step, out: Path, device: str | None) -> None:
+    """Every finished run of the source step scored on the transfer target."""
+    extra = dict(step.extra)
+    runs = Path(concrete(extra["runs"], out))
+    for m in sorted(runs.rglob("metrics.json")):
+        argv = ["eval", "--run", str(m.parent)]
+        if "features" in extra:
+            argv += ["--features", concrete(extra["features"], out)]
+        else:
+            argv += ["--data", concrete(extra["data"], out)] + (["--encoder", extra["encoder"]] if extra.get("encoder") else [])
+        _call("spar-probe", argv + ["--overwrite"])
+
+
+def _experiment_report(step: Step, out: Path) -> None:
+    try:
+        from .report import write_experiment_report
+    except ImportError:  # the experiment report is optional until it lands
+        return
+    from .plan import REPORT, RUNS
+
+    write_experiment_report(out / RUNS, out / REPORT, title=dict(step.extra).get("title", ""),
+                            provenance=_provenance(out))
+
+
+def _provenance(out: Path) -> dict[str, Any]:
+    try:
+        return json.loads((out / PLAN / "plan.json").read_text())["provenance"]
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def check_inputs(plan: Plan, chosen: list[Step], wait_s: float) -> None:
+    """Every step a chosen step needs is finished or chosen before it; else wait up to ``wait_s``
+    for another partition to finish it, then fail in one line naming the step to run first."""
+    order = {s.id: i for i, s in enumerate(chosen)}
+    deadline = time.monotonic() + wait_s
+    for s in chosen:
+        for need in s.needs:
+            if need in order and order[need] < order[s.id]:
+                continue
+            while status(plan, plan.step(need)) != "done":
+                if time.monotonic() >= deadline:
+                    raise ConfigError(f"step {s.id} needs {need}, which is not finished; run it first: "
+                                      f"spar-bench run {plan.experiment.source} --only {need}")  # fmt: skip
+                time.sleep(min(5.0, max(0.1, deadline - time.monotonic())))
+
+
+def run_steps(plan: Plan, chosen: list[Step], devices: tuple[str, ...] = (), progress: bool = True) -> dict[str, int]:
+    """Run the steps of ``chosen`` that are not done, in order (one device) or side by side as
+    their inputs finish (several devices); returns how many steps were done, run and redone."""
+    out = plan.experiment.out
+    todo = [s for s in chosen if status(plan, s) != "done"]
+    counts = {"skipped": len(chosen) - len(todo), "ran": 0, "redone": 0}
+    for s in chosen:
+        if s not in todo:
+            _log(out, "skip", s, hash=plan.hashes[s.id])
+    if len(devices) > 1:
+        _run_parallel(plan, todo, devices, counts)
+    else:
+        for i, s in enumerate(todo, 1):
+            if progress:
+                click.echo(f"[{i}/{len(todo)}] {s.id}", err=True)
+            _run_one(plan, s, devices[0] if devices else None, counts)
+    return counts
+
+
+def _start(plan: Plan, s: Step, counts: dict[str, int]) -> None:
+    out = plan.experiment.out
+    if status(plan, s) == "changed":
+        click.echo(f"{s.id}: changed since it finished (inputs or options); redoing it", err=True)
+        _remove_outputs(out, s)
+        counts["redone"] += 1
+    else:
+        counts["ran"] += 1
+    _log(out, "start", s, hash=plan.hashes[s.id])
+
+
+def _finish(plan: Plan, s: Step, seconds: float) -> None:
+    out = plan.experiment.out
+    m = marker(out, s.id)
+    m.parent.mkdir(parents=True, exist_ok=True)
+    tmp = m.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"id": s.id, "hash": plan.hashes[s.id], "outputs": list(s.outputs)}, indent=1) + "\n")
+    tmp.replace(m)
+    _log(out, "finish", s, hash=plan.hashes[s.id], seconds=round(seconds, 1))
+
+
+def _run_one(plan: Plan, s: Step, device: str | None, counts: dict[str, int]) -> None:
+    _start(plan, s, counts)
+    t0 = time.perf_counter()
+    execute(s, plan.experiment.out, device)
+    _finish(plan, s, time.perf_counter() - t0)
+
+
+def _run_parallel(plan: Plan, todo: list[Step], devices: tuple[str, ...], counts: dict[str, int]) -> None:
+    """Steps whose inputs are finished run side by side, one per device."""
+    from concurrent.futures import FIRST_COMPLETED, wait
+
+    from spar_bench.procs import process_pool
+
+    pending, running, free = list(todo), {}, list(devices)
+    with process_pool(len(devices)) as pool:
+        while pending or running:
+            for s in [s for s in pending if _ready(plan, s, pending, running)]:
+                if not free:
+                    break
+                dev = free.pop(0)
+                _start(plan, s, counts)
+                running[pool.submit(_timed, s, plan.experiment.out, dev)] = (s, dev)
+                pending.remove(s)
+            done, _ = wait(list(running), timeout=0.5, return_when=FIRST_COMPLETED)
+            for f in done:
+                s, dev = running.pop(f)
+                _finish(plan, s, f.result())
+                free.append(dev)
+
+
+def _ready(plan: Plan, s: Step, pending: list[Step], running: dict) -> bool:
+    busy = {p.id for p in pending} | {r.id for r, _ in running.values()}
+    return not any(n in busy for n in s.needs)
+
+
+def _timed(s: Step, out: Path, device: str) -> float:
+    t0 = time.perf_counter()
+    execute(s, out, device)
+    return time.perf_counter() - t0
