@@ -97,27 +97,33 @@ def test_both_spellings_are_one_error_line(pipeline, capsys, args, words) -> Non
     _one_error_line(capsys, rc, 2, words, "give --")
 
 
-def _cache_kwargs(monkeypatch, tmp_path, *args) -> dict:
-    """The keyword arguments ``spar-probe cache ARGS`` passes to ``write_cache`` (not run)."""
+def _cache_call(monkeypatch, tmp_path, *args) -> tuple:
+    """(exit status, the arguments ``spar-probe cache ARGS`` passes to ``write_cache``); not run."""
     import spar_bench.probes.cli.cache as cache_cli
 
-    seen: dict = {}
-    monkeypatch.setattr(cache_cli, "write_cache", lambda *a, **kw: seen.update(kw) or Path("c.h5"))
+    seen: list = []
+    monkeypatch.setattr(cache_cli, "write_cache", lambda *a, **kw: seen.append((a, kw)) or Path("c.h5"))
     monkeypatch.setattr(cache_cli, "die_with_launcher", lambda: None)
     rc = run_cmd(cli, ["cache", "--encoder", "dummy", "--data", tmp_path, "--out", tmp_path / "c.h5", *args])
-    return {"rc": rc, **seen}
+    return rc, seen
 
 
 def test_cache_old_spellings_are_the_new_options(monkeypatch, tmp_path, capsys) -> None:
-    new = _cache_kwargs(monkeypatch, tmp_path, "--batch-size", 8, "--loader-workers", 1)
-    assert new["rc"] == 0 and new["batch"] == 8 and new["workers"] == 1
-    assert _cache_kwargs(monkeypatch, tmp_path, "--batch", 8, "--workers", 1) == new
-    assert _cache_kwargs(monkeypatch, tmp_path)["batch"] == 64  # the default
+    default = _cache_call(monkeypatch, tmp_path)
+    assert default[0] == 0 and len(default[1]) == 1
+    batch = _cache_call(monkeypatch, tmp_path, "--batch-size", 8)
+    workers = _cache_call(monkeypatch, tmp_path, "--loader-workers", 1)
+    assert batch[0] == workers[0] == 0 and default != batch != workers != default
+    assert _cache_call(monkeypatch, tmp_path, "--batch", 8) == batch
+    assert _cache_call(monkeypatch, tmp_path, "--workers", 1) == workers
+    both = _cache_call(monkeypatch, tmp_path, "--batch-size", 8, "--loader-workers", 1)
+    assert _cache_call(monkeypatch, tmp_path, "--batch", 8, "--workers", 1) == both
     capsys.readouterr()
-    rc = _cache_kwargs(monkeypatch, tmp_path, "--batch", 8, "--batch-size", 8)["rc"]
+    rc, seen = _cache_call(monkeypatch, tmp_path, "--batch", 8, "--batch-size", 8)
     _one_error_line(capsys, rc, 2, "--batch and --batch-size")
-    rc = _cache_kwargs(monkeypatch, tmp_path, "--workers", 0, "--loader-workers", 2)["rc"]
+    rc, seen = _cache_call(monkeypatch, tmp_path, "--workers", 0, "--loader-workers", 2)
     _one_error_line(capsys, rc, 2, "--workers and --loader-workers")
+    assert not seen
 
 
 def test_finetune_runs_each_head_and_takes_the_old_workers(monkeypatch, tmp_path, capsys) -> None:
