@@ -140,11 +140,16 @@ def test_finetune_runs_each_head_and_takes_the_old_workers(monkeypatch, tmp_path
         return rd
 
     monkeypatch.setattr(ft_cli, "run_finetune", fake_run)
-    base = ["finetune", "--encoder", "dummy", "--data", tmp_path, "--out", tmp_path / "runs",
-            "--probe", "level3.size", "--seeds", "0,1"]
-    assert run_cmd(cli, [*base, "--head", "linear,mlp", "--workers", 3]) == 0, capsys.readouterr().err
+    base = ["finetune", "--encoder", "dummy", "--data", tmp_path, "--probe", "level3.size", "--seeds", "0,1"]
+    out = lambda name: ["--out", tmp_path / name]  # noqa: E731
+    assert run_cmd(cli, [*base, *out("a"), "--head", "linear,mlp", "--loader-workers", 3]) == 0
     assert [(s.head, s.seed) for s in specs] == [("linear", 0), ("linear", 1), ("mlp", 0), ("mlp", 1)]
-    assert {s.cfg.workers for s in specs} == {3}
+    new, specs[:] = list(specs), []
+    assert run_cmd(cli, [*base, *out("b"), "--head", "linear", "--head", "mlp", "--workers", 3]) == 0
+    assert specs == new
+    specs.clear()
+    assert run_cmd(cli, [*base, *out("c"), "--head", "linear,mlp"]) == 0
+    assert specs != new  # the loader workers are part of the run's config
 
 
 def test_vqa_probe_is_repeatable_or_a_comma_list() -> None:
