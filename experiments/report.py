@@ -30,6 +30,7 @@ runs give byte-identical files (everything sorted, no time stamp, no absolute pa
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -511,12 +512,24 @@ def plot(doc: dict, path: Path) -> None:
     plt.close(fig)
 
 
+#: an absolute POSIX path (``/home/me/x``) or a Windows drive path in a string; not a URL's ``//``
+ABSOLUTE = re.compile(r"(?:^|[\s\"'=(,\[])(?:/(?!/)[\w.-]+/[\w.-]|[A-Za-z]:[\\/][\w.-])")
+
+
+def _strings(obj: Any) -> list[str]:
+    if isinstance(obj, dict):
+        return [s for k, v in obj.items() for s in (str(k), *_strings(v))]
+    if isinstance(obj, list | tuple):
+        return [s for v in obj for s in _strings(v)]
+    return [obj] if isinstance(obj, str) else []
+
+
 def _check_provenance(provenance: dict | None, prefixes: list[str]) -> None:
     if provenance is None:
         return
     if not isinstance(provenance, dict):
         raise ConfigError(f"experiment report: provenance must be a mapping, got {type(provenance).__name__}")
-    found = local_paths(provenance, prefixes)
+    found = local_paths(provenance, prefixes) or [v for v in _strings(provenance) if ABSOLUTE.search(v)]
     if found:
         raise ConfigError(f"experiment report: provenance holds a local path ({found[0]}); give paths "
                           "relative to the experiment file")  # fmt: skip

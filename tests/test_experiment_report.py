@@ -1,0 +1,193 @@
+"""The experiment report (issue 23): the paper's tables over a folder of runs of every kind.
+
+One module fixture makes tiny real runs in tmp_path: frozen heads (mlp, linear; 2 seeds) on a
+random-init tiny ViT cache, the same ViT trained from scratch end to end (``finetune``), a
+zero-shot transfer of both onto the pipeline's ``other-shards`` build (a cache of it for the
+frozen heads, a re-encoding for the finetuned run), and the dummy MLLM (``vqa``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from spar_bench.errors import ConfigError
+from spar_bench.experiments.report import mode_of, weights_digest, write_experiment_report
+from spar_bench.probes.cli import cli
+from spar_bench.provenance import local_paths, local_prefixes
+
+from helpers import run_cmd
+
+VIT = "timm:vit_tiny_patch16_224"
+VIT_ARGS = {"depth": 1, "embed_dim": 16, "num_heads": 2, "img_size": 64}
+PROBES = "level1.localisation,level3.relative_position"
+PROVENANCE = {"experiment": "tiny", "file_sha256": "ab" * 32, "plan_hash": "cd" * 8,
+              "versions": {"spar-bench": "test"}}  # fmt: skip
+
+
+def _vit_cache(data: Path, out: Path, levels: list[str]) -> Path:
+    from spar_bench.probes.cache import CacheOptions, write_cache
+    from spar_bench.probes.finetune.model import load_trainable
+
+    enc = load_trainable(VIT, weights=None, init="scratch", seed=0, model_kwargs=VIT_ARGS)
+    opts = CacheOptions(levels=levels, device="cpu", compute="fp32", random_init=True)
+    return write_cache(VIT, data, out, opts, encoder_obj=enc, progress=False)
+
+
+@pytest.fixture(scope="module")
+def exp(pipeline, tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("experiment")
+    runs = root / "runs"
+    cache = _vit_cache(pipeline["shards"], root / "cache" / "vit.h5", ["level1", "level3"])
+    other = _vit_cache(pipeline["other"], root / "cache" / "other-shards.h5", ["level1"])
+    assert run_cmd(cli, ["fit", "--features", cache, "--data", pipeline["shards"], "--out", runs / "heads",
+                      "--probe", PROBES, "--head", "mlp,linear", "--seeds", "0,1", "--max-epochs", 2,
+                      "--bootstrap", 50]) == 0  # fmt: skip
+    assert run_cmd(cli, ["finetune", "--encoder", VIT, "--model-args", json.dumps(VIT_ARGS), "--init", "scratch",
+                      "--data", pipeline["shards"], "--out", runs / "finetune", "--probe", PROBES, "--head", "mlp",
+                      "--max-epochs", 1, "--bootstrap", 50, "--device", "cpu", "--compute", "fp32",
+                      "--batch-size", 8, "--no-controls"]) == 0  # fmt: skip
+    for rd in sorted(runs.rglob("level1.localisation/*/seed*")):
+        cached = ["--features", other] if "heads" in rd.parts else []  # else: re-encoded by the trained encoder
+        assert run_cmd(cli, ["eval", "--run", rd, "--data", pipeline["other"], "--bootstrap", 50, *cached]) == 0
+    assert run_cmd(cli, ["vqa", "--model", "dummy", "--data", pipeline["shards"], "--out", runs / "vqa",
+                      "--probe", "relative_position,symmetry", "--bootstrap", 50]) == 0  # fmt: skip
+    out = root / "report"
+    write_experiment_report(runs, out, title="Tiny experiment", provenance=PROVENANCE)
+    return {"root": root, "runs": runs, "out": out, "other": pipeline["other"]}
+
+
+def _md(exp) -> str:
+    return (exp["out"] / "experiment.md").read_text()
+
+
+def _doc(exp) -> dict:
+    return json.loads((exp["out"] / "experiment.json").read_text())
+
+
+def _section(text: str, title: str) -> list[list[str]]:
+    """The table under heading ``title``: rows of cells (header first, the |---| line dropped)."""
+    lines = text.split(f"\n{title}\n", 1)[1].split("\n## ", 1)[0].splitlines()
+    rows = [ln for ln in lines if ln.startswith("| ") and not ln.startswith("|---")]
+    return [[c.strip() for c in re.split(r"(?<!\\)\|", r)[1:-1]] for r in rows]
+
+
+CELL_PCT = re.compile(r"\d+\.\d \+- \d+\.\d \[\d+\.\d, \d+\.\d\]( \(n=\d\))?")
+CELL_PX = re.compile(r"\d+\.\d\d \+- \d+\.\d\d \[\d+\.\d\d, \d+\.\d\d\]( \(n=\d\))?")
+
+
+def test_main_table_has_a_row_per_configuration_and_a_column_per_probe(exp) -> None:
+    table = _section(_md(exp), "## Main table")
+    head, rows = table[0], table[1:]
+    probes = ["level1.localisation", "level3.relative_position", "level3.symmetry"]  # probe_names() order
+    assert head == ["encoder", "mode", "head", "options", "seeds", *probes]
+    configs = [tuple(r[:3]) for r in rows if r[0]]
+    assert configs == [(f"{VIT} **(random-init)**", "frozen", "linear"), (f"{VIT} **(random-init)**", "frozen", "mlp"),
+                       (VIT, "scratch", "mlp"), ("dummy", "MLLM", "vqa-loglik")]  # fmt: skip
+    assert [r[2] for r in rows if not r[0]] == ["blind"] * 4  # a blind sub-row under every configuration
+    frozen_mlp = rows[2]
+    assert frozen_mlp[4] == "2" and CELL_PX.fullmatch(frozen_mlp[5]) and CELL_PCT.fullmatch(frozen_mlp[6])
+    assert frozen_mlp[7] == "-"  # no symmetry runs of frozen heads
+    assert re.fullmatch(r"\d+\.\d \+- \d+\.\d", rows[3][6])  # the blind sub-row: mean +- std
+    doc = _doc(exp)
+    assert [c["mode"] for c in doc["configurations"]] == ["frozen", "frozen", "scratch", "MLLM"]
+    assert doc["configurations"][1]["cells"]["level1.localisation"]["seeds"] == [0, 1]
+
+
+def test_frozen_and_scratch_rows_of_one_encoder_and_head_stand_side_by_side(exp) -> None:
+    rows = [r for r in _section(_md(exp), "## Main table")[1:] if r[0]]
+    i = rows.index(next(r for r in rows if r[1] == "frozen" and r[2] == "mlp"))
+    assert rows[i + 1][:3] == [VIT, "scratch", "mlp"]
+
+
+def test_transfer_table_per_target_build(exp) -> None:
+    from spar_bench.builder.shards import Build
+
+    text, doc = _md(exp), _doc(exp)
+    fp = Build(exp["other"]).fingerprint[:12]
+    assert doc["transfer_targets"] == {fp: "other-shards"}  # the cache and the re-encoding: one target
+    table = _section(text, "## Zero-shot transfer: other-shards")
+    assert table[0][5:] == ["level1.localisation", "level3.relative_position", "level3.symmetry"]
+    rows = [r for r in table[1:] if r[0]]
+    assert [tuple(r[1:3]) for r in rows] == [("frozen", "linear"), ("frozen", "mlp"), ("scratch", "mlp")]
+    for r in rows:
+        assert CELL_PX.fullmatch(r[5]) and r[6] == "-"
+    assert [r[2] for r in table[1:] if not r[0]] == ["prior"] * 3
+
+
+def test_mllm_rows_show_level3_with_blind_circular_and_parse_rate(exp) -> None:
+    table = _section(_md(exp), "## Multimodal LLMs (Level 3)")
+    assert table[0][5:] == ["level3.relative_position", "level3.symmetry"]
+    assert table[1][:3] == ["dummy", "MLLM", "vqa-loglik"] and CELL_PCT.fullmatch(table[1][5])
+    assert [r[2] for r in table[2:]] == ["blind (no image)", "circular (strict)", "parse rate"]
+    assert table[4][5] == "100.0 +- 0.0"
+
+
+def test_provenance_names_every_run_relative_to_runs_and_no_local_path(exp) -> None:
+    runs, doc, text = exp["runs"], _doc(exp), _md(exp)
+    made = {p.parent.relative_to(runs).as_posix() for p in runs.rglob("metrics.json")}
+    listed = [x for c in doc["configurations"] for cell in c["cells"].values() for x in cell["runs"]]
+    assert sorted(x["run"] for x in listed) == sorted(made)
+    assert all(x["build_fingerprint"] and len(x["build_fingerprint"]) == 12 for x in listed)
+    weights = {(c["mode"], x["weights"]) for c in doc["configurations"] for cell in c["cells"].values()
+               for x in cell["runs"]}  # fmt: skip
+    assert weights == {("frozen", "random-init"), ("scratch", "random-init"), ("MLLM", "dummy (seed=0)")}
+    evals = [e["file"] for x in listed for e in x["evals"]]
+    assert len(evals) == 5 and all((runs / f).is_file() for f in evals)
+    prov = _section(text, "## Provenance of every cell")
+    assert any(r[5] == "heads/timm-vit_tiny_patch16_224-random-init/level1.localisation/mlp,max_epochs=2/"
+               "{seed0, seed1}" for r in prov)  # fmt: skip
+    prefixes = local_prefixes(exp["root"])
+    assert not local_paths([doc, text], prefixes)
+    assert str(exp["root"]) not in (exp["out"] / "experiment.json").read_text()
+
+
+def test_runner_provenance_and_random_init_banner_at_the_top(exp) -> None:
+    top = _md(exp).split("## Main table")[0]
+    assert top.startswith("# Tiny experiment\n")
+    assert f"| plan_hash | {'cd' * 8} |" in top and '| versions | {"spar-bench": "test"} |' in top
+    assert "RANDOM-INIT FEATURES" in top
+    assert _doc(exp)["provenance"] == PROVENANCE
+
+
+def test_same_runs_give_the_same_bytes(exp, tmp_path: Path) -> None:
+    again = write_experiment_report(exp["runs"], tmp_path / "again", title="Tiny experiment", provenance=PROVENANCE)
+    assert again == tmp_path / "again" / "experiment.md"
+    for name in ("experiment.md", "experiment.json", "experiment.png"):
+        assert (tmp_path / "again" / name).read_bytes() == (exp["out"] / name).read_bytes(), name
+
+
+def test_no_runs_is_one_line_config_error(tmp_path: Path) -> None:
+    (tmp_path / "runs" / "empty").mkdir(parents=True)
+    with pytest.raises(ConfigError, match="no metrics.json") as e:
+        write_experiment_report(tmp_path / "runs", tmp_path / "out", title="x")
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_provenance_and_twin_runs_are_config_errors(exp, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="local path"):
+        write_experiment_report(exp["runs"], tmp_path / "a", title="x", provenance={"file": str(tmp_path / "e.yaml")})
+    seed = next(exp["runs"].rglob("level3.symmetry/vqa-loglik/seed0"))
+    runs = tmp_path / "runs"
+    shutil.copytree(seed, runs / "a" / "seed0")
+    shutil.copytree(seed, runs / "b" / "seed0")
+    with pytest.raises(ConfigError, match=r"runs a/seed0 and b/seed0: the same configuration, probe and seed 0"):
+        write_experiment_report(runs, tmp_path / "b", title="x")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_modes_and_weights_digests() -> None:
+    ft = {"training": {"mode": "finetuned", "init_weights": {"kind": "hub", "repo": "org/m", "revision": "abc"}}}
+    assert mode_of(ft, {"command": "finetune"}) == "finetuned"
+    assert mode_of(ft, {}) == "finetuned (frozen head)"  # a head fitted on a cache of the export
+    assert mode_of({"training": None}, {}) == "frozen" and mode_of({"track": "vqa"}, {}) == "MLLM"
+    assert weights_digest({}, ft) == "org/m@abc"
+    assert weights_digest({"weights": {"kind": "file", "name": "w.pth", "sha256": "0123456789abcdef"}}, {}) == \
+        "w.pth sha256:0123456789ab"
+    assert weights_digest({}, {"random_init": True}) == "random-init"
+    assert weights_digest({}, {}) == "not recorded"
