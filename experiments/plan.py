@@ -92,15 +92,16 @@ def flags(program: str, name: str | None, options: dict[str, Any], key: str, exp
     against the command's parameters; a misspelt key is one line naming the file and the key."""
     cmd = command_of(program, name)
     params = {p.name: p for p in cmd.params if getattr(p, "opts", None) and p.opts[0].startswith("--")}
+    spelled = {o[2:].replace("-", "_"): p for p in params.values() for o in p.opts if o.startswith("--")}
     out: list[str] = []
     for k, v in options.items():
         kn = k.replace("-", "_")
-        p = params.get(kn)
+        p = spelled.get(kn) or params.get(kn)
         if p is None and v is False and f"no_{kn}" in params:  # hf: false -> --no-hf
             out.append(params[f"no_{kn}"].opts[0])
             continue
         if p is None:
-            close = difflib.get_close_matches(kn, list(params), n=1)
+            close = difflib.get_close_matches(kn, list(spelled), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             what = f"{program} {name}" if name else program
             raise ConfigError(f"{exp.source}: {key}.{k}: {what} has no option --{kn.replace('_', '-')}{hint}")
