@@ -1,0 +1,171 @@
+"""The experiment files shipped with the package (``spar-bench run demo|paper|recall-vs-computation``):
+each loads and its ``--dry-run`` works without any data or weights on disk; the paper's plan
+is the whole grid; the README's experiment has its builds and transfer evaluations; a bad
+file is one line naming the file, the line and the problem."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from spar_bench.clitools import run_cli
+from spar_bench.experiments import PRESETS, preset_path
+from spar_bench.experiments.cli import cli
+from spar_bench.experiments.config import load_experiment
+from spar_bench.experiments.plan import make_plan
+
+
+class _Result:
+    def __init__(self, exit_code: int, output: str):
+        self.exit_code, self.output = exit_code, output
+
+
+@pytest.fixture
+def run(capsys):
+    """``spar-bench run ARGS`` as the console script runs it (one-line errors, exit codes)."""
+
+    def go(*args: str) -> _Result:
+        capsys.readouterr()
+        code = run_cli(cli, ["run", *args])
+        got = capsys.readouterr()
+        return _Result(code, got.out + got.err)
+
+    return go
+
+
+def _kinds(plan) -> Counter:
+    return Counter(s.id.split(":", 1)[0] for s in plan.steps)
+
+
+def _bare(tmp_path: Path) -> list[str]:
+    """Variables pointing at folders that do not exist: a dry run needs no data or weights."""
+    return ["--set", f"OUT={tmp_path / 'out'}", "--set", f"DATA={tmp_path / 'nodata'}",
+            "--set", f"WEIGHTS={tmp_path / 'noweights'}"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_shipped_preset_loads_and_dry_runs(name, tmp_path, run):
+    assert preset_path(name).is_file()
+    exp = load_experiment(preset_path(name), {"OUT": str(tmp_path / "out")})
+    assert make_plan(exp).steps
+    result = run(name, "--dry-run", "--set", f"OUT={tmp_path / 'out'}")
+    assert result.exit_code == 0, result.output
+    lines = result.output.strip().splitlines()
+    steps = [ln for ln in lines if "\t" in ln]
+    assert steps and all(ln.split("\t")[1] == "todo" for ln in steps)
+    assert lines[-2].startswith("total: ") and lines[-1].startswith("estimated time: ")
+    assert not (tmp_path / "out").exists()  # a dry run writes nothing
+
+
+def test_the_paper_plan_is_the_whole_grid(tmp_path):
+    exp = load_experiment(preset_path("paper"), {"OUT": str(tmp_path / "out")})
+    plan = make_plan(exp)
+    frozen = ["resnet50", "vit-b32", "unified", "rad-dino", "biomedclip", "radimagenet"]
+    foundation = ["rad-dino", "biomedclip", "radimagenet"]
+    assert _kinds(plan) == Counter({"build": 2, "cache": 2 * len(frozen), "heads": len(frozen),
+                                    "finetune": len(foundation), "scratch": 1,
+                                    "eval": len(frozen) + len(foundation) + 1, "vqa": 4, "report": 1})  # fmt: skip
+    ids = {s.id for s in plan.steps}
+    assert {f"cache:{e}@{b}" for e in frozen for b in ("word", "totalsegmentator")} <= ids
+    assert {f"finetune:{e}" for e in foundation} | {"scratch:vit-b32-scratch"} <= ids
+    assert {f"eval:heads:{e}@totalsegmentator" for e in frozen} <= ids
+    assert {f"eval:finetune:{e}@totalsegmentator" for e in foundation} <= ids
+    assert plan.steps[-1].id == "report" and set(plan.steps[-1].needs) >= {
+        s.id for s in plan.steps if s.kind == "vqa"
+    }
+    # 13 configurations read with both heads, 8 probes x 3 seeds each
+    assert exp.seeds == (0, 1, 2) and exp.probes == ("all",)
+    assert all(m.heads == ("mlp", "transformer") for m in exp.modes.values())
+    runs = sum(dict(s.cost)["runs"] for s in plan.steps if s.kind in ("heads", "train"))
+    assert runs == (len(frozen) + len(foundation) + 1) * 2 * 8 * 3
+
+
+def test_the_paper_plan_spells_the_paper_preset_and_pins_every_mllm(tmp_path):
+    plan = make_plan(load_experiment(preset_path("paper"), {"OUT": str(tmp_path / "out")}))
+    for b in ("word", "totalsegmentator"):
+        argv = plan.step(f"build:{b}").commands[-1][1]
+        assert argv[argv.index("--preset") + 1] == "paper"
+    word = plan.step("build:word").commands[-1][1]
+    assert [word[i + 1] for i, a in enumerate(word) if a == "--source"] == ["word", "lits"]
+    heads = plan.step("heads:rad-dino").commands[0][1]
+    assert heads[heads.index("--preset") + 1] == "paper"
+    vqa = [s for s in plan.steps if s.kind == "vqa"]
+    assert len(vqa) == 4
+    for s in vqa:
+        argv = s.commands[0][1]
+        assert argv[argv.index("--model") + 1].startswith("hf:") and "--revision" in argv
+    # weights are local paths from variables, never hub ids
+    exp = plan.experiment
+    assert all(e.revision is None for e in exp.encoders.values())
+    assert exp.encoders["rad-dino"].spec == f"hf:{exp.variables['WEIGHTS']}/rad-dino"
+
+
+def test_the_paper_dry_run_lists_the_grid_with_costs_without_data_or_weights(tmp_path, run):
+    result = run(str(preset_path("paper")), "--dry-run", *_bare(tmp_path))
+    assert result.exit_code == 0, result.output
+    steps = [ln.split("\t") for ln in result.output.splitlines() if "\t" in ln]
+    assert len(steps) == 39 and all(len(cols) == 4 for cols in steps)
+    assert "runs to train" in result.output and "questions to ask" in result.output
+    assert "images to encode" in result.output
+
+
+def test_recall_vs_computation_has_its_builds_training_and_transfer(tmp_path):
+    plan = make_plan(load_experiment(preset_path("recall-vs-computation"), {"OUT": str(tmp_path)}))
+    assert [s.id for s in plan.steps] == ["build:canonical", "build:mirrored", "build:random", "scratch:rn10t",
+                                          "eval:scratch:rn10t@mirrored", "eval:scratch:rn10t@random", "report"]  # fmt: skip
+    phantom = plan.step("build:random").commands[0][1]
+    assert (
+        phantom[phantom.index("--layout") + 1] == "random"
+        and phantom[phantom.index("--intensities") + 1] == "distinct"
+    )
+    train = plan.step("scratch:rn10t").commands[0][1]
+    assert (
+        train[train.index("--init") + 1] == "scratch"
+        and train[train.index("--head") + 1] == "attnpool"
+    )
+    assert train[train.index("--data") + 1] == "{out}/builds/canonical"
+    other = make_plan(
+        load_experiment(
+            preset_path("recall-vs-computation"),
+            {"OUT": str(tmp_path), "TRAIN_ON": "random", "TRANSFER": "[canonical, mirrored]"},
+        )
+    )
+    assert [s.id for s in other.steps if s.kind == "eval"] == ["eval:scratch:rn10t@canonical",
+                                                               "eval:scratch:rn10t@mirrored"]  # fmt: skip
+
+
+def _demo_copy(tmp_path: Path, old: str, new: str) -> tuple[Path, int]:
+    """demo.yaml with ``old`` replaced by ``new``; returns the copy and the 1-based line changed."""
+    text = preset_path("demo").read_text()
+    assert old in text
+    line = text[: text.index(old)].count("\n") + 1
+    path = tmp_path / "demo-copy.yaml"
+    path.write_text(text.replace(old, new, 1))
+    return path, line
+
+
+def test_a_misspelt_key_is_one_line_naming_file_line_and_the_right_key(tmp_path, run):
+    path, line = _demo_copy(
+        tmp_path, "    heads: [mlp, transformer]", "    haeds: [mlp, transformer]"
+    )
+    result = run(str(path), "--dry-run")
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1, result.output
+    assert f"{path}:{line}:" in lines[0] and "modes.frozen.haeds" in lines[0]
+    assert "did you mean 'heads'" in lines[0] and "Traceback" not in result.output
+
+
+def test_an_undefined_variable_is_one_line(tmp_path, monkeypatch, run):
+    monkeypatch.delenv("SPAR_NO_SUCH_VAR", raising=False)
+    path, line = _demo_copy(tmp_path, "out: ${OUT}", "out: ${SPAR_NO_SUCH_VAR}")
+    result = run(str(path), "--dry-run")
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1, result.output
+    assert f"{path}:{line}:" in lines[0] and "${SPAR_NO_SUCH_VAR} is not defined" in lines[0]
+    # the environment defines it
+    monkeypatch.setenv("SPAR_NO_SUCH_VAR", str(tmp_path / "o"))
+    assert run(str(path), "--dry-run").exit_code == 0
