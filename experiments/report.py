@@ -123,9 +123,15 @@ def configuration(r: Run) -> Configuration:
     m, c = r.metrics, r.config
     mode = mode_of(m, c)
     encoder = c.get("model") if mode == "MLLM" else c.get("encoder")
+    options = [str(m["variant"])] if m.get("variant") else []
+    splits = [str(x) for x in m.get("splits") or ["test"]]
+    if splits != ["test"]:  # an MLLM asked other splits: never pooled with test scores
+        options.append("splits=" + "+".join(splits))
+    build = str(c.get("dataset_dir") or c.get("dataset") or "")
+    if c.get("dataset_fingerprint"):  # two builds may share a folder name
+        build += f" ({str(c['dataset_fingerprint'])[:12]})"
     return Configuration(encoder=str(encoder or m["encoder"]), head=str(m["head"]), mode=mode,
-                         options=str(m.get("variant") or ""),
-                         build=str(c.get("dataset_dir") or c.get("dataset") or ""),
+                         options="; ".join(options), build=build,
                          random_init=bool(m.get("random_init")) and mode != "MLLM")  # fmt: skip
 
 
@@ -216,15 +222,9 @@ def transfer_targets(runs: list[Run]) -> dict[str, str]:
 
 
 # --------------------------------------------------------------------------- provenance
-def weights_digest(c: dict, m: dict) -> str:
-    """What the encoder's weights were: file/dir name + sha256 (12 hex), hub repo @ revision,
-    random-init, or an MLLM's identity; ``not recorded`` when the run's config lacks it."""
-    w = c.get("weights") or _get(c, "encoder_config", "weights") or c.get("model_identity")
-    if not isinstance(w, dict):
-        init = _get(m, "training", "init_weights")
-        w = init if isinstance(init, dict) else None
-    if w is None:
-        return "random-init" if m.get("random_init") else "not recorded"
+def describe_weights(w: dict) -> str:
+    """A weights record in a few words: file/dir name + sha256 (12 hex), hub repo @ revision,
+    random-init, or a kind with its plain fields (an MLLM's identity)."""
     kind = str(w.get("kind") or "?")
     if w.get("sha256"):
         return f"{w.get('name') or kind} sha256:{str(w['sha256'])[:12]}"
@@ -233,6 +233,24 @@ def weights_digest(c: dict, m: dict) -> str:
     extra = ",".join(f"{k}={w[k]}" for k in sorted(w) if k not in ("kind", "note") and w[k] is not None
                      and not isinstance(w[k], dict | list))  # fmt: skip
     return kind + (f" ({extra})" if extra else "")
+
+
+def weights_digest(c: dict, m: dict) -> str:
+    """The weights behind a run (config ``c``, metrics ``m``): those recorded in its config
+    (a finetune run's initial weights: ``init ...``; its trained encoder is its own export), an
+    MLLM's identity, for a head on a trained encoder's export how that encoder was trained,
+    else ``random-init`` or ``not recorded``."""
+    w = c.get("weights") or _get(c, "encoder_config", "weights")
+    if isinstance(w, dict):
+        return ("init " if c.get("command") == "finetune" else "") + describe_weights(w)
+    if isinstance(c.get("model_identity"), dict):
+        return describe_weights(c["model_identity"])
+    training = m.get("training")
+    if isinstance(training, dict):
+        init = training.get("init_weights")
+        return f"{training.get('label') or training.get('mode')}" + (
+            f", init {describe_weights(init)}" if isinstance(init, dict) else "")
+    return "random-init" if m.get("random_init") else "not recorded"
 
 
 def _fp(v: Any) -> str | None:
@@ -468,8 +486,16 @@ def header(title: str, provenance: dict | None, doc: dict) -> list[str]:
                         for x in c["runs"]})  # fmt: skip
     lines += [f"{doc['n_runs']} runs, {len(doc['configurations'])} configurations, {len(doc['probes'])} probes; "
               f"protocol (docs/PROTOCOL.md) {', '.join(protocols)}. Rates in %; Level 1 errors in pixels of",
-              "the 224 frame (lower is better).", ""]  # fmt: skip
+              "the 224 frame (lower is better).", "", "Headline metrics: " + "; ".join(
+                  f"{p} {_metric_label(p)}" for p in doc["probes"]) + ".", ""]  # fmt: skip
     return lines
+
+
+def _metric_label(probe: str) -> str:
+    key = get_probe(probe).headline if probe in PROBE_SPECS else ""
+    if key not in METRICS:
+        return "(headline)"
+    return METRICS[key].label + ("" if METRICS[key].higher_is_better else " (lower is better)")
 
 
 def render_markdown(title: str, provenance: dict | None, doc: dict) -> str:
@@ -477,6 +503,25 @@ def render_markdown(title: str, provenance: dict | None, doc: dict) -> str:
     for part in (main_table, controls_table, mirror_table, transfer_tables, mllm_table, provenance_table):
         lines += part(doc)
     return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def _bars(ax, probe: str, rows: list[dict], colors: dict[str, str]) -> None:
+    """One panel: the headline of ``probe`` per configuration (rates in %), mean CI as error bars."""
+    cells = [r["cells"].get(probe) for r in rows]
+    some = next((c for c in cells if c), None)
+    scale = 100.0 if some and some["percent"] else 1.0
+    ys, lo, hi = [], [], []
+    for c in cells:
+        s = (c or {}).get("test") or {}
+        m = s.get("mean")
+        ys.append(np.nan if m is None else scale * m)
+        lo.append(0.0 if m is None or s.get("ci_low") is None else scale * max(m - s["ci_low"], 0.0))
+        hi.append(0.0 if m is None or s.get("ci_high") is None else scale * max(s["ci_high"] - m, 0.0))
+    ax.bar(np.arange(len(rows)), ys, yerr=[lo, hi], color=[colors.get(r["mode"], "gray") for r in rows], capsize=2)
+    ax.set_xticks(np.arange(len(rows)), [str(i + 1) for i in range(len(rows))], fontsize=7)
+    ax.set_title(probe, fontsize=8)
+    if some and some["metric"] in METRICS:
+        ax.set_ylabel(METRICS[some["metric"]].label + (" (%)" if scale == 100.0 else ""), fontsize=7)
 
 
 def plot(doc: dict, path: Path) -> None:
@@ -492,17 +537,7 @@ def plot(doc: dict, path: Path) -> None:
     fig, axes = plt.subplots(nrow, ncol, figsize=(3.2 * ncol, 2.8 * nrow + 1.0), squeeze=False)
     colors = {m: f"C{i}" for i, m in enumerate(MODES)}
     for ax, probe in zip(axes.flat, probes, strict=False):
-        ys, lo, hi, cs = [], [], [], []
-        for r in rows:
-            s = _get(r["cells"].get(probe), "test") or {}
-            m = s.get("mean")
-            ys.append(np.nan if m is None else m)
-            lo.append(0.0 if m is None or s.get("ci_low") is None else max(m - s["ci_low"], 0.0))
-            hi.append(0.0 if m is None or s.get("ci_high") is None else max(s["ci_high"] - m, 0.0))
-            cs.append(colors.get(r["mode"], "gray"))
-        ax.bar(np.arange(len(rows)), ys, yerr=[lo, hi], color=cs, capsize=2)
-        ax.set_xticks(np.arange(len(rows)), [str(i + 1) for i in range(len(rows))], fontsize=7)
-        ax.set_title(probe, fontsize=8)
+        _bars(ax, probe, rows, colors)
     for ax in list(axes.flat)[len(probes):]:
         ax.axis("off")
     legend = "; ".join(f"{i + 1}: {r['encoder']} {r['mode']} {r['head']}" for i, r in enumerate(rows))

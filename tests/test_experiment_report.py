@@ -135,7 +135,7 @@ def test_provenance_names_every_run_relative_to_runs_and_no_local_path(exp) -> N
     assert all(x["build_fingerprint"] and len(x["build_fingerprint"]) == 12 for x in listed)
     weights = {(c["mode"], x["weights"]) for c in doc["configurations"] for cell in c["cells"].values()
                for x in cell["runs"]}  # fmt: skip
-    assert weights == {("frozen", "random-init"), ("scratch", "random-init"), ("MLLM", "dummy (seed=0)")}
+    assert weights == {("frozen", "random-init"), ("scratch", "init random-init"), ("MLLM", "dummy (seed=0)")}
     evals = [e["file"] for x in listed for e in x["evals"]]
     assert len(evals) == 5 and all((runs / f).is_file() for f in evals)
     prov = _section(text, "## Provenance of every cell")
@@ -186,7 +186,8 @@ def test_modes_and_weights_digests() -> None:
     assert mode_of(ft, {"command": "finetune"}) == "finetuned"
     assert mode_of(ft, {}) == "finetuned (frozen head)"  # a head fitted on a cache of the export
     assert mode_of({"training": None}, {}) == "frozen" and mode_of({"track": "vqa"}, {}) == "MLLM"
-    assert weights_digest({}, ft) == "org/m@abc"
+    assert weights_digest({}, ft) == "finetuned, init org/m@abc"
+    assert weights_digest({"command": "finetune", "weights": {"kind": "random-init"}}, {}) == "init random-init"
     assert weights_digest({"weights": {"kind": "file", "name": "w.pth", "sha256": "0123456789abcdef"}}, {}) == \
         "w.pth sha256:0123456789ab"
     assert weights_digest({}, {"random_init": True}) == "random-init"
