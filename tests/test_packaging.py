@@ -106,7 +106,7 @@ def _readme_commands() -> list[str]:
 def test_ci_runs_the_readme_test_command_in_a_fresh_venv() -> None:
     main_job, tests = _readme_commands()
     assert tests.startswith("python3 -m venv .venv && . .venv/bin/activate && ")
-    assert tests.endswith("python -m pytest") and main_job.endswith("bash scripts/main-job.sh")
+    assert tests.endswith("python -m pytest") and main_job.endswith("spar-bench run experiments/demo.yaml")
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()
     assert tests in ci, "'.ci/run' must run README.md's test command as written"
     assert ci.index("rm -rf .venv") < ci.index(tests), "CI's venv must be new, not left over"
