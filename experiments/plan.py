@@ -244,7 +244,7 @@ def heads_step(exp: Experiment, e: str) -> Step:
             *flags("spar-probe", "sweep", m.options, "modes.frozen.options", exp))
     runs = len(m.heads) * len(exp.seeds) * (8 if "all" in exp.probes else len(exp.probes))
     return Step(f"heads:{e}", "heads", (("spar-probe", argv),), (f"cache:{e}@{b}",), (run_folder("frozen", e),),
-                cost=(("runs", float(runs)),), device=True)
+                cost=(("runs", float(runs)), ("run_images", float(runs * estimated_images(exp, b)))), device=True)
 
 
 def train_step(exp: Experiment, mode: str, e: str) -> Step:

@@ -133,3 +133,22 @@ def test_a_changed_option_redoes_that_step_and_what_needs_it(experiment, tmp_pat
     assert state["heads:r10"] == state["heads:tiny"] == "changed"
     assert state["eval:heads:r10@moved"] == state["report"] == "changed"
     assert state["build:train"] == state["cache:r10@train"] == state["finetune:tiny"] == "done"
+
+
+def test_steps_run_side_by_side_on_several_devices(tmp_path):
+    """--devices cpu,cpu: two builds at once, then the MLLM on each, then the report."""
+    path = tmp_path / "two.yaml"
+    path.write_text(f"""
+experiment: two
+out: {tmp_path / 'out'}
+builds:
+  a: {{phantom: {{n: 4}}, options: {{samples_per_case: 1, hf: false, levels: level3}}}}
+  b: {{phantom: {{n: 4, seed: 2}}, options: {{samples_per_case: 1, hf: false, levels: level3}}}}
+mllms:
+  dummy: {{model: dummy, builds: [a, b], options: {{bootstrap: 10, probe: relative_position}}}}
+""")
+    done = subprocess.run(_cmd(str(path), "--devices", "cpu,cpu"), env=_env(), capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(_finished(tmp_path / "out")) == ["build:a", "build:b", "report", "vqa:dummy@a", "vqa:dummy@b"]
+    assert (tmp_path / "out" / "report" / "report.md").is_file()
