@@ -162,7 +162,7 @@ def measure_encoder(name: str, a, data: Path, levels: list[str], device, compute
     times: throughputs are the best of each, the ratio the median of the paired ratios (robust
     on a shared, noisy machine); start-up is the time to the first flushed batch."""
     from spar_bench.builder.shards import Build
-    from spar_bench.probes.cache import write_cache
+    from spar_bench.probes.cache import CacheOptions, write_cache
     from spar_bench.probes.encoders import load_encoder
     from spar_bench.probes.finetune.run import published_encoder
 
@@ -178,9 +178,10 @@ def measure_encoder(name: str, a, data: Path, levels: list[str], device, compute
         bares.append(bare_throughput(enc, device, compute, a.batch, a.iters))
         first: list[float] = []
         t0 = time.perf_counter()
-        write_cache(name, data, out, encoder_obj=enc, levels=levels, device=str(device),
-                    batch=a.batch, dtype=a.dtype, compute=compute, workers=a.workers,
-                    progress=False, overwrite=True,
+        write_cache(name, data, out, CacheOptions(levels=levels, device=str(device), batch_size=a.batch,
+                                                  dtype=a.dtype, compute=compute, loader_workers=a.workers,
+                                                  overwrite=True),
+                    encoder_obj=enc, progress=False,
                     on_batch=lambda *_, f=first: f or f.append(time.perf_counter()))
         total = time.perf_counter() - t0
         e2es.append(n_rows / total)

@@ -76,12 +76,13 @@ def headline_scores(runs: Path) -> dict[str, list[float]]:
 
 
 def measure(args, data: Path, tmp: Path, name: str) -> dict:
-    from spar_bench.probes.cache import write_cache
+    from spar_bench.probes.cache import CacheOptions, write_cache
 
     cache = tmp / f"{name.replace(':', '-').replace('+', '_')}.h5"
     t0 = time.perf_counter()
-    write_cache(args.encoder, data, cache, weights=args.weights, random_init=args.weights is None,
-                device=args.device, batch=args.batch, progress=False, token_storage=parse_storage(name))
+    write_cache(args.encoder, data, cache, CacheOptions(weights=args.weights, random_init=args.weights is None,
+                                                       device=args.device, batch_size=args.batch,
+                                                       token_storage=parse_storage(name)), progress=False)
     seconds = time.perf_counter() - t0
     runs = tmp / f"runs-{cache.stem}"
     subprocess.run(["spar-probe", "sweep", "--features", str(cache), "--data", str(data), "--out", str(runs),

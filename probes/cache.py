@@ -1,8 +1,8 @@
 """``spar-probe cache``: encode every image of a build once and store its tokens (docs/FORMATS.md).
 
->>> from spar_bench.probes.cache import write_cache
->>> write_cache("timm:resnet50", "shards/", "cache/resnet50.h5", weights="r50.safetensors",
-...             layers=[-1, -4], dtype="fp16")
+>>> from spar_bench.probes.cache import CacheOptions, write_cache
+>>> write_cache("timm:resnet50", "shards/", "cache/resnet50.h5",
+...             CacheOptions(weights="r50.safetensors", layers=(-1, -4), dtype="fp16"))
 
 The cache is resumable: ``done`` marks the rows written, flushed after every batch. Rerun the
 same command after an interruption and it continues where it stopped; other arguments on an
@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -316,10 +317,7 @@ def _size(n: int) -> str:
     return f"{n} bytes"
 
 
-def _encode_items(f, build, items: list[Item], enc, layers: list[int], *, dev, comp: str, dtype: str,
-                  workers: int, where: str, desc: str, progress: bool,
-                  on_batch: Callable[[str, str, int, int], None] | None, tile_encoding: str = "mosaic",
-                  reduce: Reducer | None = None) -> None:
+def _encode_items(f, job: _Job, items: list[Item], reduce: Reducer) -> None:
     """Encode ``items`` and store them, reads, compute and writes overlapping.
 
     One DataLoader (one set of reader workers) serves every level and split; one writer
@@ -331,20 +329,21 @@ def _encode_items(f, build, items: list[Item], enc, layers: list[int], *, dev, c
 
     from spar_bench.procs import init_loader_worker
 
-    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(comp)
+    dev, workers = job.dev, job.workers
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(job.comp)
     loader = torch.utils.data.DataLoader(
-        _Batches(build, items), batch_size=None, shuffle=False, num_workers=workers,
+        _Batches(job.build, items), batch_size=None, shuffle=False, num_workers=workers,
         pin_memory=dev.type == "cuda", prefetch_factor=4 if workers else None,
         worker_init_fn=init_loader_worker,
     )
 
     def store(item: Item, res: dict) -> None:
-        _store_batch(f, item, res, dtype=dtype, where=where)
-        if on_batch is not None:
-            on_batch(*item)
+        _store_batch(f, item, res, dtype=job.dtype, where=job.where)
+        if job.on_batch is not None:
+            job.on_batch(*item)
 
-    bar = tqdm(total=sum(hi - lo for _, _, lo, hi in items), desc=desc, unit="img",
-               disable=not progress, dynamic_ncols=True)
+    bar = tqdm(total=sum(hi - lo for _, _, lo, hi in items), desc=job.desc, unit="img",
+               disable=not job.progress, dynamic_ncols=True)
     t0, seen, pending = time.perf_counter(), 0, deque()
     with ThreadPoolExecutor(max_workers=1) as writer:
         try:
@@ -353,10 +352,11 @@ def _encode_items(f, build, items: list[Item], enc, layers: list[int], *, dev, c
                     pending.popleft().result()
                 item = items[int(i)]
                 with torch.autocast(dev.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
-                    res = _encode(enc, item[0], images.to(dev, non_blocking=True), layers, tile_encoding)
-                res = (reduce or Reducer.identity())(item[0], res)
+                    res = _encode(job.enc, item[0], images.to(dev, non_blocking=True), job.layers,
+                                  job.tile_encoding)
+                res = reduce(item[0], res)
                 if not seen:
-                    check_space(Path(f.filename), res, item, sum(hi - lo for _, _, lo, hi in items), dtype)
+                    check_space(Path(f.filename), res, item, sum(hi - lo for _, _, lo, hi in items), job.dtype)
                 pending.append(writer.submit(store, item, res))
                 while len(pending) > 2:
                     pending.popleft().result()
@@ -382,100 +382,173 @@ def _encode(enc, level: str, images, layers: list[int], tile_encoding: str) -> d
     return enc(images, layers)
 
 
+@dataclass(frozen=True)
+class CacheOptions:
+    """What a user chooses for one cache: ``spar-probe cache``'s options, checked on construction
+    (the one-line ConfigErrors of :func:`_check_options`, ``--tile-encoding`` and ``--layers``).
+
+    ``levels``/``splits``: None (or empty) for all of the build's. ``layers``: ints or the CLI's
+    ``"-1,-4"`` (kept as a tuple of ints). ``loader_workers``: DataLoader workers (None: 2 on
+    CUDA, 0 on the CPU). ``token_storage``: the reductions of the stored tokens
+    (:mod:`.token_storage`; None: full tokens). ``tile_encoding``: :data:`TILE_ENCODINGS`.
+
+    ``weights``, ``random_init`` and ``revision`` are how :func:`~.encoders.load_encoder` loads
+    the encoder (unused when the caller passes an ``encoder_obj``). They stay here rather than in
+    a record of their own: they are chosen on the same command line as the rest, what they
+    loaded is recorded through the encoder's spec (not as options), and a second record would be
+    one more parameter of :func:`write_cache` for three fields.
+    """
+
+    levels: Sequence[str] | None = None
+    splits: Sequence[str] | None = None
+    layers: tuple[int, ...] | Sequence[int] | str = (-1,)  # a tuple of ints once constructed
+    device: str = "auto"
+    batch_size: int = 64
+    dtype: str = "fp16"
+    compute: str = "auto"
+    loader_workers: int | None = None
+    tile_encoding: str = "mosaic"
+    token_storage: TokenStorage | None = None
+    overwrite: bool = False
+    weights: str | None = None
+    random_init: bool = False
+    revision: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_options(self.dtype, self.batch_size, self.loader_workers)
+        if self.tile_encoding not in TILE_ENCODINGS:
+            raise ConfigError(f"--tile-encoding must be one of {', '.join(TILE_ENCODINGS)}; "
+                              f"got {self.tile_encoding!r}")
+        object.__setattr__(self, "layers", tuple(parse_layers(self.layers)))
+        for name in ("levels", "splits"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, tuple(getattr(self, name)))
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One process's resolved cache run, what every stage reads: the build and its plan, the
+    encoder on its device, the checked layers, the compute precision, the DataLoader workers,
+    the file this process writes (``target``: a part under torchrun) and how it reports."""
+
+    build: Any
+    plan: list[tuple[str, str]]
+    enc: Any
+    layers: list[int]
+    dev: Any  # torch.device
+    precision: Precision
+    dtype: str
+    workers: int
+    batch: int
+    tile_encoding: str
+    storage: TokenStorage
+    ranks: Ranks
+    target: Path
+    progress: bool = True
+    on_batch: Callable[[str, str, int, int], None] | None = None
+
+    @property
+    def comp(self) -> str:
+        return self.precision.dtype
+
+    @property
+    def where(self) -> str:
+        return f"{self.target}: {self.enc.spec.name}"
+
+    @property
+    def desc(self) -> str:
+        return self.enc.spec.name
+
+    def cache_args(self) -> dict[str, Any]:
+        """The recorded ``cache_args``: what a resumed run must match."""
+        spec = self.enc.spec
+        args = {
+            "encoder": spec.name, "encoder_config": spec.to_dict(), "layers": self.layers,
+            "dtype": self.dtype, "compute_dtype": self.comp, "dataset_fingerprint": self.build.fingerprint,
+            "plan": [list(p) for p in self.plan],
+        }
+        if self.tile_encoding == "per-tile":  # recorded only when asked: older mosaic caches still resume
+            args["tile_encoding"] = self.tile_encoding
+        if not self.storage.identity:  # likewise: full-token caches keep their arguments
+            args["token_storage"] = self.storage.to_dict()
+        return args
+
+
 def write_cache(
     encoder: str,
     data: str | Path,
     out: str | Path,
+    options: CacheOptions | None = None,
     *,
-    weights: str | None = None,
-    random_init: bool = False,
-    revision: str | None = None,
-    levels: Sequence[str] | None = None,
-    splits: Sequence[str] | None = None,
-    layers: Sequence[int] | str = (-1,),
-    device: str = "auto",
-    batch: int = 64,
-    dtype: str = "fp16",
-    compute: str = "auto",
-    workers: int | None = None,
-    overwrite: bool = False,
     progress: bool = True,
     encoder_obj: Any = None,
     on_batch: Callable[[str, str, int, int], None] | None = None,
-    tile_encoding: str = "mosaic",
-    token_storage: TokenStorage | None = None,
 ) -> Path:
     """Write (or resume) the feature cache of ``encoder`` over the build ``data`` at ``out``.
 
-    ``encoder_obj`` lets a caller pass an already-built :class:`spar_bench.probes.encoders.base.Encoder`
-    (its spec is what gets recorded). ``on_batch(level, split, lo, hi)`` is called after each
-    batch is flushed. ``tile_encoding``: :data:`TILE_ENCODINGS` (docs/FORMATS.md).
-    ``token_storage``: the reductions of the stored tokens (:mod:`.token_storage`; none by
-    default). Returns ``out``.
+    ``options``: :class:`CacheOptions` (default: all of them at their defaults). ``encoder_obj``
+    lets a caller pass an already-built :class:`spar_bench.probes.encoders.base.Encoder` (its
+    spec is what gets recorded). ``on_batch(level, split, lo, hi)`` is called after each batch
+    is flushed. Returns ``out``.
     """
-    from spar_bench.builder.shards import Build
     from spar_bench.locks import output_lock
     from spar_bench.outputs import check_target, claim, disk_full_is_an_error, remove
 
-    from .encoders import check_encoder_name, load_encoder
+    from .encoders import check_encoder_name
 
+    opts = options if options is not None else CacheOptions()
     if encoder_obj is None:
         check_encoder_name(encoder)  # names first: a typo is named before any file is read
     out = Path(out)
     check_target(out, inputs=[data], folder=False)  # before any work
-    if overwrite and out.exists():
+    if opts.overwrite and out.exists():
         claim(out, overwrite=True, owned=owned_cache, what="feature cache")
-    _check_options(dtype, batch, workers)
-    if tile_encoding not in TILE_ENCODINGS:
-        raise ConfigError(f"--tile-encoding must be one of {', '.join(TILE_ENCODINGS)}; got {tile_encoding!r}")
-    layers = parse_layers(layers)
-    build = Build(data)
-    plan = _plan(build, data, levels, splits)
-
-    enc = encoder_obj if encoder_obj is not None else load_encoder(
-        encoder, weights=weights, random_init=random_init, revision=revision)
-    layers = enc.check_layers(layers)
-    ranks = Ranks.from_env()
-    if ranks.distributed and token_storage is not None and token_storage.proj is not None:
-        raise ConfigError("--token-proj is not supported under torchrun yet (each rank would fit its own "
-                          "map); make the cache in one process, or use --token-grid/--token-int8")
-    dev, workers = _place(enc, device, ranks, workers)
-    target = part_path(out, ranks) if ranks.distributed else out  # the file this process writes
-    # a resumed file keeps its precision; --overwrite starts over, so it chooses afresh
-    precision = (not overwrite and _resumed_precision(target, compute)) or pick_compute(compute, dev)
-    comp = precision.dtype
-    spec = enc.spec
-    args = {
-        "encoder": spec.name, "encoder_config": spec.to_dict(), "layers": layers,
-        "dtype": dtype, "compute_dtype": comp, "dataset_fingerprint": build.fingerprint,
-        "plan": [list(p) for p in plan],
-    }
-    if tile_encoding == "per-tile":  # recorded only when asked: older mosaic caches still resume
-        args["tile_encoding"] = tile_encoding
-    storage = token_storage or TokenStorage()
-    storage.check_encoder(spec.n_prefix, spec.grid, spec.dim or 0, f"{out}: {spec.name}")
-    if not storage.identity:  # likewise: full-token caches keep their arguments
-        args["token_storage"] = storage.to_dict()
-    with disk_full_is_an_error(target, rerun="rerun the same command (it resumes)"), \
-            output_lock(target, what="feature cache (spar-probe cache)"):
-        if overwrite and claim(out, overwrite=True, owned=owned_cache, what="feature cache"):
+    job = _start(encoder, data, out, opts, encoder_obj, progress, on_batch)
+    with disk_full_is_an_error(job.target, rerun="rerun the same command (it resumes)"), \
+            output_lock(job.target, what="feature cache (spar-probe cache)"):
+        if opts.overwrite and claim(out, overwrite=True, owned=owned_cache, what="feature cache"):
             remove(out)  # checked again under the lock: another writer may have changed it
         out.parent.mkdir(parents=True, exist_ok=True)
-        _write_locked(out, target, build, plan, enc, args, batch, ranks, precision, data, dict(
-            layers=layers, dev=dev, comp=comp, dtype=dtype, workers=workers,
-            where=f"{target}: {spec.name}", desc=spec.name, progress=progress, on_batch=on_batch,
-            tile_encoding=tile_encoding, storage=storage))
+        _write_locked(out, job, data)
     return out
 
 
-def _check_options(dtype: str, batch: int, workers: int | None) -> None:
-    """One-line errors for ``--dtype``, ``--batch`` and ``--workers``, before any work."""
+def _start(encoder: str, data: str | Path, out: Path, opts: CacheOptions, encoder_obj: Any,
+           progress: bool, on_batch: Callable[[str, str, int, int], None] | None) -> _Job:
+    """The build, its plan and the encoder on its device: the run resolved, before any write."""
+    from spar_bench.builder.shards import Build
+
+    from .encoders import load_encoder
+
+    build = Build(data)
+    plan = _plan(build, data, opts.levels, opts.splits)
+    enc = encoder_obj if encoder_obj is not None else load_encoder(
+        encoder, weights=opts.weights, random_init=opts.random_init, revision=opts.revision)
+    layers = enc.check_layers(list(opts.layers))
+    ranks = Ranks.from_env()
+    storage = opts.token_storage or TokenStorage()
+    if ranks.distributed and storage.proj is not None:
+        raise ConfigError("--token-proj is not supported under torchrun yet (each rank would fit its own "
+                          "map); make the cache in one process, or use --token-grid/--token-int8")
+    dev, workers = _place(enc, opts.device, ranks, opts.loader_workers)
+    target = part_path(out, ranks) if ranks.distributed else out  # the file this process writes
+    # a resumed file keeps its precision; --overwrite starts over, so it chooses afresh
+    precision = (not opts.overwrite and _resumed_precision(target, opts.compute)) or pick_compute(opts.compute, dev)
+    spec = enc.spec
+    storage.check_encoder(spec.n_prefix, spec.grid, spec.dim or 0, f"{out}: {spec.name}")
+    return _Job(build=build, plan=plan, enc=enc, layers=layers, dev=dev, precision=precision,
+                dtype=opts.dtype, workers=workers, batch=opts.batch_size, tile_encoding=opts.tile_encoding,
+                storage=storage, ranks=ranks, target=target, progress=progress, on_batch=on_batch)
+
+
+def _check_options(dtype: str, batch_size: int, loader_workers: int | None) -> None:
+    """One-line errors for ``--dtype``, ``--batch-size`` and ``--loader-workers``, before any work."""
     if dtype not in STORAGE_DTYPES:
         raise ConfigError(f"--dtype must be fp16 or fp32; got {dtype!r}")
-    if batch < 1:
-        raise ConfigError(f"--batch must be >= 1; got {batch}")
-    if workers is not None and workers < 0:
-        raise ConfigError(f"--workers must be >= 0 (0 reads shards in the main process); got {workers}")
+    if batch_size < 1:
+        raise ConfigError(f"--batch-size must be >= 1; got {batch_size}")
+    if loader_workers is not None and loader_workers < 0:
+        raise ConfigError(f"--loader-workers must be >= 0 (0 reads shards in the main process); got {loader_workers}")
 
 
 def _place(enc, device: str, ranks: Ranks, workers: int | None):
@@ -493,24 +566,30 @@ def _place(enc, device: str, ranks: Ranks, workers: int | None):
     return dev, (2 if dev.type == "cuda" else 0) if workers is None else workers
 
 
-def _write_locked(out: Path, target: Path, build, plan, enc, args: dict, batch: int, ranks: Ranks,
-                  precision, data, fill: dict[str, Any]) -> None:
-    """Fill ``target`` (this process's file) and, under torchrun, merge the parts into ``out``."""
-    spec, comp, dtype, layers = enc.spec, fill["comp"], fill["dtype"], fill["layers"]
+def _meta(job: _Job, args: dict[str, Any], dataset_dir: str) -> dict[str, Any]:
+    """The cache file's attributes, written once when it is created (docs/FORMATS.md)."""
+    spec = job.enc.spec
     meta = {
         "schema_version": CACHE_SCHEMA, "encoder": spec.name,
         "encoder_config": dict(spec.to_dict(), preprocessing=spec.preprocessing()),
-        "weights": spec.weights, "random_init": bool(spec.random_init), "dtype": dtype,
-        "compute_dtype": comp, "compute_reason": precision.reason, "versions": package_versions(CACHE_PACKAGES),
-        "dataset_fingerprint": build.fingerprint, "dataset_dir": _relative_dir(data, out),
-        "layers": layers, "cache_args": json.dumps(args, sort_keys=True), "complete": False,
-        "tile_encoding": fill["tile_encoding"], "token_storage": fill["storage"].to_dict(),
+        "weights": spec.weights, "random_init": bool(spec.random_init), "dtype": job.dtype,
+        "compute_dtype": job.comp, "compute_reason": job.precision.reason,
+        "versions": package_versions(CACHE_PACKAGES),
+        "dataset_fingerprint": job.build.fingerprint, "dataset_dir": dataset_dir,
+        "layers": job.layers, "cache_args": json.dumps(args, sort_keys=True), "complete": False,
+        "tile_encoding": job.tile_encoding, "token_storage": job.storage.to_dict(),
     }
-    if fill["tile_encoding"] == "per-tile":
+    if job.tile_encoding == "per-tile":
         meta["tile_layout"] = tile_layout(spec)
+    return meta
+
+
+def _write_locked(out: Path, job: _Job, data: str | Path) -> None:
+    """Fill ``job.target`` (this process's file) and, under torchrun, merge the parts into ``out``."""
+    args, ranks = job.cache_args(), job.ranks
     if ranks.distributed and _is_complete(out, args):
         return  # every rank sees the same finished file
-    _fill(target, build, plan, enc, args, meta, batch, ranks, fill)
+    _fill(job, args, _meta(job, args, _relative_dir(data, out)))
     if ranks.distributed:
         barrier(ranks, DIST_TIMEOUT_S)
         if ranks.rank == 0:
@@ -542,27 +621,25 @@ def _open_cache(target: Path) -> Iterator[Any]:
         ) from None
 
 
-def _fill(target: Path, build, plan, enc, args: dict, meta: dict, batch: int, ranks: Ranks,
-          fill: dict[str, Any]) -> None:
-    """Open (or resume) ``target``, encode this process's pending batches, mark it finished."""
+def _fill(job: _Job, args: dict[str, Any], meta: dict[str, Any]) -> None:
+    """Open (or resume) ``job.target``, encode this process's pending batches, mark it finished."""
+    target = job.target
     with _open_cache(target) as f:
         resumed = _check_args(f, target, args)
         if resumed and (f.attrs.get("complete") or f.attrs.get("part_complete")):
-            if fill["progress"]:
+            if job.progress:
                 click.echo(f"{target}: already complete", err=True)
             return
         if not resumed:
             for k, v in meta.items():
                 f.attrs[k] = _attr(v)
-        items = _pending_items(f, build, plan, batch, ranks)
+        items = _pending_items(f, job.build, job.plan, job.batch, job.ranks)
         if items:
-            storage = fill["storage"]
-            reducer = _reducer(enc, storage, fill["tile_encoding"])
-            if storage.proj is not None:
-                reducer.projections = _projections(f, build, plan, enc, reducer, batch, fill)
-            _encode_items(f, build, items, enc, reduce=reducer,
-                          **{k: v for k, v in fill.items() if k != "storage"})
-        _finish(f, target, plan, batch, ranks)
+            reducer = _reducer(job.enc, job.storage, job.tile_encoding)
+            if job.storage.proj is not None:
+                reducer.projections = _projections(f, job, reducer)
+            _encode_items(f, job, items, reducer)
+        _finish(f, target, job.plan, job.batch, job.ranks)
 
 
 def _reducer(enc, storage: TokenStorage, tile_encoding: str) -> Reducer:
@@ -576,22 +653,23 @@ def _reducer(enc, storage: TokenStorage, tile_encoding: str) -> Reducer:
 PCA_FIT_IMAGES = 512
 
 
-def _projections(f, build, plan, enc, reducer: Reducer, batch: int, fill: dict) -> dict[int, Projection]:
+def _projections(f, job: _Job, reducer: Reducer) -> dict[int, Projection]:
     """``{layer: Projection}``: read from the file when a run already fitted them, else fitted
     (PCA: on training images only; random: from the encoder's name and the layer) and stored
     under ``/token_projection/layer<L>`` before the first token is written."""
     if "token_projection" in f:
         g = f["token_projection"]
-        return {v: Projection(g[f"layer{v}/mean"][()], g[f"layer{v}/components"][()]) for v in fill["layers"]}
+        return {v: Projection(g[f"layer{v}/mean"][()], g[f"layer{v}/components"][()]) for v in job.layers}
     storage, k = reducer.storage, reducer.storage.proj_dim
     if storage.proj_kind == "random":
         from spar_bench.seeding import derive_seed
 
-        dims = {v: _layer_dim(enc, v, fill["dev"]) for v in fill["layers"]}
-        fitted = {v: Projection(*random_projection(dims[v], k, derive_seed(0, "token-projection", enc.spec.name, v)))
-                  for v in fill["layers"]}
+        dims = {v: _layer_dim(job.enc, v, job.dev) for v in job.layers}
+        name = job.enc.spec.name
+        fitted = {v: Projection(*random_projection(dims[v], k, derive_seed(0, "token-projection", name, v)))
+                  for v in job.layers}
     else:
-        fitted = _fit_pca(build, plan, enc, reducer, batch, fill)
+        fitted = _fit_pca(job, reducer)
     for v, proj in fitted.items():
         if proj.components.shape[1] != k:
             raise ConfigError(f"{f.filename}: --token-proj {storage.proj}: layer {v} has only "
@@ -614,22 +692,23 @@ def _layer_dim(enc, layer: int, dev) -> int:
     return int(toks.shape[-1])
 
 
-def _fit_pca(build, plan, enc, reducer: Reducer, batch: int, fill: dict) -> dict[int, Projection]:
+def _fit_pca(job: _Job, reducer: Reducer) -> dict[int, Projection]:
     """PCA of grid-pooled tokens of about :data:`PCA_FIT_IMAGES` training images per layer."""
     import torch
 
-    train = [(lv, sp) for lv, sp in plan if sp == "train"]
+    build, dev = job.build, job.dev
+    train = [(lv, sp) for lv, sp in job.plan if sp == "train"]
     if not train:
         raise ConfigError("--token-proj pca: the cache's plan has no train split to fit it on; "
                           "add the train split (--splits) or use random:K")
-    items = _sample_blocks(build, train, batch, PCA_FIT_IMAGES // len(train))
-    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(fill["comp"])
-    moments: dict[int, Moments] = {v: Moments() for v in fill["layers"]}
+    items = _sample_blocks(build, train, job.batch, PCA_FIT_IMAGES // len(train))
+    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(job.comp)
+    moments: dict[int, Moments] = {v: Moments() for v in job.layers}
     for lv, sp, lo, hi in items:
         _, images = next(build.iter_images(lv, sp, hi - lo, start=lo))
-        with torch.no_grad(), torch.autocast(fill["dev"].type, dtype=amp or torch.float32, enabled=amp is not None):
-            res = _encode(enc, lv, torch.from_numpy(np.ascontiguousarray(images)).to(fill["dev"]),
-                          fill["layers"], fill["tile_encoding"])
+        with torch.no_grad(), torch.autocast(dev.type, dtype=amp or torch.float32, enabled=amp is not None):
+            res = _encode(job.enc, lv, torch.from_numpy(np.ascontiguousarray(images)).to(dev),
+                          job.layers, job.tile_encoding)
         for v, (toks, _) in res.items():
             moments[v].update(reducer.pool(lv, toks))
     return {v: m.pca(reducer.storage.proj_dim) for v, m in moments.items()}

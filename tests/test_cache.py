@@ -14,7 +14,7 @@ from spar_bench.builder.shards import Build
 from spar_bench.builder.writers.hdf5 import ShardSink
 from spar_bench.builder.writers.manifest import write_manifest
 from spar_bench.errors import ConfigError, IntegrityError
-from spar_bench.probes.cache import write_cache
+from spar_bench.probes.cache import CacheOptions, write_cache
 from spar_bench.probes.encoders import load_encoder
 from spar_bench.probes.features import FeatureCache
 
@@ -55,7 +55,12 @@ def models(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("models")
 
 
-EXACT = dict(dtype="fp32", compute="fp32", batch=4, progress=False, device="cpu")
+EXACT = dict(dtype="fp32", compute="fp32", batch_size=4, device="cpu")
+
+
+def exact(**kw) -> CacheOptions:
+    """The exact (fp32) CPU options of these tests, with ``kw`` on top."""
+    return CacheOptions(**dict(EXACT, **kw))
 
 
 @pytest.mark.parametrize("family", list(MAKERS))
@@ -67,7 +72,7 @@ def test_cache_is_aligned_with_shards(family: str, build: Path, models: Path, tm
     name, kw = MAKERS[family](sub)
     enc = load_encoder(name, **kw)
     layers = [-1] if family == "open_clip" else [-1, -2]
-    out = write_cache(name, build, tmp_path / "c.h5", layers=layers, encoder_obj=enc, **EXACT)
+    out = write_cache(name, build, tmp_path / "c.h5", exact(layers=layers), encoder_obj=enc, progress=False)
     b = Build(build)
     with FeatureCache(out) as fc:
         fc.check_matches(b)
@@ -94,7 +99,7 @@ def test_cache_is_aligned_with_shards(family: str, build: Path, models: Path, tm
 
 
 def test_resume_after_interruption_is_identical(build: Path, tmp_path: Path) -> None:
-    full = write_cache("dummy", build, tmp_path / "full.h5", layers="-1,-2", **EXACT)
+    full = write_cache("dummy", build, tmp_path / "full.h5", exact(layers="-1,-2"), progress=False)
 
     class Stop(Exception):
         pass
@@ -108,7 +113,7 @@ def test_resume_after_interruption_is_identical(build: Path, tmp_path: Path) -> 
 
     part = tmp_path / "part.h5"
     with pytest.raises(Stop):
-        write_cache("dummy", build, part, layers="-1,-2", on_batch=stop_after_two, **EXACT)
+        write_cache("dummy", build, part, exact(layers="-1,-2"), progress=False, on_batch=stop_after_two)
     with pytest.raises(IntegrityError, match="incomplete.*rerun"):
         FeatureCache(part)
     b = Build(build)
@@ -122,10 +127,10 @@ def test_resume_after_interruption_is_identical(build: Path, tmp_path: Path) -> 
     first_todo = next((lv, sp, int(np.flatnonzero(~d)[0])) for (lv, sp), d in done.items() if not d.all())
     assert first_todo != (*plan[0], 0)
     with pytest.raises(ConfigError, match="differs in: dtype"):
-        write_cache("dummy", build, part, layers="-1,-2", **dict(EXACT, dtype="fp16"))
+        write_cache("dummy", build, part, exact(layers="-1,-2", dtype="fp16"), progress=False)
     resumed = []
-    write_cache("dummy", build, part, layers="-1,-2",
-                on_batch=lambda lv, sp, lo, hi: resumed.append((lv, sp, lo)), **EXACT)
+    write_cache("dummy", build, part, exact(layers="-1,-2"), progress=False,
+                on_batch=lambda lv, sp, lo, hi: resumed.append((lv, sp, lo)))
     assert resumed[0] == first_todo  # continued, not restarted
     with FeatureCache(full) as a, FeatureCache(part) as b:
         for level in a.levels():
@@ -135,15 +140,15 @@ def test_resume_after_interruption_is_identical(build: Path, tmp_path: Path) -> 
                     np.testing.assert_array_equal(a.tokens(level, split, v), b.tokens(level, split, v))
                     np.testing.assert_array_equal(a.pooled(level, split, v), b.pooled(level, split, v))
     # a complete cache with the same arguments is left alone; other arguments are refused
-    write_cache("dummy", build, part, layers="-1,-2", **EXACT)
+    write_cache("dummy", build, part, exact(layers="-1,-2"), progress=False)
     with pytest.raises(ConfigError, match="complete cache made with other arguments.*layers"):
-        write_cache("dummy", build, part, layers="-1", **EXACT)
-    write_cache("dummy", build, part, layers="-1", overwrite=True, **EXACT)
+        write_cache("dummy", build, part, exact(layers="-1"), progress=False)
+    write_cache("dummy", build, part, exact(layers="-1", overwrite=True), progress=False)
     assert FeatureCache(part).layers() == [-1]
 
 
 def test_other_shards_are_rejected(build: Path, tmp_path: Path) -> None:
-    out = write_cache("dummy", build, tmp_path / "c.h5", **EXACT)
+    out = write_cache("dummy", build, tmp_path / "c.h5", exact(), progress=False)
     other = make_build(tmp_path / "other", seed=1)
     with pytest.raises(ConfigError) as e:
         FeatureCache(out).check_matches(Build(other))
@@ -162,7 +167,7 @@ def test_dataset_dir_is_relative_or_empty_never_a_local_path(build: Path, tmp_pa
     assert _relative_dir(proj / "shards", proj / "cache" / "c.h5") == "../shards"
     assert _relative_dir(proj / "shards", proj / "c.h5") == "shards"
     assert _relative_dir(build, tmp_path / "a" / "b" / "c.h5") == ""
-    out = write_cache("dummy", build, tmp_path / "a" / "b" / "c.h5", levels=["level1"], **EXACT)
+    out = write_cache("dummy", build, tmp_path / "a" / "b" / "c.h5", exact(levels=["level1"]), progress=False)
     cache = open_cache(out)
     assert cache.meta["dataset_dir"] == ""
     with pytest.raises(ConfigError, match="pass --data"):
@@ -171,9 +176,9 @@ def test_dataset_dir_is_relative_or_empty_never_a_local_path(build: Path, tmp_pa
 
 
 def test_fp16_storage_is_close_to_fp32(build: Path, tmp_path: Path) -> None:
-    a = write_cache("dummy", build, tmp_path / "32.h5", **EXACT)
+    a = write_cache("dummy", build, tmp_path / "32.h5", exact(), progress=False)
     # fp16 storage, and shards read by a DataLoader worker process: same rows, same order
-    b = write_cache("dummy", build, tmp_path / "16.h5", workers=1, **dict(EXACT, dtype="fp16"))
+    b = write_cache("dummy", build, tmp_path / "16.h5", exact(loader_workers=1, dtype="fp16"), progress=False)
     with FeatureCache(a) as fa, FeatureCache(b) as fb:
         x, y = fa.pooled("level1", "train"), fb.pooled("level1", "train")
         assert fb.tokens("level1", "train").dtype == np.float16
@@ -188,7 +193,7 @@ def test_auto_compute_follows_the_cpu_and_is_recorded(build: Path, tmp_path: Pat
 
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native, raising=False)
-    out = write_cache("dummy", build, tmp_path / "auto.h5", **dict(EXACT, compute="auto"))
+    out = write_cache("dummy", build, tmp_path / "auto.h5", exact(compute="auto"), progress=False)
     want = "bf16" if native else "fp32"
     with FeatureCache(out) as fc:
         assert fc.meta["compute_dtype"] == want
@@ -209,7 +214,7 @@ def _interrupted_bf16_cache(build: Path, out: Path, monkeypatch) -> None:
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        write_cache("dummy", build, out, on_batch=stop, **dict(EXACT, compute="auto"))
+        write_cache("dummy", build, out, exact(compute="auto"), progress=False, on_batch=stop)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
 
 
@@ -219,7 +224,7 @@ def test_auto_compute_resumes_with_the_recorded_choice(build: Path, tmp_path: Pa
 
     out = tmp_path / "r.h5"
     _interrupted_bf16_cache(build, out, monkeypatch)
-    write_cache("dummy", build, out, **dict(EXACT, compute="auto"))
+    write_cache("dummy", build, out, exact(compute="auto"), progress=False)
     with FeatureCache(out) as fc:
         assert fc.meta["compute_dtype"] == "bf16"
 
@@ -229,7 +234,7 @@ def test_overwrite_chooses_the_precision_afresh(build: Path, tmp_path: Path, mon
 
     out = tmp_path / "o.h5"
     _interrupted_bf16_cache(build, out, monkeypatch)
-    write_cache("dummy", build, out, overwrite=True, **dict(EXACT, compute="auto"))
+    write_cache("dummy", build, out, exact(compute="auto", overwrite=True), progress=False)
     with FeatureCache(out) as fc:
         assert fc.meta["compute_dtype"] == "fp32"
 
@@ -320,8 +325,9 @@ def test_end_to_end_on_phantom_build(phantom_build: Path, tmp_path: Path) -> Non
 def test_full_size_paper_pair_on_cpu(phantom_build: Path, tmp_path: Path) -> None:
     n = Build(phantom_build).count("level1", "train")
     for name, shape in (("timm:resnet50", (49, 2048)), ("timm:vit_base_patch32_224", (50, 768))):
-        out = write_cache(name, phantom_build, tmp_path / "c.h5", random_init=True, levels=["level1"],
-                          splits=["train"], device="cpu", batch=16, progress=False, overwrite=True)
+        out = write_cache(name, phantom_build, tmp_path / "c.h5",
+                          CacheOptions(random_init=True, levels=["level1"], splits=["train"], device="cpu",
+                                       batch_size=16, overwrite=True), progress=False)
         with FeatureCache(out) as fc:
             assert fc.random_init and fc.meta["weights"] == {"kind": "random-init"}
             assert fc.tokens("level1", "train").shape == (n, *shape)

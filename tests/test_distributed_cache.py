@@ -15,11 +15,11 @@ import pytest
 from spar_bench.builder.synthetic import write_synthetic_build
 from spar_bench.errors import IntegrityError
 from spar_bench.probes import cache as cache_mod
-from spar_bench.probes.cache import write_cache
+from spar_bench.probes.cache import CacheOptions, write_cache
 from spar_bench.probes.distributed import Ranks, all_parts
 from spar_bench.probes.features import FeatureCache
 
-ARGS = dict(dtype="fp32", compute="fp32", batch=3, progress=False, device="cpu", workers=0)
+OPTS = CacheOptions(dtype="fp32", compute="fp32", batch_size=3, device="cpu", loader_workers=0)
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def build(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def single(build: Path, tmp_path_factory) -> Path:
-    return write_cache("dummy", build, tmp_path_factory.mktemp("one") / "one.h5", **ARGS)
+    return write_cache("dummy", build, tmp_path_factory.mktemp("one") / "one.h5", OPTS, progress=False)
 
 
 def content(path: Path) -> dict:
@@ -64,10 +64,10 @@ def test_batches_are_split_without_overlap() -> None:
 def test_two_ranks_merge_to_the_single_process_cache(build, single, tmp_path, monkeypatch) -> None:
     out = tmp_path / "two.h5"
     as_rank(monkeypatch, 1, 2)
-    write_cache("dummy", build, out, **ARGS)
+    write_cache("dummy", build, out, OPTS, progress=False)
     assert not out.exists() and all_parts(out, 2)[1].is_file()
     as_rank(monkeypatch, 0, 2)
-    write_cache("dummy", build, out, **ARGS)
+    write_cache("dummy", build, out, OPTS, progress=False)
     assert not any(p.exists() for p in all_parts(out, 2))
     assert_same(out, single)
     FeatureCache(out).close()
@@ -81,12 +81,12 @@ def test_the_merge_refuses_while_another_process_writes_the_same_cache(build, si
 
     out = tmp_path / "shared.h5"
     as_rank(monkeypatch, 1, 2)
-    write_cache("dummy", build, out, **ARGS)
+    write_cache("dummy", build, out, OPTS, progress=False)
     as_rank(monkeypatch, 0, 2)
     with output_lock(out, what="feature cache"), pytest.raises(ConfigError, match="is being written by another"):
-        write_cache("dummy", build, out, **ARGS)
+        write_cache("dummy", build, out, OPTS, progress=False)
     assert not out.exists() and all(p.is_file() for p in all_parts(out, 2))  # parts kept for a rerun
-    write_cache("dummy", build, out, **ARGS)  # the rerun merges
+    write_cache("dummy", build, out, OPTS, progress=False)  # the rerun merges
     assert_same(out, single)
 
 
@@ -100,15 +100,15 @@ def test_a_killed_rank_resumes_and_an_unfinished_part_blocks_the_merge(
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        write_cache("dummy", build, out, on_batch=die, **ARGS)
+        write_cache("dummy", build, out, OPTS, progress=False, on_batch=die)
     as_rank(monkeypatch, 0, 2)
     with pytest.raises(IntegrityError, match="part of rank 1 is unfinished"):
-        write_cache("dummy", build, out, **ARGS)
+        write_cache("dummy", build, out, OPTS, progress=False)
     assert not out.exists()  # nothing that looks like a cache
     as_rank(monkeypatch, 1, 2)
-    write_cache("dummy", build, out, **ARGS)  # resumes its own part
+    write_cache("dummy", build, out, OPTS, progress=False)  # resumes its own part
     as_rank(monkeypatch, 0, 2)
-    write_cache("dummy", build, out, **ARGS)
+    write_cache("dummy", build, out, OPTS, progress=False)
     assert_same(out, single)
 
 

@@ -170,7 +170,7 @@ def test_an_encoder_that_outputs_nan_is_named_as_such(pipeline, tmp_path: Path, 
     import pytest
 
     from spar_bench.errors import IntegrityError
-    from spar_bench.probes.cache import write_cache
+    from spar_bench.probes.cache import CacheOptions, write_cache
     from spar_bench.probes.encoders.base import DummyEncoder
 
     layer_tokens = DummyEncoder._layer_tokens
@@ -180,8 +180,8 @@ def test_an_encoder_that_outputs_nan_is_named_as_such(pipeline, tmp_path: Path, 
 
         monkeypatch.setattr(DummyEncoder, "_layer_tokens", scaled)
         with pytest.raises(IntegrityError) as e:
-            write_cache("dummy", pipeline["other"], tmp_path / f"c{value}.h5", levels=["level1"], progress=False,
-                        compute="fp32")
+            write_cache("dummy", pipeline["other"], tmp_path / f"c{value}.h5",
+                        CacheOptions(levels=["level1"], compute="fp32"), progress=False)
         assert words in str(e.value) and "\n" not in str(e.value)
         assert ("fp16 overflow" in str(e.value)) == (value == 1e6)
 

@@ -47,16 +47,16 @@ def test_phantom_n_zero_is_refused(tmp_path, capsys):
     assert "--n" in capsys.readouterr().err and not (tmp_path / "p").exists()
 
 
-@pytest.mark.parametrize("kw, words", [({"batch": 0}, "--batch must be >= 1"),
-                                        ({"workers": -1}, "--workers must be >= 0")])
+@pytest.mark.parametrize("kw, words", [({"batch_size": 0}, "--batch-size must be >= 1"),
+                                        ({"loader_workers": -1}, "--loader-workers must be >= 0")])
 def test_cache_refuses_meaningless_option_values(fake_root, tmp_path, kw, words):
     from spar_bench.builder.build import build
     from spar_bench.errors import ConfigError
-    from spar_bench.probes.cache import write_cache
+    from spar_bench.probes.cache import CacheOptions, write_cache
 
     out = build(build_config(fake_root, tmp_path / "b", hf=False), quiet=True)
     with pytest.raises(ConfigError, match=words):
-        write_cache("dummy", out, tmp_path / "c.h5", device="cpu", progress=False, **kw)
+        write_cache("dummy", out, tmp_path / "c.h5", CacheOptions(device="cpu", **kw), progress=False)
     assert not (tmp_path / "c.h5").exists()
 
 
@@ -365,11 +365,11 @@ def test_full_disk_during_a_cache_is_one_error_and_the_rerun_resumes(fake_root, 
     from spar_bench.outputs import DiskFullError
 
     data = _small_cache_build(fake_root, tmp_path)
-    kw = dict(device="cpu", progress=False, batch=4, dtype="fp32", compute="fp32", levels=["level1"])
+    opts = pc.CacheOptions(device="cpu", batch_size=4, dtype="fp32", compute="fp32", levels=["level1"])
     monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**6, 10**6 - 10, 10))
     out = tmp_path / "c.h5"
     with pytest.raises(DiskFullError, match=r"c.h5: the \d+ rows still to write need at least .* but only 10 bytes are free"):
-        pc.write_cache("dummy", data, out, **kw)
+        pc.write_cache("dummy", data, out, opts, progress=False)
     monkeypatch.undo()
     real, n = pc._store_batch, []
 
@@ -381,10 +381,10 @@ def test_full_disk_during_a_cache_is_one_error_and_the_rerun_resumes(fake_root, 
 
     monkeypatch.setattr(pc, "_store_batch", store)
     with pytest.raises(DiskFullError, match="no space left on the disk while writing .*c.h5.*rerun the same command"):
-        pc.write_cache("dummy", data, out, **kw)
+        pc.write_cache("dummy", data, out, opts, progress=False)
     monkeypatch.undo()
-    pc.write_cache("dummy", data, out, **kw)
-    full = pc.write_cache("dummy", data, tmp_path / "full.h5", **kw)
+    pc.write_cache("dummy", data, out, opts, progress=False)
+    full = pc.write_cache("dummy", data, tmp_path / "full.h5", opts, progress=False)
     with h5py.File(out) as a, h5py.File(full) as b:
         assert a.attrs["complete"] and not (tmp_path / "c.h5.lock").exists()
         for split in ("train", "val", "test"):
@@ -400,7 +400,7 @@ def test_a_second_build_or_cache_to_one_output_is_refused_naming_the_holder(fake
     from spar_bench.builder.build import build
     from spar_bench.errors import ConfigError
     from spar_bench.locks import output_lock
-    from spar_bench.probes.cache import write_cache
+    from spar_bench.probes.cache import CacheOptions, write_cache
 
     out = tmp_path / "out"
     holder = subprocess.Popen(
@@ -422,7 +422,7 @@ def test_a_second_build_or_cache_to_one_output_is_refused_naming_the_holder(fake
     cache = tmp_path / "c.h5"
     with output_lock(cache, what="feature cache"):
         with pytest.raises(ConfigError, match=rf"pid {os.getpid()}"):
-            write_cache("dummy", out, cache, device="cpu", progress=False)
+            write_cache("dummy", out, cache, CacheOptions(device="cpu"), progress=False)
     assert not cache.exists()
 
 

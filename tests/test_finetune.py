@@ -44,7 +44,7 @@ def _tensors(rd: Path) -> dict[str, torch.Tensor]:
 
 def test_vit_from_scratch_learns_exports_and_recaches(pipeline, tmp_path: Path) -> None:
     """Loss falls; the export re-cached (and re-encoded by eval) scores what the run scored."""
-    from spar_bench.probes.cache import write_cache
+    from spar_bench.probes.cache import CacheOptions, write_cache
     from spar_bench.probes.finetune.run import run_eval_reencoded
     from spar_bench.probes.runs.session import run_eval
 
@@ -58,8 +58,9 @@ def test_vit_from_scratch_learns_exports_and_recaches(pipeline, tmp_path: Path) 
     assert rd.parts[-4] == "timm-vit_tiny_patch16_224-scratch-shards"
     assert not (rd / "checkpoint.pt").exists() and not (rd / "best.pt").exists()
 
-    cache = write_cache(TINY_VIT[0], pipeline["shards"], tmp_path / "ft.h5", weights=str(rd / "encoder.safetensors"),
-                        levels=["level1"], splits=["test"], dtype="fp32", compute="fp32", progress=False)
+    cache = write_cache(TINY_VIT[0], pipeline["shards"], tmp_path / "ft.h5",
+                        CacheOptions(weights=str(rd / "encoder.safetensors"), levels=["level1"], splits=["test"],
+                                     dtype="fp32", compute="fp32"), progress=False)
     from spar_bench.probes.features import FeatureCache
 
     with FeatureCache(cache) as fc:
@@ -122,12 +123,13 @@ def _assert_export_recaches_to_the_runs_forward(pipeline, rd: Path, enc, tmp_pat
     """Cached features of the export = the trained encoder's own forward (``enc``, the run's
     encoder in memory when it exported) on the same images."""
     from spar_bench.builder.shards import Build
-    from spar_bench.probes.cache import write_cache
+    from spar_bench.probes.cache import CacheOptions, write_cache
     from spar_bench.probes.features import FeatureCache
     from spar_bench.probes.finetune.model import encode
 
-    cache = write_cache(TINY_RESNET[0], pipeline["shards"], tmp_path / "r.h5", weights=str(rd / "encoder.safetensors"),
-                        levels=["level1"], splits=["test"], dtype="fp32", compute="fp32", progress=False)
+    cache = write_cache(TINY_RESNET[0], pipeline["shards"], tmp_path / "r.h5",
+                        CacheOptions(weights=str(rd / "encoder.safetensors"), levels=["level1"], splits=["test"],
+                                     dtype="fp32", compute="fp32"), progress=False)
     enc.module.eval()
     images = torch.from_numpy(Build(pipeline["shards"]).images("level1", "test", np.arange(4)))
     with torch.no_grad():

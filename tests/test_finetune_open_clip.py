@@ -44,7 +44,7 @@ def _pooled(enc, images) -> np.ndarray:
 @pytest.mark.parametrize("tower", sorted(OPEN_CLIP_TOWERS))
 def test_open_clip_export_recaches_to_the_runs_forward(pipeline, tmp_path: Path, tower: str, monkeypatch) -> None:
     from spar_bench.builder.shards import Build
-    from spar_bench.probes.cache import write_cache
+    from spar_bench.probes.cache import CacheOptions, write_cache
     from spar_bench.probes.encoders import load_encoder
     from spar_bench.probes.encoders.base import read_export_meta
     from spar_bench.probes.encoders.open_clip_family import TOWER_MODULES
@@ -57,8 +57,9 @@ def test_open_clip_export_recaches_to_the_runs_forward(pipeline, tmp_path: Path,
     assert meta["family"] == "open_clip" and meta["module"] == TOWER_MODULES[tower] == enc.spec.extra["module"]
     assert meta["training"]["label"] == "finetuned on build shards"
 
-    cache = write_cache(name, pipeline["shards"], tmp_path / "ft.h5", weights=str(rd / EXPORT), levels=["level1"],
-                        splits=["test"], dtype="fp32", compute="fp32", progress=False)
+    cache = write_cache(name, pipeline["shards"], tmp_path / "ft.h5",
+                        CacheOptions(weights=str(rd / EXPORT), levels=["level1"], splits=["test"], dtype="fp32",
+                                     compute="fp32"), progress=False)
     images = Build(pipeline["shards"]).images("level1", "test", np.arange(4))
     with FeatureCache(cache) as fc:
         cached = fc.pooled("level1", "test")[:4]

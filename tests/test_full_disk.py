@@ -298,13 +298,13 @@ def test_a_full_disk_at_every_cache_write_is_one_line_and_the_rerun_gives_the_sa
 def test_a_full_disk_at_every_sweep_write_is_one_line_and_the_rerun_gives_the_same_runs(
         fake_root, tmp_path, monkeypatch, capsys, one_torch_thread):
     from spar_bench.builder.build import build
-    from spar_bench.probes.cache import write_cache
+    from spar_bench.probes.cache import CacheOptions, write_cache
     from spar_bench.probes.cli import cli
 
     from helpers import build_config
 
     data = build(build_config(fake_root, tmp_path / "b", hf=False), quiet=True)
-    cache = write_cache("dummy", data, tmp_path / "c.h5", device="cpu", progress=False, levels=["level3"])
+    cache = write_cache("dummy", data, tmp_path / "c.h5", CacheOptions(device="cpu", levels=["level3"]), progress=False)
     work = tmp_path / "w"
     work.mkdir()
     out = work / "runs"
@@ -592,12 +592,12 @@ def test_a_full_disk_in_the_merge_of_a_distributed_cache_is_one_error_and_the_re
 
     from spar_bench.builder.synthetic import write_synthetic_build
     from spar_bench.probes import cache as cache_mod
-    from spar_bench.probes.cache import write_cache
+    from spar_bench.probes.cache import CacheOptions, write_cache
     from spar_bench.probes.distributed import all_parts, merge_parts
 
-    kw = dict(dtype="fp32", compute="fp32", batch=3, progress=False, device="cpu", workers=0)
+    opts = CacheOptions(dtype="fp32", compute="fp32", batch_size=3, device="cpu", loader_workers=0)
     data = write_synthetic_build(tmp_path / "b", 12, shard_size=5)
-    single = write_cache("dummy", data, tmp_path / "one.h5", **kw)
+    single = write_cache("dummy", data, tmp_path / "one.h5", opts, progress=False)
     made = tmp_path / "parts" / "two.h5"
     made.parent.mkdir()
     monkeypatch.setattr(cache_mod, "barrier", lambda ranks, timeout: None)  # ranks run in turn
@@ -606,7 +606,7 @@ def test_a_full_disk_in_the_merge_of_a_distributed_cache_is_one_error_and_the_re
         for var in ("RANK", "LOCAL_RANK"):
             monkeypatch.setenv(var, str(rank))
         monkeypatch.setenv("WORLD_SIZE", "2")
-        write_cache("dummy", data, made, **kw)
+        write_cache("dummy", data, made, opts, progress=False)
 
     def merge(folder: str, fail_at: int | None = None) -> list[tuple[str, str]]:
         out = tmp_path / folder / "two.h5"

@@ -92,7 +92,7 @@ def _one_error(capsys, *words: str) -> str:
 def test_fit_and_eval_keep_what_they_finished(pipeline, tmp_path: Path, capsys) -> None:
     """fit replaced a finished run of the same folder (other --bootstrap, --no-controls, a cache
     of another build) and eval an evaluation of other inputs, without a word."""
-    from spar_bench.probes.cache import write_cache
+    from spar_bench.probes.cache import CacheOptions, write_cache
     from spar_bench.probes.cli import cli
 
     out = tmp_path / "runs"
@@ -110,7 +110,8 @@ def test_fit_and_eval_keep_what_they_finished(pipeline, tmp_path: Path, capsys) 
     _one_error(capsys, str(rd), "n_boot=20 (now 30)", "--overwrite")
     assert fit(controls=True) == 2
     _one_error(capsys, str(rd), "controls=False (now True)")
-    other = write_cache("dummy", pipeline["other"], tmp_path / "other.h5", levels=["level1"], progress=False)
+    other = write_cache("dummy", pipeline["other"], tmp_path / "other.h5", CacheOptions(levels=["level1"]),
+                        progress=False)
     assert fit(features=other) == 2
     _one_error(capsys, str(rd), "another build")
     assert _files(rd) == before

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from spar_bench.builder.shards import Build
-from spar_bench.probes.cache import write_cache
+from spar_bench.probes.cache import CacheOptions, write_cache
 from spar_bench.probes.cli import cli
 from spar_bench.probes.encoders import load_encoder
 from spar_bench.probes.encoders.base import encode_tiles
@@ -25,14 +25,14 @@ from spar_bench.probes.features import FeatureCache
 
 from helpers import run_cmd
 
-EXACT = dict(dtype="fp32", compute="fp32", batch=4, progress=False, device="cpu")
+EXACT = dict(dtype="fp32", compute="fp32", batch_size=4, device="cpu")
 LEVELS = ("level1", "level2", "level3")
 
 
 @pytest.fixture(scope="module")
 def tiled(pipeline, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tiles") / "dummy-tiles.h5"
-    return write_cache("dummy", pipeline["shards"], out, tile_encoding="per-tile", **EXACT)
+    return write_cache("dummy", pipeline["shards"], out, CacheOptions(tile_encoding="per-tile", **EXACT), progress=False)
 
 
 def test_encode_tiles_cuts_row_major_and_stacks() -> None:
@@ -94,10 +94,9 @@ def _sha(path: Path) -> str:
 
 
 def test_per_tile_cache_is_deterministic(pipeline, tiled, tmp_path) -> None:
-    again = write_cache("dummy", pipeline["shards"], tmp_path / "again.h5", tile_encoding="per-tile",
-                        levels=["level2"], **EXACT)
-    twice = write_cache("dummy", pipeline["shards"], tmp_path / "twice.h5", tile_encoding="per-tile",
-                        levels=["level2"], **EXACT)
+    opts = CacheOptions(tile_encoding="per-tile", levels=["level2"], **EXACT)
+    again = write_cache("dummy", pipeline["shards"], tmp_path / "again.h5", opts, progress=False)
+    twice = write_cache("dummy", pipeline["shards"], tmp_path / "twice.h5", opts, progress=False)
     assert _sha(again) == _sha(twice)  # same bytes
     with FeatureCache(again) as a, FeatureCache(tiled) as b:  # same arrays as the all-levels cache
         for split in a.splits("level2"):

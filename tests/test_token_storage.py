@@ -161,19 +161,20 @@ def test_moments_accumulated_in_batches_give_the_pca_of_the_whole_sample() -> No
 
 
 # -- in the feature cache: spar-probe cache --token-grid / --token-proj / --token-int8 ----------
-EXACT = dict(dtype="fp32", compute="fp32", batch=4, progress=False, device="cpu")
+EXACT = dict(dtype="fp32", compute="fp32", batch_size=4, device="cpu")
 
 
 @pytest.fixture(scope="module")
 def reduced(pipeline, tmp_path_factory):
     """Full-token and reduced (grid 3, pca:8, int8) dummy caches of the shared build's Level 3."""
-    from spar_bench.probes.cache import write_cache
+    from spar_bench.probes.cache import CacheOptions, write_cache
 
     out = tmp_path_factory.mktemp("storage")
     storage = TokenStorage.parse(grid=3, proj="pca:8", int8=True)
-    full = write_cache("dummy", pipeline["shards"], out / "full.h5", levels=["level3"], **EXACT)
-    small = write_cache("dummy", pipeline["shards"], out / "small.h5", levels=["level3"],
-                        token_storage=storage, **EXACT)
+    full = write_cache("dummy", pipeline["shards"], out / "full.h5", CacheOptions(levels=["level3"], **EXACT),
+                       progress=False)
+    small = write_cache("dummy", pipeline["shards"], out / "small.h5",
+                        CacheOptions(levels=["level3"], token_storage=storage, **EXACT), progress=False)
     return full, small
 
 
@@ -208,10 +209,12 @@ def test_pca_is_fitted_on_the_training_split_only(pipeline, reduced, tmp_path) -
     """The projection of a cache of every split equals that of a cache of the train split alone."""
     import h5py
 
-    from spar_bench.probes.cache import write_cache
+    from spar_bench.probes.cache import CacheOptions, write_cache
 
-    only = write_cache("dummy", pipeline["shards"], tmp_path / "train.h5", levels=["level3"], splits=["train"],
-                       token_storage=TokenStorage.parse(grid=3, proj="pca:8", int8=True), **EXACT)
+    only = write_cache("dummy", pipeline["shards"], tmp_path / "train.h5",
+                       CacheOptions(levels=["level3"], splits=["train"],
+                                    token_storage=TokenStorage.parse(grid=3, proj="pca:8", int8=True), **EXACT),
+                       progress=False)
     with h5py.File(reduced[1], "r") as a, h5py.File(only, "r") as b:
         for name in ("mean", "components"):
             assert a[f"token_projection/layer-1/{name}"][()].tobytes() == b[f"token_projection/layer-1/{name}"][()].tobytes()
@@ -221,13 +224,15 @@ def test_pca_is_fitted_on_the_training_split_only(pipeline, reduced, tmp_path) -
 def test_reduced_cache_is_deterministic_and_fits_end_to_end(pipeline, reduced, tmp_path) -> None:
     import hashlib
 
-    from spar_bench.probes.cache import write_cache
+    from spar_bench.probes.cache import CacheOptions, write_cache
     from spar_bench.probes.cli import cli
 
     from helpers import run_cmd
 
-    again = write_cache("dummy", pipeline["shards"], tmp_path / "again.h5", levels=["level3"],
-                        token_storage=TokenStorage.parse(grid=3, proj="pca:8", int8=True), **EXACT)
+    again = write_cache("dummy", pipeline["shards"], tmp_path / "again.h5",
+                        CacheOptions(levels=["level3"],
+                                     token_storage=TokenStorage.parse(grid=3, proj="pca:8", int8=True), **EXACT),
+                        progress=False)
     sha = [hashlib.sha256(p.read_bytes()).hexdigest() for p in (reduced[1], again)]
     assert sha[0] == sha[1]
     runs = tmp_path / "runs"
@@ -268,12 +273,13 @@ def test_runs_over_reduced_tokens_get_their_own_encoder_folder(reduced) -> None:
 
 
 def test_a_projection_under_torchrun_is_refused_in_one_line(pipeline, tmp_path, monkeypatch) -> None:
-    from spar_bench.probes.cache import write_cache
+    from spar_bench.probes.cache import CacheOptions, write_cache
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("LOCAL_RANK", "1")
     with pytest.raises(ConfigError, match="--token-proj is not supported under torchrun"):
-        write_cache("dummy", pipeline["shards"], tmp_path / "c.h5", levels=["level3"],
-                    token_storage=TokenStorage.parse(proj="random:4"), **EXACT)
+        write_cache("dummy", pipeline["shards"], tmp_path / "c.h5",
+                    CacheOptions(levels=["level3"], token_storage=TokenStorage.parse(proj="random:4"), **EXACT),
+                    progress=False)
     assert not list(tmp_path.iterdir())

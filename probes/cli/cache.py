@@ -7,7 +7,7 @@ import click
 
 from spar_bench.clitools import old_spelling
 
-from ..cache import STORAGE_DTYPES, TILE_ENCODINGS, write_cache
+from ..cache import STORAGE_DTYPES, TILE_ENCODINGS, CacheOptions, write_cache
 from ..distributed import die_with_launcher
 from ..hardware import COMPUTE_DTYPES
 from ..token_storage import TokenStorage
@@ -51,10 +51,10 @@ def cache_command(encoder, weights, random_init, revision, data, out, levels, sp
     """Encode every image of a build and store tokens + pooled vectors (resumable)."""
     die_with_launcher()  # a torchrun rank ends with torchrun, however torchrun ends
     split_list = lambda s: [v for v in s.split(",") if v] if s else None  # noqa: E731
-    path = write_cache(
-        encoder, data, out, weights=weights, random_init=random_init, revision=revision,
+    path = write_cache(encoder, data, out, CacheOptions(
+        weights=weights, random_init=random_init, revision=revision,
         levels=split_list(levels), splits=split_list(splits), layers=layers, device=device,
-        batch=batch_size, dtype=dtype, compute=compute, workers=workers, overwrite=overwrite,
+        batch_size=batch_size, dtype=dtype, compute=compute, loader_workers=workers, overwrite=overwrite,
         tile_encoding=tile_encoding, token_storage=TokenStorage.parse(token_grid, token_proj, token_int8),
-    )
+    ))
     click.echo(str(path))
