@@ -50,14 +50,14 @@ if HANG == "case":
 
     PhantomSource.load = lambda self, ref: mark_and_hang("case")
 elif HANG == "run":
-    from spar_bench.probes import fit
+    from spar_bench.probes.runs import session, store
 
-    def write_config_and_hang(rd, config, *rest, **kw):
+    def write_config_and_hang(rd, config, *rest, **kw):  # session.write_run: config.json, then hang
         rd.mkdir(parents=True, exist_ok=True)
-        (rd / "config.json").write_text(json.dumps(fit.json_safe(config), default=str))
+        store.write_config(rd, config)
         mark_and_hang("run")
 
-    fit._write_run = write_config_and_hang
+    session.write_run = write_config_and_hang
 elif HANG == "batch":
     from spar_bench.probes import cache
 
@@ -245,7 +245,7 @@ def test_a_killed_parallel_build_takes_its_workers_along(phantom, tmp_path):
 
 # -- spar-probe sweep --jobs 2 ---------------------------------------------------------------
 def _sweep_args(pipeline, out: Path) -> list[str]:
-    return ["probe", "sweep", "--features", str(pipeline["cache"]), "--heads", "linear", "--probes",
+    return ["probe", "sweep", "--features", str(pipeline["cache"]), "--head", "linear", "--probe",
             "level3.size,level3.distance", "--seeds", "0,1", "--out", str(out), "--jobs", "2", "--no-controls",
             "--bootstrap", "10", "--max-epochs", "2"]  # 4 runs: 2 hang in the workers, 2 wait
 
