@@ -62,13 +62,16 @@ class Configuration:
     options: str = ""  # the run folder's variant (non-default options), "" for defaults
     build: str = ""  # the build it was trained on (shown when an experiment has several)
     random_init: bool = False
+    #: which features of the encoder (:func:`encoder_tag`: weights hash, per-tile, reduced tokens ...)
+    tag: str = ""
 
     def sort_key(self) -> tuple:
         return (self.mode == "MLLM", self.encoder, self.head, MODES.index(self.mode)
-                if self.mode in MODES else len(MODES), self.mode, self.options, self.build)  # fmt: skip
+                if self.mode in MODES else len(MODES), self.mode, self.tag, self.options, self.build)  # fmt: skip
 
     def label(self) -> str:
-        return self.encoder + (" **(random-init)**" if self.random_init and self.mode == "frozen" else "")
+        return self.encoder + (f" [{self.tag}]" if self.tag else "") + (
+            " **(random-init)**" if self.random_init and self.mode == "frozen" else "")
 
 
 @dataclass
@@ -130,9 +133,29 @@ def configuration(r: Run) -> Configuration:
     build = str(c.get("dataset_dir") or c.get("dataset") or "")
     if c.get("dataset_fingerprint"):  # two builds may share a folder name
         build += f" ({str(c['dataset_fingerprint'])[:12]})"
-    return Configuration(encoder=str(encoder or m["encoder"]), head=str(m["head"]), mode=mode,
-                         options="; ".join(options), build=build,
-                         random_init=bool(m.get("random_init")) and mode != "MLLM")  # fmt: skip
+    encoder = str(encoder or m["encoder"])
+    return Configuration(encoder=encoder, head=str(m["head"]), mode=mode, options="; ".join(options),
+                         build=build, random_init=bool(m.get("random_init")) and mode != "MLLM",
+                         tag="" if mode == "MLLM" else encoder_tag(encoder, m, c))  # fmt: skip
+
+
+def encoder_tag(encoder: str, m: dict, c: dict) -> str:
+    """What tells apart two runs of one encoder name: for a head on cached features, the run
+    folder's encoder slug past the name (``1a2b3c4d``: a weights file's hash; ``per-tile``;
+    reduced tokens; ``<mode>-<build>-frozen``: a trained encoder's export; ``-random-init``
+    dropped: the row says so); for a finetune run, the hash of its initial weights file."""
+    hashed = "@" in encoder  # a local model's name already carries its hash
+    if c.get("command") == "finetune":
+        w = c.get("weights") if isinstance(c.get("weights"), dict) else {}
+        sha = w.get("sha256") if w.get("kind") in ("file", "dir") else None
+        return str(sha)[:8] if sha and not hashed else ""
+    base = re.sub(r"[^A-Za-z0-9._-]+", "-", encoder).strip("-")
+    slug = str(m.get("encoder") or "").removesuffix("-random-init")
+    training = m.get("training") if isinstance(m.get("training"), dict) else {}
+    if training:  # the mode's column says how the export was trained
+        trained = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{training.get('mode')}-{training.get('build')}")
+        slug = slug.replace(f"-{trained}-frozen", "")
+    return (slug[len(base):] if slug.startswith(base) else slug).strip("-")
 
 
 def grid(runs: list[Run]) -> dict[Configuration, dict[str, list[Run]]]:
@@ -320,7 +343,7 @@ def _max_seeds(row: dict) -> int:
 
 
 def _key_cells(row: dict, builds: bool) -> list[str]:
-    cfg = Configuration(**{k: row[k] for k in ("encoder", "head", "mode", "options", "build", "random_init")})
+    cfg = Configuration(**{k: row[k] for k in ("encoder", "head", "mode", "options", "build", "random_init", "tag")})
     return [cfg.label(), row["mode"], row["head"], row["options"] or "-", *([row["build"]] if builds else [])]
 
 
@@ -594,4 +617,4 @@ def write_experiment_report(runs: Path, out: Path, *, title: str, provenance: di
     return out / MD_FILE
 
 
-__all__ = ["Configuration", "aggregate", "load_runs", "mode_of", "weights_digest", "write_experiment_report"]
+__all__ = ["Configuration", "aggregate", "encoder_tag", "load_runs", "mode_of", "weights_digest", "write_experiment_report"]

@@ -16,7 +16,12 @@ from pathlib import Path
 import pytest
 
 from spar_bench.errors import ConfigError
-from spar_bench.experiments.report import mode_of, weights_digest, write_experiment_report
+from spar_bench.experiments.report import (
+    encoder_tag,
+    mode_of,
+    weights_digest,
+    write_experiment_report,
+)
 from spar_bench.probes.cli import cli
 from spar_bench.provenance import local_paths, local_prefixes
 
@@ -192,3 +197,14 @@ def test_modes_and_weights_digests() -> None:
         "w.pth sha256:0123456789ab"
     assert weights_digest({}, {"random_init": True}) == "random-init"
     assert weights_digest({}, {}) == "not recorded"
+
+
+def test_encoder_tags_tell_features_apart_and_align_frozen_with_finetuned() -> None:
+    r50, sha = "timm:resnet50", "1a2b3c4d" + "0" * 56
+    assert encoder_tag(r50, {"encoder": "timm-resnet50-1a2b3c4d-per-tile"}, {}) == "1a2b3c4d-per-tile"
+    assert encoder_tag(r50, {"encoder": "timm-resnet50-1a2b3c4d"}, {}) == "1a2b3c4d"
+    assert encoder_tag(r50, {}, {"command": "finetune", "weights": {"kind": "file", "sha256": sha}}) == "1a2b3c4d"
+    assert encoder_tag(r50, {"encoder": "timm-resnet50-random-init"}, {}) == ""
+    trained = {"encoder": "timm-resnet50-1a2b3c4d-scratch-shards-frozen", "training": {"mode": "scratch", "build": "shards"}}
+    assert encoder_tag(r50, trained, {}) == "1a2b3c4d"
+    assert encoder_tag("hf:tiny@1a2b3c4d", {}, {"command": "finetune", "weights": {"kind": "dir", "sha256": sha}}) == ""
