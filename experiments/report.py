@@ -109,6 +109,8 @@ def load_runs(runs: Path) -> list[Run]:
         names = [p.stem.removeprefix("eval-") for p in sorted(rd.glob("eval-*.json"))]
         evals = [{**e, "_file": f"eval-{n}.json", "_name": n} for n, e in zip(names, m.pop("_evals"), strict=True)]
         out.append(Run(m, config, rel, evals))
+    if not out:
+        raise ConfigError(f"{runs}: only runs pruned by `sweep --grid-prune`; nothing to report")
     return sorted(out, key=lambda r: r.rel)
 
 
@@ -184,15 +186,19 @@ def headline_of(probe: str, ms: list[dict]) -> tuple[str, bool]:
     return key, bool(METRICS[key].percent) if key in METRICS else False
 
 
+def _finite(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and bool(np.isfinite(x))
+
+
 def summary(scores: list[dict | None], key: str) -> dict[str, Any] | None:
     """Mean, std (ddof 1; 0 for one seed) of ``key`` over ``scores`` (one per seed) and the mean
     of their 95 % CI bounds; None when no score holds it."""
-    vals = [s[key] for s in scores if isinstance(s, dict) and s.get(key) is not None]
-    if not vals:
+    kept = [s for s in scores if isinstance(s, dict) and _finite(s.get(key))]
+    if not kept:
         return None
-    v = np.array(vals, dtype=np.float64)
-    cis = [_get(s, "ci", key) for s in scores if isinstance(s, dict) and s.get(key) is not None]
-    cis = [c for c in cis if isinstance(c, list | tuple) and len(c) == 2 and None not in c]
+    v = np.array([s[key] for s in kept], dtype=np.float64)
+    cis = [_get(s, "ci", key) for s in kept]
+    cis = [c for c in cis if isinstance(c, list | tuple) and len(c) == 2 and all(_finite(x) for x in c)]
     lo_hi = np.array(cis, dtype=np.float64).mean(axis=0).tolist() if cis else [None, None]
     return {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if v.size > 1 else 0.0,
             "ci_low": lo_hi[0], "ci_high": lo_hi[1], "n": int(v.size)}  # fmt: skip
