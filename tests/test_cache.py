@@ -186,6 +186,20 @@ def test_fp16_storage_is_close_to_fp32(build: Path, tmp_path: Path) -> None:
         assert np.abs(x - y).max() <= 1e-3 * np.abs(x).max() + 1e-6
 
 
+def test_cache_options_are_checked_when_made() -> None:
+    """A meaningless option is one ConfigError line before any file is read; layers are ints."""
+    import dataclasses
+
+    assert CacheOptions(layers="-1, -4").layers == (-1, -4) and CacheOptions(levels=["level1"]).levels == ("level1",)
+    for kw, words in (({"tile_encoding": "tiles"}, "--tile-encoding must be one of mosaic, per-tile; got 'tiles'"),
+                      ({"layers": "a"}, "--layers must be comma-separated integers"),
+                      ({"dtype": "fp8"}, "--dtype must be fp16 or fp32; got 'fp8'")):
+        with pytest.raises(ConfigError, match=words):
+            CacheOptions(**kw)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        CacheOptions().batch_size = 1  # type: ignore[misc]
+
+
 @pytest.mark.parametrize("native", [True, False])
 def test_auto_compute_follows_the_cpu_and_is_recorded(build: Path, tmp_path: Path, monkeypatch,
                                                       native: bool) -> None:
