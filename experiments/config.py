@@ -35,7 +35,8 @@ from spar_bench.errors import ConfigError
 SCHEMA: dict[str, Any] = {
     "experiment": str, "description": str, "vars": {"*": (str, int, float)}, "out": str,
     "builds": {"*": {"phantom": {"n": int, "layout": str, "seed": int, "intensities": str},
-                     "sources": [str], "roots": [str], "path": str, "options": {"*": object}}},
+                     "sources": [str], "roots": [str], "path": str, "thresholds_from": str,
+                     "options": {"*": object}}},
     "encoders": {"*": {"spec": str, "weights": str, "revision": str, "random_init": bool,
                        "model_args": {"*": object}, "label": str}},
     "modes": {"frozen": {"encoders": [str], "heads": [str], "options": {"*": object}, "cache": {"*": object}},
@@ -58,6 +59,7 @@ class Build:
     roots: tuple[str, ...] = ()
     path: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    thresholds_from: str | None = None  # another build of the experiment (a dependency)
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,7 @@ class Experiment:
     jobs: int = 1
     title: str = ""
     variables: dict[str, str] = field(default_factory=dict)
+    where: Any = field(default=None, compare=False, repr=False)  # key -> file:line, for errors
 
 
 # --------------------------------------------------------------------------- YAML with lines
@@ -284,7 +287,7 @@ def _build(name: str, d: dict[str, Any], where: _Where) -> Build:
     if "sources" in d and len(d.get("roots") or []) not in (0, len(d["sources"])):
         raise where.error(f"builds.{name}.roots", "give one root per source (or none: the default roots)")
     return Build(name, d.get("phantom"), tuple(d.get("sources") or ()), tuple(d.get("roots") or ()), d.get("path"),
-                 dict(d.get("options") or {}))  # fmt: skip
+                 dict(d.get("options") or {}), d.get("thresholds_from"))  # fmt: skip
 
 
 def _check_names(exp_raw: dict[str, Any], builds: dict, encoders: dict, where: _Where) -> None:
@@ -307,6 +310,9 @@ def _check_names(exp_raw: dict[str, Any], builds: dict, encoders: dict, where: _
                 raise where.error(f"probes[{i}]" if isinstance(exp_raw.get("probes"), list) else "probes",
                                   str(e)) from None  # fmt: skip
     _refs(tuple(exp_raw.get("transfer") or ()), builds, "build", where, "transfer")
+    for n, d in (exp_raw.get("builds") or {}).items():
+        if d.get("thresholds_from"):
+            _refs((d["thresholds_from"],), builds, "build", where, f"builds.{n}.thresholds_from")
     for n, d in (exp_raw.get("mllms") or {}).items():
         _refs(tuple(d.get("builds") or ()), builds, "build", where, f"mllms.{n}.builds")
 
@@ -342,7 +348,7 @@ def load_experiment(path: str | Path, overrides: dict[str, str] | None = None) -
         builds=builds, encoders=encoders, modes=modes, probes=_names(exp.get("probes", "all")),
         seeds=tuple(int(s) for s in _names(exp.get("seeds", 0))), train_on=train_on,
         transfer=tuple(exp.get("transfer") or ()), mllms=mllms, jobs=int(exp.get("jobs", 1)),
-        title=(exp.get("report") or {}).get("title") or exp["experiment"], variables=variables,
+        title=(exp.get("report") or {}).get("title") or exp["experiment"], variables=variables, where=where,
     )  # fmt: skip
 
 

@@ -104,7 +104,8 @@ def flags(program: str, name: str | None, options: dict[str, Any], key: str, exp
             close = difflib.get_close_matches(kn, list(spelled), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             what = f"{program} {name}" if name else program
-            raise ConfigError(f"{exp.source}: {key}.{k}: {what} has no option --{kn.replace('_', '-')}{hint}")
+            at = exp.where.at(f"{key}.{k}") if exp.where is not None else exp.source
+            raise ConfigError(f"{at}: {key}.{k}: {what} has no option --{kn.replace('_', '-')}{hint}")
         out += _flag(p, v)
     return out
 
@@ -158,9 +159,32 @@ def _path_digest(path: str) -> str:
     if p.is_file():
         st = p.stat()
         return f"file:{st.st_size}:{st.st_mtime_ns}"
-    if p.is_dir():
-        return "folder:" + ",".join(sorted(f"{q.name}:{q.stat().st_size}" for q in p.iterdir() if q.is_file()))
+    if p.is_dir():  # every file's name, size and modification time (weights of one size that changed too)
+        files = sorted((q.relative_to(p).as_posix(), q.stat().st_size, q.stat().st_mtime_ns)
+                       for q in p.rglob("*") if q.is_file())
+        return "folder:" + hashlib.sha256(json.dumps(files).encode()).hexdigest()
     return "missing"
+
+
+def local_path(spec: str) -> str | None:
+    """The local file or folder an encoder spec names (``hf:DIR``, ``open_clip:local-dir:DIR``), or None."""
+    parts = spec.split(":")
+    for i in range(1, len(parts)):
+        candidate = ":".join(parts[i:])
+        if candidate and Path(candidate).exists():
+            return candidate
+    return None
+
+
+#: cases of each public source (an estimate's input when a build is not made yet)
+SOURCE_CASES = {"word": 150, "lits": 131, "totalsegmentator": 1228, "nnunet": 100}
+
+
+def case_count(bd) -> int:
+    """Cases a build will have: the phantom's ``n``, else the sources' public sizes."""
+    if bd.phantom is not None:
+        return int(bd.phantom.get("n", 12))
+    return sum(SOURCE_CASES.get(s, 100) for s in bd.sources) if bd.sources else 0
 
 
 def estimated_images(exp: Experiment, b: str) -> int:
@@ -175,7 +199,7 @@ def estimated_images(exp: Experiment, b: str) -> int:
                        if isinstance(v, dict)))  # fmt: skip
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
-    cases = (bd.phantom or {}).get("n", 150 * max(1, len(bd.sources)))
+    cases = case_count(bd)
     per = int(bd.options.get("samples_per_case", 32)) * 3
     return int(cases * per * (2 if bd.options.get("counterfactual") == "mirror" else 1))
 
@@ -196,10 +220,14 @@ def build_step(exp: Experiment, b: str) -> Step | None:
     else:
         sources, roots = list(bd.sources), list(bd.roots)
     argv = [x for s in sources for x in ("--source", s)] + [x for r in roots for x in ("--root", r)]
+    needs: tuple[str, ...] = ()
+    if bd.thresholds_from:  # another build's size/distance thresholds: it comes first
+        argv += ["--thresholds-from", build_dir(exp, bd.thresholds_from)]
+        needs = _needs_build(exp, bd.thresholds_from)
     commands.append(("spar-build", tuple(argv + ["--out", out, *opts])))
     inputs = tuple((r, _path_digest(r)) for r in roots if not r.startswith("{out}"))
-    return Step(f"build:{b}", "build", tuple(commands), outputs=(out, f"{out}.tmp", *(roots if bd.phantom is not None else ())),
-                inputs=inputs, cost=(("cases", float((bd.phantom or {}).get("n", 0))),))  # fmt: skip
+    return Step(f"build:{b}", "build", tuple(commands), needs, outputs=(out, f"{out}.tmp", *(roots if bd.phantom is not None else ())),
+                inputs=inputs, cost=(("cases", float(case_count(bd))),))  # fmt: skip
 
 
 def _needs_build(exp: Experiment, b: str) -> tuple[str, ...]:
@@ -214,8 +242,8 @@ def _encoder_flags(exp: Experiment, e: str) -> tuple[list[str], tuple[tuple[str,
     if enc.revision:
         argv += ["--revision", enc.revision]
     inputs = ((enc.weights, _path_digest(enc.weights)),) if enc.weights else ()
-    local = enc.spec.partition(":")[2]
-    if local and Path(local).exists():
+    local = local_path(enc.spec)
+    if local:
         inputs += ((local, _path_digest(local)),)
     return argv, inputs
 
@@ -273,7 +301,7 @@ def eval_step(exp: Experiment, source: Step, b: str) -> Step:
     frozen = mode == "heads"
     needs = (source.id, f"cache:{e}@{b}") if frozen else (source.id, *_needs_build(exp, b))
     target = cache_file(e, b) if frozen else build_dir(exp, b)
-    local = exp.encoders[e].spec if not frozen and Path(exp.encoders[e].spec.partition(":")[2]).exists() else None
+    local = exp.encoders[e].spec if not frozen and local_path(exp.encoders[e].spec) else None
     extra = (("runs", source.outputs[0]), ("features" if frozen else "data", target), ("encoder", local))
     return Step(f"eval:{source.id}@{b}", "eval", (), needs, (), (), (("images", float(estimated_images(exp, b))),),
                 device=not frozen, extra=extra)

@@ -241,12 +241,17 @@ def target_id(e: dict) -> str:
 
 
 def transfer_targets(runs: list[Run]) -> dict[str, str]:
-    """Target id -> its label: the names its eval files give it (``data`` or the cache's stem)."""
-    names: dict[str, set[str]] = defaultdict(set)
+    """Target id -> its label: the build's folder name where an eval records it (``data``: a
+    finetune run re-encoding the build), else the stems of the caches of it (``features``)."""
+    builds: dict[str, set[str]] = defaultdict(set)
+    caches: dict[str, set[str]] = defaultdict(set)
     for r in runs:
         for e in r.evals:
-            names[target_id(e)].add(str(e.get("data") or Path(str(e.get("features") or e["_name"])).stem))
-    labels = {t: " / ".join(sorted(n)) for t, n in names.items()}
+            if e.get("data"):
+                builds[target_id(e)].add(str(e["data"]))
+            else:
+                caches[target_id(e)].add(Path(str(e.get("features") or e["_name"])).stem)
+    labels = {t: " / ".join(sorted(builds.get(t) or caches[t])) for t in {*builds, *caches}}
     return dict(sorted(labels.items(), key=lambda kv: (kv[1], kv[0])))
 
 
@@ -279,7 +284,12 @@ def weights_digest(c: dict, m: dict) -> str:
         init = training.get("init_weights")
         return f"{training.get('label') or training.get('mode')}" + (
             f", init {describe_weights(init)}" if isinstance(init, dict) else "")
-    return "random-init" if m.get("random_init") else "not recorded"
+    if m.get("random_init"):
+        return "random-init"
+    # fit's config.json holds no weights record; a local file's or folder's hash is in the names
+    found = re.search(r"@([0-9a-f]{8})$", str(c.get("encoder") or "")) or re.search(
+        r"-([0-9a-f]{8})(?:-|$)", str(m.get("encoder") or ""))
+    return f"sha256:{found.group(1)} (8 hex, from the encoder name)" if found else "not recorded"
 
 
 def _fp(v: Any) -> str | None:
