@@ -322,9 +322,28 @@ def report_step(exp: Experiment, needs: tuple[str, ...]) -> Step:
                 extra=(("title", exp.title),))
 
 
+def _build_order(exp: Experiment) -> list[str]:
+    """The builds in the file's order, each after the build whose thresholds it takes."""
+    order: list[str] = []
+
+    def visit(b: str, seen: tuple[str, ...]) -> None:
+        if b in order:
+            return
+        if b in seen:
+            raise ConfigError(f"{exp.source}: builds.{b}.thresholds_from: a cycle ({' -> '.join((*seen, b))})")
+        dep = exp.builds[b].thresholds_from
+        if dep:
+            visit(dep, (*seen, b))
+        order.append(b)
+
+    for b in exp.builds:
+        visit(b, ())
+    return order
+
+
 def make_plan(exp: Experiment) -> Plan:
     """Every step of ``exp`` in dependency order, with its hash."""
-    steps: list[Step] = [s for b in exp.builds if (s := build_step(exp, b)) is not None]
+    steps: list[Step] = [s for b in _build_order(exp) if (s := build_step(exp, b)) is not None]
     trained: list[Step] = []
     frozen = exp.modes.get("frozen")
     for e in (frozen.encoders if frozen else ()):

@@ -152,3 +152,27 @@ mllms:
     assert done.returncode == 0, done.stderr[-3000:]
     assert sorted(_finished(tmp_path / "out")) == ["build:a", "build:b", "report", "vqa:dummy@a", "vqa:dummy@b"]
     assert (tmp_path / "out" / "report" / "report.md").is_file()
+
+
+def test_a_build_taking_another_builds_thresholds_comes_after_it(tmp_path):
+    from spar_bench.errors import ConfigError
+    from spar_bench.experiments.config import load_experiment
+    from spar_bench.experiments.plan import make_plan
+
+    text = """
+experiment: t
+out: {out}
+builds:
+  moved: {{phantom: {{n: 4}}, thresholds_from: train}}
+  train: {{phantom: {{n: 4}}}}
+"""
+    path = tmp_path / "t.yaml"
+    path.write_text(text.format(out=tmp_path / "out"))
+    plan = make_plan(load_experiment(path))
+    assert [s.id for s in plan.steps] == ["build:train", "build:moved"]
+    moved = plan.step("build:moved")
+    assert moved.needs == ("build:train",) and "--thresholds-from" in moved.commands[-1][1]
+    path.write_text(text.format(out=tmp_path / "out").replace("train: {phantom: {n: 4}}",
+                                                               "train: {phantom: {n: 4}, thresholds_from: moved}"))
+    with pytest.raises(ConfigError, match="a cycle"):
+        make_plan(load_experiment(path))
