@@ -197,6 +197,9 @@ def test_modes_and_weights_digests() -> None:
         "w.pth sha256:0123456789ab"
     assert weights_digest({}, {"random_init": True}) == "random-init"
     assert weights_digest({}, {}) == "not recorded"
+    named = "sha256:01f68600 (8 hex, from the encoder name)"
+    assert weights_digest({"encoder": "hf:tiny@01f68600"}, {}) == named
+    assert weights_digest({"encoder": "timm:resnet50"}, {"encoder": "timm-resnet50-01f68600-per-tile"}) == named
 
 
 def test_encoder_tags_tell_features_apart_and_align_frozen_with_finetuned() -> None:
