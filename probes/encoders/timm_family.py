@@ -29,6 +29,7 @@ from .base import (
     read_export_meta,
     weights_record,
 )
+from .coordconv import COORD_KEY, add_coord_channels
 
 
 def _folder_weights(folder: Path) -> tuple[Path, dict[str, Any]]:
@@ -147,7 +148,8 @@ def timm_spec_from_model(model, name: str, family: str, weights: dict[str, Any])
 
 def load_timm(rest: str, *, weights: str | None = None, random_init: bool = False,
               revision: str | None = None, model_kwargs: dict[str, Any] | None = None) -> TimmEncoder:
-    """Factory of ``timm:<name>``. ``model_kwargs`` go to ``timm.create_model`` (e.g. ``depth``)."""
+    """Factory of ``timm:<name>``. ``model_kwargs`` go to ``timm.create_model`` (e.g. ``depth``), but
+    ``coord_channels: true``, which adds coordinate input channels (:mod:`.coordconv`)."""
     name = f"timm:{rest}"
     if revision is not None:
         raise ConfigError(f"encoder {name}: --revision applies to hub encoders; use --weights PATH")
@@ -172,7 +174,10 @@ def load_timm(rest: str, *, weights: str | None = None, random_init: bool = Fals
         exported = read_export_meta(file) or {}  # a `spar-probe finetune` export
         check_export(file, exported, name, "timm")
         kwargs = {**exported.get("model_args", {}), **kwargs}
-    model = build_timm_model(rest, **kwargs)
+    coord = bool(kwargs.get(COORD_KEY, False))
+    model = build_timm_model(rest, **{k: v for k, v in kwargs.items() if k != COORD_KEY})
+    if coord:
+        add_coord_channels(model, name)  # before the spec's dry forward
     if file is not None:
         load_into(model, load_state_dict_file(file), file, name)
     model.eval()
