@@ -15,7 +15,12 @@ Per encoder (random init: throughput does not depend on the weights) it prints:
   (vs fp32), and of bf16 autocast (vs fp32 compute) on one batch.
 
 * start-up: seconds from the call to the first batch written, and its share of the run;
-* the process's peak RSS.
+* where the time goes: one more cache run with a :class:`spar_bench.probes.stopwatch.Stopwatch`
+  (read + decompression and collation in the reader workers, waiting for data, host-to-device
+  copy, forward, writes in the writer thread and waiting for them), seconds and shares of its
+  wall time, beside the untimed ratio; on CUDA every stage is synchronised, so that run is
+  slower than the untimed ones (``--no-breakdown`` skips it);
+* the process's peak RSS (and peak CUDA memory).
 
 ``--synthetic N`` writes a build of N synthetic images with numpy and h5py only
 (:mod:`spar_bench.builder.synthetic`, gzip shards: no hdf5plugin, nibabel or datasets needed),
@@ -154,6 +159,8 @@ def parse_args(argv: list[str] | None):
     ap.add_argument("--compute", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument("--no-breakdown", dest="breakdown", action="store_false",
+                    help="skip the timed run that says where the time goes")
     return ap.parse_args(argv)
 
 
@@ -186,6 +193,7 @@ def measure_encoder(name: str, a, data: Path, levels: list[str], device, compute
         total = time.perf_counter() - t0
         e2es.append(n_rows / total)
         startups.append(((first[0] - t0) if first else total, total))
+    breakdown = timed_breakdown(name, a, data, levels, device, compute, enc, out) if a.breakdown else None
     lv = levels[0]
     r = {"encoder": published_encoder(name, enc.spec), "tokens": enc.spec.n_tokens, "dim": enc.spec.dim,
          "bare_img_s": max(bares), "cache_img_s": max(e2es), "bare_all": bares, "cache_all": e2es,
@@ -196,8 +204,24 @@ def measure_encoder(name: str, a, data: Path, levels: list[str], device, compute
          "token_bytes_per_sample": enc.spec.n_tokens * enc.spec.dim * (2 if a.dtype == "fp16" else 4),
          **read_throughput(out, lv, b.splits(lv)[0]),
          **precision(enc, data, device, min(a.batch, 32))}
+    if breakdown is not None:
+        r["breakdown"] = breakdown
     out.unlink()
     return r
+
+
+def timed_breakdown(name: str, a, data: Path, levels: list[str], device, compute: str, enc, out: Path) -> dict:
+    """One more cache run with a Stopwatch: ``{"wall_s", "stages": [[stage, where, s, share]], "table"}``."""
+    from spar_bench.probes.cache import CacheOptions, write_cache
+    from spar_bench.probes.stopwatch import Stopwatch
+
+    sw = Stopwatch(device)
+    t0 = time.perf_counter()
+    write_cache(name, data, out, CacheOptions(levels=levels, device=str(device), batch_size=a.batch, dtype=a.dtype,
+                                              compute=compute, loader_workers=a.workers, overwrite=True),
+                encoder_obj=enc, progress=False, stopwatch=sw)
+    wall = time.perf_counter() - t0
+    return {"wall_s": wall, "stages": [list(r) for r in sw.rows(wall)], "table": sw.table(wall, name)}
 
 
 def print_table(results: list[dict]) -> None:
@@ -210,6 +234,10 @@ def print_table(results: list[dict]) -> None:
               f"{r['fp16_storage_rel_l2']:9.2e} {r['bf16_compute_rel_l2']:9.2e} "
               f"{r['startup_s']:7.2f} {100 * r['startup_share']:6.1f}%")
     print(f"peak RSS {peak_rss_mib():.0f} MiB")
+    for r in results:
+        if "breakdown" in r:
+            print(f"\n{r['encoder']}: where the time goes (a timed run; untimed ratio cache/bare {r['ratio']:.2f})")
+            print(r["breakdown"]["table"])
 
 
 def main(argv: list[str] | None = None) -> int:

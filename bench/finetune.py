@@ -13,7 +13,12 @@ On the same batches of the same build, it times
   gradient clipping, the schedule;
 
 and prints both in images/s, their ratio (the data pipeline's and the loop's overhead; aim
-at least 0.9 on a GPU), the compute precision and the process's peak RSS. Weights are
+at least 0.9 on a GPU), the compute precision and the process's peak RSS. Then one more epoch
+with a :class:`spar_bench.probes.stopwatch.Stopwatch` says where the loop's time goes: read +
+decompression and collation (reader workers), waiting for data, targets and questions (host
+prep), host-to-device copy, forward (encoder, head and loss), backward, optimizer step, and
+the rest, in seconds and shares of that epoch's wall time (on CUDA each stage is synchronised,
+so this epoch is slower than the untimed ones; ``--no-breakdown`` skips it). Weights are
 random (``--init scratch``): throughput does not depend on them.
 """
 
@@ -75,6 +80,20 @@ def finetune_epoch(trainer, tr, batches, reps: int) -> float:
     return best
 
 
+def timed_epoch(trainer, tr, batches) -> tuple[float, object]:
+    """One more epoch with a Stopwatch: ``(wall s, stopwatch)``."""
+    from spar_bench.probes.stopwatch import Stopwatch
+
+    trainer.stopwatch, trainer.state.batch = Stopwatch(trainer.dev), 0
+    t0 = time.perf_counter()
+    try:
+        trainer.train_epoch(tr, batches)
+        _sync(trainer.dev)
+        return time.perf_counter() - t0, trainer.stopwatch
+    finally:
+        trainer.stopwatch = None
+
+
 def setup(args, data: Path):
     """A Trainer of the encoder + an mlp head on ``args.probe`` of build ``data`` (no run folder use)."""
     from spar_bench.builder.shards import Build
@@ -118,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument("--no-breakdown", dest="breakdown", action="store_false",
+                    help="skip the timed epoch that says where the time goes")
     args = ap.parse_args(argv)
     import torch
 
@@ -129,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         lv, sp = tr.level, tr.split
         r_bare = bare(trainer, batches, build, lv, sp, args.repeats)
         r_ft = finetune_epoch(trainer, tr, batches, args.repeats)
+        wall, sw = timed_epoch(trainer, tr, batches) if args.breakdown else (0.0, None)
     from spar_bench.probes.finetune.run import published_encoder
 
     out = {"encoder": published_encoder(args.encoder, trainer.encoding.enc.spec), "model_args": args.model_args, "device": str(trainer.dev),
@@ -137,8 +159,14 @@ def main(argv: list[str] | None = None) -> int:
            "batch": args.batch, "images_timed": int(sum(len(b) for b in batches)),
            "bare_img_s": round(r_bare, 2), "finetune_img_s": round(r_ft, 2),
            "ratio_finetune_over_bare": round(r_ft / r_bare, 3), "peak_rss_mib": round(peak_rss_mib(), 1)}
+    if sw is not None:
+        out["breakdown"] = {"wall_s": wall, "stages": [list(r) for r in sw.rows(wall)]}
     for k, v in out.items():
-        print(f"{k:>26}: {v}")
+        if k != "breakdown":
+            print(f"{k:>26}: {v}")
+    if sw is not None:
+        print(f"\nwhere the time goes (a timed epoch; untimed ratio finetune/bare {out['ratio_finetune_over_bare']:.2f})")
+        print(sw.table(wall, "finetune"))
     if trainer.dev.type == "cpu":
         print("GPU numbers: python bench/finetune.py --device cuda --batch 128 --batches 20 --workers 4 "
               "--encoder timm:resnet50")

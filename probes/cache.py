@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from spar_bench.provenance import CACHE_PACKAGES, package_versions
 from .distributed import Ranks, all_parts, barrier, merge_parts, part_path
 from .features import STORAGE_FLOAT
 from .hardware import Precision, pick_compute, pick_device
+from .stopwatch import Stopwatch, timed
 from .token_storage import Moments, Projection, Reducer, TokenStorage, random_projection
 
 CACHE_SCHEMA = "1.0"
@@ -90,11 +91,12 @@ class _Batches:
     split: starting workers once per split cost more than the encoder on a GPU.
     """
 
-    def __init__(self, build, items: list[tuple[str, str, int, int]]):
+    def __init__(self, build, items: list[tuple[str, str, int, int]], timed: bool = False):
         # a copy without open HDF5 handles (Build.__getstate__): forked DataLoader workers
         # must not share the parent's HDF5 file ids
         self.build = pickle.loads(pickle.dumps(build))
         self.items = items
+        self.timed = timed  # items carry (read s, collate s) for a Stopwatch
 
     def __len__(self) -> int:
         return len(self.items)
@@ -103,8 +105,11 @@ class _Batches:
         import torch
 
         level, split, lo, hi = self.items[i]
+        t0 = time.perf_counter()
         _, images = next(self.build.iter_images(level, split, hi - lo, start=lo))
-        return i, torch.from_numpy(np.ascontiguousarray(images))
+        t1 = time.perf_counter()
+        x = torch.from_numpy(np.ascontiguousarray(images))
+        return (i, x, (t1 - t0, time.perf_counter() - t1)) if self.timed else (i, x)
 
 
 def _attr(value: Any) -> Any:
@@ -327,18 +332,15 @@ def _encode_items(f, job: _Job, items: list[Item], reduce: Reducer) -> None:
     import torch
     from tqdm.auto import tqdm
 
-    from spar_bench.procs import init_loader_worker
-
-    dev, workers = job.dev, job.workers
+    dev, sw = job.dev, job.stopwatch
     amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(job.comp)
-    loader = torch.utils.data.DataLoader(
-        _Batches(job.build, items), batch_size=None, shuffle=False, num_workers=workers,
-        pin_memory=dev.type == "cuda", prefetch_factor=4 if workers else None,
-        worker_init_fn=init_loader_worker,
-    )
+    loader = _loader(job, items)
 
     def store(item: Item, res: dict) -> None:
+        t0 = time.perf_counter()  # no device sync in this thread: the copy to the host waits for its batch
         _store_batch(f, item, res, dtype=job.dtype, where=job.where)
+        if sw is not None:
+            sw.add("write", time.perf_counter() - t0)
         if job.on_batch is not None:
             job.on_batch(*item)
 
@@ -347,19 +349,26 @@ def _encode_items(f, job: _Job, items: list[Item], reduce: Reducer) -> None:
     t0, seen, pending = time.perf_counter(), 0, deque()
     with ThreadPoolExecutor(max_workers=1) as writer:
         try:
-            for i, images in loader:
+            for got in (loader if sw is None else sw.iterate(loader)):
+                i, images = got[0], got[1]
+                if sw is not None:
+                    sw.add("read", got[2][0])
+                    sw.add("collate", got[2][1])
                 while pending and pending[0].done():  # surface a failed write at once
                     pending.popleft().result()
                 item = items[int(i)]
-                with torch.autocast(dev.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
-                    res = _encode(job.enc, item[0], images.to(dev, non_blocking=True), job.layers,
-                                  job.tile_encoding)
-                res = reduce(item[0], res)
+                with timed(sw, "h2d"):
+                    images = images.to(dev, non_blocking=True)
+                with timed(sw, "forward"):  # the encoder (under autocast) and the token reductions
+                    with torch.autocast(dev.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+                        res = _encode(job.enc, item[0], images, job.layers, job.tile_encoding)
+                    res = reduce(item[0], res)
                 if not seen:
                     check_space(Path(f.filename), res, item, sum(hi - lo for _, _, lo, hi in items), job.dtype)
                 pending.append(writer.submit(store, item, res))
-                while len(pending) > 2:
-                    pending.popleft().result()
+                with timed(sw, "write wait"):
+                    while len(pending) > 2:
+                        pending.popleft().result()
                 seen += item[3] - item[2]
                 bar.update(item[3] - item[2])
                 bar.set_postfix_str(f"{seen / max(time.perf_counter() - t0, 1e-9):.1f} img/s")
@@ -369,6 +378,19 @@ def _encode_items(f, job: _Job, items: list[Item], reduce: Reducer) -> None:
             for fut in pending:
                 fut.cancel()
             bar.close()
+
+
+def _loader(job: _Job, items: list[Item]):
+    """The one DataLoader of the run: reader workers, pinned memory on CUDA."""
+    import torch
+
+    from spar_bench.procs import init_loader_worker
+
+    return torch.utils.data.DataLoader(
+        _Batches(job.build, items, timed=job.stopwatch is not None), batch_size=None, shuffle=False,
+        num_workers=job.workers, pin_memory=job.dev.type == "cuda", prefetch_factor=4 if job.workers else None,
+        worker_init_fn=init_loader_worker,
+    )
 
 
 def _encode(enc, level: str, images, layers: list[int], tile_encoding: str) -> dict:
@@ -446,6 +468,7 @@ class _Job:
     target: Path
     progress: bool = True
     on_batch: Callable[[str, str, int, int], None] | None = None
+    stopwatch: Stopwatch | None = None  # times the stages of the encoding loop (bench/cache.py)
 
     @property
     def comp(self) -> str:
@@ -483,13 +506,15 @@ def write_cache(
     progress: bool = True,
     encoder_obj: Any = None,
     on_batch: Callable[[str, str, int, int], None] | None = None,
+    stopwatch: Stopwatch | None = None,
 ) -> Path:
     """Write (or resume) the feature cache of ``encoder`` over the build ``data`` at ``out``.
 
     ``options``: :class:`CacheOptions` (default: all of them at their defaults). ``encoder_obj``
     lets a caller pass an already-built :class:`spar_bench.probes.encoders.base.Encoder` (its
     spec is what gets recorded). ``on_batch(level, split, lo, hi)`` is called after each batch
-    is flushed. Returns ``out``.
+    is flushed. ``stopwatch`` (:class:`~.stopwatch.Stopwatch`) adds the seconds of each stage of
+    the encoding loop to it; the cache is the same with or without. Returns ``out``.
     """
     from spar_bench.locks import output_lock
     from spar_bench.outputs import check_target, claim, disk_full_is_an_error, remove
@@ -503,7 +528,7 @@ def write_cache(
     check_target(out, inputs=[data], folder=False)  # before any work
     if opts.overwrite and out.exists():
         claim(out, overwrite=True, owned=owned_cache, what="feature cache")
-    job = _start(encoder, data, out, opts, encoder_obj, progress, on_batch)
+    job = replace(_start(encoder, data, out, opts, encoder_obj, progress, on_batch), stopwatch=stopwatch)
     with disk_full_is_an_error(job.target, rerun="rerun the same command (it resumes)"), \
             output_lock(job.target, what="feature cache (spar-probe cache)"):
         if opts.overwrite and claim(out, overwrite=True, owned=owned_cache, what="feature cache"):

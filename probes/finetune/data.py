@@ -9,6 +9,7 @@ exactly the batches an uninterrupted one reads; the checkpoint stores it as well
 from __future__ import annotations
 
 import pickle
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,12 +41,13 @@ def remap(t, rows: np.ndarray):
 
 
 class RowBatches:
-    """Map-style dataset: item ``i`` = ``(i, uint8 images (B, H, W))`` of ``batches[i]``."""
+    """Map-style dataset: item ``i`` = ``(i, uint8 images (B, H, W))`` of ``batches[i]``;
+    ``timed``: ``(i, images, (read s, collate s))`` for a :class:`~..stopwatch.Stopwatch`."""
 
-    def __init__(self, build, level: str, split: str, batches: list[np.ndarray]):
+    def __init__(self, build, level: str, split: str, batches: list[np.ndarray], timed: bool = False):
         # a copy without open HDF5 handles: forked workers must not share the parent's ids
         self.build = pickle.loads(pickle.dumps(build))
-        self.level, self.split, self.batches = level, split, batches
+        self.level, self.split, self.batches, self.timed = level, split, batches, timed
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -53,8 +55,11 @@ class RowBatches:
     def __getitem__(self, i: int):
         import torch
 
+        t0 = time.perf_counter()
         images = self.build.images(self.level, self.split, self.batches[i])
-        return i, torch.from_numpy(np.ascontiguousarray(images))
+        t1 = time.perf_counter()
+        x = torch.from_numpy(np.ascontiguousarray(images))
+        return (i, x, (t1 - t0, time.perf_counter() - t1)) if self.timed else (i, x)
 
 
 @dataclass(frozen=True)

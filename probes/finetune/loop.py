@@ -22,6 +22,7 @@ import numpy as np
 
 from spar_bench.errors import ConfigError
 
+from ..stopwatch import Stopwatch, timed
 from .config import FinetuneConfig, lr_factor
 from .data import Loading, RowBatches, epoch_batches, items_of
 from .model import encode
@@ -118,6 +119,8 @@ class Trainer:
         self.opt = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
         self.scaler = torch.amp.GradScaler(self.dev.type, enabled=encoding.comp == "fp16")
         self.state = Progress()
+        #: times the stages of :meth:`train_epoch` when set (bench/finetune.py); None: nothing is timed
+        self.stopwatch: Stopwatch | None = None
 
     # ------------------------------------------------------------------ pieces
     def schedule(self, n_batches: int):
@@ -134,12 +137,16 @@ class Trainer:
 
         from ..train import question_and_targets, to_device
 
-        idx, index = items_of(t, batch_rows)
-        q, y = (to_device(self.dev, v) for v in question_and_targets(t, idx))
-        index = torch.from_numpy(index).to(self.dev)
-        with self.encoding.autocast():
-            out = self.head_output(images, q, index)
-        return t.spec.loss_value(out.float(), y, self.cfg.sinkhorn_iters), idx.size
+        sw = self.stopwatch
+        with timed(sw, "host prep"):
+            idx, index = items_of(t, batch_rows)
+            q, y = (to_device(self.dev, v) for v in question_and_targets(t, idx))
+            index = torch.from_numpy(index).to(self.dev)
+        with timed(sw, "forward"):
+            with self.encoding.autocast():
+                out = self.head_output(images, q, index)
+            loss = t.spec.loss_value(out.float(), y, self.cfg.sinkhorn_iters)
+        return loss, idx.size
 
     def head_output(self, images, q, index):
         tokens, pooled = encode(self.enc, images, self.cfg.layer)
@@ -232,24 +239,32 @@ class Trainer:
     def train_epoch(self, tr: Split, batches: list[np.ndarray]) -> None:
         from tqdm.auto import tqdm
 
-        st, cfg = self.state, self.cfg
+        st, cfg, sw = self.state, self.cfg, self.stopwatch
         self.enc.module.train()
         self.head.train()
         todo = batches[st.batch :]
         bar = tqdm(total=sum(b.size for b in todo), unit="img", leave=False, dynamic_ncols=True,
                    desc=f"epoch {st.epoch + 1}/{cfg.max_epochs}", disable=not self.progress)
-        loader = self.encoding.loading.loader(RowBatches(self.encoding.build, tr.level, tr.split, todo))
+        loader = self.encoding.loading.loader(RowBatches(self.encoding.build, tr.level, tr.split, todo,
+                                                         timed=sw is not None))
         t0 = time.perf_counter()
-        for _, images in loader:
-            rows = batches[st.batch]
-            loss, n = self.batch_loss(images.to(self.dev, non_blocking=True), tr.targets, rows)
-            self.scaler.scale(loss / cfg.accum).backward()
+        for got in (loader if sw is None else sw.iterate(loader)):
+            images, rows = got[1], batches[st.batch]
+            if sw is not None:
+                sw.add("read", got[2][0])
+                sw.add("collate", got[2][1])
+            with timed(sw, "h2d"):
+                images = images.to(self.dev, non_blocking=True)
+            loss, n = self.batch_loss(images, tr.targets, rows)
+            with timed(sw, "backward"):
+                self.scaler.scale(loss / cfg.accum).backward()
             st.batch += 1
             st.tr_sum += float(loss.detach()) * n
             st.tr_n += n
             st.images += int(rows.size)
             if st.batch % cfg.accum == 0 or st.batch == len(batches):
-                self.step()
+                with timed(sw, "step"):
+                    self.step()
                 if cfg.checkpoint_every and st.opt_steps % cfg.checkpoint_every == 0 and st.batch < len(batches):
                     self.save(batches)
             bar.update(int(rows.size))
