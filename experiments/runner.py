@@ -87,6 +87,8 @@ def execute(step: Step, out: Path, device: str | None) -> None:
     """Run ``step``'s commands (in this process)."""
     if step.kind == "eval":
         return _evaluate(step, out, device)
+    if step.kind == "report":  # the step owns its folder whole: both reports are written afresh
+        _remove_outputs(out, step)
     for program, argv in step.commands:
         args = [concrete(a, out) for a in argv]
         if step.kind == "build":

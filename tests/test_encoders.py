@@ -74,7 +74,7 @@ def test_entry_point_group(monkeypatch) -> None:
 def test_encoders_command_lists_without_downloads() -> None:
     from click.testing import CliRunner
 
-    from spar_bench.probes.encoders import encoders_command
+    from spar_bench.probes.cli.encoders import encoders_command
 
     res = CliRunner().invoke(encoders_command, [])
     assert res.exit_code == 0, res.output

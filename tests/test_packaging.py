@@ -13,7 +13,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 MAPPED = {"builder": "spar_bench/builder", "probes": "spar_bench/probes",
-          "manifests": "spar_bench/manifests", "spar_bench": "spar_bench"}
+          "manifests": "spar_bench/manifests", "spar_bench": "spar_bench", "experiments": "spar_bench/experiments"}
 
 
 @pytest.fixture(scope="module")

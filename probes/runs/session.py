@@ -122,7 +122,7 @@ def run_config(run, cache, build, head: CachedHead) -> dict[str, Any]:
     """What ``config.json`` records: the run spec, then what it resolved to and ran with."""
     from spar_bench.seeding import derive_seed
 
-    from ..encoders.base import published_name
+    from ..encoders.base import published_name, published_weights
     from ..heads import head_input
 
     model, dims = head.model, head.dims
@@ -143,6 +143,7 @@ def run_config(run, cache, build, head: CachedHead) -> dict[str, Any]:
         "dataset_fingerprint": build.fingerprint,
         "encoder": published_name(str(cache.meta["encoder"]), cache.meta.get("weights"))
         if cache.meta.get("encoder") else None,
+        "weights": published_weights(w) if isinstance(w := cache.meta.get("weights"), dict) else None,  # no path
         "random_init": bool(cache.random_init),
         "head_input": head_input(run.head),
         "head_config": model.cfg if hasattr(model, "cfg") else {},
