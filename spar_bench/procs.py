@@ -9,7 +9,7 @@ alone decides, so it never sees a worker vanish first) and die with the parent
 leaves the pool by any exception (KeyboardInterrupt from SIGINT, SystemExit from SIGTERM,
 an error), pending work is cancelled and every worker is killed before the exception goes
 on. :func:`init_loader_worker` sets up a DataLoader's reader workers (``spar-probe cache
---workers``, finetune) the same way. :func:`completed` waits for futures in
+--loader-workers``, finetune) the same way. :func:`completed` waits for futures in
 slices, so a signal is handled within a fraction of a second whichever thread the kernel
 gave it to.
 
