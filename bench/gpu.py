@@ -95,18 +95,45 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def nibabel_path(wheels: Path) -> str | None:
-    """``None`` when nibabel imports; else the nibabel wheel in ``wheels`` to put on the path."""
-    try:
-        import nibabel  # noqa: F401
+#: pure-Python packages a bare GPU machine may lack, taken from ``--wheels`` then
+PURE_WHEELS = ("nibabel", "click")
+#: the project's folders mapped into the ``spar_bench`` package (setup.cfg ``package_dir``)
+PACKAGE_DIRS = ("builder", "probes", "manifests", "experiments")
 
-        return None
-    except ImportError:
-        found = sorted(wheels.glob("nibabel-*-py3-none-any.whl")) if wheels.is_dir() else []
+
+def importable(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def wheel_paths(wheels: Path) -> list[str]:
+    """The wheels in ``wheels`` of the :data:`PURE_WHEELS` that do not import; one line when one lacks."""
+    out = []
+    for name in (m for m in PURE_WHEELS if not importable(m)):
+        found = sorted(wheels.glob(f"{name}-*-py3-none-any.whl")) if wheels.is_dir() else []
         if not found:
-            raise SystemExit(f"bench/gpu.py: nibabel is not installed and {wheels} holds no nibabel wheel; "
-                             "`pip install nibabel` (pure Python) or put nibabel-*-py3-none-any.whl there") from None
-        return str(found[-1])
+            raise SystemExit(f"bench/gpu.py: {name} is not installed and {wheels} holds no {name} wheel; "
+                             f"`pip install {name}` (pure Python) or put {name}-*-py3-none-any.whl there")
+        out.append(str(found[-1]))
+    return out
+
+
+def package_path(work: Path) -> list[str]:
+    """``[]`` when ``spar_bench`` is installed; else a folder that maps it as setup.cfg does (symlinks)."""
+    if importable("spar_bench.probes"):
+        return []
+    sys.modules.pop("spar_bench", None)  # a parent found without its mapped folders is imported again
+    pkg = work / "src" / "spar_bench"
+    pkg.mkdir(parents=True, exist_ok=True)
+    for src in [*(ROOT / "spar_bench").iterdir(), *(ROOT / d for d in PACKAGE_DIRS)]:
+        link = pkg / src.name
+        if not link.exists() and src.name != "__pycache__":
+            link.symlink_to(src)
+    return [str(pkg.parent)]
 
 
 def run_cli(module: str, args: list[str], env: dict[str, str], timeout: float = 3600) -> float:
@@ -291,17 +318,17 @@ def print_table(rows: list[tuple[str, str, str]], header: str) -> None:
         print(f"| {m} | {v} | {t} |")
 
 
-def environment(a: argparse.Namespace) -> dict[str, str]:
-    """The subprocesses' environment: nibabel from ``--wheels`` when it is not installed."""
+def environment(a: argparse.Namespace, work: Path) -> dict[str, str]:
+    """This process's path and its subprocesses' environment: the project without an install
+    (:func:`package_path`) and nibabel/click from ``--wheels`` when they are not installed."""
     env = dict(os.environ)
-    wheel = nibabel_path(a.wheels)
-    if wheel is not None:
-        sys.path.insert(0, wheel)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [wheel, env.get("PYTHONPATH")]))
+    extra = [*package_path(work), *wheel_paths(a.wheels)]
+    sys.path[:0] = extra
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [*extra, env.get("PYTHONPATH")]))
     return env
 
 
-def run(a: argparse.Namespace, work: Path) -> dict:
+def run(a: argparse.Namespace, work: Path, env: dict[str, str]) -> dict:
     import torch
 
     from spar_bench.builder.shards import Build
@@ -313,7 +340,6 @@ def run(a: argparse.Namespace, work: Path) -> dict:
     if a.workers is None:
         a.workers = 8 if device.type == "cuda" else 0
     compute = pick_compute("auto", device).dtype
-    env = environment(a)
     build, times = make_build(work, plan, a.jobs, env)
     b = Build(build)
     res = {"quick": a.quick, "device": str(device), "compute": compute, "cases": plan.cases, "jobs": a.jobs,
@@ -332,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="spar-bench-gpu-") as tmp:
         work = a.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        res = run(a, work)
+        res = run(a, work, environment(a, work))
     res["total_s"] = time.perf_counter() - t0
     plan = QUICK if a.quick else FULL
     print_table(table(res, plan), f"bench/gpu.py{' --quick' if a.quick else ''}: {res['gpu'] or res['device']}, "

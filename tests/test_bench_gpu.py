@@ -1,5 +1,6 @@
 """bench/gpu.py --quick: the GPU bench's whole path (phantom, build, caches, finetune, sweep, token
-storage) runs on the CPU without datasets, hdf5plugin or SimpleITK and prints its one table (issue 25)."""
+storage) runs on the CPU without datasets, hdf5plugin, SimpleITK, pyarrow or matplotlib, and prints
+its one table (issue 25)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 #: what a bare GPU machine lacks (nibabel aside: the bench takes it from a wheel, docs/SCALE.md)
-ABSENT = ("datasets", "hdf5plugin", "SimpleITK")
+ABSENT = ("datasets", "hdf5plugin", "SimpleITK", "pyarrow", "matplotlib")
 
 
 @pytest.mark.slow
