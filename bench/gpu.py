@@ -200,7 +200,9 @@ def sweep_row(build: Path, plan: Plan, a: argparse.Namespace, env: dict[str, str
     common = ["sweep", "--features", str(feats), "--data", str(build), "--out", str(work / "runs"), *plan.sweep_args,
               "--device", a.device]
     listed = subprocess.run([sys.executable, "-m", "spar_bench.probes.cli", *common, "--list"], env=env,
-                            capture_output=True, text=True, check=True)
+                            capture_output=True, text=True)
+    if listed.returncode != 0:
+        raise SystemExit(f"bench/gpu.py: sweep --list failed: {(listed.stderr.strip().splitlines() or ['?'])[-1]}")
     total = len([ln for ln in listed.stdout.splitlines() if ln.strip()])
     limit = a.sweep_limit if a.sweep_limit is not None else (300.0 if a.quick else 240.0)
     wall, finished = timed_process([sys.executable, "-m", "spar_bench.probes.cli", *common], env, limit,

@@ -55,3 +55,15 @@ def test_rows_and_table() -> None:
         pass
     assert sw.counts["h2d"] == 1 and list(sw.iterate([1, 2], "load wait")) == [1, 2]
     assert sw.counts["load wait"] == 2
+
+
+def test_read_rows_reads_runs_as_slices_with_the_same_images(tmp_path: Path) -> None:
+    from spar_bench.builder.shards import Build
+    from spar_bench.probes.finetune.data import read_rows
+
+    b = Build(make_build(tmp_path / "build", n_l1=23))  # shards of 5 rows: runs cross shard boundaries
+    for rows in ([0, 1, 2, 3, 4, 5, 6, 7, 8], [3, 4, 9, *range(11, 20), 21, 22], [1, 7, 20], [8], [],
+                 list(range(23)), [4, 2, 3]):  # the last not sorted: read row by row
+        rows = np.asarray(rows, dtype=np.int64)
+        got, want = read_rows(b, "level1", "train", rows), b.images("level1", "train", rows)
+        assert got.dtype == want.dtype and np.array_equal(got, want), rows
