@@ -50,7 +50,7 @@ def test_help_lists_the_new_names_and_hides_the_old(command, capsys) -> None:
 
 @pytest.mark.parametrize("command", ["fit", "sweep", "eval", "finetune", "vqa"])
 def test_bootstrap_must_be_at_least_one(command, capsys) -> None:
-    assert "x>=1" in _help(command, capsys).split("--bootstrap", 1)[1].split("\n  --")[0]
+    assert "N>=1" in _help(command, capsys).split("--bootstrap", 1)[1].split("\n  --")[0]
 
 
 def _one_error_line(capsys, rc: int, want: int, *words: str) -> str:

@@ -82,10 +82,16 @@ def head_option(default: str = "mlp", *, param: str = "head", old: bool = False)
     return decorate
 
 
+def _at_least_one(ctx, param, value: int) -> int:
+    if value is not None and value < 1:  # a one-line error (click's range error is a usage block)
+        raise ConfigError(f"--bootstrap must be at least 1, got {value}")
+    return value
+
+
 def bootstrap_option(f):
-    """``--bootstrap N`` (N >= 1), stored as ``n_boot``."""
-    return click.option("--bootstrap", "n_boot", default=1000, show_default=True, type=click.IntRange(1),
-                        help="Bootstrap replicates.")(f)  # fmt: skip
+    """``--bootstrap N`` (N >= 1, else one error line), stored as ``n_boot``."""
+    return click.option("--bootstrap", "n_boot", default=1000, show_default=True, type=int,
+                        callback=_at_least_one, metavar="N>=1", help="Bootstrap replicates.")(f)  # fmt: skip
 
 
 def loader_workers_option(help_text: str):
