@@ -3,6 +3,10 @@ canonical anatomy from one that reads the image?
 
     python scripts/recall_vs_computation.py --out runs/rvc            # the README table (~30 min on 2 busy cores)
     python scripts/recall_vs_computation.py --out /tmp/rvc --quick    # a smoke run (minutes)
+    # the computation model of issue 26 (README): 600 random layouts on a 96x16 grid, mirrors as training data
+    python scripts/recall_vs_computation.py --out runs/rvc26 --train-on random --seeds 0,1 \
+        --probes level3.relative_position,level3.orientation --cases 600 --eval-cases 40 \
+        --in-plane 96 --slices 16 --l3-stride 2 --train-mirrors
 
 1. Three phantom datasets (``spar-build phantom --layout canonical|random|mirrored
    --intensities distinct``: every organ its own mean HU, so that an organ can be found by
