@@ -28,6 +28,8 @@ from .data import Loading, RowBatches, epoch_batches, items_of
 from .model import encode
 
 CHECKPOINT, BEST = "checkpoint.pt", "best.pt"
+#: batches between reads of the running loss for the progress bar (a read waits for the GPU)
+POSTFIX_EVERY = 25
 
 
 @dataclass
@@ -237,9 +239,15 @@ class Trainer:
         return self.state
 
     def train_epoch(self, tr: Split, batches: list[np.ndarray]) -> None:
+        """One epoch from ``state.batch`` on. The running training loss is summed on the device in
+        float64 (the same additions, in the same order, as a Python float's), so no batch waits
+        for the GPU to finish; it is read back only for a checkpoint, the progress bar (every
+        :data:`POSTFIX_EVERY` batches) and the epoch's end."""
+        import torch
         from tqdm.auto import tqdm
 
         st, cfg, sw = self.state, self.cfg, self.stopwatch
+        acc = torch.tensor(st.tr_sum, dtype=torch.float64, device=self.dev)
         self.enc.module.train()
         self.head.train()
         todo = batches[st.batch :]
@@ -259,18 +267,22 @@ class Trainer:
             with timed(sw, "backward"):
                 self.scaler.scale(loss / cfg.accum).backward()
             st.batch += 1
-            st.tr_sum += float(loss.detach()) * n
+            acc += loss.detach().double() * n
             st.tr_n += n
             st.images += int(rows.size)
             if st.batch % cfg.accum == 0 or st.batch == len(batches):
                 with timed(sw, "step"):
                     self.step()
                 if cfg.checkpoint_every and st.opt_steps % cfg.checkpoint_every == 0 and st.batch < len(batches):
+                    st.tr_sum = float(acc)
                     self.save(batches)
             bar.update(int(rows.size))
             st.seconds += time.perf_counter() - t0
             t0 = time.perf_counter()
-            bar.set_postfix_str(f"loss {st.tr_sum / max(st.tr_n, 1):.4f}, {st.images / max(st.seconds, 1e-9):.1f} img/s")
+            if self.progress and (st.batch % POSTFIX_EVERY == 0 or st.batch == len(batches)):
+                st.tr_sum = float(acc)
+                bar.set_postfix_str(f"loss {st.tr_sum / max(st.tr_n, 1):.4f}, {st.images / max(st.seconds, 1e-9):.1f} img/s")
+        st.tr_sum = float(acc)
         bar.close()
 
     def step(self) -> None:
