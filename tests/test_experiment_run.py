@@ -58,7 +58,7 @@ def experiment(tmp_path_factory) -> dict[str, Path]:
     hf = make_hf_dinov2(root)[0].partition(":")[2]
     path = root / "small.yaml"
     path.write_text(EXPERIMENT.format(out=root / "whole", hf=hf))
-    done = subprocess.run(_cmd(str(path)), env=_env(), capture_output=True, text=True, timeout=900)
+    done = subprocess.run(_cmd(str(path)), env=_env(), capture_output=True, encoding="utf-8", errors="replace", timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     return {"root": root, "file": path, "whole": root / "whole"}
 
@@ -73,7 +73,7 @@ def _report(out: Path) -> dict[str, bytes]:
 
 
 def test_the_plan_has_every_kind_of_step(experiment):
-    listed = subprocess.run(_cmd(str(experiment["file"]), "--list"), env=_env(), capture_output=True, text=True)
+    listed = subprocess.run(_cmd(str(experiment["file"]), "--list"), env=_env(), capture_output=True, encoding="utf-8", errors="replace")
     ids = [line.split("\t")[0] for line in listed.stdout.splitlines()]
     assert ids == ["build:train", "build:moved", "cache:r10@train", "cache:r10@moved", "cache:tiny@train",
                    "cache:tiny@moved", "heads:r10", "heads:tiny", "finetune:tiny", "eval:heads:r10@moved",
@@ -100,7 +100,7 @@ def test_killed_midway_then_rerun_runs_each_step_once_and_gives_the_same_report(
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=120) in (143, -signal.SIGTERM), proc.stderr.read()[-2000:]
     assert not (out / "report" / "report.md").exists()
-    again = subprocess.run(_cmd(path, "--set", f"OUT={out}"), env=_env(), capture_output=True, text=True, timeout=900)
+    again = subprocess.run(_cmd(path, "--set", f"OUT={out}"), env=_env(), capture_output=True, encoding="utf-8", errors="replace", timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
     finished = _finished(out)
     assert len(finished) == len(set(finished)) == 14, finished
@@ -110,11 +110,11 @@ def test_killed_midway_then_rerun_runs_each_step_once_and_gives_the_same_report(
 def test_partitions_one_after_another_give_the_same_report(experiment):
     out, path = experiment["root"] / "parts", str(experiment["file"])
     early = subprocess.run(_cmd(path, "--set", f"OUT={out}", "--partition", "2/3"), env=_env(), capture_output=True,
-                           text=True)
+                           encoding="utf-8", errors="replace")
     assert early.returncode == 2 and early.stderr.count("\n") == 1 and "run it first" in early.stderr, early.stderr
     for i in range(3):
         done = subprocess.run(_cmd(path, "--set", f"OUT={out}", "--partition", f"{i}/3"), env=_env(),
-                              capture_output=True, text=True, timeout=900)
+                              capture_output=True, encoding="utf-8", errors="replace", timeout=900)
         assert done.returncode == 0, done.stderr[-3000:]
     assert sorted(_finished(out)) == sorted(_finished(experiment["whole"]))
     assert _report(out) == _report(experiment["whole"])
@@ -147,7 +147,7 @@ builds:
 mllms:
   dummy: {{model: dummy, builds: [a, b], options: {{bootstrap: 10, probe: relative_position}}}}
 """)
-    done = subprocess.run(_cmd(str(path), "--devices", "cpu,cpu"), env=_env(), capture_output=True, text=True,
+    done = subprocess.run(_cmd(str(path), "--devices", "cpu,cpu"), env=_env(), capture_output=True, encoding="utf-8", errors="replace",
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert sorted(_finished(tmp_path / "out")) == ["build:a", "build:b", "report", "vqa:dummy@a", "vqa:dummy@b"]
