@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -50,14 +49,11 @@ def concrete(arg: str, out: Path) -> str:
 
 def _remove_outputs(out: Path, step: Step) -> None:
     """A changed step's outputs go before it is redone: only paths inside ``out``."""
+    from spar_bench.outputs import remove
+
     for rel in step.outputs:
-        if not rel.startswith("{out}/"):
-            continue
-        p = Path(concrete(rel, out))
-        if p.is_dir():
-            shutil.rmtree(p)
-        elif p.exists():
-            p.unlink()
+        if rel.startswith("{out}/"):
+            remove(Path(concrete(rel, out)))
 
 
 def _build_flags(argv: tuple[str, ...], out: Path) -> list[str]:
