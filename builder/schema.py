@@ -92,6 +92,10 @@ class LevelSpec:
     questions: str | None = None
     probes: tuple[str, ...] = ()
     classes: tuple[tuple[str, ...], ...] = ()
+    #: the questions table's field that points at this level's rows (``q_slice``, ``q_volume``)
+    row_field: str = "q_slice"
+    #: rows are whole 3-D volumes (``image``/``label``/``lesion`` of shape (S, S, S)): Level 4
+    volume: bool = False
 
 
 #: The six Level 3 probes, then all eight probes.
@@ -142,6 +146,38 @@ LEVEL3_CLASS_NAMES: dict[str, tuple[str, ...]] = {
 }
 RELATIVE_POSITION_AXES = ("left_right", "anterior_posterior")
 
+#: The Level 4 (volume) question probes, in ``q_probe`` order; Level 4 also has a
+#: localisation probe read from the rows (``centroid``, (x, y, z) per organ). See
+#: docs/PROTOCOL.md "Level 4".
+LEVEL4_PROBES: tuple[str, ...] = (
+    "relative_position",
+    "distance",
+    "volume",
+    "symmetry",
+    "adjacency",
+    "containment",
+    "counting",
+)
+LEVEL4_CLASS_NAMES: dict[str, tuple[str, ...]] = {
+    # axis 0: 1 = A lies to the patient's LEFT of B; axis 1: A ANTERIOR of B;
+    # axis 2: A SUPERIOR of B (centroids, mm).
+    "relative_position": ("no", "yes"),
+    # organ A's centroid is closer to organ B's (0) or to organ C's (1).
+    "distance": ("B", "C"),
+    # 1 = organ A's volume is larger than organ B's.
+    "volume": ("no", "yes"),
+    # A = the member on the patient's left side, B = the right side; by volume.
+    "symmetry": ("left_larger", "similar", "right_larger"),
+    # 1 = A and B touch: the gap between their surfaces is at most ``adjacency_mm``.
+    "adjacency": ("no", "yes"),
+    # 1 = the largest lesion lies inside organ A.
+    "containment": ("no", "yes"),
+    # 3-D lesion components (26-connectivity).
+    "counting": ("0", "1", "2", "3+"),
+}
+LEVEL4_N_CLASSES: dict[str, int] = {p: len(c) for p, c in LEVEL4_CLASS_NAMES.items()}
+VOLUME_AXES = ("left_right", "anterior_posterior", "superior_inferior")
+
 #: Every level, in build order: names, row units and features (see :class:`LevelSpec`).
 LEVEL_SPECS: dict[str, LevelSpec] = {
     spec.name: spec
@@ -150,6 +186,9 @@ LEVEL_SPECS: dict[str, LevelSpec] = {
         LevelSpec("level2", unit="samples", mosaic=True, shuffled=True),
         LevelSpec("level3", unit="slices", mosaic=False, questions="level3_questions", probes=LEVEL3_PROBES,
                   classes=tuple(LEVEL3_CLASS_NAMES[p] for p in LEVEL3_PROBES)),
+        LevelSpec("level4", unit="volumes", mosaic=False, questions="level4_questions",
+                  probes=LEVEL4_PROBES, classes=tuple(LEVEL4_CLASS_NAMES[p] for p in LEVEL4_PROBES),
+                  row_field="q_volume", volume=True),
     )
 }
 #: Level names, in build order.

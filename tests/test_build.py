@@ -45,7 +45,9 @@ def _check_level_specs(b) -> None:
     from spar_bench.builder.schema import LEVEL_SPECS
     from spar_bench.builder.shards import open_shard
 
-    for level, spec in LEVEL_SPECS.items():
+    assert b.levels() == ["level1", "level2", "level3"]  # Level 4 (volumes) is opt-in
+    for level in b.levels():
+        spec = LEVEL_SPECS[level]
         fields = set(b.fields(level, "train"))
         assert set(b.manifest["counts"][level]["train"]) == {spec.unit, "questions", "classes"}
         assert ("present" in fields) == spec.mosaic and ("perm" in fields) == spec.shuffled
