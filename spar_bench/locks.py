@@ -8,6 +8,11 @@ never touches it), which holds the holder's pid for the message. The kernel rele
 ``flock`` when its process dies, so the lock of a killed run (a stale file with a dead
 pid) is simply taken over. Where ``fcntl`` is missing (Windows) the file is created
 exclusively instead, and a file whose pid no longer runs is taken over.
+
+A forked child (a DataLoader reader, a build worker) would share the holder's ``flock``
+and keep it after the holder is killed, so every process forked while a lock is held
+closes its copy at once (``os.register_at_fork``): only the holder holds the lock, and it
+goes the moment the holder dies.
 """
 
 from __future__ import annotations
@@ -23,6 +28,24 @@ try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
+
+
+#: The lock files this process holds: fd -> the holder's pid (see :func:`_drop_in_child`).
+_HELD: dict[int, int] = {}
+
+
+def _drop_in_child() -> None:
+    """In a freshly forked child: close the inherited lock fds, so the lock dies with its holder."""
+    for fd in list(_HELD):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_drop_in_child)
 
 
 def lock_path(output: str | Path) -> Path:
@@ -109,10 +132,12 @@ def output_lock(output: str | Path, *, what: str) -> Iterator[Path]:
     except (FileExistsError, NotADirectoryError, PermissionError) as e:
         raise ConfigError(f"{lock.parent}: cannot hold {output} and its lock file ({e.strerror}); write elsewhere") from None
     fd = (_acquire_flock if fcntl is not None else _acquire_exclusive)(output, lock, what)
+    _HELD[fd] = os.getpid()
     try:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         yield lock
     finally:
-        lock.unlink(missing_ok=True)
-        os.close(fd)
+        if _HELD.pop(fd, None) == os.getpid():  # a forked child leaving the block owns nothing
+            lock.unlink(missing_ok=True)
+            os.close(fd)

@@ -426,6 +426,49 @@ def test_a_second_build_or_cache_to_one_output_is_refused_naming_the_holder(fake
     assert not cache.exists()
 
 
+FORKING_HOLDER = """
+import os, sys, time
+from spar_bench.locks import output_lock
+
+with output_lock(sys.argv[1], what="feature cache"):
+    child = os.fork()  # a reader worker: it must not keep the lock after its holder dies
+    if child == 0:
+        time.sleep(30)
+        os._exit(0)
+    print(child, flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_killed_holders_forked_children_do_not_keep_its_lock(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from spar_bench.locks import output_lock
+
+    out = tmp_path / "c.h5"
+    holder = subprocess.Popen([sys.executable, "-c", FORKING_HOLDER, str(out)], stdout=subprocess.PIPE,
+                              encoding="utf-8", errors="replace")
+    child = None
+    try:
+        child = int(holder.stdout.readline())
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=30)
+        os.kill(child, 0)  # the forked child still runs ...
+        with output_lock(out, what="feature cache"):  # ... and the lock is free at once
+            pass
+    finally:
+        holder.kill()
+        holder.wait()
+        if child is not None:
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 # -- a stopped or killed parallel build, sweep or torchrun: tests/test_signals.py ----------------
 
 
