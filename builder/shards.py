@@ -21,10 +21,10 @@ import numpy as np
 
 from spar_bench.errors import ConfigError, IntegrityError
 
-from .schema import LEVELS, ordered_splits
+from .schema import LEVEL_SPECS, LEVELS, ordered_splits
 from .writers.manifest import fingerprint, read_manifest, shard_entries
 
-#: Level 3 datasets that are rows of the question table, not of the slice table.
+#: Datasets that are rows of a level's question table (Level 3, 4), not of its row table.
 QUESTION_PREFIX = "q_"
 
 
@@ -149,11 +149,11 @@ class Build:
         return self._row_cache[key]
 
     def count(self, level: str, split: str) -> int:
-        """Rows of a split: samples (Level 1/2) or slices (Level 3)."""
+        """Rows of a split: samples (Level 1/2), slices (Level 3) or volumes (Level 4)."""
         return int(self._rows(level, split)[-1])
 
     def count_questions(self, level: str, split: str) -> int:
-        """Level 3 questions of a split (0 for Level 1/2)."""
+        """Questions of a split (Level 3, 4; 0 for Level 1/2)."""
         return sum(int(e.get("questions", 0)) for e in self._entries(level, split))
 
     def fields(self, level: str, split: str) -> list[str]:
@@ -194,20 +194,22 @@ class Build:
     def read(self, level: str, split: str, fields: list[str] | None = None) -> dict[str, np.ndarray]:
         """Whole fields of a split, concatenated over shards in canonical order.
 
-        Strings come back as numpy unicode arrays. For Level 3 question fields
-        (``q_*``), ``q_slice`` is re-based from shard rows to split rows, so
+        Strings come back as numpy unicode arrays. For question fields (``q_*``) the
+        level's row field (``q_slice`` for Level 3, ``q_volume`` for Level 4:
+        ``LevelSpec.row_field``) is re-based from shard rows to split rows, so
         ``read(...)["image"][q["q_slice"]]`` is each question's slice.
         ``fields=None`` reads everything (images included: mind the memory).
         """
         paths = self.shard_paths(level, split)
         names = list(fields) if fields is not None else self.fields(level, split)
         offsets = self._rows(level, split)
+        row_field = LEVEL_SPECS[level].row_field if level in LEVEL_SPECS else "q_slice"
         out: dict[str, np.ndarray] = {}
         for name in names:
             parts = []
             for i, path in enumerate(paths):
                 arr = _decode(self._dataset(path, name)[()])
-                if name == "q_slice":
+                if name == row_field:
                     arr = arr.astype(np.int64) + offsets[i]
                 parts.append(arr)
             if parts:
@@ -229,7 +231,8 @@ class Build:
     def iter_images(
         self, level: str, split: str, batch_size: int, start: int = 0, field: str = "image"
     ) -> Iterator[tuple[int, np.ndarray]]:
-        """``(row offset, uint8 (B, 224, 224))`` batches in canonical order from ``start``.
+        """``(row offset, uint8 (B, 224, 224))`` batches (Level 4: ``(B, S, S, S)`` volumes) in
+        canonical order from ``start``.
 
         Batches span shard boundaries; every batch has ``batch_size`` rows but the last.
         Pass the offset of the first unwritten row as ``start`` to resume.

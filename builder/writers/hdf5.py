@@ -1,15 +1,17 @@
 """Sharded HDF5 writer: ``OUT/<level>/<split>-NNNNN-of-MMMMM.h5`` (docs/FORMATS.md).
 
 * Images (``image``, ``label``, ``lesion``) are uint8, chunked ONE SAMPLE PER CHUNK
-  and compressed with blosc-zstd (hdf5plugin) by default: fast random reads.
+  (a 224x224 image, or a whole (S, S, S) Level 4 volume) and compressed with
+  blosc-zstd (hdf5plugin) by default: fast random reads.
   ``compression="gzip"|"lzf"|"none"`` writes shards that plain h5py reads, without
   hdf5plugin (a bare GPU machine); the bytes differ, the arrays do not.
 * Everything else is small and stored contiguous, uncompressed.
 * Strings are fixed-length UTF-8.
 * Bytes are reproducible: no object timestamps (``track_times=False``), fixed
   ``libver``, datasets and attributes created in sorted order.
-* Level 3: a slice and all its questions land in the same shard; ``q_slice`` indexes
-  the shard's own slice rows.
+* Level 3 and 4: a row (slice, volume) and all its questions land in the same shard; the
+  questions' row field (``q_slice``, ``q_volume``: ``LevelSpec.row_field``) indexes the
+  shard's own rows.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import numpy as np
 
 from spar_bench.errors import SparError
 
-from ..schema import IMAGE_FIELDS
+from ..schema import IMAGE_FIELDS, LEVEL_SPECS
 
 LIBVER = ("earliest", "v110")
 #: Image compressions: blosc needs hdf5plugin to write and read; the others are built into h5py.
@@ -87,7 +89,7 @@ def write_shard(
         for name in sorted(fields):
             arr = _encode(name, fields[name])
             kw: dict[str, Any] = {"track_times": False}
-            if name in IMAGE_FIELDS and arr.ndim == 3:
+            if name in IMAGE_FIELDS and arr.ndim in (3, 4):  # (N, H, W) images, (N, S, S, S) volumes
                 kw.update(chunks=(1, *arr.shape[1:]), maxshape=(None, *arr.shape[1:]),
                           **_image_filter(compression))
             f.create_dataset(name, data=arr, **kw)
@@ -114,10 +116,11 @@ def _rows(d: Mapping[str, np.ndarray]) -> int:
 class ShardSink:
     """Streams cases of one (level, split) into shards of ``shard_size`` rows.
 
-    ``add(rows, questions)`` appends one case's rows (samples or slices) and, for
-    Level 3, its questions (``q_slice`` relative to that case's rows). Full shards are
-    written as soon as they fill, so memory stays at about one shard. ``n_rows`` (the
-    split's total, known from the per-case index) fixes the shard count up front.
+    ``add(rows, questions)`` appends one case's rows (samples, slices or volumes) and, for
+    a level with questions, its questions (the row field ``q_slice`` / ``q_volume``,
+    :attr:`~spar_bench.builder.schema.LevelSpec.row_field`, relative to that case's rows).
+    Full shards are written as soon as they fill, so memory stays at about one shard.
+    ``n_rows`` (the split's total, known from the per-case index) fixes the shard count up front.
     """
 
     def __init__(
@@ -135,6 +138,7 @@ class ShardSink:
         self.n_rows, self.shard_size = n_rows, shard_size
         self.n_shards = n_shards_for(n_rows, shard_size)
         self.attrs = dict(attrs)
+        self.row_field = LEVEL_SPECS[level].row_field if level in LEVEL_SPECS else "q_slice"
         self.entries: list[dict[str, Any]] = []
         self._rows: list[dict[str, np.ndarray]] = []
         self._qs: list[dict[str, np.ndarray]] = []
@@ -155,7 +159,7 @@ class ShardSink:
         self._rows.append(rows)
         if questions is not None and questions:
             q = {k: np.asarray(v) for k, v in questions.items()}
-            q["q_slice"] = q["q_slice"].astype(np.int64) + self._buffered
+            q[self.row_field] = q[self.row_field].astype(np.int64) + self._buffered
             self._qs.append(q)
         self._buffered += n
         while self._buffered >= self.shard_size and len(self.entries) < self.n_shards - 1:
@@ -168,11 +172,12 @@ class ShardSink:
         qhead = None
         if self._qtemplate is not None:
             qs = _concat(self._qs) if self._qs else dict(self._qtemplate)
-            keep = qs["q_slice"] < n
+            row = self.row_field
+            keep = qs[row] < n
             qhead = {k: v[keep] for k, v in qs.items()}
-            qhead["q_slice"] = qhead["q_slice"].astype(np.int32)
+            qhead[row] = qhead[row].astype(np.int32)
             qtail = {k: v[~keep] for k, v in qs.items()}
-            qtail["q_slice"] = qtail["q_slice"] - n
+            qtail[row] = qtail[row] - n
             self._qs = [qtail] if _rows(qtail) else []
         self._rows = [tail] if _rows(tail) else []
         self._buffered -= min(n, self._buffered)
