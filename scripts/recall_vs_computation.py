@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 LAYOUTS = ("canonical", "mirrored", "random")
 TRAIN_ON = ("canonical", "random")
 PROBES = ("level3.relative_position", "level3.orientation", "level1.localisation")
@@ -135,6 +137,7 @@ class Training:
     train_on: tuple[str, ...] = TRAIN_ON
     probes: tuple[str, ...] = PROBES
     train_mirrors: bool = False
+    score: tuple[str, ...] = ()  # calibration: every probe scored (``tr.probes``: those trained end to end)
 
 
 def runs_root(out: Path, tr: Training) -> Path:
@@ -146,20 +149,31 @@ def runs_root(out: Path, tr: Training) -> Path:
     return out / f"runs-{hashlib.sha256(json.dumps(tr.model_args, sort_keys=True).encode()).hexdigest()[:10]}"
 
 
-def train_and_score(builds: dict[str, Path], out: Path, tr: Training, n_boot: int) -> list[dict]:
+def train_run(builds: dict[str, Path], out: Path, tr: Training, train_on: str, probe: str,
+              n_boot: int = 200) -> Path:
+    """The encoder trained from scratch with ``tr.head`` on ``probe`` of the ``train_on`` build (a
+    finished run is kept). ``tr.train_mirrors`` adds the mirrored counterfactuals to the training
+    data of non-canonical layouts only (canonical slices and their flips would be two layouts)."""
     from spar_bench.probes.finetune.config import FinetuneConfig, FinetuneSpec
-    from spar_bench.probes.finetune.run import run_eval_reencoded, run_finetune
-    from spar_bench.probes.tasks import get_probe
+    from spar_bench.probes.finetune.run import run_finetune
 
     cfg = FinetuneConfig(encoder_lr=tr.lr, head_lr=tr.lr, batch_size=32, max_epochs=tr.epochs,
                          warmup_epochs=1, patience=tr.patience, device="cpu", compute="fp32")
+    fs = FinetuneSpec(ENCODER, str(builds[train_on]), probe, tr.head, tr.seed, init="scratch",
+                      model_kwargs=tr.model_args, cfg=cfg, n_boot=n_boot,
+                      train_mirrors=tr.train_mirrors and train_on != "canonical")
+    return run_finetune(fs, runs_root(out, tr), resume=True, progress=False)
+
+
+def train_and_score(builds: dict[str, Path], out: Path, tr: Training, n_boot: int) -> list[dict]:
+    from spar_bench.probes.finetune.run import run_eval_reencoded
+    from spar_bench.probes.tasks import get_probe
+
     rows = []
     for train_on in tr.train_on:
         for probe in tr.probes:
             t0 = time.perf_counter()
-            fs = FinetuneSpec(ENCODER, str(builds[train_on]), probe, tr.head, tr.seed, init="scratch",
-                              model_kwargs=tr.model_args, cfg=cfg, n_boot=n_boot, train_mirrors=tr.train_mirrors)
-            rd = run_finetune(fs, runs_root(out, tr), resume=True)
+            rd = train_run(builds, out, tr, train_on, probe, n_boot)
             m = json.loads((rd / "metrics.json").read_text())
             key = get_probe(probe).headline
             row = {"probe": probe, "trained_on": train_on, "metric": key, "run": str(rd.relative_to(out)),
@@ -178,6 +192,334 @@ def train_and_score(builds: dict[str, Path], out: Path, tr: Training, n_boot: in
             print(json.dumps(row), flush=True)
             rows.append(row)
     return rows
+
+
+# ------------------------------------------------------------------ calibration (issue 26)
+#: The reference models: what each one trains on (the oracle trains on nothing: it reads the masks).
+MODELS = ("recall", "computation", "oracle")
+MODEL_TRAIN_ON = {"recall": "canonical", "computation": "random"}
+#: The blind rows: the question-only optimum (the probe's prior) fitted on each training layout.
+BLINDS = {"blind (canonical prior)": "canonical", "blind (random prior)": "random"}
+#: The metric of each level's table cell (Level 2's exact permutation is ~0 for every trained
+#: model at 8+ tiles, so the table shows its per-tile accuracy; the JSON holds every metric).
+TABLE_METRIC = {"level1": "med_px", "level2": "tile_acc"}
+
+
+def table_metric(probe: str) -> str:
+    return TABLE_METRIC.get(probe.split(".", 1)[0], "accuracy")
+
+
+def test_targets(build_root: Path, probe: str, keys: Any = None):
+    """The probe's test items (originals and mirrored counterfactuals) of a build, in the order of
+    ``keys`` (a cache's; None: the build's own)."""
+    from spar_bench.builder.shards import Build
+    from spar_bench.probes.runs.inputs import BuildKeys
+    from spar_bench.probes.targets import load_targets
+    from spar_bench.probes.tasks import get_probe
+
+    spec, b = get_probe(probe), Build(build_root)
+    return load_targets(b, spec, "test", BuildKeys(b).keys(spec.level, "test") if keys is None else keys)
+
+
+def prior_of(build_root: Path, probe: str) -> dict:
+    """The probe's prior (question-only optimum) fitted on a build's original training items."""
+    from spar_bench.builder.shards import Build
+    from spar_bench.probes.runs.inputs import BuildKeys
+    from spar_bench.probes.targets import load_targets
+    from spar_bench.probes.tasks import get_probe
+
+    spec, b = get_probe(probe), Build(build_root)
+    tr = load_targets(b, spec, "train", BuildKeys(b).keys(spec.level, "train"))
+    return spec.fit_prior(tr.subset(~tr.is_mirror))
+
+
+def finetuned_predict(rd: Path, build_root: Path):
+    """``(test targets, predictions)`` of finetune run ``rd`` on a build, its images re-encoded
+    by the run's own encoder (``spar-probe eval --run``, item by item)."""
+    from spar_bench.builder.shards import Build
+    from spar_bench.probes.finetune.config import FinetuneConfig
+    from spar_bench.probes.finetune.data import remap
+    from spar_bench.probes.finetune.loop import load_saved
+    from spar_bench.probes.finetune.run import encoding_of, load_run_encoder
+    from spar_bench.probes.heads import build_head
+    from spar_bench.probes.tasks import get_probe
+    from spar_bench.probes.train import predict
+
+    saved = load_saved(rd / "head.pt", "head")
+    c = saved["config"]
+    spec = get_probe(c["probe"])
+    head = build_head(c["head"], spec, c["in_dim"], c["n_tokens"], **c["head_config"])
+    head.load_state_dict(saved["state_dict"])
+    cfg = FinetuneConfig(**{**c["finetune_config"], "device": "cpu", "compute": "fp32"})
+    encoding, _ = encoding_of(load_run_encoder(rd, c), Build(build_root), cfg)
+    t = test_targets(build_root, spec.name)
+    rows = np.unique(t.rows)
+    feats = encoding.features(spec.level, "test", rows, head, c["head_input"])
+    return t, predict(head, feats, remap(t, rows))
+
+
+def encoder_caches(rd: Path, builds: dict[str, Path], out: Path) -> dict[str, Path]:
+    """Feature caches of run ``rd``'s trained encoder over every layout's build (frozen, fp32)."""
+    from spar_bench.probes.cache import CacheOptions, write_cache
+
+    caches = {}
+    for layout, b in builds.items():
+        caches[layout] = out / f"cache-{layout}.h5"
+        opts = CacheOptions(weights=str(rd / "encoder.safetensors"), device="cpu", compute="fp32", dtype="fp32")
+        write_cache(ENCODER, b, caches[layout], opts, progress=False)
+    return caches
+
+
+def frozen_head_predict(caches: dict[str, Path], builds: dict[str, Path], train_on: str, probe: str,
+                        seed: int, out: Path, n_boot: int) -> dict[str, tuple]:
+    """A ``HEAD`` probe (``spar-probe fit``) on the frozen encoder's cache of the training layout,
+    then its predictions on every layout's test items: ``{layout: (targets, predictions)}``."""
+    from spar_bench.probes.runs.inputs import load_features, open_cache
+    from spar_bench.probes.runs.predictors import CachedHead
+    from spar_bench.probes.runs.session import run_fit
+    from spar_bench.probes.runs.spec import make_run
+    from spar_bench.probes.train import predict
+
+    run = make_run(str(caches[train_on]), probe, HEAD, seed, {}, data=str(builds[train_on]), n_boot=n_boot)
+    rd = run_fit(run, out, progress=False)
+    spec_run, c, _, model = CachedHead.load(rd)
+    got = {}
+    for layout, path in caches.items():
+        with open_cache(path) as cache:
+            level = spec_run.spec.level
+            t = test_targets(builds[layout], probe, cache.keys(level, "test"))
+            feats = load_features(cache, c["head_input"], level, "test", spec_run.layer, model)
+            got[layout] = (t, predict(model, feats, t))
+    return got
+
+
+def oracle_predict(build_root: Path, probe: str):
+    """``(test targets, predictions)`` of the oracle that reads the masks. Level 3: every question
+    recomputed from the 224 label / lesion masks of its slice (``vqa --model oracle:pixels``'s
+    rule; -1, a miss, where an organ asked about is not visible). Levels 1-2: the centroids the
+    targets are measured from on the source slice's mask (a mosaic's tiles carry no position, so
+    only the mask answers them): exact by construction, the ceiling of the table."""
+    from spar_bench.builder.shards import Build
+    from spar_bench.probes.vqa.questions import load_questions
+
+    level = probe.split(".", 1)[0]
+    if level == "level1":
+        t = test_targets(build_root, probe)
+        return t, np.nan_to_num(t.y["centroid"], nan=0.5)
+    if level == "level2":
+        t = test_targets(build_root, probe)
+        return t, t.y["target_slot"].copy()
+    from spar_bench.probes.tasks import get_probe
+
+    b = Build(build_root)
+    q = load_questions(b, get_probe(probe), ["test"])
+    rows = np.unique(q.row)
+    label = dict(zip(rows.tolist(), b.images("level3", "test", rows, field="label"), strict=True))
+    lesion = dict(zip(rows.tolist(), b.images("level3", "test", rows, field="lesion"), strict=True))
+    pred = np.array([_oracle_answer(q, i, label[int(q.row[i])], lesion[int(q.row[i])]) for i in range(len(q))])
+    return q.t, pred.astype(np.int64)
+
+
+def _oracle_answer(q, i: int, label: np.ndarray, lesion: np.ndarray) -> int:
+    from spar_bench.probes.vqa.oracle import decide, measure_pixels
+
+    a, b = int(q.organ_a[i]), int(q.organ_b[i])
+    if any(o >= 0 and not (label == o + 1).any() for o in (a, b)):
+        return -1
+    g = measure_pixels(label, lesion, a, b, float(q.mm_per_pixel[i]))
+    stated = (tuple(q.cuts[i]) if q.cuts is not None else
+              ((100.0 * q.band,) if q.band is not None else ()))
+    return decide(q.probe, int(q.axis[i]), g, stated)
+
+
+def score_model(t, pred: np.ndarray, canon_prior: dict, seed: int, n_boot: int) -> dict:
+    """The table metric of ``pred`` on the original test items (CI over patients), on the mirrored
+    counterfactuals, and on the conflict items: those the canonical prior (canonical anatomy's
+    answer) gets wrong (Level 3 only)."""
+    from spar_bench.probes.runs.evaluate import bootstraps
+
+    spec, key = t.spec, table_metric(t.spec.name)
+    rng = bootstraps(seed, "calibration", spec.name)
+    orig, mir = ~t.is_mirror, t.is_mirror
+    s = spec.score(t.subset(orig), pred[orig], rng("test"), n_boot)
+    out = {"value": s.get(key), "ci": (s.get("ci") or {}).get(key), "all": _plain(s)}
+    if mir.any():
+        out["mirror_cf"] = spec.score(t.subset(mir), pred[mir], None, 0).get(key)
+    c = spec.conflict(canon_prior, t.subset(orig), pred[orig], rng("conflict"), n_boot)
+    if c is not None:
+        out["conflict"], out["conflict_n"] = c.get(key), c.get("n")
+        out["conflict_ci"] = (c.get("ci") or {}).get(key)
+    return out
+
+
+def _plain(d: dict) -> dict:
+    """The scalar metrics of a score (no per-organ / per-axis breakdowns)."""
+    return {k: v for k, v in d.items() if isinstance(v, (int, float)) or v is None}
+
+
+def reference_rows(builds: dict[str, Path], probes: tuple[str, ...], n_boot: int) -> list[dict]:
+    """The rows that do not depend on a training seed: the oracle and the blind baselines."""
+    rows = []
+    for probe in probes:
+        canon = prior_of(builds["canonical"], probe)
+        cells = {lay: score_model(*oracle_predict(builds[lay], probe), canon, 0, n_boot) for lay in LAYOUTS}
+        rows.append({"probe": probe, "model": "oracle", "seed": None, "cells": cells})
+        for name, fitted_on in BLINDS.items():
+            prior, cells = prior_of(builds[fitted_on], probe), {}
+            for lay in LAYOUTS:
+                t = test_targets(builds[lay], probe)
+                cells[lay] = score_model(t, t.spec.prior_predict(prior, t), canon, 0, n_boot)
+            rows.append({"probe": probe, "model": name, "seed": None, "cells": cells})
+    return rows
+
+
+def cached_reference_rows(builds: dict[str, Path], probes: tuple[str, ...], n_boot: int, path: Path) -> list[dict]:
+    """:func:`reference_rows`, kept in ``path`` for the same builds (fingerprints), probes and bootstrap."""
+    from spar_bench.builder.shards import Build
+
+    key = {"builds": {lay: Build(b).fingerprint for lay, b in builds.items()}, "probes": list(probes), "n_boot": n_boot}
+    try:
+        kept = json.loads(path.read_text())
+        if kept["key"] == key:
+            return kept["rows"]
+    except (OSError, ValueError, KeyError):
+        pass
+    rows = reference_rows(builds, probes, n_boot)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"key": key, "rows": rows}, default=float) + "\n")
+    tmp.replace(path)
+    return rows
+
+
+def model_rows(builds: dict[str, Path], out: Path, tr: Training, model: str, n_boot: int) -> list[dict]:
+    """One trained reference model (``recall`` or ``computation``), one seed, on every probe: the
+    encoder trained end to end on ``tr.probes[0]`` (its own head scores that probe and every
+    other of ``tr.probes``), a frozen ``HEAD`` probe of that encoder for every other probe."""
+    from spar_bench.probes.targets import ProbeUnavailable
+    from spar_bench.probes.tasks import probe_names
+
+    train_on = MODEL_TRAIN_ON[model]
+    runs = {p: train_run(builds, out, tr, train_on, p) for p in tr.probes}
+    enc_run = runs[tr.probes[0]]
+    caches = encoder_caches(enc_run, builds, enc_run / "calibration")
+    rows = []
+    for probe in [p for p in probe_names() if p in tr.score]:
+        canon = prior_of(builds["canonical"], probe)
+        try:
+            if probe in runs:
+                got = {lay: finetuned_predict(runs[probe], builds[lay]) for lay in LAYOUTS}
+            else:
+                got = frozen_head_predict(caches, builds, train_on, probe, tr.seed,
+                                          enc_run / "calibration" / "heads", n_boot)
+        except ProbeUnavailable as e:  # e.g. no symmetric pair in a random layout: nothing to train on
+            print(f"{model} {probe}: {e}", flush=True)
+            got = {}
+        cells = {lay: score_model(t, pred, canon, tr.seed, n_boot) for lay, (t, pred) in got.items()}
+        cells = {lay: cells.get(lay, {"value": None}) for lay in LAYOUTS}
+        rows.append({"probe": probe, "model": model, "seed": tr.seed, "cells": cells,
+                     "how": "finetuned" if probe in runs else f"frozen encoder + {HEAD} probe"})
+        print(json.dumps({k: rows[-1][k] for k in ("probe", "model", "seed")}
+                         | {lay: c["value"] for lay, c in cells.items()}), flush=True)
+    return rows
+
+
+def calibration_rows(builds: dict[str, Path], out: Path, trainings: list[Training], n_boot: int) -> list[dict]:
+    """The oracle and blind rows, then recall and computation for every training seed."""
+    rows = cached_reference_rows(builds, trainings[0].score, n_boot, out / "reference-rows.json")
+    for tr in trainings:
+        for model in ("recall", "computation"):
+            rows += model_rows(builds, out, tr, model, n_boot)
+    return rows
+
+
+CAL_COLUMNS = (*(f"test: {lay}" for lay in LAYOUTS), "mirrored counterfactual (canonical test slices)",
+               "conflict items: mirrored / random")
+
+
+def _scale(probe: str) -> float:
+    return 1.0 if table_metric(probe) == "med_px" else 100.0
+
+
+def cal_cell(rows: list[dict], layout: str, what: str = "value") -> str:
+    """mean +- std over seeds (one seed: its value) and, for the layouts, the mean 95% CI."""
+    k = _scale(rows[0]["probe"])
+    vals = [r["cells"][layout].get(what) for r in rows]
+    vals = [v for v in vals if v is not None]
+    if not vals:
+        return "-"
+    txt = f"{k * np.mean(vals):.1f}" + (f" +- {k * np.std(vals, ddof=1):.1f}" if len(vals) > 1 else "")
+    cis = [r["cells"][layout].get("ci" if what == "value" else "conflict_ci") for r in rows]
+    cis = [c for c in cis if c]
+    if cis and what == "value":
+        lo, hi = np.mean([c[0] for c in cis]), np.mean([c[1] for c in cis])
+        txt += f" [{k * lo:.1f}, {k * hi:.1f}]"
+    return txt
+
+
+def calibration_table(rows: list[dict], probe: str) -> str:
+    """Markdown: one probe, a row per model (seeds pooled), a column per test layout and control."""
+    unit = {"med_px": "MED px, lower is better", "tile_acc": "per-tile accuracy %"}.get(table_metric(probe),
+                                                                                        "accuracy %")
+    lines = [f"**{probe}** ({unit})", "", "| model | seeds | " + " | ".join(CAL_COLUMNS) + " |",
+             "|---" * (len(CAL_COLUMNS) + 2) + "|"]
+    for model in (*MODELS, *BLINDS):
+        rs = [r for r in rows if r["probe"] == probe and r["model"] == model]
+        if not rs:
+            continue
+        cells = [cal_cell(rs, lay) for lay in LAYOUTS] + [cal_cell(rs, "canonical", "mirror_cf")]
+        cells.append(" / ".join(cal_cell(rs, lay, "conflict") for lay in ("mirrored", "random")))
+        name = f"**{model}**" if model in MODELS else model
+        lines.append(f"| {name} | {len([r for r in rs if r['seed'] is not None]) or '-'} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _cal_axis(ax, rows: list[dict], probe: str) -> None:
+    k, x = _scale(probe), np.arange(len(LAYOUTS))
+    for j, model in enumerate(MODELS):
+        rs = [r for r in rows if r["probe"] == probe and r["model"] == model]
+        if rs:
+            vals = [[k * (r["cells"][lay]["value"] if r["cells"][lay]["value"] is not None else np.nan)
+                     for r in rs] for lay in LAYOUTS]
+            ax.bar(x + (j - 1) * 0.27, np.nanmean(vals, axis=1), 0.27, label=model,
+                   yerr=np.nanstd(vals, axis=1) if len(rs) > 1 else None, capsize=2)
+    for name, marker in zip(BLINDS, ("_", "x"), strict=True):
+        r = next((r for r in rows if r["probe"] == probe and r["model"] == name), None)
+        if r is not None:
+            ax.scatter(x, [k * (r["cells"][lay]["value"] or np.nan) for lay in LAYOUTS], marker=marker,
+                       s=300 if marker == "_" else 30, color="k", zorder=3, label=name)
+    ax.set_xticks(x, [f"test: {lay}" for lay in LAYOUTS], fontsize=7)
+    ax.set_title(probe, fontsize=9)
+    ax.set_ylabel({"med_px": "MED px (lower better)", "tile_acc": "tile accuracy %"}.get(table_metric(probe),
+                                                                                         "accuracy %"), fontsize=8)
+
+
+def calibration_plots(rows: list[dict], out: Path) -> None:
+    """``OUT/plots/<probe>.png`` per probe and ``OUT/calibration.png`` (every probe, 2 x 4)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    probes = list(dict.fromkeys(r["probe"] for r in rows))
+    (out / "plots").mkdir(exist_ok=True)
+    for probe in probes:
+        fig, ax = plt.subplots(figsize=(4.6, 3.4))
+        _cal_axis(ax, rows, probe)
+        ax.legend(fontsize=6)
+        fig.tight_layout()
+        fig.savefig(out / "plots" / f"{probe}.png", dpi=100)
+        plt.close(fig)
+    ncol = 4
+    fig, axes = plt.subplots((len(probes) + ncol - 1) // ncol, ncol, figsize=(4.2 * ncol, 3.2 * ((len(probes) + 3) // 4)),
+                             squeeze=False)
+    for ax, probe in zip(axes.flat, probes, strict=False):
+        _cal_axis(ax, rows, probe)
+    for ax in list(axes.flat)[len(probes):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(out / "calibration.png", dpi=90)
+    plt.close(fig)
 
 
 def fmt(v, level1: bool) -> str:
@@ -275,7 +617,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="torch threads (1: on a shared 2-core machine more threads only contend)")
     ap.add_argument("--seed", type=int, default=0, help="the phantoms' seed")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 6 cases, 2 epochs")
+    ap.add_argument("--calibrate", action="store_true",
+                    help="issue 26: recall (canonical), computation (random) and the oracle on every probe of "
+                         "--score; the encoders train end to end on --probes (default: relative position)")
+    ap.add_argument("--score", default="all",
+                    help="calibration: comma-separated probes scored (all: the eight of Levels 1-3)")
     args = ap.parse_args(argv)
+    if args.calibrate and args.probes == ",".join(PROBES):
+        args.probes = "level3.relative_position"
     if args.quick:
         args.cases, args.eval_cases, args.samples, args.epochs, args.bootstrap = 6, 6, 2, 2, 20
     return args
@@ -284,13 +633,47 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def configs(args: argparse.Namespace) -> tuple[Data, list[Training]]:
     train_on, probes = tuple(args.train_on.split(",")), tuple(args.probes.split(","))
     n = {lay: args.cases if lay in train_on else args.eval_cases for lay in LAYOUTS}
-    levels = tuple(lv for lv in ("level1", "level3") if any(p.startswith(lv) for p in probes))
+    score: tuple[str, ...] = ()
+    if getattr(args, "calibrate", False):
+        from spar_bench.probes.tasks import get_probe, probe_names
+
+        score = tuple(p for p in probe_names() if p.split(".")[0] in ("level1", "level2", "level3")) \
+            if args.score == "all" else tuple(get_probe(p).name for p in args.score.split(","))
+        train_on = TRAIN_ON
+    levels = tuple(lv for lv in ("level1", "level2", "level3") if any(p.startswith(lv) for p in probes + score))
     data = Data(n, args.samples, args.questions, args.l3_stride, args.in_plane, args.slices, levels)
     model_args = {**MODEL_ARGS, **json.loads(args.model_args or "{}")}
     trainings = [Training(model_args, args.head, args.epochs, args.patience, args.lr, int(s), train_on, probes,
-                          args.train_mirrors)
+                          args.train_mirrors, score)
                  for s in args.seeds.split(",")]
     return data, trainings
+
+
+def write_calibration(out: Path, builds: dict[str, Path], trainings: list[Training], args: argparse.Namespace,
+                      t0: float, t_build: float) -> int:
+    """Train and score the reference models; write ``calibration.md``/``.json``/``.png`` and ``plots/``."""
+    rows = calibration_rows(builds, out, trainings, args.bootstrap)
+    tr = trainings[0]
+    conditions = {"cases": {lay: n for lay, n in zip(LAYOUTS, [args.cases if lay in TRAIN_ON else args.eval_cases
+                                                               for lay in LAYOUTS], strict=True)},
+                  "grid (in-plane, slices)": [args.in_plane, args.slices], "intensities": INTENSITIES,
+                  "samples_per_case": args.samples, "l3_questions_per_probe": args.questions,
+                  "l3_stride": args.l3_stride, "trained_end_to_end_on": list(tr.probes), "frozen_probe_head": HEAD,
+                  "max_epochs": tr.epochs, "patience": tr.patience, "lr": tr.lr,
+                  "train_mirrors (computation only)": tr.train_mirrors, "seeds": [t.seed for t in trainings],
+                  "encoder": ENCODER, "model_args": tr.model_args, "threads": args.threads,
+                  "cpu_count": os.cpu_count(), "load_average_at_end": os.getloadavg(),
+                  "build_seconds": round(t_build, 1), "wall_seconds": round(time.perf_counter() - t0, 1)}
+    (out / "calibration.json").write_text(json.dumps({"conditions": conditions, "rows": rows}, indent=1) + "\n")
+    md = ["# The benchmark calibrated: recall, computation and the oracle on every probe", "",
+          "Each cell: mean +- std over training seeds [mean of the seeds' 95% patient-bootstrap intervals]; "
+          "conflict items: those the canonical prior (canonical anatomy's answer) gets wrong.", ""]
+    md += [calibration_table(rows, p) for p in dict.fromkeys(r["probe"] for r in rows)]
+    md += [f"Conditions: {json.dumps(conditions)}", ""]
+    (out / "calibration.md").write_text("\n".join(md))
+    calibration_plots(rows, out)
+    print("\n".join(md))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -304,6 +687,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     builds = build_all(out, data, args.seed)
     t_build = time.perf_counter() - t0
+    if args.calibrate:
+        return write_calibration(out, builds, trainings, args, t0, t_build)
     rows = [r for tr in trainings for r in train_and_score(builds, out, tr, args.bootstrap)]
     wall = time.perf_counter() - t0
     tr = trainings[0]
