@@ -12,7 +12,10 @@ the plan of Level 1/2 tile slices (:mod:`.level12`) and of Level 3 slices
 ``counterfactual="mirror"`` the same pipeline runs again on :func:`mirror_case` (same
 seeds) and its rows are appended (:mod:`.mirror`). Size and distance answers are -1
 until :func:`apply_thresholds` (:mod:`.thresholds`); the build calls it through the level's
-hooks (:mod:`.levels`).
+hooks (:mod:`.levels`). Level 4 (opt-in) resamples the case once more, into its isotropic
+cube (:mod:`.volume`), and asks its questions of the stored cube (:mod:`.level4`); its
+counterfactual copies are that cube reversed (``"mirror"``: col; ``"mirror+flip"``: col,
+and z in a second copy), every label recomputed with the same seed.
 """
 
 from __future__ import annotations
@@ -22,10 +25,18 @@ import numpy as np
 from ..case import Case
 from ..schema import LEVEL_SPECS
 from .config import SampleConfig
-from .mirror import mirror_case
+from .mirror import flip_case, mirror_case
 from .thresholds import apply_thresholds, fit_thresholds, original_questions
 
-__all__ = ["SampleConfig", "apply_thresholds", "fit_thresholds", "mirror_case", "original_questions", "process_case"]
+__all__ = [
+    "SampleConfig",
+    "apply_thresholds",
+    "fit_thresholds",
+    "flip_case",
+    "mirror_case",
+    "original_questions",
+    "process_case",
+]
 
 
 def _process_one(
@@ -35,6 +46,8 @@ def _process_one(
     from .level3 import build_level3, plan_level3
     from .level12 import build_level12, plan_level12
 
+    if all(LEVEL_SPECS[lv].volume for lv in config.levels):  # Level 4 only: no slice levels
+        return {}
     stats = slice_stats(case)
     frame = frame_for_case(case, config.fov_margin_mm)
     want12 = any(LEVEL_SPECS[lv].mosaic for lv in config.levels)
@@ -67,20 +80,27 @@ def process_case(
 ) -> dict[str, dict[str, np.ndarray]]:
     """All samples of one case.
 
-    Returns a dict with keys among ``"level1"``, ``"level2"``, ``"level3"`` (slices) and
-    ``"level3_questions"`` (as requested by ``config.levels``). Each maps a docs/FORMATS.md
+    Returns a dict with keys among ``"level1"``, ``"level2"``, ``"level3"`` (slices),
+    ``"level3_questions"``, ``"level4"`` (volumes) and ``"level4_questions"`` (as requested by
+    ``config.levels``). Each maps a docs/FORMATS.md
     field name to an array with one row per sample / slice / question (strings as object
     arrays). ``level3_questions["q_slice"]`` indexes rows of THIS case's ``level3`` arrays.
     Size and distance questions have ``q_answer == -1`` until :func:`apply_thresholds`.
     With ``config.counterfactual == "mirror"`` the mirrored copies (``is_mirror`` True,
     key + ``"/mirror"``, ``origin_key`` = the original's key) are appended after the
     originals, computed by the same pipeline on :func:`mirror_case` with the same seeds.
+    ``"mirror+flip"`` does the same for Levels 1-3; Level 4 appends the mirrored then the
+    flipped copy of its volume (``level4_questions["q_volume"]`` indexes THIS case's
+    ``level4`` rows: 0 the original, then the copies).
 
     Raises:
         CaseError: the case has no image, no body, or labels outside 0..16.
     """
+    from .level4 import case_level4
+
     out = _process_one(case, config, global_seed, is_mirror=False)
-    if config.counterfactual == "mirror":
+    slice_levels = any(not LEVEL_SPECS[lv].volume for lv in config.levels)
+    if slice_levels and config.counterfactual in ("mirror", "mirror+flip"):
         mirrored = _process_one(mirror_case(case), config, global_seed, is_mirror=True)
         n_slices = len(out["level3"]["key"]) if "level3" in out else 0
         if "level3_questions" in mirrored:
@@ -91,4 +111,6 @@ def process_case(
             out[level] = {
                 name: np.concatenate([out[level][name], arr]) for name, arr in arrays.items()
             }
+    if "level4" in config.levels:
+        out["level4"], out["level4_questions"] = case_level4(case, config, global_seed)
     return out

@@ -1,8 +1,10 @@
-"""The recorded parameters of sample generation (Levels 1-3).
+"""The recorded parameters of sample generation (Levels 1-4).
 
 Every field of :class:`SampleConfig` is written into the build manifest through
 :meth:`SampleConfig.to_dict`; :meth:`SampleConfig.from_dict` rebuilds the exact config
-from it, so a build can be regenerated bit for bit from its manifest.
+from it, so a build can be regenerated bit for bit from its manifest. The Level 4 fields
+(:data:`LEVEL4_FIELDS`) are recorded only when ``"level4"`` is among the levels, so the
+manifests of builds without Level 4 are unchanged.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from spar_bench.errors import ConfigError
 
 from ..schema import ARRANGEMENTS, LEVELS, N_ORGANS
 
-COUNTERFACTUALS = (None, "mirror")
+COUNTERFACTUALS = (None, "mirror", "mirror+flip")
+#: Fields read only by Level 4 (left out of :meth:`SampleConfig.to_dict` without it).
+LEVEL4_FIELDS = ("volume_size", "l4_questions_per_probe", "l4_min_voxels", "adjacency_mm")
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,14 @@ class SampleConfig:
             skipped; orientation pairs whose centroids are closer than this are skipped.
         symmetry_band: ``|d| <= band`` is "similar", with ``d = (A - B) / mean(A, B)``.
         lesion_min_voxels: lesion components smaller than this are not counted.
-        counterfactual: ``None`` or ``"mirror"`` (append left-right mirrored copies).
+        counterfactual: ``None``, ``"mirror"`` (append left-right mirrored copies) or
+            ``"mirror+flip"`` (Levels 1-3 as ``"mirror"``; Level 4 also appends a
+            superior-inferior flipped copy).
+        volume_size: Level 4 cube side ``S`` in voxels (>= 8).
+        l4_questions_per_probe: at most this many questions of each probe per volume.
+        l4_min_voxels: an organ takes part in Level 4 questions with this many voxels or more.
+        adjacency_mm: Level 4 adjacency: "touching" at a surface gap of at most this (mm),
+            "apart" beyond 3 x this.
     """
 
     levels: tuple[str, ...] = ("level1", "level2", "level3")
@@ -60,6 +71,10 @@ class SampleConfig:
     symmetry_band: float = 0.15
     lesion_min_voxels: int = 3
     counterfactual: str | None = None
+    volume_size: int = 128
+    l4_questions_per_probe: int = 16
+    l4_min_voxels: int = 8
+    adjacency_mm: float = 3.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "levels", tuple(self.levels))
@@ -74,7 +89,8 @@ class SampleConfig:
             )
         if self.counterfactual not in COUNTERFACTUALS:
             raise ConfigError(
-                f"sample config: counterfactual must be None or 'mirror', got {self.counterfactual!r}"
+                f"sample config: counterfactual must be None, 'mirror' or 'mirror+flip', "
+                f"got {self.counterfactual!r}"
             )
         positive_ints = (
             "samples_per_case",
@@ -83,11 +99,19 @@ class SampleConfig:
             "l3_min_organs",
             "l3_questions_per_probe",
             "lesion_min_voxels",
+            "volume_size",
+            "l4_questions_per_probe",
+            "l4_min_voxels",
         )
         for name in positive_ints:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"sample config: {name} must be an integer >= 1, got {value!r}")
+        if self.volume_size < 8:
+            raise ConfigError(f"sample config: volume_size must be an integer >= 8, got {self.volume_size}")
+        if isinstance(self.adjacency_mm, bool) or not isinstance(self.adjacency_mm, (int, float)) \
+                or not self.adjacency_mm > 0:
+            raise ConfigError(f"sample config: adjacency_mm must be a number > 0, got {self.adjacency_mm!r}")
         if self.window_width <= 0:
             raise ConfigError(f"sample config: window_width must be > 0, got {self.window_width}")
         if self.l12_min_organs > N_ORGANS:
@@ -104,9 +128,13 @@ class SampleConfig:
                 raise ConfigError(f"sample config: {name} must be >= 0, got {getattr(self, name)}")
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable dict of every field (tuples become lists)."""
+        """A JSON-serialisable dict of every field (tuples become lists); without Level 4, its fields
+        are left out (:meth:`from_dict` restores their defaults)."""
         d = asdict(self)
         d["levels"] = list(self.levels)
+        if "level4" not in self.levels:
+            for name in LEVEL4_FIELDS:
+                del d[name]
         return d
 
     @classmethod

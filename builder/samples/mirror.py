@@ -15,6 +15,12 @@ what the tests check:
 * size, distance and counting: unchanged;
 * Level 1: ``x -> (223 - x_px) / 224`` for the same organ and slice, ``y`` unchanged;
   Level 2 arrangements are recomputed from the mirrored centroids.
+
+:func:`flip_case` reverses the z axis (superior <-> inferior), the second, stronger
+counterfactual of Level 4 (``counterfactual="mirror+flip"``). On Level 4 volumes the
+mirror flips relative_position axis 0 answers and swaps symmetry left_larger <->
+right_larger; the flip flips axis 2 (superior/inferior) answers; distance, volume,
+adjacency, containment and counting are unchanged by both (docs/PROTOCOL.md "Level 4").
 """
 
 from __future__ import annotations
@@ -38,4 +44,19 @@ def mirror_case(case: Case) -> Case:
         image=flip(case.image),
         lesion=flip(case.lesion),
         provenance={**case.provenance, "mirror": True},
+    )
+
+
+def flip_case(case: Case) -> Case:
+    """``case`` with its z axis reversed (superior <-> inferior); ``provenance["flip"] = True``."""
+
+    def flip(a: np.ndarray | None) -> np.ndarray | None:
+        return None if a is None else np.ascontiguousarray(a[::-1])
+
+    return dataclasses.replace(
+        case,
+        mask=flip(case.mask),
+        image=flip(case.image),
+        lesion=flip(case.lesion),
+        provenance={**case.provenance, "flip": True},
     )
