@@ -366,20 +366,31 @@ def process_one(job: CaseJob) -> CaseRecord:
     record = replace(record, inputs=inputs, status="ok",
                      provenance=_portable_provenance(case.provenance, job.root),
                      image_synthesized=bool(case.image_synthesized),
-                     rows={p: _rows(result[p]) for p in LEVEL_PARTS})
+                     rows={p: _rows(result[p]) for p in result})
     return _spill(cases_dir, job.stem, result, record)
 
 
+#: The parts every case record lists, built or not (those of builder 0.2: Levels 1-3); an
+#: opt-in level's parts (Level 4) only when it is built, so builds without it keep the bytes
+#: of their manifest (``cases[].rows``).
+RECORDED_PARTS = ("level1", "level2", "level3", "level3_questions")
+
+
+def _parts_of(levels: Iterable[str]) -> list[str]:
+    """The result parts of ``levels``: each level's rows and its questions table, if any."""
+    return [*levels, *(q for lv in levels if (q := LEVEL_SPECS[lv].questions))]
+
+
 def _checked_result(case_id: str, result: dict[str, dict[str, Any]], levels: list[str]) -> dict[str, dict[str, Any]]:
-    """``process_case``'s result with every part (empty where not built); SparError when a
-    level asked for is missing or its rows have no key."""
-    wanted = [*levels, *(q for lv in levels if (q := LEVEL_SPECS[lv].questions))]
+    """``process_case``'s result with every recorded part (empty where not built); SparError
+    when a level asked for is missing or its rows have no key."""
+    wanted = _parts_of(levels)
     missing = [p for p in wanted if p not in result]
     if missing:
         raise SparError(f"case {case_id}: process_case returned no {', '.join(missing)}")
-    result = {p: result.get(p, {}) for p in LEVEL_PARTS}
+    result = {p: result.get(p, {}) for p in LEVEL_PARTS if p in RECORDED_PARTS or p in wanted}
     for part in LEVELS:
-        if result[part] and "key" not in result[part]:
+        if result.get(part) and "key" not in result[part]:
             raise SparError(f"case {case_id}: process_case gave {part} rows without 'key'")
     return result
 
@@ -652,9 +663,10 @@ def _run_cases(config: BuildConfig, refs, cases_dir: Path, sample: dict) -> dict
 
 
 def _class_counts(level: str, res: dict[str, dict[str, np.ndarray]], acc: dict) -> None:
-    """Add one case to ``acc``: organs present (mosaic levels) or answers per class (questions)."""
+    """Add one case to ``acc``: organs present (mosaic and volume levels) and answers per
+    class (levels with questions)."""
     spec = LEVEL_SPECS[level]
-    if spec.mosaic:
+    if spec.mosaic or spec.volume:
         d = res[level]
         if "present" in d and _rows(d):
             acc["present"] = (np.asarray(acc.get("present", np.zeros(N_ORGANS, np.int64)))
@@ -673,6 +685,17 @@ def _answer_counts(spec: LevelSpec, q: dict[str, np.ndarray], acc: dict) -> None
         hist = np.bincount(sel[sel >= 0].astype(np.int64), minlength=n_cls)[:n_cls]
         prev = acc.setdefault(probe, [0] * n_cls)
         acc[probe] = [int(a + b) for a, b in zip(prev, hist, strict=True)]
+
+
+def _shard_rows(spec: LevelSpec, config: BuildConfig, sample_cfg: SampleConfig) -> int:
+    """Rows per shard of a level: ``--shard-size``, capped for volumes
+    (:func:`~spar_bench.builder.writers.hdf5.volume_shard_rows`: a shard's volumes stay in memory
+    until it is written)."""
+    if not spec.volume:
+        return config.shard_size
+    from .writers.hdf5 import volume_shard_rows
+
+    return volume_shard_rows(config.shard_size, sample_cfg.volume_size)
 
 
 def _write_shards(config, records, cases_dir: Path, out_dir: Path, levels, thresholds, sample_cfg):
@@ -694,7 +717,7 @@ def _write_shards(config, records, cases_dir: Path, out_dir: Path, levels, thres
             attrs = {"schema_version": SCHEMA_VERSION, "builder_version": __version__}
             if spec.shuffled:
                 attrs["arrangement"] = sample_cfg.arrangement
-            sink = ShardSink(out_dir, level, split, n_rows, config.shard_size, attrs,
+            sink = ShardSink(out_dir, level, split, n_rows, _shard_rows(spec, config, sample_cfg), attrs,
                              compression=config.compression)
             classes: dict[str, Any] = {}
             n_q = 0
@@ -723,13 +746,14 @@ def _print_summary(counts: dict, skipped: list[dict]) -> None:
             rows = c.get(LEVEL_SPECS[level].unit, 0)
             click.echo(f"{level:8} {split:6} {rows:>8} {c['questions']:>10}")
     for level, by_split in counts.items():
-        if not LEVEL_SPECS[level].mosaic:
+        spec = LEVEL_SPECS[level]
+        if not (spec.mosaic or spec.volume):
             continue
         for split, c in by_split.items():
-            present, n = c["classes"].get("present"), c.get(LEVEL_SPECS[level].unit, 0)
+            present, n = c["classes"].get("present"), c.get(spec.unit, 0)
             if present and n:
                 rare = sorted(range(N_ORGANS), key=lambda i: present[i])[:3]
-                click.echo(f"  {level} {split}: {sum(present) / n:.1f} organs present per sample; "
+                click.echo(f"  {level} {split}: {sum(present) / n:.1f} organs present per {spec.unit[:-1]}; "
                            "rarest " + ", ".join(f"{ORGANS[i]} {present[i] / n:.0%}" for i in rare))
     for level, by_split in counts.items():
         spec = LEVEL_SPECS[level]
@@ -955,7 +979,7 @@ def build_from_cli(**options: Any) -> Path:
     sample: dict[str, Any] = {}
     if options.get("levels"):
         sample["levels"] = [s.strip() for s in options["levels"].split(",") if s.strip()]
-    for opt in ("samples_per_case", "l12_min_organs", "arrangement", "counterfactual"):
+    for opt in ("samples_per_case", "l12_min_organs", "arrangement", "counterfactual", "volume_size"):
         if options.get(opt) is not None:
             sample[opt] = options[opt]
     def given(name: str, default: Any) -> Any:  # 0 and "" are values, not "absent"

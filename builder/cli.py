@@ -29,13 +29,19 @@ COMMANDS = {
 @click.option("--root", multiple=True, metavar="DIR",
               help="Data folder, one per --source (default $SPAR_DATA_<SOURCE>, else ./data/<source>).")
 @click.option("--out", metavar="DIR", help="Output folder (required to build).")
-@click.option("--levels", metavar="LIST", help="Comma list of level1,level2,level3 (default all).")
+@click.option("--levels", metavar="LIST",
+              help="Comma list of level1,level2,level3,level4 (default level1,level2,level3; "
+                   "level4, whole CT volumes, is opt-in).")
+@click.option("--volume-size", type=int, metavar="S",
+              help="Level 4: side of the isotropic volume cube in voxels (default 128, >= 8).")
 @click.option("--samples-per-case", type=int, help="Level 1/2 mosaics per case.")
 @click.option("--l12-min-organs", type=int,
               help="Present organs a Level 1/2 mosaic needs (default 8; fewer: the case gives none).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Global seed.")
 @jobs_option("Processes (never change the output).", checked=False)
-@click.option("--counterfactual", type=click.Choice(["mirror"]), help="Add left-right mirrored copies.")
+@click.option("--counterfactual", metavar="mirror|mirror+flip",
+              help="Add left-right mirrored copies; mirror+flip also adds superior-inferior flipped "
+                   "Level 4 volumes.")
 @click.option("--images", type=click.Choice(["auto", "require", "synthesize"]), default="auto",
               show_default=True, help="Use real CT, require it, or render pseudo-CT from masks.")
 @click.option("--arrangement", type=click.Choice(["rows-by-y", "rank-x", "rank-y"]),

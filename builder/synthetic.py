@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from .schema import LEVEL4_N_CLASSES, LEVEL4_PROBES, LEVEL_SPECS, N_ORGANS, SCHEMA_VERSION
-from .writers.hdf5 import ShardSink, n_shards_for, shard_name, write_shard
+from .writers.hdf5 import ShardSink, n_shards_for, shard_name, volume_shard_rows, write_shard
 from .writers.manifest import write_manifest
 
 IMAGE = 224
@@ -157,7 +157,8 @@ def _write_level4(out: Path, n_volumes: int, *, seed: int, size: int, shard_size
     """Level 4's shards (through the build's :class:`ShardSink`): (entries, counts)."""
     rng = np.random.default_rng([seed, 4])  # its own stream: Levels 1-3 draw as without it
     attrs = {"schema_version": SCHEMA_VERSION}
-    sink = ShardSink(out, "level4", split, n_volumes, shard_size, attrs, compression=compression)
+    sink = ShardSink(out, "level4", split, n_volumes, volume_shard_rows(shard_size, size), attrs,
+                     compression=compression)
     n_q = 0
     for i in range(n_volumes):
         rows, questions = _level4_case(rng, i, split, size)

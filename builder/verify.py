@@ -1,7 +1,7 @@
 """``spar-build verify OUT``: check a build against its manifest.
 
 Re-hashes every HDF5 shard, every Parquet file and the dataset card, re-counts rows
-(and Level 3 questions) per level and split from the files themselves, recomputes
+(samples, slices, volumes) and questions per level and split from the files themselves, recomputes
 the fingerprint, and flags every file in the build that the manifest does not list.
 Prints ``OK`` or every difference, and exits non-zero on any.
 """
@@ -14,14 +14,26 @@ import click
 
 from spar_bench.errors import IntegrityError, SparError
 
+from .schema import LEVEL_SPECS
 from .writers.manifest import fingerprint, listed_files, read_manifest, sha256_file, shard_entries
 
 
-def _h5_counts(path: Path) -> tuple[int, int]:
+def _h5_counts(path: Path, level: str) -> tuple[int, int]:
+    """(rows, questions) of one shard: questions counted by the level's row field
+    (``q_slice``, ``q_volume``: ``LevelSpec.row_field``)."""
     from .shards import open_shard
 
+    spec = LEVEL_SPECS.get(level)
+    row_field = spec.row_field if spec is not None else "q_slice"
     with open_shard(path) as f:
-        return len(f["key"]), (len(f["q_key"]) if "q_key" in f else 0)
+        return len(f["key"]), (len(f[row_field]) if row_field in f else 0)
+
+
+def _unit_count(level: str, counts: dict) -> int | None:
+    """The rows a manifest's ``counts[level][split]`` announces (samples, slices, volumes)."""
+    spec = LEVEL_SPECS.get(level)
+    units = (spec.unit,) if spec is not None else ("samples", "slices", "volumes")
+    return next((counts[u] for u in units if u in counts), None)
 
 
 def _unlisted(out: Path, manifest: dict) -> list[str]:
@@ -55,7 +67,7 @@ def verify_build(out: str | Path) -> list[str]:
                 if p is None:
                     continue
                 try:
-                    n, nq = _h5_counts(p)
+                    n, nq = _h5_counts(p, level)
                 except (OSError, KeyError, SparError) as err:
                     problems.append(f"{e['path']}: unreadable HDF5 ({err})")
                     continue
@@ -65,7 +77,7 @@ def verify_build(out: str | Path) -> list[str]:
                 rows, qs = rows + n, qs + nq
             c = m.get("counts", {}).get(level, {}).get(split)
             if c is not None:
-                want = c.get("samples", c.get("slices"))
+                want = _unit_count(level, c)
                 if want != rows or c.get("questions", 0) != qs:
                     problems.append(f"{level}/{split}: {rows} rows / {qs} questions in the shards, "
                                     f"counts say {want} / {c.get('questions', 0)}")

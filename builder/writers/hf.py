@@ -23,12 +23,14 @@ import numpy as np
 
 from spar_bench.errors import ConfigError, SparError
 
-from ..schema import IMAGE_FIELDS, LEVEL3_PROBES, LEVEL_SPECS, ORGANS, ordered_splits
+from ..schema import IMAGE_FIELDS, LEVEL3_PROBES, LEVEL4_PROBES, LEVEL_SPECS, ORGANS, ordered_splits
 
 #: What the card shows of each source record: where (as seen from the build, or null) and
 #: the sha256 of its inputs; never an absolute path.
 SOURCE_FIELDS = ("root", "inputs_sha256", "n_inputs", "n_cases")
 ROW_GROUP = 256
+#: Voxels of one volume field per Parquet row group of a Level 4 shard (16 MiB of uint8).
+ROW_GROUP_VOXELS = 2**24
 #: Source licences as (SPDX-like Hub id, human name).
 LICENCES: dict[str, tuple[str, str]] = {
     "word": ("gpl-3.0", "GPL-3.0 (WORD)"),
@@ -61,6 +63,27 @@ DESCRIPTIONS = {
     "questions": "Level 3: the slice's questions (probe index into "
                  + ", ".join(LEVEL3_PROBES) + "; answer = class index)",
 }
+#: Level 4 (volume) columns whose meaning differs from the 2-D levels', or that only it has.
+VOLUME_DESCRIPTIONS = {
+    "key": "unique volume key `<source>/<case_id>/level4/0` (+ `/mirror` or `/flip` for a counterfactual copy)",
+    "seed": "the volume's seed (spar_bench.seeding.derive_seed); copies share the original's",
+    "image": "(S, S, S) uint8 windowed CT cube [z, row, col] (z inferior->superior, row 0 anterior, "
+             "col 0 = patient's right), isotropic, around all labelled organs",
+    "label": "(S, S, S) uint8 canonical organ ids (0 background, 1..16), nearest neighbour",
+    "lesion": "(S, S, S) uint8 lesion mask 0/1 (all zero when the case has no lesion channel)",
+    "has_lesion": "the case has a lesion channel (else `lesion` is all zero by absence, not by finding)",
+    "mm_per_voxel": "isotropic voxel side in mm",
+    "origin_mm": "(z, row, col) mm position of voxel (0, 0, 0)'s centre in the case's canonical frame",
+    "present": "per canonical organ (16, class order): at least one voxel in `label`",
+    "centroid": "per organ (16 x (x, y, z)) normalised voxel centroid: x = (col + 0.5)/S (0 = patient's "
+                "RIGHT), y = (row + 0.5)/S (0 = anterior), z = (z + 0.5)/S (0 = inferior); NaN if absent",
+    "volume_mm3": "per organ (16) volume in `label` in mm^3 (0 if absent)",
+    "is_mirror": "left-right mirrored counterfactual copy (col reversed, labels recomputed)",
+    "is_flipped": "superior-inferior flipped counterfactual copy (z reversed, labels recomputed)",
+    "origin_key": "key of the original volume (its own key for an original)",
+    "questions": "Level 4: the volume's questions (probe index into "
+                 + ", ".join(LEVEL4_PROBES) + "; answer = class index)",
+}
 
 
 def _png(arr: np.ndarray) -> bytes:
@@ -82,14 +105,28 @@ def _value(dtype: np.dtype):
 
 
 def _feature(name: str, arr: np.ndarray):
-    from datasets import Image, List
+    from datasets import Array3D, Image, List
 
     if name in IMAGE_FIELDS and arr.ndim == 3:
         return Image()
+    if name in IMAGE_FIELDS and arr.ndim == 4:  # Level 4 volumes: one (S, S, S) array a row
+        return Array3D(shape=tuple(int(n) for n in arr.shape[1:]), dtype=str(arr.dtype))
     feat = _value(arr.dtype)
     for n in reversed(arr.shape[1:]):
         feat = List(feat, length=int(n))
     return feat
+
+
+def _volumes(arr: np.ndarray, arrow_type):
+    """(N, S, S, S) volumes as the Arrow array of their ``Array3D`` feature, built from the
+    flat buffer (no Python lists: a 128^3 volume is 2M values)."""
+    import pyarrow as pa
+
+    values = pa.array(np.ascontiguousarray(arr).reshape(-1))
+    for n in reversed(arr.shape[1:]):  # innermost axis first: lists of n items
+        offsets = np.arange(0, len(values) + 1, n, dtype=np.int32)
+        values = pa.ListArray.from_arrays(pa.array(offsets), values)
+    return pa.ExtensionArray.from_storage(arrow_type, values.cast(arrow_type.storage_type))
 
 
 def _column(name: str, arr: np.ndarray) -> list:
@@ -112,21 +149,35 @@ def shard_table(level: str, data: Mapping[str, np.ndarray]):
     import pyarrow as pa
     from datasets import Features, List
 
+    spec = LEVEL_SPECS[level]
     row_fields = [k for k in data if not k.startswith("q_")]
     feats = {k: _feature(k, data[k]) for k in row_fields}
-    cols = {k: _column(k, data[k]) for k in row_fields}
-    if LEVEL_SPECS[level].questions:  # q_* fields: a list of questions per row
-        qf = [k for k in data if k.startswith("q_") and k != "q_slice"]
+    volumes = [k for k in row_fields if k in IMAGE_FIELDS and data[k].ndim == 4]
+    cols = {k: _column(k, data[k]) for k in row_fields if k not in volumes}
+    if spec.questions:  # q_* fields: a list of questions per row
+        qf = [k for k in data if k.startswith("q_") and k != spec.row_field]
         feats["questions"] = List({k[2:]: _feature(k, data[k]) for k in qf})
         n = len(data["key"])
         per: list[list[dict]] = [[] for _ in range(n)]
         qcols = {k: _column(k, data[k]) for k in qf}
-        for j, s in enumerate(data["q_slice"].tolist()):
+        for j, s in enumerate(data[spec.row_field].tolist()):
             per[s].append({k[2:]: qcols[k][j] for k in qf})
         cols["questions"] = per
     features = Features(feats)
-    table = pa.Table.from_pydict(cols, schema=features.arrow_schema)
+    schema = features.arrow_schema
+    cols.update({k: _volumes(data[k], schema.field(k).type) for k in volumes})
+    table = pa.Table.from_pydict({k: cols[k] for k in feats}, schema=schema)
     return table, features
+
+
+def _row_group(data: Mapping[str, np.ndarray]) -> int:
+    """Rows per Parquet row group: :data:`ROW_GROUP`, or for volumes as many as hold
+    :data:`ROW_GROUP_VOXELS` voxels of one field (8 volumes of 128^3, 64 of 64^3): a reader
+    decodes a whole row group at a time."""
+    image = data.get("image")
+    if image is None or image.ndim != 4:
+        return ROW_GROUP
+    return max(1, min(ROW_GROUP, ROW_GROUP_VOXELS // int(np.prod(image.shape[1:]))))
 
 
 def convert_shard(job: tuple[str, str, str]) -> tuple[dict[str, Any], dict[str, Any], int]:
@@ -140,11 +191,12 @@ def convert_shard(job: tuple[str, str, str]) -> tuple[dict[str, Any], dict[str, 
     from .manifest import sha256_file
 
     out_dir, level, h5_rel = Path(job[0]), job[1], job[2]
-    table, features = shard_table(level, _read_h5(out_dir / h5_rel))
+    data = _read_h5(out_dir / h5_rel)
+    table, features = shard_table(level, data)
     rel = Path(h5_rel).with_suffix(".parquet").as_posix()
     dest = out_dir / "hf" / rel
     dest.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, dest, row_group_size=ROW_GROUP, compression="zstd", write_statistics=False)
+    pq.write_table(table, dest, row_group_size=_row_group(data), compression="zstd", write_statistics=False)
     entry = {"path": f"hf/{rel}", "sha256": sha256_file(dest), "rows": table.num_rows}
     return entry, features.to_dict(), int(table.nbytes)
 
@@ -215,6 +267,7 @@ def dataset_card(features_by_level, split_sizes, *, config, sample_config, sourc
     lines = ["---", yaml.safe_dump(front, sort_keys=False, allow_unicode=True).rstrip(), "---", ""]
     lines += _card_intro()
     lines += _card_columns(features_by_level)
+    lines += _card_volume_columns(features_by_level)
     lines += _card_licences(names)
     lines += _card_provenance(config, sample_config, sources)
     return "\n".join(lines)
@@ -264,9 +317,13 @@ def _card_intro() -> list[str]:
 
 def _card_columns(features_by_level) -> list[str]:
     """One line per column (first seen across levels), then the Level 3 question fields."""
+    if all(LEVEL_SPECS[level].volume for level in features_by_level):
+        return []  # a Level 4-only build: its section says it all
     lines = ["## Columns", ""]
     seen = set()
-    for feats in features_by_level.values():
+    for level, feats in features_by_level.items():
+        if LEVEL_SPECS[level].volume:  # its own section (:func:`_card_volume_columns`)
+            continue
         for k in feats:
             if k not in seen:
                 seen.add(k)
@@ -280,6 +337,26 @@ def _card_columns(features_by_level) -> list[str]:
         "`count` (lesion components), `seed`.",
         "",
     ]
+
+
+def _card_volume_columns(features_by_level) -> list[str]:
+    """The ``level4`` config's section, when the build has it: what a row is, every column,
+    its question fields. Nothing for a build without volumes (its card keeps its bytes)."""
+    lines: list[str] = []
+    for level, feats in features_by_level.items():
+        if not LEVEL_SPECS[level].volume:
+            continue
+        lines += [f"## Level 4 (`{level}` config): one row per CT volume", "",
+                  "Volume fields are `Array3D` features (with `.with_format(\"numpy\")` each is an "
+                  "(S, S, S) array, indexed [z, row, col]).", ""]
+        lines += [f"- `{k}`: {VOLUME_DESCRIPTIONS.get(k) or DESCRIPTIONS.get(k, 'see docs/FORMATS.md')}"
+                  for k in feats]
+        lines += ["", "Level 4 question fields (inside `questions`): `key`, `probe` (index into "
+                  f"{list(LEVEL4_PROBES)}), `axis` (relative position: 0 left/right, 1 anterior/posterior, "
+                  "2 superior/inferior; -1 otherwise), `organ_a`/`organ_b`/`organ_c` (organ indices, -1 none), "
+                  "`answer` (class index), `measure_a`/`measure_b` (what the answer was computed from: mm, "
+                  "mm^3 or counts; NaN unused), `seed`.", ""]
+    return lines
 
 
 def _card_licences(names: list[str]) -> list[str]:

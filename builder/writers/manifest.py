@@ -11,13 +11,15 @@ complete. Layout (top-level keys, as :func:`spar_bench.builder.build.build` writ
                       worker count); folders as seen from OUT, or null (no absolute path)
     seed              the global seed
     sample_config     SampleConfig.to_dict()
-    levels            the levels built, e.g. ["level1", "level2", "level3"]
+    levels            the levels built, e.g. ["level1", "level2", "level3"] (+ "level4", opt-in)
     sources           {name: {"root", "inputs_sha256", "n_inputs", "n_cases", "needs", "label_map",
                       "level12"}}; "level12" (builds with a mosaic level): see :func:`level12_reach`
     thresholds        {"values": {...} | null, "origin": "..."}
     shards            {level: {split: [{"path", "sha256", "rows", "questions"}]}}
     hf                {"files": [{"path", "sha256", "rows"}], "card": {"path", "sha256"}} | null
-    counts            {level: {split: {"samples"|"slices", "questions", "classes"}}}
+    counts            {level: {split: {"samples"|"slices"|"volumes" (LevelSpec.unit), "questions",
+                      "classes"}}}; "classes" holds "present" (organs present, per organ) for mosaic
+                      and volume levels and one count per answer class for each probe with questions
     cases             [{"source", "case_id", "split", "patient_id", "image_synthesized", "rows",
                         "provenance"}]; provenance["files"] are relative to the source's folder
     skipped           [{"source", "case_id", "split", "reason"}]
