@@ -189,6 +189,36 @@ def _plan(build, data, levels: Sequence[str] | None, splits: Sequence[str] | Non
     return plan
 
 
+def match_plan(plan: list[tuple[str, str]], spec, data, explicit: bool) -> list[tuple[str, str]]:
+    """The plan's levels the encoder can read: a 3-D encoder the volume levels (Level 4), a 2-D
+    one the others. A level named with ``--levels`` that the encoder cannot read is a one-line
+    error; without ``--levels`` the others are left out (a 2-D cache of a build with Level 4
+    is the cache of its Levels 1-3)."""
+    volume = bool(spec.volumetric)
+    wrong = sorted({lv for lv, _ in plan if LEVEL_SPECS[lv].volume != volume})
+    kind, other = ("3-D", "volumes (Level 4)") if volume else ("2-D", "images (Levels 1-3)")
+    if wrong and explicit:
+        raise ConfigError(f"{data}: encoder {spec.name} is {kind}: it encodes {other} only, not "
+                          f"{', '.join(wrong)}; drop {', '.join(wrong)} from --levels")
+    kept = [(lv, sp) for lv, sp in plan if LEVEL_SPECS[lv].volume == volume]
+    if not kept:
+        raise ConfigError(f"{data}: encoder {spec.name} is {kind}: it encodes {other} only, and the "
+                          f"build has none ({', '.join(sorted({lv for lv, _ in plan}))})")
+    return kept
+
+
+def token_grid_record(spec, storage: TokenStorage, layers: list[int], plan) -> dict[str, Any]:
+    """A 3-D encoder's cache attribute ``token_grid``: the (D', H', W') grid of every cached
+    layer's patch tokens as STORED (after ``--token-grid``), what token heads build their 3-D
+    position embeddings from (:meth:`~.features.FeatureCache.token_grid`)."""
+    grids = {}
+    for v in layers:
+        g = spec.layer_grid(v)
+        grids[str(v)] = [storage.grid] * 3 if storage.grid is not None else [int(x) for x in g]
+    return {"levels": sorted({lv for lv, _ in plan}), "n_prefix": int(spec.n_prefix), "layers": grids,
+            "order": "n_prefix tokens, then the grid (D', H', W') = (z, row, col) row-major, z slowest"}
+
+
 def _pending_items(f, build, plan: list[tuple[str, str]], batch: int,
                    ranks: Ranks = Ranks()) -> list[Item]:
     """Create each split's ``key``/``done`` datasets once; this rank's batches still to encode.
@@ -549,6 +579,7 @@ def _start(encoder: str, data: str | Path, out: Path, opts: CacheOptions, encode
     plan = _plan(build, data, opts.levels, opts.splits)
     enc = encoder_obj if encoder_obj is not None else load_encoder(
         encoder, weights=opts.weights, random_init=opts.random_init, revision=opts.revision)
+    plan = match_plan(plan, enc.spec, data, explicit=bool(opts.levels))
     layers = enc.check_layers(list(opts.layers))
     ranks = Ranks.from_env()
     storage = opts.token_storage or TokenStorage()
@@ -606,6 +637,8 @@ def _meta(job: _Job, args: dict[str, Any], dataset_dir: str) -> dict[str, Any]:
     }
     if job.tile_encoding == "per-tile":
         meta["tile_layout"] = tile_layout(spec)
+    if spec.volumetric:
+        meta["token_grid"] = token_grid_record(spec, job.storage, job.layers, job.plan)
     return meta
 
 
@@ -713,7 +746,7 @@ def _layer_dim(enc, layer: int, dev) -> int:
     if layer == -1 and enc.spec.dim:
         return int(enc.spec.dim)
     with torch.no_grad():
-        toks, _ = enc(torch.zeros(1, 224, 224, dtype=torch.uint8, device=dev), [layer])[layer]
+        toks, _ = enc(enc.blank(1, dev), [layer])[layer]
     return int(toks.shape[-1])
 
 

@@ -23,7 +23,8 @@ from spar_bench.errors import ConfigError, IntegrityError
 if TYPE_CHECKING:  # pragma: no cover
     from spar_bench.builder.shards import Build
 
-_JSON_ATTRS = ("encoder_config", "weights", "versions", "layers", "cache_args", "token_storage", "tile_layout")
+_JSON_ATTRS = ("encoder_config", "weights", "versions", "layers", "cache_args", "token_storage", "tile_layout",
+               "token_grid")
 #: the cache's ``dtype`` attribute -> numpy float dtype (int8 tokens are returned in it)
 STORAGE_FLOAT = {"fp16": "float16", "fp32": "float32"}
 
@@ -164,6 +165,18 @@ class FeatureCache:
 
         scale = _read_rows(self.path, level, split, g["token_scale"], rows)
         return dequantise_int8(toks, scale, np.dtype(STORAGE_FLOAT.get(self.meta.get("dtype"), "float32")))
+
+    def token_grid(self, level: str, layer: int = -1) -> list[int] | None:
+        """``[n_prefix, D', H', W']`` of a 3-D encoder's stored token sets of ``level`` (its
+        ``token_grid`` attribute: what token heads build 3-D position embeddings from), or
+        None (2-D features: the heads' position embeddings are per token, as always)."""
+        rec = self.meta.get("token_grid")
+        if not isinstance(rec, dict) or level not in rec.get("levels", ()):
+            return None
+        grid = (rec.get("layers") or {}).get(str(int(layer)))
+        if grid is None:
+            raise ConfigError(f"{self.path}: no token grid recorded for layer {layer}; layers: {self.layers()}")
+        return [int(rec.get("n_prefix", 0)), *(int(g) for g in grid)]
 
     @property
     def token_storage(self) -> dict[str, Any]:

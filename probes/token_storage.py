@@ -7,6 +7,7 @@ cache's ``token_storage`` attribute (and shown by the report):
 
 - ``grid=G``: the patch tokens are pooled to a G x G grid by area averaging (the prefix
   tokens, CLS and registers, are kept as they are). 37 x 37 -> 14 x 14 is 7x fewer tokens.
+  A 3-D encoder's (D', H', W') grid is pooled to G x G x G the same way.
 - ``proj=pca:K`` / ``proj=random:K``: every token is mapped to K dimensions by a linear map
   fitted on the *training split only* (PCA: mean and top-K principal axes of a deterministic
   sample of training tokens) or drawn from a seed (random: a Gaussian Johnson-Lindenstrauss
@@ -90,28 +91,32 @@ class TokenStorage:
         parts = ([f"grid{self.grid}"] if self.grid else []) + ([self.proj.replace(":", "")] if self.proj else [])
         return "-tokens-" + "-".join(parts + (["int8"] if self.int8 else []))
 
-    def check_encoder(self, n_prefix: int, grid: tuple[int, int] | None, dim: int, where: str) -> None:
+    def check_encoder(self, n_prefix: int, grid: tuple[int, ...] | None, dim: int, where: str) -> None:
         """Refuse reductions the encoder's token layout cannot take, in one line."""
         if self.grid is not None:
             if grid is None:
                 raise ConfigError(f"{where}: --token-grid needs an encoder with a known token grid")
             if self.grid > min(grid):
                 raise ConfigError(f"{where}: --token-grid {self.grid} is larger than the encoder's "
-                                  f"{grid[0]}x{grid[1]} token grid")
+                                  f"{'x'.join(map(str, grid))} token grid")
         if self.proj_dim is not None and self.proj_dim > dim:
             raise ConfigError(f"{where}: --token-proj {self.proj} asks for more dimensions than the "
                               f"encoder's {dim}")
 
 
-def pool_grid(tokens: torch.Tensor, n_prefix: int, grid: tuple[int, int], side: int) -> torch.Tensor:
-    """``(B, n_prefix + H*W, D)`` -> ``(B, n_prefix + side*side, D)``: patch tokens area-averaged."""
+def pool_grid(tokens: torch.Tensor, n_prefix: int, grid: tuple[int, ...], side: int) -> torch.Tensor:
+    """``(B, n_prefix + H*W, D)`` -> ``(B, n_prefix + side*side, D)``: patch tokens area-averaged
+    (a 3-D grid ``(D', H', W')``: to ``side**3`` tokens, z-major)."""
     import torch
     import torch.nn.functional as F
 
     b, _, d = tokens.shape
-    h, w = grid
-    patches = tokens[:, n_prefix:].reshape(b, h, w, d).permute(0, 3, 1, 2).float()
-    pooled = F.adaptive_avg_pool2d(patches, (side, side)).permute(0, 2, 3, 1).reshape(b, side * side, d)
+    patches = tokens[:, n_prefix:].reshape(b, *grid, d).movedim(-1, 1).float()
+    if len(grid) == 3:
+        pooled = F.adaptive_avg_pool3d(patches, (side,) * 3)
+    else:
+        pooled = F.adaptive_avg_pool2d(patches, (side, side))
+    pooled = pooled.movedim(1, -1).reshape(b, side ** len(grid), d)
     return torch.cat([tokens[:, :n_prefix].float(), pooled], dim=1)
 
 
@@ -203,13 +208,20 @@ class Projection:
         return (tokens.float() - mean) @ comps
 
 
-def patch_grid(n_tokens: int, n_prefix: int, grid: tuple[int, int] | None) -> tuple[int, int]:
-    """The patch grid of a token set of ``n_tokens``: the encoder's, else the square one."""
+def patch_grid(n_tokens: int, n_prefix: int, grid: tuple[int, ...] | None) -> tuple[int, ...]:
+    """The patch grid of a token set of ``n_tokens``: the encoder's, else the square one (a
+    3-D encoder's: the cube)."""
     import math
 
     patches = n_tokens - n_prefix
-    if grid is not None and grid[0] * grid[1] == patches:
+    if grid is not None and math.prod(grid) == patches:
         return tuple(grid)
+    if grid is not None and len(grid) == 3:
+        side = round(patches ** (1 / 3))
+        if side**3 != patches:
+            raise ConfigError(f"--token-grid: a layer of {n_tokens} tokens ({n_prefix} prefix) has no "
+                              "cubic patch grid to pool; drop --token-grid for this encoder")
+        return side, side, side
     side = math.isqrt(patches)
     if side * side != patches:
         raise ConfigError(f"--token-grid: a layer of {n_tokens} tokens ({n_prefix} prefix) has no "

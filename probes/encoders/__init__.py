@@ -1,7 +1,8 @@
 """The encoder registry and ``spar-probe encoders``.
 
 Encoders are named ``<family>:<rest>`` (``timm:resnet50``, ``hf:microsoft/rad-dino``,
-``hf:/path/to/saved``, ``open_clip:local-dir:/path``, ``torchscript:model.pt``) or by a
+``hf:/path/to/saved``, ``open_clip:local-dir:/path``, ``torchscript:model.pt``; 3-D encoders of
+Level 4 volumes: ``monai:resnet18``, ``monai:vit``, ``monai:swinunetr``, or a 3-D ``torchscript:``) or by a
 registered name (``dummy``, aliases such as ``raddino``, and your own)::
 
     from spar_bench.probes.encoders import load_encoder, register_encoder
@@ -29,6 +30,7 @@ FAMILIES.register_lazy("timm", "spar_bench.probes.encoders.timm_family:load_timm
 FAMILIES.register_lazy("hf", "spar_bench.probes.encoders.hf_family:load_hf", extra="transformers")
 FAMILIES.register_lazy("open_clip", "spar_bench.probes.encoders.open_clip_family:load_open_clip", extra="open_clip")
 FAMILIES.register_lazy("torchscript", "spar_bench.probes.encoders.torchscript_family:load_torchscript")
+FAMILIES.register_lazy("monai", "spar_bench.probes.encoders.monai_family:load_monai", extra="monai")
 
 #: named encoders (factories called with ``rest=""``), aliases and user registrations.
 ENCODERS: Registry = Registry("encoder")

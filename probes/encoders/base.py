@@ -1,7 +1,10 @@
 """The encoder interface shared by every family: a JSON spec, preprocessing and token extraction.
 
 An :class:`Encoder` turns a batch of grey ``uint8`` images ``(B, 224, 224)`` into, per requested
-layer, ``tokens (B, T, D)`` and ``pooled (B, D)``. Everything a report needs to say what the
+layer, ``tokens (B, T, D)`` and ``pooled (B, D)``. A 3-D (volumetric) encoder, one whose spec has a
+3-entry ``input_size`` (:attr:`EncoderSpec.volumetric`), takes ``uint8`` volumes ``(B, S, S, S)``
+(Level 4) instead; its token grids ``(B, D', H', W', C)`` are flattened z-major to ``(B, T, C)``
+and the grid of each layer is recorded in ``spec.extra["layer_grids"]``. Everything a report needs to say what the
 features are (weights, random init, preprocessing, token layout) lives in its :class:`EncoderSpec`.
 
 Torch is imported inside functions only: ``spar-probe --help`` must stay cheap.
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -44,6 +48,9 @@ class EncoderSpec:
 
     ``n_prefix`` tokens (CLS, registers) come first, then ``grid[0] * grid[1]`` patch tokens
     in row-major order (a CNN feature map flattened the same way, with ``n_prefix = 0``).
+    A 3-D encoder has ``input_size`` ``(S, S, S)`` and ``grid`` ``(D', H', W')`` (layer -1's;
+    ``extra["layer_grids"]`` has every layer's), its patch tokens in row-major (z, row, col)
+    order.
     ``weights`` is ``{"kind": "file"|"dir", "name", "sha256"}`` (a local file or folder by its
     base name and content hash, never its path: :func:`weights_record`), ``{"kind": "hub",
     "repo", "revision"}``, ``{"kind": "builtin"}`` or ``{"kind": "random-init"}``. ``name`` of
@@ -52,14 +59,14 @@ class EncoderSpec:
 
     name: str
     family: str
-    input_size: tuple[int, int] = (224, 224)
+    input_size: tuple[int, ...] = (224, 224)  # (S, S, S) for a 3-D encoder
     in_chans: int = 3
     mean: tuple[float, ...] = IMAGENET_MEAN
     std: tuple[float, ...] = IMAGENET_STD
     interpolation: str = "bilinear"
     patch_size: int | None = None  # ViT patch size, or CNN feature stride
     n_prefix: int = 0
-    grid: tuple[int, int] | None = None
+    grid: tuple[int, ...] | None = None
     dim: int | None = None
     pooled: str = "mean-patch"
     n_layers: int | None = None  # number of selectable intermediate layers
@@ -71,7 +78,18 @@ class EncoderSpec:
     def n_tokens(self) -> int | None:
         if self.grid is None:
             return None
-        return self.n_prefix + self.grid[0] * self.grid[1]
+        return self.n_prefix + math.prod(self.grid)
+
+    @property
+    def volumetric(self) -> bool:
+        """Whether this is a 3-D encoder: it takes ``uint8 (B, S, S, S)`` volumes (Level 4)."""
+        return len(self.input_size) == 3
+
+    def layer_grid(self, layer: int) -> tuple[int, ...] | None:
+        """The token grid of ``layer`` (a 3-D encoder's ``layer_grids``; else ``grid``)."""
+        grids = self.extra.get("layer_grids") or {}
+        got = grids.get(str(int(layer)))
+        return tuple(int(g) for g in got) if got is not None else self.grid
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -86,6 +104,16 @@ class EncoderSpec:
 
     def preprocessing(self) -> dict[str, Any]:
         """The preprocessing, as recorded in a cache."""
+        if self.volumetric:
+            return {
+                "input": "uint8 volume (B, S, S, S) (z, row, col) -> float [0, 1]",
+                "channels": self.in_chans,
+                "resize_to": list(self.input_size),
+                "interpolation": "trilinear (align_corners=False, no antialiasing)",
+                "crop": "none",
+                "mean": list(self.mean),
+                "std": list(self.std),
+            }
         return {
             "input": "uint8 grey (B, 224, 224) -> float [0, 1]",
             "channels": self.in_chans,
@@ -307,6 +335,17 @@ def nchw_to_tokens(x: torch.Tensor) -> torch.Tensor:
     return x.flatten(2).transpose(1, 2)
 
 
+def ncdhw_to_tokens(x: torch.Tensor) -> torch.Tensor:
+    """A 3-D feature map ``(B, C, D, H, W)`` as ``(B, D*H*W, C)`` tokens, row-major (z slowest)."""
+    return x.flatten(2).transpose(1, 2)
+
+
+def volume_grids(outs: dict[int, Any]) -> dict[str, list[int]]:
+    """``{str(layer): [D', H', W']}`` of 3-D feature maps ``(B, C, D', H', W')`` (the spec's
+    ``extra["layer_grids"]``)."""
+    return {str(v): [int(g) for g in t.shape[2:]] for v, t in outs.items()}
+
+
 class Encoder:
     """A loaded encoder: preprocessing + ``forward(images, layers)``.
 
@@ -362,11 +401,22 @@ class Encoder:
             raise ConfigError(f"encoder {self.spec.name}: layers {layers} repeat an index")
         return layers
 
+    def blank(self, batch: int = 1, device: Any = None) -> torch.Tensor:
+        """An all-zero ``uint8`` input of ``batch`` images (``(B, 224, 224)``) or, for a 3-D
+        encoder, volumes ``(B, S, S, S)`` at its input size: what a dry forward reads."""
+        import torch
+
+        shape = tuple(self.spec.input_size) if self.spec.volumetric else (224, 224)
+        return torch.zeros(batch, *shape, dtype=torch.uint8, device=device)
+
     def preprocess(self, images: torch.Tensor) -> torch.Tensor:
-        """``uint8 (B, H, W)`` (any device) -> normalised float ``(B, C, h, w)``."""
+        """``uint8 (B, H, W)`` (any device) -> normalised float ``(B, C, h, w)``; a 3-D encoder:
+        ``uint8 (B, S, S, S)`` -> ``(B, C, s, s, s)`` (:meth:`preprocess_volume`)."""
         import torch
         import torch.nn.functional as F
 
+        if self.spec.volumetric:
+            return self.preprocess_volume(images)
         if images.dtype != torch.uint8 or images.ndim != 3:
             raise ValueError(f"expected uint8 (B, H, W) images, got {images.dtype} {tuple(images.shape)}")
         x = images.float().div_(255.0).unsqueeze(1)
@@ -385,6 +435,25 @@ class Encoder:
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         return x
+
+    def preprocess_volume(self, volumes: torch.Tensor) -> torch.Tensor:
+        """``uint8 (B, S, S, S)`` -> float ``(B, C, s, s, s)``: scaled to [0, 1] as the 2-D path
+        does, resized trilinearly to ``input_size`` when it differs, normalised by mean/std."""
+        import torch
+        import torch.nn.functional as F
+
+        if volumes.dtype != torch.uint8 or volumes.ndim != 4:
+            raise ValueError(f"encoder {self.spec.name} is 3-D: expected uint8 (B, S, S, S) volumes, "
+                             f"got {volumes.dtype} {tuple(volumes.shape)}")
+        x = volumes.float().div_(255.0).unsqueeze(1)
+        size = tuple(int(v) for v in self.spec.input_size)
+        if tuple(x.shape[-3:]) != size:
+            x = F.interpolate(x, size=size, mode="trilinear", align_corners=False)
+        c = self.spec.in_chans
+        x = x.expand(-1, c, -1, -1, -1)
+        mean = torch.tensor(_fit(self.spec.mean, c), device=x.device).view(1, c, 1, 1, 1)
+        std = torch.tensor(_fit(self.spec.std, c), device=x.device).view(1, c, 1, 1, 1)
+        return (x - mean) / std
 
     def _layer_tokens(self, x: torch.Tensor, layers: list[int]) -> dict[int, torch.Tensor]:
         raise NotImplementedError

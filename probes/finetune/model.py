@@ -20,6 +20,8 @@ from spar_bench.errors import ConfigError
 from ..encoders.base import EXPORT_META_KEY, WeightsGiven, read_export_meta  # noqa: F401  (re-exported)
 
 EXPORT_FILE = "encoder.safetensors"
+#: families whose constructor takes ``--model-args`` (and whose ``--init weights`` needs ``--weights``)
+ARGS_FAMILIES = ("timm:", "monai:")
 #: parameter names whose first number after one of these words is a block index.
 _BLOCK_RE = re.compile(r"(?:^|\.)(?:blocks|layers?|resblocks|stages)\.(\d+)\.")
 #: CNN stages named with their number (ResNet ``layer1``..``layer4``).
@@ -42,14 +44,14 @@ def load_trainable(name: str, *, weights: str | None, init: str, seed: int,
         raise ConfigError(f"--init must be 'weights' or 'scratch', got {init!r}")
     if init == "scratch" and weights is not None:
         raise ConfigError(f"encoder {name}: pass either --weights (finetune) or --init scratch, not both")
-    if init == "weights" and weights is None and name.startswith("timm:"):
+    if init == "weights" and weights is None and name.startswith(ARGS_FAMILIES):
         raise ConfigError(
             f"encoder {name}: no weights given; pass --weights PATH to finetune, or --init scratch "
             "to train the architecture from random weights"
         )
     kw: dict[str, Any] = {"model_kwargs": dict(model_kwargs)} if model_kwargs else {}
-    if kw and not name.startswith("timm:"):
-        raise ConfigError(f"encoder {name}: --model-args apply to timm: encoders only")
+    if kw and not name.startswith(ARGS_FAMILIES):
+        raise ConfigError(f"encoder {name}: --model-args apply to timm: and monai: encoders only")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))
         try:
@@ -67,7 +69,8 @@ def load_trainable(name: str, *, weights: str | None, init: str, seed: int,
 
 
 def encode(enc, images, layer: int = -1):
-    """``(tokens (B,T,D), pooled (B,D))`` of uint8 ``images (B,H,W)``, with gradients.
+    """``(tokens (B,T,D), pooled (B,D))`` of uint8 ``images (B,H,W)`` (a 3-D encoder: volumes
+    ``(B,S,S,S)``), with gradients.
 
     The same preprocessing, token extraction and pooling as ``Encoder.forward`` (what
     ``spar-probe cache`` stores), without ``inference_mode``.

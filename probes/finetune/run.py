@@ -110,6 +110,9 @@ def new_head(encoding, head: str, spec, kind: str, seed: int, head_cfg: dict, tr
     in_dim, n_tokens = int(first.shape[-1]), (int(first.shape[1]) if kind == "tokens" else 1)
     if scratch and kind == "tokens":
         head_cfg = {**head_cfg, "proj_dim": in_dim}
+    grid = volume_token_grid(encoding.enc.spec, encoding.cfg.layer) if kind == "tokens" else None
+    if grid is not None:  # a 3-D encoder: 3-D position embeddings (heads.positions)
+        head_cfg = {**head_cfg, "token_grid": grid}
     model = seeded(lambda: build_head(head, spec, in_dim, n_tokens, **head_cfg), seed)
     if kind == "tokens" and not scratch:
         rng = np.random.default_rng(derive_seed(seed, "projection", spec.name))
@@ -117,6 +120,23 @@ def new_head(encoding, head: str, spec, kind: str, seed: int, head_cfg: dict, tr
         sample = encoding.features(tr.level, tr.split, pick, kind="tokens")
         model.fit_projection(sample.reshape(-1, in_dim))
     return model.to(encoding.dev), in_dim, n_tokens
+
+
+def volume_token_grid(spec, layer: int) -> list[int] | None:
+    """``[n_prefix, D', H', W']`` of a 3-D encoder's ``layer`` (what a cache records), else None."""
+    if not spec.volumetric:
+        return None
+    return [int(spec.n_prefix), *(int(g) for g in spec.layer_grid(layer))]
+
+
+def check_encoder_reads(spec, probe, data) -> None:
+    """A 3-D encoder trains on Level 4 (volume) probes only, a 2-D one on the others: one line."""
+    from spar_bench.builder.schema import LEVEL_SPECS
+
+    if LEVEL_SPECS[probe.level].volume != spec.volumetric:
+        kind, other = ("3-D", "volumes (Level 4)") if spec.volumetric else ("2-D", "images (Levels 1-3)")
+        raise ConfigError(f"{data}: encoder {spec.name} is {kind}: it encodes {other} only, not "
+                          f"{probe.level} (probe {probe.name})")
 
 
 def load_encoding(encoder: str, build, seed: int, cfg: FinetuneConfig, *, weights, init, model_kwargs,
@@ -195,6 +215,7 @@ def run_finetune(fs: FinetuneSpec, out: str | Path, *, resume: bool = False, ove
     splits = build_splits(build, hrun)
     encoding, precision = load_encoding(fs.encoder, build, fs.seed, fs.cfg, weights=fs.weights, init=fs.init,
                                         model_kwargs=fs.model_kwargs, revision=fs.revision)  # fmt: skip
+    check_encoder_reads(encoding.enc.spec, hrun.spec, fs.data)
     encoder = published_encoder(fs.encoder, encoding.enc.spec)  # no local path in the folder name or any record
     variant = finetune_variant(fs.cfg, fs.head, fs.head_cfg, fs.train_mirrors)
     rd = run_folder(out, run_slug(encoder, fs.init, fs.data), fs.probe, fs.head, variant, fs.seed)

@@ -89,10 +89,12 @@ def build_head(
     """Instantiate head ``name`` for probe ``spec`` (a spec or its name) on features of width ``in_dim``.
 
     ``n_tokens`` is the token count (token heads); ``cfg`` overrides the head's
-    documented defaults (unknown keys raise :class:`ConfigError`).
+    documented defaults (unknown keys raise :class:`ConfigError`). A token head also takes
+    ``token_grid=[n_prefix, D, H, W]``: a 3-D encoder's grid, for 3-D position embeddings
+    (:mod:`spar_bench.probes.heads.positions`; recorded in its ``cfg``).
     """
     cls = HEADS.get(name)
-    unknown = set(cfg) - set(cls.DEFAULTS)
+    unknown = set(cfg) - set(cls.DEFAULTS) - ({"token_grid"} if cls.input_kind == "tokens" else set())
     if unknown:
         raise ConfigError(
             f"head {name!r} has no option(s) {sorted(unknown)}; options: {sorted(cls.DEFAULTS)}"

@@ -67,7 +67,9 @@ def new_head(cache, run, kind: str):
         else np.asarray(cache.tokens(level, "train", layer=layer, rows=np.arange(1)))
     )
     in_dim, n_tokens = int(first.shape[-1]), (int(first.shape[1]) if kind == "tokens" else 1)
-    model = seeded(lambda: build_head(run.head, run.spec, in_dim, n_tokens, **run.head_config), seed)
+    grid = cache.token_grid(level, layer) if kind == "tokens" else None  # a 3-D encoder's (Level 4)
+    cfg = {**run.head_config, **({"token_grid": grid} if grid else {})}
+    model = seeded(lambda: build_head(run.head, run.spec, in_dim, n_tokens, **cfg), seed)
     if kind == "tokens":
         rng = np.random.default_rng(derive_seed(seed, "projection", run.probe))
         n = len(cache.keys(level, "train"))
