@@ -15,6 +15,9 @@ near-constant channels of weak features by up to 1e6); the learned ``embed`` lay
 all ``in_dim`` channels. It costs memory (pre-projected splits are ``in_dim`` wide,
 float32) and time (docs/SCALE.md).
 
+Positions: one learned embedding per token; over a 3-D encoder's tokens (``token_grid``
+given: Level 4) factorised (z, row, col) embeddings (:mod:`.positions`).
+
 Queries: ``spec.n_queries`` learned query tokens - 16 tile queries for Levels 1-2
 (query p belongs to organ p in Level 1, to mosaic position p in Level 2), one query
 for a probe that asks questions (Level 3), plus the question (sum of organ A, organ B,
@@ -37,6 +40,7 @@ import torch
 from torch import nn
 
 from .pooled import QuestionEmbedding
+from .positions import GridPositions
 
 
 def no_projection(proj_dim) -> bool:
@@ -54,6 +58,7 @@ class TokenHead(nn.Module):
     def __init__(self, spec, in_dim: int, n_tokens: int = 1, **cfg):
         super().__init__()
         self.spec = spec
+        token_grid = cfg.pop("token_grid", None)  # a 3-D encoder's [n_prefix, D, H, W] (.positions)
         self.cfg = {**self.DEFAULTS, **cfg}
         d = self.cfg["d_model"]
         self.no_pca = no_projection(self.cfg["proj_dim"])
@@ -63,7 +68,11 @@ class TokenHead(nn.Module):
         self.register_buffer("proj_w", torch.eye(in_dim)[:, :k].clone())
         self.register_buffer("proj_scale", torch.ones(k))
         self.embed = nn.Linear(k, d)
-        self.pos = nn.Parameter(torch.randn(max(n_tokens, 1), d) * 0.02)
+        if token_grid is None:
+            self.pos = nn.Parameter(torch.randn(max(n_tokens, 1), d) * 0.02)
+        else:  # 3-D position embeddings from the recorded grid; 2-D heads are as before
+            self.cfg["token_grid"] = [int(g) for g in token_grid]
+            self.pos = GridPositions(self.cfg["token_grid"], d, n_tokens)
         self.question = QuestionEmbedding(d, mode="sum") if spec.asks else None
         self.queries = nn.Parameter(torch.randn(spec.n_queries, d) * 0.02)
         width = spec.output_shape[-1]
@@ -119,6 +128,8 @@ class TokenHead(nn.Module):
 
     def token_embed(self, x: torch.Tensor) -> torch.Tensor:
         t = x.shape[1]
+        if isinstance(self.pos, GridPositions):
+            return self.embed(x) + self.pos(t)
         if t > self.pos.shape[0]:
             raise ValueError(f"{t} tokens but the head was built for {self.pos.shape[0]}")
         return self.embed(x) + self.pos[:t]
