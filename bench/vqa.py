@@ -108,8 +108,7 @@ def bare_loop(be, reqs, bs: int) -> None:
 def forward_only(be, reqs, bs: int) -> float:
     import torch
 
-    encs = [be.encode([be.prompt_text(r) for r in reqs[lo:lo + bs]],
-                      [r.image for r in reqs[lo:lo + bs]], "right")
+    encs = [be.encode([be.prompt_text(r) for r in reqs[lo:lo + bs]], reqs[lo:lo + bs], "right")
             for lo in range(0, len(reqs), bs)]
     t0 = clock()
     with torch.inference_mode():

@@ -154,7 +154,7 @@ def test_one_line_errors(env, capsys):
     assert _vqa("--model", "dumy", "--data", env["shards"], "--out", env["runs"]) == 2
     assert "Did you mean 'dummy'" in capsys.readouterr().err
     assert _vqa("--model", "dummy", "--data", env["shards"], "--probe", "level1.localisation") == 2
-    assert "Level 3 questions only" in capsys.readouterr().err
+    assert "question probes only" in capsys.readouterr().err
     assert _vqa("--model", "dummy", "--data", env["shards"], "--splits", "tset") == 2
     assert "tset" in capsys.readouterr().err
 
@@ -212,7 +212,7 @@ def test_hf_scores_do_not_depend_on_batch_or_scoring_path(tiny):
     with_image = [r for r in reqs if r.image is not None]
     prompts = [be.prompt_text(r) for r in with_image]
     conts = be.letter_ids(prompts, [r.letters for r in with_image])
-    fast = be._last_position(prompts, [r.image for r in with_image], conts)
+    fast = be._last_position(prompts, with_image, conts)
     full = be._full_sequences(prompts, with_image, conts)
     for f, g in zip(fast, full, strict=True):
         np.testing.assert_allclose(f, g, rtol=1e-4, atol=1e-4)

@@ -1,4 +1,4 @@
-"""``spar-probe vqa``: ask a multimodal LLM the Level 3 questions of a build."""
+"""``spar-probe vqa``: ask a multimodal LLM the Level 3 (slices) and Level 4 (volumes) questions of a build."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def parse_question_probes(text: tuple[str, ...] | str) -> list[str]:
     for n in dict.fromkeys(split_list(text)):
         spec = get_probe(n if "." in n else f"level3.{n}")
         if not spec.asks:
-            raise ConfigError(f"--probe {n}: the MLLM track asks the Level 3 questions only "
+            raise ConfigError(f"--probe {n}: the MLLM track asks the question probes only "
                               f"({', '.join(asking)})")
         if spec.name not in out:
             out.append(spec.name)
@@ -52,6 +52,30 @@ def resolve_image_size(option: str, backend) -> int:
     return size
 
 
+def resolve_volume_as(option: str, backend) -> str:
+    """``--volume-as``: ``video``, ``montage`` or ``views``; ``auto`` = ``video`` where the
+    model takes video (a Qwen2-VL-style processor), else ``montage``."""
+    from ..vqa.volume import check_volume_as
+
+    if check_volume_as(option) == "auto":
+        return "video" if getattr(backend, "takes_video", False) else "montage"
+    return option
+
+
+def probes_of_build(probes: list[str], build, every: bool) -> list[str]:
+    """The probes asked of ``build``: with ``all`` those of its levels (Level 4 is opt-in);
+    a probe named of a level the build lacks is one line."""
+    from ..tasks import get_probe
+
+    have = build.levels()
+    if every:
+        return [p for p in probes if get_probe(p).level in have]
+    for p in probes:
+        if get_probe(p).level not in have:
+            raise ConfigError(f"--probe {p}: {build.root} has no {get_probe(p).level}; levels: {', '.join(have)}")
+    return probes
+
+
 def default_cache(out: str | Path, model: str) -> Path:
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", model).strip("-") or "model"
     return Path(out) / ".vqa-cache" / f"{slug[-80:]}.sqlite"
@@ -60,7 +84,7 @@ def default_cache(out: str | Path, model: str) -> Path:
 @click.command("vqa")
 @click.option("--model", required=True, help="hf:PATH_OR_ID, openai:MODEL, dummy[:LETTER] or oracle[:pixels].")
 @click.option("--data", required=True, type=click.Path(file_okay=False), help="Build folder.")
-@probe_option("Level 3 probe(s) (size or level3.size) or 'all'.")
+@probe_option("Question probe(s) (size or level3.size; level4.volume) or 'all' (those of the build's levels).")
 @click.option("--splits", default="test", show_default=True, help="Splits whose questions are asked.")
 @click.option("--out", default="runs", show_default=True, type=click.Path(file_okay=False))
 @click.option("--revision", default=None, help="Hub revision (required for hf: hub ids).")
@@ -76,6 +100,10 @@ def default_cache(out: str | Path, model: str) -> Path:
 @click.option("--image-size", default="224", show_default=True,
               help="Upscale the stored 224 slice to this size (bicubic) before the model sees it; "
                    "'auto': the size the model's processor asks for, when larger than 224.")
+@click.option("--volume-as", default="auto", show_default=True,
+              help="Level 4: send each volume as a 'video' of 16 axial frames, a 'montage' (one grid image of "
+                   "them) or 'views' (axial, coronal, sagittal central slices in one image); 'auto': video where "
+                   "the model's processor takes video, else montage. --image-size is each slice's side.")
 @click.option("--batch-size", default=8, show_default=True, type=click.IntRange(1))
 @click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(1))
 @click.option("--device", default="cpu", show_default=True)
@@ -91,20 +119,24 @@ def default_cache(out: str | Path, model: str) -> Path:
 @click.option("--cache", "cache_path", default=None, type=click.Path(dir_okay=False),
               help="Response cache (default OUT/.vqa-cache/<model>.sqlite).")
 def vqa_command(model, data, probes, splits, out, revision, base_url, api_key_env, generate, guided,
-                no_convention_hint, no_circular, no_blind, image_size, batch_size, max_new_tokens,
+                no_convention_hint, no_circular, no_blind, image_size, volume_as, batch_size, max_new_tokens,
                 device, dtype, timeout, retries, concurrency, seed, n_boot, cache_path):
-    """Ask a multimodal LLM every Level 3 question; score it like a probe head."""
+    """Ask a multimodal LLM every Level 3 (and Level 4) question; score it like a probe head."""
     from spar_bench.builder.shards import Build
 
     from ..tasks import get_probe
     from ..vqa import load_backend
     from ..vqa.cache import ResponseCache
     from ..vqa.run import AskConfig, check_finished, run_dir, run_identity, run_probe
+    from ..vqa.volume import check_volume_as
 
+    check_volume_as(volume_as)
+    every = names_all(probes)
     probes = parse_question_probes(probes)
     if not (Path(data) / "manifest.json").is_file():
         raise ConfigError(f"--data {data}: no manifest.json; pass a finished build folder")
     build = Build(data)
+    probes = probes_of_build(probes, build, every)
     split_list = tuple(s.strip() for s in splits.split(",") if s.strip())
     for level in sorted({get_probe(p).level for p in probes}):
         for s in split_list:
@@ -116,7 +148,7 @@ def vqa_command(model, data, probes, splits, out, revision, base_url, api_key_en
                         retries=retries, concurrency=concurrency, data=str(data))
     backend = load_backend(model, opts)
     cfg = AskConfig(split_list, not no_convention_hint, not no_circular, not no_blind,
-                    resolve_image_size(image_size, backend), seed, n_boot)
+                    resolve_image_size(image_size, backend), seed, n_boot, resolve_volume_as(volume_as, backend))
     for p in probes:  # a finished run made otherwise is refused before any question is asked
         check_finished(run_dir(backend, p, out, cfg), run_identity(backend, build, p, cfg))
     saved = 0
@@ -162,5 +194,6 @@ def _echo(probe: str, rd: Path) -> int:
     blind = (m["controls"].get("blind") or {}).get("accuracy")
     click.echo(f"{probe}: accuracy={f(m['test']['accuracy'])} parse={f(m['parse_rate'])} "
                f"circular={f(circ.get('strict'))} blind={f(blind)} "
-               f"mirror={f((m.get('mirror') or {}).get('accuracy'))} -> {rd}")
+               f"mirror={f((m.get('mirror') or {}).get('accuracy'))}"
+               + (f" flipped={f((m.get('flipped') or {}).get('accuracy'))}" if "flipped" in m else "") + f" -> {rd}")
     return int((m.get("requests") or {}).get("deduplicated", 0))

@@ -32,7 +32,9 @@ class Request:
         text: the user message.
         letters: displayed option letters.
         options: displayed option texts.
-        image: an RGB ``PIL.Image`` or None (blind run).
+        image: an RGB ``PIL.Image`` or None (blind run, or a video).
+        frames: a video (Level 4 ``--volume-as video``): RGB ``PIL.Image`` frames in order,
+            or None.
     """
 
     key: str
@@ -40,6 +42,12 @@ class Request:
     letters: tuple[str, ...]
     options: tuple[str, ...]
     image: Any = None
+    frames: tuple | None = None
+
+    @property
+    def blind(self) -> bool:
+        """Nothing is shown (neither an image nor a video): the blind control."""
+        return self.image is None and self.frames is None
 
 
 @dataclass(frozen=True)
@@ -84,6 +92,8 @@ class Backend:
         random_init: True when answers cannot reflect a trained model (dummy).
         preferred_size: the square image size the model's processor asks for, if known
             (``--image-size auto``).
+        takes_video: the model reads a video (``Request.frames``) natively; ``--volume-as
+            auto`` then sends Level 4 volumes as videos, else as montages.
     """
 
     name: str = "backend"
@@ -93,6 +103,7 @@ class Backend:
     batch_size: int = 8
     random_init: bool = False
     preferred_size: int | None = None
+    takes_video: bool = False
 
     def answer(self, requests: list[Request]) -> list[Reply]:
         raise NotImplementedError

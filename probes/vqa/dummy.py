@@ -52,8 +52,7 @@ class DummyBackend(Backend):
         if self.fixed:
             return r.letters.index(self.fixed) if self.fixed in r.letters else None
         # blind: the prompt decides (byte-identical blind prompts get one answer, as at temperature 0)
-        s = derive_seed(self.seed, "dummy", r.key if r.image is not None else r.text, r.image is None,
-                        *r.options)
+        s = derive_seed(self.seed, "dummy", r.text if r.blind else r.key, r.blind, *r.options)
         return int(np.random.default_rng(s).integers(len(r.options)))
 
     def answer(self, requests: list[Request]) -> list[Reply]:

@@ -10,6 +10,10 @@
   scored. Batches are right-padded, so positions and causal attention of real tokens are
   those of an unbatched pass.
 * ``--generate``: greedy decoding (left-padded batches), the text is parsed strictly.
+* Level 4 volumes: a processor with a ``video_processor`` (Qwen2-VL style) takes a
+  ``--volume-as video`` request as ``videos=`` (its frames in order, a ``{"type": "video"}``
+  chat part); any other processor refuses a video in one line (``montage``/``views`` are
+  plain images).
 """
 
 from __future__ import annotations
@@ -53,8 +57,10 @@ def model_source(rest: str, revision: str | None) -> tuple[str, dict[str, Any], 
 
 
 def preferred_size(image_processor) -> int | None:
-    """The square input size an image processor resizes to (crop, height or shortest edge)."""
-    if image_processor is None:
+    """The square input size an image processor resizes to (crop, height or shortest edge);
+    None for a dynamic-resolution processor (Qwen2-VL style: ``merge_size``, whose size bounds
+    are pixel counts, not sides), which takes any size."""
+    if image_processor is None or getattr(image_processor, "merge_size", None) is not None:
         return None
     for attr in ("crop_size", "size"):
         s = getattr(image_processor, attr, None)
@@ -67,6 +73,10 @@ def preferred_size(image_processor) -> int | None:
             if v:
                 return int(v)
     return None
+
+
+def _shown(r: Request) -> str:
+    return "video" if r.frames is not None else "image" if r.image is not None else "text"
 
 
 class HFBackend(Backend):
@@ -87,6 +97,7 @@ class HFBackend(Backend):
         if getattr(self.processor, "chat_template", None) is None:
             raise ConfigError(f"model hf:{rest}: the processor has no chat template")
         self.preferred_size = preferred_size(getattr(self.processor, "image_processor", None))
+        self.takes_video = getattr(self.processor, "video_processor", None) is not None
         self.mode = options.mode
         self.device = options.device
         self.batch_size = options.batch_size
@@ -98,18 +109,22 @@ class HFBackend(Backend):
 
     # -- inputs ------------------------------------------------------------------------
     def prompt_text(self, r: Request) -> str:
-        content = ([{"type": "image"}] if r.image is not None else []) + [{"type": "text", "text": r.text}]
+        shown = [{"type": "video"}] if r.frames is not None else [{"type": "image"}] if r.image is not None else []
+        content = shown + [{"type": "text", "text": r.text}]
         return self.processor.apply_chat_template(
             [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
         )
 
-    def encode(self, texts: list[str], images: list, padding_side: str):
-        """Processor outputs for a batch (all with images, or all without)."""
+    def encode(self, texts: list[str], reqs: list[Request], padding_side: str):
+        """Processor outputs for a batch (``reqs``: each text's request; all with an image,
+        all with a video, or all with neither)."""
         self.tok.padding_side = padding_side
         kw: dict[str, Any] = {"text": texts, "return_tensors": "pt", "padding": True,
                               "add_special_tokens": False}
-        if any(im is not None for im in images):
-            kw["images"] = images
+        if any(r.frames is not None for r in reqs):
+            kw["videos"] = [list(r.frames) for r in reqs]
+        elif any(r.image is not None for r in reqs):
+            kw["images"] = [r.image for r in reqs]
         return self.processor(**kw).to(self.device)
 
     def letter_ids(self, prompts: list[str], letters: list[tuple[str, ...]]) -> list[list[list[int] | None]]:
@@ -130,8 +145,10 @@ class HFBackend(Backend):
     # -- answering ---------------------------------------------------------------------
     def answer(self, requests: list[Request]) -> list[Reply]:
         out: list[Reply | None] = [None] * len(requests)
-        for with_image in (True, False):  # a processor batch is all-image or all-text
-            idx = [i for i, r in enumerate(requests) if (r.image is not None) == with_image]
+        if not self.takes_video and any(r.frames is not None for r in requests):
+            raise ConfigError(f"model {self.name}: its processor takes no video; use --volume-as montage or views")
+        for kind in ("video", "image", "text"):  # a processor batch is all-video, all-image or all-text
+            idx = [i for i, r in enumerate(requests) if _shown(r) == kind]
             if not idx:
                 continue
             part = [requests[i] for i in idx]
@@ -144,16 +161,16 @@ class HFBackend(Backend):
         prompts = [self.prompt_text(r) for r in reqs]
         conts = self.letter_ids(prompts, [r.letters for r in reqs])
         if all(c is not None and len(c) == 1 for cs in conts for c in cs):
-            scores = self._last_position(prompts, [r.image for r in reqs], conts)
+            scores = self._last_position(prompts, reqs, conts)
         else:
             scores = self._full_sequences(prompts, reqs, conts)
         return [Reply(choice=max(range(len(s)), key=lambda j, s=s: (s[j], -j)), scores=tuple(s))
                 for s in scores]
 
-    def _last_position(self, prompts, images, conts) -> list[list[float]]:
+    def _last_position(self, prompts, reqs, conts) -> list[list[float]]:
         import torch
 
-        enc = self.encode(prompts, images, "right")
+        enc = self.encode(prompts, reqs, "right")
         with torch.inference_mode():
             logits = self.model(**enc).logits
         last = enc["attention_mask"].sum(dim=1) - 1
@@ -164,15 +181,15 @@ class HFBackend(Backend):
         """Each prompt+letter scored whole; the letter's tokens are the last real ones."""
         import torch
 
-        texts, images, spans = [], [], []
+        texts, shown, spans = [], [], []
         for p, r, cs in zip(prompts, reqs, conts, strict=True):
             for L, ids in zip(r.letters, cs, strict=True):
                 if ids is None:
                     raise ConfigError(f"model {self.name}: option letter {L!r} merges with the prompt's last token")
                 texts.append(p + L)
-                images.append(r.image)
+                shown.append(r)
                 spans.append(len(ids))
-        enc = self.encode(texts, images, "right")
+        enc = self.encode(texts, shown, "right")
         with torch.inference_mode():
             logp = torch.log_softmax(self.model(**enc).logits.float(), dim=-1)
         ends = enc["attention_mask"].sum(dim=1)
@@ -190,7 +207,7 @@ class HFBackend(Backend):
     def _generate(self, reqs: list[Request]) -> list[Reply]:
         import torch
 
-        enc = self.encode([self.prompt_text(r) for r in reqs], [r.image for r in reqs], "left")
+        enc = self.encode([self.prompt_text(r) for r in reqs], reqs, "left")
         with torch.inference_mode():
             gen = self.model.generate(**enc, max_new_tokens=self.max_new_tokens, do_sample=False)
         new = gen[:, enc["input_ids"].shape[1]:]

@@ -1,7 +1,8 @@
 """``openai:MODEL --base-url URL``: any OpenAI-compatible chat server (vLLM, SGLang,
 llama.cpp, Ollama), over the standard library's HTTP client.
 
-* The image goes as a base64 PNG ``image_url`` part; the API key is read from the
+* The image goes as a base64 PNG ``image_url`` part (a Level 4 video as one part per
+  frame, in order, before the text: the prompt says what they are); the API key is read from the
   environment variable ``--api-key-env`` (default ``OPENAI_API_KEY``; none is sent when
   it is unset) and is never written anywhere.
 * Greedy decoding (temperature 0). ``--guided guided_choice`` adds vLLM's
@@ -107,8 +108,8 @@ class OpenAIBackend(Backend):
 
     def body(self, r: Request) -> dict[str, Any]:
         content: list[dict[str, Any]] = [{"type": "text", "text": r.text}]
-        if r.image is not None:
-            content.insert(0, {"type": "image_url", "image_url": {"url": png_base64(r.image)}})
+        shown = list(r.frames) if r.frames is not None else [r.image] if r.image is not None else []
+        content[:0] = [{"type": "image_url", "image_url": {"url": png_base64(im)}} for im in shown]
         body: dict[str, Any] = {"model": self.model, "messages": [{"role": "user", "content": content}],
                                 "temperature": 0, "max_tokens": self.decoding["max_tokens"]}
         if self.guided == "guided_choice":

@@ -225,3 +225,157 @@ def render(probe: str, organ_a: int, organ_b: int, axis: int, order: tuple[int, 
     lines += [f"{letter}. {text}" for letter, text in zip(letters, options, strict=True)]
     lines.append(INSTRUCTION)
     return Prompt("\n".join(lines), letters, options, tuple(order), template_version(probe))
+
+
+# --------------------------------------------------------------------------- Level 4
+#: Level 4 (volume) templates; a Level 4 prompt's version is ``level4.<probe>@<n>``.
+VOLUME_TEMPLATE_VERSION = "1"
+#: How each ``--volume-as`` shows the volume (``{n}`` frames, ``{rows}`` x ``{cols}`` grid,
+#: ``{step}`` mm between frames). The display convention is :data:`VOLUME_CONVENTION`.
+VOLUME_SHOWN: dict[str, str] = {
+    "video": (
+        "The video shows one CT volume of the abdomen as {n} axial slices, one per frame, in "
+        "order from the most inferior slice (towards the feet) to the most superior (towards "
+        "the head); consecutive frames are {step} mm apart."
+    ),
+    "montage": (
+        "The image is a grid of {n} axial slices of one CT volume of the abdomen ({rows} rows "
+        "of {cols}), read row by row from the top left to the bottom right, from the most "
+        "inferior slice (towards the feet) to the most superior (towards the head); "
+        "consecutive slices are {step} mm apart."
+    ),
+    "views": (
+        "The image shows three orthogonal slices through the centre of one CT volume of the "
+        "abdomen, side by side: on the left an axial slice, in the middle a coronal slice, on "
+        "the right a sagittal slice. An organ may lie outside all three slices."
+    ),
+}
+VOLUME_CONVENTION: dict[str, str] = {
+    "video": ("Every frame is shown in the radiological convention: the patient's left is on the "
+              "right side of the image and the front of the patient (anterior) is at the top."),
+    "views": ("The axial slice has the patient's left on the right of the image and anterior at the "
+              "top; the coronal slice has the patient's left on the right and superior (the head) at "
+              "the top; the sagittal slice has anterior on the left and superior at the top."),
+}
+VOLUME_CONVENTION["montage"] = VOLUME_CONVENTION["video"].replace("Every frame", "Every slice")
+#: The volume's scale (every shown slice spans the cube's side).
+VOLUME_SCALE = ("The volume is a cube {fov:.1f} mm wide ({side} voxels of {mpv:.3f} mm per side); "
+                "each slice is shown as {size} x {size} pixels.")
+BLIND_NOTE_VOLUME = (
+    "No image is shown to you. The question is about one CT volume of the abdomen; answer as "
+    "well as you can without seeing it."
+)
+CENTRE_VOLUME = "An organ's centre is the centroid of its whole three-dimensional volume."
+#: Level 4 questions (``relative_position.<axis>``: 0 left/right, 1 anterior/posterior,
+#: 2 superior/inferior; see ``VOLUME_AXES``).
+VOLUME_QUESTIONS: dict[str, str] = {
+    "relative_position.0": "Is the centre of the {a} to the patient's left of the centre of the {b}?",
+    "relative_position.1": "Is the centre of the {a} anterior of (in front of) the centre of the {b}?",
+    "relative_position.2": "Is the centre of the {a} superior to (nearer the head than) the centre of the {b}?",
+    "distance": "Is the centre of the {a} closer to the centre of the {b} or to the centre of the {c}?",
+    "volume": "Is the volume of the {a} larger than the volume of the {b}?",
+    "symmetry": (
+        "Compare the volumes of the {a} (on the patient's left in this volume) and the {b} (on "
+        "the patient's right). They are similar when their difference is at most {band}% of "
+        "their mean volume. Which is larger?"
+    ),
+    "adjacency": (
+        "Do the {a} and the {b} touch? They touch when the gap between them is at most {adj} mm; "
+        "the gap is the shortest distance between a voxel centre of one and a voxel centre of "
+        "the other, less one voxel (voxels sharing a face have no gap)."
+    ),
+    "containment": (
+        "Does the largest lesion (tumour) in this volume lie inside the {a}, that is, does the "
+        "{a} hold more than half of its voxels? Lesion voxels that touch, even only at a "
+        "corner, belong to one lesion; the largest lesion is the one with the most voxels."
+    ),
+    "counting": (
+        "How many separate lesions (tumours) does this volume hold? Lesion voxels that touch, "
+        "even only at a corner, belong to one lesion; a lesion of fewer than {min_voxels} "
+        "voxels of this volume is not counted."
+    ),
+}
+VOLUME_CENTRE_PROBES = ("relative_position", "distance")
+
+
+@dataclass(frozen=True)
+class VolumeContext:
+    """What a Level 4 prompt states beside its organs: how the volume is shown
+    (``volume_as``, ``size`` px per slice), its ``side`` (voxels) and ``mm_per_voxel``, the
+    symmetry ``band``, the adjacency threshold ``adjacency_mm`` and ``min_voxels`` (counting)."""
+
+    volume_as: str = "montage"
+    size: int = 224
+    side: int = 128
+    mm_per_voxel: float | None = None
+    band: float | None = None
+    adjacency_mm: float | None = None
+    min_voxels: int | None = None
+
+    def shown_sentences(self, hint: bool) -> list[str]:
+        from .volume import frame_indices, grid_shape, n_frames
+
+        n = n_frames(self.side)
+        rows, cols = grid_shape(n)
+        z = [int(v) for v in frame_indices(self.side)]
+        steps = {b - a for a, b in zip(z, z[1:])} or {self.side}
+        mpv = self.mm_per_voxel or 0.0
+        step = f"{steps.pop() * mpv:.1f}" if len(steps) == 1 else f"about {self.side / n * mpv:.1f}"
+        out = [VOLUME_SHOWN[self.volume_as].format(n=n, rows=rows, cols=cols, step=step)]
+        if hint:
+            out.append(VOLUME_CONVENTION[self.volume_as])
+        if self.mm_per_voxel:
+            out.append(VOLUME_SCALE.format(fov=self.side * mpv, side=self.side, mpv=mpv, size=self.size))
+        return out
+
+
+def volume_template_version(probe: str) -> str:
+    """``"level4.<probe>@<version>"``, recorded with every Level 4 answer."""
+    return f"level4.{probe}@{VOLUME_TEMPLATE_VERSION}"
+
+
+def volume_option_texts(probe: str, class_names: tuple[str, ...], organ_b: int, organ_c: int) -> tuple[str, ...]:
+    """Option texts of a Level 4 probe in class order (distance names organs B and C)."""
+    if probe == "distance":
+        return (f"the {organ_text(organ_b)}", f"the {organ_text(organ_c)}")
+    return tuple(option_text(c) for c in class_names)
+
+
+def volume_question_text(probe: str, organs: tuple[int, int, int], axis: int, context: VolumeContext) -> str:
+    from spar_bench.builder.schema import LEVEL4_PROBES
+
+    if probe not in LEVEL4_PROBES:
+        raise ConfigError(f"no Level 4 prompt template for probe {probe!r}; templates: {', '.join(LEVEL4_PROBES)}")
+    fill = {k: organ_text(o) if o >= 0 else "" for k, o in zip("abc", organs, strict=True)}
+    need = {"symmetry": ("band", context.band), "adjacency": ("adj", context.adjacency_mm),
+            "counting": ("min_voxels", context.min_voxels)}
+    if probe in need:
+        name, value = need[probe]
+        if value is None:
+            raise ConfigError(f"the level4 {probe} prompt states its {name}: give VolumeContext a value")
+        fill[name] = {"band": f"{100 * float(value):g}", "adj": f"{float(value):g}"}.get(name, str(int(value)))
+    key = f"{probe}.{axis}" if probe == "relative_position" else probe
+    return VOLUME_QUESTIONS[key].format(**fill)
+
+
+def render_volume(probe: str, organs: tuple[int, int, int], axis: int, order: tuple[int, ...],
+                  hint: bool = True, *, blind: bool = False, context: VolumeContext | None = None) -> Prompt:
+    """The prompt of one Level 4 question (``organs``: A, B, C; -1 none) with its options in
+    ``order``: how the volume is shown and its display convention (or, ``blind``, that none
+    is shown), the patient frame, the question, lettered options."""
+    from spar_bench.builder.schema import LEVEL4_CLASS_NAMES
+
+    ctx = context or VolumeContext()
+    names = LEVEL4_CLASS_NAMES[probe] if probe in LEVEL4_CLASS_NAMES else ()
+    if sorted(order) != list(range(len(names))):
+        raise ValueError(f"order {order} is not a permutation of {len(names)} options")
+    texts = volume_option_texts(probe, names, organs[1], organs[2])
+    letters = tuple(string.ascii_uppercase[: len(names)])
+    options = tuple(texts[c] for c in order)
+    lines = [BLIND_NOTE_VOLUME, FRAME] if blind else [*ctx.shown_sentences(hint), FRAME]
+    if probe in VOLUME_CENTRE_PROBES:
+        lines.append(CENTRE_VOLUME)
+    lines += [volume_question_text(probe, organs, axis, ctx), "Options:"]
+    lines += [f"{letter}. {text}" for letter, text in zip(letters, options, strict=True)]
+    lines.append(INSTRUCTION)
+    return Prompt("\n".join(lines), letters, options, tuple(order), volume_template_version(probe))

@@ -23,10 +23,23 @@ import numpy as np
 from spar_bench.errors import ConfigError
 
 from ..targets import Targets, concat
-from .prompts import THRESHOLD_PROBES, PromptContext, stated
+from .prompts import THRESHOLD_PROBES, PromptContext, VolumeContext, stated
 
 #: The stored measurement a size / distance question's stated thresholds class.
 MEASURE_FIELD = {"size": "q_area_a_mm2", "distance": "q_distance_mm"}
+
+
+@dataclass(frozen=True)
+class VolumeFacts:
+    """What a Level 4 prompt states from the build: the volumes' ``side`` S (voxels), each
+    question's ``mm_per_voxel``, and the manifest's symmetry band, adjacency threshold (mm)
+    and smallest counted lesion (voxels), each None where the probe states none."""
+
+    side: int
+    mm_per_voxel: np.ndarray
+    band: float | None = None
+    adjacency_mm: float | None = None
+    min_voxels: int | None = None
 
 
 @dataclass(frozen=True)
@@ -46,6 +59,8 @@ class Questions:
     measure: np.ndarray | None = None
     band: float | None = None
     min_voxels: int | None = None
+    #: Level 4 (volumes): what the prompt states beside the organs, see :class:`VolumeFacts`
+    volume: VolumeFacts | None = None
 
     @property
     def spec(self):
@@ -96,7 +111,34 @@ class Questions:
 
     @property
     def is_mirror(self) -> np.ndarray:
-        return self.t.is_mirror
+        """The left-right mirrored counterfactual questions."""
+        return np.asarray(self.t.is_mirror, bool)
+
+    @property
+    def is_flipped(self) -> np.ndarray:
+        """The superior-inferior flipped counterfactual questions (Level 4; all False else)."""
+        f = getattr(self.t, "is_flipped", None)
+        return np.zeros(len(self), bool) if f is None else np.asarray(f, bool)
+
+    @property
+    def original(self) -> np.ndarray:
+        """The questions of no counterfactual copy (neither mirrored nor flipped)."""
+        return ~(self.is_mirror | self.is_flipped)
+
+    @property
+    def organ_c(self) -> np.ndarray:
+        """Organ C (Level 4 distance; -1 elsewhere)."""
+        c = self.t.y.get("organ_c")
+        return np.full(len(self), -1, np.int64) if c is None else c
+
+    def volume_context(self, i: int, volume_as: str, size: int) -> VolumeContext:
+        """What the Level 4 prompt of question ``i`` states: how its volume is shown, its scale
+        and the probe's threshold."""
+        v = self.volume
+        if v is None:
+            raise ConfigError(f"{self.spec.name}: not a Level 4 (volume) probe")
+        return VolumeContext(volume_as, int(size), v.side, float(v.mm_per_voxel[i]), v.band, v.adjacency_mm,
+                             v.min_voxels)
 
 
 def _targets(build, spec, split: str) -> tuple[Targets, np.ndarray, dict[str, np.ndarray]]:
@@ -132,10 +174,61 @@ def _stated_cuts(build, probe: str, t: Targets) -> np.ndarray | None:
                     dtype=np.float64).reshape(len(t), 2)
 
 
+def is_volume_probe(spec) -> bool:
+    """The probe asks about whole volumes (Level 4)."""
+    from spar_bench.builder.schema import LEVEL_SPECS
+
+    level = LEVEL_SPECS.get(spec.level)
+    return bool(level is not None and level.volume)
+
+
+#: Per Level 4 probe, the manifest's sample-config value its prompt states (``VolumeContext``).
+VOLUME_STATED = {"symmetry": ("band", "symmetry_band"), "adjacency": ("adjacency_mm", "adjacency_mm"),
+                 "counting": ("min_voxels", "lesion_min_voxels")}
+
+
+def _volume_questions(build, spec, split: str) -> tuple[Targets, np.ndarray, np.ndarray, int]:
+    """Level 4: the probe's targets on ``split`` (rows = the volumes' rows), its question keys,
+    each question's ``mm_per_voxel`` and the volumes' side S."""
+    level = spec.level
+    rows = build.read(level, split, ["key", "mm_per_voxel"])
+    t = spec.load_targets(build, split, rows["key"])
+    q = build.read(level, split, ["q_key", "q_probe"])
+    keys = q["q_key"][q["q_probe"].astype(np.int64) == spec.index].astype(str)
+    if len(keys) != len(t):
+        raise ConfigError(f"{build.root}/{level}/{split}: {spec.name} has {len(t)} targets for {len(keys)} "
+                          "questions; the shards and the probe spec disagree")
+    side = int(build.images(level, split, np.array([0]))[0].shape[0]) if len(rows["key"]) else 0
+    return t, keys, rows["mm_per_voxel"].astype(np.float64)[t.rows], side
+
+
+def load_volume_questions(build, spec, splits: list[str]) -> Questions:
+    """Every Level 4 question of ``spec`` on ``splits``, with what its prompt states
+    (:class:`VolumeFacts`: the manifest's band / adjacency threshold / smallest lesion)."""
+    parts = [_volume_questions(build, spec, s) for s in splits]
+    t = concat([p[0] for p in parts])
+    keys = np.concatenate([p[1] for p in parts])
+    split = np.concatenate([np.full(len(p[1]), s) for p, s in zip(parts, splits, strict=True)]).astype(str)
+    probe = spec.name.split(".", 1)[1]
+    stated: dict[str, float | int | None] = {}
+    if probe in VOLUME_STATED and len(t):
+        name, field = VOLUME_STATED[probe]
+        value = (build.manifest.get("sample_config") or {}).get(field)
+        if value is None:
+            raise ConfigError(f"{build.root}: the manifest's sample_config records no {field}; the level4 "
+                              f"{probe} prompt states it (rebuild with this version)")
+        stated[name] = int(value) if name == "min_voxels" else float(value)
+    side = max(p[3] for p in parts)
+    facts = VolumeFacts(side, np.concatenate([p[2] for p in parts]), **stated)
+    return Questions(t, keys, split, volume=facts)
+
+
 def load_questions(build, spec, splits: list[str]) -> Questions:
     """Every question of ``spec`` on ``splits``, in the splits' canonical order."""
     if spec.level not in build.levels():
         raise ConfigError(f"{build.root}: build has no {spec.level}; levels: {', '.join(build.levels())}")
+    if is_volume_probe(spec):
+        return load_volume_questions(build, spec, splits)
     parts = [(_targets(build, spec, s), s) for s in splits]
     t = concat([p[0][0] for p in parts])
     keys = np.concatenate([p[0][1] for p in parts])
@@ -154,5 +247,6 @@ def train_targets(build, spec) -> Targets | None:
     """The probe's original training questions (majority and prior controls), or None."""
     if "train" not in build.splits(spec.level):
         return None
-    t, _, _ = _targets(build, spec, "train")
-    return t.subset(~t.is_mirror)
+    t = _volume_questions(build, spec, "train")[0] if is_volume_probe(spec) else _targets(build, spec, "train")[0]
+    flipped = getattr(t, "is_flipped", None)
+    return t.subset(~(np.asarray(t.is_mirror, bool) | (False if flipped is None else np.asarray(flipped, bool))))

@@ -54,13 +54,14 @@ from ..runs.store import (
 from .base import Backend, BackendOptions, PartialAnswers, Reply, Request, to_pil
 from .cache import ResponseCache, key_hash
 from .parse import parse_answer
-from .prompts import Prompt, render, rotations, template_version
+from .prompts import Prompt, render, render_volume, rotations, template_version, volume_template_version
 from .questions import Questions, load_questions, train_targets
+from .volume import Shown, show
 from .score import score_run
 
 #: config.json fields a finished run must share with a run that would write its folder.
 IDENTITY_FIELDS = ("model_identity", "decoding", "template_version", "splits", "convention_hint",
-                   "circular", "blind", "image_size", "dataset_fingerprint")
+                   "circular", "blind", "image_size", "dataset_fingerprint", "volume_as")
 DEFAULT_MAX_NEW_TOKENS = BackendOptions().max_new_tokens
 RUN_FILES = frozenset({"config.json", "answers.jsonl", METRICS_FILE, METRICS_FILE + ".tmp"})
 
@@ -76,11 +77,15 @@ class AskConfig:
     image_size: int = 224
     seed: int = 0
     n_boot: int = 1000
+    #: how a Level 4 volume is sent (``video``, ``montage``, ``views``; resolved, never ``auto``)
+    volume_as: str = "montage"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, volume: bool = False) -> dict[str, Any]:
+        """config.json's fields; ``volume_as`` only for a Level 4 probe (``volume``)."""
         return {"splits": list(self.splits), "convention_hint": self.hint,
                 "circular": self.circular, "blind": self.blind, "image_size": self.image_size,
-                "seed": self.seed, "n_bootstrap": self.n_boot}
+                "seed": self.seed, "n_bootstrap": self.n_boot,
+                **({"volume_as": self.volume_as} if volume else {})}
 
 
 @dataclass(frozen=True)
@@ -93,12 +98,21 @@ class Item:
     prompt: Prompt
 
 
-def head_name(backend: Backend, cfg: AskConfig) -> str:
+def head_name(backend: Backend, cfg: AskConfig, volume: bool = False) -> str:
+    """``vqa-<answering>[-nohint][-<N>px]``, then ``-<volume_as>`` for a Level 4 probe."""
     kind = {"constrained": "loglik", "generate": "generate"}[backend.mode]
     if backend.decoding.get("guided", "none") != "none":
         kind = "guided"
     return f"vqa-{kind}" + ("" if cfg.hint else "-nohint") + (
-        "" if cfg.image_size == 224 else f"-{cfg.image_size}px")
+        "" if cfg.image_size == 224 else f"-{cfg.image_size}px") + (f"-{cfg.volume_as}" if volume else "")
+
+
+def probe_is_volume(probe: str) -> bool:
+    """``probe`` (a full name) asks about whole volumes (Level 4)."""
+    from ..tasks import get_probe
+    from .questions import is_volume_probe
+
+    return is_volume_probe(get_probe(probe))
 
 
 def variant_of(backend: Backend, cfg: AskConfig) -> str:
@@ -119,14 +133,18 @@ def variant_of(backend: Backend, cfg: AskConfig) -> str:
 
 def run_dir(backend: Backend, probe: str, out: str | Path, cfg: AskConfig) -> Path:
     """``OUT/<model>/<probe>/<head>[,variant]/seed<k>``."""
-    return run_folder(out, backend.name, probe, head_name(backend, cfg), variant_of(backend, cfg), cfg.seed)
+    return run_folder(out, backend.name, probe, head_name(backend, cfg, probe_is_volume(probe)),
+                      variant_of(backend, cfg), cfg.seed)
 
 
 def run_identity(backend: Backend, build, probe: str, cfg: AskConfig) -> dict[str, Any]:
-    """The :data:`IDENTITY_FIELDS` of a run of ``probe`` (``level3.<name>``), as config.json has them."""
+    """The :data:`IDENTITY_FIELDS` of a run of ``probe`` (``level3.<name>``), as config.json has them
+    (``volume_as`` None for a probe of slices: a Level 3 config.json has none)."""
+    volume = probe_is_volume(probe)
+    short = probe.split(".", 1)[1]
     d = {"model_identity": backend.identity, "decoding": backend.decoding,
-         "template_version": template_version(probe.split(".", 1)[1]), **cfg.to_dict(),
-         "dataset_fingerprint": build.fingerprint}
+         "template_version": volume_template_version(short) if volume else template_version(short),
+         "volume_as": None, **cfg.to_dict(volume), "dataset_fingerprint": build.fingerprint}
     return json.loads(json.dumps({k: d[k] for k in IDENTITY_FIELDS}))
 
 
@@ -153,19 +171,29 @@ def plan(qs: Questions, cfg: AskConfig) -> list[Item]:
     n = qs.spec.n_classes
     orders = rotations(n)
     items = []
+    original = qs.original
     for i in range(len(qs)):
-        rots = range(n) if cfg.circular and not qs.is_mirror[i] else range(1)
-        args = (qs.probe, int(qs.organ_a[i]), int(qs.organ_b[i]), int(qs.axis[i]))
-        ctx = qs.context(i, cfg.image_size)  # scale, band and stated thresholds (protocol 1.2)
+        rots = range(n) if cfg.circular and original[i] else range(1)
         for r in rots:
-            items.append(Item(i, "image", r, render(*args, orders[r], cfg.hint, context=ctx)))
+            items.append(Item(i, "image", r, prompt_of(qs, i, orders[r], cfg)))
         if cfg.blind:
-            items.append(Item(i, "blind", 0, render(*args, orders[0], cfg.hint, blind=True, context=ctx)))
+            items.append(Item(i, "blind", 0, prompt_of(qs, i, orders[0], cfg, blind=True)))
     return items
 
 
+def prompt_of(qs: Questions, i: int, order: tuple[int, ...], cfg: AskConfig, blind: bool = False) -> Prompt:
+    """Question ``i``'s prompt with its options in ``order``: a slice's (Level 3: scale, band and
+    stated thresholds, protocol 1.2) or a volume's (Level 4: how it is shown, its scale)."""
+    if qs.volume is not None:
+        organs = (int(qs.organ_a[i]), int(qs.organ_b[i]), int(qs.organ_c[i]))
+        ctx = qs.volume_context(i, cfg.volume_as, cfg.image_size)
+        return render_volume(qs.probe, organs, int(qs.axis[i]), order, cfg.hint, blind=blind, context=ctx)
+    args = (qs.probe, int(qs.organ_a[i]), int(qs.organ_b[i]), int(qs.axis[i]))
+    return render(*args, order, cfg.hint, blind=blind, context=qs.context(i, cfg.image_size))
+
+
 def image_digest(image: np.ndarray) -> str:
-    """sha256 of a stored slice: dtype, shape and bytes."""
+    """sha256 of a stored slice or volume: dtype, shape and bytes."""
     a = np.ascontiguousarray(image)
     return hashlib.sha256(f"{a.dtype.str}{a.shape}".encode("ascii") + a.tobytes()).hexdigest()
 
@@ -192,6 +220,9 @@ def cache_key(backend: Backend, qs: Questions, it: Item, cfg: AskConfig,
     blind = it.variant == "blind"
     if not blind and digest is None:
         raise ValueError(f"question {qs.key[it.q]}: an image answer's cache key needs the image digest")
+    image = None if blind else {"size": cfg.image_size, "sha256": digest}
+    if image is not None and qs.volume is not None:  # a volume: shown as video, montage or views
+        image["volume_as"] = cfg.volume_as
     return {
         "model": backend.identity,
         "decoding": backend.decoding,
@@ -199,24 +230,26 @@ def cache_key(backend: Backend, qs: Questions, it: Item, cfg: AskConfig,
         "prompt_sha256": hashlib.sha256(it.prompt.text.encode("utf-8")).hexdigest(),
         "sample": None if blind else str(qs.key[it.q]),
         "order": list(it.prompt.order),
-        "image": None if blind else {"size": cfg.image_size, "sha256": digest},
+        "image": image,
         "tool": __version__,
     }
 
 
-def _requests(build, qs: Questions, items: list[Item], size: int) -> list[Request]:
-    """Requests with their images, each distinct slice read once."""
-    images: dict[tuple[str, int], Any] = {}
+def _requests(build, qs: Questions, items: list[Item], cfg: AskConfig) -> list[Request]:
+    """Requests with their images (a volume: its image or video frames, ``cfg.volume_as``),
+    each distinct slice or volume read once."""
+    shown: dict[tuple[str, int], Shown] = {}
     need = sorted({(str(qs.split[it.q]), int(qs.row[it.q])) for it in items if it.variant == "image"})
     for split in sorted({s for s, _ in need}):
         rows = np.array([r for s, r in need if s == split], dtype=np.int64)
         for r, arr in zip(rows, build.images(qs.spec.level, split, rows), strict=True):
-            images[(split, int(r))] = to_pil(arr, size)
-    return [
-        Request(str(qs.key[it.q]), it.prompt.text, it.prompt.letters, it.prompt.options,
-                images.get((str(qs.split[it.q]), int(qs.row[it.q]))) if it.variant == "image" else None)
-        for it in items
-    ]
+            shown[(split, int(r))] = show(arr, cfg.volume_as, cfg.image_size) if qs.volume is not None \
+                else Shown(image=to_pil(arr, cfg.image_size))
+    out = []
+    for it in items:
+        s = shown[(str(qs.split[it.q]), int(qs.row[it.q]))] if it.variant == "image" else Shown()
+        out.append(Request(str(qs.key[it.q]), it.prompt.text, it.prompt.letters, it.prompt.options, s.image, s.frames))
+    return out
 
 
 def ask(backend: Backend, cache: ResponseCache, build, qs: Questions, items: list[Item],
@@ -238,7 +271,7 @@ def ask(backend: Backend, cache: ResponseCache, build, qs: Questions, items: lis
     for lo in range(0, len(todo), step):
         idx = todo[lo:lo + step]
         try:
-            replies = backend.answer(_requests(build, qs, [items[i] for i in idx], cfg.image_size))
+            replies = backend.answer(_requests(build, qs, [items[i] for i in idx], cfg))
         except PartialAnswers as e:  # keep what was answered, then stop
             cache.put_many([(keys[i], r.to_dict()) for i, r in zip(idx, e.replies, strict=True) if r])
             raise
@@ -267,14 +300,17 @@ def decide(backend: Backend, it: Item, reply: Reply) -> tuple[int | None, str | 
 
 
 def answer_records(qs: Questions, items: list[Item], replies: list[Reply], backend: Backend,
-                   digests: dict[int, str]) -> list[dict]:
-    """One JSON record per answer (answers.jsonl), in plan order."""
+                   digests: dict[int, str], volume_as: str | None = None) -> list[dict]:
+    """One JSON record per answer (answers.jsonl), in plan order; a Level 4 record also has
+    ``flipped`` and ``volume_as`` (how its volume was shown; None without the image)."""
     names = qs.spec.class_names
     out = []
     for it, rep in zip(items, replies, strict=True):
         pos, reason = decide(backend, it, rep)
         cls = it.prompt.class_of(pos)
-        out.append({
+        volume = {} if qs.volume is None else {
+            "flipped": bool(qs.is_flipped[it.q]), "volume_as": volume_as if it.variant == "image" else None}
+        out.append({**volume,
             "key": str(qs.key[it.q]), "split": str(qs.split[it.q]), "mirror": bool(qs.is_mirror[it.q]),
             "variant": it.variant, "rotation": it.rotation, "order": list(it.prompt.order),
             "template": it.prompt.version, "text": rep.text, "choice": pos, "parsed": pos is not None,
@@ -314,8 +350,9 @@ def asked_splits(qs: Questions, train) -> Splits:
     majority controls; empty without a train split); nothing is trained, so no validation."""
     empty = qs.t.subset(np.zeros(len(qs), bool))
     tr = train if train is not None else empty
-    return Splits(tr, empty, qs.t.subset(~qs.is_mirror), qs.t.subset(qs.is_mirror),
-                  "none: nothing is trained", "")
+    flipped = {} if qs.volume is None else {"te_flipped": qs.t.subset(qs.is_flipped)}  # Level 4
+    return Splits(tr, empty, qs.t.subset(qs.original), qs.t.subset(qs.is_mirror),
+                  "none: nothing is trained", "", **flipped)
 
 
 def versions() -> dict[str, str | None]:
@@ -326,12 +363,13 @@ def versions() -> dict[str, str | None]:
 
 def run_probe(backend: Backend, build, probe: str, out: str | Path, cfg: AskConfig,
               cache: ResponseCache, progress=None) -> Path | None:
-    """Ask, score and write one probe (``level3.<name>``); None when the build has no such question."""
+    """Ask, score and write one probe (``level3.<name>``, ``level4.<name>``); None when the build
+    has no such question."""
     from ..tasks import get_probe
 
     spec = get_probe(probe)
     qs = load_questions(build, spec, list(cfg.splits))
-    if not (~qs.is_mirror).any():
+    if not qs.original.any():
         return None
     rd = run_dir(backend, probe, out, cfg)
     check_finished(rd, run_identity(backend, build, probe, cfg))
@@ -339,8 +377,8 @@ def run_probe(backend: Backend, build, probe: str, out: str | Path, cfg: AskConf
     digests = image_digests(build, qs, items)
     keys = [cache_key(backend, qs, it, cfg, digests.get(it.q)) for it in items]
     replies = ask(backend, cache, build, qs, items, keys, cfg, progress)
-    records = answer_records(qs, items, replies, backend, digests)
-    head, variant = head_name(backend, cfg), variant_of(backend, cfg)
+    records = answer_records(qs, items, replies, backend, digests, cfg.volume_as)
+    head, variant = head_name(backend, cfg, qs.volume is not None), variant_of(backend, cfg)
     distinct = len({key_hash(k) for k in keys})
     train = train_targets(build, spec)
     scored = score_run(qs, records, train, cfg.seed, cfg.n_boot, head)
@@ -352,7 +390,7 @@ def run_probe(backend: Backend, build, probe: str, out: str | Path, cfg: AskConf
                     "requests": {"answers": len(items), "distinct": distinct, "deduplicated": len(items) - distinct}})
     config = {"track": "vqa", "probe": probe, "head": head, "variant": variant, "seed": cfg.seed,
               "model": backend.name, "model_identity": backend.identity,
-              "decoding": backend.decoding, "mode": backend.mode, **cfg.to_dict(),
+              "decoding": backend.decoding, "mode": backend.mode, **cfg.to_dict(qs.volume is not None),
               "template_version": items[0].prompt.version, "probe_spec": spec.describe(),
               "dataset": Path(build.root).resolve().name,
               "dataset_fingerprint": build.fingerprint, **protocol_versions(build.manifest),

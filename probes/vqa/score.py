@@ -65,7 +65,7 @@ def _tables(qs: Questions, records: list[dict], n: int) -> dict[str, np.ndarray]
             blind[i] = r["class"]
         else:
             image[i, r["rotation"]] = r["class"]
-            if r["choice"] is not None and not qs.is_mirror[i]:
+            if r["choice"] is not None and qs.original[i]:
                 position[r["choice"]] += 1
     return {"image": image, "blind": blind, "position": position}
 
@@ -106,7 +106,7 @@ def axes_and_conflicts(t, pred: np.ndarray, prior: dict | None, boot, tag: str, 
 def _controls(qs: Questions, t: dict[str, np.ndarray], train, part) -> dict[str, Any]:
     """Chance, majority and the prior (from the probe spec, as for heads), blind runs, and
     how often each displayed position was chosen (a letter bias CircularEval exposes)."""
-    spec, orig, mir = qs.spec, ~qs.is_mirror, qs.is_mirror
+    spec, orig, mir = qs.spec, qs.original, qs.is_mirror
     te, te_m = qs.t.subset(orig), qs.t.subset(mir)
     ctrl: dict[str, Any] = {"chance": spec.chance(te)}
     if train is not None and len(train):
@@ -117,6 +117,12 @@ def _controls(qs: Questions, t: dict[str, np.ndarray], train, part) -> dict[str,
         ctrl["prior_mirror"] = part(mir, spec.prior_predict(prior, te_m), "prior-mirror", full=True)
     ctrl["blind"] = part(orig, t["blind"], "blind")
     ctrl["blind_mirror"] = part(mir, t["blind"], "blind-mirror")
+    if qs.volume is not None:  # Level 4: the flipped copies beside the mirrored ones
+        flip = qs.is_flipped
+        if train is not None and len(train):
+            ctrl["prior_flipped"] = part(flip, spec.prior_predict(prior, qs.t.subset(flip)), "prior-flipped",
+                                         full=True)
+        ctrl["blind_flipped"] = part(flip, t["blind"], "blind-flipped")
     pos = t["position"]
     ctrl["position_rate"] = [float(v) for v in pos / max(pos.sum(), 1)]
     return ctrl
@@ -133,7 +139,7 @@ def unparsed_reasons(records: list[dict]) -> dict[str, Any]:
             continue
         why = r.get("reason") or "unparseable"
         every[why] = every.get(why, 0) + 1
-        if r["variant"] == "image" and r["rotation"] == 0 and not r["mirror"]:
+        if r["variant"] == "image" and r["rotation"] == 0 and not r["mirror"] and not r.get("flipped"):
             test[why] = test.get(why, 0) + 1
     return {"test": dict(sorted(test.items())), "all": dict(sorted(every.items())),
             "n_answers": len(records)}
@@ -147,7 +153,7 @@ def score_run(qs: Questions, records: list[dict], train, seed: int, n_boot: int,
     t = _tables(qs, records, n)
     probe = qs.spec.name
     boot = lambda tag: np.random.default_rng(derive_seed(seed, "bootstrap", probe, head, tag))  # noqa: E731
-    orig, mir = ~qs.is_mirror, qs.is_mirror
+    orig, mir = qs.original, qs.is_mirror
     y, g = qs.answer, qs.patient
 
     prior = qs.spec.fit_prior(train) if train is not None and len(train) else None
@@ -161,11 +167,13 @@ def score_run(qs: Questions, records: list[dict], train, seed: int, n_boot: int,
         return {**out, **axes_and_conflicts(qs.t.subset(mask), p, prior, boot, tag, n_boot)}
 
     test = part(orig, t["image"][:, 0], "test")
+    flipped = {} if qs.volume is None else {"flipped": part(qs.is_flipped, t["image"][:, 0], "flipped")}
     return {
         "test": test,
         "parse_rate": (test or {}).get("parse_rate"),
         "unparsed": unparsed_reasons(records),
         "mirror": part(mir, t["image"][:, 0], "mirror"),
+        **flipped,
         "circular": circular_metrics(y[orig], t["image"][orig], g[orig], boot("circular"), n_boot),
         "controls": _controls(qs, t, train, part),
     }

@@ -1,4 +1,5 @@
-"""A tiny, randomly initialised LLaVA saved to a folder, for tests and ``bench/vqa.py``.
+"""Tiny, randomly initialised LLaVA and Qwen2-VL models saved to a folder, for tests and
+``bench/vqa.py``.
 
 Nothing is downloaded: the word-level tokenizer is trained here on the prompts'
 own words, the chat template is written here, and the weights are random (seeded). Its
@@ -20,25 +21,39 @@ CHAT_TEMPLATE = (
 )
 
 
-def _vocabulary() -> list[str]:
+def _vocabulary(volume: bool = False, special: tuple[str, ...] = ("<image>",)) -> list[str]:
+    """Special tokens, then the prompts' words (``volume``: the Level 4 prompts' too)."""
     from spar_bench.builder.schema import LEVEL3_CLASS_NAMES, ORGANS
 
-    from .prompts import (BLIND_NOTE, CENTRE, CONVENTION_HINT, FRAME, INSTRUCTION, OPTION_TEXT, PIXEL_SIZE,
-                          QUESTIONS, organ_text)
+    from . import prompts as P
 
-    text = " ".join([CONVENTION_HINT, BLIND_NOTE, CENTRE, PIXEL_SIZE, FRAME, INSTRUCTION, *QUESTIONS.values(),
-                     *OPTION_TEXT.values(), "0 1 2 3 4 5 6 7 8 9",
-                     *(organ_text(i) for i in range(len(ORGANS))),
-                     *(n for names in LEVEL3_CLASS_NAMES.values() for n in names),
-                     "the correct answer is user assistant options"])
-    words = set(re.findall(r"\w+|[^\w\s]", text)) | set("ABCDEFGH")
-    return ["<pad>", "<unk>", "<s>", "</s>", "<image>", *sorted(words)]
+    parts = [P.CONVENTION_HINT, P.BLIND_NOTE, P.CENTRE, P.PIXEL_SIZE, P.FRAME, P.INSTRUCTION, *P.QUESTIONS.values(),
+             *P.OPTION_TEXT.values(), "0 1 2 3 4 5 6 7 8 9", *(P.organ_text(i) for i in range(len(ORGANS))),
+             *(n for names in LEVEL3_CLASS_NAMES.values() for n in names),
+             "the correct answer is user assistant options"]
+    if volume:
+        parts += [*P.VOLUME_SHOWN.values(), *P.VOLUME_CONVENTION.values(), P.VOLUME_SCALE, P.BLIND_NOTE_VOLUME,
+                  P.CENTRE_VOLUME, *P.VOLUME_QUESTIONS.values(), "about 3+"]
+    words = set(re.findall(r"\w+|[^\w\s]", " ".join(parts))) | set("ABCDEFGH")
+    return ["<pad>", "<unk>", "<s>", "</s>", *special, *sorted(words)]
+
+
+def _word_tokenizer(words: list[str], extra: dict[str, str]):
+    """A fast word-level tokenizer over ``words`` (``extra``: the processor's named special tokens)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
+    tok.decoder = decoders.WordPiece(prefix="##")
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>",
+                                   bos_token="<s>", eos_token="</s>", extra_special_tokens=extra)
 
 
 def make_tiny_llava(path: str | Path, seed: int = 0, hidden: int = 32, image_size: int = 32) -> Path:
     """Save a tiny random LLaVA (model, processor, tokenizer, chat template) into ``path``."""
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import (
         CLIPImageProcessor,
         CLIPVisionConfig,
@@ -46,18 +61,11 @@ def make_tiny_llava(path: str | Path, seed: int = 0, hidden: int = 32, image_siz
         LlavaConfig,
         LlavaForConditionalGeneration,
         LlavaProcessor,
-        PreTrainedTokenizerFast,
     )
 
     words = _vocabulary()
     vocab = {w: i for i, w in enumerate(words)}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
-    tok.decoder = decoders.WordPiece(prefix="##")
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>",
-                                   bos_token="<s>", eos_token="</s>",
-                                   extra_special_tokens={"image_token": "<image>"})
+    fast = _word_tokenizer(words, {"image_token": "<image>"})
     patch = image_size // 4
     proc = LlavaProcessor(
         image_processor=CLIPImageProcessor(size={"shortest_edge": image_size},
@@ -73,6 +81,55 @@ def make_tiny_llava(path: str | Path, seed: int = 0, hidden: int = 32, image_siz
                       vision_feature_select_strategy="default", vision_feature_layer=-1)
     torch.manual_seed(seed)
     model = LlavaForConditionalGeneration(cfg).eval()
+    path = Path(path)
+    model.save_pretrained(path)
+    proc.save_pretrained(path)
+    return path
+
+
+#: Qwen2-VL's vision tokens, as its chat template writes them.
+QWEN_SPECIAL = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
+QWEN_CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }} :"
+    "{% if m['content'] is string %} {{ m['content'] }}{% else %}"
+    "{% for c in m['content'] %}{% if c['type'] == 'image' %} <|vision_start|> <|image_pad|> <|vision_end|>"
+    "{% elif c['type'] == 'video' %} <|vision_start|> <|video_pad|> <|vision_end|>"
+    "{% else %} {{ c['text'] }}{% endif %}{% endfor %}{% endif %}{{ '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}assistant : {% endif %}"
+)
+
+
+def make_tiny_qwen2_vl(path: str | Path, seed: int = 0, hidden: int = 32, pixels: int = 56) -> Path:
+    """Save a tiny random Qwen2-VL (model, image and video processors, word-level tokenizer
+    over the Level 3 and Level 4 prompts, chat template) into ``path``: the ``hf:`` video path
+    (``--volume-as video``) end to end. Frames are resized to about ``pixels`` x ``pixels``."""
+    import torch
+    from transformers import (
+        Qwen2VLConfig,
+        Qwen2VLForConditionalGeneration,
+        Qwen2VLImageProcessor,
+        Qwen2VLProcessor,
+        Qwen2VLVideoProcessor,
+    )
+
+    words = _vocabulary(volume=True, special=QWEN_SPECIAL)
+    vocab = {w: i for i, w in enumerate(words)}
+    fast = _word_tokenizer(words, {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>"})
+    px = {"min_pixels": pixels * pixels, "max_pixels": pixels * pixels, "patch_size": 14, "merge_size": 2,
+          "temporal_patch_size": 2}
+    proc = Qwen2VLProcessor(image_processor=Qwen2VLImageProcessor(**px), tokenizer=fast,
+                            video_processor=Qwen2VLVideoProcessor(**px), chat_template=QWEN_CHAT_TEMPLATE)
+    text = {"vocab_size": len(words), "hidden_size": hidden, "intermediate_size": 2 * hidden, "num_hidden_layers": 2,
+            "num_attention_heads": 2, "num_key_value_heads": 2, "max_position_embeddings": 4096,
+            "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+            "pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 3}
+    vision = {"depth": 2, "embed_dim": hidden, "hidden_size": hidden, "num_heads": 2, "mlp_ratio": 2,
+              "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "in_chans": 3}
+    cfg = Qwen2VLConfig(text_config=text, vision_config=vision, image_token_id=vocab["<|image_pad|>"],
+                        video_token_id=vocab["<|video_pad|>"], vision_start_token_id=vocab["<|vision_start|>"],
+                        vision_end_token_id=vocab["<|vision_end|>"])
+    torch.manual_seed(seed)
+    model = Qwen2VLForConditionalGeneration(cfg).eval()
     path = Path(path)
     model.save_pretrained(path)
     proc.save_pretrained(path)
