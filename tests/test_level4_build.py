@@ -8,11 +8,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spar_bench.builder.schema import LEVEL4_N_CLASSES, LEVEL4_PROBES, N_ORGANS
+from spar_bench.builder.cli import cli
+from spar_bench.builder.schema import LEVEL4_N_CLASSES, LEVEL4_PROBES, N_ORGANS, ORGAN_ID
 from spar_bench.builder.shards import Build
 from spar_bench.builder.synthetic import write_synthetic_build
+from spar_bench.clitools import run_cli
+
+from helpers import tree_hashes
 
 ALL4 = ("level1", "level2", "level3", "level4")
+#: a small Level 4 build: volumes of 20^3 with both counterfactual copies, 2 volumes a shard
+OPTS = ["--levels", "level4", "--volume-size", "20", "--counterfactual", "mirror+flip",
+        "--shard-size", "2", "--seed", "4"]
 
 
 # -- the synthetic build -----------------------------------------------------------------
@@ -89,3 +96,111 @@ def test_hf_level4_is_array3d_and_reads_back(tmp_path: Path) -> None:
     assert [len(q) for q in questions] == [len(LEVEL4_PROBES)] * 2
     assert questions[1][0]["organ_c"] == rows["q_organ_c"][len(LEVEL4_PROBES)]
     assert "volume" not in questions[0][0]  # the row pointer is the list's position
+
+
+# -- real builds: the phantom and the WORD label maps -----------------------------------
+@pytest.fixture(scope="module")
+def phantom(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("l4") / "ph"
+    assert run_cli(cli, ["phantom", "--out", str(root), "--n", "3", "--seed", "5"]) == 0
+    return root
+
+
+@pytest.fixture(scope="module")
+def single(phantom: Path) -> Path:
+    out = phantom.parent / "single"
+    assert run_cli(cli, ["--source", "phantom", "--root", str(phantom), "--out", str(out), *OPTS]) == 0
+    return out
+
+
+def _check_volumes(b: Build, split: str, side: int) -> dict[str, np.ndarray]:
+    """The split's Level 4 rows as the contract has them; returned for more checks."""
+    rows = b.read("level4", split)
+    n = b.count("level4", split)
+    assert rows["image"].shape == rows["label"].shape == rows["lesion"].shape == (n, side, side, side)
+    assert rows["image"].dtype == rows["label"].dtype == np.uint8 and rows["centroid"].shape == (n, N_ORGANS, 3)
+    originals = ~rows["is_mirror"] & ~rows["is_flipped"]
+    assert n == 3 * originals.sum()  # original, mirror, flip
+    copies = sorted(k.rsplit("/", 1)[-1] for k in rows["key"][~originals])
+    assert copies == sorted(["flip", "mirror"] * int(originals.sum()))
+    assert set(rows["origin_key"]) == set(rows["key"][originals])
+    np.testing.assert_array_equal(rows["label"][rows["is_mirror"]], rows["label"][originals][..., ::-1])
+    present = np.stack([[np.isin(np.arange(1, N_ORGANS + 1), np.unique(v)) for v in rows["label"]]])[0]
+    np.testing.assert_array_equal(present, rows["present"])  # measured on the stored label
+    q = b.read("level4", split, ["q_volume", "q_probe", "q_answer"])
+    assert len(q["q_volume"]) == b.count_questions("level4", split) > 0
+    assert q["q_volume"].min() >= 0 and q["q_volume"].max() < n  # re-based across shards
+    return rows
+
+
+def test_phantom_level4_build_verifies_and_reads_back(single: Path) -> None:
+    b = Build(single)
+    assert b.levels() == ["level4"] and b.manifest["sample_config"]["volume_size"] == 20
+    assert run_cli(cli, ["verify", str(single)]) == 0
+    for split in b.splits("level4"):
+        rows = _check_volumes(b, split, 20)
+    counts = b.manifest["counts"]["level4"]["test"]
+    assert counts["volumes"] == 3 and len(counts["classes"]["present"]) == N_ORGANS
+    assert len(b.shard_paths("level4", "test")) == 2  # --shard-size 2: 3 volumes in 2 shards
+    liver, spleen = ORGAN_ID["liver"] - 1, ORGAN_ID["spleen"] - 1
+    x = rows["centroid"][~rows["is_mirror"], :, 0]
+    assert (x[:, liver] < x[:, spleen]).all()  # the liver on the patient's right: smaller x
+
+
+def test_phantom_level4_hf_folder_loads_with_datasets(single: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    ds = datasets.load_dataset(str(single / "hf"), "level4", split="test").with_format("numpy")
+    rows = Build(single).read("level4", "test")
+    assert ds.features["image"].shape == (20, 20, 20)
+    np.testing.assert_array_equal(np.stack(ds["label"]).astype(np.uint8), rows["label"])
+    assert list(ds["key"]) == list(rows["key"])
+    assert sum(len(q) for q in ds["questions"]) == Build(single).count_questions("level4", "test")
+
+
+def test_phantom_level4_identical_across_jobs_and_partitions(phantom: Path, single: Path) -> None:
+    jobs2 = phantom.parent / "jobs2"
+    assert run_cli(cli, ["--source", "phantom", "--root", str(phantom), "--out", str(jobs2), *OPTS,
+                         "--jobs", "2"]) == 0
+    assert tree_hashes(jobs2) == tree_hashes(single)
+    parts = []
+    for i in range(2):
+        parts.append(phantom.parent / f"part-{i}")
+        assert run_cli(cli, ["--source", "phantom", "--root", str(phantom), "--out", str(parts[-1]),
+                             "--partition", f"{i}/2", *OPTS]) == 0
+    merged = phantom.parent / "merged"
+    assert run_cli(cli, ["merge", *map(str, parts), "--out", str(merged)]) == 0
+    assert tree_hashes(merged) == tree_hashes(single)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--levels", "level4,level9"], "level9"),
+    (["--levels", "level4", "--volume-size", "4"], "volume_size"),
+    (["--levels", "level4", "--counterfactual", "flip"], "counterfactual"),
+])
+def test_bad_level4_options_are_one_line(phantom: Path, argv: list[str], needle: str, capsys) -> None:
+    out = phantom.parent / "bad"
+    assert run_cli(cli, ["--source", "phantom", "--root", str(phantom), "--out", str(out), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_real_word_masks_give_level4_shards(word_labels_dir: Path, tmp_path: Path) -> None:
+    """Two real WORD label maps, pseudo-CT rendered from the masks: Level 4 shards that verify."""
+    sub = tmp_path / "word" / "labelsTs"
+    sub.mkdir(parents=True)
+    for f in sorted((word_labels_dir / "labelsTs").glob("*.nii.gz"))[:2]:
+        (sub / f.name).symlink_to(f.resolve())
+    out = tmp_path / "b"
+    assert run_cli(cli, ["--source", "word", "--root", str(tmp_path / "word"), "--out", str(out),
+                         "--images", "synthesize", "--no-hf", *OPTS]) == 0
+    assert run_cli(cli, ["verify", str(out)]) == 0
+    b = Build(out)
+    assert all(c["image_synthesized"] for c in b.manifest["cases"])
+    rows = _check_volumes(b, "test", 20)
+    assert rows["present"].sum(axis=1).min() >= 12  # WORD's abdomen: most of the 16 organs
+    mm = rows["mm_per_voxel"]
+    assert (mm > 5).all() and (mm < 40).all()  # a 20^3 cube over a whole abdomen
+    liver, spleen = ORGAN_ID["liver"] - 1, ORGAN_ID["spleen"] - 1
+    x = rows["centroid"][~rows["is_mirror"], :, 0]
+    assert (x[:, liver] < x[:, spleen]).all()
