@@ -48,6 +48,17 @@ def _image_filter(compression: str) -> dict[str, Any]:
     raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
 
 
+#: A Level 4 shard holds at most this many voxels per volume field (128 MiB of uint8 each:
+#: 64 volumes of 128^3, 512 of 64^3): its rows stay in memory until it is written.
+VOLUME_SHARD_VOXELS = 2**27
+
+
+def volume_shard_rows(shard_size: int, side: int) -> int:
+    """Volumes per shard: ``shard_size``, at most :data:`VOLUME_SHARD_VOXELS` voxels of
+    (side, side, side) cubes, at least one."""
+    return max(1, min(shard_size, VOLUME_SHARD_VOXELS // side**3))
+
+
 def shard_name(split: str, index: int, n_shards: int) -> str:
     """``train-00003-of-00012.h5``."""
     return f"{split}-{index:05d}-of-{n_shards:05d}.h5"
