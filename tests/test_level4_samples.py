@@ -385,18 +385,21 @@ def test_no_lesion_channel_no_lesion_questions():
 
 
 def test_adjacency_gaps_in_mm():
-    label = np.zeros((24, 24, 40), np.uint8)
+    label = np.zeros((40, 40, 40), np.uint8)  # a cube, as stored
     label[4:10, 4:10, 2:10] = 1  # A: liver
     label[4:10, 4:10, 10:16] = 2  # B: spleen, face-touching A: gap 0
     label[4:10, 4:10, 19:25] = 3  # C: kidney_left, 3 empty voxels after B: gap 3 x 2.5 mm
     label[16:20, 16:20, 34:38] = 4  # D: kidney_right, far, diagonal
     mpv = 2.5
     g = organ_measures(label, mpv, 8)
-    assert exact_gap(label, 0, 1, mpv) == 0.0
-    assert exact_gap(label, 1, 2, mpv) == pytest.approx(7.5)
+    np.testing.assert_array_equal(g.box_lo[2], [4, 4, 19])
+    np.testing.assert_array_equal(g.box_hi[2], [9, 9, 24])
+    assert g.box_lo[5].tolist() == [40, 40, 40] and g.box_hi[5].tolist() == [-1, -1, -1]  # absent
+    assert exact_gap(label, g, 0, 1) == 0.0
+    assert exact_gap(label, g, 1, 2) == pytest.approx(7.5)
     d_exp = math.sqrt(7**2 + 7**2 + 10**2) * mpv - mpv  # nearest voxel centres: 7, 7, 10 apart
-    assert exact_gap(label, 2, 3, mpv) == pytest.approx(d_exp)
-    assert exact_gap(label, 3, 2, mpv) == pytest.approx(d_exp)
+    assert exact_gap(label, g, 2, 3) == pytest.approx(d_exp)
+    assert exact_gap(label, g, 3, 2) == pytest.approx(d_exp)
     gaps = near_gaps(label, g, 9.0)
     assert gaps[0, 1] == 0.0 and gaps[1, 2] == pytest.approx(7.5) and gaps[2, 1] == pytest.approx(7.5)
     assert np.isinf(gaps[2, 3]) and np.isinf(gaps[0, 3])  # beyond the reach: unknown, > 9 mm

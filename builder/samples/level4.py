@@ -71,12 +71,16 @@ class VolumeOrgans:
         centroid_vox: (16, 3) mean voxel index (z, row, col); NaN when absent.
         mm_per_voxel: the cube's voxel size.
         organs: organ indices taking part (>= ``l4_min_voxels`` voxels), ascending.
+        box_lo, box_hi: (16, 3) inclusive voxel bounding box (z, row, col) of each organ
+            (lo = S, hi = -1 when absent).
     """
 
     counts: np.ndarray
     centroid_vox: np.ndarray
     mm_per_voxel: float
     organs: list[int]
+    box_lo: np.ndarray
+    box_hi: np.ndarray
 
     @property
     def volume_mm3(self) -> np.ndarray:
@@ -94,23 +98,31 @@ class VolumeOrgans:
 
 
 def organ_measures(label: np.ndarray, mm_per_voxel: float, min_voxels: int) -> VolumeOrgans:
-    """Voxel counts and centroids of the 16 organs in ``label`` (integer sums: exact, order-free)."""
+    """Voxel counts, centroids and boxes of the 16 organs in the cube ``label`` (S, S, S) (integer
+    sums: exact, order-free)."""
     n_labels = N_ORGANS + 1
     size = label.shape[0]
     sums = np.zeros((n_labels, 3), dtype=np.float64)
     counts = np.zeros(n_labels, dtype=np.int64)
     idx = np.arange(size, dtype=np.int64)
+    box_lo = np.full((n_labels, 3), size, dtype=np.int64)
+    box_hi = np.full((n_labels, 3), -1, dtype=np.int64)
     for ax in range(3):
         lab = np.moveaxis(label, ax, 0).reshape(size, -1).astype(np.int64)
         hist = np.bincount((idx[:, None] * n_labels + lab).ravel(), minlength=size * n_labels)
-        hist = hist.reshape(size, n_labels)
+        hist = hist.reshape(size, n_labels)  # (index on axis ax, label) voxel counts
         sums[:, ax] = idx @ hist
         counts = hist.sum(axis=0)
+        hit = hist > 0
+        box_lo[:, ax] = np.where(hit.any(axis=0), hit.argmax(axis=0), size)
+        box_hi[:, ax] = np.where(hit.any(axis=0), size - 1 - hit[::-1].argmax(axis=0), -1)
     with np.errstate(invalid="ignore", divide="ignore"):
         centroid = sums[1:] / counts[1:, None]
     centroid[counts[1:] == 0] = np.nan
     organs = [int(o) for o in np.flatnonzero(counts[1:] >= min_voxels)]
-    return VolumeOrgans(counts[1:].astype(np.int64), centroid, float(mm_per_voxel), organs)
+    return VolumeOrgans(
+        counts[1:].astype(np.int64), centroid, float(mm_per_voxel), organs, box_lo[1:], box_hi[1:]
+    )
 
 
 def lesion_components(lesion: np.ndarray, min_voxels: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -123,17 +135,6 @@ def lesion_components(lesion: np.ndarray, min_voxels: int) -> tuple[np.ndarray, 
     sizes[0] = 0  # background
     counted = np.flatnonzero(sizes >= min_voxels)
     return labels, counted, sizes[counted]
-
-
-def _box(label: np.ndarray, organ_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """Inclusive voxel bounding box ``(lo, hi)`` of ``label == organ_id`` (present)."""
-    sel = label == organ_id
-    lo, hi = [], []
-    for ax in range(3):
-        hit = np.flatnonzero(sel.any(axis=tuple(a for a in range(3) if a != ax)))
-        lo.append(hit[0])
-        hi.append(hit[-1])
-    return np.array(lo), np.array(hi)
 
 
 def _min_distance(label: np.ndarray, a: int, lo: np.ndarray, hi: np.ndarray, mpv: float) -> np.ndarray:
@@ -161,8 +162,8 @@ def near_gaps(label: np.ndarray, g: VolumeOrgans, reach_mm: float) -> np.ndarray
     grow = int(reach_mm // mpv) + 2
     gaps = np.full((N_ORGANS, N_ORGANS), np.inf)
     for a in g.organs:
-        lo, hi = _box(label, a + 1)
-        dmin = _min_distance(label, a, np.maximum(lo - grow, 0), np.minimum(hi + grow, size - 1), mpv)
+        lo, hi = np.maximum(g.box_lo[a] - grow, 0), np.minimum(g.box_hi[a] + grow, size - 1)
+        dmin = _min_distance(label, a, lo, hi, mpv)
         for b in g.organs:
             gap = max(0.0, float(dmin[b + 1]) - mpv)
             if b != a and gap <= reach_mm:
@@ -170,12 +171,11 @@ def near_gaps(label: np.ndarray, g: VolumeOrgans, reach_mm: float) -> np.ndarray
     return gaps
 
 
-def exact_gap(label: np.ndarray, a: int, b: int, mpv: float) -> float:
+def exact_gap(label: np.ndarray, g: VolumeOrgans, a: int, b: int) -> float:
     """Surface gap (mm) of organs ``a`` and ``b``: one distance transform on their joint box."""
-    lo_a, hi_a = _box(label, a + 1)
-    lo_b, hi_b = _box(label, b + 1)
-    dmin = _min_distance(label, a, np.minimum(lo_a, lo_b), np.maximum(hi_a, hi_b), mpv)
-    return max(0.0, float(dmin[b + 1]) - mpv)
+    lo, hi = np.minimum(g.box_lo[a], g.box_lo[b]), np.maximum(g.box_hi[a], g.box_hi[b])
+    dmin = _min_distance(label, a, lo, hi, g.mm_per_voxel)
+    return max(0.0, float(dmin[b + 1]) - g.mm_per_voxel)
 
 
 def _q(probe: str, a: int = -1, b: int = -1, answer: int = -1, **extra) -> dict:
@@ -273,7 +273,7 @@ def _adjacency_qs(
     ]
     out = []
     for a, b in _pick_pairs(rng, cands, config.l4_questions_per_probe):
-        gap = gaps[a, b] if np.isfinite(gaps[a, b]) else exact_gap(label, a, b, g.mm_per_voxel)
+        gap = gaps[a, b] if np.isfinite(gaps[a, b]) else exact_gap(label, g, a, b)
         out.append(_q("adjacency", a, b, int(gap <= adj), q_measure_a=gap))
     return out
 
