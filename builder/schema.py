@@ -27,7 +27,7 @@ SCHEMA_VERSION = "1.0"
 #: (``protocol_version``) and in every run's ``config.json`` and ``metrics.json``; the report
 #: says which version each run used. Bump it with every change of a rule in PROTOCOL.md
 #: (and list the change in its "Changes" section).
-PROTOCOL_VERSION = "1.2"
+PROTOCOL_VERSION = "1.3"
 
 #: The 16 WORD organs; canonical id = index + 1 (0 is background).
 ORGANS: tuple[str, ...] = (

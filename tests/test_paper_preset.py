@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from spar_bench.builder.schema import PROTOCOL_VERSION
 from spar_bench.errors import ConfigError
 from spar_bench.presets import PAPER, apply_build_preset, apply_probe_preset, get_preset
 
@@ -87,7 +88,7 @@ def test_build_and_runs_record_the_preset(tmp_path, pipeline):
     assert run_cmd(build_cli, ["--source", "phantom", "--root", tmp_path / "ph", "--out", out, "--preset", "paper",
                                "--levels", "level1", "--samples-per-case", 1, "--no-hf"]) == 0
     man = json.loads((out / "manifest.json").read_text())
-    assert man["protocol_version"] == "1.2"
+    assert man["protocol_version"] == PROTOCOL_VERSION
     assert man["config"]["preset"]["name"] == "paper"
     assert man["config"]["preset"]["overridden"] == ["samples_per_case"]
     assert man["sample_config"]["counterfactual"] == "mirror" and man["sample_config"]["samples_per_case"] == 1
@@ -103,7 +104,7 @@ def test_build_and_runs_record_the_preset(tmp_path, pipeline):
     cfg = json.loads(cfg_path.read_text())
     assert cfg["run"]["preset"] == "paper" and cfg["run"]["preset_overridden"] == ["lr", "seeds"]
     assert cfg["train_config"]["lr"] == 0.01 and cfg["train_config"]["patience"] == 8
-    assert cfg["protocol_version"] == "1.2"
+    assert cfg["protocol_version"] == PROTOCOL_VERSION
     assert cfg_path.parent.name == "seed0" and cfg_path.parent.parent.name == "linear,lr=0.01,max_epochs=2"
 
 

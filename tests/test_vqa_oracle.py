@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spar_bench.builder.schema import LEVEL3_PROBES, ORGANS
+from spar_bench.builder.schema import LEVEL3_PROBES, ORGANS, PROTOCOL_VERSION
 from spar_bench.errors import ConfigError
 from spar_bench.probes.cli import cli
 from spar_bench.probes.vqa.oracle import Geometry, decide, stated_numbers
@@ -42,7 +42,7 @@ def test_oracle_scores_100_on_every_probe_original_and_mirrored(oracle_runs):
         assert m["test"]["accuracy"] == 1.0, probe
         assert m["mirror"]["accuracy"] == 1.0, probe
         assert m["circular"]["strict"] == 1.0, probe  # whatever the order of the options
-        assert m["protocol_version"] == "1.2" and m["build_protocol_version"] == "1.2"
+        assert m["protocol_version"] == PROTOCOL_VERSION and m["build_protocol_version"] == PROTOCOL_VERSION
         assert m["template_version"] == f"{probe}@2"
 
 
