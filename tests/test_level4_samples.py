@@ -66,6 +66,8 @@ def assert_oracle_agrees(rows: dict, qs: dict, cfg: SampleConfig) -> dict[str, i
                 comp = (2, 1, 0)[axis]
                 assert abs(c[a, comp] - c[b, comp]) >= cfg.rel_margin_mm - 1e-6
                 assert ans == (int(c[a, 1] < c[b, 1]) if axis == 1 else int(c[a, comp] > c[b, comp]))
+                sep = (c[b, comp] - c[a, comp]) if axis == 1 else (c[a, comp] - c[b, comp])
+                assert qs["q_measure_a"][i] == pytest.approx(sep, abs=1e-3)
             elif probe == "distance":
                 ab, ac = np.linalg.norm(c[a] - c[b]), np.linalg.norm(c[a] - c[k])
                 assert abs(ab - ac) >= cfg.rel_margin_mm - 1e-6 and ans == int(ac < ab)
@@ -268,12 +270,12 @@ def test_mirror_and_flip_expectations(phantom_case):
             ans, ans2 = int(q["q_answer"][i]), int(q["q_answer"][j])
             if probe == "relative_position" and q["q_axis"][i] == flipped_axis:
                 assert ans2 == 1 - ans
+                assert q["q_measure_a"][j] == pytest.approx(-q["q_measure_a"][i], abs=1e-3)
             elif probe == "symmetry" and copy == 1:
                 assert ans2 == 2 - ans and q["q_organ_a"][j] == q["q_organ_b"][i]
             else:
                 assert ans2 == ans, probe
-                if probe != "relative_position":  # measures are in the cube frame
-                    np.testing.assert_allclose(q["q_measure_a"][j], q["q_measure_a"][i], rtol=1e-5)
+                np.testing.assert_allclose(q["q_measure_a"][j], q["q_measure_a"][i], rtol=1e-5)
     counted = {p: int((q["q_probe"][orig] == P[p]).sum()) for p in LEVEL4_PROBES}
     assert all(counted[p] > 0 for p in ("relative_position", "distance", "volume", "adjacency", "counting")), counted
     assert_oracle_agrees(rows, q, PHANTOM_CFG)

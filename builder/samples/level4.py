@@ -18,8 +18,9 @@ computed from (NaN when unused):
 
 * relative_position: (pair, axis) whose centroid separation on the axis is ``>=
   rel_margin_mm``. Axis 0: 1 iff A is to the patient's LEFT (larger col); axis 1: 1 iff
-  A is ANTERIOR (smaller row); axis 2: 1 iff A is SUPERIOR (larger z). Measures: A's and
-  B's centroid on the axis (mm, cube frame: index x mm_per_voxel).
+  A is ANTERIOR (smaller row); axis 2: 1 iff A is SUPERIOR (larger z). Measure a: the
+  signed separation (mm) towards the asked side (``colA - colB``, ``rowB - rowA``,
+  ``zA - zB``): > 0 iff the answer is 1.
 * distance: triplets; 0 iff ``|AB| < |AC|``, 1 iff ``|AC| < |AB|`` (centroids, mm);
   skipped when ``||AB| - |AC|| < rel_margin_mm``. Measures ``|AB|``, ``|AC|``.
 * volume: pairs; 1 iff ``vol(A) > vol(B)``; skipped when ``|vA - vB| / mean <=
@@ -207,8 +208,8 @@ def _relative_position_qs(g: VolumeOrgans, config: SampleConfig, rng: np.random.
     out = []
     for a, b, axis in _pick_pairs(rng, cands, config.l4_questions_per_probe):
         ca, cb = c[a, col_of_axis[axis]], c[b, col_of_axis[axis]]
-        ans = int(ca < cb) if axis == 1 else int(ca > cb)
-        out.append(_q("relative_position", a, b, ans, q_axis=axis, q_measure_a=ca, q_measure_b=cb))
+        sep = cb - ca if axis == 1 else ca - cb  # towards the patient's left / anterior / superior
+        out.append(_q("relative_position", a, b, int(sep > 0), q_axis=axis, q_measure_a=sep))
     return out
 
 
