@@ -3,6 +3,9 @@
 * Level 1 (localisation): mean Euclidean distance (MED) in pixels of the 224 frame
   (``|pred - true| * 224`` on normalised coordinates) and in mm (times the sample's
   ``mm_per_pixel``), success detection rate within 10 px (SDR@10), and both per organ.
+  Level 4 (3-D localisation) is the same function, :func:`localisation_metrics`, on (x, y, z)
+  in the volume's voxels (``|pred - true| * S`` for an S^3 volume, times ``mm_per_voxel`` in
+  mm) with SDR within 10 voxels (``med_vox``, ``med_mm``, ``sdr10_vox``).
 * Level 2 (arrangement): exact permutation accuracy (every present tile at its right
   slot: the headline), per-tile accuracy (overall and, given the tiles' organs, per
   organ), mean Kendall's tau between predicted and true slots of the present tiles.
@@ -35,18 +38,28 @@ def _check(name: str, a: np.ndarray, shape: tuple) -> None:
         raise ValueError(f"{name}: expected shape {shape}, got {a.shape}")
 
 
-# --------------------------------------------------------------------------- Level 1
-def localisation_errors(pred: np.ndarray, true: np.ndarray, present: np.ndarray) -> np.ndarray:
-    """Per (sample, organ) error in pixels of the 224 frame; NaN where the organ is absent.
+# --------------------------------------------------------------------------- Level 1 (and 4)
+#: the metric keys of :func:`level1_metrics` (2-D, pixels of the 224 frame) and of Level 4 (voxels)
+LEVEL1_KEYS = ("med_px", "med_mm", "sdr10")
+LEVEL4_KEYS = ("med_vox", "med_mm", "sdr10_vox")
+SDR_RADIUS_VOX = 10.0
 
-    ``pred`` and ``true`` are ``(N, 16, 2)`` normalised (x, y) in [0, 1].
+
+def localisation_errors(pred: np.ndarray, true: np.ndarray, present: np.ndarray,
+                        size: float | np.ndarray = IMAGE_SIZE) -> np.ndarray:
+    """Per (item, organ) error in pixels (voxels) of the frame; NaN where the organ is absent.
+
+    ``pred`` and ``true`` are ``(N, 16, k)`` normalised coordinates in [0, 1] (k = 2: (x, y)
+    of the 224 frame; k = 3: (x, y, z) of a volume); ``size`` is the frame's side in pixels
+    or voxels (a scalar or one per item).
     """
     pred = np.asarray(pred, dtype=np.float64)
     true = np.asarray(true, dtype=np.float64)
     present = np.asarray(present, dtype=bool)
     _check("pred", pred, true.shape)
     _check("present", present, true.shape[:2])
-    err = np.linalg.norm(pred - true, axis=-1) * IMAGE_SIZE
+    size = np.asarray(size, dtype=np.float64)
+    err = np.linalg.norm(pred - true, axis=-1) * (size[:, None] if size.ndim else size)
     err[~present] = np.nan
     return err
 
@@ -71,26 +84,40 @@ def level1_metrics(
     instances), ``per_organ`` (name -> {med_px, med_mm, sdr10, n}) and, when
     ``groups`` is given, ``ci`` (metric -> [low, high]).
     """
-    err = localisation_errors(pred, true, present)
-    mm = err * np.asarray(mm_per_pixel, dtype=np.float64)[:, None]
-    hit = np.where(np.isfinite(err), (err <= SDR_RADIUS_PX).astype(np.float64), np.nan)
+    return localisation_metrics(pred, true, present, mm_per_pixel, IMAGE_SIZE, SDR_RADIUS_PX, LEVEL1_KEYS,
+                                groups, rng, n_reps)  # fmt: skip
+
+
+def localisation_metrics(
+    pred: np.ndarray, true: np.ndarray, present: np.ndarray, mm_per_unit: np.ndarray,
+    size: float | np.ndarray, radius: float, keys: tuple[str, str, str],
+    groups: np.ndarray | None = None, rng: np.random.Generator | None = None, n_reps: int = DEFAULT_REPS,
+) -> dict:
+    """MED in frame units and mm, SDR within ``radius`` units, overall and per organ, under the
+    names ``keys`` (``(med_units, med_mm, sdr)``): Level 1 (:func:`level1_metrics`: pixels of
+    the 224 frame) and Level 4 (voxels of an S^3 volume, ``size`` S, ``mm_per_unit`` the
+    item's ``mm_per_voxel``)."""
+    k_med, k_mm, k_sdr = keys
+    err = localisation_errors(pred, true, present, size)
+    mm = err * np.asarray(mm_per_unit, dtype=np.float64)[:, None]
+    hit = np.where(np.isfinite(err), (err <= radius).astype(np.float64), np.nan)
     out: dict = {
-        "med_px": _nanmean(err),
-        "med_mm": _nanmean(mm),
-        "sdr10": _nanmean(hit),
+        k_med: _nanmean(err),
+        k_mm: _nanmean(mm),
+        k_sdr: _nanmean(hit),
         "n": int(np.isfinite(err).sum()),
         "per_organ": {},
     }
     for j, name in enumerate(ORGANS):
         out["per_organ"][name] = {
-            "med_px": _nanmean(err[:, j]),
-            "med_mm": _nanmean(mm[:, j]),
-            "sdr10": _nanmean(hit[:, j]),
+            k_med: _nanmean(err[:, j]),
+            k_mm: _nanmean(mm[:, j]),
+            k_sdr: _nanmean(hit[:, j]),
             "n": int(np.isfinite(err[:, j]).sum()),
         }
     if groups is not None:
         out["ci"] = _cis(
-            {"med_px": err, "med_mm": mm, "sdr10": hit},
+            {k_med: err, k_mm: mm, k_sdr: hit},
             lambda a, idx: _nanmean(a[idx]),
             groups,
             rng,
@@ -102,7 +129,8 @@ def level1_metrics(
 def atlas_predictions(train_centroid: np.ndarray, train_present: np.ndarray, n: int) -> np.ndarray:
     """The atlas baseline: every organ at its mean training centroid, for ``n`` samples.
 
-    Organs never present in training fall back to the image centre (0.5, 0.5).
+    Any number of coordinates (Level 1 (x, y), Level 4 (x, y, z)); organs never present in
+    training fall back to the frame's centre (0.5 on every axis).
     """
     c = np.where(np.asarray(train_present, bool)[..., None], train_centroid, np.nan)
     with np.errstate(invalid="ignore"):

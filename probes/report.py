@@ -16,8 +16,12 @@ writes to ``--out``:
   validation]``: per seed the grid point with the lowest ``train.best_val_loss`` (runs
   pruned by ``--grid-prune`` excluded), aggregated over seeds, and a table of the chosen
   points; runs pruned by ``--grid-prune`` are left out of the per-option rows;
-  for relative position a per-axis table (left/right, anterior/posterior: the mirror control
-  is read on left/right); for Level 3 a table of the conflict items (items whose answer differs
+  for relative position a per-axis table (left/right, anterior/posterior, and Level 4's
+  superior/inferior: the mirror control is read on left/right, the flip on superior/inferior);
+  Level 4 (volumes) rows also show the superior-inferior flipped counterfactual (``flipped``,
+  and the prior and blind baseline on it) beside the mirrored one, in every table and plot
+  (columns that Levels 1-3, which have no flipped items, never get); for Levels 3-4 a table of
+  the conflict items (items whose answer differs
   from the prior's: accuracy there and how often the answer is the prior's, beside blind and
   mirrored); for Level 2 exact permutation accuracy by number k of present tiles, beside 1/k!;
 * ``report.json`` - the same numbers, machine-readable (a selected row's ``selection``
@@ -129,11 +133,20 @@ def _evaluations(ms: list[dict]) -> dict[str, list[dict]]:
     for m in ms:
         evals["test"].append({"x": m.get("test")})
         evals["mirror"].append({"x": m.get("mirror")})
+        if "flipped" in m:  # Level 4
+            evals.setdefault("flipped", []).append({"x": m.get("flipped")})
         for e in m["_evals"]:
             name = f"transfer: {Path(e['features']).stem}"
             evals.setdefault(name, []).append({"x": e.get("test")})
             evals.setdefault(f"{name} (mirror)", []).append({"x": e.get("mirror")})
+            if "flipped" in e:
+                evals.setdefault(f"{name} (flipped)", []).append({"x": e.get("flipped")})
     return {k: v for k, v in evals.items() if any(d["x"] for d in v)}
+
+
+def has_flips(ms: list[dict]) -> bool:
+    """Whether runs score flipped counterfactuals (Level 4: their metrics have a ``flipped`` block)."""
+    return any("flipped" in m for m in ms)
 
 
 def _row(spec, enc: str, head: str, ms: list[dict]) -> dict[str, Any]:
@@ -154,6 +167,10 @@ def _row(spec, enc: str, head: str, ms: list[dict]) -> dict[str, Any]:
     for name in ("prior", "blind", "prior_mirror", "blind_mirror"):
         row[name], _ = _stat([_get(m, "controls", name, key) for m in ms])
     row["mirror"], _ = _stat([_get(m, "mirror", key) for m in ms])
+    if has_flips(ms):  # Level 4: the superior-inferior flipped copies, beside the mirrored ones
+        row["flipped"], _ = _stat([_get(m, "flipped", key) for m in ms])
+        for name in FLIPPED_CONTROLS:
+            row[name], _ = _stat([_get(m, "controls", name, key) for m in ms])
     row["track"] = ms[0].get("track", "probe")  # "vqa": a multimodal LLM asked directly
     # the splits scored as "test" (an MLLM run may ask other splits: never in the headline table)
     row["splits"] = sorted({str(s) for m in ms for s in (m.get("splits") or ["test"])})
@@ -171,7 +188,7 @@ def _row(spec, enc: str, head: str, ms: list[dict]) -> dict[str, Any]:
     }
     row["transfer"] = {
         ev.split(": ", 1)[1]: row["metrics"][ev][key]
-        for ev in row["metrics"] if ev.startswith("transfer: ") and not ev.endswith("(mirror)")
+        for ev in row["metrics"] if ev.startswith("transfer: ") and not ev.endswith(("(mirror)", "(flipped)"))
     }  # fmt: skip
     if spec.per_organ:
         row["per_organ"] = {
@@ -185,7 +202,16 @@ def _row(spec, enc: str, head: str, ms: list[dict]) -> dict[str, Any]:
 SCORED = {"test": ("test",), "mirror": ("mirror",), "prior": ("controls", "prior"),
           "blind": ("controls", "blind"), "prior_mirror": ("controls", "prior_mirror"),
           "blind_mirror": ("controls", "blind_mirror")}  # fmt: skip
+#: Level 4's flipped evaluations (runs whose metrics have a ``flipped`` block), after :data:`SCORED`'s
+FLIPPED = {"flipped": ("flipped",), "prior_flipped": ("controls", "prior_flipped"),
+           "blind_flipped": ("controls", "blind_flipped")}  # fmt: skip
+FLIPPED_CONTROLS = ("prior_flipped", "blind_flipped")
 CONFLICT_KEYS = ("accuracy", "prior_agreement", "n", "share")
+
+
+def scored(ms: list[dict]) -> dict[str, tuple[str, ...]]:
+    """The evaluations of :data:`SCORED`, and :data:`FLIPPED` when the runs have flipped items."""
+    return {**SCORED, **FLIPPED} if has_flips(ms) else SCORED
 
 
 def _means(ms: list[dict], *path) -> float | None:
@@ -196,21 +222,21 @@ def _breakdowns(spec, ms: list[dict]) -> dict[str, Any]:
     """Means over seeds of ``by_k`` (Level 2: per number of present tiles), ``per_axis``
     (relative position) and ``conflict`` (Level 3: items whose answer differs from the prior's),
     for every evaluation in :data:`SCORED` that has them."""
-    key, out = spec.headline, {}
+    key, out, evs = spec.headline, {}, scored(ms)
     ks = sorted({k for m in ms for k in (_get(m, "test", "by_k") or {})}, key=int)
     if ks:
         out["by_k"] = {k: {f: _means(ms, "test", "by_k", k, f) for f in ("n", "perm_acc", "chance")}
                        for k in ks}  # fmt: skip
     if spec.axes and any(_get(m, "test", "per_axis") for m in ms):  # runs before protocol 1.2: none
-        out["per_axis"] = {a: {ev: _means(ms, *path, "per_axis", a, key) for ev, path in SCORED.items()}
+        out["per_axis"] = {a: {ev: _means(ms, *path, "per_axis", a, key) for ev, path in evs.items()}
                            for a in spec.axes}  # fmt: skip
     if any(_get(m, "test", "conflict") for m in ms):
         out["conflict"] = {ev: {f: _means(ms, *path, "conflict", f) for f in CONFLICT_KEYS}
-                           for ev, path in SCORED.items()}  # fmt: skip
+                           for ev, path in evs.items()}  # fmt: skip
         if spec.axes:
             out["conflict_per_axis"] = {
                 a: {ev: {f: _means(ms, *path, "conflict", "per_axis", a, f) for f in CONFLICT_KEYS}
-                    for ev, path in SCORED.items()} for a in spec.axes}  # fmt: skip
+                    for ev, path in evs.items()} for a in spec.axes}  # fmt: skip
     return out
 
 
@@ -341,6 +367,8 @@ def _main_table(spec, rows: list[dict]) -> list[str]:
     cols = ["encoder", "head", "seeds", METRICS[key].label, "95% CI"]
     cols += [METRICS[k].label for k in others]
     cols += ["chance", "majority", "prior", "blind", "mirror", "prior (mirror)", "blind (mirror)"]
+    flips = any("flipped" in r for r in rows)  # Level 4
+    cols += ["flipped", "prior (flipped)", "blind (flipped)"] if flips else []
     cols += [f"transfer: {t}" for t in transfer]
     vqa = [c for c in VQA_COLUMNS if any(r.get(c) is not None for r in rows)]
     cols += [VQA_COLUMNS[c][0] for c in vqa]
@@ -358,6 +386,7 @@ def _main_table(spec, rows: list[dict]) -> list[str]:
                                           "prior_mirror", "blind_mirror")]  # fmt: skip
         if r["blind_below_prior"]:
             cells[-4] += " (!)"
+        cells += [_f(r.get(c), pct) for c in ("flipped", *FLIPPED_CONTROLS)] if flips else []
         cells += [_fs(r["transfer"][t], pct) if t in r["transfer"] else "-" for t in transfer]
         cells += [_f(r.get(c), True) for c in vqa]
         cells += [_unparsed_cell(r.get("unparsed"))] if why else []
@@ -391,9 +420,9 @@ def _on_test(r: dict) -> bool:
 
 def _evaluation_label(r: dict, ev: str) -> str:
     """``test``/``mirror`` named by the splits a row scored (``val``, ``val mirror``)."""
-    if _on_test(r) or ev not in ("test", "mirror"):
+    if _on_test(r) or ev not in ("test", "mirror", "flipped"):
         return ev
-    return "+".join(r["splits"]) + (" mirror" if ev == "mirror" else "")
+    return "+".join(r["splits"]) + ("" if ev == "test" else f" {ev}")
 
 
 def _by_k_table(rows: list[dict]) -> list[str]:
@@ -411,28 +440,37 @@ def _by_k_table(rows: list[dict]) -> list[str]:
 
 def _per_axis_table(spec, rows: list[dict]) -> list[str]:
     """Relative position per axis: mirroring changes the left/right answers only, so the
-    mirror control is read on the left/right rows."""
+    mirror control is read on the left/right rows (Level 4's flip: on superior/inferior)."""
     pct = METRICS[spec.headline].percent
+    flips = any("flipped" in r for r in rows)
+    evs = {**SCORED, **FLIPPED} if flips else SCORED
     cols = ["encoder", "head", "axis", "accuracy", "mirror", "prior", "blind", "prior (mirror)",
-            "blind (mirror)", "conflict acc.", "conflict acc. (mirror)"]
+            "blind (mirror)", *(["flipped", "prior (flipped)", "blind (flipped)"] if flips else []),
+            "conflict acc.", "conflict acc. (mirror)", *(["conflict acc. (flipped)"] if flips else [])]
     lines = ["### Per axis", "",
              "Mirroring flips left/right answers and leaves anterior/posterior ones: the mirror",
-             "control is read on the `left_right` rows (pooled numbers above).", "",
-             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]  # fmt: skip
+             "control is read on the `left_right` rows (pooled numbers above)."]  # fmt: skip
+    if flips:
+        lines += ["The superior-inferior flip (Level 4) flips superior/inferior answers only: read it on",
+                  "the `superior_inferior` rows."]  # fmt: skip
+    lines += ["", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         for axis, v in (r.get("per_axis") or {}).items():
             conf = (r.get("conflict_per_axis") or {}).get(axis, {})
-            cells = [_label(r), r["head"], axis, *(_f(v[ev], pct) for ev in SCORED)]
-            cells += [_f(_get(conf, ev, "accuracy"), True) for ev in ("test", "mirror")]
+            cells = [_label(r), r["head"], axis, *(_f(v.get(ev), pct) for ev in evs)]
+            cells += [_f(_get(conf, ev, "accuracy"), True) for ev in ("test", "mirror", *(["flipped"] if flips else []))]
             lines.append("| " + " | ".join(cells) + " |")
     return lines + [""]
 
 
 def _conflict_table(rows: list[dict]) -> list[str]:
     """Conflict items: accuracy there and how often the model gives the prior's answer."""
+    flips = any("flipped" in r for r in rows)  # Level 4
     cols = ["encoder", "head", "accuracy (all)", "conflict items", "conflict acc.", "gives prior's",
             "blind: conflict acc.", "blind: gives prior's", "mirror: conflict items",
             "mirror: conflict acc.", "mirror: gives prior's", "blind (mirror): conflict acc."]
+    cols += ["flipped: conflict items", "flipped: conflict acc.", "flipped: gives prior's",
+             "blind (flipped): conflict acc."] if flips else []
     lines = ["### Conflict items", "",
              "Items whose answer in the image differs from the prior's answer (canonical anatomy:",
              "the majority training answer of the question type). The prior scores 0 there and agrees",
@@ -453,6 +491,10 @@ def _conflict_table(rows: list[dict]) -> list[str]:
                  _f(t.get("prior_agreement"), True), _f(b.get("accuracy"), True),
                  _f(b.get("prior_agreement"), True), items(m), _f(m.get("accuracy"), True),
                  _f(m.get("prior_agreement"), True), _f(bm.get("accuracy"), True)]  # fmt: skip
+        if flips:
+            f, bf = (c.get(ev) or {} for ev in ("flipped", "blind_flipped"))
+            cells += [items(f), _f(f.get("accuracy"), True), _f(f.get("prior_agreement"), True),
+                      _f(bf.get("accuracy"), True)]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return lines + [""]
 
@@ -519,6 +561,13 @@ def render_markdown(table: dict[str, list[dict]], any_random: bool) -> str:
         _protocol_line(table),
         "",
     ]
+    if any("flipped" in r for rows in table.values() for r in rows):
+        lines += [
+            "Level 4 (volumes): Flipped is the same predictor on superior-inferior flipped test volumes",
+            "(every label recomputed: a model that computes keeps its score), beside Mirror (left-right);",
+            "Level 4 localisation errors are in voxels of the S^3 volume (SDR within 10 voxels) and mm.",
+            "",
+        ]
     if any(r.get("track") == "vqa" for rows in table.values() for r in rows):
         lines += [
             "Heads named `vqa-*` are multimodal LLMs asked the questions directly (`spar-probe vqa`):",
@@ -567,9 +616,16 @@ def plot(table: dict[str, list[dict]], out: Path) -> list[Path]:
         x = np.arange(len(rows))
         means = [r["mean"] if r["mean"] is not None else np.nan for r in rows]
         stds = [r["std"] or 0.0 for r in rows]
-        ax.bar(x - 0.2, means, 0.4, yerr=stds, label="original", color="tab:blue")
-        ax.bar(x + 0.2, [r["mirror"] if r["mirror"] is not None else np.nan for r in rows], 0.4,
-               label="mirror", color="tab:orange")  # fmt: skip
+        if any("flipped" in r for r in rows):  # Level 4: a third bar
+            bars = (("original", means, "tab:blue"), ("mirror", [r["mirror"] for r in rows], "tab:orange"),
+                    ("flipped", [r.get("flipped") for r in rows], "tab:green"))  # fmt: skip
+            for i, (name, vals, color) in enumerate(bars):
+                ax.bar(x + (i - 1) * 0.27, [v if v is not None else np.nan for v in vals], 0.27,
+                       yerr=stds if name == "original" else None, label=name, color=color)  # fmt: skip
+        else:
+            ax.bar(x - 0.2, means, 0.4, yerr=stds, label="original", color="tab:blue")
+            ax.bar(x + 0.2, [r["mirror"] if r["mirror"] is not None else np.nan for r in rows], 0.4,
+                   label="mirror", color="tab:orange")  # fmt: skip
         ax.scatter(x, [r["blind"] if r["blind"] is not None else np.nan for r in rows], marker="_", s=600,
                    color="k", zorder=3, label="blind")  # fmt: skip
         for name, style in (("chance", ":"), ("majority", "--"), ("prior", "-.")):

@@ -38,7 +38,12 @@ class Targets:
         y: the spec's arrays: Level 1 ``centroid`` (N,16,2), ``present`` (N,16),
             ``mm_per_pixel`` (N,); Level 2 additionally ``target_slot``, ``present_pos``
             and ``perm`` (N,16); Level 3 ``answer``, ``organ_a``, ``organ_b``, ``axis``,
-            ``probe`` (N,) int64.
+            ``probe`` (N,) int64; Level 4 the same with ``organ_c`` and ``mm_per_voxel``
+            (questions), or ``centroid`` (N,16,3), ``present``, ``mm_per_voxel`` and ``size``
+            (the volume's side S in voxels) (localisation).
+        is_flipped: ``(N,)`` bool, item comes from a superior-inferior flipped counterfactual
+            (Level 4), or None when the level's rows have no such field (Levels 1-3):
+            :attr:`flipped` is then all False and no flipped block is reported.
     """
 
     spec: ProbeSpec
@@ -47,9 +52,20 @@ class Targets:
     patient: np.ndarray
     is_mirror: np.ndarray
     y: dict[str, np.ndarray] = field(default_factory=dict)
+    is_flipped: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.rows.shape[0])
+
+    @property
+    def flipped(self) -> np.ndarray:
+        """``(N,)`` bool: the flipped counterfactual items (all False without the field)."""
+        return self.is_flipped if self.is_flipped is not None else np.zeros(len(self), bool)
+
+    @property
+    def original(self) -> np.ndarray:
+        """``(N,)`` bool: the items that are no counterfactual copy (neither mirrored nor flipped)."""
+        return ~(np.asarray(self.is_mirror, bool) | self.flipped)
 
     def subset(self, mask_or_index: np.ndarray) -> Targets:
         """The items selected by a boolean mask or an index array."""
@@ -61,6 +77,7 @@ class Targets:
             self.patient[s],
             self.is_mirror[s],
             {k: v[s] for k, v in self.y.items()},
+            None if self.is_flipped is None else self.is_flipped[s],
         )
 
 
@@ -75,6 +92,7 @@ def concat(ts: list[Targets]) -> Targets:
         np.concatenate([t.patient for t in ts]),
         np.concatenate([t.is_mirror for t in ts]),
         {k: np.concatenate([t.y[k] for t in ts]) for k in ts[0].y},
+        None if ts[0].is_flipped is None else np.concatenate([t.flipped for t in ts]),
     )
 
 
@@ -93,12 +111,27 @@ def cache_rows(cache_keys: np.ndarray, build_keys: np.ndarray, where: str) -> np
     return rows
 
 
+class ProbeUnavailable(ConfigError):
+    """The build has no items of this probe (e.g. counting without lesion masks, or a Level 4
+    probe on a build made without the opt-in Level 4)."""
+
+
+def missing_level(what: str, level: str, levels) -> ConfigError:
+    """``"<what> has no <level>; levels: ..."`` (``what``: ``"<path>: build"`` or ``"<path>:
+    cache"``): a :class:`ProbeUnavailable` for an opt-in level (Level 4, volumes: ``spar-probe
+    fit --probes all`` skips its probes on a build or cache without it), a plain
+    :class:`ConfigError` for the default levels."""
+    from spar_bench.builder.schema import LEVEL_SPECS
+
+    spec = LEVEL_SPECS.get(level)
+    cls = ProbeUnavailable if spec is not None and spec.volume else ConfigError
+    return cls(f"{what} has no {level}; levels: {', '.join(levels)}")
+
+
 def read_fields(build, level: str, split: str, names: list[str]) -> dict[str, np.ndarray]:
     """``names`` of ``level``/``split`` of ``build``; a missing level or field is one line."""
     if level not in build.levels():
-        raise ConfigError(
-            f"{build.root}: build has no {level}; levels: {', '.join(build.levels())}"
-        )
+        raise missing_level(f"{build.root}: build", level, build.levels())
     missing = sorted(set(names) - set(build.fields(level, split)))
     if missing:
         raise ConfigError(

@@ -47,8 +47,13 @@ from spar_bench.builder.schema import (
     LEVEL3_CLASS_NAMES,
     LEVEL3_N_CLASSES,
     LEVEL3_PROBES,
+    LEVEL4_CLASS_NAMES,
+    LEVEL4_N_CLASSES,
+    LEVEL4_PROBES,
+    LEVEL_SPECS,
     N_ORGANS,
     RELATIVE_POSITION_AXES,
+    VOLUME_AXES,
 )
 from spar_bench.errors import ConfigError, IntegrityError
 from spar_bench.registry import Registry
@@ -72,6 +77,8 @@ METRICS: dict[str, Metric] = {
         Metric("med_px", "MED (px)", False, False),
         Metric("med_mm", "MED (mm)", False, False),
         Metric("sdr10", "SDR@10", True, True),
+        Metric("med_vox", "MED (vox)", False, False),
+        Metric("sdr10_vox", "SDR@10 vox", True, True),
         Metric("perm_acc", "perm. acc.", True, True),
         Metric("tile_acc", "tile acc.", True, True),
         Metric("kendall_tau", "Kendall tau", True, False),
@@ -197,8 +204,14 @@ def _mirror_flags(build, level: str, split: str, n: int, d: dict) -> np.ndarray:
     return d["is_mirror"].astype(bool) if "is_mirror" in d else np.zeros(n, bool)
 
 
+def _flip_flags(d: dict) -> np.ndarray | None:
+    """The rows' ``is_flipped`` (Level 4), or None when the level has no such field."""
+    return d["is_flipped"].astype(bool) if "is_flipped" in d else None
+
+
 def _with_mirror(build, level: str, split: str, names: list[str]) -> list[str]:
-    return [*names, "is_mirror"] if "is_mirror" in build.fields(level, split) else names
+    have = build.fields(level, split)
+    return [*names, *(f for f in ("is_mirror", "is_flipped") if f in have)]
 
 
 # ---------------------------------------------------------------------- Level 1
@@ -222,7 +235,7 @@ class LocalisationSpec(ProbeSpec):
         n = len(d["key"])
         rows = cache_rows(cache_keys, d["key"], f"{build.root}/{self.level}/{split}")
         return Targets(self, split, rows, d["patient_id"].astype(str),
-                       _mirror_flags(build, self.level, split, n, d), y)  # fmt: skip
+                       _mirror_flags(build, self.level, split, n, d), y, _flip_flags(d))  # fmt: skip
 
     def shape_output(self, flat):
         return 0.5 + flat.reshape(-1, *self.output_shape)  # centred on the image
@@ -331,19 +344,42 @@ QUESTION_KEYS = ("organ_a", "organ_b", "axis", "probe")
 
 @dataclass(frozen=True)
 class QuestionSpec(ProbeSpec):
-    """Level 3: one multiple-choice question about a slice (cross-entropy, accuracy)."""
+    """Levels 3 and 4: one multiple-choice question about a slice or a volume (cross-entropy,
+    accuracy). The level's question vocabulary is declared here, so the heads size their
+    question embeddings from the spec (Level 3's are unchanged by Level 4's)."""
 
-    index: int = -1  # the probe's id in the shards' ``q_probe`` (LEVEL3_PROBES order)
+    index: int = -1  # the probe's id in the shards' ``q_probe`` (LEVEL3_PROBES / LEVEL4_PROBES order)
+    #: the questions table's pointer into the level's rows (``LevelSpec.row_field``)
+    row_field: str = "q_slice"
+    #: the rows' field of mm per pixel (voxel), read for each question
+    scale_field: str = "mm_per_pixel"
+    #: the question's organs (Level 4 adds ``organ_c``, distance's third organ)
+    organs: tuple[str, ...] = ("organ_a", "organ_b")
+    #: the axes the level's questions may name (``q_axis`` 0, 1, ...; -1 none)
+    question_axes: tuple[str, ...] = RELATIVE_POSITION_AXES
+    #: the number of probes of the level's questions (values of ``q_probe``)
+    n_probes: int = len(LEVEL3_PROBES)
+
+    @property
+    def question_fields(self) -> tuple[str, ...]:
+        """The questions table's fields it reads (Level 3: :data:`Q_FIELDS`)."""
+        return (self.row_field, "q_probe", "q_axis", *(f"q_{o}" for o in self.organs), "q_answer")
+
+    @property
+    def question_keys(self) -> tuple[str, ...]:
+        """The question arrays a head reads (Level 3: :data:`QUESTION_KEYS`)."""
+        return (*self.organs, "axis", "probe")
 
     def load_targets(self, build, split, cache_keys):
-        slice_fields = [f for f in self.fields if not f.startswith("q_")]
-        s = read_fields(build, self.level, split, _with_mirror(build, self.level, split, slice_fields))
-        q = read_fields(build, self.level, split, list(Q_FIELDS))
+        row_fields = [f for f in self.fields if not f.startswith("q_")]
+        s = read_fields(build, self.level, split, _with_mirror(build, self.level, split, row_fields))
+        q = read_fields(build, self.level, split, list(self.question_fields))
         where = f"{build.root}/{self.level}/{split}"
         keep = q["q_probe"].astype(np.int64) == self.index
-        qs = q["q_slice"][keep].astype(np.int64)
-        slice_rows = cache_rows(cache_keys, s["key"], where)
+        qs = q[self.row_field][keep].astype(np.int64)
+        cache_row = cache_rows(cache_keys, s["key"], where)
         is_mirror = _mirror_flags(build, self.level, split, len(s["key"]), s)
+        flipped = _flip_flags(s)
         answer = q["q_answer"][keep].astype(np.int64)
         if answer.size and (answer.min() < 0 or answer.max() >= self.n_classes):
             raise IntegrityError(
@@ -351,16 +387,16 @@ class QuestionSpec(ProbeSpec):
             )
         y = {
             "answer": answer,
-            "organ_a": q["q_organ_a"][keep].astype(np.int64),
-            "organ_b": q["q_organ_b"][keep].astype(np.int64),
+            **{o: q[f"q_{o}"][keep].astype(np.int64) for o in self.organs},
             "axis": q["q_axis"][keep].astype(np.int64),
             "probe": np.full(answer.shape, self.index, dtype=np.int64),
-            "mm_per_pixel": s["mm_per_pixel"].astype(np.float32)[qs],
+            self.scale_field: s[self.scale_field].astype(np.float32)[qs],
         }
-        return Targets(self, split, slice_rows[qs], s["patient_id"].astype(str)[qs], is_mirror[qs], y)
+        return Targets(self, split, cache_row[qs], s["patient_id"].astype(str)[qs], is_mirror[qs], y,
+                       None if flipped is None else flipped[qs])  # fmt: skip
 
     def question(self, t, idx):
-        return {k: t.y[k][idx] for k in QUESTION_KEYS}
+        return {k: t.y[k][idx] for k in self.question_keys}
 
     def loss_value(self, out, y, sinkhorn_iters=20):
         import torch.nn.functional as F
@@ -436,9 +472,47 @@ class QuestionSpec(ProbeSpec):
 
 
 def _question_types(t: Targets) -> list[str]:
-    """One key per item: ``"organA|organB|axis"`` (organ -1 = none)."""
-    cols = zip(t.y["organ_a"].tolist(), t.y["organ_b"].tolist(), t.y["axis"].tolist(), strict=True)
-    return [f"{a}|{b}|{x}" for a, b, x in cols]
+    """One key per item: ``"organA|organB|axis"`` (Level 4: ``"organA|organB|organC|axis"``;
+    organ -1 = none)."""
+    cols = zip(*(t.y[k].tolist() for k in (*t.spec.organs, "axis")), strict=True)
+    return ["|".join(map(str, c)) for c in cols]
+
+
+# ---------------------------------------------------------------------- Level 4
+@dataclass(frozen=True)
+class VolumeLocalisationSpec(LocalisationSpec):
+    """Level 4: each organ's normalised (x, y, z) centroid in its S^3 volume (masked MSE); MED
+    in voxels (``|pred - true| * S``) and mm (times ``mm_per_voxel``), SDR within
+    :data:`~spar_bench.probes.metrics.SDR_RADIUS_VOX` (10) voxels."""
+
+    def load_targets(self, build, split, cache_keys):
+        d = read_fields(build, self.level, split, _with_mirror(build, self.level, split, list(self.fields)))
+        y = {**self._targets_y(d), "size": np.full(len(d["key"]), volume_side(build, self.level, split), np.float32)}
+        return self._targets(build, split, cache_keys, d, y)
+
+    def _targets_y(self, d: dict) -> dict:
+        return {
+            "centroid": d["centroid"].astype(np.float32),
+            "present": d["present"].astype(bool),
+            "mm_per_voxel": d["mm_per_voxel"].astype(np.float32),
+        }
+
+    def score(self, t, pred, rng, n_boot):
+        from .metrics import LEVEL4_KEYS, SDR_RADIUS_VOX, localisation_metrics
+
+        if len(t) == 0:
+            return {"n": 0}
+        groups = t.patient if rng is not None else None
+        return localisation_metrics(pred, t.y["centroid"], t.y["present"], t.y["mm_per_voxel"], t.y["size"],
+                                    SDR_RADIUS_VOX, LEVEL4_KEYS, groups, rng, n_boot)  # fmt: skip
+
+
+def volume_side(build, level: str, split: str) -> int:
+    """The side S of the S^3 volumes of ``level``/``split`` (the stored images' shape)."""
+    shape = build.images(level, split, np.zeros(0, np.int64)).shape
+    if len(shape) != 4 or len(set(shape[1:])) != 1:
+        raise IntegrityError(f"{build.root}/{level}/{split}: images of shape {shape[1:]} are no S^3 volumes")
+    return int(shape[1])
 
 
 # ---------------------------------------------------------------------- the registry
@@ -478,6 +552,27 @@ for _i, _p in enumerate(LEVEL3_PROBES):
         metrics=("accuracy", "macro_f1"), class_names=LEVEL3_CLASS_NAMES[_p], asks=True,
         axes=RELATIVE_POSITION_AXES if _p == "relative_position" else (),
         prior_rule="majority training answer per question type (organ A, organ B, axis)", index=_i,
+    ))  # fmt: skip
+
+
+_L4_ROWS = LEVEL_SPECS["level4"].row_field
+_L4_ORGANS = ("organ_a", "organ_b", "organ_c")
+L4_Q_FIELDS = (_L4_ROWS, "q_probe", "q_axis", *(f"q_{o}" for o in _L4_ORGANS), "q_answer")
+register_probe(VolumeLocalisationSpec(
+    name="level4.localisation", level="level4", fields=("key", "patient_id", "present", "centroid", "mm_per_voxel"),
+    output="points", output_shape=(N_ORGANS, 3), loss="masked MSE of normalised (x, y, z) over present organs",
+    metrics=("med_vox", "med_mm", "sdr10_vox"), per_organ="med_vox",
+    prior_rule="mean training centroid per organ (3-D atlas)",
+))  # fmt: skip
+for _i, _p in enumerate(LEVEL4_PROBES):
+    register_probe(QuestionSpec(
+        name=f"level4.{_p}", level="level4", fields=("key", "patient_id", "mm_per_voxel", *L4_Q_FIELDS),
+        output="classes", output_shape=(LEVEL4_N_CLASSES[_p],), loss="cross-entropy",
+        metrics=("accuracy", "macro_f1"), class_names=LEVEL4_CLASS_NAMES[_p], asks=True,
+        axes=VOLUME_AXES if _p == "relative_position" else (),
+        prior_rule="majority training answer per question type (organ A, organ B, organ C, axis)", index=_i,
+        row_field=_L4_ROWS, scale_field="mm_per_voxel", organs=_L4_ORGANS, question_axes=VOLUME_AXES,
+        n_probes=len(LEVEL4_PROBES),
     ))  # fmt: skip
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spar_bench.builder.schema import LEVEL3_CLASS_NAMES, PROBES
+from spar_bench.builder.schema import LEVEL3_CLASS_NAMES, LEVEL4_PROBES, PROBES
 from spar_bench.errors import ConfigError
 from spar_bench.probes.targets import Targets
 from spar_bench.probes.tasks import METRICS, get_probe, probe_names
@@ -28,7 +28,8 @@ def _targets(spec, y: dict, n: int) -> Targets:
 
 
 def test_registry_holds_the_eight_probes_in_protocol_order_and_suggests_names():
-    assert probe_names() == list(PROBES)
+    # the eight probes of Levels 1-3, then Level 4's (volumes; opt-in)
+    assert probe_names() == [*PROBES, "level4.localisation", *(f"level4.{p}" for p in LEVEL4_PROBES)]
     with pytest.raises(ConfigError, match="Did you mean 'level3.counting'"):
         get_probe("level3.countin")
     for name in probe_names():

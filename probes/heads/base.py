@@ -20,8 +20,8 @@ given: Level 4) factorised (z, row, col) embeddings (:mod:`.positions`).
 
 Queries: ``spec.n_queries`` learned query tokens - 16 tile queries for Levels 1-2
 (query p belongs to organ p in Level 1, to mosaic position p in Level 2), one query
-for a probe that asks questions (Level 3), plus the question (sum of organ A, organ B,
-axis and probe embeddings).
+for a probe that asks questions (Levels 3-4), plus the question (sum of organ A, organ B,
+axis and probe embeddings; Level 4 adds organ C's).
 Token heads take ``forward(x, q=None, index=None)``: with ``index`` ``(B,)``, ``x``
 holds only the distinct cache rows of the batch and item ``i`` reads row ``index[i]``
 (Level 3: one slice, many questions; see :func:`spar_bench.probes.train.group_batch`).
@@ -73,7 +73,7 @@ class TokenHead(nn.Module):
         else:  # 3-D position embeddings from the recorded grid; 2-D heads are as before
             self.cfg["token_grid"] = [int(g) for g in token_grid]
             self.pos = GridPositions(self.cfg["token_grid"], d, n_tokens)
-        self.question = QuestionEmbedding(d, mode="sum") if spec.asks else None
+        self.question = QuestionEmbedding.for_spec(spec, d, mode="sum") if spec.asks else None
         self.queries = nn.Parameter(torch.randn(spec.n_queries, d) * 0.02)
         width = spec.output_shape[-1]
         if spec.output == "assignment":  # query x slot scores

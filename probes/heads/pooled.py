@@ -3,7 +3,10 @@
 Both read ``x`` of shape ``(B, D)`` (the cached pooled vector, LayerNorm-ed first).
 For probes that ask questions (Level 3) the question enters as embeddings of organ A, organ B (index 16 =
 "none"), the relative-position axis (0 none, 1 left/right, 2 anterior/posterior) and
-the probe, concatenated to the features.
+the probe, concatenated to the features. Level 4 adds organ C (distance's third organ) and
+the superior/inferior axis (3), with its own probe indices; the sizes come from the probe
+spec (``organs``, ``question_axes``, ``n_probes``), so a Level 3 head's parameters, their
+initial draws and its outputs are those it had before Level 4 existed.
 
 Defaults: ``mlp`` hidden 512, GELU, dropout 0.1; question embeddings of width 32 each.
 """
@@ -19,29 +22,48 @@ N_ORGAN_TOKENS = N_ORGANS + 1  # + "none"
 N_AXES = 3  # none, left/right, anterior/posterior
 
 
+def organ_index(o: torch.Tensor) -> torch.Tensor:
+    """An organ field as valid embedding indices (-1 -> "none", index 16)."""
+    return torch.where(o < 0, N_ORGANS, o).long()
+
+
 def question_indices(q: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
     """(organ A, organ B, axis, probe) as valid embedding indices (-1 -> "none")."""
-    a = torch.where(q["organ_a"] < 0, N_ORGANS, q["organ_a"]).long()
-    b = torch.where(q["organ_b"] < 0, N_ORGANS, q["organ_b"]).long()
     ax = (q["axis"].long() + 1).clamp(min=0)
-    return a, b, ax, q["probe"].long()
+    return organ_index(q["organ_a"]), organ_index(q["organ_b"]), ax, q["probe"].long()
 
 
 class QuestionEmbedding(nn.Module):
-    """Embeds a Level 3 question; ``mode="concat"`` -> (B, 4*dim), ``"sum"`` -> (B, dim)."""
+    """Embeds a question; ``mode="concat"`` -> (B, n*dim), ``"sum"`` -> (B, dim), n = 4 parts
+    (organ A, organ B, axis, probe), 5 with organ C (Level 4).
 
-    def __init__(self, dim: int, mode: str = "concat"):
+    ``n_axes`` counts "none" (Level 3: 3; Level 4: 4 with superior/inferior) and ``n_probes``
+    the level's probes; :meth:`for_spec` takes all three from a probe spec. Organ C's table is
+    made last, so the tables of a Level 3 embedding take the same draws as before it existed.
+    """
+
+    def __init__(self, dim: int, mode: str = "concat", n_axes: int = N_AXES, n_probes: int = len(LEVEL3_PROBES),
+                 organ_c: bool = False):  # fmt: skip
         super().__init__()
         self.mode = mode
         self.organ_a = nn.Embedding(N_ORGAN_TOKENS, dim)
         self.organ_b = nn.Embedding(N_ORGAN_TOKENS, dim)
-        self.axis = nn.Embedding(N_AXES, dim)
-        self.probe = nn.Embedding(len(LEVEL3_PROBES), dim)
-        self.out_dim = 4 * dim if mode == "concat" else dim
+        self.axis = nn.Embedding(n_axes, dim)
+        self.probe = nn.Embedding(n_probes, dim)
+        self.organ_c = nn.Embedding(N_ORGAN_TOKENS, dim) if organ_c else None
+        self.out_dim = (5 if organ_c else 4) * dim if mode == "concat" else dim
+
+    @classmethod
+    def for_spec(cls, spec, dim: int, mode: str = "concat") -> QuestionEmbedding:
+        """The embedding of the questions of probe ``spec`` (a question spec of :mod:`..tasks`)."""
+        return cls(dim, mode, n_axes=len(spec.question_axes) + 1, n_probes=spec.n_probes,
+                   organ_c="organ_c" in spec.organs)  # fmt: skip
 
     def forward(self, q: dict[str, torch.Tensor]) -> torch.Tensor:
         a, b, ax, p = question_indices(q)
         parts = (self.organ_a(a), self.organ_b(b), self.axis(ax), self.probe(p))
+        if self.organ_c is not None:
+            parts = (*parts, self.organ_c(organ_index(q["organ_c"])))
         return torch.cat(parts, dim=-1) if self.mode == "concat" else sum(parts)
 
 
@@ -57,7 +79,7 @@ class PooledHead(nn.Module):
         self.spec = spec
         self.cfg = {**self.DEFAULTS, **cfg}
         self.norm = nn.LayerNorm(in_dim)
-        self.question = QuestionEmbedding(self.cfg["q_dim"]) if spec.asks else None
+        self.question = QuestionEmbedding.for_spec(spec, self.cfg["q_dim"]) if spec.asks else None
         self.body_in = in_dim + (self.question.out_dim if self.question is not None else 0)
 
     def features(self, x: torch.Tensor, q: dict | None) -> torch.Tensor:

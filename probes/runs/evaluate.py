@@ -1,6 +1,11 @@
-"""One evaluation for every run kind: the test items, the mirrored counterfactuals and the
-controls (chance, majority, the prior, the blind baseline), each with patient-bootstrap
-intervals, in one metrics layout.
+"""One evaluation for every run kind: the test items, the mirrored counterfactuals (and the
+flipped ones of Level 4) and the controls (chance, majority, the prior, the blind baseline),
+each with patient-bootstrap intervals, in one metrics layout.
+
+The flipped block (``flipped``, ``controls.prior_flipped`` / ``blind_flipped``,
+``n_items.test_flipped``) is written only for a level whose rows have ``is_flipped`` (Level
+4; ``flipped`` is None when the build has no flipped copies), so the metrics of Levels 1-3
+keep their layout byte for byte.
 
 :func:`evaluate` scores a fitted :class:`~.predictors.Predictor`; :func:`controls` gives the
 same controls to every kind (its blind baseline is the predictor's own :meth:`blind`);
@@ -53,9 +58,8 @@ def controls(run, predictor, s: Splits, prior: dict, boot: Boot, blind=None) -> 
         ctrl["majority_class"] = majority
         ctrl["majority"] = spec.majority_rate(majority, s.te)
     ctrl["prior"] = score(s.te, spec.prior_predict(prior, s.te), boot("prior"), n_boot, prior)
-    if len(s.te_mirror):
-        pred = spec.prior_predict(prior, s.te_mirror)
-        ctrl["prior_mirror"] = score(s.te_mirror, pred, boot("prior-mirror"), n_boot, prior)
+    for name, t in counterfactuals(s):
+        ctrl[f"prior_{name}"] = score(t, spec.prior_predict(prior, t), boot(f"prior-{name}"), n_boot, prior)
     if not run.controls:
         return ctrl
     if blind is None:
@@ -64,20 +68,29 @@ def controls(run, predictor, s: Splits, prior: dict, boot: Boot, blind=None) -> 
             return ctrl
         blind.fit(s.tr, s.va)
     ctrl["blind"] = score(s.te, blind.predict(s.te, "test"), boot("blind"), n_boot, prior)
-    if len(s.te_mirror):
-        ctrl["blind_mirror"] = score(s.te_mirror, blind.predict(s.te_mirror, "test"), boot("blind-mirror"),
-                                     n_boot, prior)  # fmt: skip
+    for name, t in counterfactuals(s):
+        ctrl[f"blind_{name}"] = score(t, blind.predict(t, "test"), boot(f"blind-{name}"), n_boot, prior)
     return ctrl
 
 
+def counterfactuals(s: Splits) -> list[tuple[str, Any]]:
+    """The counterfactual test items that have items: ``("mirror", te_mirror)``, then Level 4's
+    ``("flipped", te_flipped)``."""
+    parts = [("mirror", s.te_mirror), ("flipped", s.te_flipped)]
+    return [(name, t) for name, t in parts if t is not None and len(t)]
+
+
 def evaluate(run, predictor, s: Splits, prior: dict, blind=None) -> dict[str, Any]:
-    """``test``, ``mirror`` (None without mirrored items) and ``controls`` of a fitted predictor."""
+    """``test``, ``mirror`` (None without mirrored items), Level 4's ``flipped`` (likewise; absent
+    for Levels 1-3) and ``controls`` of a fitted predictor."""
     boot = bootstraps(run.seed, run.probe, run.head)
-    mirror = None
-    if len(s.te_mirror):
-        mirror = score(s.te_mirror, predictor.predict(s.te_mirror, "test"), boot("mirror"), run.n_boot, prior)
-    return {"test": score(s.te, predictor.predict(s.te, "test"), boot("test"), run.n_boot, prior),
-            "mirror": mirror, "controls": controls(run, predictor, s, prior, boot, blind)}
+    cf = {name: score(t, predictor.predict(t, "test"), boot(name), run.n_boot, prior)
+          for name, t in counterfactuals(s)}  # fmt: skip
+    out = {"test": score(s.te, predictor.predict(s.te, "test"), boot("test"), run.n_boot, prior),
+           "mirror": cf.get("mirror")}  # fmt: skip
+    if s.te_flipped is not None:
+        out["flipped"] = cf.get("flipped")
+    return {**out, "controls": controls(run, predictor, s, prior, boot, blind)}
 
 
 def run_metrics(run, s: Splits, scored: dict[str, Any], *, encoder: str, train: dict | None,
@@ -96,7 +109,8 @@ def run_metrics(run, s: Splits, scored: dict[str, Any], *, encoder: str, train: 
         "seed": run.seed, "encoder": encoder, "random_init": random_init, "layer": layer,
         **({"track": track} if track else {}),
         "headline": spec.headline, "higher_is_better": spec.higher_is_better, "val_source": s.val_source,
-        "n_items": {"train": len(s.tr), "val": len(s.va), "test": len(s.te), "test_mirror": len(s.te_mirror)},
+        "n_items": {"train": len(s.tr), "val": len(s.va), "test": len(s.te), "test_mirror": len(s.te_mirror),
+                    **({} if s.te_flipped is None else {"test_flipped": len(s.te_flipped)})},
         "n_patients": {"train": int(np.unique(s.tr.patient).size), "test": int(np.unique(s.te.patient).size)},
         "train": train, **scored, "training": training, **protocol_versions(manifest),
     }  # fmt: skip
@@ -108,12 +122,16 @@ def transfer(t, pred: np.ndarray, seed: int, n_boot: int, prior: dict | None, ma
     the class the run's training set chose, and the run's prior when it has one)."""
     spec = t.spec
     rng = bootstraps(seed, "eval")
-    orig, mir = t.subset(~t.is_mirror), t.subset(t.is_mirror)
+    keep, mir = t.original, t.is_mirror
+    orig = t.subset(keep)
     out: dict[str, Any] = {
-        "test": score(orig, pred[~t.is_mirror], rng("test"), n_boot, prior),
-        "mirror": score(mir, pred[t.is_mirror], rng("mirror"), n_boot, prior) if len(mir) else None,
-        "controls": {"chance": spec.chance(orig), "majority": spec.majority_rate(majority, orig)},
+        "test": score(orig, pred[keep], rng("test"), n_boot, prior),
+        "mirror": score(t.subset(mir), pred[mir], rng("mirror"), n_boot, prior) if mir.any() else None,
     }
+    if t.is_flipped is not None:
+        flip = t.flipped
+        out["flipped"] = score(t.subset(flip), pred[flip], rng("flipped"), n_boot, prior) if flip.any() else None
+    out["controls"] = {"chance": spec.chance(orig), "majority": spec.majority_rate(majority, orig)}
     if prior is not None:
         out["controls"]["prior"] = score(orig, spec.prior_predict(prior, orig), rng("prior"), n_boot, prior)
     return out

@@ -16,6 +16,8 @@ import numpy as np
 
 from spar_bench.errors import ConfigError
 
+from ..targets import ProbeUnavailable, missing_level
+
 
 def open_cache(path: str | Path):
     """Open a feature cache (``spar_bench.probes.features.FeatureCache``) with a clear error."""
@@ -133,10 +135,6 @@ def load_features(
     return np.concatenate(parts)
 
 
-class ProbeUnavailable(ConfigError):
-    """The build has no items of this probe (e.g. counting without lesion masks)."""
-
-
 class Splits(NamedTuple):
     """The targets of one run and where its validation items came from."""
 
@@ -146,13 +144,16 @@ class Splits(NamedTuple):
     te_mirror: Any
     val_source: str
     val_split: str  # the cache split the validation features are read from
+    #: the flipped counterfactual test items (Level 4), or None when the level has none (Levels 1-3)
+    te_flipped: Any = None
 
 
 def split_targets(build, cache, run) -> Splits:
     """Train / validation / test targets aligned to the cache.
 
     Without a val split, a patient-grouped fraction of train is held out (seeded);
-    mirrored samples are evaluated separately and trained on only with ``train_mirrors``.
+    mirrored samples are evaluated separately and trained on only with ``train_mirrors``;
+    flipped ones (Level 4) are evaluated separately and never trained on.
     """
     from spar_bench.seeding import derive_seed
 
@@ -161,10 +162,13 @@ def split_targets(build, cache, run) -> Splits:
     spec, cfg = run.spec, run.train
     level = spec.level
     tr_all = load_targets(build, spec, "train", cache.keys(level, "train"))
-    tr = tr_all if run.train_mirrors else tr_all.subset(~tr_all.is_mirror)
+    if tr_all.is_flipped is None:  # Levels 1-3
+        tr = tr_all if run.train_mirrors else tr_all.subset(~tr_all.is_mirror)
+    else:
+        tr = tr_all.subset(~tr_all.flipped if run.train_mirrors else tr_all.original)
     if "val" in cache.splits(level):
         va = load_targets(build, spec, "val", cache.keys(level, "val"))
-        va = va.subset(~va.is_mirror)
+        va = va.subset(va.original)
         val_source, val_split = "val split", "val"
     else:
         rng = np.random.default_rng(derive_seed(run.seed, "holdout", spec.name))
@@ -173,12 +177,13 @@ def split_targets(build, cache, run) -> Splits:
         val_source = f"held-out {cfg.val_fraction:.0%} of train patients (no val split)"
         val_split = "train"
     te_all = load_targets(build, spec, "test", cache.keys(level, "test"))
-    te, te_mirror = te_all.subset(~te_all.is_mirror), te_all.subset(te_all.is_mirror)
+    te, te_mirror = te_all.subset(te_all.original), te_all.subset(te_all.is_mirror)
+    te_flipped = None if te_all.is_flipped is None else te_all.subset(te_all.flipped)
     if len(tr) == 0 or len(te) == 0:
         raise ProbeUnavailable(
             f"{run.features}: {spec.name} has no train or no test items in build {build.root}"
         )
-    return Splits(tr, va, te, te_mirror, val_source, val_split)
+    return Splits(tr, va, te, te_mirror, val_source, val_split, te_flipped)
 
 
 def open_run(run):
@@ -187,7 +192,7 @@ def open_run(run):
     build = resolve_build(cache, run.data)
     level = run.spec.level
     if level not in cache.levels():
-        raise ConfigError(f"{run.features}: cache has no {level}; levels: {', '.join(cache.levels())}")
+        raise missing_level(f"{run.features}: cache", level, cache.levels())
     splits = cache.splits(level)
     if "train" not in splits or "test" not in splits:
         raise ConfigError(f"{run.features}: {level} needs train and test splits, cache has {splits}")
@@ -217,7 +222,7 @@ def build_splits(build, run) -> Splits:
     finetuning, an MLLM, a reference predictor); the level and its splits checked first."""
     level = run.spec.level
     if level not in build.levels():
-        raise ConfigError(f"{build.root}: build has no {level}; levels: {', '.join(build.levels())}")
+        raise missing_level(f"{build.root}: build", level, build.levels())
     if not {"train", "test"} <= set(build.splits(level)):
         raise ConfigError(f"{build.root}: {level} needs train and test splits, has {build.splits(level)}")
     return split_targets(build, BuildKeys(build), run)
