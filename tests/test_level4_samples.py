@@ -397,11 +397,11 @@ def test_adjacency_gaps_in_mm():
     np.testing.assert_array_equal(g.box_lo[2], [4, 4, 19])
     np.testing.assert_array_equal(g.box_hi[2], [9, 9, 24])
     assert g.box_lo[5].tolist() == [40, 40, 40] and g.box_hi[5].tolist() == [-1, -1, -1]  # absent
-    assert exact_gap(label, g, 0, 1) == 0.0
-    assert exact_gap(label, g, 1, 2) == pytest.approx(7.5)
+    assert exact_gap(label, 0, 1, mpv, g) == 0.0
+    assert exact_gap(label, 1, 2, mpv, g) == pytest.approx(7.5)
     d_exp = math.sqrt(7**2 + 7**2 + 10**2) * mpv - mpv  # nearest voxel centres: 7, 7, 10 apart
-    assert exact_gap(label, g, 2, 3) == pytest.approx(d_exp)
-    assert exact_gap(label, g, 3, 2) == pytest.approx(d_exp)
+    assert exact_gap(label, 2, 3, mpv, g) == pytest.approx(d_exp)
+    assert exact_gap(label, 3, 2, mpv) == pytest.approx(d_exp)  # boxes measured when not given
     gaps = near_gaps(label, g, 9.0)
     assert gaps[0, 1] == 0.0 and gaps[1, 2] == pytest.approx(7.5) and gaps[2, 1] == pytest.approx(7.5)
     assert np.isinf(gaps[2, 3]) and np.isinf(gaps[0, 3])  # beyond the reach: unknown, > 9 mm

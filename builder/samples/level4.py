@@ -172,11 +172,14 @@ def near_gaps(label: np.ndarray, g: VolumeOrgans, reach_mm: float) -> np.ndarray
     return gaps
 
 
-def exact_gap(label: np.ndarray, g: VolumeOrgans, a: int, b: int) -> float:
-    """Surface gap (mm) of organs ``a`` and ``b``: one distance transform on their joint box."""
+def exact_gap(label: np.ndarray, a: int, b: int, mpv: float, g: VolumeOrgans | None = None) -> float:
+    """Surface gap (mm) of present organs ``a`` and ``b`` (0-based) of the cube ``label``: one
+    distance transform on their joint box (the boxes of ``g`` when given, else measured)."""
+    if g is None:
+        g = organ_measures(label, mpv, 1)
     lo, hi = np.minimum(g.box_lo[a], g.box_lo[b]), np.maximum(g.box_hi[a], g.box_hi[b])
-    dmin = _min_distance(label, a, lo, hi, g.mm_per_voxel)
-    return max(0.0, float(dmin[b + 1]) - g.mm_per_voxel)
+    dmin = _min_distance(label, a, lo, hi, mpv)
+    return max(0.0, float(dmin[b + 1]) - mpv)
 
 
 def _q(probe: str, a: int = -1, b: int = -1, answer: int = -1, **extra) -> dict:
@@ -274,7 +277,7 @@ def _adjacency_qs(
     ]
     out = []
     for a, b in _pick_pairs(rng, cands, config.l4_questions_per_probe):
-        gap = gaps[a, b] if np.isfinite(gaps[a, b]) else exact_gap(label, g, a, b)
+        gap = gaps[a, b] if np.isfinite(gaps[a, b]) else exact_gap(label, a, b, g.mm_per_voxel, g)
         out.append(_q("adjacency", a, b, int(gap <= adj), q_measure_a=gap))
     return out
 
