@@ -20,21 +20,25 @@ import numpy as np
 
 from .base import Backend
 from .cache import ResponseCache
-from .prompts import render, rotations
+from .prompts import rotations
 from .questions import Questions, load_questions
-from .run import AskConfig, Item, answer_records, ask, cache_key, image_digests
+from .run import AskConfig, Item, answer_records, ask, cache_key, image_digests, prompt_of
+
+
+def _item_key(t, j: int) -> tuple:
+    """Row, organs (C on Level 4), axis and copy flags of item ``j`` of ``t``."""
+    flipped = getattr(t, "is_flipped", None)
+    return (int(t.rows[j]), *(int(t.y[o][j]) for o in ("organ_a", "organ_b", "organ_c") if o in t.y),
+            int(t.y["axis"][j]), bool(t.is_mirror[j]), bool(flipped[j]) if flipped is not None else False)
 
 
 def question_index(qs: Questions, t) -> np.ndarray:
     """The question of ``qs`` behind each item of ``t`` (both from one split of one build):
-    matched on the slice row, the organs, the axis and the mirror flag."""
+    matched on the slice (volume) row, the organs, the axis and the mirror (flip) flags."""
     where: dict[tuple, int] = {}
-    y = qs.t.y
     for i in range(len(qs)):
-        where.setdefault((int(qs.t.rows[i]), int(y["organ_a"][i]), int(y["organ_b"][i]), int(y["axis"][i]),
-                          bool(qs.t.is_mirror[i])), i)  # fmt: skip
-    return np.array([where[(int(t.rows[j]), int(t.y["organ_a"][j]), int(t.y["organ_b"][j]), int(t.y["axis"][j]),
-                            bool(t.is_mirror[j]))] for j in range(len(t))], dtype=np.int64)  # fmt: skip
+        where.setdefault(_item_key(qs.t, i), i)
+    return np.array([where[_item_key(t, j)] for j in range(len(t))], dtype=np.int64)
 
 
 @dataclass
@@ -61,15 +65,12 @@ class Mllm:
         digests = image_digests(self.build, qs, items)
         keys = [cache_key(self.backend, qs, it, self.cfg, digests.get(it.q)) for it in items]
         replies = ask(self.backend, self.cache, self.build, qs, items, keys, self.cfg)
-        records = answer_records(qs, items, replies, self.backend, digests)
+        records = answer_records(qs, items, replies, self.backend, digests, self.cfg.volume_as)
         return np.array([r["class"] for r in records], dtype=np.int64)
 
     def _item(self, qs: Questions, i: int) -> Item:
-        """Question ``i`` in the class order, with its slice or (blind) without."""
-        order = rotations(qs.spec.n_classes)[0]
-        args = (qs.probe, int(qs.t.y["organ_a"][i]), int(qs.t.y["organ_b"][i]), int(qs.t.y["axis"][i]))
-        prompt = render(*args, order, self.cfg.hint, blind=not self.with_image,
-                        context=qs.context(i, self.cfg.image_size))  # fmt: skip
+        """Question ``i`` in the class order, with its slice (volume, ``cfg.volume_as``) or (blind) without."""
+        prompt = prompt_of(qs, i, rotations(qs.spec.n_classes)[0], self.cfg, blind=not self.with_image)
         return Item(i, "image" if self.with_image else "blind", 0, prompt)
 
     def blind(self) -> Mllm:
