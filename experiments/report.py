@@ -13,8 +13,10 @@ them out.
   ``blind`` sub-row (the same head without the image: recall vs computation), frozen,
   finetuned and from-scratch rows of one encoder and head side by side; the controls
   (chance, majority, prior) per probe; the mirrored counterfactual laid out like the main
-  table; one **zero-shot transfer** table per transfer target (``eval-*.json``); the
-  **MLLM** table (``spar-probe vqa`` runs: Level 3 probes, blind, CircularEval, parse rate);
+  table, and for Level 4 (volumes, whose probes are columns after Level 3's) the
+  superior-inferior flipped counterfactual likewise; one **zero-shot transfer** table per transfer target (``eval-*.json``); the
+  **MLLM** table (``spar-probe vqa`` runs: the question probes, Levels 3 and 4, blind,
+  CircularEval, parse rate);
   and the **provenance** of every cell (run folders relative to RUNS, build and cache
   fingerprints, weights digest, protocol version);
 * ``experiment.json``: the same numbers and every run's provenance, machine-readable;
@@ -38,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from spar_bench.builder.schema import LEVEL_SPECS
 from spar_bench.errors import ConfigError
 from spar_bench.probes.report import collect, run_protocol
 from spar_bench.probes.tasks import METRICS, PROBE_SPECS, get_probe, probe_names
@@ -174,6 +177,11 @@ def grid(runs: list[Run]) -> dict[Configuration, dict[str, list[Run]]]:
             for k in sorted(out, key=Configuration.sort_key)}  # fmt: skip
 
 
+def is_volume(probe: str) -> bool:
+    """Whether ``probe`` is asked of whole volumes (Level 4)."""
+    return probe in PROBE_SPECS and LEVEL_SPECS[get_probe(probe).level].volume
+
+
 def ordered_probes(names: set[str]) -> list[str]:
     known = probe_names()
     return [p for p in known if p in names] + sorted(names - set(known))
@@ -220,6 +228,8 @@ def cell_stats(probe: str, rs: list[Run], targets: dict[str, str]) -> dict[str, 
                            "chance": rate([_get(m, "controls", "chance") for m in ms]),
                            "majority": rate([_get(m, "controls", "majority") for m in ms]),
                            "prior": summary([_get(m, "controls", "prior") for m in ms], key)}  # fmt: skip
+    if any("flipped" in m for m in ms):  # Level 4: the superior-inferior flipped copies
+        out["flipped"] = summary([m.get("flipped") for m in ms], key)
     if any(m.get("track") == "vqa" for m in ms):
         out.update({label: rate([_get(m, *path) for m in ms]) for label, path in VQA_ROWS.items()})
     transfer: dict[str, Any] = {}
@@ -437,6 +447,19 @@ def mirror_table(doc: dict) -> list[str]:
             *_grid_table(doc, rows, doc["probes"], _headline("mirror")), ""]  # fmt: skip
 
 
+def flip_table(doc: dict) -> list[str]:
+    """Level 4's superior-inferior flip, laid out like the mirror table (its probes only)."""
+    probes = [p for p in doc["probes"] if any(r["cells"].get(p, {}).get("flipped") for r in doc["configurations"])]
+    rows = [r for r in doc["configurations"] if any(r["cells"].get(p, {}).get("flipped") for p in probes)]
+    if not rows:
+        return []
+    return ["## Flip counterfactual (Level 4)", "",
+            "The same trained heads on superior-inferior flipped test volumes (labels recomputed from",
+            "the flipped masks), a stronger control than the mirror: a model that computes keeps its",
+            "score, one that recalls canonical anatomy collapses. Same layout as the main table.", "",
+            *_grid_table(doc, rows, probes, _headline("flipped")), ""]  # fmt: skip
+
+
 def transfer_tables(doc: dict) -> list[str]:
     """One "zero-shot transfer" table per target build (eval files), laid out like the main one."""
     lines = []
@@ -459,12 +482,13 @@ def mllm_table(doc: dict) -> list[str]:
     rows = [r for r in doc["configurations"] if r["mode"] == "MLLM"]
     if not rows:
         return []
-    probes = [p for p in doc["probes"] if (get_probe(p).level if p in PROBE_SPECS else "") == "level3"
+    probes = [p for p in doc["probes"] if p in PROBE_SPECS and get_probe(p).asks
               and any(p in r["cells"] for r in rows)]  # fmt: skip
     subrows = [("blind (no image)", lambda c: fmt_summary(c.get("blind"), c["percent"], ci=False))]
     subrows += [(label, lambda c, label=label: fmt_summary(c.get(label), True, ci=False)) for label in VQA_ROWS]
-    return ["## Multimodal LLMs (Level 3)", "",
-            "Models asked the Level 3 questions directly (`spar-probe vqa`): accuracy, mean +- std over",
+    levels = "Levels 3-4" if any(is_volume(p) for p in probes) else "Level 3"
+    return [f"## Multimodal LLMs ({levels})", "",
+            f"Models asked the {levels} questions directly (`spar-probe vqa`): accuracy, mean +- std over",
             "seeds [mean 95% CI]; blind: the same question without the image; circular (strict): right",
             "under every rotation of the options (CircularEval); parse rate: answers naming exactly one",
             "option.", "", *_grid_table(doc, rows, probes, _headline("test"), subrows), ""]  # fmt: skip
@@ -527,6 +551,9 @@ def header(title: str, provenance: dict | None, doc: dict) -> list[str]:
               f"protocol (docs/PROTOCOL.md) {', '.join(protocols)}. Rates in %; Level 1 errors in pixels of",
               "the 224 frame (lower is better).", "", "Headline metrics: " + "; ".join(
                   f"{p} {_metric_label(p)}" for p in doc["probes"]) + ".", ""]  # fmt: skip
+    if any(is_volume(p) for p in doc["probes"]):
+        lines += ["Level 4 (volumes): its probes are the columns after Level 3's; localisation errors in",
+                  "voxels of the S^3 volume (SDR within 10 voxels) and mm.", ""]  # fmt: skip
     return lines
 
 
@@ -539,7 +566,7 @@ def _metric_label(probe: str) -> str:
 
 def render_markdown(title: str, provenance: dict | None, doc: dict) -> str:
     lines = header(title, provenance, doc) + [f"![headline per probe]({PNG_FILE})", ""]
-    for part in (main_table, controls_table, mirror_table, transfer_tables, mllm_table, provenance_table):
+    for part in (main_table, controls_table, mirror_table, flip_table, transfer_tables, mllm_table, provenance_table):
         lines += part(doc)
     return "\n".join(lines).rstrip("\n") + "\n"
 

@@ -203,12 +203,13 @@ def test_prior_and_oracle_runs_report_flipped_beside_mirrored_in_level3s_schema(
 
     prior = lambda b, s: ConstantPrior(s)  # noqa: E731
     oracle = lambda b, s: MaskOracle(s, b)  # noqa: E731
-    l3 = _run(phantom4, "level3.relative_position", prior, "prior", tmp_path)
+    runs = tmp_path / "runs"
+    l3 = _run(phantom4, "level3.relative_position", prior, "prior", runs)
     assert "flipped" not in l3 and "test_flipped" not in l3["n_items"]
     assert not any(k.endswith("_flipped") for k in l3["controls"])
     for probe in ("level4.relative_position", "level4.containment", "level4.localisation"):
-        mp = _run(phantom4, probe, prior, "prior", tmp_path)
-        mo = _run(phantom4, probe, oracle, "oracle", tmp_path)
+        mp = _run(phantom4, probe, prior, "prior", runs)
+        mo = _run(phantom4, probe, oracle, "oracle", runs)
         h = mp["headline"]
         for m in (mp, mo):  # Level 3's layout, and the flipped block beside the mirrored one
             assert set(m) == set(l3) | {"flipped"} and m["flipped"] is not None
@@ -229,3 +230,27 @@ def test_prior_and_oracle_runs_report_flipped_beside_mirrored_in_level3s_schema(
             assert mo["controls"]["blind"]["accuracy"] == 0.0  # abstains
             c = mo["test"]["conflict"]
             assert c["n"] == 0 or c["accuracy"] == 1.0
+    _reports_show_level4_beside_level3(runs, tmp_path)
+
+
+def _reports_show_level4_beside_level3(runs: Path, tmp_path: Path) -> None:
+    from spar_bench.experiments.report import write_experiment_report
+    from spar_bench.probes.report import write_report
+
+    md = write_report(runs, tmp_path / "report").read_text()
+    rows = json.loads((tmp_path / "report" / "report.json").read_text())["probes"]
+    assert md.index("## level3.relative_position") < md.index("## level4.localisation") < md.index(
+        "## level4.relative_position")
+    l4_table = md[md.index("## level4.relative_position"):]
+    assert "| flipped | prior (flipped) | blind (flipped) |" in l4_table
+    assert "superior_inferior" in l4_table and "flipped: conflict acc." in l4_table
+    assert "flipped" not in md[md.index("## level3.relative_position"):md.index("## level4.localisation")]
+    assert all("flipped" not in r for r in rows["level3.relative_position"])
+    oracle = next(r for r in rows["level4.relative_position"] if r["encoder"] == "oracle")
+    assert oracle["mean"] == oracle["mirror"] == oracle["flipped"] == 1.0 and oracle["blind"] == 0.0
+    assert (tmp_path / "report" / "level4.localisation-per-organ.png").is_file()
+    ex = write_experiment_report(runs, tmp_path / "exp", title="Level 4").read_text()
+    head = next(ln for ln in ex[ex.index("## Main table"):].splitlines() if ln.startswith("| encoder"))
+    assert head.index("level3.relative_position") < head.index("level4.localisation")
+    flip = ex[ex.index("## Flip counterfactual (Level 4)"):]
+    assert "level4.relative_position" in flip.split("\n\n")[2] and "level3" not in flip.split("\n\n")[2]
