@@ -96,7 +96,9 @@ class BlindHead:
         from ..heads import build_head, head_input
         from ..train import seeded
 
-        blind = seeded(lambda: build_head(run.head, run.spec, *dims, **run.head_config), run.seed)
+        # the real head's options (a scratch finetune widens proj_dim), per-token positions: it reads one token
+        cfg = {k: v for k, v in getattr(model, "cfg", run.head_config).items() if k != "token_grid"}
+        blind = seeded(lambda: build_head(run.head, run.spec, *dims, **cfg), run.seed)
         pooled = head_input(run.head) == "pooled"
         if not pooled:  # the same fixed projection as the real head
             proj = {k: v for k, v in model.state_dict().items() if k.startswith("proj_")}
