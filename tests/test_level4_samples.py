@@ -18,11 +18,11 @@ from spar_bench.builder.case import Case
 from spar_bench.builder.samples import SampleConfig, flip_case, mirror_case, process_case
 from spar_bench.builder.samples.level4 import exact_gap, near_gaps, organ_measures
 from spar_bench.builder.samples.volume import (
+    VolumeGrid,
     reflect,
     resample_linear,
     resample_nearest,
     volume_for_case,
-    VolumeGrid,
 )
 from spar_bench.builder.schema import BILATERAL_PAIRS, LEVEL4_PROBES, ORGAN_ID, organ_index
 from spar_bench.errors import CaseError, ConfigError

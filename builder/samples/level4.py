@@ -304,7 +304,9 @@ def _containment_qs(
     return out
 
 
-def volume_questions(vol: Volume, g: VolumeOrgans, config: SampleConfig, rng: np.random.Generator) -> list[dict]:
+def volume_questions(
+    vol: Volume, g: VolumeOrgans, config: SampleConfig, rng: np.random.Generator
+) -> list[dict]:
     """Every question of one stored cube, in ``LEVEL4_PROBES`` order (module docstring)."""
     out = _relative_position_qs(g, config, rng)
     out += _distance_qs(g, config, rng)
