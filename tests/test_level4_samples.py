@@ -454,6 +454,10 @@ def test_empty_case_gives_no_rows_and_bad_input_is_one_line():
     bad = Case("synth", "b", "train", np.full((4, 5, 6), 20, np.uint8), (1.0,) * 3, image=np.zeros((4, 5, 6), np.int16))
     with pytest.raises(CaseError, match="label id 20"):
         process_case(bad, _cfg(), 1)
+    flat = Case("synth", "f", "train", np.ones((4, 5, 6), np.uint8), (0.0, 1.0, 1.0), image=np.zeros((4, 5, 6), np.int16))
+    with pytest.raises(CaseError, match=r"spacing must be > 0 mm on every axis") as err:
+        process_case(flat, _cfg(), 1)
+    assert "\n" not in str(err.value) and str(err.value).startswith("case f: ")
 
 
 @pytest.mark.parametrize(

@@ -439,7 +439,7 @@ def case_level4(
     copy (``counterfactual`` "mirror" or "mirror+flip") and the flipped copy ("mirror+flip").
 
     A case without any labelled voxel gives no row. Raises CaseError for a case without an
-    image or with labels outside 0..16.
+    image, with labels outside 0..16 or with a spacing <= 0.
     """
     from .frame224 import _check_labels
 
@@ -450,6 +450,8 @@ def case_level4(
             "has no image; samples need one (use the source's images='synthesize' for masks-only data)",
         )
     _check_labels(case, N_ORGANS + 1)
+    if not all(float(sp) > 0 for sp in case.spacing):
+        raise CaseError(case.case_id, None, f"voxel spacing must be > 0 mm on every axis, got {case.spacing}")
     vol = volume_for_case(
         case, config.volume_size, config.fov_margin_mm, config.window_level, config.window_width
     )
