@@ -1,4 +1,4 @@
-"""Samples of the eight probes: pure functions from a canonical :class:`~spar_bench.builder.case.Case`.
+"""Samples of every level (1-4): pure functions from a canonical :class:`~spar_bench.builder.case.Case`.
 
 ``process_case(case, config, global_seed)`` returns every sample of one case as arrays in
 the field layout of docs/FORMATS.md; the build concatenates them per split in case
