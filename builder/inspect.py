@@ -7,6 +7,8 @@ an image (a masks-only folder) is inspected from its masks alone (``--images aut
 default): the report says there is no image and the PNG draws the masks alone. ``--png DIR`` writes an overlay of
 the axial slice showing the most organs, per case, in the display convention (column 0 = patient's right, so the
 patient's right is on the image's LEFT edge, marked "R"; "L" on the right edge).
+``--volume-size S`` adds the Level 4 cube a build with that size would cut (side in mm, mm
+per voxel; docs/PROTOCOL.md §5a).
 """
 
 from __future__ import annotations
@@ -22,8 +24,22 @@ from .ontology import label_counts
 from .schema import N_ORGANS, ORGANS
 
 
-def describe_case(case) -> list[str]:
-    """Human-readable lines describing one loaded :class:`~spar_bench.builder.case.Case`."""
+def volume_line(case, size: int, margin_mm: float) -> str:
+    """The Level 4 cube a build with ``--volume-size size`` would cut from ``case``."""
+    from .samples.volume import grid_for_case
+
+    grid = grid_for_case(case, size, margin_mm)
+    if grid is None:
+        return "  level4 cube: none (no labelled voxel)"
+    side = grid.mm_per_voxel * size
+    return (f"  level4 cube: {side:.1f} mm a side around the labelled organs ({margin_mm:g} mm margin); "
+            f"{grid.mm_per_voxel:.2f} mm/voxel at --volume-size {size}")
+
+
+def describe_case(case, sample=None) -> list[str]:
+    """Human-readable lines describing one loaded :class:`~spar_bench.builder.case.Case`;
+    with a :class:`~spar_bench.builder.samples.SampleConfig` ``sample``, also the Level 4 cube
+    of its ``volume_size`` (:func:`volume_line`)."""
     from .frame import describe_transform
 
     info = case.provenance.get("orientation", {})
@@ -68,6 +84,8 @@ def describe_case(case) -> list[str]:
     if case.provenance.get("overlap_voxels"):
         problems.append(f"{case.provenance['overlap_voxels']} voxels claimed by two classes")
     lines.append(f"  problems: {'; '.join(problems) or 'none'}")
+    if sample is not None:
+        lines.append(volume_line(case, sample.volume_size, sample.fov_margin_mm))
     return lines
 
 
@@ -138,6 +156,8 @@ def write_overlay_png(case, path: Path) -> Path:
 @click.option("--on-error", type=click.Choice(["fail", "skip"]), default="fail", show_default=True,
               help="fail: stop at the first bad case; skip: report it and continue.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Global seed (pseudo-CT rendering).")
+@click.option("--volume-size", type=int, default=None, metavar="S",
+              help="Also show the Level 4 cube (side in mm, mm per voxel) at this --volume-size.")
 def inspect_command(
     source_name: str,
     root: Path,
@@ -147,12 +167,18 @@ def inspect_command(
     on_error: str,
     seed: int,
     unknown_labels: str,
+    volume_size: int | None,
 ) -> None:
     """Read cases into the canonical frame and print what the builder will see."""
     from spar_bench.errors import ConfigError
 
     from .sources import SOURCES
 
+    sample = None
+    if volume_size is not None:  # checked where every build checks it
+        from .samples import SampleConfig
+
+        sample = SampleConfig(volume_size=volume_size)
     source_cls = SOURCES.get(source_name)
     source = source_cls(root, images=images, seed=seed, unknown_labels=unknown_labels)
     refs = source.find()
@@ -173,7 +199,7 @@ def inspect_command(
             failed += 1
             click.echo(f"case {ref.case_id}: SKIPPED: {e}")
             continue
-        for line in describe_case(case):
+        for line in describe_case(case, sample):
             click.echo(line)
         if png_dir is not None:
             out = write_overlay_png(case, Path(png_dir) / f"{source_name}_{case.case_id}.png")

@@ -172,6 +172,18 @@ def test_phantom_level4_identical_across_jobs_and_partitions(phantom: Path, sing
     assert tree_hashes(merged) == tree_hashes(single)
 
 
+def test_inspect_shows_the_level4_cube_the_build_cut(phantom: Path, single: Path, capsys) -> None:
+    assert run_cli(cli, ["inspect", "--source", "phantom", "--root", str(phantom), "--volume-size", "20"]) == 0
+    shown = [line for line in capsys.readouterr().out.splitlines() if "level4 cube:" in line]
+    b = Build(single)
+    built = []
+    for split in b.splits("level4"):
+        rows = b.read("level4", split, ["mm_per_voxel", "is_mirror", "is_flipped"])
+        originals = ~rows["is_mirror"] & ~rows["is_flipped"]
+        built += [f"{v:.2f} mm/voxel" for v in rows["mm_per_voxel"][originals]]
+    assert len(shown) == 3 and sorted(line.split("; ")[1].split(" at")[0] for line in shown) == sorted(built)
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["--levels", "level4,level9"], "level9"),
     (["--levels", "level4", "--volume-size", "4"], "volume_size"),
