@@ -1,4 +1,5 @@
-"""The MLLM track: Level 3 questions asked to multimodal LLMs (``spar-probe vqa``).
+"""The MLLM track: Level 3 (slice) and Level 4 (volume) questions asked to multimodal LLMs
+(``spar-probe vqa``; a volume is shown as a video, a montage or three views: :mod:`.volume`).
 
 Backends are named ``<kind>[:<rest>]`` and live in one lazy registry, so listing them
 imports neither torch nor transformers:

@@ -1,4 +1,4 @@
-"""Ask a model every Level 3 question of a build, score it like a probe head, write the run.
+"""Ask a model every Level 3 (Level 4) question of a build, score it like a probe head, write the run.
 
 One run = one (model, probe, answering mode) on the chosen splits. Its folder
 ``OUT/<model-slug>/<probe>/<head>[,<key>=<value>...]/seed<k>/`` (``head`` = ``vqa-loglik``,
@@ -17,7 +17,12 @@ Asked per probe:
   headline is rotation 0, the class order);
 * the same question without the image (blind: no sentence describes an image);
 * mirrored counterfactual questions (labels recomputed by the builder) when the build has
-  them, with and without the image.
+  them, with and without the image; on Level 4 also the superior-inferior flipped ones.
+
+A Level 4 volume is sent as ``AskConfig.volume_as`` (:func:`.volume.show`: a video of axial
+frames, a montage or three orthogonal views); that choice names the run folder's head
+(``vqa-loglik-video``), is in ``config.json`` and every image answer's record, and in its
+cache key beside the sha256 of the stored volume.
 
 Every answer goes through the response cache (:mod:`.cache`): reruns resume, rescoring is free.
 An image answer's key holds the sha256 of the stored slice, so another build's pixels are
