@@ -53,7 +53,7 @@ def test_config_round_trip_and_errors():
     with pytest.raises(ConfigError, match="samples_per_case"):
         SampleConfig(samples_per_case=0)
     with pytest.raises(ConfigError, match="levels"):
-        SampleConfig(levels=("level4",))
+        SampleConfig(levels=("level5",))
 
 
 def test_window_to_uint8():
