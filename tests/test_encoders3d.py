@@ -274,3 +274,75 @@ def test_token_heads_get_3d_positions_and_2d_heads_are_unchanged() -> None:
     torch.testing.assert_close(emb[1 * 12 + 2 * 4 + 3], z[1] + r[2] + c[3])
     with pytest.raises(ValueError, match="holds 9 tokens"):
         GridPositions([1, 2, 2, 2], 4, n_tokens=10)
+
+
+# --------------------------------------------------------------------------- end to end on a phantom build
+@pytest.fixture(scope="module")
+def phantom4(tmp_path_factory) -> Path:
+    """A real phantom build of Level 4 only: 8 cases, 16^3 volumes (5 train, 1 val, 2 test)."""
+    from spar_bench.builder.cli import cli as build_cli
+    from tests.helpers import run_cmd
+
+    root = tmp_path_factory.mktemp("phantom4")
+    assert run_cmd(build_cli, ["phantom", "--out", root / "ph", "--n", 8, "--layout", "canonical"]) == 0
+    assert run_cmd(build_cli, ["--source", "phantom", "--root", root / "ph", "--out", root / "b", "--levels",
+                               "level4", "--volume-size", S, "--no-hf"]) == 0  # fmt: skip
+    return root / "b"
+
+
+def _metrics(runs: Path, probe: str, head: str) -> dict:
+    (path,) = runs.glob(f"*/{probe}/{head}*/seed0/metrics.json")
+    return json.loads(path.read_text())
+
+
+def test_a_random_3d_encoder_sits_at_its_blind_baseline(phantom4: Path, ts_model: Path, tmp_path: Path) -> None:
+    """Issue 24's done-when: heads on a random 3-D encoder's cache (pooled, and attnpool over the
+    4x4x4 token grid of layer 0 with 3-D positions) score no better than the same head given the
+    question alone: accuracy within the blind control's bootstrap interval (or below it)."""
+    from spar_bench.probes.cli import cli
+    from tests.helpers import run_cmd
+
+    cache = write_cache(f"torchscript:{ts_model}", phantom4, tmp_path / "c.h5",
+                        CacheOptions(**{**OPTS.__dict__, "layers": (-1, 0)}), progress=False)
+    runs, probe = tmp_path / "runs", "level4.relative_position"
+    for head, layer in (("linear", -1), ("attnpool", 0)):
+        assert run_cmd(cli, ["fit", "--features", cache, "--data", phantom4, "--probe", probe, "--head", head,
+                             "--layer", layer, "--out", runs, "--bootstrap", 200]) == 0
+    (head_pt,) = runs.glob(f"*/{probe}/attnpool*/seed0/head.pt")
+    assert torch.load(head_pt, weights_only=False)["config"]["head_config"]["token_grid"] == [0, 4, 4, 4]
+    for head in ("linear", "attnpool"):
+        m = _metrics(runs, probe, head)
+        assert m["random_init"] is False and m["n_items"]["test"] >= 16  # a TorchScript file: its own weights
+        acc, (lo, hi) = m["test"]["accuracy"], m["test"]["ci"]["accuracy"]
+        blind = m["controls"]["blind"]
+        b_lo, b_hi = blind["ci"]["accuracy"]
+        assert acc <= b_hi and lo <= b_hi and b_lo <= hi, (head, acc, (lo, hi), blind["accuracy"], (b_lo, b_hi))
+
+
+def test_finetune_from_scratch_of_a_3d_encoder(phantom4: Path, tmp_path: Path) -> None:
+    """``spar-probe finetune`` trains a monai: encoder from scratch with a token head on a Level 4
+    probe; the head records the 3-D grid; the export is read back by ``spar-probe cache``; a 2-D
+    encoder on a Level 4 probe is one line."""
+    pytest.importorskip("monai")
+    pytest.importorskip("einops")
+    from spar_bench.probes.cli import cli
+    from tests.helpers import run_cmd
+
+    runs, probe = tmp_path / "runs", "level4.relative_position"
+    args = ["finetune", "--encoder", "monai:vit", "--init", "scratch", "--model-args", json.dumps(TINY_VIT),
+            "--data", phantom4, "--head", "attnpool", "--probe", probe, "--out", runs, "--max-epochs", 1,
+            "--batch-size", 4, "--device", "cpu", "--compute", "fp32", "--bootstrap", 20]
+    assert run_cmd(cli, args) == 0
+    (rd,) = runs.glob(f"*/{probe}/*/seed0")
+    config = json.loads((rd / "config.json").read_text())
+    assert config["head_config"]["token_grid"] == [0, 2, 2, 2] and config["n_tokens"] == 8
+    assert "blind" in json.loads((rd / "metrics.json").read_text())["controls"]
+    out = write_cache("monai:vit", phantom4, tmp_path / "ft.h5",
+                      CacheOptions(**{**OPTS.__dict__, "weights": str(rd / "encoder.safetensors")}), progress=False)
+    with FeatureCache(out) as fc:
+        assert fc.meta["weights"]["training"]["mode"] == "scratch" and fc.token_grid("level4") == [0, 2, 2, 2]
+    with pytest.raises(ConfigError, match="is 2-D: it encodes images"):
+        from spar_bench.probes.finetune.run import FinetuneSpec, run_finetune
+
+        run_finetune(FinetuneSpec("dummy", str(phantom4), probe, "mlp", 0, init="scratch"), tmp_path / "r2",
+                     progress=False)
