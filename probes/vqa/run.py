@@ -204,16 +204,17 @@ def image_digest(image: np.ndarray) -> str:
 
 
 def image_digests(build, qs: Questions, items: list[Item], chunk: int = 256) -> dict[int, str]:
-    """:func:`image_digest` of the slice of every question asked with its image, by question index."""
+    """:func:`image_digest` of the slice (volume) of every question asked with its image, by
+    question index; each distinct slice read and hashed once (``chunk`` at a time)."""
     need = sorted({it.q for it in items if it.variant == "image"})
-    out: dict[int, str] = {}
+    by_row: dict[tuple[str, int], str] = {}
     for split in sorted({str(qs.split[i]) for i in need}):
-        idx = [i for i in need if str(qs.split[i]) == split]
-        for lo in range(0, len(idx), chunk):
-            part = idx[lo:lo + chunk]
-            for i, arr in zip(part, build.images(qs.spec.level, split, qs.row[part]), strict=True):
-                out[i] = image_digest(arr)
-    return out
+        rows = sorted({int(qs.row[i]) for i in need if str(qs.split[i]) == split})
+        for lo in range(0, len(rows), chunk):
+            part = np.array(rows[lo:lo + chunk], dtype=np.int64)
+            for r, arr in zip(part.tolist(), build.images(qs.spec.level, split, part), strict=True):
+                by_row[(split, r)] = image_digest(arr)
+    return {i: by_row[(str(qs.split[i]), int(qs.row[i]))] for i in need}
 
 
 def cache_key(backend: Backend, qs: Questions, it: Item, cfg: AskConfig,
