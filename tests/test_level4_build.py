@@ -155,6 +155,9 @@ def test_phantom_level4_hf_folder_loads_with_datasets(single: Path) -> None:
     np.testing.assert_array_equal(np.stack(ds["label"]).astype(np.uint8), rows["label"])
     assert list(ds["key"]) == list(rows["key"])
     assert sum(len(q) for q in ds["questions"]) == Build(single).count_questions("level4", "test")
+    card = (single / "hf" / "README.md").read_text(encoding="utf-8")
+    assert "## Level 4 (`level4` config)" in card and "holds whole CT volumes" in card
+    assert "## Columns" not in card  # a Level 4-only build: no 2-D column list
 
 
 def test_phantom_level4_identical_across_jobs_and_partitions(phantom: Path, single: Path) -> None:

@@ -265,7 +265,7 @@ def dataset_card(features_by_level, split_sizes, *, config, sample_config, sourc
     names = list(sources)
     front = _card_front_matter(features_by_level, split_sizes, names)
     lines = ["---", yaml.safe_dump(front, sort_keys=False, allow_unicode=True).rstrip(), "---", ""]
-    lines += _card_intro()
+    lines += _card_intro(volumes=any(LEVEL_SPECS[level].volume for level in features_by_level))
     lines += _card_columns(features_by_level)
     lines += _card_volume_columns(features_by_level)
     lines += _card_licences(names)
@@ -294,8 +294,11 @@ def _card_front_matter(features_by_level, split_sizes, names: list[str]) -> dict
     }
 
 
-def _card_intro() -> list[str]:
-    """Title, what the three configs are, and the canonical frame (patient's left/right)."""
+def _card_intro(volumes: bool = False) -> list[str]:
+    """Title, what the configs are (``volumes``: the build has Level 4), and the canonical
+    frame (patient's left/right)."""
+    level4 = ["Level 4 (`level4` config, opt-in) holds whole CT volumes with volumetric questions; "
+              "see its section below.", ""] if volumes else []
     return [
         "# SPAR-Bench",
         "",
@@ -305,6 +308,7 @@ def _card_intro() -> list[str]:
         "arrangement), `level3` (whole axial slices with six kinds of spatial questions: "
         + ", ".join(LEVEL3_PROBES) + ").",
         "",
+        *level4,
         "## Canonical frame and left/right",
         "",
         "Every image is an axial slice (or tiles of slices) in the radiological display "
