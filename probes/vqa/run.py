@@ -241,20 +241,30 @@ def cache_key(backend: Backend, qs: Questions, it: Item, cfg: AskConfig,
     }
 
 
-def _requests(build, qs: Questions, items: list[Item], cfg: AskConfig) -> list[Request]:
+#: Shown slices / volumes kept between batches (consecutive batches mostly ask about the same ones).
+SHOWN_KEPT = 8
+
+
+def _requests(build, qs: Questions, items: list[Item], cfg: AskConfig,
+              kept: dict[tuple[str, int], Shown] | None = None) -> list[Request]:
     """Requests with their images (a volume: its image or video frames, ``cfg.volume_as``),
-    each distinct slice or volume read once."""
-    shown: dict[tuple[str, int], Shown] = {}
+    each distinct slice or volume read once; ``kept`` (the last :data:`SHOWN_KEPT` shown,
+    oldest first) is reused and updated."""
+    shown: dict[tuple[str, int], Shown] = {} if kept is None else kept
     need = sorted({(str(qs.split[it.q]), int(qs.row[it.q])) for it in items if it.variant == "image"})
     for split in sorted({s for s, _ in need}):
-        rows = np.array([r for s, r in need if s == split], dtype=np.int64)
-        for r, arr in zip(rows, build.images(qs.spec.level, split, rows), strict=True):
+        rows = np.array([r for s, r in need if s == split and (s, r) not in shown], dtype=np.int64)
+        for r, arr in zip(rows, build.images(qs.spec.level, split, rows) if len(rows) else [], strict=True):
             shown[(split, int(r))] = show(arr, cfg.volume_as, cfg.image_size) if qs.volume is not None \
                 else Shown(image=to_pil(arr, cfg.image_size))
+    for key in need:  # most recently used last
+        shown[key] = shown.pop(key)
     out = []
     for it in items:
         s = shown[(str(qs.split[it.q]), int(qs.row[it.q]))] if it.variant == "image" else Shown()
         out.append(Request(str(qs.key[it.q]), it.prompt.text, it.prompt.letters, it.prompt.options, s.image, s.frames))
+    while len(shown) > max(SHOWN_KEPT, len(need)):
+        shown.pop(next(iter(shown)))
     return out
 
 
@@ -274,10 +284,11 @@ def ask(backend: Backend, cache: ResponseCache, build, qs: Questions, items: lis
             got[h] = Reply.from_dict(d)
     todo = [i for h, i in first.items() if h not in got]
     step = max(1, int(backend.batch_size))
+    kept: dict[tuple[str, int], Shown] = {}
     for lo in range(0, len(todo), step):
         idx = todo[lo:lo + step]
         try:
-            replies = backend.answer(_requests(build, qs, [items[i] for i in idx], cfg))
+            replies = backend.answer(_requests(build, qs, [items[i] for i in idx], cfg, kept))
         except PartialAnswers as e:  # keep what was answered, then stop
             cache.put_many([(keys[i], r.to_dict()) for i, r in zip(idx, e.replies, strict=True) if r])
             raise
