@@ -5,8 +5,12 @@ Level 4 measures everything on the stored isotropic volumes (docs/PROTOCOL.md "L
 a reader of those volumes answers every question exactly: the oracle must score 100 % on
 every Level 4 probe, on the original, mirrored and flipped items alike, and localisation's
 MED must be 0 (up to float32 rounding of the stored centroids). Anything less is a
-labelling bug. It reads the rules' parameters (``symmetry_band``, ``adjacency_mm``,
-``lesion_min_voxels``) from the build's ``sample_config``.
+labelling bug. It measures with the sampler's own functions
+(:mod:`spar_bench.builder.samples.level4`: ``organ_measures``, ``exact_gap``,
+``lesion_components``), applied to the stored arrays, and reads the rules' parameters
+(``symmetry_band``, ``adjacency_mm``, ``lesion_min_voxels``) from the build's ``sample_config``.
+The MLLM track's ``oracle`` (:mod:`spar_bench.probes.vqa.oracle`) uses :class:`Volume` and
+:func:`answer` too.
 
 * localisation: each organ's voxel centroid ((col + 0.5) / S, (row + 0.5) / S, (z + 0.5) / S);
   an absent organ is put at the centre (it is not scored);
