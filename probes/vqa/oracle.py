@@ -240,7 +240,7 @@ class OracleBackend(Backend):
         probe = LEVEL4_PROBES[int(q["q_probe"])]
         a, b, c = (int(q[f"q_organ_{x}"]) for x in "abc")
         v = self._volume(level, split, int(q["q_volume"]))
-        if any(o >= 0 and not (v.label == o + 1).any() for o in (a, b, c)):
+        if any(o >= 0 and not v.organs.counts[o] > 0 for o in (a, b, c)):
             return None  # an organ the volume does not hold: no reader could answer
         rules = volume_rules(probe, r.text, v.rules)
         if rules != v.rules:  # a prompt stating another threshold: measured afresh
