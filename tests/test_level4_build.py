@@ -175,6 +175,18 @@ def test_phantom_level4_identical_across_jobs_and_partitions(phantom: Path, sing
     assert tree_hashes(merged) == tree_hashes(single)
 
 
+def test_synthetic_level4_has_the_real_builds_fields(single: Path, tmp_path: Path) -> None:
+    """Code tested on the synthetic build reads the same fields, dtypes and shapes as a real one."""
+    synthetic = write_synthetic_build(tmp_path / "s", 0, levels=("level4",), n_volumes=2, volume_size=20)
+
+    def layout(root: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+        b = Build(root)
+        rows = b.read("level4", b.splits("level4")[0])
+        return {k: (v.dtype.kind, v.shape[1:]) for k, v in rows.items()}
+
+    assert layout(synthetic) == layout(single)
+
+
 def test_inspect_shows_the_level4_cube_the_build_cut(phantom: Path, single: Path, capsys) -> None:
     assert run_cli(cli, ["inspect", "--source", "phantom", "--root", str(phantom), "--volume-size", "20"]) == 0
     shown = [line for line in capsys.readouterr().out.splitlines() if "level4 cube:" in line]
