@@ -162,6 +162,10 @@ def test_one_line_errors(build4, tmp_path, capsys):
     assert _vqa("--model", "dummy", "--data", flat, "--out", tmp_path, "--probe", "level4.volume") == 2
     err = capsys.readouterr().err
     assert "has no level4" in err and len(err.strip().splitlines()) == 1
+    from spar_bench.probes.cli.vqa import parse_question_probes
+
+    assert parse_question_probes("adjacency,distance,level4.distance") == [  # short: Level 3 first
+        "level4.adjacency", "level3.distance", "level4.distance"]
 
 
 # -- backends ----------------------------------------------------------------------------

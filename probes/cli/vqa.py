@@ -15,9 +15,22 @@ from ..vqa.openai import GUIDED
 from .options import bootstrap_option, names_all, probe_option, split_list
 
 
+def full_probe_name(name: str) -> str:
+    """``level3.<name>`` for a short name (Level 3 first: ``distance`` is Level 3's), else
+    ``level4.<name>`` when only Level 4 has it (``adjacency``, ``containment``, ``volume``)."""
+    from ..tasks import PROBE_SPECS
+
+    if "." in name:
+        return name
+    for level in ("level3", "level4"):
+        if f"{level}.{name}" in PROBE_SPECS:
+            return f"{level}.{name}"
+    return f"level3.{name}"  # unknown: the registry's error names the close ones
+
+
 def parse_question_probes(text: tuple[str, ...] | str) -> list[str]:
-    """``all`` or question probes (``size`` or ``level3.size``; repeated or comma-separated),
-    full names."""
+    """``all`` or question probes (``size`` or ``level3.size``, ``adjacency`` or
+    ``level4.adjacency``; repeated or comma-separated), full names."""
     from ..tasks import get_probe, probe_names
 
     asking = [n for n in probe_names() if get_probe(n).asks]
@@ -25,7 +38,7 @@ def parse_question_probes(text: tuple[str, ...] | str) -> list[str]:
         return asking
     out = []
     for n in dict.fromkeys(split_list(text)):
-        spec = get_probe(n if "." in n else f"level3.{n}")
+        spec = get_probe(full_probe_name(n))
         if not spec.asks:
             raise ConfigError(f"--probe {n}: the MLLM track asks the question probes only "
                               f"({', '.join(asking)})")
