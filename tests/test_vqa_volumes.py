@@ -19,7 +19,15 @@ import pytest
 from spar_bench.builder.schema import LEVEL4_PROBES
 from spar_bench.probes.cli import cli
 from spar_bench.probes.vqa.prompts import VolumeContext, render_volume
-from spar_bench.probes.vqa.volume import GAP, frame_indices, grid_shape, montage, show, view_slices, views
+from spar_bench.probes.vqa.volume import (
+    GAP,
+    frame_indices,
+    grid_shape,
+    montage,
+    show,
+    view_slices,
+    views,
+)
 
 from helpers import run_cmd, running_stub
 

@@ -36,7 +36,13 @@ from typing import Any
 
 import numpy as np
 
-from spar_bench.builder.schema import LEVEL3_CLASS_NAMES, LEVEL3_PROBES, LEVEL4_CLASS_NAMES, LEVEL4_PROBES, LEVEL_SPECS
+from spar_bench.builder.schema import (
+    LEVEL3_CLASS_NAMES,
+    LEVEL3_PROBES,
+    LEVEL4_CLASS_NAMES,
+    LEVEL4_PROBES,
+    LEVEL_SPECS,
+)
 from spar_bench.errors import ConfigError
 
 from .base import Backend, BackendOptions, Reply, Request

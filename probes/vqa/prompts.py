@@ -318,7 +318,7 @@ class VolumeContext:
         n = n_frames(self.side)
         rows, cols = grid_shape(n)
         z = [int(v) for v in frame_indices(self.side)]
-        steps = {b - a for a, b in zip(z, z[1:])} or {self.side}
+        steps = {b - a for a, b in zip(z, z[1:], strict=False)} or {self.side}
         mpv = self.mm_per_voxel or 0.0
         step = f"{steps.pop() * mpv:.1f}" if len(steps) == 1 else f"about {self.side / n * mpv:.1f}"
         out = [VOLUME_SHOWN[self.volume_as].format(n=n, rows=rows, cols=cols, step=step)]

@@ -59,10 +59,17 @@ from ..runs.store import (
 from .base import Backend, BackendOptions, PartialAnswers, Reply, Request, to_pil
 from .cache import ResponseCache, key_hash
 from .parse import parse_answer
-from .prompts import Prompt, render, render_volume, rotations, template_version, volume_template_version
+from .prompts import (
+    Prompt,
+    render,
+    render_volume,
+    rotations,
+    template_version,
+    volume_template_version,
+)
 from .questions import Questions, load_questions, train_targets
-from .volume import Shown, show
 from .score import score_run
+from .volume import Shown, show
 
 #: config.json fields a finished run must share with a run that would write its folder.
 IDENTITY_FIELDS = ("model_identity", "decoding", "template_version", "splits", "convention_hint",
