@@ -21,7 +21,8 @@ import numpy as np
 
 from spar_bench.errors import ConfigError, IntegrityError
 
-from .schema import LEVEL_SPECS, LEVELS, ordered_splits
+from .schema import LEVELS, ordered_splits
+from .writers.hdf5 import row_field
 from .writers.manifest import fingerprint, read_manifest, shard_entries
 
 #: Datasets that are rows of a level's question table (Level 3, 4), not of its row table.
@@ -203,13 +204,13 @@ class Build:
         paths = self.shard_paths(level, split)
         names = list(fields) if fields is not None else self.fields(level, split)
         offsets = self._rows(level, split)
-        row_field = LEVEL_SPECS[level].row_field if level in LEVEL_SPECS else "q_slice"
+        pointer = row_field(level)
         out: dict[str, np.ndarray] = {}
         for name in names:
             parts = []
             for i, path in enumerate(paths):
                 arr = _decode(self._dataset(path, name)[()])
-                if name == row_field:
+                if name == pointer:
                     arr = arr.astype(np.int64) + offsets[i]
                 parts.append(arr)
             if parts:

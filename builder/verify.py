@@ -22,11 +22,11 @@ def _h5_counts(path: Path, level: str) -> tuple[int, int]:
     """(rows, questions) of one shard: questions counted by the level's row field
     (``q_slice``, ``q_volume``: ``LevelSpec.row_field``)."""
     from .shards import open_shard
+    from .writers.hdf5 import row_field
 
-    spec = LEVEL_SPECS.get(level)
-    row_field = spec.row_field if spec is not None else "q_slice"
+    pointer = row_field(level)
     with open_shard(path) as f:
-        return len(f["key"]), (len(f[row_field]) if row_field in f else 0)
+        return len(f["key"]), (len(f[pointer]) if pointer in f else 0)
 
 
 def _unit_count(level: str, counts: dict) -> int | None:

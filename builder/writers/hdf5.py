@@ -59,6 +59,13 @@ def volume_shard_rows(shard_size: int, side: int) -> int:
     return max(1, min(shard_size, VOLUME_SHARD_VOXELS // side**3))
 
 
+def row_field(level: str) -> str:
+    """The questions' pointer into ``level``'s rows (``LevelSpec.row_field``: ``q_slice``,
+    ``q_volume``); ``q_slice`` for a level the schema does not know."""
+    spec = LEVEL_SPECS.get(level)
+    return spec.row_field if spec is not None else "q_slice"
+
+
 def shard_name(split: str, index: int, n_shards: int) -> str:
     """``train-00003-of-00012.h5``."""
     return f"{split}-{index:05d}-of-{n_shards:05d}.h5"
@@ -149,7 +156,7 @@ class ShardSink:
         self.n_rows, self.shard_size = n_rows, shard_size
         self.n_shards = n_shards_for(n_rows, shard_size)
         self.attrs = dict(attrs)
-        self.row_field = LEVEL_SPECS[level].row_field if level in LEVEL_SPECS else "q_slice"
+        self.row_field = row_field(level)
         self.entries: list[dict[str, Any]] = []
         self._rows: list[dict[str, np.ndarray]] = []
         self._qs: list[dict[str, np.ndarray]] = []
