@@ -465,6 +465,7 @@ class CacheOptions:
     weights: str | None = None
     random_init: bool = False
     revision: str | None = None
+    model_args: dict[str, Any] | None = None  # --model-args: the constructor's (timm:, monai:)
 
     def __post_init__(self) -> None:
         _check_options(self.dtype, self.batch_size, self.loader_workers)
@@ -577,8 +578,11 @@ def _start(encoder: str, data: str | Path, out: Path, opts: CacheOptions, encode
 
     build = Build(data)
     plan = _plan(build, data, opts.levels, opts.splits)
+    if opts.model_args and encoder_obj is None and not encoder.startswith(("timm:", "monai:")):
+        raise ConfigError(f"encoder {encoder}: --model-args apply to timm: and monai: encoders only")
     enc = encoder_obj if encoder_obj is not None else load_encoder(
-        encoder, weights=opts.weights, random_init=opts.random_init, revision=opts.revision)
+        encoder, weights=opts.weights, random_init=opts.random_init, revision=opts.revision,
+        **({"model_kwargs": dict(opts.model_args)} if opts.model_args else {}))
     plan = match_plan(plan, enc.spec, data, explicit=bool(opts.levels))
     layers = enc.check_layers(list(opts.layers))
     ranks = Ranks.from_env()

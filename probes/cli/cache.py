@@ -19,6 +19,8 @@ from .options import loader_workers_option
 @click.option("--weights", default=None, help="Weights file or folder for the encoder.")
 @click.option("--random-init", is_flag=True, help="Use a randomly initialised network on purpose (recorded).")
 @click.option("--revision", default=None, help="Pinned hub revision (hf: encoders).")
+@click.option("--model-args", default=None,
+              help='JSON for the model constructor (timm:, monai:), e.g. \'{"input_size": 32}\' (recorded).')
 @click.option("--data", required=True, type=click.Path(file_okay=False), help="Build folder (with manifest.json).")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Cache file, e.g. cache/resnet50.h5.")
 @click.option("--levels", default=None, help="Comma-separated levels (default: all in the build).")
@@ -45,14 +47,16 @@ from .options import loader_workers_option
                    "random:K (seeded); the map is stored in the cache.")
 @click.option("--token-int8", is_flag=True,
               help="Store tokens as int8 with one scale per row and channel (dequantised on read).")
-def cache_command(encoder, weights, random_init, revision, data, out, levels, splits, layers,
+def cache_command(encoder, weights, random_init, revision, model_args, data, out, levels, splits, layers,
                   device, batch_size, dtype, compute, workers, overwrite, tile_encoding,
                   token_grid, token_proj, token_int8) -> None:
     """Encode every image of a build and store tokens + pooled vectors (resumable)."""
+    from ..finetune.run import parse_model_args
+
     die_with_launcher()  # a torchrun rank ends with torchrun, however torchrun ends
     split_list = lambda s: [v for v in s.split(",") if v] if s else None  # noqa: E731
     path = write_cache(encoder, data, out, CacheOptions(
-        weights=weights, random_init=random_init, revision=revision,
+        weights=weights, random_init=random_init, revision=revision, model_args=parse_model_args(model_args),
         levels=split_list(levels), splits=split_list(splits), layers=layers, device=device,
         batch_size=batch_size, dtype=dtype, compute=compute, loader_workers=workers, overwrite=overwrite,
         tile_encoding=tile_encoding, token_storage=TokenStorage.parse(token_grid, token_proj, token_int8),
