@@ -7,7 +7,7 @@ and its report.
 * :mod:`.estimate` - what a plan costs (images, runs, questions; time on 2 CPU cores and one GPU);
 * :mod:`.report`   - the experiment's report: the paper's tables with the provenance of each cell;
 * ``*.yaml``       - presets shipped with the package: ``demo`` (the main job), ``paper``,
-  ``recall-vs-computation``.
+  ``recall-vs-computation``, ``volumes`` (Level 4).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 from spar_bench.errors import ConfigError
 
 #: the experiment files shipped with the package
-PRESETS = ("demo", "paper", "recall-vs-computation")
+PRESETS = ("demo", "paper", "recall-vs-computation", "volumes")
 
 
 def preset_path(name: str) -> Path:

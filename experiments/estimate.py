@@ -22,6 +22,14 @@ CACHE_RATES: tuple[tuple[str, float, float], ...] = (
     ("rad-dino", 4.5, 1500.0),
     ("", 20.0, 2500.0),
 )
+#: volumes/s of a 3-D encoder's cache at input_size 128, by a substring of the spec: (2 CPU cores
+#: fp32, one GPU bf16). Rough: monai:resnet10 random-init measured about 0.1 vol/s on a loaded
+#: 2-core machine (12.7 s a volume); the GPU figures are guesses until bench/cache3d.py is run
+#: there. Scaled by (128 / input_size)^3 for a smaller ``model_args.input_size``, at most x50.
+CACHE_RATES_3D: tuple[tuple[str, float, float], ...] = (
+    ("monai:resnet", 0.3, 100.0),
+    ("", 0.2, 50.0),
+)
 #: per unit, (2 CPU cores, one GPU): seconds per head run (its set-up) and per image it trains on
 #: (a WORD-sized build of 26,558 images: about 20 s a run on the CPU, 4 s on the GPU, with early
 #: stopping), per image trained end to end, per MLLM question (all its asks), per case built
@@ -33,11 +41,24 @@ UNIT_SECONDS = {
 }
 
 
-def cache_rate(spec: str) -> tuple[float, float]:
+def cache_rate(spec: str, model_args: dict | None = None) -> tuple[float, float]:
+    """Images/s (volumes/s for a 3-D encoder) of ``spec`` on 2 CPU cores and on one GPU."""
+    from .plan import encoder_kind
+
+    if encoder_kind(spec) == "3d":
+        size = float((model_args or {}).get("input_size", 128))
+        scale = min(50.0, (128.0 / max(size, 1.0)) ** 3)
+        cpu, gpu = next((c, g) for key, c, g in CACHE_RATES_3D if key in spec)
+        return cpu * scale, gpu * scale
     for key, cpu, gpu in CACHE_RATES:
         if key in spec:
             return cpu, gpu
     return CACHE_RATES[-1][1:]
+
+
+def _rate(plan: Plan, enc: str) -> tuple[float, float]:
+    e = plan.experiment.encoders.get(enc)
+    return cache_rate(e.spec, e.model_args) if e is not None else cache_rate("")
 
 
 def step_seconds(plan: Plan, step: Step) -> tuple[float, float]:
@@ -46,14 +67,14 @@ def step_seconds(plan: Plan, step: Step) -> tuple[float, float]:
     for unit, amount in step.cost:
         if unit == "images":
             enc = step.id.split(":", 1)[1].split("@")[0]
-            spec = plan.experiment.encoders[enc].spec if enc in plan.experiment.encoders else ""
+            if step.kind == "eval":
+                enc = step.id.split(":")[2].split("@")[0]  # eval:<mode>:<encoder>@<build>
             if step.kind == "eval" and step.id.startswith("eval:heads"):
                 continue  # heads on a cache: the cache step paid for the images
-            c, g = cache_rate(spec)
+            c, g = _rate(plan, enc)
             cpu, gpu = cpu + amount / c, gpu + amount / g
         elif unit == "train_images":  # forward + backward + step: about a third of the forward's rate
-            enc = step.id.split(":", 1)[1]
-            c, g = cache_rate(plan.experiment.encoders[enc].spec if enc in plan.experiment.encoders else "")
+            c, g = _rate(plan, step.id.split(":", 1)[1])
             cpu, gpu = cpu + amount * 3 / c, gpu + amount * 2.3 / g  # GPU: the loop's 0.44 of bare (bench/finetune.py)
         elif unit in UNIT_SECONDS:
             c, g = UNIT_SECONDS[unit]

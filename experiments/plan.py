@@ -187,21 +187,143 @@ def case_count(bd) -> int:
     return sum(SOURCE_CASES.get(s, 100) for s in bd.sources) if bd.sources else 0
 
 
-def estimated_images(exp: Experiment, b: str) -> int:
-    """Images of build ``b``: counted from its manifest when it exists, else estimated from its
-    cases and options (per case: samples_per_case mosaics at Levels 1 and 2, as many Level 3
-    slices, doubled with mirrored counterfactuals)."""
+def estimated_images(exp: Experiment, b: str, kind: str | None = None) -> int:
+    """Images of build ``b`` (``kind`` ``"3d"``: its Level 4 volumes instead): counted from its
+    manifest when it exists, else estimated from its cases and options (per case:
+    samples_per_case mosaics at Levels 1 and 2, as many Level 3 slices, doubled with mirrored
+    counterfactuals; one volume, and a copy per counterfactual, when Level 4 is built)."""
     bd = exp.builds[b]
     where = Path(bd.path) if bd.path else exp.out / BUILDS / b
     try:
         counts = json.loads((where / "manifest.json").read_text())["counts"]
-        return int(sum(v.get("samples", v.get("slices", 0)) for lv in counts.values() for v in lv.values()
-                       if isinstance(v, dict)))  # fmt: skip
+        count = (lambda v: v.get("volumes", 0)) if kind == "3d" else (lambda v: v.get("samples", v.get("slices", 0)))
+        return int(sum(count(v) for lv in counts.values() for v in lv.values() if isinstance(v, dict)))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
-    cases = case_count(bd)
-    per = int(bd.options.get("samples_per_case", 32)) * 3
-    return int(cases * per * (2 if bd.options.get("counterfactual") == "mirror" else 1))
+    cases, cf = case_count(bd), bd.options.get("counterfactual")
+    if kind == "3d":
+        return cases * {"mirror": 2, "mirror+flip": 3}.get(cf, 1) if "level4" in (build_levels(exp, b) or ()) else 0
+    levels = set(build_levels(exp, b) or ("level1", "level2", "level3"))
+    per = int(bd.options.get("samples_per_case", 32)) * len(levels & {"level1", "level2", "level3"})
+    return int(cases * per * (2 if cf in ("mirror", "mirror+flip") else 1))
+
+
+# --------------------------------------------------------------------------- 2-D and 3-D
+#: the levels a build has when its options do not say (Level 4 is opt-in)
+DEFAULT_LEVELS = ("level1", "level2", "level3")
+
+
+def encoder_kind(spec: str) -> str | None:
+    """``"3d"`` (reads Level 4 volumes: ``monai:``, a ``torchscript:`` file whose sidecar has a
+    3-entry ``input_size``), ``"2d"`` (reads Levels 1-3 images: ``timm:``, ``hf:``, ``open_clip:``,
+    ``dummy``, the aliases, a ``torchscript:`` file without such a sidecar), or None when the
+    plan cannot tell (a ``torchscript:`` file not there yet, an encoder registered by a plugin)."""
+    from spar_bench.probes.encoders import ALIASES
+
+    family, sep, rest = spec.partition(":")
+    if not sep:
+        return "2d" if spec == "dummy" or spec in ALIASES else None
+    if family == "monai":
+        return "3d"
+    if family == "torchscript":
+        if not Path(rest).is_file():
+            return None
+        side = Path(rest).with_name(Path(rest).name + ".json")
+        try:
+            size = json.loads(side.read_text()).get("input_size", ()) if side.is_file() else ()
+        except (OSError, ValueError, AttributeError):
+            return None
+        return "3d" if isinstance(size, list) and len(size) == 3 else "2d"
+    return "2d" if family in ("timm", "hf", "open_clip") else None
+
+
+def is_volume_probe(probe: str) -> bool:
+    """Whether ``probe`` is asked of whole volumes (Level 4)."""
+    from spar_bench.builder.schema import LEVEL_SPECS
+    from spar_bench.probes.tasks import get_probe
+
+    return bool(LEVEL_SPECS[get_probe(probe).level].volume)
+
+
+def build_levels(exp: Experiment, b: str) -> tuple[str, ...] | None:
+    """The levels build ``b`` has: its ``levels`` option (default Levels 1-3), or for a
+    ``path:`` build those of its manifest; None when unreadable."""
+    bd = exp.builds[b]
+    if bd.path:
+        try:
+            return tuple(json.loads((Path(bd.path) / "manifest.json").read_text())["counts"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+    given = next((bd.options[k] for k in ("levels",) if k in bd.options), None)
+    if given is None:
+        return DEFAULT_LEVELS
+    return tuple(str(x).strip() for x in (given if isinstance(given, list) else str(given).split(",")) if str(x).strip())
+
+
+def _error(exp: Experiment, key: str, message: str) -> ConfigError:
+    at = exp.where.at(key) if exp.where is not None else exp.source
+    return ConfigError(f"{at}: {key}: {message}")
+
+
+def _trained(exp: Experiment) -> list[str]:
+    """Every encoder a mode trains on or caches (each once, in the file's order)."""
+    return list(dict.fromkeys(e for m in exp.modes.values() for e in m.encoders))
+
+
+def encoder_probes(exp: Experiment, e: str) -> tuple[str, ...]:
+    """The probes of encoder ``e``: those of its kind among ``probes:`` (``all`` as written: the
+    commands take the probes of the levels they have); an encoder left with none is one line."""
+    kind = encoder_kind(exp.encoders[e].spec)
+    if kind is None or "all" in exp.probes:
+        return exp.probes
+    mine = tuple(p for p in exp.probes if is_volume_probe(p) == (kind == "3d"))
+    if not mine:
+        what = ("3-D: it reads Level 4 volumes, and probes: has no level4 probe" if kind == "3d" else
+                "2-D: it reads Levels 1-3 images, and probes: has only level4 (volume) probes")
+        raise _error(exp, f"encoders.{e}.spec", f"{exp.encoders[e].spec} is {what}; add probes of its levels "
+                                                 "or drop it from modes")  # fmt: skip
+    return mine
+
+
+def _check_levels(exp: Experiment, e: str, builds: tuple[str, ...]) -> None:
+    """Every build encoder ``e`` reads has the levels of its kind."""
+    kind = encoder_kind(exp.encoders[e].spec)
+    for b in builds:
+        levels = build_levels(exp, b)
+        if kind is None or levels is None:
+            continue
+        where = f"builds.{b}.options.levels"
+        where = where if exp.where is not None and where in exp.where.lines else f"builds.{b}"
+        if kind == "3d" and "level4" not in levels:
+            raise _error(exp, where, f"has no level4 (levels {','.join(levels)}), which 3-D encoder {e} "
+                                             "reads: add level4 to its options' levels")  # fmt: skip
+        if kind == "2d" and not set(levels) & set(DEFAULT_LEVELS):
+            raise _error(exp, where, f"has only {','.join(levels)}, and 2-D encoder {e} reads Levels 1-3 "
+                                             "images: add them to its options' levels")  # fmt: skip
+
+
+def check_kinds(exp: Experiment) -> None:
+    """2-D and 3-D at plan time: each encoder has probes and builds of its kind, each listed
+    probe is taken by an encoder, and an MLLM shown volumes (``volume_as``) reads a Level 4 build."""
+    trained = _trained(exp)
+    for e in trained:
+        encoder_probes(exp, e)
+        _check_levels(exp, e, (exp.train_on, *exp.transfer))
+    kinds = {encoder_kind(exp.encoders[e].spec) for e in trained}
+    if trained and None not in kinds and "all" not in exp.probes:
+        for i, p in enumerate(exp.probes):
+            if ("3d" if is_volume_probe(p) else "2d") not in kinds:
+                key = f"probes[{i}]" if exp.where is not None and f"probes[{i}]" in exp.where.lines else "probes"
+                need = "3-D (Level 4 volumes)" if is_volume_probe(p) else "2-D (Levels 1-3 images)"
+                raise _error(exp, key, f"{p} needs a {need} encoder, and modes have none")
+    for n, m in exp.mllms.items():
+        if not {"volume_as", "volume-as"} & set(m.options):
+            continue
+        for b in m.builds:
+            levels = build_levels(exp, b)
+            if levels is not None and "level4" not in levels:
+                raise _error(exp, f"mllms.{n}.options", f"volume_as shows Level 4 volumes, and build {b} has no "
+                                                        "level4: add level4 to its options' levels")  # fmt: skip
 
 
 # --------------------------------------------------------------------------- the steps
@@ -250,29 +372,44 @@ def _encoder_flags(exp: Experiment, e: str) -> tuple[list[str], tuple[tuple[str,
 
 def cache_step(exp: Experiment, e: str, b: str) -> Step:
     argv, inputs = _encoder_flags(exp, e)
-    if exp.encoders[e].random_init:
+    enc = exp.encoders[e]
+    if enc.random_init:
         argv.append("--random-init")
+    if enc.model_args:  # e.g. a monai: encoder's input_size
+        argv += ["--model-args", json.dumps(enc.model_args, sort_keys=True)]
     frozen = exp.modes["frozen"]
     argv += ["--data", build_dir(exp, b), "--out", cache_file(e, b), *flags("spar-probe", "cache", frozen.cache,
                                                                               "modes.frozen.cache", exp)]
     if exp.builds[b].path:
         inputs += ((exp.builds[b].path, _path_digest(exp.builds[b].path)),)
     return Step(f"cache:{e}@{b}", "cache", (("spar-probe", ("cache", *argv)),), _needs_build(exp, b),
-                (cache_file(e, b),), inputs, (("images", float(estimated_images(exp, b))),), device=True)
+                (cache_file(e, b),), inputs, (("images", float(estimated_images(exp, b, encoder_kind(enc.spec)))),),
+                device=True)
 
 
-def _probe_seed_flags(exp: Experiment) -> list[str]:
-    return ["--probe", ",".join(exp.probes), "--seeds", ",".join(str(s) for s in exp.seeds)]
+def _probe_seed_flags(exp: Experiment, e: str) -> list[str]:
+    return ["--probe", ",".join(encoder_probes(exp, e)), "--seeds", ",".join(str(s) for s in exp.seeds)]
+
+
+def _n_runs(exp: Experiment, e: str, heads: tuple[str, ...]) -> int:
+    from spar_bench.probes.tasks import probe_names
+
+    probes = encoder_probes(exp, e)
+    if "all" in probes:  # every probe of the encoder's kind (Levels 1-3: 8; Level 4: 8)
+        kind = encoder_kind(exp.encoders[e].spec)
+        probes = tuple(p for p in probe_names() if is_volume_probe(p) == (kind == "3d"))
+    return len(heads) * len(exp.seeds) * len(probes)
 
 
 def heads_step(exp: Experiment, e: str) -> Step:
     m, b = exp.modes["frozen"], exp.train_on
-    argv = ("sweep", "--features", cache_file(e, b), "--head", ",".join(m.heads), *_probe_seed_flags(exp),
+    argv = ("sweep", "--features", cache_file(e, b), "--head", ",".join(m.heads), *_probe_seed_flags(exp, e),
             "--jobs", str(exp.jobs), "--out", run_folder("frozen", e),
             *flags("spar-probe", "sweep", m.options, "modes.frozen.options", exp))
-    runs = len(m.heads) * len(exp.seeds) * (8 if "all" in exp.probes else len(exp.probes))
+    runs = _n_runs(exp, e, m.heads)
+    images = estimated_images(exp, b, encoder_kind(exp.encoders[e].spec))
     return Step(f"heads:{e}", "heads", (("spar-probe", argv),), (f"cache:{e}@{b}",), (run_folder("frozen", e),),
-                cost=(("runs", float(runs)), ("run_images", float(runs * estimated_images(exp, b)))), device=True)
+                cost=(("runs", float(runs)), ("run_images", float(runs * images))), device=True)
 
 
 def train_step(exp: Experiment, mode: str, e: str) -> Step:
@@ -284,15 +421,16 @@ def train_step(exp: Experiment, mode: str, e: str) -> Step:
         argv += ["--init", "scratch"]
     if enc.model_args:
         argv += ["--model-args", json.dumps(enc.model_args, sort_keys=True)]
-    argv += ["--data", build_dir(exp, b), "--head", ",".join(m.heads), *_probe_seed_flags(exp), "--resume",
+    argv += ["--data", build_dir(exp, b), "--head", ",".join(m.heads), *_probe_seed_flags(exp, e), "--resume",
              "--out", run_folder(mode, e), *flags("spar-probe", "finetune", m.options, f"modes.{mode}.options", exp)]
     if exp.builds[b].path:
         inputs += ((exp.builds[b].path, _path_digest(exp.builds[b].path)),)
-    runs = len(m.heads) * len(exp.seeds) * (8 if "all" in exp.probes else len(exp.probes))
+    runs = _n_runs(exp, e, m.heads)
     epochs = float(m.options.get("max_epochs", 20))
+    images = estimated_images(exp, b, encoder_kind(enc.spec))
     return Step(f"{mode}:{e}", "train", (("spar-probe", ("finetune", *argv)),), _needs_build(exp, b),
                 (run_folder(mode, e),), inputs,
-                (("runs", float(runs)), ("train_images", runs * epochs * estimated_images(exp, b) / 3)), device=True)
+                (("runs", float(runs)), ("train_images", runs * epochs * images / 3)), device=True)
 
 
 def eval_step(exp: Experiment, source: Step, b: str) -> Step:
@@ -303,7 +441,8 @@ def eval_step(exp: Experiment, source: Step, b: str) -> Step:
     target = cache_file(e, b) if frozen else build_dir(exp, b)
     local = exp.encoders[e].spec if not frozen and local_path(exp.encoders[e].spec) else None
     extra = (("runs", source.outputs[0]), ("features" if frozen else "data", target), ("encoder", local))
-    return Step(f"eval:{source.id}@{b}", "eval", (), needs, (), (), (("images", float(estimated_images(exp, b))),),
+    images = estimated_images(exp, b, encoder_kind(exp.encoders[e].spec))
+    return Step(f"eval:{source.id}@{b}", "eval", (), needs, (), (), (("images", float(images)),),
                 device=not frozen, extra=extra)
 
 
@@ -313,7 +452,8 @@ def vqa_step(exp: Experiment, name: str, b: str) -> Step:
     argv = ("vqa", "--model", m.model, "--data", build_dir(exp, b), "--out", out,
             *flags("spar-probe", "vqa", m.options, f"mllms.{name}.options", exp))
     return Step(f"vqa:{name}@{b}", "vqa", (("spar-probe", argv),), _needs_build(exp, b), (out,),
-                cost=(("questions", float(estimated_images(exp, b) / 3)),), device=m.model.startswith("hf:"))
+                cost=(("questions", float(estimated_images(exp, b) / 3 + 16 * estimated_images(exp, b, "3d"))),),
+                device=m.model.startswith("hf:"))
 
 
 def report_step(exp: Experiment, needs: tuple[str, ...]) -> Step:
@@ -343,6 +483,7 @@ def _build_order(exp: Experiment) -> list[str]:
 
 def make_plan(exp: Experiment) -> Plan:
     """Every step of ``exp`` in dependency order, with its hash."""
+    check_kinds(exp)
     steps: list[Step] = [s for b in _build_order(exp) if (s := build_step(exp, b)) is not None]
     trained: list[Step] = []
     frozen = exp.modes.get("frozen")

@@ -1,0 +1,164 @@
+"""``spar-bench run volumes``: Level 4 (volumes) as an experiment file (issue 24).
+
+The shipped preset end to end from the CLI (a 12-case phantom of 16^3 volumes with mirrored
+and flipped copies, a random-init monai:resnet10 cache, mlp heads on every Level 4 probe,
+2 seeds, the mask oracle as an MLLM row, the report): the report has Level 4 columns with
+their blind, prior, mirrored and flipped controls, a rerun skips every step, and the random
+3-D encoder is no better than its blind baseline. Plan-time errors of 2-D/3-D mix-ups are
+one line naming the file, the line and the key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spar_bench.errors import ConfigError
+from spar_bench.experiments.config import load_experiment
+from spar_bench.experiments.plan import make_plan
+
+pytest.importorskip("monai")
+
+#: the question probes whose test split has enough items (32: 2 test volumes x 16) to compare
+#: a score with its blind baseline; symmetry (1 item) and counting (2) are too few
+COMPARED = ("level4.relative_position", "level4.distance", "level4.volume", "level4.adjacency")
+
+
+def _cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "spar_bench.experiments.cli", "run", *args]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(_cmd(*args), env=_env(), capture_output=True, encoding="utf-8", errors="replace",
+                          timeout=900)
+
+
+@pytest.fixture(scope="module")
+def volumes(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("volumes") / "out"
+    done = _run("volumes", "--set", f"OUT={out}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def _metrics(out: Path, probe: str) -> list[dict]:
+    found = sorted((out / "runs" / "frozen-random3d").glob(f"*/{probe}/mlp*/seed*/metrics.json"))
+    return [json.loads(p.read_text()) for p in found]
+
+
+@pytest.mark.slow
+def test_the_volumes_preset_reports_level4_with_every_control_and_reruns_nothing(volumes: Path) -> None:
+    doc = json.loads((volumes / "report" / "experiment.json").read_text())
+    md = (volumes / "report" / "experiment.md").read_text()
+    assert "## Flip counterfactual (Level 4)" in md and "## Mirror counterfactual" in md and "RANDOM-INIT" in md
+    rows = {(r["encoder"], r["mode"]): r for r in doc["configurations"]}
+    frozen = next(r for (enc, mode), r in rows.items() if enc.startswith("monai:resnet10") and mode == "frozen")
+    asked = [p for p in frozen["cells"] if p.startswith("level4.")]
+    assert "level4.localisation" in asked and set(COMPARED) <= set(asked)
+    for p in asked:
+        cell = frozen["cells"][p]
+        assert cell["test"] and cell["blind"] and cell["mirror"] and cell["flipped"], p
+        assert cell["prior"] is not None, p
+    # the mask oracle (the MLLM track's oracle on the stored label volumes): 100 %, original,
+    # mirrored and flipped; its blind row abstains
+    oracle = next(r for (enc, mode), r in rows.items() if mode == "MLLM")
+    for p, cell in oracle["cells"].items():
+        assert cell["test"]["mean"] == cell["mirror"]["mean"] == cell["flipped"]["mean"] == 1.0, p
+    # a rerun: every step done, nothing run
+    again = _run("volumes", "--set", f"OUT={volumes}")
+    assert again.returncode == 0 and "0 step(s) run, 0 redone, 5 already done" in again.stdout, again.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_random_3d_encoder_sits_at_its_blind_baseline(volumes: Path) -> None:
+    """Per seed, on the question probes with 32 test items: accuracy no higher than the blind
+    control's 95 % upper bound, and the two intervals overlap."""
+    for probe in COMPARED:
+        runs = _metrics(volumes, probe)
+        assert len(runs) == 2, probe
+        for m in runs:
+            assert m["random_init"] is True and m["n_items"]["test"] >= 32 and m["n_items"]["test_flipped"] >= 32
+            acc, (lo, hi) = m["test"]["accuracy"], m["test"]["ci"]["accuracy"]
+            blind = m["controls"]["blind"]
+            b_lo, b_hi = blind["ci"]["accuracy"]
+            assert acc <= b_hi and lo <= b_hi and b_lo <= hi, (probe, acc, (lo, hi), blind["accuracy"], (b_lo, b_hi))
+
+
+# --------------------------------------------------------------------------- plan-time errors
+BASE = """
+experiment: t
+out: {out}
+builds:
+  b: {{phantom: {{n: 4}}, options: {{levels: {levels}, volume_size: 16, counterfactual: mirror+flip}}}}
+encoders:
+  e: {{spec: "{spec}", random_init: true}}
+modes:
+  frozen: {{encoders: [e]}}
+probes: {probes}
+"""
+
+
+def _plan(tmp_path: Path, **kw: str):
+    values = {"out": tmp_path / "out", "levels": "[level4]", "spec": "monai:resnet10",
+              "probes": "[level4.relative_position]", **kw}
+    path = tmp_path / "t.yaml"
+    path.write_text(BASE.format(**values))
+    return make_plan(load_experiment(path)), path
+
+
+def test_a_2d_and_a_3d_encoder_each_take_the_probes_of_their_levels(tmp_path: Path) -> None:
+    text = BASE.replace('  e: {{spec: "{spec}", random_init: true}}',
+                        '  e: {{spec: "{spec}", random_init: true, model_args: {{input_size: 16}}}}\n'
+                        '  flat: {{spec: "timm:resnet10t", random_init: true}}')
+    path = tmp_path / "two.yaml"
+    path.write_text(text.replace("frozen: {{encoders: [e]}}", "frozen: {{encoders: [e, flat]}}").format(
+        out=tmp_path / "out", levels='"level1,level2,level3,level4"', spec="monai:resnet10",
+        probes="[level3.size, level4.volume]"))
+    plan = make_plan(load_experiment(path))
+    build = plan.step("build:b").commands[-1][1]
+    assert build[build.index("--levels") + 1] == "level1,level2,level3,level4"
+    assert build[build.index("--counterfactual") + 1] == "mirror+flip" and "--volume-size" in build
+    for e, probe in (("e", "level4.volume"), ("flat", "level3.size")):
+        heads = plan.step(f"heads:{e}").commands[0][1]
+        assert heads[heads.index("--probe") + 1] == probe
+    cache = plan.step("cache:e@b").commands[0][1]
+    assert cache[cache.index("--model-args") + 1] == '{"input_size": 16}' and "--random-init" in cache
+    assert "--model-args" not in plan.step("cache:flat@b").commands[0][1]
+
+
+@pytest.mark.parametrize("kw, line, says", [
+    ({"spec": "timm:resnet18", "levels": '"level1,level3,level4"'}, 7,
+     "is 2-D: it reads Levels 1-3 images, and probes: has only level4"),
+    ({"probes": "[level3.size]", "levels": '"level3,level4"'}, 7, "is 3-D: it reads Level 4 volumes"),
+    ({"levels": "[level3]"}, 5, "has no level4 (levels level3), which 3-D encoder e reads"),
+    ({"probes": "[level3.size, level4.volume]", "levels": '"level3,level4"', "spec": "timm:resnet18"}, 10,
+     "level4.volume needs a 3-D (Level 4 volumes) encoder, and modes have none"),
+])  # fmt: skip
+def test_2d_3d_mix_ups_are_one_line_at_plan_time(tmp_path: Path, kw: dict, line: int, says: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        _plan(tmp_path, **kw)
+    text = str(e.value)
+    assert "\n" not in text and says in text and text.startswith(f"{tmp_path / 't.yaml'}:{line}:"), text
+
+
+def test_volume_as_needs_a_level4_build(tmp_path: Path) -> None:
+    path = tmp_path / "m.yaml"
+    path.write_text(f"""
+experiment: m
+out: {tmp_path / 'out'}
+builds:
+  b: {{phantom: {{n: 4}}}}
+mllms:
+  oracle: {{model: oracle, options: {{volume_as: views}}}}
+""")
+    with pytest.raises(ConfigError, match=r"m\.yaml:7: mllms\.oracle\.options: volume_as shows Level 4 volumes"):
+        make_plan(load_experiment(path))
