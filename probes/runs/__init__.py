@@ -5,6 +5,7 @@ encoder, an MLLM, a reference predictor):
 * :mod:`.inputs`     - its cache and build, checked; targets split by patient; features;
 * :mod:`.predictors` - the :class:`~.predictors.Predictor` interface (``fit``/``predict``/``blind``)
   and the head, blind-head and constant-prior predictors;
+* :mod:`.mask_oracle` - Level 4's mask oracle: every answer from the stored label volumes;
 * :mod:`.evaluate`   - the one evaluation: test, mirror, chance, majority, prior, blind, transfer;
 * :mod:`.store`      - the run folder: its name from the options, ownership, the finished-run
   check, ``metrics.json`` written last;
