@@ -26,6 +26,9 @@ ARGS_FAMILIES = ("timm:", "monai:")
 _BLOCK_RE = re.compile(r"(?:^|\.)(?:blocks|layers?|resblocks|stages)\.(\d+)\.")
 #: CNN stages named with their number (ResNet ``layer1``..``layer4``).
 _STAGE_RE = re.compile(r"(?:^|\.)layer\d+\.")
+#: a monai: network's stages (3-D ResNet ``layer1``..``layer4``, Swin ``layers1``..``layers4``):
+#: its block groups (a Swin stage's ``blocks.N`` are blocks within the stage)
+_MONAI_STAGE_RE = re.compile(r"^layers?(\d+)\.")
 
 
 def load_trainable(name: str, *, weights: str | None, init: str, seed: int,
@@ -101,9 +104,10 @@ def block_index(enc) -> dict[str, int]:
         return {n: g if g == 0 or _BLOCK_RE.search(n) or _STAGE_RE.search(n) else tail
                 for n, g in out.items()}
     out, last = {}, 0
+    stages = enc.spec.family == "monai" and enc.spec.extra.get("arch") != "vit"
     for n, _ in m.named_parameters():
-        hit = _BLOCK_RE.search(n)
-        out[n] = int(hit.group(1)) + 1 if hit else -1
+        hit = _MONAI_STAGE_RE.search(n) if stages else _BLOCK_RE.search(n)
+        out[n] = int(hit.group(1)) + (0 if stages else 1) if hit else -1
         last = max(last, out[n])
     # before any block: stem (0); after the last block: past it
     seen_block, fixed = False, {}
@@ -118,7 +122,8 @@ def freeze_blocks(enc, n: int) -> int:
     if n <= 0:
         return 0
     groups = block_index(enc)
-    n_blocks = max((g for k, g in groups.items() if _BLOCK_RE.search(k) or _STAGE_RE.search(k)), default=0)
+    n_blocks = max((g for k, g in groups.items() if _BLOCK_RE.search(k) or _STAGE_RE.search(k)
+                    or _MONAI_STAGE_RE.search(k)), default=0)
     if n > n_blocks:
         raise ConfigError(f"--freeze-blocks {n}: encoder {enc.spec.name} has {n_blocks} block groups")
     frozen = 0
