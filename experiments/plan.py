@@ -271,11 +271,18 @@ def _trained(exp: Experiment) -> list[str]:
 
 
 def encoder_probes(exp: Experiment, e: str) -> tuple[str, ...]:
-    """The probes of encoder ``e``: those of its kind among ``probes:`` (``all`` as written: the
-    commands take the probes of the levels they have); an encoder left with none is one line."""
+    """The probes of encoder ``e``: those of its kind among ``probes:``; ``all``: every probe of
+    its kind (written ``all`` for a 2-D encoder on a build without Level 4, as before Level 4,
+    and for an encoder of unknown kind); an encoder left with none is one line."""
+    from spar_bench.probes.tasks import probe_names
+
     kind = encoder_kind(exp.encoders[e].spec)
-    if kind is None or "all" in exp.probes:
+    if kind is None:
         return exp.probes
+    if "all" in exp.probes:
+        if kind == "2d" and "level4" not in (build_levels(exp, exp.train_on) or ()):
+            return exp.probes
+        return tuple(p for p in probe_names() if is_volume_probe(p) == (kind == "3d"))
     mine = tuple(p for p in exp.probes if is_volume_probe(p) == (kind == "3d"))
     if not mine:
         what = ("3-D: it reads Level 4 volumes, and probes: has no level4 probe" if kind == "3d" else
@@ -395,9 +402,8 @@ def _n_runs(exp: Experiment, e: str, heads: tuple[str, ...]) -> int:
     from spar_bench.probes.tasks import probe_names
 
     probes = encoder_probes(exp, e)
-    if "all" in probes:  # every probe of the encoder's kind (Levels 1-3: 8; Level 4: 8)
-        kind = encoder_kind(exp.encoders[e].spec)
-        probes = tuple(p for p in probe_names() if is_volume_probe(p) == (kind == "3d"))
+    if "all" in probes:  # a 2-D encoder, or one of unknown kind: the probes of Levels 1-3
+        probes = tuple(p for p in probe_names() if not is_volume_probe(p))
     return len(heads) * len(exp.seeds) * len(probes)
 
 

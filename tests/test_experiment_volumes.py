@@ -45,7 +45,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def volumes(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("volumes") / "out"
-    done = _run("volumes", "--set", f"OUT={out}")
+    done = _run("volumes", "--set", f"OUT={out}", "--set", "MAX_EPOCHS=6", "--set", "BOOTSTRAP=100")
     assert done.returncode == 0, done.stderr[-3000:]
     return out
 
@@ -74,7 +74,7 @@ def test_the_volumes_preset_reports_level4_with_every_control_and_reruns_nothing
     for p, cell in oracle["cells"].items():
         assert cell["test"]["mean"] == cell["mirror"]["mean"] == cell["flipped"]["mean"] == 1.0, p
     # a rerun: every step done, nothing run
-    again = _run("volumes", "--set", f"OUT={volumes}")
+    again = _run("volumes", "--set", f"OUT={volumes}", "--set", "MAX_EPOCHS=6", "--set", "BOOTSTRAP=100")
     assert again.returncode == 0 and "0 step(s) run, 0 redone, 5 already done" in again.stdout, again.stderr[-2000:]
 
 
@@ -133,6 +133,20 @@ def test_a_2d_and_a_3d_encoder_each_take_the_probes_of_their_levels(tmp_path: Pa
     cache = plan.step("cache:e@b").commands[0][1]
     assert cache[cache.index("--model-args") + 1] == '{"input_size": 16}' and "--random-init" in cache
     assert "--model-args" not in plan.step("cache:flat@b").commands[0][1]
+
+
+def test_all_becomes_the_probes_of_each_encoders_levels(tmp_path: Path) -> None:
+    from spar_bench.probes.tasks import probe_names
+
+    level4 = ",".join(p for p in probe_names() if p.startswith("level4."))
+    flat = ",".join(p for p in probe_names() if not p.startswith("level4."))
+    for spec, levels, want in (("monai:resnet10", "[level4]", level4),
+                               ("timm:resnet18", '"level1,level2,level3,level4"', flat),
+                               ("timm:resnet18", '"level1,level3"', "all")):  # as before Level 4
+        plan, _ = _plan(tmp_path, spec=spec, levels=levels, probes="all")
+        argv = plan.step("heads:e").commands[0][1]
+        assert argv[argv.index("--probe") + 1] == want, spec
+        assert dict(plan.step("heads:e").cost)["runs"] == 8
 
 
 @pytest.mark.parametrize("kw, line, says", [
