@@ -136,6 +136,11 @@ def test_monai_architectures_give_token_grids(arch: str, args: dict, grids: dict
         assert torch.isfinite(toks).all()
     again = load_encoder(f"monai:{arch}", random_init=True, model_kwargs=args)  # the seeded random init
     torch.testing.assert_close(again(vols, [-1])[-1][0], out[-1][0], rtol=0, atol=0)
+    from spar_bench.probes.finetune.model import block_index
+
+    groups = block_index(enc)  # --freeze-blocks: stem 0, then the stages (ViT: the blocks) in order
+    first, last = next(iter(groups)), max(groups.values())
+    assert groups[first] == 0 and last >= 3 and len(set(groups.values())) == last + 1
 
 
 def test_monai_weights_from_a_folder_and_a_wrapped_checkpoint(tmp_path: Path) -> None:
