@@ -91,6 +91,8 @@ def build_all(out: Path, data: Data, seed: int) -> dict[str, Path]:
 
     builds = {}
     for i, layout in enumerate(LAYOUTS):
+        if layout not in data.cases:  # a layout left out (the calibration test builds two)
+            continue
         ph, shards = out / f"phantom-{layout}{data.grid_suffix()}", out / f"shards-{layout}{data.suffix()}"
         builds[layout] = shards
         if (shards / "manifest.json").is_file():
@@ -270,6 +272,10 @@ def encoder_caches(rd: Path, builds: dict[str, Path], out: Path) -> dict[str, Pa
     return caches
 
 
+#: The frozen probes' training (``spar-probe fit`` options): a short budget on a shared CPU.
+FROZEN_HEAD_OPTIONS = {"max_epochs": 15, "patience": 4}
+
+
 def frozen_head_predict(caches: dict[str, Path], builds: dict[str, Path], train_on: str, probe: str,
                         seed: int, out: Path, n_boot: int) -> dict[str, tuple]:
     """A ``HEAD`` probe (``spar-probe fit``) on the frozen encoder's cache of the training layout,
@@ -280,7 +286,8 @@ def frozen_head_predict(caches: dict[str, Path], builds: dict[str, Path], train_
     from spar_bench.probes.runs.spec import make_run
     from spar_bench.probes.train import predict
 
-    run = make_run(str(caches[train_on]), probe, HEAD, seed, {}, data=str(builds[train_on]), n_boot=n_boot)
+    run = make_run(str(caches[train_on]), probe, HEAD, seed, dict(FROZEN_HEAD_OPTIONS), data=str(builds[train_on]),
+                   n_boot=n_boot, controls=False)  # the blind rows are the priors
     rd = run_fit(run, out, progress=False)
     spec_run, c, _, model = CachedHead.load(rd)
     got = {}
@@ -349,6 +356,9 @@ def score_model(t, pred: np.ndarray, canon_prior: dict, seed: int, n_boot: int) 
     if c is not None:
         out["conflict"], out["conflict_n"] = c.get(key), c.get("n")
         out["conflict_ci"] = (c.get("ci") or {}).get(key)
+    c = spec.conflict(canon_prior, t.subset(mir), pred[mir], None, 0) if mir.any() else None
+    if c is not None:
+        out["mirror_conflict"], out["mirror_conflict_n"] = c.get(key), c.get("n")
     return out
 
 
@@ -421,6 +431,104 @@ def model_rows(builds: dict[str, Path], out: Path, tr: Training, model: str, n_b
         print(json.dumps({k: rows[-1][k] for k in ("probe", "model", "seed")}
                          | {lay: c["value"] for lay, c in cells.items()}), flush=True)
     return rows
+
+
+# -------------------------------------------------- the tiny reference models (tests/test_calibration.py)
+READER_BINS, READER_GRID, READER_L2 = 24, 16, 0.1
+
+
+def appearance_tokens(build_root: Path, split: str, rows: np.ndarray, bins: int = READER_BINS,
+                      grid: int = READER_GRID) -> np.ndarray:
+    """``(N, grid*grid, bins)`` float32: per patch of a ``grid`` x ``grid`` tiling of each Level 3
+    slice (224 frame), the share of its pixels in each of ``bins`` grey-level bins. Organs of
+    ``distinct`` intensity fall in different bins: a patch's bins say which organs it holds."""
+    from spar_bench.builder.shards import Build
+
+    img = Build(build_root).images("level3", split, rows).astype(np.int64) * bins // 256  # (N, 224, 224)
+    n, side = img.shape[0], img.shape[1] // grid
+    img = img[:, : grid * side, : grid * side]
+    r = np.arange(grid * side) // side
+    patch = (r[:, None] * grid + r[None, :])[None]  # each pixel's patch
+    key = (np.arange(n)[:, None, None] * grid * grid + patch) * bins + img
+    counts = np.bincount(key.ravel(), minlength=n * grid * grid * bins)
+    return (counts.reshape(n, grid * grid, bins) / float(side * side)).astype(np.float32)
+
+
+def _reader_module(n_classes: int, bins: int, grid: int):
+    """A reader that can do either: find organs A and B by their grey-level bins (attention over
+    patches), compare their centres (``pos``) - computation; or answer from the question alone
+    (a learned answer per organ pair and axis, ``recall``) - the prior. Which it learns is up
+    to its training layouts."""
+    import torch
+
+    from spar_bench.builder.schema import N_ORGANS
+
+    class Reader(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            lin = torch.linspace(-1.0, 1.0, grid)
+            self.register_buffer("xy", torch.stack([lin.repeat(grid), lin.repeat_interleave(grid)], dim=1))
+            self.organ = torch.nn.Parameter(torch.zeros(N_ORGANS, bins))
+            self.recall = torch.nn.Parameter(torch.zeros(N_ORGANS + 1, N_ORGANS + 1, 2, n_classes))
+            self.compare = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.GELU(), torch.nn.Linear(32, n_classes))
+
+        def forward(self, tokens, slice_of, a, b, axis):
+            """``tokens (S, T, bins)`` of the slices, ``slice_of`` each item's slice; organs, axis."""
+            w = torch.softmax(20.0 * torch.einsum("stk,ok->sot", tokens, self.organ), dim=2)
+            centre = torch.einsum("sot,tc->soc", w, self.xy)  # every organ's centre on every slice
+            d = centre[slice_of, a.clamp(min=0)] - centre[slice_of, b.clamp(min=0)]
+            ax = torch.nn.functional.one_hot(axis.clamp(0, 1), 2).float()
+            feats = torch.cat([d[:, :, None] * ax[:, None, :], d.abs()[:, :, None] * ax[:, None, :]], 1).flatten(1)
+            return self.compare(feats) + self.recall[a + 1, b + 1, axis.clamp(0, 1)]
+
+    return Reader()
+
+
+def _reader_inputs(build_root: Path, probe: str, split: str):
+    """The probe's items of a split (targets) and their slices' appearance tokens, as tensors."""
+    import torch
+
+    from spar_bench.builder.shards import Build
+    from spar_bench.probes.runs.inputs import BuildKeys
+    from spar_bench.probes.targets import load_targets
+    from spar_bench.probes.tasks import get_probe
+
+    spec, b = get_probe(probe), Build(build_root)
+    t = load_targets(b, spec, split, BuildKeys(b).keys(spec.level, split))
+    rows, inv = np.unique(t.rows, return_inverse=True)
+    tok = torch.from_numpy(appearance_tokens(build_root, split, rows))
+    q = {k: torch.from_numpy(t.y[k].astype(np.int64)) for k in ("organ_a", "organ_b", "axis", "answer")}
+    return t, tok, torch.from_numpy(inv.astype(np.int64)), q
+
+
+def train_reader(build_root: Path, probe: str, seed: int, steps: int = 300, lr: float = 0.05,
+                 l2: float = READER_L2):
+    """The tiny reader trained (full batch, Adam, ``steps``) on a build's original training items;
+    ``l2`` penalises the organ bins' weights (finding organs has to pay for itself)."""
+    import torch
+
+    t, tok, inv, q = _reader_inputs(build_root, probe, "train")
+    keep = torch.from_numpy(~t.is_mirror)
+    torch.manual_seed(seed)
+    model = _reader_module(t.spec.n_classes, tok.shape[-1], READER_GRID)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    for _ in range(steps):
+        opt.zero_grad()
+        out = model(tok, inv[keep], q["organ_a"][keep], q["organ_b"][keep], q["axis"][keep])
+        loss = torch.nn.functional.cross_entropy(out, q["answer"][keep]) + l2 * model.organ.pow(2).sum()
+        loss.backward()
+        opt.step()
+    return model
+
+
+def reader_predict(model, build_root: Path, probe: str):
+    """``(test targets, predictions)`` of a trained tiny reader on a build."""
+    import torch
+
+    t, tok, inv, q = _reader_inputs(build_root, probe, "test")
+    with torch.no_grad():
+        out = model(tok, inv, q["organ_a"], q["organ_b"], q["axis"])
+    return t, out.argmax(1).numpy()
 
 
 def calibration_rows(builds: dict[str, Path], out: Path, trainings: list[Training], n_boot: int) -> list[dict]:
