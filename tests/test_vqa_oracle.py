@@ -142,7 +142,9 @@ def test_report_says_which_protocol_each_run_used(oracle_runs, tmp_path):
     mp.write_text(json.dumps(m))
     assert run_cmd(cli, ["report", runs, "--out", tmp_path / "report"]) == 0
     md = (tmp_path / "report" / "report.md").read_text()
-    assert "Protocol (docs/PROTOCOL.md) of these runs: 1.2, <1.2 (<1.2: runs made before" in md
+    from spar_bench.builder.schema import PROTOCOL_VERSION
+
+    assert f"Protocol (docs/PROTOCOL.md) of these runs: {PROTOCOL_VERSION}, <1.2 (<1.2: runs made before" in md
     assert "| old-model [protocol <1.2] |" in md and "| oracle |" in md
 
 
