@@ -179,7 +179,7 @@ class SliceStats:
 STATS_BLOCK = 16
 
 
-def _check_labels(case: Case, n_labels: int) -> None:
+def check_labels(case: Case, n_labels: int) -> None:
     """CaseError for a non-integer mask, negative ids, or ids >= ``n_labels`` (names the slice)."""
     mask = case.mask
     if mask.dtype.kind not in "ui":
@@ -215,7 +215,7 @@ def slice_stats(case: Case) -> SliceStats:
     mask = case.mask
     n_labels = N_ORGANS + 1
     z_n, h, w = mask.shape
-    _check_labels(case, n_labels)
+    check_labels(case, n_labels)
     area = np.zeros((z_n, n_labels), dtype=np.int64)
     sums = np.zeros((z_n, n_labels, 2), dtype=np.float64)
     rows, cols = np.arange(h, dtype=np.int64), np.arange(w, dtype=np.int64)

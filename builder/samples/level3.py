@@ -133,18 +133,18 @@ def count_lesions(lesion_slice: np.ndarray, min_voxels: int) -> int:
     return int((sizes >= min_voxels).sum())
 
 
-def _pick(rng: np.random.Generator, n_candidates: int, k: int) -> np.ndarray:
+def pick_candidates(rng: np.random.Generator, n_candidates: int, k: int) -> np.ndarray:
     if n_candidates == 0:
         return np.empty(0, dtype=np.int64)
     return np.sort(rng.choice(n_candidates, size=min(k, n_candidates), replace=False))
 
 
-def _pick_pairs(rng: np.random.Generator, cands: list[tuple], k: int) -> list[tuple]:
+def pick_pairs(rng: np.random.Generator, cands: list[tuple], k: int) -> list[tuple]:
     """Up to ``k`` candidates ``(a, b, *rest)``, each with A/B swapped with probability 1/2.
 
     The random order makes both answers of an asymmetric question equally likely.
     """
-    picks = _pick(rng, len(cands), k)
+    picks = pick_candidates(rng, len(cands), k)
     swaps = rng.random(len(picks)) < 0.5
     out = []
     for p, swap in zip(picks, swaps, strict=True):
@@ -219,7 +219,7 @@ def _relative_position_qs(
         >= config.rel_margin_mm
     ]
     out = []
-    for a, b, axis in _pick_pairs(rng, cands, config.l3_questions_per_probe):
+    for a, b, axis in pick_pairs(rng, cands, config.l3_questions_per_probe):
         ans = int(col_mm[a] > col_mm[b]) if axis == 0 else int(row_mm[a] < row_mm[b])
         out.append(g.q("relative_position", a, b, ans, axis))
     return out
@@ -231,7 +231,7 @@ def _orientation_qs(
     """The compass sector of b seen from a, for pairs at least ``rel_margin_mm`` apart."""
     cands = [(a, b) for a, b in pairs if g.gap_mm(a, b) >= config.rel_margin_mm]
     out = []
-    for a, b in _pick_pairs(rng, cands, config.l3_questions_per_probe):
+    for a, b in pick_pairs(rng, cands, config.l3_questions_per_probe):
         sector = orientation_sector(g.col_mm[b] - g.col_mm[a], g.row_mm[a] - g.row_mm[b])
         out.append(g.q("orientation", a, b, sector))
     return out
@@ -272,10 +272,10 @@ def slice_questions(
     out = _relative_position_qs(g, pairs, config, rng)
     out += _orientation_qs(g, pairs, config, rng)
     out += _symmetry_qs(g, config)
-    for p in _pick(rng, len(g.organs), k):
+    for p in pick_candidates(rng, len(g.organs), k):
         a = g.organs[p]
         out.append(g.q("size", a, q_area_a_mm2=g.area[a]))
-    for a, b in _pick_pairs(rng, pairs, k):
+    for a, b in pick_pairs(rng, pairs, k):
         out.append(g.q("distance", a, b, q_distance_mm=g.gap_mm(a, b)))
     if lesion is not None:
         n = count_lesions(lesion[z], config.lesion_min_voxels)

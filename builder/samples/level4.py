@@ -54,7 +54,7 @@ from spar_bench.seeding import derive_seed
 from ..case import Case
 from ..schema import BILATERAL_PAIRS, LEVEL4_PROBES, N_ORGANS, organ_index
 from .config import SampleConfig
-from .level3 import _pick, _pick_pairs
+from .level3 import pick_candidates, pick_pairs
 from .volume import Volume, reflect, volume_for_case
 
 PROBE_ID = {name: i for i, name in enumerate(LEVEL4_PROBES)}
@@ -209,7 +209,7 @@ def _relative_position_qs(g: VolumeOrgans, config: SampleConfig, rng: np.random.
         if abs(c[a, col_of_axis[axis]] - c[b, col_of_axis[axis]]) >= config.rel_margin_mm
     ]
     out = []
-    for a, b, axis in _pick_pairs(rng, cands, config.l4_questions_per_probe):
+    for a, b, axis in pick_pairs(rng, cands, config.l4_questions_per_probe):
         ca, cb = c[a, col_of_axis[axis]], c[b, col_of_axis[axis]]
         sep = cb - ca if axis == 1 else ca - cb  # towards the patient's left / anterior / superior
         out.append(_q("relative_position", a, b, int(sep > 0), q_axis=axis, q_measure_a=sep))
@@ -224,7 +224,7 @@ def _distance_qs(g: VolumeOrgans, config: SampleConfig, rng: np.random.Generator
         for b, c in combinations([o for o in g.organs if o != a], 2)
         if abs(g.dist_mm(a, b) - g.dist_mm(a, c)) >= config.rel_margin_mm
     ]
-    picks = _pick(rng, len(cands), config.l4_questions_per_probe)
+    picks = pick_candidates(rng, len(cands), config.l4_questions_per_probe)
     swaps = rng.random(len(picks)) < 0.5
     out = []
     for p, swap in zip(picks, swaps, strict=True):
@@ -245,7 +245,7 @@ def _volume_qs(g: VolumeOrgans, config: SampleConfig, rng: np.random.Generator) 
     ]
     return [
         _q("volume", a, b, int(v[a] > v[b]), q_measure_a=v[a], q_measure_b=v[b])
-        for a, b in _pick_pairs(rng, cands, config.l4_questions_per_probe)
+        for a, b in pick_pairs(rng, cands, config.l4_questions_per_probe)
     ]
 
 
@@ -276,7 +276,7 @@ def _adjacency_qs(
         if gaps[a, b] <= adj or gaps[a, b] > FAR_FACTOR * adj
     ]
     out = []
-    for a, b in _pick_pairs(rng, cands, config.l4_questions_per_probe):
+    for a, b in pick_pairs(rng, cands, config.l4_questions_per_probe):
         gap = gaps[a, b] if np.isfinite(gaps[a, b]) else exact_gap(label, a, b, g.mm_per_voxel, g)
         out.append(_q("adjacency", a, b, int(gap <= adj), q_measure_a=gap))
     return out
@@ -441,7 +441,7 @@ def case_level4(
     A case without any labelled voxel gives no row. Raises CaseError for a case without an
     image, with labels outside 0..16 or with a spacing <= 0.
     """
-    from .frame224 import _check_labels
+    from .frame224 import check_labels
 
     if case.image is None:
         raise CaseError(
@@ -449,7 +449,7 @@ def case_level4(
             None,
             "has no image; samples need one (use the source's images='synthesize' for masks-only data)",
         )
-    _check_labels(case, N_ORGANS + 1)
+    check_labels(case, N_ORGANS + 1)
     if not all(float(sp) > 0 for sp in case.spacing):
         raise CaseError(case.case_id, None, f"voxel spacing must be > 0 mm on every axis, got {case.spacing}")
     vol = volume_for_case(
