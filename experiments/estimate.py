@@ -65,7 +65,7 @@ def step_seconds(plan: Plan, step: Step) -> tuple[float, float]:
     """Estimated seconds of ``step`` on 2 CPU cores and on one GPU."""
     cpu = gpu = 0.0
     for unit, amount in step.cost:
-        if unit == "images":
+        if unit in ("images", "volumes"):
             enc = step.id.split(":", 1)[1].split("@")[0]
             if step.kind == "eval":
                 enc = step.id.split(":")[2].split("@")[0]  # eval:<mode>:<encoder>@<build>
@@ -97,9 +97,10 @@ def totals(plan: Plan, steps: list[Step]) -> dict[str, float]:
     out: dict[str, float] = {}
     for s in steps:
         for unit, amount in s.cost:
-            if unit == "run_images" or (s.kind == "eval" and unit == "images" and s.id.startswith("eval:heads")):
+            if unit == "run_images" or (s.kind == "eval" and unit in ("images", "volumes")
+                                        and s.id.startswith("eval:heads")):
                 continue
-            key = "images to encode" if unit in ("images",) else {"runs": "runs to train",
+            key = f"{unit} to encode" if unit in ("images", "volumes") else {"runs": "runs to train",
                                                                    "train_images": "images trained on",
                                                                    "questions": "questions to ask",
                                                                    "cases": "cases to build"}.get(unit, unit)

@@ -323,14 +323,27 @@ def check_kinds(exp: Experiment) -> None:
                 key = f"probes[{i}]" if exp.where is not None and f"probes[{i}]" in exp.where.lines else "probes"
                 need = "3-D (Level 4 volumes)" if is_volume_probe(p) else "2-D (Levels 1-3 images)"
                 raise _error(exp, key, f"{p} needs a {need} encoder, and modes have none")
-    for n, m in exp.mllms.items():
-        if not {"volume_as", "volume-as"} & set(m.options):
-            continue
-        for b in m.builds:
-            levels = build_levels(exp, b)
-            if levels is not None and "level4" not in levels:
-                raise _error(exp, f"mllms.{n}.options", f"volume_as shows Level 4 volumes, and build {b} has no "
-                                                        "level4: add level4 to its options' levels")  # fmt: skip
+    for n in exp.mllms:
+        _check_volume_as(exp, n)
+
+
+def _check_volume_as(exp: Experiment, n: str) -> None:
+    """An MLLM's ``volume_as``: a known way to show a volume, on builds that have Level 4."""
+    from spar_bench.probes.vqa.volume import check_volume_as
+
+    m = exp.mllms[n]
+    key = next((k for k in ("volume_as", "volume-as") if k in m.options), None)
+    if key is None:
+        return
+    try:
+        check_volume_as(str(m.options[key]))
+    except ConfigError as e:
+        raise _error(exp, f"mllms.{n}.options.{key}", str(e)) from None
+    for b in m.builds:
+        levels = build_levels(exp, b)
+        if levels is not None and "level4" not in levels:
+            raise _error(exp, f"mllms.{n}.options", f"volume_as shows Level 4 volumes, and build {b} has no "
+                                                    "level4: add level4 to its options' levels")  # fmt: skip
 
 
 # --------------------------------------------------------------------------- the steps
@@ -390,8 +403,13 @@ def cache_step(exp: Experiment, e: str, b: str) -> Step:
     if exp.builds[b].path:
         inputs += ((exp.builds[b].path, _path_digest(exp.builds[b].path)),)
     return Step(f"cache:{e}@{b}", "cache", (("spar-probe", ("cache", *argv)),), _needs_build(exp, b),
-                (cache_file(e, b),), inputs, (("images", float(estimated_images(exp, b, encoder_kind(enc.spec)))),),
-                device=True)
+                (cache_file(e, b),), inputs, _encode_cost(exp, e, b), device=True)
+
+
+def _encode_cost(exp: Experiment, e: str, b: str) -> tuple[tuple[str, float], ...]:
+    """What encoding build ``b`` with encoder ``e`` costs: its images, or a 3-D encoder's volumes."""
+    kind = encoder_kind(exp.encoders[e].spec)
+    return (("volumes" if kind == "3d" else "images", float(estimated_images(exp, b, kind))),)
 
 
 def _probe_seed_flags(exp: Experiment, e: str) -> list[str]:
@@ -447,8 +465,7 @@ def eval_step(exp: Experiment, source: Step, b: str) -> Step:
     target = cache_file(e, b) if frozen else build_dir(exp, b)
     local = exp.encoders[e].spec if not frozen and local_path(exp.encoders[e].spec) else None
     extra = (("runs", source.outputs[0]), ("features" if frozen else "data", target), ("encoder", local))
-    images = estimated_images(exp, b, encoder_kind(exp.encoders[e].spec))
-    return Step(f"eval:{source.id}@{b}", "eval", (), needs, (), (), (("images", float(images)),),
+    return Step(f"eval:{source.id}@{b}", "eval", (), needs, (), (), _encode_cost(exp, e, b),
                 device=not frozen, extra=extra)
 
 
