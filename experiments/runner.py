@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -174,13 +178,29 @@ def _start(plan: Plan, s: Step, counts: dict[str, int]) -> None:
 
 
 def _finish(plan: Plan, s: Step, seconds: float) -> None:
+    """The step's marker and its ``finish`` line, written as one: a SIGINT/SIGTERM arriving in
+    between is held until both are written (a marker without its line would never be logged)."""
     out = plan.experiment.out
     m = marker(out, s.id)
     m.parent.mkdir(parents=True, exist_ok=True)
     tmp = m.with_suffix(".tmp")
     tmp.write_text(json.dumps({"id": s.id, "hash": plan.hashes[s.id], "outputs": list(s.outputs)}, indent=1) + "\n")
-    tmp.replace(m)
-    _log(out, "finish", s, hash=plan.hashes[s.id], seconds=round(seconds, 1))
+    with _signals_held():
+        tmp.replace(m)
+        _log(out, "finish", s, hash=plan.hashes[s.id], seconds=round(seconds, 1))
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM wait (blocked, then delivered) until the block ends."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    can = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, held) if can else None
+    try:
+        yield
+    finally:
+        if old is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _run_one(plan: Plan, s: Step, device: str | None, counts: dict[str, int]) -> None:
