@@ -9,8 +9,9 @@
   ``report/``, ``.plan/``);
 * ``builds``: each a phantom (``phantom:``), sources with roots (``sources:``/``roots:``), or
   an existing build folder (``path:``), with ``spar-build`` options;
-* ``encoders``: ``spec`` (``timm:resnet50``), ``weights`` or a pinned ``revision``, and
-  ``random_init: true`` only when written;
+* ``encoders``: ``spec`` (``timm:resnet50``; 3-D, for Level 4 volumes: ``monai:resnet10``),
+  ``weights`` or a pinned ``revision``, ``random_init: true`` only when written, and
+  ``model_args`` (the constructor's, to ``cache`` and ``finetune``);
 * ``modes``: ``frozen`` (heads on a feature cache), ``finetune`` and ``scratch`` (encoder and
   head trained end to end), each with its encoders, heads and options;
 * ``probes``, ``seeds``, ``train_on`` (the build heads train on), ``transfer`` (builds every

@@ -8,8 +8,12 @@
 * ``<mode>:<e>``: encoder and head trained end to end, ``finetune`` or ``scratch``;
 * ``eval:<step>@<b>``: every run of a heads/finetune/scratch step scored on transfer build
   ``b`` without retraining (``spar-probe eval``: on ``b``'s cache, or re-encoding ``b``);
-* ``vqa:<m>@<b>``: an MLLM asked build ``b``'s Level 3 questions (``spar-probe vqa``);
+* ``vqa:<m>@<b>``: an MLLM asked build ``b``'s Level 3 (and Level 4) questions (``spar-probe vqa``);
 * ``report``: ``spar-probe report`` and the experiment's report over every run.
+
+Level 4 (volumes) is checked here, before any step runs (:func:`check_kinds`): 3-D encoders
+(:func:`encoder_kind`) take the Level 4 probes of builds that have Level 4, 2-D encoders the
+others; a mix-up is one line naming the file, the line and the key.
 
 A step's hash covers its commands (paths inside ``out`` written relative to it), the hashes of
 the steps it needs, and the digests of what it reads from outside (an existing build's

@@ -77,6 +77,13 @@ def test_the_volumes_preset_reports_level4_with_every_control_and_reruns_nothing
     oracle = next(r for (enc, mode), r in rows.items() if mode == "MLLM")
     for p, cell in oracle["cells"].items():
         assert cell["test"]["mean"] == cell["mirror"]["mean"] == cell["flipped"]["mean"] == 1.0, p
+    # the cache was made at the preset's input_size (spar-probe cache --model-args), recorded
+    from spar_bench.probes.features import FeatureCache
+
+    with FeatureCache(volumes / "cache" / "random3d@volumes.h5") as fc:
+        config = fc.meta["encoder_config"]
+        assert fc.levels() == ["level4"] and fc.meta["random_init"] is True
+        assert config["extra"]["model_args"] == {"input_size": 16} and list(config["input_size"]) == [16, 16, 16]
     # a rerun: every step done, nothing run
     again = _run("volumes", "--set", f"OUT={volumes}")
     assert again.returncode == 0 and "0 step(s) run, 0 redone, 5 already done" in again.stdout, again.stderr[-2000:]
@@ -95,6 +102,18 @@ def test_a_random_3d_encoder_sits_at_its_blind_baseline(volumes: Path) -> None:
             blind = m["controls"]["blind"]
             b_lo, b_hi = blind["ci"]["accuracy"]
             assert acc <= b_hi and lo <= b_hi and b_lo <= hi, (probe, acc, (lo, hi), blind["accuracy"], (b_lo, b_hi))
+
+
+def test_cache_model_args_are_for_timm_and_monai_only(tmp_path: Path) -> None:
+    from spar_bench.builder.synthetic import write_synthetic_build
+    from spar_bench.probes.cli import cli
+
+    from helpers import run_cmd
+
+    build = write_synthetic_build(tmp_path / "b", 2, levels=("level3",))
+    argv = ["cache", "--encoder", "dummy", "--model-args", '{"depth": 1}', "--data", build, "--out", tmp_path / "c.h5"]
+    assert run_cmd(cli, argv) == 2
+    assert not (tmp_path / "c.h5").exists()
 
 
 # --------------------------------------------------------------------------- plan-time errors
