@@ -232,3 +232,15 @@ def test_run_failed_maps_to_exit_1_and_other_errors_to_2(capsys) -> None:
 
         assert run_cli(command, []) == want
         assert capsys.readouterr().err == f"error: {err}\n"
+
+
+def test_probe_all_means_the_probes_of_the_inputs_levels():
+    """``--probe all`` on a 2-D cache is Levels 1-3's probes; on a 3-D (volume) cache, Level 4's."""
+    from spar_bench.probes.cli.options import parse_probes
+    from spar_bench.probes.tasks import get_probe, probe_names
+
+    two_d = parse_probes(("all",), ["level1", "level2", "level3"])
+    assert two_d and {get_probe(p).level for p in two_d} == {"level1", "level2", "level3"}
+    assert {get_probe(p).level for p in parse_probes("all", ["level4"])} == {"level4"}
+    assert parse_probes("all") == probe_names()  # nothing known about the input: every probe
+    assert parse_probes("level4.volume", ["level1"]) == ["level4.volume"]  # named: checked by the run

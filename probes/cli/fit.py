@@ -19,6 +19,7 @@ from ..tasks import get_probe
 from .options import (
     apply_preset,
     bootstrap_option,
+    cache_levels,
     fmt,
     head_option,
     names_all,
@@ -55,7 +56,7 @@ def fit_command(features, head, probes, seeds, out, overwrite, data, n_boot, no_
     runs = [[with_preset(make_run(features, p, h, s, options, data=data, controls=not no_controls,
                                   n_boot=n_boot, device=device), preset)
              for h in heads for s in parse_seeds(seeds)]
-            for p in parse_probes(probes)]  # fmt: skip
+            for p in parse_probes(probes, cache_levels(features))]  # fmt: skip
     torch.set_num_threads(threads)
     for per_probe in runs:
         for run in per_probe:

@@ -10,6 +10,7 @@ workers, ``--bootstrap N >= 1``. The spellings before 0.2 (``sweep --probes/--he
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
@@ -21,14 +22,30 @@ from ..runs.spec import OPTIONS, RunSpec
 from ..tasks import get_probe, probe_names
 
 
-def parse_probes(text: tuple[str, ...] | str) -> list[str]:
-    """``all``, or probe names (comma-separated or repeated); validated against the probe specs."""
+def parse_probes(text: tuple[str, ...] | str, levels: list[str] | None = None) -> list[str]:
+    """``all``, or probe names (comma-separated or repeated); validated against the probe specs.
+
+    ``levels``: the levels the input holds (a cache's, a build's); ``all`` then means their
+    probes only (a 2-D cache is not offered the opt-in Level 4 probes, nor a 3-D one Levels 1-3).
+    """
     if names_all(text):
-        return probe_names()
+        return [p for p in probe_names() if levels is None or get_probe(p).level in levels]
     names = list(dict.fromkeys(split_list(text)))
     for n in names:
         get_probe(n)
     return names
+
+
+def cache_levels(features: str | Path) -> list[str] | None:
+    """The levels of the feature cache ``features``; None when it cannot be read (the run then
+    names the problem in one line)."""
+    from ..features import FeatureCache
+
+    try:
+        with FeatureCache(features) as cache:
+            return cache.levels()
+    except Exception:  # noqa: BLE001 - the run's own checks say what is wrong with the file
+        return None
 
 
 def split_list(text: tuple[str, ...] | str) -> list[str]:

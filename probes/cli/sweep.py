@@ -18,6 +18,7 @@ from ..runs.sweep import (
 )
 from .options import (
     apply_preset,
+    cache_levels,
     head_option,
     parse_heads,
     parse_probes,
@@ -71,7 +72,7 @@ def sweep_command(features, heads, probes, seeds, out, jobs, grid, list_ids, onl
     head_list = parse_heads(heads)
     check_device(device)  # fail fast on an unusable --device
     points = parse_grid(grid)
-    all_jobs = make_jobs(str(features), head_list, parse_probes(probes), parse_seeds(seeds), options,
+    all_jobs = make_jobs(str(features), head_list, parse_probes(probes, cache_levels(features)), parse_seeds(seeds), options,
                          points, str(out), threads, data=data, controls=not no_controls,
                          n_boot=n_boot, device=device)  # fmt: skip
     all_jobs = [Job(with_preset(j.run, preset), j.out, j.threads) for j in all_jobs]

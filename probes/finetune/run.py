@@ -133,9 +133,11 @@ def check_encoder_reads(spec, probe, data) -> None:
     """A 3-D encoder trains on Level 4 (volume) probes only, a 2-D one on the others: one line."""
     from spar_bench.builder.schema import LEVEL_SPECS
 
-    if LEVEL_SPECS[probe.level].volume != spec.volumetric:
+    from ..targets import ProbeUnavailable
+
+    if LEVEL_SPECS[probe.level].volume != spec.volumetric:  # `--probe all` skips it (one line)
         kind, other = ("3-D", "volumes (Level 4)") if spec.volumetric else ("2-D", "images (Levels 1-3)")
-        raise ConfigError(f"{data}: encoder {spec.name} is {kind}: it encodes {other} only, not "
+        raise ProbeUnavailable(f"{data}: encoder {spec.name} is {kind}: it encodes {other} only, not "
                           f"{probe.level} (probe {probe.name})")
 
 
