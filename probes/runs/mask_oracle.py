@@ -70,7 +70,7 @@ class Volume:
         centre of each, less one voxel (face-touching voxels: 0)."""
         from spar_bench.builder.samples.level4 import exact_gap
 
-        return exact_gap(self.label, a, b, self.mm)
+        return exact_gap(self.label, a, b, self.mm, self.organs)  # boxes measured once per volume
 
     @cached_property
     def components(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
