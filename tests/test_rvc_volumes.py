@@ -1,0 +1,67 @@
+"""experiments/recall-vs-computation-3d.yaml (issue 24, deliverable 6): the Level 4 row of the
+recall-vs-computation experiment. Its plan builds the three distinct-intensity phantom layouts as
+volumes with both 3-D counterfactuals, trains the 3-D encoder from scratch on one layout and scores
+it on the others; its encoder's model arguments give the attnpool head a 3-D token grid. Plan-time
+only (no build, no training): about a second."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from spar_bench.experiments.config import load_experiment
+from spar_bench.experiments.plan import make_plan
+
+FILE = Path(__file__).resolve().parents[1] / "experiments" / "recall-vs-computation-3d.yaml"
+
+
+def _plan(tmp_path: Path, **values: str):
+    return make_plan(load_experiment(FILE, {"OUT": str(tmp_path / "out"), **values}))
+
+
+def _arg(cmd, flag: str) -> str:
+    return cmd[cmd.index(flag) + 1]
+
+
+def test_the_plan_builds_three_layouts_as_volumes_and_trains_from_scratch(tmp_path):
+    plan = _plan(tmp_path)
+    assert [s.id for s in plan.steps] == ["build:canonical", "build:mirrored", "build:random", "scratch:rn10n",
+                                          "eval:scratch:rn10n@mirrored", "eval:scratch:rn10n@random", "report"]  # fmt: skip
+    for name, layout in (
+        ("canonical", "canonical"),
+        ("mirrored", "mirrored"),
+        ("random", "random"),
+    ):
+        (_, phantom), (_, build) = plan.step(f"build:{name}").commands
+        assert _arg(phantom, "--layout") == layout and _arg(phantom, "--intensities") == "distinct"
+        assert (
+            _arg(build, "--levels") == "level4" and _arg(build, "--counterfactual") == "mirror+flip"
+        )
+        assert _arg(build, "--volume-size") == "32"
+    train = plan.step("scratch:rn10n").commands[0][1]
+    assert _arg(train, "--init") == "scratch" and _arg(train, "--head") == "attnpool"
+    assert _arg(train, "--encoder") == "monai:resnet10" and _arg(train, "--layer") == "2"
+    assert _arg(train, "--probe") == "level4.relative_position" and _arg(train, "--seeds") == "0,1"
+    assert _arg(train, "--data") == "{out}/builds/canonical"
+
+
+def test_the_second_half_trains_on_random_layouts(tmp_path):
+    plan = _plan(tmp_path, TRAIN_ON="random", TRANSFER="[canonical, mirrored]")
+    assert _arg(plan.step("scratch:rn10n").commands[0][1], "--data") == "{out}/builds/random"
+    assert [s.id for s in plan.steps if s.kind == "eval"] == ["eval:scratch:rn10n@canonical",
+                                                              "eval:scratch:rn10n@mirrored"]  # fmt: skip
+
+
+def test_the_encoder_reads_a_4x4x4_token_grid_at_the_trained_layer(tmp_path):
+    pytest.importorskip("monai")
+    import json
+
+    from spar_bench.probes.encoders import load_encoder
+
+    train = _plan(tmp_path).step("scratch:rn10n").commands[0][1]
+    enc = load_encoder(
+        "monai:resnet10", random_init=True, model_kwargs=json.loads(_arg(train, "--model-args"))
+    )
+    assert enc.spec.input_size == (32, 32, 32)
+    assert enc.spec.extra["layer_grids"][_arg(train, "--layer")] == [4, 4, 4]
