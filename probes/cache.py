@@ -9,9 +9,13 @@ same command after an interruption and it continues where it stopped; other argu
 existing partial cache are refused. ``complete=True`` is written only after the last row, and
 :class:`spar_bench.probes.features.FeatureCache` refuses anything else.
 
-Compute: on CUDA, autocast bf16 (fp16 where bf16 is unsupported), pinned memory, workers
-reading shards, non-blocking copies. On CPU the same code; ``--compute auto`` picks bf16
-autocast only where the CPU has native bf16 (:mod:`spar_bench.probes.hardware`), else fp32.
+Compute: on CUDA, autocast bf16 (fp16 where bf16 is unsupported), workers reading shards
+into pinned memory, the next batch's copy to the device and the last one's features back
+to the host on side streams during the forward (:mod:`.streams`), and one writer thread
+storing batches in order while the next ones are encoded (``CacheOptions.async_writes``;
+off, the same file byte for byte). On CPU the same code (nothing pinned, nothing ahead);
+``--compute auto`` picks bf16 autocast only where the CPU has native bf16
+(:mod:`spar_bench.probes.hardware`), else fp32.
 The compute dtype, the reason for it and the storage dtype are recorded in the cache.
 """
 
@@ -262,37 +266,45 @@ def _finish(f, path: Path, plan: list[tuple[str, str]], batch: int, ranks: Ranks
     f.flush()
 
 
-def _store_batch(f, item: Item, res: dict, *, dtype: str, where: str) -> None:
-    """Copy one batch's features to the host in the storage dtype, check them, write, flush.
+def _store_batch(f, item: Item, res: dict, *, dtype: str, where: str,
+                 host: dict | None = None) -> None:
+    """Check one batch's features in the storage dtype, write them, set ``done``, flush.
 
-    ``res``: ``{layer: {"tokens", "pooled"[, "token_scale"]}}`` (:func:`_reduced`). Float
-    arrays are cast on the device (half the bytes to copy for fp16; IEEE rounding is the same
-    as numpy's); int8 tokens and their float32 scales are written as they are. ``done`` is
-    set only after the features are written.
+    ``res``: ``{layer: {"tokens", "pooled"[, "token_scale"]}}`` (:func:`_reduced`). ``host``:
+    the same already on the host in the storage dtype (:class:`~.streams.HostCopy`); None:
+    copied here (:func:`_to_host`). Float arrays are cast on the device (half the bytes to
+    copy for fp16; IEEE rounding is the same as numpy's); int8 tokens and their float32
+    scales are written as they are. ``done`` is set only after the features are written.
     """
     lv, sp, lo, hi = item
     g = f[f"{lv}/{sp}"]
     n = g["done"].shape[0]
+    if host is None:
+        host = {v: {k: _to_host(k, t, dtype) for k, t in arrays.items()} for v, arrays in res.items()}
     for v, arrays in res.items():
-        host = {k: _to_host(k, t, dtype) for k, t in arrays.items()}
-        if not all(np.isfinite(a).all() for a in host.values() if a.dtype.kind == "f"):
+        if not all(np.isfinite(a).all() for a in host[v].values() if a.dtype.kind == "f"):
             _non_finite(arrays, where, v, item, dtype)
         name = f"layer{v}"
         if name not in g:
-            _create_layer(g.create_group(name), n, host)
-        for k, a in host.items():
+            _create_layer(g.create_group(name), n, host[v])
+        for k, a in host[v].items():
             g[name][k][lo:hi] = a
     g["done"][lo:hi] = True
     f.flush()
 
 
-def _to_host(name: str, t, dtype: str) -> np.ndarray:
-    """One array of a batch on the host, in the dtype it is stored in."""
+def _storage_tensor(name: str, t, dtype: str):
+    """One array of a batch, still where it is, in the dtype it is stored in."""
     import torch
 
     if t.dtype == torch.int8 or name == "token_scale":
-        return t.cpu().numpy()
-    return t.to(torch.float16 if dtype == "fp16" else torch.float32).cpu().numpy()
+        return t
+    return t.to(torch.float16 if dtype == "fp16" else torch.float32)
+
+
+def _to_host(name: str, t, dtype: str) -> np.ndarray:
+    """One array of a batch on the host, in the dtype it is stored in."""
+    return _storage_tensor(name, t, dtype).cpu().numpy()
 
 
 def _non_finite(arrays: dict, where: str, v: int, item: Item, dtype: str) -> None:
@@ -352,62 +364,107 @@ def _size(n: int) -> str:
     return f"{n} bytes"
 
 
-def _encode_items(f, job: _Job, items: list[Item], reduce: Reducer) -> None:
-    """Encode ``items`` and store them, reads, compute and writes overlapping.
+#: batches handed to the writer thread that may wait for it (bounded: memory stays bounded)
+WRITE_QUEUE = 2
 
-    One DataLoader (one set of reader workers) serves every level and split; one writer
-    thread stores batch k while batch k+1 is encoded. At most two batches wait, so memory
-    stays bounded, and an error in a write (or in ``on_batch``) surfaces at the next batch.
+
+class _Writer:
+    """Stores batches in their order: in ONE background thread, at most :data:`WRITE_QUEUE`
+    of them waiting (``background``), or at once in the calling thread. A failed store
+    surfaces in the caller at its next :meth:`put` or at :meth:`drain`, the same exception.
+    With a stopwatch: ``write`` is the store's own time, ``write wait`` the caller's wait for
+    it (with no thread, both are the store's time)."""
+
+    def __init__(self, store: Callable[[Item, Any], None], background: bool, stopwatch: Stopwatch | None):
+        self.store, self.sw = store, stopwatch
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cache-writer") if background else None
+        self.pending: deque = deque()
+
+    def _timed_store(self, item: Item, payload: Any) -> None:
+        t0 = time.perf_counter()  # no device sync here: HostCopy.wait waits for its batch alone
+        self.store(item, payload)
+        if self.sw is not None:
+            self.sw.add("write", time.perf_counter() - t0)
+
+    def put(self, item: Item, payload: Any) -> None:
+        if self.pool is None:
+            with timed(self.sw, "write wait"):
+                self._timed_store(item, payload)
+            return
+        while self.pending and self.pending[0].done():  # surface a failed write at once
+            self.pending.popleft().result()
+        self.pending.append(self.pool.submit(self._timed_store, item, payload))
+        with timed(self.sw, "write wait"):
+            while len(self.pending) > WRITE_QUEUE:
+                self.pending.popleft().result()
+
+    def drain(self) -> None:
+        """Wait for every batch handed over (the first failure raised)."""
+        with timed(self.sw, "write wait"):
+            while self.pending:
+                self.pending.popleft().result()
+
+    def close(self) -> None:
+        """Drop the batches not yet started; wait for the one being written (the file stays
+        as after whole batches: ``done`` is set after a batch's rows, flushed with them)."""
+        for fut in self.pending:
+            fut.cancel()
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+
+
+def _encode_items(f, job: _Job, items: list[Item], reduce: Reducer) -> None:
+    """Encode ``items`` and store them, reads, copies, compute and writes overlapping.
+
+    One DataLoader (one set of reader workers) serves every level and split. On CUDA the
+    next batch's images go to the device on a side stream during the current forward, and
+    the features come back on another (:mod:`.streams`). One writer thread stores batch k
+    while batch k+1 is encoded (``job.async_writes``; off: in this thread, the same bytes).
     """
     import torch
     from tqdm.auto import tqdm
 
+    from .streams import HostCopy, device_batches, side_stream
+
     dev, sw = job.dev, job.stopwatch
     amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(job.comp)
-    loader = _loader(job, items)
+    down = side_stream(dev)
 
-    def store(item: Item, res: dict) -> None:
-        t0 = time.perf_counter()  # no device sync in this thread: the copy to the host waits for its batch
-        _store_batch(f, item, res, dtype=job.dtype, where=job.where)
-        if sw is not None:
-            sw.add("write", time.perf_counter() - t0)
+    def store(item: Item, payload: tuple[dict, HostCopy]) -> None:
+        res, copy = payload
+        _store_batch(f, item, res, dtype=job.dtype, where=job.where, host=copy.wait())
         if job.on_batch is not None:
             job.on_batch(*item)
 
+    def convert(name: str, t):
+        return _storage_tensor(name, t, job.dtype)
+
     bar = tqdm(total=sum(hi - lo for _, _, lo, hi in items), desc=job.desc, unit="img",
                disable=not job.progress, dynamic_ncols=True)
-    t0, seen, pending = time.perf_counter(), 0, deque()
-    with ThreadPoolExecutor(max_workers=1) as writer:
-        try:
-            for got in (loader if sw is None else sw.iterate(loader)):
-                i, images = got[0], got[1]
-                if sw is not None:
-                    sw.add("read", got[2][0])
-                    sw.add("collate", got[2][1])
-                while pending and pending[0].done():  # surface a failed write at once
-                    pending.popleft().result()
-                item = items[int(i)]
-                with timed(sw, "h2d"):
-                    images = images.to(dev, non_blocking=True)
-                with timed(sw, "forward"):  # the encoder (under autocast) and the token reductions
-                    with torch.autocast(dev.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
-                        res = _encode(job.enc, item[0], images, job.layers, job.tile_encoding)
-                    res = reduce(item[0], res)
-                if not seen:
-                    check_space(Path(f.filename), res, item, sum(hi - lo for _, _, lo, hi in items), job.dtype)
-                pending.append(writer.submit(store, item, res))
-                with timed(sw, "write wait"):
-                    while len(pending) > 2:
-                        pending.popleft().result()
-                seen += item[3] - item[2]
-                bar.update(item[3] - item[2])
-                bar.set_postfix_str(f"{seen / max(time.perf_counter() - t0, 1e-9):.1f} img/s")
-            while pending:
-                pending.popleft().result()
-        finally:
-            for fut in pending:
-                fut.cancel()
-            bar.close()
+    t0, seen = time.perf_counter(), 0
+    writer = _Writer(store, job.async_writes, sw)
+    try:
+        for got, images in device_batches(_loader(job, items), dev, sw):
+            if sw is not None:
+                sw.add("read", got[2][0])
+                sw.add("collate", got[2][1])
+            item = items[int(got[0])]
+            with timed(sw, "forward"):  # the encoder (under autocast) and the token reductions
+                with torch.autocast(dev.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+                    res = _encode(job.enc, item[0], images, job.layers, job.tile_encoding)
+                res = reduce(item[0], res)
+            if not seen:
+                check_space(Path(f.filename), res, item, sum(hi - lo for _, _, lo, hi in items), job.dtype)
+            with timed(sw if down is not None else None, "d2h"):  # CUDA: the cast; the copy queued
+                copy = HostCopy(res, convert, down)
+            writer.put(item, (res, copy))
+            seen += item[3] - item[2]
+            bar.update(item[3] - item[2])
+            bar.set_postfix_str(f"{seen / max(time.perf_counter() - t0, 1e-9):.1f} img/s")
+        writer.drain()
+    finally:
+        writer.close()
+        bar.close()
 
 
 def _loader(job: _Job, items: list[Item]):
@@ -443,6 +500,9 @@ class CacheOptions:
     ``"-1,-4"`` (kept as a tuple of ints). ``loader_workers``: DataLoader workers (None: 2 on
     CUDA, 0 on the CPU). ``token_storage``: the reductions of the stored tokens
     (:mod:`.token_storage`; None: full tokens). ``tile_encoding``: :data:`TILE_ENCODINGS`.
+    ``async_writes``: batches stored by one writer thread while the next are encoded (default),
+    or in the encoding loop; the file is the same byte for byte (not recorded, not in
+    ``cache_args``: a cache resumes either way).
 
     ``weights``, ``random_init`` and ``revision`` are how :func:`~.encoders.load_encoder` loads
     the encoder (unused when the caller passes an ``encoder_obj``). They stay here rather than in
@@ -466,6 +526,7 @@ class CacheOptions:
     random_init: bool = False
     revision: str | None = None
     model_args: dict[str, Any] | None = None  # --model-args: the constructor's (timm:, monai:)
+    async_writes: bool = True  # one writer thread; False: writes in the loop (the same bytes)
 
     def __post_init__(self) -> None:
         _check_options(self.dtype, self.batch_size, self.loader_workers)
@@ -500,6 +561,7 @@ class _Job:
     progress: bool = True
     on_batch: Callable[[str, str, int, int], None] | None = None
     stopwatch: Stopwatch | None = None  # times the stages of the encoding loop (bench/cache.py)
+    async_writes: bool = True  # CacheOptions.async_writes
 
     @property
     def comp(self) -> str:
@@ -598,7 +660,8 @@ def _start(encoder: str, data: str | Path, out: Path, opts: CacheOptions, encode
     storage.check_encoder(spec.n_prefix, spec.grid, spec.dim or 0, f"{out}: {spec.name}")
     return _Job(build=build, plan=plan, enc=enc, layers=layers, dev=dev, precision=precision,
                 dtype=opts.dtype, workers=workers, batch=opts.batch_size, tile_encoding=opts.tile_encoding,
-                storage=storage, ranks=ranks, target=target, progress=progress, on_batch=on_batch)
+                storage=storage, ranks=ranks, target=target, progress=progress, on_batch=on_batch,
+                async_writes=opts.async_writes)
 
 
 def _check_options(dtype: str, batch_size: int, loader_workers: int | None) -> None:

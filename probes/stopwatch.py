@@ -12,8 +12,16 @@ Stages run in three places, and the table says which (``where``):
 * ``reader``: DataLoader workers (shard read and decompression, collation). Summed over
   the workers, so with several of them it can exceed the wall time; with ``workers=0`` it
   runs inside the main loop's ``load wait``.
-* ``writer``: the cache's writer thread (device-to-host copy and HDF5 writes), which
-  overlaps the next batch's compute; the main loop's ``write wait`` is what it costs.
+* ``writer``: the cache's writer thread (its wait for the batch's copy to the host, the
+  cast to the storage dtype on the CPU, checks and HDF5 writes), which overlaps the next
+  batch's compute: its busy time, reported apart. What it costs the run is the main loop's
+  ``write wait`` (waiting while the queue is full, and for the last batches at the end).
+  With the writer thread off (``CacheOptions.async_writes=False``) both are the time of the
+  writes made in the loop.
+
+On CUDA the copies run on side streams (:mod:`.streams`): ``h2d`` is the next batch's copy
+to the device (issued one batch ahead), ``d2h`` the cast of a batch's features and the
+queueing of their copy back to the host.
 
 On CUDA the device is synchronised at the end of every main-loop stage, so a stage's kernels
 are counted in it and not in the next one that waits for them. That serialises copies and
@@ -25,6 +33,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
@@ -32,7 +41,8 @@ from typing import Any
 #: stage -> where it runs (``main``, ``reader`` or ``writer``), in the order the table shows them
 STAGES: dict[str, str] = {
     "read": "reader", "collate": "reader", "load wait": "main", "host prep": "main", "h2d": "main",
-    "forward": "main", "backward": "main", "step": "main", "write": "writer", "write wait": "main",
+    "forward": "main", "backward": "main", "step": "main", "d2h": "main", "write": "writer",
+    "write wait": "main",
 }
 
 
@@ -102,12 +112,33 @@ def timed(stopwatch: Stopwatch | None, name: str) -> AbstractContextManager[Any]
     return stopwatch.stage(name) if stopwatch is not None else nullcontext()
 
 
+def reset_peak_memory(device: Any = None) -> bool:
+    """Start the peaks of :func:`peak_memory` afresh (Linux: ``/proc/self/clear_refs``; CUDA:
+    torch's counters), so one process can measure runs one after another. False where the
+    RSS peak cannot be reset (it then keeps the process's peak so far)."""
+    if getattr(device, "type", None) == "cuda":
+        import torch
+
+        torch.cuda.reset_peak_memory_stats(device)
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def peak_memory(device: Any = None) -> dict[str, float]:
     """The process's peak RSS and, on CUDA, the peak memory torch allocated, in MiB."""
     import resource
     import sys
 
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20 if sys.platform == "darwin" else 1 << 10)
+    try:  # the peak since reset_peak_memory (getrusage keeps the process's whole life)
+        status = Path("/proc/self/status").read_text()
+        rss = float(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("VmHWM:"))) / 1024
+    except (OSError, StopIteration, ValueError):
+        pass
     out = {"peak RSS": float(rss)}
     if getattr(device, "type", None) == "cuda":
         import torch

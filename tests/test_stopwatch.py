@@ -33,8 +33,10 @@ def test_cache_with_a_stopwatch_is_the_same_cache(workers: int, tmp_path: Path) 
     a, b = _arrays(plain), _arrays(timed)
     assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
     batches = 3 + 1 + 2  # level1/train 11 rows, level1/test 3, level3/test 7, batches of 4
-    for stage in ("read", "collate", "load wait", "h2d", "forward", "write", "write wait"):
+    for stage in ("read", "collate", "load wait", "h2d", "forward", "write"):
         assert sw.counts[stage] == batches, stage  # read/collate come back from the worker process too
+    assert sw.counts["write wait"] == batches + 1  # and the last wait for the writer thread
+    assert "d2h" not in sw.counts  # on the CPU the cast is the writer's
     rows = sw.rows(10.0)
     assert [r[0] for r in rows][-1] == "other" and all(r[1] == STAGES.get(r[0], "main") for r in rows)
     main = sum(sec for _, where, sec, _ in rows if where == "main")
