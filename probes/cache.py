@@ -400,6 +400,8 @@ class _Writer:
 
     def drain(self) -> None:
         """Wait for every batch handed over (the first failure raised)."""
+        if self.pool is None:
+            return
         with timed(self.sw, "write wait"):
             while self.pending:
                 self.pending.popleft().result()

@@ -23,6 +23,7 @@ import numpy as np
 from spar_bench.errors import ConfigError
 
 from ..stopwatch import Stopwatch, timed
+from ..streams import device_batches
 from .config import FinetuneConfig, lr_factor
 from .data import Loading, RowBatches, epoch_batches, items_of
 from .model import encode
@@ -65,7 +66,8 @@ def project(head, tokens):
 
 
 class Encoding:
-    """The encoder on its device with its autocast precision and its DataLoader settings."""
+    """The encoder on its device with its autocast precision and its DataLoader settings
+    (on CUDA: pinned memory, each next batch copied on a side stream, :mod:`..streams`)."""
 
     def __init__(self, enc, build, dev, comp: str, cfg: FinetuneConfig):
         import torch
@@ -90,8 +92,9 @@ class Encoding:
         batches = [rows[s : s + b] for s in range(0, rows.size, b)]
         parts = []
         with torch.no_grad(), self.autocast():
-            for _, images in self.loading.loader(RowBatches(self.build, level, split, batches)):
-                tokens, pooled = encode(self.enc, images.to(self.dev), self.cfg.layer)
+            for _, images in device_batches(self.loading.loader(RowBatches(self.build, level, split, batches)),
+                                            self.dev):
+                tokens, pooled = encode(self.enc, images, self.cfg.layer)
                 if kind == "pooled":
                     f = pooled
                 else:
@@ -256,13 +259,11 @@ class Trainer:
         loader = self.encoding.loading.loader(RowBatches(self.encoding.build, tr.level, tr.split, todo,
                                                          timed=sw is not None))
         t0 = time.perf_counter()
-        for got in (loader if sw is None else sw.iterate(loader)):
-            images, rows = got[1], batches[st.batch]
+        for got, images in device_batches(loader, self.dev, sw):  # CUDA: the next copy during this step
+            rows = batches[st.batch]
             if sw is not None:
                 sw.add("read", got[2][0])
                 sw.add("collate", got[2][1])
-            with timed(sw, "h2d"):
-                images = images.to(self.dev, non_blocking=True)
             loss, n = self.batch_loss(images, tr.targets, rows)
             with timed(sw, "backward"):
                 self.scaler.scale(loss / cfg.accum).backward()
