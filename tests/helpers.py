@@ -424,3 +424,24 @@ def running_stub():
         srv.shutdown()
         srv.server_close()
         t.join(timeout=5)
+
+
+def assert_at_blind(runs: list[dict], z: float = 2.5) -> None:
+    """Heads that read no usable signal score as their blind controls do: over the runs'
+    ``metrics.json`` (question probes), the items answered right beyond (or short of) the blind
+    head, pooled, stay within ``z`` standard deviations of two independent binomial scores.
+
+    Pooled rather than per run: one run's 16-32 test items move by several items between CPU
+    kinds (trained models match bit for bit on one machine only), and a per-run interval test
+    on them is either flaky or empty. A head that reads the image (say 90 % against a blind
+    70 %) is far outside."""
+    import math
+
+    extra = var = 0.0
+    for m in runs:
+        n, acc, blind = m["n_items"]["test"], m["test"]["accuracy"], m["controls"]["blind"]["accuracy"]
+        q = min(max(blind, 0.05), 0.95)
+        extra += n * (acc - blind)
+        var += 2 * n * q * (1 - q)
+    assert abs(extra) <= z * math.sqrt(var) + 1, (extra, math.sqrt(var), [(m["probe"], m["test"]["accuracy"],
+                                              m["controls"]["blind"]["accuracy"]) for m in runs])
