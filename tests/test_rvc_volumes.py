@@ -28,12 +28,8 @@ def test_the_plan_builds_three_layouts_as_volumes_and_trains_from_scratch(tmp_pa
     plan = _plan(tmp_path)
     assert [s.id for s in plan.steps] == ["build:canonical", "build:mirrored", "build:random", "scratch:rn10n",
                                           "eval:scratch:rn10n@mirrored", "eval:scratch:rn10n@random", "report"]  # fmt: skip
-    for name, layout in (
-        ("canonical", "canonical"),
-        ("mirrored", "mirrored"),
-        ("random", "random"),
-    ):
-        (_, phantom), (_, build) = plan.step(f"build:{name}").commands
+    for layout in ("canonical", "mirrored", "random"):  # each build is named after its layout
+        (_, phantom), (_, build) = plan.step(f"build:{layout}").commands
         assert _arg(phantom, "--layout") == layout and _arg(phantom, "--intensities") == "distinct"
         assert (
             _arg(build, "--levels") == "level4" and _arg(build, "--counterfactual") == "mirror+flip"
@@ -44,11 +40,14 @@ def test_the_plan_builds_three_layouts_as_volumes_and_trains_from_scratch(tmp_pa
     assert _arg(train, "--encoder") == "monai:resnet10" and _arg(train, "--layer") == "2"
     assert _arg(train, "--probe") == "level4.relative_position" and _arg(train, "--seeds") == "0,1"
     assert _arg(train, "--data") == "{out}/builds/canonical"
+    assert "--train-mirrors" not in train  # the canonical model never sees a mirrored volume
 
 
 def test_the_second_half_trains_on_random_layouts(tmp_path):
     plan = _plan(tmp_path, TRAIN_ON="random", TRANSFER="[canonical, mirrored]")
     assert _arg(plan.step("scratch:rn10n").commands[0][1], "--data") == "{out}/builds/random"
+    mirrors = _plan(tmp_path, TRAIN_ON="random", TRANSFER="[canonical]", TRAIN_MIRRORS="true")
+    assert "--train-mirrors" in mirrors.step("scratch:rn10n").commands[0][1]
     assert [s.id for s in plan.steps if s.kind == "eval"] == ["eval:scratch:rn10n@canonical",
                                                               "eval:scratch:rn10n@mirrored"]  # fmt: skip
 
