@@ -8,6 +8,19 @@ canonical anatomy from one that reads the image?
         --probes level3.relative_position,level3.orientation --cases 600 --eval-cases 40 \
         --in-plane 96 --slices 16 --l3-stride 2 --train-mirrors
 
+    # issue 26: the three reference models on the eight probes of Levels 1-3 (README, "calibrated")
+    python scripts/recall_vs_computation.py --out runs/rvc-cal --calibrate --seeds 0,1,2 --cases 240 \
+        --eval-cases 40 --in-plane 64 --slices 8 --l3-stride 1 --samples 2 --epochs 3 --patience 3
+
+``--calibrate``: recall (the encoder trained on canonical layouts), computation (trained on
+random layouts) and the oracle (answers from the masks), each scored on every probe of
+``--score`` on the three layouts' test splits, with the blind rows (the question-only optimum
+fitted on canonical and on random layouts), the mirrored counterfactuals of the canonical
+test slices and the conflict items (those whose canonical-anatomy answer is wrong). The
+encoders train end to end on ``--probes`` (default relative position); every other probe is a
+frozen ``attnpool`` probe (``spar-probe fit``) of the trained encoder's feature caches.
+Writes ``OUT/calibration.md``, ``.json``, ``.png`` and ``OUT/plots/<probe>.png``.
+
 1. Three phantom datasets (``spar-build phantom --layout canonical|random|mirrored
    --intensities distinct``: every organ its own mean HU, so that an organ can be found by
    its appearance in any layout), each built into shards with Levels 1 and 3 and mirrored
