@@ -20,7 +20,16 @@ Per encoder (random init: throughput does not depend on the weights) it prints:
   copy, forward, writes in the writer thread and waiting for them), seconds and shares of its
   wall time, beside the untimed ratio; on CUDA every stage is synchronised, so that run is
   slower than the untimed ones (``--no-breakdown`` skips it);
+* the writer thread on vs off: each repeat also caches with ``async_writes=False`` (HDF5
+  writes in the encoding loop; the same file), interleaved, and gives both img/s, the median
+  paired ratio on/off and each one's peak RSS (and peak CUDA memory), reset before each run
+  (``--no-compare-writer`` skips those runs);
 * the process's peak RSS (and peak CUDA memory).
+
+On a GPU machine (issue 25's rows; on CUDA the uploads and downloads also run on side
+streams, :mod:`spar_bench.probes.streams`):
+
+    python bench/cache.py --synthetic 20000 --device cuda --batch 256 --workers 8 --json cache-gpu.json
 
 ``--synthetic N`` writes a build of N synthetic images with numpy and h5py only
 (:mod:`spar_bench.builder.synthetic`, gzip shards: no hdf5plugin, nibabel or datasets needed),
@@ -161,6 +170,8 @@ def parse_args(argv: list[str] | None):
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--no-breakdown", dest="breakdown", action="store_false",
                     help="skip the timed run that says where the time goes")
+    ap.add_argument("--no-compare-writer", dest="compare_writer", action="store_false",
+                    help="skip the cache runs with the writer thread off (async_writes=False)")
     return ap.parse_args(argv)
 
 
@@ -172,6 +183,7 @@ def measure_encoder(name: str, a, data: Path, levels: list[str], device, compute
     from spar_bench.probes.cache import CacheOptions, write_cache
     from spar_bench.probes.encoders import load_encoder
     from spar_bench.probes.finetune.run import published_encoder
+    from spar_bench.probes.stopwatch import peak_memory, reset_peak_memory
 
     b = Build(data)
     n_rows = sum(b.count(lv, s) for lv in levels for s in b.splits(lv))
@@ -180,19 +192,26 @@ def measure_encoder(name: str, a, data: Path, levels: list[str], device, compute
         enc.use_channels_last()
     enc.to(device)
     out = tmp / f"{name.replace(':', '_')}.h5"
-    bares, e2es, startups = [], [], []
+    bares, e2es, startups, syncs, peaks = [], [], [], [], {True: {}, False: {}}
     for _ in range(a.repeats):
         bares.append(bare_throughput(enc, device, compute, a.batch, a.iters))
-        first: list[float] = []
-        t0 = time.perf_counter()
-        write_cache(name, data, out, CacheOptions(levels=levels, device=str(device), batch_size=a.batch,
-                                                  dtype=a.dtype, compute=compute, loader_workers=a.workers,
-                                                  overwrite=True),
-                    encoder_obj=enc, progress=False,
-                    on_batch=lambda *_, f=first: f or f.append(time.perf_counter()))
-        total = time.perf_counter() - t0
-        e2es.append(n_rows / total)
-        startups.append(((first[0] - t0) if first else total, total))
+        for background in (True, False) if a.compare_writer else (True,):
+            first: list[float] = []
+            reset_peak_memory(device)
+            t0 = time.perf_counter()
+            write_cache(name, data, out, CacheOptions(levels=levels, device=str(device), batch_size=a.batch,
+                                                      dtype=a.dtype, compute=compute, loader_workers=a.workers,
+                                                      overwrite=True, async_writes=background),
+                        encoder_obj=enc, progress=False,
+                        on_batch=lambda *_, f=first: f or f.append(time.perf_counter()))
+            total = time.perf_counter() - t0
+            for k, v in peak_memory(device).items():
+                peaks[background][k] = max(peaks[background].get(k, 0.0), v)
+            if not background:
+                syncs.append(n_rows / total)
+                continue
+            e2es.append(n_rows / total)
+            startups.append(((first[0] - t0) if first else total, total))
     breakdown = timed_breakdown(name, a, data, levels, device, compute, enc, out) if a.breakdown else None
     lv = levels[0]
     r = {"encoder": published_encoder(name, enc.spec), "tokens": enc.spec.n_tokens, "dim": enc.spec.dim,
@@ -204,6 +223,10 @@ def measure_encoder(name: str, a, data: Path, levels: list[str], device, compute
          "token_bytes_per_sample": enc.spec.n_tokens * enc.spec.dim * (2 if a.dtype == "fp16" else 4),
          **read_throughput(out, lv, b.splits(lv)[0]),
          **precision(enc, data, device, min(a.batch, 32))}
+    r["peak_memory_mib"] = peaks[True]
+    if syncs:  # the same runs with the writer thread off, interleaved: what the thread gives
+        r.update(cache_sync_img_s=max(syncs), cache_sync_all=syncs, peak_memory_sync_mib=peaks[False],
+                 writer_speedup=float(np.median([w / s for w, s in zip(e2es, syncs, strict=True)])))
     if breakdown is not None:
         r["breakdown"] = breakdown
     out.unlink()
@@ -234,6 +257,11 @@ def print_table(results: list[dict]) -> None:
               f"{r['fp16_storage_rel_l2']:9.2e} {r['bf16_compute_rel_l2']:9.2e} "
               f"{r['startup_s']:7.2f} {100 * r['startup_share']:6.1f}%")
     print(f"peak RSS {peak_rss_mib():.0f} MiB")
+    for r in (r for r in results if "writer_speedup" in r):
+        mem = lambda d: ", ".join(f"{k} {v:.0f} MiB" for k, v in d.items())  # noqa: E731
+        print(f"\n{r['encoder']}: writer thread on vs off (the same runs, interleaved): "
+              f"{r['cache_img_s']:.1f} vs {r['cache_sync_img_s']:.1f} img/s, x{r['writer_speedup']:.2f}; "
+              f"peak on: {mem(r['peak_memory_mib'])}; off: {mem(r['peak_memory_sync_mib'])}")
     for r in results:
         if "breakdown" in r:
             print(f"\n{r['encoder']}: where the time goes (a timed run; untimed ratio cache/bare {r['ratio']:.2f})")

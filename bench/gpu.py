@@ -277,6 +277,11 @@ def table(res: dict, plan: Plan) -> list[tuple[str, str, str]]:
                      f"{r['cache_img_s']:,.0f} vs {r['bare_img_s']:,.0f} img/s bare: **{r['ratio']:.2f}**", ">= 0.9"))
         rows.append((f"  where the time goes (a timed run, {r['breakdown']['wall_s']:.1f} s)",
                      shares(r["breakdown"]["stages"]), "-"))
+        if "writer_speedup" in r:
+            on, off = r["peak_memory_mib"], r["peak_memory_sync_mib"]
+            rows.append(("  writer thread on vs off (async_writes=False: the same file)",
+                         f"{r['cache_img_s']:,.0f} vs {r['cache_sync_img_s']:,.0f} img/s: x{r['writer_speedup']:.2f}; "
+                         + ", ".join(f"{k} {on[k]:,.0f} vs {off[k]:,.0f} MiB" for k in on), "-"))
     f = res["finetune"]
     rows.append((f"finetune {f['encoder']}, batch {f['batch']}, {f['probe']}",
                  f"{f['finetune_img_s']:,.0f} vs {f['bare_img_s']:,.0f} img/s fwd+bwd+step: "

@@ -37,7 +37,7 @@ def test_gpu_bench_quick_prints_its_table(tmp_path: Path) -> None:
     for start in ("cache timm:resnet10t", "cache timm:vit_tiny_patch16_224", "finetune timm:resnet10t",
                   "sweep (4-case phantom", "spar-build phantom --n 4", "build (4 cases",
                   "token cache of 26,558 images", "--token-grid 14 (measured", "--token-grid 7 --token-int8",
-                  "cache with grid:14 vs bare forward"):
+                  "cache with grid:14 vs bare forward", "writer thread on vs off"):
         assert any(m.startswith(start) for m in measures), (start, measures)
     assert sum("where the time goes" in m for m in measures) == 3
     res = json.loads(out.read_text(encoding="utf-8"))
