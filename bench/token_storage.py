@@ -56,22 +56,31 @@ def parse_storage(text: str):
     return TokenStorage.parse(grid, proj, int8)
 
 
-def own_build(tmp: Path, n_cases: int) -> Path:
-    """The main job's build: a canonical phantom of ``n_cases`` cases, 8 samples per case, mirrors."""
+def own_build(tmp: Path, args) -> Path:
+    """A phantom of ``args.cases`` cases (``--layout``, ``--intensities``, ``--in-plane``/``--slices``),
+    built with Levels 1-3, ``--samples`` mosaics per case, Level 3 on every ``--l3-stride``-th
+    slice, mirrored counterfactuals."""
+    from spar_bench.builder.build import BuildConfig, build
+    from spar_bench.builder.phantom.generate import write_phantom_dataset
+
     phantom, out = tmp / "phantom", tmp / "build"
-    for cmd in (["spar-build", "phantom", "--out", str(phantom), "--n", str(n_cases)],
-                ["spar-build", "--source", "phantom", "--root", str(phantom), "--out", str(out),
-                 "--samples-per-case", "8", "--counterfactual", "mirror", "--no-hf"]):
-        subprocess.run(cmd, check=True, capture_output=True)
+    write_phantom_dataset(phantom, args.cases, layout=args.layout, seed=args.phantom_seed,
+                          intensities=args.intensities, in_plane=args.in_plane, n_slices=args.slices,
+                          progress=False)
+    sample = {"samples_per_case": args.samples, "counterfactual": "mirror", "l3_stride": args.l3_stride}
+    build(BuildConfig(sources=("phantom",), roots=(str(phantom),), out=str(out), sample=sample, hf=False,
+                      workers=1), quiet=True)
     return out
 
 
-def headline_scores(runs: Path) -> dict[str, list[float]]:
-    """``{probe: [headline per seed]}`` of the sweep's finished runs under ``runs``."""
-    out: dict[str, list[float]] = {}
+def headline_scores(runs: Path) -> dict[str, list[tuple[float, float, float]]]:
+    """``{probe: [(headline, ci low, ci high) per seed]}`` of the sweep's finished runs under ``runs``."""
+    out: dict[str, list[tuple[float, float, float]]] = {}
     for path in sorted(runs.rglob("metrics.json")):
         m = json.loads(path.read_text(encoding="utf-8"))
-        out.setdefault(m["probe"], []).append(float(m["test"][m["headline"]]))
+        t, h = m["test"], m["headline"]
+        lo, hi = t.get("ci", {}).get(h, (np.nan, np.nan))
+        out.setdefault(m["probe"], []).append((float(t[h]), float(lo), float(hi)))
     return out
 
 
@@ -82,35 +91,57 @@ def measure(args, data: Path, tmp: Path, name: str) -> dict:
     t0 = time.perf_counter()
     write_cache(args.encoder, data, cache, CacheOptions(weights=args.weights, random_init=args.weights is None,
                                                        device=args.device, batch_size=args.batch,
-                                                       token_storage=parse_storage(name)), progress=False)
+                                                       token_storage=parse_storage(name),
+                                                       model_args=args.model_args), progress=False)
     seconds = time.perf_counter() - t0
     runs = tmp / f"runs-{cache.stem}"
+    t0 = time.perf_counter()
     subprocess.run(["spar-probe", "sweep", "--features", str(cache), "--data", str(data), "--out", str(runs),
-                    "--heads", args.head, "--probes", args.probes, "--seeds", args.seeds,
-                    "--device", args.device, "--jobs", str(args.jobs)], check=True, capture_output=True)
-    return {"bytes": cache.stat().st_size, "seconds": seconds, "scores": headline_scores(runs)}
+                    "--head", args.head, "--probe", args.probes, "--seeds", args.seeds, "--device", args.device,
+                    "--jobs", str(args.jobs), *args.fit_args], check=True, capture_output=True)
+    return {"bytes": cache.stat().st_size, "seconds": seconds, "sweep_seconds": time.perf_counter() - t0,
+            "scores": headline_scores(runs)}
+
+
+def within(v: np.ndarray, base: np.ndarray) -> bool:
+    """The storage's mean over seeds lies inside the full tokens' 95 % bootstrap interval
+    (the per-seed interval bounds averaged over the seeds)."""
+    return bool(base[:, 1].mean() <= v[:, 0].mean() <= base[:, 2].mean())
 
 
 def print_table(results: dict[str, dict]) -> None:
+    """One row per storage: bytes, write time and per probe ``mean +- sd [interval]``; ``*``
+    marks a mean outside the first storage's (full tokens') interval."""
     base = results[next(iter(results))]
     probes = sorted(base["scores"])
-    print("| storage | cache MB | x full | write s | x full | "
-          + " | ".join(f"{p} (mean +- sd; vs first)" for p in probes) + " |")
-    print("|---" * (5 + len(probes)) + "|")
+    print("| storage | cache MB | x full | write s | x full | " + " | ".join(probes) + " | all within |")
+    print("|---" * (6 + len(probes)) + "|")
     for name, r in results.items():
-        cells = []
+        cells, ok = [], True
         for p in probes:
-            v, b = np.asarray(r["scores"].get(p, [np.nan])), np.asarray(base["scores"][p])
-            cells.append(f"{v.mean():.3f} +- {v.std(ddof=1) if v.size > 1 else 0:.3f} ({v.mean() - b.mean():+.3f})")
-        print(f"| {name} | {r['bytes'] / 1e6:.1f} | {r['bytes'] / base['bytes']:.2f} | {r['seconds']:.1f} | "
-              f"{r['seconds'] / base['seconds']:.2f} | " + " | ".join(cells) + " |")
+            v, b = np.asarray(r["scores"].get(p, [(np.nan,) * 3])), np.asarray(base["scores"][p])
+            inside = within(v, b)
+            ok &= inside
+            sd = v[:, 0].std(ddof=1) if len(v) > 1 else 0.0
+            cells.append(f"{v[:, 0].mean():.3f} +- {sd:.3f} [{v[:, 1].mean():.3f}, {v[:, 2].mean():.3f}]"
+                         f"{'' if inside else ' *'}")
+        print(f"| {name} | {r['bytes'] / 1e6:.2f} | {r['bytes'] / base['bytes']:.2f} | {r['seconds']:.1f} | "
+              f"{r['seconds'] / base['seconds']:.2f} | " + " | ".join(cells) + f" | {'yes' if ok else 'no'} |")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", type=Path, help="a build (default: a phantom build made here)")
     ap.add_argument("--cases", type=int, default=12, help="phantom cases when no --data")
+    ap.add_argument("--layout", default="canonical", help="phantom layout when no --data")
+    ap.add_argument("--intensities", default="ct", help="phantom intensities (ct|distinct) when no --data")
+    ap.add_argument("--in-plane", type=int, default=None, help="phantom in-plane voxels (default: 160)")
+    ap.add_argument("--slices", type=int, default=None, help="phantom slices (default: 40-60)")
+    ap.add_argument("--phantom-seed", type=int, default=0)
+    ap.add_argument("--samples", type=int, default=8, help="Level 1-2 mosaics per case")
+    ap.add_argument("--l3-stride", type=int, default=4, help="Level 3 on every Nth slice")
     ap.add_argument("--encoder", default="timm:resnet18")
+    ap.add_argument("--model-args", type=json.loads, default=None, help="the encoder constructor's, JSON")
     ap.add_argument("--weights", default=None, help="weights (default: random init, said in the output)")
     ap.add_argument("--storages", default="full,int8,pca:64,grid:4,grid:4+int8")
     ap.add_argument("--probes", default="level2.arrangement,level3.size,level3.distance")
@@ -119,15 +150,25 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    ap.add_argument("fit_args", nargs="*", help="after --: more spar-probe sweep options (--max-epochs 10)")
     args = ap.parse_args()
+    t_all = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="spar-storage-") as t:
         tmp = Path(t)
-        data = args.data or own_build(tmp, args.cases)
-        print(f"build {'given' if args.data else f'phantom, {args.cases} cases'}; encoder {args.encoder}"
-              f"{'' if args.weights else ' (RANDOM init)'}; head {args.head}; seeds {args.seeds}")
-        results = {name: measure(args, data, tmp, name) for name in args.storages.split(",")}
+        data = args.data or own_build(tmp, args)
+        print(f"build {'given' if args.data else f'phantom, {args.cases} cases, {args.layout}, {args.intensities}'};"
+              f" encoder {args.encoder}{'' if args.weights else ' (RANDOM init)'}; head {args.head};"
+              f" seeds {args.seeds}; sweep options {' '.join(args.fit_args) or 'defaults'}", flush=True)
+        results = {}
+        for name in args.storages.split(","):
+            results[name] = measure(args, data, tmp, name)
+            print(f"  {name}: {results[name]['bytes']} bytes, write {results[name]['seconds']:.1f} s, "
+                  f"sweep {results[name]['sweep_seconds']:.0f} s", flush=True)
+            if args.json:  # after every storage: a long measurement stopped early keeps what it measured
+                args.json.write_text(json.dumps(results, indent=1), encoding="utf-8")
     print_table(results)
-    print(f"peak RSS {peak_rss_mib():.0f} MiB")
+    print(f"wall {time.perf_counter() - t_all:.0f} s; peak RSS {peak_rss_mib():.0f} MiB")
 
 
 if __name__ == "__main__":
