@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from pathlib import Path
 from typing import Any
 
 #: stage -> where it runs (``main``, ``reader`` or ``writer``), in the order the table shows them
