@@ -16,16 +16,17 @@ from .options import bootstrap_option, names_all, probe_option, split_list
 
 
 def full_probe_name(name: str) -> str:
-    """``level3.<name>`` for a short name (Level 3 first: ``distance`` is Level 3's), else
-    ``level4.<name>`` when only Level 4 has it (``adjacency``, ``containment``, ``volume``)."""
-    from ..tasks import PROBE_SPECS
+    """The full name of a short question-probe name: the first level (in registry order) that
+    has it (``distance`` is Level 3's; ``adjacency``, ``containment``, ``volume`` are Level 4's)."""
+    from ..tasks import get_probe, probe_names
 
     if "." in name:
         return name
-    for level in ("level3", "level4"):
-        if f"{level}.{name}" in PROBE_SPECS:
-            return f"{level}.{name}"
-    return f"level3.{name}"  # unknown: the registry's error names the close ones
+    asking = [p for p in probe_names() if get_probe(p).asks]
+    for full in asking:
+        if full.split(".", 1)[1] == name:
+            return full
+    return f"{asking[0].split('.', 1)[0]}.{name}"  # unknown: the registry's error names the close ones
 
 
 def parse_question_probes(text: tuple[str, ...] | str) -> list[str]:
