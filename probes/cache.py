@@ -370,7 +370,8 @@ WRITE_QUEUE = 2
 
 class _Writer:
     """Stores batches in their order: in ONE background thread, at most :data:`WRITE_QUEUE`
-    of them waiting (``background``), or at once in the calling thread. A failed store
+    of them waiting (``background``), or at once in the calling thread. Nothing is stored
+    after a failed store (queued batches are skipped, not raced against ``close``); it
     surfaces in the caller at its next :meth:`put` or at :meth:`drain`, the same exception.
     With a stopwatch: ``write`` is the store's own time, ``write wait`` the caller's wait for
     it (with no thread, both are the store's time)."""
@@ -379,10 +380,17 @@ class _Writer:
         self.store, self.sw = store, stopwatch
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cache-writer") if background else None
         self.pending: deque = deque()
+        self.failed = False  # set by the writer thread itself, before the next queued batch starts
 
     def _timed_store(self, item: Item, payload: Any) -> None:
+        if self.failed:  # a batch after a failed one is never stored (the rerun redoes both)
+            return
         t0 = time.perf_counter()  # no device sync here: HostCopy.wait waits for its batch alone
-        self.store(item, payload)
+        try:
+            self.store(item, payload)
+        except BaseException:
+            self.failed = True
+            raise
         if self.sw is not None:
             self.sw.add("write", time.perf_counter() - t0)
 

@@ -84,6 +84,29 @@ def test_batches_are_written_in_order_through_a_bounded_queue(build: Path, tmp_p
     assert stored == order  # the build's order of levels, splits and rows
 
 
+def test_no_batch_is_stored_after_a_failed_one_even_when_queued() -> None:
+    """The race CI once hit: the writer thread picked the next queued batch up before close()
+    could cancel it. Batches 2 and 3 are queued while batch 1 is still failing."""
+    release, stored = threading.Event(), []
+
+    def store(item, payload):
+        if item == 1:
+            release.wait(5)
+            raise IntegrityError("broken on purpose")
+        stored.append(item)
+
+    w = pc._Writer(store, background=True, stopwatch=None)
+    try:
+        w.put(1, None)
+        w.put(2, None)
+        threading.Timer(0.2, release.set).start()
+        with pytest.raises(IntegrityError, match="on purpose"):  # 2 and 3 queued behind batch 1
+            w.put(3, None)  # the queue is over WRITE_QUEUE: this waits for batch 1, which fails
+    finally:
+        w.close()
+    assert stored == [] and not _writer_threads()
+
+
 @pytest.mark.parametrize("background", [True, False])
 def test_a_failed_write_is_the_loops_error_and_the_rerun_resumes(background: bool, build: Path, tmp_path: Path,
                                                                  monkeypatch) -> None:
