@@ -67,6 +67,7 @@ class Plan:
     sweep_args: tuple[str, ...]
     storage_model_args: dict | None
     storages: tuple[str, ...]
+    phantom_args: tuple[str, ...] = ()  # the phantom's grid (--quick: a small one)
 
 
 FULL = Plan(150, 32, ("timm:resnet50", "timm:vit_base_patch32_224"), 256, 20, ("timm:resnet50", 128, 20),
@@ -76,7 +77,7 @@ QUICK = Plan(4, 1, ("timm:resnet10t", "timm:vit_tiny_patch16_224"), 16, 4, ("tim
              "timm:resnet10t", ("--head", "mlp", "--probe", "level3.size", "--seeds", "0", "--max-epochs", "2",
                                 "--bootstrap", "20", "--no-controls", "--jobs", "1"),
              {"depth": 1, "embed_dim": 48, "num_heads": 2},
-             ("grid:14", "grid:7+int8"))
+             ("grid:14", "grid:7+int8"), ("--in-plane", "96", "--slices", "16"))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -151,7 +152,7 @@ def make_build(work: Path, plan: Plan, jobs: int, env: dict[str, str]) -> tuple[
     """The phantom and its build; their wall times."""
     phantom, build = work / "phantom", work / "build"
     t_ph = run_cli("spar_bench.builder.cli", ["phantom", "--out", str(phantom), "--n", str(plan.cases),
-                                              "--jobs", str(jobs), "--overwrite"], env)
+                                              *plan.phantom_args, "--jobs", str(jobs), "--overwrite"], env)
     t_b = run_cli("spar_bench.builder.cli", ["--source", "phantom", "--root", str(phantom), "--out", str(build),
                                              "--samples-per-case", str(plan.samples_per_case),
                                              "--counterfactual", "mirror", "--no-hf", "--compression", "gzip",

@@ -35,7 +35,8 @@ from spar_bench.errors import ConfigError
 #: the keys of each section (``*``: any name, whose value has the schema of the entry)
 SCHEMA: dict[str, Any] = {
     "experiment": str, "description": str, "vars": {"*": (str, int, float)}, "out": str,
-    "builds": {"*": {"phantom": {"n": int, "layout": str, "seed": int, "intensities": str},
+    "builds": {"*": {"phantom": {"n": int, "layout": str, "seed": int, "intensities": str, "size": str,
+                                 "in_plane": int, "slices": int},
                      "sources": [str], "roots": [str], "path": str, "thresholds_from": str,
                      "options": {"*": object}}},
     "encoders": {"*": {"spec": str, "weights": str, "revision": str, "random_init": bool,

@@ -23,7 +23,7 @@ def _blind_relative_position(root: Path, layout: str) -> dict:
 
     ph, shards, cache, runs = (root / f"{x}-{layout}" for x in ("ph", "shards", "cache", "runs"))
     steps = [
-        (build_cli, ["phantom", "--out", ph, "--n", 16, "--layout", layout]),
+        (build_cli, ["phantom", "--out", ph, "--n", 16, "--layout", layout, "--in-plane", 96, "--slices", 16]),
         (build_cli, ["--source", "phantom", "--root", ph, "--out", shards, "--levels", "level3", "--no-hf"]),
         (probe_cli, ["cache", "--encoder", "dummy", "--data", shards, "--out", cache / "dummy.h5"]),
         (probe_cli, ["fit", "--features", cache / "dummy.h5", "--head", "mlp", "--probe",

@@ -289,7 +289,8 @@ def phantom4(tmp_path_factory) -> Path:
     from tests.helpers import run_cmd
 
     root = tmp_path_factory.mktemp("phantom4")
-    assert run_cmd(build_cli, ["phantom", "--out", root / "ph", "--n", 8, "--layout", "canonical"]) == 0
+    assert run_cmd(build_cli, ["phantom", "--out", root / "ph", "--n", 8, "--layout", "canonical", "--in-plane", 64,
+                               "--slices", 24]) == 0
     assert run_cmd(build_cli, ["--source", "phantom", "--root", root / "ph", "--out", root / "b", "--levels",
                                "level4", "--volume-size", S, "--no-hf"]) == 0  # fmt: skip
     return root / "b"

@@ -26,8 +26,8 @@ vars:
   HF: {hf}
 out: ${{OUT}}
 builds:
-  train: {{phantom: {{n: 6, layout: canonical}}, options: {{samples_per_case: 2, counterfactual: mirror, hf: false}}}}
-  moved: {{phantom: {{n: 6, layout: random, seed: 1}}, options: {{samples_per_case: 2, hf: false, levels: "level1,level3"}}}}
+  train: {{phantom: {{n: 6, layout: canonical, in_plane: 96, slices: 16}}, options: {{samples_per_case: 2, counterfactual: mirror, hf: false}}}}
+  moved: {{phantom: {{n: 6, layout: random, seed: 1, in_plane: 96, slices: 16}}, options: {{samples_per_case: 2, hf: false, levels: "level1,level3"}}}}
 train_on: train
 transfer: [moved]
 encoders:

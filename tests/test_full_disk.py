@@ -409,10 +409,10 @@ def _size(path: Path) -> int:
 
 
 def _fill_and_resume(disk: Path, out: Path, full: int, run, resume, clean) -> list[int]:
-    """Run with ~5%..95% of ``full`` bytes free; each run ends 0 or with one line and exit 2
+    """Run with ~5%..90% of ``full`` bytes free; each run ends 0 or with one line and exit 2
     (never a crash), and the resumed output has the clean bytes. Returns the exit codes."""
     codes = []
-    for fraction in (0.05, 0.35, 0.7, 0.95):
+    for fraction in (0.05, 0.5, 0.9):
         filler = _leave_free(disk, int(full * fraction))
         r = run()
         errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]
@@ -430,7 +430,7 @@ def _fill_and_resume(disk: Path, out: Path, full: int, run, resume, clean) -> li
 @pytest.mark.slow
 def test_a_real_full_disk_under_a_build_and_a_cache_is_one_line_and_resumes(tmp_path, small_disk):
     ph = tmp_path / "ph"
-    assert _cli("spar_bench.builder.cli", "phantom", "--out", ph, "--n", "2").returncode == 0
+    assert _cli("spar_bench.builder.cli", "phantom", "--out", ph, "--n", "2", "--in-plane", "96", "--slices", "16").returncode == 0
     out = small_disk / "out"
     build = ["--source", "phantom", "--root", ph, "--out", out, "--samples-per-case", "2"]
     assert _cli("spar_bench.builder.cli", *build).returncode == 0
@@ -440,7 +440,7 @@ def test_a_real_full_disk_under_a_build_and_a_cache_is_one_line_and_resumes(tmp_
     codes = _fill_and_resume(small_disk, out, full, lambda: _cli("spar_bench.builder.cli", *build),
                              lambda: _cli("spar_bench.builder.cli", *build, "--resume"),
                              lambda: tree_hashes(out) == clean)
-    assert codes.count(2) >= 3, codes
+    assert codes.count(2) >= 2, codes
 
     cache = small_disk / "c.h5"
     args = ["cache", "--encoder", "dummy", "--data", data, "--out", cache, "--device", "cpu", "--batch", "8"]
@@ -449,7 +449,7 @@ def test_a_real_full_disk_under_a_build_and_a_cache_is_one_line_and_resumes(tmp_
     cache.unlink()
     codes = _fill_and_resume(small_disk, cache, full, lambda: _cli("spar_bench.probes.cli", *args),
                              lambda: _cli("spar_bench.probes.cli", *args), lambda: _sha(cache) == clean_cache)
-    assert codes.count(2) >= 3, codes
+    assert codes.count(2) >= 2, codes
 
 
 # -- the one translation: what every library says, and the line it becomes -------------------

@@ -40,7 +40,8 @@ def build4(tmp_path_factory) -> Path:
     from spar_bench.builder.cli import cli as build_cli
 
     root = tmp_path_factory.mktemp("vqa4")
-    assert run_cmd(build_cli, ["phantom", "--out", root / "ph", "--n", 6, "--layout", "canonical"]) == 0
+    assert run_cmd(build_cli, ["phantom", "--out", root / "ph", "--n", 6, "--layout", "canonical", "--in-plane", 64,
+                               "--slices", 24]) == 0
     assert run_cmd(build_cli, ["--source", "phantom", "--root", root / "ph", "--out", root / "shards",
                                "--levels", "level4", "--volume-size", 16, "--counterfactual", "mirror+flip",
                                "--no-hf"]) == 0  # fmt: skip

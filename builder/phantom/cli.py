@@ -40,6 +40,19 @@ from .generate import INTENSITIES, LAYOUTS, SIZES
     help="small: 160x160 x 40-60 slices; medium: 256x256 x 80-120; large: 512x512 x 160-240.",
 )
 @click.option(
+    "--in-plane",
+    type=click.IntRange(min=32),
+    default=None,
+    help="In-plane voxels (N x N), overriding --size's; a smaller grid renders and builds faster.",
+)
+@click.option(
+    "--slices",
+    "n_slices",
+    type=click.IntRange(min=8),
+    default=None,
+    help="Slices per case, overriding --size's range.",
+)
+@click.option(
     "--intensities",
     type=click.Choice(INTENSITIES),
     default="ct",
@@ -50,8 +63,8 @@ from .generate import INTENSITIES, LAYOUTS, SIZES
 @click.option("--overwrite", is_flag=True, help="Replace an existing phantom dataset in --out.")
 @jobs_option("Processes rendering cases; the dataset's bytes do not depend on it.")
 def phantom_command(
-    out_dir: str, n: int, layout: str, seed: int, no_lesions: bool, size: str, intensities: str,
-    overwrite: bool, **jobs: int | None,
+    out_dir: str, n: int, layout: str, seed: int, no_lesions: bool, size: str, in_plane: int | None,
+    n_slices: int | None, intensities: str, overwrite: bool, **jobs: int | None,
 ) -> None:
     """Write N phantom cases (imagesTr/labelsTr, imagesVal/labelsVal, imagesTs/labelsTs).
 
@@ -62,7 +75,8 @@ def phantom_command(
     from .generate import write_phantom_dataset
 
     record = write_phantom_dataset(
-        out_dir, n, layout=layout, seed=seed, lesions=not no_lesions, size=size, intensities=intensities,
+        out_dir, n, layout=layout, seed=seed, lesions=not no_lesions, size=size, in_plane=in_plane,
+        n_slices=n_slices, intensities=intensities,
         overwrite=overwrite, workers=pop_jobs(jobs),
     )
     splits = ", ".join(f"{k} {v}" for k, v in record["splits"].items())

@@ -820,6 +820,8 @@ def write_phantom_dataset(
             splits=splits,
             cases=cases,
         )
+        # a grid that overrides the size preset is recorded (default records are unchanged)
+        record.update({k: int(v) for k, v in (("in_plane", in_plane), ("n_slices", n_slices)) if v})
         (tmp / "phantom.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
         _move_into_place(tmp, out, overwrite)
     except BaseException:
