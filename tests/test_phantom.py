@@ -359,6 +359,26 @@ def test_cli_writes_and_reports(tmp_path, capsys):
     assert "pass --overwrite" in capsys.readouterr().err
 
 
+def test_cli_grid_overrides_the_size_preset_and_is_recorded(tmp_path: Path, capsys) -> None:
+    import nibabel as nib
+
+    from spar_bench.builder.cli import cli
+    from spar_bench.clitools import run_cli
+
+    out = tmp_path / "g"
+    assert run_cli(cli, ["phantom", "--out", str(out), "--n", "2", "--in-plane", "48", "--slices", "10"]) == 0
+    assert "48x48 in-plane, 10-10 slices" in capsys.readouterr().out
+    rec = json.loads((out / "phantom.json").read_text())
+    assert (rec["in_plane"], rec["n_slices"]) == (48, 10)
+    assert all(c["shape"] == [10, 48, 48] for c in rec["cases"].values())
+    (img,) = (out / "imagesTr").glob("*.nii.gz")
+    assert nib.load(img).shape == (48, 48, 10)  # stored L,P,S: x, y, z
+    default = write_phantom_dataset(tmp_path / "d", 1, progress=False)
+    assert "in_plane" not in default and "n_slices" not in default  # default records unchanged
+    assert run_cli(cli, ["phantom", "--out", str(tmp_path / "x"), "--n", "1", "--in-plane", "16"]) == 2
+    assert "--in-plane" in capsys.readouterr().err
+
+
 def test_phantom_bytes_do_not_depend_on_the_number_of_workers(tmp_path: Path) -> None:
     """``spar-build phantom --workers N`` renders cases in N processes: same files, same bytes."""
     one = write_phantom_dataset(tmp_path / "w1", 3, seed=5, progress=False, in_plane=48, n_slices=10)
