@@ -42,6 +42,24 @@ def _tensors(rd: Path) -> dict[str, torch.Tensor]:
     return {**load_file(str(rd / "encoder.safetensors")), **{f"head.{k}": v for k, v in head.items()}}
 
 
+def test_encoder_lr_0_keeps_the_encoder_as_loaded_batchnorm_statistics_included(pipeline, tmp_path: Path) -> None:
+    """encoder_lr 0 trains the head only: the BatchNorm running statistics of a ResNet do not
+    move either (the encoder stays in eval mode), so the export is the encoder as initialised
+    (from scratch: running means 0, variances 1, no batch counted)."""
+    from safetensors.torch import load_file
+
+    rd = _finetune(pipeline, tmp_path / "lr0", TINY_RESNET, "level3.relative_position",
+                   cfg={"encoder_lr": 0.0, "max_epochs": 1})
+    trained = _finetune(pipeline, tmp_path / "lr", TINY_RESNET, "level3.relative_position", cfg={"max_epochs": 1})
+    frozen, moved = load_file(str(rd / "encoder.safetensors")), load_file(str(trained / "encoder.safetensors"))
+    means = [k for k in frozen if k.endswith("running_mean")]
+    assert means and all(torch.all(frozen[k] == 0) for k in means)
+    assert all(torch.all(frozen[k.replace("running_mean", "running_var")] == 1) for k in means)
+    assert all(int(frozen[k.replace("running_mean", "num_batches_tracked")]) == 0 for k in means
+               if k.replace("running_mean", "num_batches_tracked") in frozen)
+    assert any(not torch.all(moved[k] == 0) for k in means)  # a trained encoder's statistics move
+
+
 def test_vit_from_scratch_learns_exports_and_recaches(pipeline, tmp_path: Path) -> None:
     """Loss falls; the export re-cached (and re-encoded by eval) scores what the run scored."""
     from spar_bench.probes.cache import CacheOptions, write_cache

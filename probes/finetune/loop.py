@@ -116,7 +116,10 @@ class Trainer:
         self.run, self.key, self.progress = Path(run), key, progress
         enc_params = [p for p in self.enc.module.parameters() if p.requires_grad]
         groups = [{"params": list(head.parameters()), "lr": cfg.head_lr}]
-        if enc_params and cfg.encoder_lr > 0:
+        #: encoder_lr 0: the encoder is frozen, kept in eval mode too (BatchNorm statistics and
+        #: dropout as loaded), so only the head learns and the exported encoder is the loaded one
+        self.frozen_encoder = not (enc_params and cfg.encoder_lr > 0)
+        if not self.frozen_encoder:
             groups.insert(0, {"params": enc_params, "lr": cfg.encoder_lr})
         else:
             for p in enc_params:
@@ -251,7 +254,7 @@ class Trainer:
 
         st, cfg, sw = self.state, self.cfg, self.stopwatch
         acc = torch.tensor(st.tr_sum, dtype=torch.float64, device=self.dev)
-        self.enc.module.train()
+        self.enc.module.train(not self.frozen_encoder)
         self.head.train()
         todo = batches[st.batch :]
         bar = tqdm(total=sum(b.size for b in todo), unit="img", leave=False, dynamic_ncols=True,
