@@ -409,10 +409,10 @@ def _size(path: Path) -> int:
 
 
 def _fill_and_resume(disk: Path, out: Path, full: int, run, resume, clean) -> list[int]:
-    """Run with ~5%..90% of ``full`` bytes free; each run ends 0 or with one line and exit 2
+    """Run with ~5%..95% of ``full`` bytes free; each run ends 0 or with one line and exit 2
     (never a crash), and the resumed output has the clean bytes. Returns the exit codes."""
     codes = []
-    for fraction in (0.05, 0.5, 0.9):
+    for fraction in (0.05, 0.35, 0.7, 0.95):
         filler = _leave_free(disk, int(full * fraction))
         r = run()
         errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]
@@ -440,7 +440,7 @@ def test_a_real_full_disk_under_a_build_and_a_cache_is_one_line_and_resumes(tmp_
     codes = _fill_and_resume(small_disk, out, full, lambda: _cli("spar_bench.builder.cli", *build),
                              lambda: _cli("spar_bench.builder.cli", *build, "--resume"),
                              lambda: tree_hashes(out) == clean)
-    assert codes.count(2) >= 2, codes
+    assert codes.count(2) >= 3, codes
 
     cache = small_disk / "c.h5"
     args = ["cache", "--encoder", "dummy", "--data", data, "--out", cache, "--device", "cpu", "--batch", "8"]
@@ -449,7 +449,7 @@ def test_a_real_full_disk_under_a_build_and_a_cache_is_one_line_and_resumes(tmp_
     cache.unlink()
     codes = _fill_and_resume(small_disk, cache, full, lambda: _cli("spar_bench.probes.cli", *args),
                              lambda: _cli("spar_bench.probes.cli", *args), lambda: _sha(cache) == clean_cache)
-    assert codes.count(2) >= 2, codes
+    assert codes.count(2) >= 3, codes
 
 
 # -- the one translation: what every library says, and the line it becomes -------------------
