@@ -307,6 +307,30 @@ def test_written_cases_read_back_through_phantom_source(written):
         assert not case.image_synthesized
 
 
+def test_phantom_record_is_parsed_once_and_reread_when_it_changes(written, tmp_path):
+    """The builder opens one source per case: the record is parsed once per file version, not
+    per case (a 1,000-case build was quadratic), and a rewritten record is read afresh."""
+    import shutil
+
+    from spar_bench.builder.sources import SOURCES
+    from spar_bench.builder.sources.phantom import _parsed_record
+
+    out, record = written
+    copy = tmp_path / "ph"
+    shutil.copytree(out, copy)
+    src_cls = SOURCES.get("phantom")
+    _parsed_record.cache_clear()
+    for ref in src_cls(copy).find():
+        assert src_cls(copy).load(ref).provenance["layout"] == "mirrored"
+    assert _parsed_record.cache_info().misses == 1
+    rec = json.loads((copy / "phantom.json").read_text())
+    (copy / "phantom.json").write_text(json.dumps({**rec, "layout": "random"}))
+    assert src_cls(copy).record()["layout"] == "random"
+    (copy / "phantom.json").write_text('{"layout": ')  # torn
+    with pytest.raises(ConfigError, match=r"phantom\.json: invalid JSON .*regenerate"):
+        src_cls(copy).record()
+
+
 def test_writer_refuses_non_empty_out(written, tmp_path):
     out, _ = written
     with pytest.raises(ConfigError, match="not empty"):
