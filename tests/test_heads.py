@@ -52,7 +52,7 @@ def synthetic_level2(n: int, n_present: int, seed: int):
 
 
 def test_registry_names_and_errors():
-    assert {"linear", "mlp", "attnpool", "transformer"} <= set(HEADS.names())
+    assert {"linear", "mlp", "attnpool", "coordpool", "transformer"} <= set(HEADS.names())
     assert head_input("mlp") == "pooled" and head_input("transformer") == "tokens"
     with pytest.raises(ConfigError, match="did you mean|Did you mean"):
         build_head("transfomer", get_probe("level2.arrangement"), 8)
@@ -62,7 +62,7 @@ def test_registry_names_and_errors():
         get_probe("level3.colour")
 
 
-@pytest.mark.parametrize("name", ["linear", "mlp", "attnpool", "transformer"])
+@pytest.mark.parametrize("name", ["linear", "mlp", "attnpool", "coordpool", "transformer"])
 @pytest.mark.parametrize(
     "probe,shape",
     [
@@ -288,3 +288,59 @@ def test_fast_encoder_layer_is_the_module_function():
     kept = (dropout(torch.ones(200_000), 0.25, True) != 0).float().mean().item()
     assert abs(kept - 0.75) < 0.01
     assert torch.equal(dropout(x, 0.25, False), x)
+
+
+def test_coordpool_grid_coordinates_and_where_it_looked():
+    import torch
+
+    from spar_bench.probes.heads.coordpool import grid_coordinates
+
+    c = grid_coordinates(5)  # 1 prefix token + a 2 x 2 grid, row-major (row, col)
+    assert c.tolist() == [[0, 0], [-0.5, -0.5], [-0.5, 0.5], [0.5, -0.5], [0.5, 0.5]]
+    assert grid_coordinates(197).shape == (197, 2) and grid_coordinates(197)[0].abs().sum() == 0
+    assert grid_coordinates(9, [1, 2, 2, 2])[1:].abs().max() == 0.5  # (z, row, col) of a 3-D grid
+    with pytest.raises(ValueError, match="does not hold"):
+        grid_coordinates(10, [0, 2, 2, 2])
+    # a head whose keys single out one token reads that token's cell centre: make every query
+    # attend to token 7 only (row 1, col 3 of a 4 x 4 grid) and check the coordinates it pools
+    head = build_head("coordpool", get_probe("level3.relative_position"), 16, 16, d_model=8, n_heads=2)
+    head.eval()
+    with torch.no_grad():
+        pattern = torch.tensor([1.0, -1.0] * 4)
+        head.embed.bias.zero_()  # x = 0: every token is its position embedding
+        head.pos.zero_()
+        head.pos[7] = pattern  # LayerNorm keeps token 7 at +-1, the others at 0
+        head.k_proj.weight.copy_(torch.eye(8))
+        head.k_proj.bias.zero_()
+        head.q_proj.weight.zero_()
+        head.q_proj.bias.copy_(50.0 * pattern)
+        seen = {}
+        head.where.register_forward_hook(lambda m, i, o: seen.update(where=i[0]))
+        x = torch.zeros(1, 16, 16)
+        q = {k: torch.zeros(1, dtype=torch.long) for k in ("organ_a", "organ_b", "axis", "probe")}
+        head(x, q)
+    np.testing.assert_allclose(seen["where"].reshape(2, 2), [[-0.25, 0.75]] * 2, atol=1e-3)
+
+
+@pytest.mark.slow
+def test_coordpool_learns_relative_position_from_content_alone():
+    """Tokens say only WHICH organ lies in a cell (one-hot, no position in the content); the
+    answer is whether A's cell is left of B's. coordpool reads the columns where it attends."""
+    from spar_bench.probes.metrics import level3_metrics
+
+    rng = np.random.default_rng(0)
+    n, side, k = 1200, 6, 6
+    tokens = rng.normal(0, 0.05, (n, side * side, 16)).astype(np.float32)
+    cells = np.stack([rng.choice(side * side, k, replace=False) for _ in range(n)])
+    for o in range(k):
+        tokens[np.arange(n), cells[:, o], o] += 1.0
+    a = rng.integers(0, k, n)
+    b = (a + rng.integers(1, k, n)) % k
+    col = cells % side
+    keep = col[np.arange(n), a] != col[np.arange(n), b]
+    answer = (col[np.arange(n), a] > col[np.arange(n), b]).astype(np.int64)
+    q = {"organ_a": a, "organ_b": b, "axis": np.zeros(n, np.int64), "probe": np.zeros(n, np.int64)}
+    t = Targets(get_probe("level3.relative_position"), "train", np.arange(n), np.arange(n).astype(str),
+                np.zeros(n, bool), {"answer": answer, **q}).subset(keep)
+    _, pred, va = _fit("coordpool", tokens, t, seed=0, epochs=25)
+    assert level3_metrics(va.y["answer"], pred, 2)["accuracy"] > 0.9

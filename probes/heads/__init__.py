@@ -7,6 +7,8 @@ facts, ``input_kind`` and ``DEFAULTS``, are its class's attributes, declared onc
 * ``mlp``         - a 2-layer MLP on the pooled vector (:mod:`spar_bench.probes.heads.pooled`);
 * ``attnpool``    - learned queries attending once over the token set
   (:mod:`spar_bench.probes.heads.attnpool`);
+* ``coordpool``   - ``attnpool`` whose attention heads also report where they looked (the
+  attention-weighted mean of the token-grid coordinates; :mod:`spar_bench.probes.heads.coordpool`);
 * ``transformer`` - a few Transformer layers over the full token set, tokens first
   projected to a small width; Levels 1-2 prepend the tile queries, Level 3 encodes each
   slice once and lets every question read it by cross-attention
@@ -74,6 +76,7 @@ HEADS: Registry = Registry("head")
 HEADS.register_lazy("linear", "spar_bench.probes.heads.pooled:LinearHead")
 HEADS.register_lazy("mlp", "spar_bench.probes.heads.pooled:MLPHead")
 HEADS.register_lazy("attnpool", "spar_bench.probes.heads.attnpool:AttnPoolHead")
+HEADS.register_lazy("coordpool", "spar_bench.probes.heads.coordpool:CoordPoolHead")
 HEADS.register_lazy("transformer", "spar_bench.probes.heads.transformer:TransformerHead")
 
 
