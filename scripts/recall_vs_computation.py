@@ -9,16 +9,18 @@ canonical anatomy from one that reads the image?
         --in-plane 96 --slices 16 --l3-stride 2 --train-mirrors
 
     # issue 26: the three reference models on the eight probes of Levels 1-3 (README, "calibrated")
-    python scripts/recall_vs_computation.py --out runs/rvc-cal --calibrate --seeds 0,1,2 --cases 240 \
-        --eval-cases 40 --in-plane 64 --slices 8 --l3-stride 1 --samples 2 --epochs 3 --patience 3
+    python scripts/recall_vs_computation.py --out runs/rvc-cal --calibrate --seeds 0,1 --cases 1000 \
+        --eval-cases 40 --in-plane 96 --slices 16 --l3-stride 2 --samples 1 --train-mirrors \
+        --epochs 16 --patience 5 --head coordpool
 
 ``--calibrate``: recall (the encoder trained on canonical layouts), computation (trained on
 random layouts) and the oracle (answers from the masks), each scored on every probe of
 ``--score`` on the three layouts' test splits, with the blind rows (the question-only optimum
 fitted on canonical and on random layouts), the mirrored counterfactuals of the canonical
 test slices and the conflict items (those whose canonical-anatomy answer is wrong). The
-encoders train end to end on ``--probes`` (default relative position); every other probe is a
-frozen ``attnpool`` probe (``spar-probe fit``) of the trained encoder's feature caches.
+encoders train end to end on ``--probes`` (default relative position) with ``--head``; every
+other probe is a frozen probe with the same head (``spar-probe fit``) of the trained encoder's
+feature caches.
 Writes ``OUT/calibration.md``, ``.json``, ``.png`` and ``OUT/plots/<probe>.png``.
 
 1. Three phantom datasets (``spar-build phantom --layout canonical|random|mirrored
@@ -290,8 +292,8 @@ FROZEN_HEAD_OPTIONS = {"max_epochs": 15, "patience": 4}
 
 
 def frozen_head_predict(caches: dict[str, Path], builds: dict[str, Path], train_on: str, probe: str,
-                        seed: int, out: Path, n_boot: int) -> dict[str, tuple]:
-    """A ``HEAD`` probe (``spar-probe fit``) on the frozen encoder's cache of the training layout,
+                        tr: Training, out: Path, n_boot: int) -> dict[str, tuple]:
+    """A ``tr.head`` probe (``spar-probe fit``) on the frozen encoder's cache of the training layout,
     then its predictions on every layout's test items: ``{layout: (targets, predictions)}``."""
     from spar_bench.probes.runs.inputs import load_features, open_cache
     from spar_bench.probes.runs.predictors import CachedHead
@@ -299,7 +301,7 @@ def frozen_head_predict(caches: dict[str, Path], builds: dict[str, Path], train_
     from spar_bench.probes.runs.spec import make_run
     from spar_bench.probes.train import predict
 
-    run = make_run(str(caches[train_on]), probe, HEAD, seed, dict(FROZEN_HEAD_OPTIONS), data=str(builds[train_on]),
+    run = make_run(str(caches[train_on]), probe, tr.head, tr.seed, dict(FROZEN_HEAD_OPTIONS), data=str(builds[train_on]),
                    n_boot=n_boot, controls=False)  # the blind rows are the priors
     rd = run_fit(run, out, progress=False)
     spec_run, c, _, model = CachedHead.load(rd)
@@ -417,7 +419,7 @@ def cached_reference_rows(builds: dict[str, Path], probes: tuple[str, ...], n_bo
 def model_rows(builds: dict[str, Path], out: Path, tr: Training, model: str, n_boot: int) -> list[dict]:
     """One trained reference model (``recall`` or ``computation``), one seed, on every probe: the
     encoder trained end to end on ``tr.probes[0]`` (its own head scores that probe and every
-    other of ``tr.probes``), a frozen ``HEAD`` probe of that encoder for every other probe."""
+    other of ``tr.probes``), a frozen probe of that encoder, with the same head, for every other probe."""
     from spar_bench.probes.targets import ProbeUnavailable
     from spar_bench.probes.tasks import probe_names
 
@@ -432,7 +434,7 @@ def model_rows(builds: dict[str, Path], out: Path, tr: Training, model: str, n_b
             if probe in runs:
                 got = {lay: finetuned_predict(runs[probe], builds[lay]) for lay in LAYOUTS}
             else:
-                got = frozen_head_predict(caches, builds, train_on, probe, tr.seed,
+                got = frozen_head_predict(caches, builds, train_on, probe, tr,
                                           enc_run / "calibration" / "heads", n_boot)
         except ProbeUnavailable as e:  # e.g. no symmetric pair in a random layout: nothing to train on
             print(f"{model} {probe}: {e}", flush=True)
@@ -440,7 +442,7 @@ def model_rows(builds: dict[str, Path], out: Path, tr: Training, model: str, n_b
         cells = {lay: score_model(t, pred, canon, tr.seed, n_boot) for lay, (t, pred) in got.items()}
         cells = {lay: cells.get(lay, {"value": None}) for lay in LAYOUTS}
         rows.append({"probe": probe, "model": model, "seed": tr.seed, "cells": cells,
-                     "how": "finetuned" if probe in runs else f"frozen encoder + {HEAD} probe"})
+                     "how": "finetuned" if probe in runs else f"frozen encoder + {tr.head} probe"})
         print(json.dumps({k: rows[-1][k] for k in ("probe", "model", "seed")}
                          | {lay: c["value"] for lay, c in cells.items()}), flush=True)
     return rows
@@ -779,7 +781,7 @@ def write_calibration(out: Path, builds: dict[str, Path], trainings: list[Traini
                                                                for lay in LAYOUTS], strict=True)},
                   "grid (in-plane, slices)": [args.in_plane, args.slices], "intensities": INTENSITIES,
                   "samples_per_case": args.samples, "l3_questions_per_probe": args.questions,
-                  "l3_stride": args.l3_stride, "trained_end_to_end_on": list(tr.probes), "frozen_probe_head": HEAD,
+                  "l3_stride": args.l3_stride, "trained_end_to_end_on": list(tr.probes), "head": tr.head,
                   "max_epochs": tr.epochs, "patience": tr.patience, "lr": tr.lr,
                   "train_mirrors (computation only)": tr.train_mirrors, "seeds": [t.seed for t in trainings],
                   "encoder": ENCODER, "model_args": tr.model_args, "threads": args.threads,

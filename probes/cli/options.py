@@ -66,7 +66,7 @@ def parse_heads(text: tuple[str, ...] | str) -> list[str]:
 
     heads = list(dict.fromkeys(split_list(text)))
     if not heads:
-        raise ConfigError("--head is empty; give one or more of linear, mlp, attnpool, transformer")
+        raise ConfigError("--head is empty; give one or more of linear, mlp, attnpool, coordpool, transformer")
     for h in heads:
         head_input(h)  # unknown head -> ConfigError with suggestions
     return heads
@@ -93,7 +93,7 @@ def head_option(default: str = "mlp", *, param: str = "head", old: bool = False)
         if old:
             f = old_spelling("--heads", "--head", param, multiple=True)(f)
         return click.option("--head", param, multiple=True, default=(default,), show_default=True,
-                            help="Head(s): linear, mlp, attnpool, transformer; repeat it or give a "
+                            help="Head(s): linear, mlp, attnpool, coordpool, transformer; repeat it or give a "
                                  "comma list (one run per head).")(f)  # fmt: skip
 
     return decorate

@@ -32,10 +32,7 @@ class AttnPoolHead(TokenHead):
         self, x: torch.Tensor, q: dict | None = None, index: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Outputs of the level; ``index`` (optional) maps each item to its row of ``x``."""
-        kv = self.kv_norm(self.token_embed(x))
-        if index is not None:
-            kv = kv[index]
-        qs = self.query_tokens(kv.shape[0], q)
+        kv, qs = self.pool_inputs(x, q, index)
         h = qs + self.attn(qs, kv, kv, need_weights=False)[0]
         h = h + self.mlp(h)
         return self.readout(h)

@@ -126,6 +126,15 @@ class TokenHead(nn.Module):
             qs = qs + self.question(q).unsqueeze(1)
         return qs
 
+    def pool_inputs(self, x: torch.Tensor, q: dict | None, index: torch.Tensor | None):
+        """Keys/values ``(B, T, d)`` (embedded tokens through the head's ``kv_norm``; item ``i``
+        reads row ``index[i]`` when ``index`` is given) and queries ``(B, Q, d)`` of a head that
+        attends once over the tokens (``attnpool``, ``coordpool``)."""
+        kv = self.kv_norm(self.token_embed(x))
+        if index is not None:
+            kv = kv[index]
+        return kv, self.query_tokens(kv.shape[0], q)
+
     def token_embed(self, x: torch.Tensor) -> torch.Tensor:
         t = x.shape[1]
         if isinstance(self.pos, GridPositions):

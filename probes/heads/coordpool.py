@@ -77,10 +77,7 @@ class CoordPoolHead(TokenHead):
         self, x: torch.Tensor, q: dict | None = None, index: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Outputs of the level; ``index`` (optional) maps each item to its row of ``x``."""
-        kv = self.kv_norm(self.token_embed(x))
-        if index is not None:
-            kv = kv[index]
-        qs = self.query_tokens(kv.shape[0], q)
+        kv, qs = self.pool_inputs(x, q, index)
         qh, kh, vh = self._heads(self.q_proj(qs)), self._heads(self.k_proj(kv)), self._heads(self.v_proj(kv))
         w = torch.softmax(qh @ kh.transpose(-1, -2) / math.sqrt(qh.shape[-1]), dim=-1)  # (B, H, Q, T)
         att = (self.drop(w) @ vh).transpose(1, 2).flatten(2)  # (B, Q, d)
