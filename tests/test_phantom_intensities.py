@@ -29,18 +29,22 @@ def _digest(vol) -> str:
     return h.hexdigest()
 
 
-@pytest.mark.parametrize(
-    ("layout", "digest"),
-    [
-        ("canonical", "5350ae1a9dcc144706cf7a7032b6c8787ca901f0e91b652500e872631bb52edb"),
-        ("random", "c3cc7a45d5ad74b85007447242bde21d21a55ee0cc5f0c50932e02386ca0fa72"),
-    ],
-)
-def test_default_intensities_unchanged_byte_for_byte(layout, digest):
-    # pinned from the renderer before --intensities existed: default builds stay identical
-    vol = make_phantom(5, layout, in_plane=64, n_slices=16)
-    assert "intensities" not in vol.params and "organ_hu" not in vol.params
-    assert _digest(vol) == digest
+@pytest.mark.parametrize("layout", ["canonical", "random"])
+def test_default_intensities_are_ct_and_distinct_changes_only_organ_voxels(layout):
+    # No pinned digest: numpy's sin/cos/exp take other SIMD paths on AVX-512 and AVX2 CPUs, and
+    # a phantom's geometry and noise go through them, so its bytes are per machine (a digest
+    # pinned on one failed on the other). What the option promises is checked instead: the
+    # default is ``ct`` with no extra keys, and ``distinct`` changes organ voxels only.
+    ct = make_phantom(5, layout, in_plane=64, n_slices=16)
+    assert "intensities" not in ct.params and "organ_hu" not in ct.params
+    assert _digest(make_phantom(5, layout, in_plane=64, n_slices=16, intensities="ct")) == _digest(ct)
+    vol = make_phantom(5, layout, in_plane=64, n_slices=16, intensities="distinct")
+    assert {k: v for k, v in vol.params.items() if k not in ("intensities", "organ_hu")} == ct.params
+    np.testing.assert_array_equal(vol.mask, ct.mask)
+    np.testing.assert_array_equal(vol.lesion, ct.lesion)
+    near_organ = ndi.binary_dilation(ct.mask > 0, structure=np.ones((1, 9, 9), bool))  # the blur's reach
+    np.testing.assert_array_equal(vol.image[~near_organ], ct.image[~near_organ])
+    assert not np.array_equal(vol.image[ct.mask > 0], ct.image[ct.mask > 0])
 
 
 def test_distinct_levels_are_one_per_organ_and_spread():
