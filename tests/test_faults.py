@@ -431,10 +431,13 @@ import os, sys, time
 from spar_bench.locks import output_lock
 
 with output_lock(sys.argv[1], what="feature cache"):
+    ready_r, ready_w = os.pipe()
     child = os.fork()  # a reader worker: it must not keep the lock after its holder dies
-    if child == 0:
+    if child == 0:  # the fork hooks have run by now (they run before fork() returns here)
+        os.write(ready_w, b"1")
         time.sleep(30)
         os._exit(0)
+    os.read(ready_r, 1)  # killed before the child first ran, the child would still hold the fd
     print(child, flush=True)
     time.sleep(120)
 """
