@@ -8,7 +8,7 @@ that label map, plus the layout (canonical, mirrored, random) in every case's pr
 The builder opens a source per case (a worker gets only picklable arguments), so the parsed
 ``phantom.json`` (every case's parameters: 24 MB for 1,000 cases on a 96 x 16 grid) is kept per process, keyed by
 its path, size and modification time; parsing it once per case made a build quadratic in the
-number of cases (1,000 cases: 1.5 cases/s instead of ~9).
+number of cases (1,000 cases: 1.5 cases/s, against ~16 with the record kept).
 """
 
 from __future__ import annotations

@@ -62,11 +62,11 @@ def names_all(text: tuple[str, ...] | str) -> bool:
 
 def parse_heads(text: tuple[str, ...] | str) -> list[str]:
     """Head names (comma-separated or repeated), each checked (an unknown one names the close ones)."""
-    from ..heads import head_input
+    from ..heads import HEADS, head_input
 
     heads = list(dict.fromkeys(split_list(text)))
     if not heads:
-        raise ConfigError("--head is empty; give one or more of linear, mlp, attnpool, coordpool, transformer")
+        raise ConfigError(f"--head is empty; give one or more of {', '.join(HEADS.names())}")
     for h in heads:
         head_input(h)  # unknown head -> ConfigError with suggestions
     return heads
@@ -89,11 +89,13 @@ def probe_option(help_text: str = "Probe name(s) or 'all'.", *, param: str = "pr
 def head_option(default: str = "mlp", *, param: str = "head", old: bool = False):
     """``--head`` (repeatable, or a comma list); ``old``: with ``sweep``'s hidden ``--heads``."""
 
+    from ..heads import HEADS  # the registry's names: listing them imports no torch
+
     def decorate(f):
         if old:
             f = old_spelling("--heads", "--head", param, multiple=True)(f)
         return click.option("--head", param, multiple=True, default=(default,), show_default=True,
-                            help="Head(s): linear, mlp, attnpool, coordpool, transformer; repeat it or give a "
+                            help=f"Head(s): {', '.join(HEADS.names())}; repeat it or give a "
                                  "comma list (one run per head).")(f)  # fmt: skip
 
     return decorate

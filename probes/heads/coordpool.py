@@ -52,12 +52,11 @@ class CoordPoolHead(TokenHead):
     """Learned queries attend once (multi-head); each head also reports where it looked."""
 
     def __init__(self, spec, in_dim: int, n_tokens: int = 1, **cfg):
-        grid = cfg.get("token_grid")
         super().__init__(spec, in_dim, n_tokens, **cfg)
         d, n_heads = self.cfg["d_model"], self.cfg["n_heads"]
         if d % n_heads:
             raise ValueError(f"coordpool: d_model {d} is not a multiple of n_heads {n_heads}")
-        coords = grid_coordinates(max(n_tokens, 1), grid)
+        coords = grid_coordinates(max(n_tokens, 1), self.cfg.get("token_grid"))
         self.register_buffer("coords", coords, persistent=False)
         self.kv_norm = nn.LayerNorm(d)
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(d, d) for _ in range(4))
