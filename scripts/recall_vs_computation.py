@@ -11,7 +11,7 @@ canonical anatomy from one that reads the image?
     # issue 26: the three reference models on the eight probes of Levels 1-3 (README, "calibrated")
     python scripts/recall_vs_computation.py --out runs/rvc-cal --calibrate --seeds 0,1 --cases 1000 \
         --eval-cases 40 --in-plane 96 --slices 16 --l3-stride 2 --samples 1 --train-mirrors \
-        --epochs 16 --patience 5 --head coordpool
+        --epochs 16 --patience 5 --head coordpool --organ-maps 10 --threads 2
 
 ``--calibrate``: recall (the encoder trained on canonical layouts), computation (trained on
 random layouts) and the oracle (answers from the masks), each scored on every probe of
@@ -20,7 +20,11 @@ fitted on canonical and on random layouts), the mirrored counterfactuals of the 
 test slices and the conflict items (those whose canonical-anatomy answer is wrong). The
 encoders train end to end on ``--probes`` (default relative position) with ``--head``; every
 other probe is a frozen probe with the same head (``spar-probe fit``) of the trained encoder's
-feature caches.
+feature caches. ``--organ-maps N``: the computation model's encoder instead learns organ maps
+of the random layouts' slices for N epochs (``probes.finetune.organmaps``: which organs each
+token covers; no question seen; 128 px input), and answers the geometric Level 3 probes by
+reading its maps (each organ's centre and area, then the oracle's rule: nothing fitted to
+answers); Levels 1-2 and counting are frozen ``--head`` probes of it.
 Writes ``OUT/calibration.md``, ``.json``, ``.png`` and ``OUT/plots/<probe>.png``.
 
 1. Three phantom datasets (``spar-build phantom --layout canonical|random|mirrored
@@ -63,6 +67,10 @@ ENCODER = "timm:resnet10t"
 MODEL_ARGS = {"channels": [16, 32, 64, 128], "stem_width": 16, "output_stride": 8,
               "pretrained_cfg_overlay": {"input_size": [3, 64, 64]}}
 HEAD = "attnpool"
+#: The computation model's encoder when it learns organ maps (``--organ-maps N``): the same
+#: network at 128 x 128 input with output stride 16 (still 8 x 8 tokens), so that small organs
+#: keep their pixels in the stem (at 64 px the smallest are 2-3 pixels wide).
+ORGAN_MAP_MODEL_ARGS = {**MODEL_ARGS, "output_stride": 16, "pretrained_cfg_overlay": {"input_size": [3, 128, 128]}}
 INTENSITIES = "distinct"  # every organ its own mean HU: organs recognisable in any layout
 L3_STRIDE = 4  # every 4th slice: more layouts (cases) per image trained on
 
@@ -155,6 +163,7 @@ class Training:
     probes: tuple[str, ...] = PROBES
     train_mirrors: bool = False
     score: tuple[str, ...] = ()  # calibration: every probe scored (``tr.probes``: those trained end to end)
+    organ_maps: int = 0  # calibration: >0: the computation encoder learns organ maps for this many epochs
 
 
 def runs_root(out: Path, tr: Training) -> Path:
@@ -424,14 +433,20 @@ def model_rows(builds: dict[str, Path], out: Path, tr: Training, model: str, n_b
     from spar_bench.probes.tasks import probe_names
 
     train_on = MODEL_TRAIN_ON[model]
-    runs = {p: train_run(builds, out, tr, train_on, p) for p in tr.probes}
-    enc_run = runs[tr.probes[0]]
+    if model == "computation" and tr.organ_maps:
+        runs, enc_run = {}, organ_map_run(builds, out, tr)
+    else:
+        runs = {p: train_run(builds, out, tr, train_on, p) for p in tr.probes}
+        enc_run = runs[tr.probes[0]]
     caches = encoder_caches(enc_run, builds, enc_run / "calibration")
     rows = []
     for probe in [p for p in probe_names() if p in tr.score]:
         canon = prior_of(builds["canonical"], probe)
+        readout = model == "computation" and tr.organ_maps and probe in READOUT_PROBES
         try:
-            if probe in runs:
+            if readout:
+                got = {lay: organ_map_predict(enc_run, builds[lay], probe) for lay in LAYOUTS}
+            elif probe in runs:
                 got = {lay: finetuned_predict(runs[probe], builds[lay]) for lay in LAYOUTS}
             else:
                 got = frozen_head_predict(caches, builds, train_on, probe, tr,
@@ -442,7 +457,8 @@ def model_rows(builds: dict[str, Path], out: Path, tr: Training, model: str, n_b
         cells = {lay: score_model(t, pred, canon, tr.seed, n_boot) for lay, (t, pred) in got.items()}
         cells = {lay: cells.get(lay, {"value": None}) for lay in LAYOUTS}
         rows.append({"probe": probe, "model": model, "seed": tr.seed, "cells": cells,
-                     "how": "finetuned" if probe in runs else f"frozen encoder + {tr.head} probe"})
+                     "how": ("organ maps + geometric readout" if readout else
+                             "finetuned" if probe in runs else f"frozen encoder + {tr.head} probe")})
         print(json.dumps({k: rows[-1][k] for k in ("probe", "model", "seed")}
                          | {lay: c["value"] for lay, c in cells.items()}), flush=True)
     return rows
@@ -544,6 +560,69 @@ def reader_predict(model, build_root: Path, probe: str):
     with torch.no_grad():
         out = model(tok, inv, q["organ_a"], q["organ_b"], q["axis"])
     return t, out.argmax(1).numpy()
+
+
+def organ_map_run(builds: dict[str, Path], out: Path, tr: Training) -> Path:
+    """The computation model's encoder trained from scratch on the organ maps of the random
+    layouts' Level 3 slices (``probes.finetune.organmaps``; no question seen), with
+    :data:`ORGAN_MAP_MODEL_ARGS`; every probe is then a frozen ``tr.head`` probe of it."""
+    from spar_bench.probes.finetune.organmaps import OrganMapConfig, pretrain_organ_maps
+
+    cfg = OrganMapConfig(epochs=tr.organ_maps, lr=tr.lr, seed=tr.seed)
+    rd = out / "organ-maps" / f"{builds['random'].name}-e{tr.organ_maps}" / f"seed{tr.seed}"
+    print(f"computation encoder: organ maps, {tr.organ_maps} epochs -> {rd.relative_to(out)}", flush=True)
+    return pretrain_organ_maps(ENCODER, builds["random"], rd, cfg, ORGAN_MAP_MODEL_ARGS, progress=False)
+
+
+#: Level 3 probes that the organ-map encoder answers by geometry (:func:`organ_map_predict`);
+#: the others (Levels 1-2, counting: lesions are not in the maps) are frozen ``--head`` probes of it.
+READOUT_PROBES = ("level3.relative_position", "level3.orientation", "level3.symmetry", "level3.size",
+                  "level3.distance")
+
+
+_MAPS: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}  # (run, build) -> map_geometry of its test slices
+
+
+def organ_map_predict(rd: Path, build_root: Path, probe: str):
+    """``(test targets, predictions)`` of the organ-map encoder read out by geometry: every
+    organ's centre and area from its predicted map (``organmaps.map_geometry``), then the
+    oracle's rule for the probe with what each prompt states. Nothing is fitted to answers:
+    computation by construction, and what it gets wrong its perception got wrong."""
+    from spar_bench.builder.shards import Build
+    from spar_bench.probes.finetune.organmaps import (
+        load_organ_map_model,
+        map_geometry,
+        predict_maps,
+    )
+    from spar_bench.probes.tasks import get_probe
+    from spar_bench.probes.vqa.questions import load_questions
+
+    b = Build(build_root)
+    q = load_questions(b, get_probe(probe), ["test"])
+    key = (str(rd), str(build_root))
+    if key not in _MAPS:  # every test slice once per (run, build): the probes share them
+        model = load_organ_map_model(rd)
+        _MAPS.clear()
+        _MAPS[key] = map_geometry(predict_maps(model, b.images("level3", "test", np.arange(b.count("level3", "test")))),
+                                  model[2])
+    return q.t, readout_answers(q, probe, *_MAPS[key])
+
+
+def readout_answers(q, probe: str, centre: np.ndarray, area: np.ndarray) -> np.ndarray:
+    """The class of every question ``q`` (``load_questions``) from every slice's label centres
+    ``(rows, labels, 2)`` and areas in pixels ``(rows, labels)`` (label = organ id + 1), by the
+    oracle's rule with what each prompt states."""
+    from spar_bench.probes.vqa.oracle import Geometry, decide
+
+    kind, pred = probe.split(".", 1)[1], np.empty(len(q), dtype=np.int64)
+    for i in range(len(q)):
+        r, a, o = int(q.row[i]), int(q.organ_a[i]) + 1, max(int(q.organ_b[i]), -1) + 1  # -1: no organ B
+        mpp = float(q.mm_per_pixel[i])
+        g = Geometry(tuple(centre[r, a]), tuple(centre[r, o]), float(area[r, a]) * mpp**2,
+                     float(area[r, o]) * mpp**2, 0, mpp)
+        stated = tuple(q.cuts[i]) if q.cuts is not None else ((100.0 * q.band,) if q.band is not None else ())
+        pred[i] = decide(kind, int(q.axis[i]), g, stated)
+    return pred
 
 
 def calibration_rows(builds: dict[str, Path], out: Path, trainings: list[Training], n_boot: int) -> list[dict]:
@@ -743,6 +822,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--calibrate", action="store_true",
                     help="issue 26: recall (canonical), computation (random) and the oracle on every probe of "
                          "--score; the encoders train end to end on --probes (default: relative position)")
+    ap.add_argument("--organ-maps", type=int, default=0, metavar="EPOCHS",
+                    help="calibration: the computation model's encoder learns organ maps of the random layouts "
+                         "for EPOCHS epochs (128 px input), and every probe is a frozen --head probe of it; "
+                         "0: it trains end to end on --probes like the recall model")
     ap.add_argument("--score", default="all",
                     help="calibration: comma-separated probes scored (all: the eight of Levels 1-3)")
     args = ap.parse_args(argv)
@@ -767,7 +850,7 @@ def configs(args: argparse.Namespace) -> tuple[Data, list[Training]]:
     data = Data(n, args.samples, args.questions, args.l3_stride, args.in_plane, args.slices, levels)
     model_args = {**MODEL_ARGS, **json.loads(args.model_args or "{}")}
     trainings = [Training(model_args, args.head, args.epochs, args.patience, args.lr, int(s), train_on, probes,
-                          args.train_mirrors, score)
+                          args.train_mirrors, score, getattr(args, "organ_maps", 0))
                  for s in args.seeds.split(",")]
     return data, trainings
 
@@ -784,6 +867,8 @@ def write_calibration(out: Path, builds: dict[str, Path], trainings: list[Traini
                   "l3_stride": args.l3_stride, "trained_end_to_end_on": list(tr.probes), "head": tr.head,
                   "max_epochs": tr.epochs, "patience": tr.patience, "lr": tr.lr,
                   "train_mirrors (computation only)": tr.train_mirrors, "seeds": [t.seed for t in trainings],
+                  "computation encoder": (f"organ maps, {tr.organ_maps} epochs, model_args {ORGAN_MAP_MODEL_ARGS}"
+                                          if tr.organ_maps else "end to end, like recall"),
                   "encoder": ENCODER, "model_args": tr.model_args, "threads": args.threads,
                   "cpu_count": os.cpu_count(), "load_average_at_end": os.getloadavg(),
                   "build_seconds": round(t_build, 1), "wall_seconds": round(time.perf_counter() - t0, 1)}

@@ -6,6 +6,8 @@
 * :mod:`.data`    - batches of build images read by a DataLoader, seeded epoch order;
 * :mod:`.loop`    - the training loop: autocast, accumulation, validation, early stopping,
   checkpoints and exact resume;
+* :mod:`.organmaps` - organ-map pretraining: an encoder trained from scratch to say which
+  organs each token covers (the calibration's computation model), and its geometric readout;
 * :mod:`.run`     - one run end to end (targets, controls, scores and the run folder of
   ``spar-probe fit``) and the ``finetune`` command.
 """

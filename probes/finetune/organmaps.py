@@ -1,0 +1,284 @@
+"""Organ-map pretraining: an encoder trained to say which organs each of its tokens covers.
+
+The target of token ``t`` of a Level 3 slice is the share of its cell's pixels (the 224
+frame cut into the encoder's token grid) that carry each label (0 background, 1..16 the
+organs): the label map area-pooled onto the token grid. A linear map of each token is
+trained against those shares with binary cross-entropy, each label its own output, so a
+small organ is not outvoted by its large neighbour as it would be under a softmax. No
+question and no answer is seen: the encoder learns where each organ is from its appearance
+alone, and a probe head trained on its frozen features (``spar-probe fit``) then has
+organ maps to compute from.
+
+It is the encoder of the calibration's *computation* model (``scripts/recall_vs_computation.py
+--calibrate``, README "calibrated"): trained on random layouts, whose organs have distinct
+intensities, it can only find an organ by its appearance, never by where organs usually lie.
+
+One run = (encoder, model args, build, :class:`OrganMapConfig`). Its folder holds
+``encoder.safetensors`` (``spar-probe cache --weights`` reads it, model args and training in
+its metadata), ``organ_head.pt`` (the linear map), ``config.json`` and ``metrics.json``
+(the loss per epoch; written last: it marks a finished run, which a rerun keeps). An
+interrupted run resumes from ``checkpoint.pt`` at its last finished epoch; the epoch order
+is drawn from ``(seed, epoch)`` alone, so a resumed run trains on the batches an
+uninterrupted one does.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from spar_bench.errors import ConfigError
+from spar_bench.seeding import derive_seed
+
+from .config import lr_factor
+from .model import EXPORT_FILE, encode, export_encoder, load_trainable
+
+HEAD_FILE = "organ_head.pt"
+CHECKPOINT_FILE = "checkpoint.pt"
+LEVEL = "level3"
+
+
+@dataclass(frozen=True)
+class OrganMapConfig:
+    """The pretraining schedule: AdamW, linear warm-up then cosine decay, a fixed epoch count
+    (the loss does not overfit: every token of every slice is a target)."""
+
+    epochs: int = 8
+    lr: float = 2e-3
+    weight_decay: float = 0.01
+    batch_size: int = 32
+    warmup_epochs: float = 0.8
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1 or self.batch_size < 1 or self.lr <= 0:
+            raise ConfigError(f"organ maps: epochs, batch_size and lr must be positive, got {self}")
+
+
+def organ_shares(labels: np.ndarray, grid: int, n_labels: int) -> np.ndarray:
+    """``(N, grid*grid, n_labels)`` float32: per cell of a ``grid`` x ``grid`` tiling of each
+    ``(N, H, W)`` label map (row-major, like a CNN's flattened tokens), the share of its pixels
+    carrying each label. Cells are ``floor(pixel * grid / size)``: any size, any grid."""
+    labels = np.asarray(labels)
+    n, h, w = labels.shape
+    if labels.size and int(labels.max()) >= n_labels:
+        raise ConfigError(f"organ maps: label {int(labels.max())} outside 0..{n_labels - 1}")
+    rows, cols = np.arange(h) * grid // h, np.arange(w) * grid // w
+    cell = (rows[:, None] * grid + cols[None, :]).astype(np.int64)
+    per_cell = np.bincount(cell.ravel(), minlength=grid * grid).astype(np.float64)
+    out = np.empty((n, grid * grid, n_labels), dtype=np.float32)
+    for s in range(0, n, 256):  # bounded memory: 256 maps' keys at a time
+        lab = labels[s : s + 256].astype(np.int64)
+        key = (np.arange(lab.shape[0])[:, None, None] * grid * grid + cell[None]) * n_labels + lab
+        counts = np.bincount(key.ravel(), minlength=lab.shape[0] * grid * grid * n_labels)
+        out[s : s + lab.shape[0]] = counts.reshape(-1, grid * grid, n_labels) / per_cell[None, :, None]
+    return out
+
+
+def token_grid(enc, n_tokens: int) -> int:
+    """The side of the encoder's square grid of patch tokens (prefix tokens excluded)."""
+    n = n_tokens - int(enc.spec.n_prefix)
+    side = int(round(n**0.5))
+    if side * side != n:
+        raise ConfigError(f"organ maps: encoder {enc.spec.name} has {n} patch tokens, not a square grid")
+    return side
+
+
+def _split_data(build, split: str, grid: int, n_labels: int):
+    """``(images uint8 (N, 224, 224), shares (N, grid*grid, n_labels))`` of a split's slices, as tensors."""
+    import torch
+
+    rows = np.arange(build.count(LEVEL, split))
+    if rows.size == 0:
+        raise ConfigError(f"organ maps: build {build.root.name} has no {LEVEL} {split} slices")
+    images = build.images(LEVEL, split, rows)
+    shares = organ_shares(build.images(LEVEL, split, rows, field="label"), grid, n_labels)
+    return torch.from_numpy(np.ascontiguousarray(images)), torch.from_numpy(shares)
+
+
+class _Model:
+    """The trainable encoder, its linear organ map and their optimiser and schedule."""
+
+    def __init__(self, encoder: str, model_args: dict | None, cfg: OrganMapConfig, n_labels: int, steps: int):
+        import torch
+
+        self.enc = load_trainable(encoder, weights=None, init="scratch", seed=cfg.seed, model_kwargs=model_args)
+        with torch.no_grad():
+            tokens, _ = encode(self.enc, torch.zeros(1, 224, 224, dtype=torch.uint8))
+        self.n_tokens, dim = tokens.shape[1], tokens.shape[2]
+        self.grid = token_grid(self.enc, self.n_tokens)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(cfg.seed, "organ-map-head"))
+            self.head = torch.nn.Linear(dim, n_labels)
+        params = list(self.enc.module.parameters()) + list(self.head.parameters())
+        self.opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        warm = int(round(cfg.warmup_epochs * steps / cfg.epochs))
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: lr_factor(s, warm, steps))
+
+    def loss(self, images, shares):
+        import torch.nn.functional as F
+
+        tokens, _ = encode(self.enc, images)
+        logits = self.head(tokens[:, int(self.enc.spec.n_prefix) :])
+        return F.binary_cross_entropy_with_logits(logits, shares)
+
+    def state(self, epoch: int, history: list) -> dict:
+        return {"epoch": epoch, "history": history, "encoder": self.enc.module.state_dict(),
+                "head": self.head.state_dict(), "opt": self.opt.state_dict(), "sched": self.sched.state_dict()}
+
+    def load(self, state: dict) -> None:
+        self.enc.module.load_state_dict(state["encoder"])
+        self.head.load_state_dict(state["head"])
+        self.opt.load_state_dict(state["opt"])
+        self.sched.load_state_dict(state["sched"])
+
+
+def _epoch(m: _Model, x, y, cfg: OrganMapConfig, epoch: int, bar) -> float:
+    """One seeded pass over the training slices; the mean loss."""
+    import torch
+
+    order = np.random.default_rng(derive_seed(cfg.seed, "organ-map-order", epoch)).permutation(len(x))
+    m.enc.module.train()
+    total = 0.0
+    for s in range(0, len(order), cfg.batch_size):
+        i = torch.from_numpy(np.sort(order[s : s + cfg.batch_size]))
+        loss = m.loss(x[i], y[i])
+        m.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        m.opt.step()
+        m.sched.step()
+        total += float(loss.detach()) * len(i)
+        bar.update(len(i))
+    return total / len(order)
+
+
+def _val_loss(m: _Model, x, y) -> float:
+    import torch
+
+    m.enc.module.eval()
+    total = 0.0
+    with torch.no_grad():
+        for s in range(0, len(x), 128):
+            total += float(m.loss(x[s : s + 128], y[s : s + 128])) * len(x[s : s + 128])
+    return total / len(x)
+
+
+def _identity(encoder: str, model_args: dict | None, build, cfg: OrganMapConfig) -> dict[str, Any]:
+    return {"encoder": encoder, "model_args": model_args or {}, "dataset_dir": build.root.name,
+            "dataset_fingerprint": build.fingerprint, "organ_map_config": asdict(cfg)}
+
+
+def _finished(rd: Path, ident: dict) -> bool:
+    try:
+        kept = json.loads((rd / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if (rd / "metrics.json").is_file() and (rd / EXPORT_FILE).is_file():
+        if {k: kept.get(k) for k in ident} != json.loads(json.dumps(ident)):
+            raise ConfigError(f"organ maps: {rd} holds a finished run of other settings; use another folder")
+        return True
+    return False
+
+
+def pretrain_organ_maps(encoder: str, build_root: str | Path, out: str | Path, cfg: OrganMapConfig,
+                        model_args: dict | None = None, progress: bool = True) -> Path:
+    """Train ``encoder`` from scratch on the organ maps of a build's Level 3 slices (see the
+    module doc); returns the run folder ``out`` (a finished run there is kept)."""
+    import torch
+    from tqdm.auto import tqdm
+
+    from spar_bench.builder.schema import N_ORGANS
+    from spar_bench.builder.shards import Build
+    from spar_bench.provenance import CACHE_PACKAGES, package_versions, protocol_versions
+
+    rd, build = Path(out), Build(build_root)
+    ident = _identity(encoder, model_args, build, cfg)
+    if _finished(rd, ident):
+        return rd
+    rd.mkdir(parents=True, exist_ok=True)
+    n_labels = N_ORGANS + 1
+    torch.manual_seed(cfg.seed)
+    steps = cfg.epochs * -(-build.count(LEVEL, "train") // cfg.batch_size)
+    m = _Model(encoder, model_args, cfg, n_labels, steps)
+    x, y = _split_data(build, "train", m.grid, n_labels)
+    xv, yv = _split_data(build, "val", m.grid, n_labels)
+    history, start = [], 0
+    ckpt = rd / CHECKPOINT_FILE
+    if ckpt.is_file():
+        state = torch.load(ckpt, map_location="cpu", weights_only=False)
+        if state.get("identity") == json.loads(json.dumps(ident)):
+            m.load(state)
+            start, history = state["epoch"] + 1, state["history"]
+    t0 = time.perf_counter()
+    with tqdm(total=(cfg.epochs - start) * len(x), unit="img", desc="organ maps", disable=not progress) as bar:
+        for epoch in range(start, cfg.epochs):
+            train = _epoch(m, x, y, cfg, epoch, bar)
+            history.append({"epoch": epoch, "train_loss": train, "val_loss": _val_loss(m, xv, yv)})
+            bar.set_postfix(val=f"{history[-1]['val_loss']:.4f}")
+            tmp = ckpt.with_name(ckpt.name + ".tmp")
+            torch.save({**m.state(epoch, history), "identity": ident}, tmp)
+            tmp.replace(ckpt)
+    seconds = time.perf_counter() - t0
+    training = {"mode": "organ-maps", "build": build.root.name, "build_fingerprint": build.fingerprint,
+                "label": f"trained from scratch on the organ maps of build {build.root.name}",
+                "init_weights": {"kind": "random-init"}, "organ_map_config": asdict(cfg)}
+    meta = {"encoder": encoder, "model_args": model_args or {}, "training": training,
+            "encoder_config": m.enc.spec.to_dict()}
+    export_encoder(m.enc, rd / EXPORT_FILE, meta)
+    torch.save({"state_dict": m.head.state_dict(), "n_labels": n_labels, "grid": m.grid}, rd / HEAD_FILE)
+    config = {**ident, "command": "organ-maps", "grid": m.grid, "n_tokens": m.n_tokens,
+              **protocol_versions(build.manifest), "versions": package_versions(CACHE_PACKAGES)}
+    (rd / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True, default=str) + "\n")
+    (rd / "timing.json").write_text(json.dumps({"seconds": seconds, "epochs": cfg.epochs - start}) + "\n")
+    tmp = rd / "metrics.json.tmp"
+    tmp.write_text(json.dumps({"history": history, "final_val_loss": history[-1]["val_loss"]}, indent=2) + "\n")
+    tmp.replace(rd / "metrics.json")
+    ckpt.unlink(missing_ok=True)
+    return rd
+
+
+def load_organ_map_model(rd: str | Path):
+    """``(encoder, linear map, grid)`` of a finished run, in eval mode."""
+    import torch
+
+    rd = Path(rd)
+    if not (rd / "metrics.json").is_file():
+        raise ConfigError(f"organ maps: {rd} holds no finished run (no metrics.json)")
+    saved = torch.load(rd / HEAD_FILE, map_location="cpu", weights_only=True)
+    enc = load_trainable(json.loads((rd / "config.json").read_text())["encoder"],
+                         weights=str(rd / EXPORT_FILE), init="weights", seed=0)
+    w = saved["state_dict"]["weight"]
+    head = torch.nn.Linear(w.shape[1], w.shape[0])
+    head.load_state_dict(saved["state_dict"])
+    enc.module.eval()
+    return enc, head.eval(), int(saved["grid"])
+
+
+def predict_maps(model, images: np.ndarray, batch: int = 128) -> np.ndarray:
+    """``(N, grid*grid, n_labels)`` float32: the predicted share of every label in every token
+    cell of uint8 ``images (N, H, W)`` (``model``: :func:`load_organ_map_model`)."""
+    import torch
+
+    enc, head, _ = model
+    out = []
+    with torch.no_grad():
+        for s in range(0, len(images), batch):
+            tokens, _ = encode(enc, torch.from_numpy(np.ascontiguousarray(images[s : s + batch])))
+            out.append(torch.sigmoid(head(tokens[:, int(enc.spec.n_prefix) :])).numpy())
+    return np.concatenate(out) if out else np.zeros((0, 0, 0), np.float32)
+
+
+def map_geometry(maps: np.ndarray, grid: int, size: int = 224) -> tuple[np.ndarray, np.ndarray]:
+    """``(centres (N, n_labels, 2) as (x, y) pixels of the ``size`` frame, areas (N, n_labels)
+    in pixels)`` of organ maps: each label's centre is the cells' centres weighted by its share
+    (sub-cell precision from partial cells), its area the summed shares times a cell's area."""
+    c = (np.arange(grid) + 0.5) * size / grid
+    xy = np.stack([np.tile(c, grid), np.repeat(c, grid)], 1)  # row-major cells: (x, y)
+    mass = maps.sum(1)  # (N, C)
+    centres = np.einsum("ntc,tk->nck", maps, xy) / np.maximum(mass, 1e-6)[..., None]
+    return centres.astype(np.float32), (mass * (size / grid) ** 2).astype(np.float32)

@@ -1,0 +1,160 @@
+"""Organ-map pretraining (probes.finetune.organmaps): the targets, a run's files, keep and resume."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from spar_bench.errors import ConfigError
+
+torch = pytest.importorskip("torch")
+
+TINY = ("timm:resnet10t", {"channels": [8, 8, 16, 16], "stem_width": 8,
+                           "pretrained_cfg_overlay": {"input_size": [3, 64, 64]}})
+
+
+def test_organ_shares_are_each_cells_label_fractions():
+    from spar_bench.probes.finetune.organmaps import organ_shares
+
+    lab = np.zeros((1, 4, 4), dtype=np.uint8)
+    lab[0, :2, :2] = 3  # the top-left cell of a 2 x 2 grid, whole
+    lab[0, 2, 2] = 1  # one pixel of four of the bottom-right cell
+    s = organ_shares(lab, 2, 5)
+    assert s.shape == (1, 4, 5) and s.dtype == np.float32
+    np.testing.assert_allclose(s.sum(-1), 1.0)
+    assert s[0, 0, 3] == 1.0 and s[0, 3, 1] == 0.25 and s[0, 3, 0] == 0.75
+    assert s[0, 1, 0] == s[0, 2, 0] == 1.0  # row-major cells: (0, 1) then (1, 0)
+
+
+def test_organ_shares_any_size_and_grid():
+    from spar_bench.probes.finetune.organmaps import organ_shares
+
+    lab = np.random.default_rng(0).integers(0, 17, size=(3, 224, 224), dtype=np.uint8)
+    s = organ_shares(lab, 6, 17)  # 224 is not a multiple of 6: cells of 37 or 38 pixels
+    np.testing.assert_allclose(s.sum(-1), 1.0, rtol=1e-6)
+    np.testing.assert_allclose(s.mean(1), [np.bincount(m.ravel(), minlength=17) / m.size for m in lab], atol=0.01)
+    with pytest.raises(ConfigError, match="label 17 outside 0..16"):
+        organ_shares(np.full((1, 4, 4), 17, dtype=np.uint8), 2, 17)
+
+
+def _pretrain(pipeline, rd, epochs=2):
+    from spar_bench.probes.finetune.organmaps import OrganMapConfig, pretrain_organ_maps
+
+    cfg = OrganMapConfig(epochs=epochs, batch_size=16, seed=3)
+    return pretrain_organ_maps(TINY[0], pipeline["shards"], rd, cfg, TINY[1], progress=False)
+
+
+def _weights(rd):
+    from safetensors.torch import load_file
+
+    return load_file(str(rd / "encoder.safetensors"))
+
+
+@pytest.mark.slow
+def test_a_run_writes_its_files_is_kept_and_resumes_exactly(pipeline, tmp_path, one_torch_thread, monkeypatch):
+    from spar_bench.probes.finetune import organmaps
+
+    whole = _pretrain(pipeline, tmp_path / "a")
+    hist = json.loads((whole / "metrics.json").read_text())["history"]
+    assert [h["epoch"] for h in hist] == [0, 1] and all(np.isfinite(h["val_loss"]) for h in hist)
+    config = json.loads((whole / "config.json").read_text())
+    assert config["grid"] ** 2 == config["n_tokens"] and config["model_args"] == TINY[1]
+    assert str(tmp_path) not in (whole / "config.json").read_text()
+    assert not (whole / organmaps.CHECKPOINT_FILE).exists()
+    stamp = (whole / "encoder.safetensors").stat().st_mtime_ns
+    assert _pretrain(pipeline, tmp_path / "a") == whole  # a finished run is kept
+    assert (whole / "encoder.safetensors").stat().st_mtime_ns == stamp
+
+    calls = {"n": 0}
+    val_loss = organmaps._val_loss
+
+    def interrupted(*a):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt  # the second epoch never finishes
+        return val_loss(*a)
+
+    monkeypatch.setattr(organmaps, "_val_loss", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _pretrain(pipeline, tmp_path / "b")
+    assert not (tmp_path / "b" / "metrics.json").exists()  # nothing that looks finished
+    assert (tmp_path / "b" / organmaps.CHECKPOINT_FILE).is_file()
+    monkeypatch.setattr(organmaps, "_val_loss", val_loss)
+    resumed = _pretrain(pipeline, tmp_path / "b")
+    a, b = _weights(whole), _weights(resumed)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert json.loads((resumed / "metrics.json").read_text())["history"] == hist
+
+    with pytest.raises(ConfigError, match="finished run of other settings"):
+        _pretrain(pipeline, tmp_path / "a", epochs=3)
+
+
+@pytest.mark.slow
+def test_the_export_is_what_the_cache_reads(pipeline, tmp_path, one_torch_thread):
+    """``spar-probe cache --weights`` of the export: the trained network, with its model args."""
+    import h5py
+
+    from spar_bench.probes.cache import CacheOptions, write_cache
+    from spar_bench.probes.finetune.organmaps import _Model
+
+    rd = _pretrain(pipeline, tmp_path / "a", epochs=1)
+    out = write_cache(TINY[0], pipeline["shards"], tmp_path / "c.h5",
+                      CacheOptions(weights=str(rd / "encoder.safetensors"), levels=("level3",), splits=("test",),
+                                   compute="fp32", dtype="fp32"),
+                      progress=False)
+    with h5py.File(out, "r") as f:
+        tokens = f["level3/test/layer-1/tokens"][:2]  # the cache's order: the build's
+        spec = json.loads(f.attrs["encoder_config"])
+    assert spec["extra"]["model_args"]["channels"] == [8, 8, 16, 16]
+    assert spec["weights"]["training"]["mode"] == "organ-maps"
+    from spar_bench.builder.shards import Build
+    from spar_bench.probes.finetune.model import encode
+    from spar_bench.probes.finetune.organmaps import OrganMapConfig
+
+    m = _Model(TINY[0], TINY[1], OrganMapConfig(epochs=1), 17, 1)
+    from safetensors.torch import load_file
+
+    m.enc.module.load_state_dict(load_file(str(rd / "encoder.safetensors")))
+    m.enc.module.eval()
+    with torch.no_grad():
+        mine, _ = encode(m.enc, torch.from_numpy(Build(pipeline["shards"]).images("level3", "test", np.arange(2))))
+    np.testing.assert_allclose(tokens, mine.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_map_geometry_centres_and_areas():
+    from spar_bench.probes.finetune.organmaps import map_geometry
+
+    maps = np.zeros((1, 4, 3), dtype=np.float32)  # a 2 x 2 grid of a 4 x 4 frame: cells of 2 x 2 px
+    maps[0, 0, 1] = 1.0  # label 1 fills the top-left cell
+    maps[0, 1, 2] = maps[0, 3, 2] = 0.5  # label 2: half of each right-hand cell
+    centre, area = map_geometry(maps, 2, size=4)
+    np.testing.assert_allclose(centre[0, 1], [1.0, 1.0])
+    np.testing.assert_allclose(centre[0, 2], [3.0, 2.0])
+    np.testing.assert_allclose(area[0], [0.0, 4.0, 4.0])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("probe", ["level3.relative_position", "level3.orientation", "level3.symmetry",
+                                   "level3.size", "level3.distance"])
+def test_the_readout_of_true_maps_is_the_oracle(pipeline, probe):
+    """The computation model's geometric readout, given the true label map at pixel resolution
+    (a 224 x 224 grid), answers every question as the mask oracle does: channels, centres, mm^2
+    and the stated cuts are read right, so its misses are its perception's."""
+    from test_calibration import _script
+
+    from spar_bench.builder.shards import Build
+    from spar_bench.probes.finetune.organmaps import map_geometry, organ_shares
+    from spar_bench.probes.tasks import get_probe
+    from spar_bench.probes.vqa.questions import load_questions
+
+    rvc, b = _script(), Build(pipeline["shards"])
+    labels = b.images("level3", "test", np.arange(b.count("level3", "test")), field="label")
+    centre, area = map_geometry(organ_shares(labels, 224, 17), 224)
+    q = load_questions(b, get_probe(probe), ["test"])
+    mine = rvc.readout_answers(q, probe, centre, area)
+    t, oracle = rvc.oracle_predict(pipeline["shards"], probe)
+    seen = oracle >= 0
+    assert len(q) == len(oracle) and seen.mean() > 0.9
+    np.testing.assert_array_equal(mine[seen], oracle[seen])
