@@ -159,3 +159,12 @@ def test_the_readout_of_true_maps_is_the_oracle(pipeline):
         seen = oracle >= 0
         assert len(q) == len(oracle) and seen.mean() > 0.9, probe
         np.testing.assert_array_equal(mine[seen], oracle[seen], err_msg=probe)
+
+
+def test_a_build_without_slices_is_a_one_line_error(pipeline, tmp_path):
+    from spar_bench.probes.finetune.organmaps import OrganMapConfig, pretrain_organ_maps
+
+    with pytest.raises(ConfigError, match=r"has no level3 train slices \(build it with --levels level3\)"):
+        pretrain_organ_maps(TINY[0], pipeline["other"], tmp_path / "r", OrganMapConfig(epochs=1), TINY[1],
+                            progress=False)
+    assert not (tmp_path / "r").exists()

@@ -40,7 +40,15 @@ from .model import EXPORT_FILE, encode, export_encoder, load_trainable
 
 HEAD_FILE = "organ_head.pt"
 CHECKPOINT_FILE = "checkpoint.pt"
-LEVEL = "level3"
+#: the probe whose level holds the whole slices and their label maps (the registry knows levels)
+SLICE_PROBE = "level3.relative_position"
+
+
+def slice_level() -> str:
+    """The level of the whole 224 slices (Level 3), from the probe registry."""
+    from ..tasks import get_probe
+
+    return get_probe(SLICE_PROBE).level
 
 
 @dataclass(frozen=True)
@@ -89,15 +97,23 @@ def token_grid(enc, n_tokens: int) -> int:
     return side
 
 
+def slice_count(build, split: str) -> int:
+    """The number of whole slices of a build's split; a one-line error where there are none."""
+    level = slice_level()
+    n = build.count(level, split) if level in build.levels() and split in build.splits(level) else 0
+    if n == 0:
+        raise ConfigError(f"organ maps: build {build.root.name} has no {level} {split} slices "
+                          f"(build it with --levels {level})")
+    return n
+
+
 def _split_data(build, split: str, grid: int, n_labels: int):
     """``(images uint8 (N, 224, 224), shares (N, grid*grid, n_labels))`` of a split's slices, as tensors."""
     import torch
 
-    rows = np.arange(build.count(LEVEL, split))
-    if rows.size == 0:
-        raise ConfigError(f"organ maps: build {build.root.name} has no {LEVEL} {split} slices")
-    images = build.images(LEVEL, split, rows)
-    shares = organ_shares(build.images(LEVEL, split, rows, field="label"), grid, n_labels)
+    level, rows = slice_level(), np.arange(slice_count(build, split))
+    images = build.images(level, split, rows)
+    shares = organ_shares(build.images(level, split, rows, field="label"), grid, n_labels)
     return torch.from_numpy(np.ascontiguousarray(images)), torch.from_numpy(shares)
 
 
@@ -200,10 +216,11 @@ def pretrain_organ_maps(encoder: str, build_root: str | Path, out: str | Path, c
     ident = _identity(encoder, model_args, build, cfg)
     if _finished(rd, ident):
         return rd
-    rd.mkdir(parents=True, exist_ok=True)
     n_labels = N_ORGANS + 1
+    steps = cfg.epochs * -(-slice_count(build, "train") // cfg.batch_size)  # no slices: an error, no folder
+    slice_count(build, "val")
+    rd.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
-    steps = cfg.epochs * -(-build.count(LEVEL, "train") // cfg.batch_size)
     m = _Model(encoder, model_args, cfg, n_labels, steps)
     x, y = _split_data(build, "train", m.grid, n_labels)
     xv, yv = _split_data(build, "val", m.grid, n_labels)
