@@ -358,9 +358,12 @@ def _oracle_answer(q, i: int, label: np.ndarray, lesion: np.ndarray) -> int:
     if any(o >= 0 and not (label == o + 1).any() for o in (a, b)):
         return -1
     g = measure_pixels(label, lesion, a, b, float(q.mm_per_pixel[i]))
-    stated = (tuple(q.cuts[i]) if q.cuts is not None else
-              ((100.0 * q.band,) if q.band is not None else ()))
-    return decide(q.probe, int(q.axis[i]), g, stated)
+    return decide(q.probe, int(q.axis[i]), g, stated_cuts(q, i))
+
+
+def stated_cuts(q, i: int) -> tuple[float, ...]:
+    """What question ``i``'s prompt states: its size or distance cuts, or the symmetry band in %."""
+    return tuple(q.cuts[i]) if q.cuts is not None else ((100.0 * q.band,) if q.band is not None else ())
 
 
 def score_model(t, pred: np.ndarray, canon_prior: dict, seed: int, n_boot: int) -> dict:
@@ -565,7 +568,8 @@ def reader_predict(model, build_root: Path, probe: str):
 def organ_map_run(builds: dict[str, Path], out: Path, tr: Training) -> Path:
     """The computation model's encoder trained from scratch on the organ maps of the random
     layouts' Level 3 slices (``probes.finetune.organmaps``; no question seen), with
-    :data:`ORGAN_MAP_MODEL_ARGS`; every probe is then a frozen ``tr.head`` probe of it."""
+    :data:`ORGAN_MAP_MODEL_ARGS`; :data:`READOUT_PROBES` are then read out of its maps, every
+    other probe is a frozen ``tr.head`` probe of it."""
     from spar_bench.probes.finetune.organmaps import OrganMapConfig, pretrain_organ_maps
 
     cfg = OrganMapConfig(epochs=tr.organ_maps, lr=tr.lr, seed=tr.seed)
@@ -620,8 +624,7 @@ def readout_answers(q, probe: str, centre: np.ndarray, area: np.ndarray) -> np.n
         mpp = float(q.mm_per_pixel[i])
         g = Geometry(tuple(centre[r, a]), tuple(centre[r, o]), float(area[r, a]) * mpp**2,
                      float(area[r, o]) * mpp**2, 0, mpp)
-        stated = tuple(q.cuts[i]) if q.cuts is not None else ((100.0 * q.band,) if q.band is not None else ())
-        pred[i] = decide(kind, int(q.axis[i]), g, stated)
+        pred[i] = decide(kind, int(q.axis[i]), g, stated_cuts(q, i))
     return pred
 
 
