@@ -477,15 +477,11 @@ def appearance_tokens(build_root: Path, split: str, rows: np.ndarray, bins: int 
     slice (224 frame), the share of its pixels in each of ``bins`` grey-level bins. Organs of
     ``distinct`` intensity fall in different bins: a patch's bins say which organs it holds."""
     from spar_bench.builder.shards import Build
+    from spar_bench.probes.finetune.organmaps import organ_shares
 
     img = Build(build_root).images("level3", split, rows).astype(np.int64) * bins // 256  # (N, 224, 224)
-    n, side = img.shape[0], img.shape[1] // grid
-    img = img[:, : grid * side, : grid * side]
-    r = np.arange(grid * side) // side
-    patch = (r[:, None] * grid + r[None, :])[None]  # each pixel's patch
-    key = (np.arange(n)[:, None, None] * grid * grid + patch) * bins + img
-    counts = np.bincount(key.ravel(), minlength=n * grid * grid * bins)
-    return (counts.reshape(n, grid * grid, bins) / float(side * side)).astype(np.float32)
+    side = img.shape[1] // grid
+    return organ_shares(img[:, : grid * side, : grid * side], grid, bins)  # a grey-level bin per "label"
 
 
 def _reader_module(n_classes: int, bins: int, grid: int):
