@@ -164,6 +164,7 @@ class Training:
     train_mirrors: bool = False
     score: tuple[str, ...] = ()  # calibration: every probe scored (``tr.probes``: those trained end to end)
     organ_maps: int = 0  # calibration: >0: the computation encoder learns organ maps for this many epochs
+    organ_map_dice: float = 0.0  # ... with this weight of the soft Dice term (organmaps.organ_map_loss)
 
 
 def runs_root(out: Path, tr: Training) -> Path:
@@ -568,8 +569,9 @@ def organ_map_run(builds: dict[str, Path], out: Path, tr: Training) -> Path:
     other probe is a frozen ``tr.head`` probe of it."""
     from spar_bench.probes.finetune.organmaps import OrganMapConfig, pretrain_organ_maps
 
-    cfg = OrganMapConfig(epochs=tr.organ_maps, lr=tr.lr, seed=tr.seed)
-    rd = out / "organ-maps" / f"{builds['random'].name}-e{tr.organ_maps}" / f"seed{tr.seed}"
+    cfg = OrganMapConfig(epochs=tr.organ_maps, lr=tr.lr, seed=tr.seed, dice=tr.organ_map_dice)
+    dice = f"-dice{tr.organ_map_dice:g}" if tr.organ_map_dice else ""
+    rd = out / "organ-maps" / f"{builds['random'].name}-e{tr.organ_maps}{dice}" / f"seed{tr.seed}"
     print(f"computation encoder: organ maps, {tr.organ_maps} epochs -> {rd.relative_to(out)}", flush=True)
     return pretrain_organ_maps(ENCODER, builds["random"], rd, cfg, ORGAN_MAP_MODEL_ARGS, progress=False)
 
@@ -585,9 +587,10 @@ _MAPS: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}  # (run, build)
 
 def organ_map_predict(rd: Path, build_root: Path, probe: str):
     """``(test targets, predictions)`` of the organ-map encoder read out by geometry: every
-    organ's centre and area from its predicted map (``organmaps.map_geometry``), then the
-    oracle's rule for the probe with what each prompt states. Nothing is fitted to answers:
-    computation by construction, and what it gets wrong its perception got wrong."""
+    organ's centre from its organ head's map and its area from its share head's
+    (``organmaps.predict_maps``, ``map_geometry``; one map where the run has no Dice term),
+    then the oracle's rule for the probe with what each prompt states. Nothing is fitted to
+    answers: computation by construction, and what it gets wrong its perception got wrong."""
     from spar_bench.builder.shards import Build
     from spar_bench.probes.finetune.organmaps import (
         load_organ_map_model,
@@ -602,9 +605,9 @@ def organ_map_predict(rd: Path, build_root: Path, probe: str):
     key = (str(rd), str(build_root))
     if key not in _MAPS:  # every test slice once per (run, build): the probes share them
         model = load_organ_map_model(rd)
+        where, share = predict_maps(model, b.images("level3", "test", np.arange(b.count("level3", "test"))))
         _MAPS.clear()
-        _MAPS[key] = map_geometry(predict_maps(model, b.images("level3", "test", np.arange(b.count("level3", "test")))),
-                                  model[2])
+        _MAPS[key] = (map_geometry(where, model.grid)[0], map_geometry(share, model.grid)[1])
     return q.t, readout_answers(q, probe, *_MAPS[key])
 
 
@@ -825,9 +828,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="calibration: the computation model's encoder learns organ maps of the random layouts "
                          "for EPOCHS epochs (128 px input), and every probe is a frozen --head probe of it; "
                          "0: it trains end to end on --probes like the recall model")
+    ap.add_argument("--organ-map-dice", type=float, default=0.0, metavar="W",
+                    help="calibration: the organ-map loss is the BCE plus W times a soft Dice term, which weighs "
+                         "every organ present in a slice alike, small ones too (0: the BCE alone)")
     ap.add_argument("--score", default="all",
                     help="calibration: comma-separated probes scored (all: the eight of Levels 1-3)")
     args = ap.parse_args(argv)
+    if args.organ_maps < 0 or args.organ_map_dice < 0:
+        ap.error("--organ-maps and --organ-map-dice must be >= 0")
     if args.calibrate and args.probes == ",".join(PROBES):
         args.probes = "level3.relative_position"
     if args.quick:
@@ -849,7 +857,7 @@ def configs(args: argparse.Namespace) -> tuple[Data, list[Training]]:
     data = Data(n, args.samples, args.questions, args.l3_stride, args.in_plane, args.slices, levels)
     model_args = {**MODEL_ARGS, **json.loads(args.model_args or "{}")}
     trainings = [Training(model_args, args.head, args.epochs, args.patience, args.lr, int(s), train_on, probes,
-                          args.train_mirrors, score, getattr(args, "organ_maps", 0))
+                          args.train_mirrors, score, getattr(args, "organ_maps", 0), getattr(args, "organ_map_dice", 0.0))
                  for s in args.seeds.split(",")]
     return data, trainings
 
@@ -866,7 +874,8 @@ def write_calibration(out: Path, builds: dict[str, Path], trainings: list[Traini
                   "l3_stride": args.l3_stride, "trained_end_to_end_on": list(tr.probes), "head": tr.head,
                   "max_epochs": tr.epochs, "patience": tr.patience, "lr": tr.lr,
                   "train_mirrors (computation only)": tr.train_mirrors, "seeds": [t.seed for t in trainings],
-                  "computation encoder": (f"organ maps, {tr.organ_maps} epochs, model_args {ORGAN_MAP_MODEL_ARGS}"
+                  "computation encoder": (f"organ maps, {tr.organ_maps} epochs, Dice weight {tr.organ_map_dice:g}, "
+                                          f"model_args {ORGAN_MAP_MODEL_ARGS}"
                                           if tr.organ_maps else "end to end, like recall"),
                   "encoder": ENCODER, "model_args": tr.model_args, "threads": args.threads,
                   "cpu_count": os.cpu_count(), "load_average_at_end": os.getloadavg(),

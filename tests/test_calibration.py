@@ -100,3 +100,15 @@ def test_recall_is_at_its_blind_baseline_on_mirrored(scores):
     recall, blind = _mirrored(scores, "recall"), _mirrored(scores, "blind")
     assert abs(recall - blind) <= RECALL_TOL
     assert _conflicts(scores, "blind")[0] == 0.0  # the blind baseline is the canonical prior: wrong on every one
+
+
+def test_the_organ_map_options_reach_the_training_and_bad_ones_are_refused(capsys):
+    rvc = _script()
+    _, trainings = rvc.configs(rvc.parse_args(["--calibrate", "--organ-maps", "10", "--organ-map-dice", "1",
+                                               "--seeds", "0,1"]))
+    assert [(t.organ_maps, t.organ_map_dice, t.seed) for t in trainings] == [(10, 1.0, 0), (10, 1.0, 1)]
+    for bad in (["--organ-maps", "-1"], ["--organ-map-dice", "-0.5"]):
+        with pytest.raises(SystemExit) as e:
+            rvc.parse_args(["--calibrate", *bad])
+        assert e.value.code == 2
+        assert "--organ-maps and --organ-map-dice must be >= 0" in capsys.readouterr().err

@@ -39,10 +39,56 @@ def test_organ_shares_any_size_and_grid():
         organ_shares(np.full((1, 4, 4), 17, dtype=np.uint8), 2, 17)
 
 
-def _pretrain(pipeline, rd, epochs=2):
+def _maps(n_cells=16, organ_cells=(0,), organ=5):
+    """Shares of one slice: background everywhere, ``organ`` filling ``organ_cells``."""
+    s = torch.zeros(1, n_cells, 17)
+    s[0, :, 0] = 1.0
+    s[0, list(organ_cells), 0], s[0, list(organ_cells), organ] = 0.0, 1.0
+    return s
+
+
+def _logits(shares):
+    return torch.where(shares > 0.5, 6.0, -6.0)  # confident and right
+
+
+def test_the_loss_without_dice_is_the_bce_and_dice_hears_a_small_organ():
+    import torch.nn.functional as F
+
+    from spar_bench.probes.finetune.organmaps import organ_map_loss
+
+    big = _maps(organ_cells=range(12), organ=1)
+    big[0, 15, 0], big[0, 15, 7] = 0.0, 1.0  # organ 7: one cell of sixteen
+    right = _logits(big)
+    missed = right.clone()
+    missed[0, 15, 7], missed[0, 15, 0] = -6.0, 6.0  # organ 7 not seen at all
+    assert torch.equal(organ_map_loss(missed, big), F.binary_cross_entropy_with_logits(missed, big))
+    bce_cost = float(organ_map_loss(missed, big) - organ_map_loss(right, big))
+    dice_cost = float(organ_map_loss(missed, big, dice=1.0) - organ_map_loss(right, big, dice=1.0))
+    assert 0 < bce_cost < 0.05  # two outputs of 272 wrong: the BCE barely notices
+    assert dice_cost > 0.45  # one of the two present organs lost: half the Dice term
+    assert float(organ_map_loss(right, big, dice=1.0)) < 0.03  # right: near nothing to pay
+
+
+def test_the_dice_term_counts_only_present_organs():
+    from spar_bench.probes.finetune.organmaps import OrganMapConfig, organ_map_loss
+
+    empty = _maps(organ_cells=())  # background only: no Dice term, the BCE alone
+    z = torch.zeros_like(empty)
+    assert torch.equal(organ_map_loss(z, empty, dice=2.0), organ_map_loss(z, empty))
+    one = _maps(organ_cells=(3,), organ=4)
+    # predicting absent organs nowhere is not rewarded or punished by the Dice term
+    assert float(organ_map_loss(_logits(one), one, dice=1.0)) == pytest.approx(
+        float(organ_map_loss(_logits(one), one)) + 1 - 2 * torch.sigmoid(torch.tensor(6.0)).item()
+        / (1 + torch.sigmoid(torch.tensor(6.0)).item() + 15 * torch.sigmoid(torch.tensor(-6.0)).item()),
+        rel=1e-5)
+    with pytest.raises(ConfigError, match="Dice weight must be >= 0"):
+        OrganMapConfig(dice=-0.5)
+
+
+def _pretrain(pipeline, rd, epochs=2, dice=0.0):
     from spar_bench.probes.finetune.organmaps import OrganMapConfig, pretrain_organ_maps
 
-    cfg = OrganMapConfig(epochs=epochs, batch_size=16, seed=3)
+    cfg = OrganMapConfig(epochs=epochs, batch_size=16, seed=3, dice=dice)
     return pretrain_organ_maps(TINY[0], pipeline["shards"], rd, cfg, TINY[1], progress=False)
 
 
@@ -63,6 +109,9 @@ def test_a_run_writes_its_files_is_kept_and_resumes_exactly(pipeline, tmp_path, 
     assert config["grid"] ** 2 == config["n_tokens"] and config["model_args"] == TINY[1]
     assert str(tmp_path) not in (whole / "config.json").read_text()
     assert not (whole / organmaps.CHECKPOINT_FILE).exists()
+    assert not (whole / organmaps.SHARE_HEAD_FILE).exists()  # no Dice term: the organ head gives the shares
+    model = organmaps.load_organ_map_model(whole)
+    assert model.share_head is model.head
     stamp = (whole / "encoder.safetensors").stat().st_mtime_ns
     assert _pretrain(pipeline, tmp_path / "a") == whole  # a finished run is kept
     assert (whole / "encoder.safetensors").stat().st_mtime_ns == stamp
@@ -89,6 +138,11 @@ def test_a_run_writes_its_files_is_kept_and_resumes_exactly(pipeline, tmp_path, 
 
     with pytest.raises(ConfigError, match="finished run of other settings"):
         _pretrain(pipeline, tmp_path / "a", epochs=3)
+    # a run written before the Dice weight existed was trained without it: still kept
+    config["organ_map_config"].pop("dice")
+    (whole / "config.json").write_text(json.dumps(config))
+    assert _pretrain(pipeline, tmp_path / "a") == whole
+    assert (whole / "encoder.safetensors").stat().st_mtime_ns == stamp
 
 
 @pytest.mark.slow
@@ -168,3 +222,32 @@ def test_a_build_without_slices_is_a_one_line_error(pipeline, tmp_path):
         pretrain_organ_maps(TINY[0], pipeline["other"], tmp_path / "r", OrganMapConfig(epochs=1), TINY[1],
                             progress=False)
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+def test_a_dice_run_gets_a_share_head_fitted_by_the_bce_alone(pipeline, tmp_path, one_torch_thread):
+    """With a Dice term the organ head overstates shares; the share head, a BCE-only linear map of
+    the frozen tokens started from it, fits the training shares better, and refits identically."""
+    import torch.nn.functional as F
+
+    from spar_bench.builder.shards import Build
+    from spar_bench.probes.finetune import organmaps
+
+    rd = _pretrain(pipeline, tmp_path / "d", epochs=1, dice=1.0)
+    assert (rd / organmaps.SHARE_HEAD_FILE).is_file()
+    assert np.isfinite(json.loads((rd / "metrics.json").read_text())["share_head_train_loss"])
+    model = organmaps.load_organ_map_model(rd)
+    x, y = organmaps._split_data(Build(pipeline["shards"]), "train", model.grid, 17)
+    tokens = organmaps.patch_tokens(model.enc, x)
+    with torch.no_grad():
+        organ_bce = float(F.binary_cross_entropy_with_logits(model.head(tokens), y))
+        share_bce = float(F.binary_cross_entropy_with_logits(model.share_head(tokens), y))
+    assert share_bce < organ_bce
+    where, share = organmaps.predict_maps(model, x.numpy()[:3])
+    assert where.shape == share.shape == (3, model.grid**2, 17) and not np.array_equal(where, share)
+    again, _ = organmaps.fit_share_head(model.enc, model.head, x, y, seed=3)
+    assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(),
+                                                 model.share_head.state_dict().values(), strict=True))
+    (rd / organmaps.SHARE_HEAD_FILE).unlink()
+    with pytest.raises(ConfigError, match="trained with a Dice term but has no share_head.pt"):
+        organmaps.load_organ_map_model(rd)

@@ -4,7 +4,13 @@ The target of token ``t`` of a Level 3 slice is the share of its cell's pixels (
 frame cut into the encoder's token grid) that carry each label (0 background, 1..16 the
 organs): the label map area-pooled onto the token grid. A linear map of each token is
 trained against those shares with binary cross-entropy, each label its own output, so a
-small organ is not outvoted by its large neighbour as it would be under a softmax. No
+small organ is not outvoted by its large neighbour as it would be under a softmax; an
+optional soft Dice term (:attr:`OrganMapConfig.dice`, :func:`organ_map_loss`) weighs every
+organ present in a slice alike, however few cells it covers, where the BCE, a mean over
+cells, lets a small organ's few cells go nearly unheard. A Dice-trained map finds small
+organs but overstates how much of each cell they fill, so such a run also gets a *share head*
+(:func:`fit_share_head`): a linear map of the frozen tokens fitted by the BCE alone, whose
+maps are calibrated shares (their sum is an organ's area). No
 question and no answer is seen: the encoder learns where each organ is from its appearance
 alone, and a probe head trained on its frozen features (``spar-probe fit``) then has
 organ maps to compute from.
@@ -16,7 +22,8 @@ intensities, it can only find an organ by its appearance, never by where organs 
 One run = (encoder, model args, build, :class:`OrganMapConfig`). Its folder holds
 ``encoder.safetensors`` (``spar-probe cache --weights`` reads it, model args and training in
 its metadata), ``organ_head.pt`` (the linear map), ``config.json`` and ``metrics.json``
-(the loss per epoch; written last: it marks a finished run, which a rerun keeps). An
+(the loss per epoch; written last: it marks a finished run, which a rerun keeps), and with a
+Dice term ``share_head.pt``. An
 interrupted run resumes from ``checkpoint.pt`` at its last finished epoch; the epoch order
 is drawn from ``(seed, epoch)`` alone, so a resumed run trains on the batches an
 uninterrupted one does.
@@ -28,7 +35,7 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -39,6 +46,9 @@ from .config import lr_factor
 from .model import EXPORT_FILE, encode, export_encoder, load_trainable
 
 HEAD_FILE = "organ_head.pt"
+SHARE_HEAD_FILE = "share_head.pt"
+#: the share head's fit: Adam at this learning rate, this many passes over the training slices
+SHARE_HEAD_FIT = {"epochs": 5, "lr": 1e-2, "batch_size": 256}
 CHECKPOINT_FILE = "checkpoint.pt"
 #: the probe whose level holds the whole slices and their label maps (the registry knows levels)
 SLICE_PROBE = "level3.relative_position"
@@ -62,10 +72,33 @@ class OrganMapConfig:
     batch_size: int = 32
     warmup_epochs: float = 0.8
     seed: int = 0
+    #: weight of the soft Dice term added to the BCE (0: BCE alone), see :func:`organ_map_loss`
+    dice: float = 0.0
 
     def __post_init__(self) -> None:
         if self.epochs < 1 or self.batch_size < 1 or self.lr <= 0:
             raise ConfigError(f"organ maps: epochs, batch_size and lr must be positive, got {self}")
+        if self.dice < 0:
+            raise ConfigError(f"organ maps: the Dice weight must be >= 0, got {self.dice}")
+
+
+def organ_map_loss(logits, shares, dice: float = 0.0):
+    """The pretraining loss of ``logits`` against ``shares`` (both ``(N, cells, labels)``,
+    label 0 the background): the BCE of every output, plus ``dice`` times one minus the mean
+    soft Dice ``2 sum(p s) / (sum p + sum s)`` over the (slice, organ) pairs where the organ
+    is present. Every present organ counts once, whatever its size."""
+    import torch
+    import torch.nn.functional as F
+
+    loss = F.binary_cross_entropy_with_logits(logits, shares)
+    if dice == 0:
+        return loss
+    p, s = torch.sigmoid(logits[..., 1:]), shares[..., 1:]
+    present = s.sum(1) > 0
+    if not bool(present.any()):
+        return loss
+    soft = 2 * (p * s).sum(1) / (p.sum(1) + s.sum(1)).clamp(min=1e-6)
+    return loss + dice * (1 - soft[present].mean())
 
 
 def organ_shares(labels: np.ndarray, grid: int, n_labels: int) -> np.ndarray:
@@ -124,6 +157,7 @@ class _Model:
         import torch
 
         self.enc = load_trainable(encoder, weights=None, init="scratch", seed=cfg.seed, model_kwargs=model_args)
+        self.dice = cfg.dice
         with torch.no_grad():
             tokens, _ = encode(self.enc, torch.zeros(1, 224, 224, dtype=torch.uint8))
         self.n_tokens, dim = tokens.shape[1], tokens.shape[2]
@@ -137,11 +171,8 @@ class _Model:
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: lr_factor(s, warm, steps))
 
     def loss(self, images, shares):
-        import torch.nn.functional as F
-
         tokens, _ = encode(self.enc, images)
-        logits = self.head(tokens[:, int(self.enc.spec.n_prefix) :])
-        return F.binary_cross_entropy_with_logits(logits, shares)
+        return organ_map_loss(self.head(tokens[:, int(self.enc.spec.n_prefix) :]), shares, self.dice)
 
     def state(self, epoch: int, history: list) -> dict:
         return {"epoch": epoch, "history": history, "encoder": self.enc.module.state_dict(),
@@ -195,6 +226,8 @@ def _finished(rd: Path, ident: dict) -> bool:
     except (OSError, ValueError):
         return False
     if (rd / "metrics.json").is_file() and (rd / EXPORT_FILE).is_file():
+        # a run from before a config field existed was trained at that field's default
+        kept["organ_map_config"] = {**asdict(OrganMapConfig()), **kept.get("organ_map_config", {})}
         if {k: kept.get(k) for k in ident} != json.loads(json.dumps(ident)):
             raise ConfigError(f"organ maps: {rd} holds a finished run of other settings; use another folder")
         return True
@@ -248,46 +281,113 @@ def pretrain_organ_maps(encoder: str, build_root: str | Path, out: str | Path, c
             "encoder_config": m.enc.spec.to_dict()}
     export_encoder(m.enc, rd / EXPORT_FILE, meta)
     torch.save({"state_dict": m.head.state_dict(), "n_labels": n_labels, "grid": m.grid}, rd / HEAD_FILE)
+    share_loss = None
+    if cfg.dice > 0:
+        share, share_loss = fit_share_head(m.enc, m.head, x, y, cfg.seed)
+        torch.save({"state_dict": share.state_dict(), "fit": SHARE_HEAD_FIT, "train_loss": share_loss},
+                   rd / SHARE_HEAD_FILE)
     config = {**ident, "command": "organ-maps", "grid": m.grid, "n_tokens": m.n_tokens,
               **protocol_versions(build.manifest), "versions": package_versions(CACHE_PACKAGES)}
     (rd / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True, default=str) + "\n")
     (rd / "timing.json").write_text(json.dumps({"seconds": seconds, "epochs": cfg.epochs - start}) + "\n")
     tmp = rd / "metrics.json.tmp"
-    tmp.write_text(json.dumps({"history": history, "final_val_loss": history[-1]["val_loss"]}, indent=2) + "\n")
+    tmp.write_text(json.dumps({"history": history, "final_val_loss": history[-1]["val_loss"],
+                               "share_head_train_loss": share_loss}, indent=2) + "\n")
     tmp.replace(rd / "metrics.json")
     ckpt.unlink(missing_ok=True)
     return rd
 
 
-def load_organ_map_model(rd: str | Path):
-    """``(encoder, linear map, grid)`` of a finished run, in eval mode."""
+class OrganMapModel(NamedTuple):
+    """A finished run: the encoder, its organ head (where each organ is), its share head (how
+    much of each cell it fills: the organ head itself for a run without a Dice term) and the
+    side of its token grid."""
+
+    enc: Any
+    head: Any
+    grid: int
+    share_head: Any
+
+
+def _linear(state: dict):
+    import torch
+
+    w = state["weight"]
+    head = torch.nn.Linear(w.shape[1], w.shape[0])
+    head.load_state_dict(state)
+    return head.eval()
+
+
+def load_organ_map_model(rd: str | Path) -> OrganMapModel:
+    """The :class:`OrganMapModel` of a finished run, in eval mode."""
     import torch
 
     rd = Path(rd)
     if not (rd / "metrics.json").is_file():
         raise ConfigError(f"organ maps: {rd} holds no finished run (no metrics.json)")
+    config = json.loads((rd / "config.json").read_text())
     saved = torch.load(rd / HEAD_FILE, map_location="cpu", weights_only=True)
-    enc = load_trainable(json.loads((rd / "config.json").read_text())["encoder"],
-                         weights=str(rd / EXPORT_FILE), init="weights", seed=0)
-    w = saved["state_dict"]["weight"]
-    head = torch.nn.Linear(w.shape[1], w.shape[0])
-    head.load_state_dict(saved["state_dict"])
+    enc = load_trainable(config["encoder"], weights=str(rd / EXPORT_FILE), init="weights", seed=0)
     enc.module.eval()
-    return enc, head.eval(), int(saved["grid"])
+    head = _linear(saved["state_dict"])
+    share = head
+    if config["organ_map_config"].get("dice", 0.0) > 0:
+        if not (rd / SHARE_HEAD_FILE).is_file():
+            raise ConfigError(f"organ maps: {rd} was trained with a Dice term but has no {SHARE_HEAD_FILE}")
+        share = _linear(torch.load(rd / SHARE_HEAD_FILE, map_location="cpu", weights_only=True)["state_dict"])
+    return OrganMapModel(enc, head, int(saved["grid"]), share)
 
 
-def predict_maps(model, images: np.ndarray, batch: int = 128) -> np.ndarray:
-    """``(N, grid*grid, n_labels)`` float32: the predicted share of every label in every token
-    cell of uint8 ``images (N, H, W)`` (``model``: :func:`load_organ_map_model`)."""
+def patch_tokens(enc, images, batch: int = 128):
+    """``(N, tokens, dim)`` float32 tensor: the patch tokens (prefix tokens dropped) of uint8
+    ``images (N, H, W)`` (array or tensor), without gradients."""
     import torch
 
-    enc, head, _ = model
     out = []
     with torch.no_grad():
         for s in range(0, len(images), batch):
-            tokens, _ = encode(enc, torch.from_numpy(np.ascontiguousarray(images[s : s + batch])))
-            out.append(torch.sigmoid(head(tokens[:, int(enc.spec.n_prefix) :])).numpy())
-    return np.concatenate(out) if out else np.zeros((0, 0, 0), np.float32)
+            chunk = images[s : s + batch]
+            chunk = chunk if isinstance(chunk, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(chunk))
+            tokens, _ = encode(enc, chunk)
+            out.append(tokens[:, int(enc.spec.n_prefix) :])
+    return torch.cat(out) if out else torch.zeros(0, 0, 0)
+
+
+def fit_share_head(enc, head, images, shares, seed: int):
+    """``(share head, its final training loss)``: a copy of the organ ``head`` fitted by the
+    BCE alone (:data:`SHARE_HEAD_FIT`, batches in a ``seed``-drawn order) to ``shares`` from
+    the frozen ``enc``'s tokens of ``images``, so its maps are calibrated shares again."""
+    import torch
+    import torch.nn.functional as F
+
+    enc.module.eval()
+    tokens = patch_tokens(enc, images)
+    share = _linear({k: v.detach().clone() for k, v in head.state_dict().items()}).train()
+    opt = torch.optim.Adam(share.parameters(), lr=SHARE_HEAD_FIT["lr"])
+    gen = torch.Generator().manual_seed(derive_seed(seed, "share-head"))
+    bs, loss = SHARE_HEAD_FIT["batch_size"], 0.0
+    for _ in range(SHARE_HEAD_FIT["epochs"]):
+        order, total = torch.randperm(len(tokens), generator=gen), 0.0
+        for s in range(0, len(order), bs):
+            i = order[s : s + bs]
+            batch_loss = F.binary_cross_entropy_with_logits(share(tokens[i]), shares[i])
+            opt.zero_grad(set_to_none=True)
+            batch_loss.backward()
+            opt.step()
+            total += float(batch_loss.detach()) * len(i)
+        loss = total / max(len(order), 1)
+    return share.eval(), loss
+
+
+def predict_maps(model: OrganMapModel, images: np.ndarray, batch: int = 128) -> tuple[np.ndarray, np.ndarray]:
+    """``(organ maps, share maps)``, each ``(N, grid*grid, n_labels)`` float32: every label's
+    predicted presence in every token cell of uint8 ``images (N, H, W)`` by the organ head and
+    by the share head (:class:`OrganMapModel`)."""
+    import torch
+
+    tokens = patch_tokens(model.enc, images, batch)
+    with torch.no_grad():
+        return torch.sigmoid(model.head(tokens)).numpy(), torch.sigmoid(model.share_head(tokens)).numpy()
 
 
 def map_geometry(maps: np.ndarray, grid: int, size: int = 224) -> tuple[np.ndarray, np.ndarray]:
