@@ -11,7 +11,7 @@ canonical anatomy from one that reads the image?
     # issue 26: the three reference models on the eight probes of Levels 1-3 (README, "calibrated")
     python scripts/recall_vs_computation.py --out runs/rvc-cal --calibrate --seeds 0,1 --cases 1000 \
         --eval-cases 40 --in-plane 96 --slices 16 --l3-stride 2 --samples 1 --train-mirrors \
-        --epochs 16 --patience 5 --head coordpool --organ-maps 10 --threads 2
+        --epochs 16 --patience 5 --head coordpool --organ-maps 10 --organ-map-dice 1 --threads 2
 
 ``--calibrate``: recall (the encoder trained on canonical layouts), computation (trained on
 random layouts) and the oracle (answers from the masks), each scored on every probe of
@@ -24,7 +24,9 @@ feature caches. ``--organ-maps N``: the computation model's encoder instead lear
 of the random layouts' slices for N epochs (``probes.finetune.organmaps``: which organs each
 token covers; no question seen; 128 px input), and answers the geometric Level 3 probes by
 reading its maps (each organ's centre and area, then the oracle's rule: nothing fitted to
-answers); Levels 1-2 and counting are frozen ``--head`` probes of it.
+answers); Levels 1-2 and counting are frozen ``--head`` probes of it. ``--organ-map-dice W``
+adds a soft Dice term to its loss (small organs heard as much as large ones) and a BCE share
+head for areas: centres from the organ head's maps, areas from the share head's.
 Writes ``OUT/calibration.md``, ``.json``, ``.png`` and ``OUT/plots/<probe>.png``.
 
 1. Three phantom datasets (``spar-build phantom --layout canonical|random|mirrored
