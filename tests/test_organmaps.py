@@ -131,7 +131,11 @@ def test_a_run_writes_its_files_is_kept_and_resumes_exactly(pipeline, tmp_path, 
     assert not (tmp_path / "b" / "metrics.json").exists()  # nothing that looks finished
     assert (tmp_path / "b" / organmaps.CHECKPOINT_FILE).is_file()
     monkeypatch.setattr(organmaps, "_val_loss", val_loss)
+    ckpt = torch.load(tmp_path / "b" / organmaps.CHECKPOINT_FILE, weights_only=False)
+    ckpt["identity"]["organ_map_config"].pop("dice")  # a checkpoint from before the Dice weight: resumed too
+    torch.save(ckpt, tmp_path / "b" / organmaps.CHECKPOINT_FILE)
     resumed = _pretrain(pipeline, tmp_path / "b")
+    assert json.loads((resumed / "timing.json").read_text())["epochs"] == 1  # resumed, not restarted
     a, b = _weights(whole), _weights(resumed)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert json.loads((resumed / "metrics.json").read_text())["history"] == hist

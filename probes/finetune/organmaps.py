@@ -220,15 +220,20 @@ def _identity(encoder: str, model_args: dict | None, build, cfg: OrganMapConfig)
             "dataset_fingerprint": build.fingerprint, "organ_map_config": asdict(cfg)}
 
 
+def _same_identity(stored: dict, ident: dict) -> bool:
+    """Whether a stored identity (a finished run's ``config.json``, a checkpoint's) is ``ident``;
+    a run from before a config field existed was trained at that field's default."""
+    cfg = {**asdict(OrganMapConfig()), **stored.get("organ_map_config", {})}
+    return {k: stored.get(k) for k in ident} | {"organ_map_config": cfg} == json.loads(json.dumps(ident))
+
+
 def _finished(rd: Path, ident: dict) -> bool:
     try:
         kept = json.loads((rd / "config.json").read_text())
     except (OSError, ValueError):
         return False
     if (rd / "metrics.json").is_file() and (rd / EXPORT_FILE).is_file():
-        # a run from before a config field existed was trained at that field's default
-        kept["organ_map_config"] = {**asdict(OrganMapConfig()), **kept.get("organ_map_config", {})}
-        if {k: kept.get(k) for k in ident} != json.loads(json.dumps(ident)):
+        if not _same_identity(kept, ident):
             raise ConfigError(f"organ maps: {rd} holds a finished run of other settings; use another folder")
         return True
     return False
@@ -261,7 +266,7 @@ def pretrain_organ_maps(encoder: str, build_root: str | Path, out: str | Path, c
     ckpt = rd / CHECKPOINT_FILE
     if ckpt.is_file():
         state = torch.load(ckpt, map_location="cpu", weights_only=False)
-        if state.get("identity") == json.loads(json.dumps(ident)):
+        if _same_identity(state.get("identity") or {}, ident):
             m.load(state)
             start, history = state["epoch"] + 1, state["history"]
     t0 = time.perf_counter()
