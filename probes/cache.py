@@ -25,7 +25,7 @@ import json
 import pickle
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -149,21 +149,30 @@ def _resumed_precision(out: Path, compute: str) -> Precision | None:
 
 
 def owned_cache(path: Path) -> set[str] | None:
-    """``set()`` when ``path`` is a SPAR-Bench feature cache (complete or not), else None."""
+    """``set()`` when ``path`` is a SPAR-Bench feature cache (complete or not, or a start killed
+    while it wrote its header), else None."""
     import h5py
 
     try:
         with h5py.File(path, "r") as f:
-            return set() if "cache_args" in f.attrs else None
+            ours = "cache_args" in f.attrs or (not len(f.keys()) and "schema_version" in f.attrs)
+            return set() if ours else None
     except OSError:
         return None
 
 
-def _check_args(f, path: Path, args: dict[str, Any]) -> bool:
-    """True when ``f`` already holds a cache of ``args`` (resume); refuses a different one."""
+def _interrupted_header(f, header: Iterable[str]) -> bool:
+    """A start killed while it wrote the header: no data yet, and only header attributes
+    (``cache_args``, written last, marks the header whole)."""
+    return not len(f.keys()) and set(f.attrs) <= set(header)
+
+
+def _check_args(f, path: Path, args: dict[str, Any], header: Iterable[str]) -> bool:
+    """True when ``f`` already holds a cache of ``args`` (resume); refuses a different one.
+    An empty file, or one whose header write was interrupted, is False: the header is rewritten."""
     old = f.attrs.get("cache_args")
     if old is None:
-        if len(f.keys()) or len(f.attrs):
+        if not _interrupted_header(f, header):
             raise ConfigError(f"{path}: exists and is not a SPAR-Bench cache; choose another --out")
         return False
     old = json.loads(old)
@@ -760,14 +769,13 @@ def _fill(job: _Job, args: dict[str, Any], meta: dict[str, Any]) -> None:
     """Open (or resume) ``job.target``, encode this process's pending batches, mark it finished."""
     target = job.target
     with _open_cache(target) as f:
-        resumed = _check_args(f, target, args)
+        resumed = _check_args(f, target, args, meta)
         if resumed and (f.attrs.get("complete") or f.attrs.get("part_complete")):
             if job.progress:
                 click.echo(f"{target}: already complete", err=True)
             return
         if not resumed:
-            for k, v in meta.items():
-                f.attrs[k] = _attr(v)
+            _write_header(f, meta)
         items = _pending_items(f, job.build, job.plan, job.batch, job.ranks)
         if items:
             reducer = _reducer(job.enc, job.storage, job.tile_encoding)
@@ -775,6 +783,16 @@ def _fill(job: _Job, args: dict[str, Any], meta: dict[str, Any]) -> None:
                 reducer.projections = _projections(f, job, reducer)
             _encode_items(f, job, items, reducer)
         _finish(f, target, job.plan, job.batch, job.ranks)
+
+
+def _write_header(f, meta: dict[str, Any]) -> None:
+    """The file's attributes, ``cache_args`` last: a file without it is a header still being
+    written, which a rerun rewrites (:func:`_interrupted_header`)."""
+    for k, v in meta.items():
+        if k != "cache_args":
+            f.attrs[k] = _attr(v)
+    f.attrs["cache_args"] = meta["cache_args"]
+    f.flush()
 
 
 def _reducer(enc, storage: TokenStorage, tile_encoding: str) -> Reducer:

@@ -147,6 +147,51 @@ def test_resume_after_interruption_is_identical(build: Path, tmp_path: Path) -> 
     assert FeatureCache(part).layers() == [-1]
 
 
+def test_a_start_killed_while_writing_the_header_is_rerun(build: Path, tmp_path: Path, monkeypatch) -> None:
+    """A SIGTERM between two header attributes left a file with some of them: the rerun
+    (as the experiment runner's, after a kill) must start it afresh, not call it foreign."""
+    import spar_bench.probes.cache as cache_mod
+
+    full = write_cache("dummy", build, tmp_path / "full.h5", exact(), progress=False)
+
+    class Stop(Exception):
+        pass
+
+    written, real = [], cache_mod._attr
+
+    def attr_then_stop(value):
+        written.append(value)
+        if len(written) == 3:
+            raise Stop
+        return real(value)
+
+    part = tmp_path / "part.h5"
+    with monkeypatch.context() as m:
+        m.setattr(cache_mod, "_attr", attr_then_stop)
+        with pytest.raises(Stop):
+            write_cache("dummy", build, part, exact(), progress=False)
+    with h5py.File(part, "r") as f:
+        assert 0 < len(f.attrs) and "cache_args" not in f.attrs and not len(f.keys())
+    with pytest.raises(IntegrityError):
+        FeatureCache(part)  # nothing that looks complete
+    write_cache("dummy", build, part, exact(), progress=False)
+    with FeatureCache(full) as a, FeatureCache(part) as b:
+        for level in a.levels():
+            for split in a.splits(level):
+                np.testing.assert_array_equal(a.tokens(level, split, -1), b.tokens(level, split, -1))
+    # a header-only file is ours for --overwrite too; a file with data or foreign attributes is not
+    with h5py.File(tmp_path / "header.h5", "w") as f:
+        f.attrs["schema_version"] = "x"
+    write_cache("dummy", build, tmp_path / "header.h5", exact(overwrite=True), progress=False)
+    for name, fill in (("data.h5", lambda f: f.create_dataset("x", data=[1])),
+                       ("attr.h5", lambda f: f.attrs.__setitem__("mine", 1))):
+        with h5py.File(tmp_path / name, "w") as f:
+            f.attrs["schema_version"] = "x"
+            fill(f)
+        with pytest.raises(ConfigError, match=f"{name}: exists and is not a SPAR-Bench cache"):
+            write_cache("dummy", build, tmp_path / name, exact(), progress=False)
+
+
 def test_other_shards_are_rejected(build: Path, tmp_path: Path) -> None:
     out = write_cache("dummy", build, tmp_path / "c.h5", exact(), progress=False)
     other = make_build(tmp_path / "other", seed=1)
