@@ -246,7 +246,9 @@ def _pending_items(f, build, plan: list[tuple[str, str]], batch: int,
     for lv, sp in plan:
         n = build.count(lv, sp)
         g = f.require_group(f"{lv}/{sp}")
-        if "done" not in g:
+        if "done" not in g:  # ``done`` is made last: a ``key`` without it is a killed start's
+            if "key" in g:
+                del g["key"]
             keys = build.read(lv, sp, ["key"])["key"]
             g.create_dataset("key", data=np.asarray(keys, dtype=object), dtype=h5py.string_dtype())
             g.create_dataset("done", shape=(n,), dtype=bool, fillvalue=False)
@@ -294,8 +296,8 @@ def _store_batch(f, item: Item, res: dict, *, dtype: str, where: str,
         if not all(np.isfinite(a).all() for a in host[v].values() if a.dtype.kind == "f"):
             _non_finite(arrays, where, v, item, dtype)
         name = f"layer{v}"
-        if name not in g:
-            _create_layer(g.create_group(name), n, host[v])
+        if name not in g or any(k not in g[name] for k in host[v]):  # new, or a killed start's
+            _create_layer(g.require_group(name), n, host[v])
         for k, a in host[v].items():
             g[name][k][lo:hi] = a
     g["done"][lo:hi] = True
@@ -329,8 +331,11 @@ def _non_finite(arrays: dict, where: str, v: int, item: Item, dtype: str) -> Non
 
 
 def _create_layer(lg, n: int, host: dict[str, np.ndarray]) -> None:
-    """A layer's datasets: tokens (and their int8 scales) one row per chunk; pooled ~1 MB chunks."""
+    """A layer's datasets that ``lg`` lacks: tokens (and their int8 scales) one row per chunk;
+    pooled ~1 MB chunks. Rows are written after, and marked in ``done`` last."""
     for k, a in host.items():
+        if k in lg:
+            continue
         if k == "pooled":
             rows_per_mb = max(1, (1 << 20) // (a.shape[1] * a.dtype.itemsize))
             lg.create_dataset(k, shape=(n, a.shape[1]), dtype=a.dtype, chunks=(min(n, rows_per_mb), a.shape[1]))
@@ -809,10 +814,14 @@ PCA_FIT_IMAGES = 512
 def _projections(f, job: _Job, reducer: Reducer) -> dict[int, Projection]:
     """``{layer: Projection}``: read from the file when a run already fitted them, else fitted
     (PCA: on training images only; random: from the encoder's name and the layer) and stored
-    under ``/token_projection/layer<L>`` before the first token is written."""
+    under ``/token_projection/layer<L>`` before the first token is written. A layer's
+    ``fitted_on`` attribute, written after its arrays, marks it whole; a store killed before
+    every layer had it is fitted again (no token was written with it)."""
     if "token_projection" in f:
         g = f["token_projection"]
-        return {v: Projection(g[f"layer{v}/mean"][()], g[f"layer{v}/components"][()]) for v in job.layers}
+        if all(f"layer{v}" in g and "fitted_on" in g[f"layer{v}"].attrs for v in job.layers):
+            return {v: Projection(g[f"layer{v}/mean"][()], g[f"layer{v}/components"][()]) for v in job.layers}
+        del f["token_projection"]
     storage, k = reducer.storage, reducer.storage.proj_dim
     if storage.proj_kind == "random":
         from spar_bench.seeding import derive_seed

@@ -20,6 +20,9 @@ import numpy as np
 
 from spar_bench.errors import ConfigError, IntegrityError
 
+#: the cache file's top-level groups that are not levels (docs/FORMATS.md)
+NOT_LEVELS = ("token_projection",)
+
 if TYPE_CHECKING:  # pragma: no cover
     from spar_bench.builder.shards import Build
 
@@ -111,7 +114,8 @@ class FeatureCache:
 
     # -- structure -----------------------------------------------------------------------
     def levels(self) -> list[str]:
-        return sorted(k for k in self._f.keys())
+        """The cached levels (not the file's other groups: ``token_projection``)."""
+        return sorted(k for k in self._f.keys() if k not in NOT_LEVELS)
 
     def splits(self, level: str) -> list[str]:
         return sorted(self._group(level).keys())

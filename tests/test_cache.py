@@ -192,6 +192,57 @@ def test_a_start_killed_while_writing_the_header_is_rerun(build: Path, tmp_path:
             write_cache("dummy", build, tmp_path / name, exact(), progress=False)
 
 
+class _Killed(Exception):
+    pass
+
+
+def _kill_at(monkeypatch, k: int) -> list[int]:
+    """Raise :class:`_Killed` at the ``k``-th HDF5 write (attribute, dataset made, rows written):
+    where a SIGTERM, turned into SystemExit between two Python calls, can stop a cache."""
+    count = [0]
+
+    def wrap(real):
+        def write(*a, **kw):
+            count[0] += 1
+            if count[0] == k:
+                raise _Killed
+            return real(*a, **kw)
+        return write
+
+    monkeypatch.setattr(h5py.AttributeManager, "__setitem__", wrap(h5py.AttributeManager.__setitem__))
+    monkeypatch.setattr(h5py.Group, "create_dataset", wrap(h5py.Group.create_dataset))
+    monkeypatch.setattr(h5py.Dataset, "__setitem__", wrap(h5py.Dataset.__setitem__))
+    return count
+
+
+def test_a_cache_killed_at_any_write_resumes_to_the_same_bytes(tmp_path: Path, monkeypatch) -> None:
+    """Kill a reduced (projected, int8) cache at every one of its HDF5 writes in turn; each
+    rerun must finish to the features of an uninterrupted run, never call its own file foreign
+    or fail on a half-made dataset."""
+    from spar_bench.probes.token_storage import TokenStorage
+
+    b = make_build(tmp_path / "b", n_l1=3, n_l3=5)
+    opts = exact(token_storage=TokenStorage.parse(grid=2, proj="random:4", int8=True), batch_size=3)
+    full = write_cache("dummy", b, tmp_path / "full.h5", opts, progress=False)
+    with monkeypatch.context() as m:
+        writes = _kill_at(m, 0)
+        write_cache("dummy", b, tmp_path / "count.h5", opts, progress=False)
+    assert writes[0] > 30
+    with FeatureCache(full) as a:
+        want = {(lv, sp): (a.tokens(lv, sp, -1), a.pooled(lv, sp, -1)) for lv in a.levels() for sp in a.splits(lv)}
+    for k in range(1, writes[0] + 1):
+        out = tmp_path / f"k{k}.h5"
+        with monkeypatch.context() as m:
+            _kill_at(m, k)
+            with pytest.raises(_Killed):
+                write_cache("dummy", b, out, opts, progress=False)
+        write_cache("dummy", b, out, opts, progress=False)
+        with FeatureCache(out) as c:
+            for (lv, sp), (tok, pooled) in want.items():
+                np.testing.assert_array_equal(c.tokens(lv, sp, -1), tok, err_msg=f"killed at write {k}")
+                np.testing.assert_array_equal(c.pooled(lv, sp, -1), pooled, err_msg=f"killed at write {k}")
+
+
 def test_other_shards_are_rejected(build: Path, tmp_path: Path) -> None:
     out = write_cache("dummy", build, tmp_path / "c.h5", exact(), progress=False)
     other = make_build(tmp_path / "other", seed=1)

@@ -193,6 +193,7 @@ def test_reduced_cache_shapes_record_and_values(reduced) -> None:
         mean, comps = f["token_projection/layer-1/mean"][()], f["token_projection/layer-1/components"][()]
     with FeatureCache(full) as a, FeatureCache(small) as b:
         assert b.token_storage == {"grid": 3, "proj": "pca:8", "int8": True}
+        assert b.levels() == a.levels() == ["level3"]  # token_projection is not a level
         assert a.token_storage == {"grid": None, "proj": None, "int8": False}
         assert b.meta["cache_args"]["token_storage"] == b.token_storage
         assert "token_storage" not in a.meta["cache_args"]  # full-token caches keep their arguments
