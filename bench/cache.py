@@ -187,10 +187,7 @@ def measure_encoder(name: str, a, data: Path, levels: list[str], device, compute
 
     b = Build(data)
     n_rows = sum(b.count(lv, s) for lv in levels for s in b.splits(lv))
-    enc = load_encoder(name, random_init=True)
-    if not enc.spec.extra.get("vit_like", True):
-        enc.use_channels_last()
-    enc.to(device)
+    enc = load_encoder(name, random_init=True).prefer_channels_last().to(device)
     out = tmp / f"{name.replace(':', '_')}.h5"
     bares, e2es, startups, syncs, peaks = [], [], [], [], {True: {}, False: {}}
     for _ in range(a.repeats):

@@ -707,9 +707,7 @@ def _place(enc, device: str, ranks: Ranks, workers: int | None):
     dev = pick_device(device)
     if dev.type == "cuda" and ranks.distributed and dev.index is None:
         dev = torch.device("cuda", ranks.local_rank)
-    if not enc.spec.extra.get("vit_like", True) and enc.spec.family in ("timm", "open_clip"):
-        enc.use_channels_last()
-    enc.to(dev)
+    enc.prefer_channels_last().to(dev)
     return dev, (2 if dev.type == "cuda" else 0) if workers is None else workers
 
 

@@ -368,6 +368,14 @@ class Encoder:
         self.channels_last = True
         return self
 
+    def prefer_channels_last(self) -> Encoder:
+        """Channels-last for the CNNs of timm and open_clip, where it is faster (on an AVX2 CPU
+        in fp32 too: ~1.16x training the calibration's resnet10t at 128 px); others stay as
+        they are."""
+        if not self.spec.extra.get("vit_like", True) and self.spec.family in ("timm", "open_clip"):
+            self.use_channels_last()
+        return self
+
     def to(self, device: torch.device | str) -> Encoder:
         self.module.to(device)
         return self

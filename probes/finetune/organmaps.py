@@ -157,6 +157,7 @@ class _Model:
         import torch
 
         self.enc = load_trainable(encoder, weights=None, init="scratch", seed=cfg.seed, model_kwargs=model_args)
+        self.enc.prefer_channels_last()
         self.dice = cfg.dice
         with torch.no_grad():
             tokens, _ = encode(self.enc, torch.zeros(1, 224, 224, dtype=torch.uint8))
@@ -333,7 +334,7 @@ def load_organ_map_model(rd: str | Path) -> OrganMapModel:
     config = json.loads((rd / "config.json").read_text())
     saved = torch.load(rd / HEAD_FILE, map_location="cpu", weights_only=True)
     enc = load_trainable(config["encoder"], weights=str(rd / EXPORT_FILE), init="weights", seed=0)
-    enc.module.eval()
+    enc.prefer_channels_last().module.eval()
     head = _linear(saved["state_dict"])
     share = head
     if config["organ_map_config"].get("dice", 0.0) > 0:

@@ -401,7 +401,5 @@ def encoding_of(enc, build, cfg: FinetuneConfig):
 
     dev = pick_device(cfg.device)
     precision = pick_compute(cfg.compute, dev)
-    if not enc.spec.extra.get("vit_like", True) and enc.spec.family in ("timm", "open_clip"):
-        enc.use_channels_last()
-    enc.to(dev)
+    enc.prefer_channels_last().to(dev)
     return Encoding(enc, build, dev, precision.dtype, cfg), precision
