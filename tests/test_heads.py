@@ -344,3 +344,26 @@ def test_coordpool_learns_relative_position_from_content_alone():
                 np.zeros(n, bool), {"answer": answer, **q}).subset(keep)
     _, pred, va = _fit("coordpool", tokens, t, seed=0, epochs=25)
     assert level3_metrics(va.y["answer"], pred, 2)["accuracy"] > 0.9
+
+
+@pytest.mark.parametrize("name", ["attnpool", "coordpool", "transformer"])
+def test_a_token_head_refuses_another_token_count_and_a_blind_one_reads_one(name):
+    """Fewer tokens than a head was built for would shift every position embedding silently;
+    the blind baseline's one constant row is the one input of another count, made explicit."""
+    import torch
+
+    probe = "level3.relative_position"
+    head = build_head(name, probe, 16, 9)
+    head.fit_projection(np.random.default_rng(0).normal(size=(64, 16)))
+    q = {k: torch.as_tensor(v) for k, v in _question(2, np.random.default_rng(0)).items()}
+    x = torch.as_tensor(head.preproject(np.random.default_rng(1).normal(size=(2, 9, 16)).astype(np.float32)))
+    assert head(x, q).shape[0] == 2
+    for t in (4, 10):
+        with pytest.raises(ValueError, match=f"{t} tokens but the head was built for 9"):
+            head(x[:, :t] if t < 9 else torch.cat([x, x[:, :1]], 1), q)
+    pos = head.pos.detach().clone()
+    head.read_one_token()
+    assert head.pos.shape == (1, pos.shape[1]) and torch.equal(head.pos.detach(), pos[:1])
+    assert head(x[:, :1], q).shape[0] == 2
+    with pytest.raises(ValueError, match="built for 1"):
+        head(x, q)

@@ -135,13 +135,23 @@ class TokenHead(nn.Module):
             kv = kv[index]
         return kv, self.query_tokens(kv.shape[0], q)
 
+    def read_one_token(self) -> TokenHead:
+        """Make this head read a single token (a blind baseline's one constant row): its
+        learned position table is cut to the first row, the only one such an input used.
+        The values and the parameters' order are kept, so its training is what it was."""
+        if isinstance(self.pos, GridPositions):
+            raise ValueError("a head with 3-D grid positions cannot read one token; build it without token_grid")
+        self.pos = nn.Parameter(self.pos.detach()[:1].clone())
+        return self
+
     def token_embed(self, x: torch.Tensor) -> torch.Tensor:
         t = x.shape[1]
         if isinstance(self.pos, GridPositions):
             return self.embed(x) + self.pos(t)
-        if t > self.pos.shape[0]:
-            raise ValueError(f"{t} tokens but the head was built for {self.pos.shape[0]}")
-        return self.embed(x) + self.pos[:t]
+        if t != self.pos.shape[0]:  # fewer would shift every position embedding: wrong, silently
+            raise ValueError(f"{t} tokens but the head was built for {self.pos.shape[0]}: its position "
+                             "embeddings fit that token grid only; fit a head on these features")
+        return self.embed(x) + self.pos
 
     def readout(self, h: torch.Tensor) -> torch.Tensor:
         """Query outputs ``(B, Q, d)`` -> the probe's output ``(B, *spec.output_shape)``."""

@@ -100,9 +100,10 @@ class BlindHead:
         cfg = {k: v for k, v in getattr(model, "cfg", run.head_config).items() if k != "token_grid"}
         blind = seeded(lambda: build_head(run.head, run.spec, *dims, **cfg), run.seed)
         pooled = head_input(run.head) == "pooled"
-        if not pooled:  # the same fixed projection as the real head
+        if not pooled:  # the same fixed projection as the real head; one token in, one position
             proj = {k: v for k, v in model.state_dict().items() if k.startswith("proj_")}
             blind.load_state_dict({**blind.state_dict(), **proj})
+            blind.read_one_token()
         zero = np.zeros((1, dims[0]) if pooled else (1, 1, model.proj_dim), np.float32)
         return cls(run, blind, zero)
 
