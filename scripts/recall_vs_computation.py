@@ -835,6 +835,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "every organ present in a slice alike, small ones too (0: the BCE alone)")
     ap.add_argument("--score", default="all",
                     help="calibration: comma-separated probes scored (all: the eight of Levels 1-3)")
+    ap.add_argument("--check", default=None, metavar="CALIBRATION_JSON",
+                    help="compare a rerun's calibration.json with --against (the README's table) and exit: "
+                         "trained cells within the reference's intervals, the rest the same; status 1 if not")
+    ap.add_argument("--against", default=str(REFERENCE), metavar="JSON",
+                    help="the reference of --check (default: docs/calibration.json, the README's table)")
     args = ap.parse_args(argv)
     if args.organ_maps < 0 or args.organ_map_dice < 0:
         ap.error("--organ-maps and --organ-map-dice must be >= 0")
@@ -894,8 +899,77 @@ def write_calibration(out: Path, builds: dict[str, Path], trainings: list[Traini
     return 0
 
 
+#: conditions a rerun may change and still be compared with the reference table (the machine's)
+MACHINE_CONDITIONS = ("threads", "cpu_count", "load_average_at_end", "build_seconds", "wall_seconds")
+#: the reference table of the README, as written by ``--calibrate`` (``--check`` compares a rerun with it)
+REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "calibration.json"
+
+
+def _seed_cells(rows: list[dict], probe: str, model: str, layout: str) -> tuple[list[float], list[list[float]]]:
+    """The values and intervals of every seed's row of ``model`` on ``probe`` in ``layout``."""
+    rs = [r["cells"][layout] for r in rows if r["probe"] == probe and r["model"] == model]
+    rs = [c for c in rs if c.get("value") is not None]
+    return [c["value"] for c in rs], [c["ci"] for c in rs if c.get("ci")]
+
+
+def check_rerun(reference: dict, rerun: dict) -> tuple[list[str], list[str]]:
+    """``(table lines, misses)``: every trained model's cell of the rerun (mean over its seeds)
+    against the reference's interval (the mean of its seeds' 95 % intervals, as the README's
+    table prints it), and every untrained row (oracle, blind), which must be the same. A miss
+    names the cell. The two runs must share every condition but the machine's."""
+    had, got = (dict(d["conditions"]) for d in (reference, rerun))
+    diff = sorted(k for k in set(had) | set(got) if k not in MACHINE_CONDITIONS and had.get(k) != got.get(k))
+    if diff:
+        raise SystemExit(f"error: the rerun was made with other conditions than the reference ({', '.join(diff)}); "
+                         "rerun with the reference's command (its conditions are in its JSON)")
+    lines = ["| probe | model | layout | reference [interval] | rerun | within |", "|---|---|---|---|---|---|"]
+    misses = []
+    for probe in dict.fromkeys(r["probe"] for r in reference["rows"]):
+        k = _scale(probe)
+        for model in (*MODELS, *BLINDS):
+            for lay in LAYOUTS:
+                ref, cis = _seed_cells(reference["rows"], probe, model, lay)
+                new, _ = _seed_cells(rerun["rows"], probe, model, lay)
+                if not ref or not new:
+                    continue
+                m_ref, m_new = float(np.mean(ref)), float(np.mean(new))
+                if model in MODELS and model != "oracle":
+                    lo, hi = (float(np.mean([c[i] for c in cis])) for i in (0, 1))
+                    ok, span = lo - 1e-9 <= m_new <= hi + 1e-9, f"[{k * lo:.1f}, {k * hi:.1f}]"
+                else:  # computed, not trained: the same on any machine
+                    ok, span = abs(m_new - m_ref) <= 1e-9, "(the same)"
+                lines.append(f"| {probe} | {model} | {lay} | {k * m_ref:.1f} {span} | {k * m_new:.1f} | "
+                             f"{'yes' if ok else '**no**'} |")
+                if not ok:
+                    misses.append(f"{probe} {model} {lay}: {k * m_new:.1f} against {k * m_ref:.1f} {span}")
+    return lines, misses
+
+
+def check_command(path: Path, reference: Path) -> int:
+    """``--check``: print the comparison of a rerun's ``calibration.json`` with ``reference``;
+    exit status 1 when a cell is outside its interval."""
+    docs = []
+    for f in (reference, path):
+        try:
+            docs.append(json.loads(Path(f).read_text(encoding="utf-8")))
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"error: {f}: not a readable calibration.json ({e})") from None
+        if not isinstance(docs[-1], dict) or not {"conditions", "rows"} <= set(docs[-1]):
+            raise SystemExit(f"error: {f}: not a calibration.json (needs 'conditions' and 'rows'): "
+                             "the --calibrate output")
+    lines, misses = check_rerun(*docs)
+    print("\n".join(lines))
+    n = sum(1 for ln in lines[2:])
+    print(f"\n{n - len(misses)} of {n} cells as the reference" + ("" if not misses else ":"))
+    for m in misses:
+        print(f"  outside: {m}")
+    return 1 if misses else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.check:
+        return check_command(Path(args.check), Path(args.against))
     import torch
 
     torch.set_num_threads(args.threads)

@@ -445,3 +445,15 @@ def assert_at_blind(runs: list[dict], z: float = 2.5) -> None:
         var += 2 * n * q * (1 - q)
     assert abs(extra) <= z * math.sqrt(var) + 1, (extra, math.sqrt(var), [(m["probe"], m["test"]["accuracy"],
                                               m["controls"]["blind"]["accuracy"]) for m in runs])
+
+
+def load_script(path: Path, name: str):
+    """A script or bench file (not a package module) imported as module ``name``."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod

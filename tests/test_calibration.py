@@ -18,11 +18,11 @@ Margins were set from seeds 0-2 (computation 60-68 % on the mirrored counterfact
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+
+from helpers import load_script
 
 torch = pytest.importorskip("torch")
 
@@ -36,11 +36,7 @@ RECALL_TOL = 0.07
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("recall_vs_computation", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT, "recall_vs_computation")
 
 
 @pytest.fixture(scope="module")

@@ -261,12 +261,9 @@ def test_gradient_accumulation_steps_once_per_accum_batches(pipeline, tmp_path: 
 
 def test_bench_finetune_runs(pipeline, tmp_path: Path) -> None:
     """bench/finetune.py measures both paths on a tiny encoder (keeps it working as the loop changes)."""
-    import importlib.util
+    from helpers import load_script
 
-    root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("bench_finetune", root / "bench" / "finetune.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script(Path(__file__).resolve().parents[1] / "bench" / "finetune.py", "bench_finetune")
     out = tmp_path / "b.json"
     assert mod.main(["--data", str(pipeline["shards"]), "--encoder", TINY_VIT[0], "--model-args",
                      json.dumps(TINY_VIT[1]), "--batch", "4", "--batches", "2", "--repeats", "1",

@@ -4,18 +4,16 @@ minutes and is not run here: ``python bench/same_outputs.py --ref HEAD`` does.""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
+
+from helpers import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_same_outputs", REPO / "bench" / "same_outputs.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(REPO / "bench" / "same_outputs.py", "bench_same_outputs")
 
 
 def test_lay_out_maps_the_folders_as_setup_cfg_does(tmp_path: Path) -> None:
