@@ -114,6 +114,14 @@ def test_fit_and_eval_keep_what_they_finished(pipeline, tmp_path: Path, capsys) 
                         progress=False)
     assert fit(features=other) == 2
     _one_error(capsys, str(rd), "another build")
+    import h5py
+
+    with h5py.File(pipeline["cache"], "r") as f:  # the same encoder and build, the other dtype
+        dtype = {"fp16": "fp32", "fp32": "fp16"}[f.attrs["dtype"]]
+    stored = write_cache("dummy", pipeline["shards"], tmp_path / "stored.h5", CacheOptions(levels=["level1"], dtype=dtype),
+                         progress=False)
+    assert fit(features=stored) == 2
+    _one_error(capsys, str(rd), f"(now {dtype})", "stored.h5")
     assert _files(rd) == before
 
     def evaluate(*extra):

@@ -82,7 +82,7 @@ def sweep_command(features, heads, probes, seeds, out, jobs, grid, list_ids, onl
     resolve_build(cache, data)  # fail fast on a fingerprint mismatch
     slug = encoder_slug(cache)
     if list_ids:
-        list_runs(all_jobs, slug, cache.fingerprint, grid_prune)
+        list_runs(all_jobs, slug, cache, grid_prune)
         return
     chosen = select_jobs(all_jobs, slug, tuple(only), parse_partition(partition))
     t0 = time.perf_counter()

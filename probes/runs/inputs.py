@@ -8,6 +8,7 @@ validation rule (the cache's ``val`` split, or a seeded 15 % of training patient
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -75,6 +76,19 @@ def check_shards(build, level: str) -> None:
                     f"{p}: sha256 differs from {Path(build.root) / 'manifest.json'}; the shard was "
                     "changed after the build - rebuild it (`spar-build verify` lists every change)"
                 )
+
+
+def cache_identity(cache) -> dict[str, Any]:
+    """What makes two caches of one encoder slug and build give other features: the storage
+    and compute dtypes and the encoder's configuration (a digest of its recorded
+    ``encoder_config``: model args, preprocessing). A run's ``config.json`` records it, and a
+    finished run is kept only for a cache of the same identity (:func:`~.store.finished_run`)."""
+    import hashlib
+
+    meta = cache.meta
+    config = json.dumps(meta.get("encoder_config"), sort_keys=True, default=str)
+    return {"dtype": meta.get("dtype"), "compute_dtype": meta.get("compute_dtype"),
+            "encoder_config_sha256": hashlib.sha256(config.encode()).hexdigest()[:16]}
 
 
 def encoder_slug(cache) -> str:

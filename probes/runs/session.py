@@ -40,6 +40,7 @@ from spar_bench.provenance import RUN_PACKAGES, package_versions, protocol_versi
 from .evaluate import evaluate, run_metrics, transfer
 from .inputs import (
     Splits,
+    cache_identity,
     check_shards,
     encoder_slug,
     load_features,
@@ -81,7 +82,7 @@ def run_fit(run, out: str | Path, progress: bool = True, overwrite: bool = False
     if not overwrite:
         with open_cache(run.features) as cache:
             rd = run.run_dir(out, encoder_slug(cache))
-            if finished_run(run, rd, cache.fingerprint, replace="pass --overwrite"):
+            if finished_run(run, rd, cache, replace="pass --overwrite"):
                 click.echo(f"{rd}: finished earlier with these options; kept (--overwrite trains it again)", err=True)
                 return rd
     p = prepare_run(run, progress)
@@ -139,6 +140,7 @@ def run_config(run, cache, build, head: CachedHead) -> dict[str, Any]:
         # names + fingerprints, never absolute paths (eval and report need neither path)
         "features": Path(run.features).name,
         "cache_fingerprint": cache.fingerprint,
+        "cache_identity": cache_identity(cache),
         "dataset_dir": Path(build.root).resolve().name,
         "dataset_fingerprint": build.fingerprint,
         "encoder": published_name(str(cache.meta["encoder"]), cache.meta.get("weights"))

@@ -147,13 +147,14 @@ def recorded(rd: Path, name: str = CONFIG_FILE) -> dict[str, Any]:
                           "to rerun it") from None
 
 
-def finished_run(run, rd: Path, cache_fingerprint: str, grid_prune: int = 0,
-                 replace: str = "delete that folder") -> bool:
-    """Whether ``rd`` holds a finished run of ``run`` (a :class:`~.spec.RunSpec`) on a cache of
-    the build ``cache_fingerprint``; one finished with other options (``--bootstrap`` and
-    ``--no-controls`` included), or on another cache, is an error (``replace``: how the
-    command replaces it); so is a run pruned by ``--grid-prune K`` when the sweep asks for
-    another ``grid_prune`` (0: a full run).
+def finished_run(run, rd: Path, cache, grid_prune: int = 0, replace: str = "delete that folder") -> bool:
+    """Whether ``rd`` holds a finished run of ``run`` (a :class:`~.spec.RunSpec`) on ``cache``
+    (a :class:`~..features.FeatureCache`); one finished with other options (``--bootstrap`` and
+    ``--no-controls`` included), or on a cache of another build or identity
+    (:func:`~.inputs.cache_identity`: dtypes, encoder configuration), is an error (``replace``:
+    how the command replaces it); so is a run pruned by ``--grid-prune K`` when the sweep asks
+    for another ``grid_prune`` (0: a full run). A run from before the identity was recorded is
+    checked on the build alone.
 
     A folder's name holds only the options that differ from their defaults, so a run
     finished under other defaults (an older spar-bench) sits where ``run`` would write; so
@@ -161,9 +162,11 @@ def finished_run(run, rd: Path, cache_fingerprint: str, grid_prune: int = 0,
     this one.
     """
     from ..heads import head_defaults
+    from .inputs import cache_identity
 
     if not (rd / METRICS_FILE).is_file():
         return False
+    cache_fingerprint = cache.fingerprint
     try:
         cfg = json.loads((rd / CONFIG_FILE).read_text(encoding="utf-8"))
         had = {**cfg["head_config"], **cfg["run"]["train"], **{k: cfg["run"].get(k) for k in ("controls", "n_boot")}}
@@ -175,6 +178,9 @@ def finished_run(run, rd: Path, cache_fingerprint: str, grid_prune: int = 0,
         raise ConfigError(f"{rd}: finished on a feature cache of another build ({cfg.get('features')}, build "
                           f"fingerprint {str(old_cache)[:12]}; this cache's {cache_fingerprint[:12]}); "
                           f"write to a new --out, or {replace} to rerun it")  # fmt: skip
+    if "cache_identity" in cfg:
+        refuse_other(rd, cfg["cache_identity"], cache_identity(cache), replace,
+                     f" (its feature cache {cfg.get('features')}; this one {Path(cache.path).name})")
     if pruned is not None and pruned != grid_prune:
         asked = f"--grid-prune {grid_prune}" if grid_prune else "a full run"
         raise ConfigError(f"{rd}: pruned after epoch {pruned} (--grid-prune {pruned}) and this sweep asks for "

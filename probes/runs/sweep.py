@@ -66,7 +66,7 @@ def plan(jobs: list[Job], grid_prune: int = 0) -> tuple[list[Job], list[Job]]:
     slug = encoder_slug(cache)
     todo, done = [], []
     for j in jobs:
-        (done if finished_run(j.run, j.run.run_dir(j.out, slug), cache.fingerprint, grid_prune) else todo).append(j)
+        (done if finished_run(j.run, j.run.run_dir(j.out, slug), cache, grid_prune) else todo).append(j)
     todo.sort(key=schedule_key)
     return todo, done
 
@@ -242,12 +242,12 @@ def select_jobs(jobs: list[Job], slug: str, only: tuple[str, ...] = (),
             if (not only or i in only) and (partition is None or bucket(i, partition[1]) == partition[0])]
 
 
-def list_runs(jobs: list[Job], slug: str, cache_fingerprint: str, grid_prune: int = 0) -> None:
+def list_runs(jobs: list[Job], slug: str, cache, grid_prune: int = 0) -> None:
     """Print ``<run id>\t<done|todo>`` per job."""
     from .store import finished_run
 
     for j in jobs:
-        state = "done" if finished_run(j.run, j.run.run_dir(j.out, slug), cache_fingerprint, grid_prune) else "todo"
+        state = "done" if finished_run(j.run, j.run.run_dir(j.out, slug), cache, grid_prune) else "todo"
         click.echo(f"{run_id(j, slug)}\t{state}")
 
 
