@@ -279,10 +279,10 @@ def make_datasets(args, tmp: Path) -> list[DataSet]:
             word = tmp / "word" if (tmp / "word").is_dir() else word_subset(args.word_root, args.n_cases, tmp)
             out.append(DataSet("word", "word", word, "synthesize", "test"))
         elif args.phantom_n:
-            from spar_bench.builder.phantom.generate import write_phantom_dataset
+            from spar_bench.builder.phantom.generate import PhantomOptions, write_phantom_dataset
 
             if not (tmp / "phantom").is_dir():
-                write_phantom_dataset(tmp / "phantom", args.phantom_n, size=args.phantom_size, seed=0,
+                write_phantom_dataset(tmp / "phantom", args.phantom_n, PhantomOptions(size=args.phantom_size),
                                       progress=False)
             out.append(DataSet("phantom", "phantom", tmp / "phantom", "auto", None))
     return out

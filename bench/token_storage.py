@@ -68,12 +68,12 @@ def own_build(tmp: Path, args) -> Path:
     built with Levels 1-3, ``--samples`` mosaics per case, Level 3 on every ``--l3-stride``-th
     slice, mirrored counterfactuals."""
     from spar_bench.builder.build import BuildConfig, build
-    from spar_bench.builder.phantom.generate import write_phantom_dataset
+    from spar_bench.builder.phantom.generate import PhantomOptions, write_phantom_dataset
 
     phantom, out = tmp / "phantom", tmp / "build"
-    write_phantom_dataset(phantom, args.cases, layout=args.layout, seed=args.phantom_seed,
-                          intensities=args.intensities, in_plane=args.in_plane, n_slices=args.slices,
-                          progress=False)
+    opts = PhantomOptions(layout=args.layout, seed=args.phantom_seed, intensities=args.intensities,
+                          in_plane=args.in_plane, n_slices=args.slices)
+    write_phantom_dataset(phantom, args.cases, opts, progress=False)
     sample = {"samples_per_case": args.samples, "counterfactual": "mirror", "l3_stride": args.l3_stride}
     build(BuildConfig(sources=("phantom",), roots=(str(phantom),), out=str(out), sample=sample, hf=False,
                       workers=1), quiet=True)

@@ -112,7 +112,7 @@ def build_all(out: Path, data: Data, seed: int) -> dict[str, Path]:
     """One phantom (distinct organ intensities) + shards per layout (Levels 1 and 3, mirrored
     counterfactuals, ``data.questions`` Level 3 questions per probe and slice)."""
     from spar_bench.builder.build import BuildConfig, build
-    from spar_bench.builder.phantom import write_phantom_dataset
+    from spar_bench.builder.phantom import PhantomOptions, write_phantom_dataset
 
     builds = {}
     for i, layout in enumerate(LAYOUTS):
@@ -126,8 +126,9 @@ def build_all(out: Path, data: Data, seed: int) -> dict[str, Path]:
         if not _phantom_done(ph, n, layout, seed + i):
             print(f"$ spar-build phantom --out {ph} --n {n} --layout {layout} --seed {seed + i} "
                   f"--intensities {INTENSITIES} --overwrite  # in-plane, slices: {grid}", flush=True)
-            write_phantom_dataset(ph, n, layout=layout, seed=seed + i, intensities=INTENSITIES, overwrite=True,
-                                  in_plane=data.in_plane, n_slices=data.slices, progress=False)
+            opts = PhantomOptions(layout=layout, seed=seed + i, intensities=INTENSITIES, in_plane=data.in_plane,
+                                  n_slices=data.slices)
+            write_phantom_dataset(ph, n, opts, overwrite=True, progress=False)
         sample = {"levels": list(data.levels), "samples_per_case": data.samples, "counterfactual": "mirror",
                   "l3_questions_per_probe": data.questions, "l3_stride": data.l3_stride}
         print(f"$ build {shards} from {ph}: {json.dumps(sample)}", flush=True)

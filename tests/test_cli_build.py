@@ -90,10 +90,10 @@ def test_cli_resume_after_interruption_equals_clean_build(
 
 @pytest.mark.slow
 def test_phantom_build_end_to_end_and_verify(tmp_path: Path) -> None:
-    from spar_bench.builder.phantom.generate import write_phantom_dataset
+    from spar_bench.builder.phantom.generate import PhantomOptions, write_phantom_dataset
     from spar_bench.builder.shards import Build
 
-    write_phantom_dataset(tmp_path / "ph", 4, layout="canonical", seed=1, progress=False)
+    write_phantom_dataset(tmp_path / "ph", 4, PhantomOptions(layout="canonical", seed=1), progress=False)
     out = tmp_path / "out"
     assert run_cli(cli, ["--source", "phantom", "--root", str(tmp_path / "ph"), "--out", str(out),
                          "--samples-per-case", "3", "--counterfactual", "mirror",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 
 from spar_bench.builder.phantom.generate import (
     PAINT_ORDER,
+    PhantomOptions,
     assign_splits,
     make_phantom,
     render_phantom,
@@ -261,12 +263,15 @@ def test_split_counts():
         split_counts(0)
 
 
+#: a 48 x 48 x 10 grid: cases render in a fraction of a second
+SMALL = PhantomOptions(in_plane=48, n_slices=10)
+
+
 @pytest.fixture(scope="module")
 def written(tmp_path_factory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("ph") / "mirrored"
-    record = write_phantom_dataset(
-        out, 3, layout="mirrored", seed=11, progress=False, in_plane=64, n_slices=20
-    )
+    opts = PhantomOptions(layout="mirrored", seed=11, in_plane=64, n_slices=20)
+    record = write_phantom_dataset(out, 3, opts, progress=False)
     return out, record
 
 
@@ -334,21 +339,20 @@ def test_phantom_record_is_parsed_once_and_reread_when_it_changes(written, tmp_p
 def test_writer_refuses_non_empty_out(written, tmp_path):
     out, _ = written
     with pytest.raises(ConfigError, match="not empty"):
-        write_phantom_dataset(out, 1, progress=False, in_plane=48, n_slices=10)
+        write_phantom_dataset(out, 1, SMALL, progress=False)
     other = tmp_path / "mine"
     other.mkdir()
     (other / "notes.txt").write_text("keep me")
     with pytest.raises(ConfigError, match="not a SPAR-Bench phantom dataset"):
-        write_phantom_dataset(other, 1, overwrite=True, progress=False, in_plane=48, n_slices=10)
+        write_phantom_dataset(other, 1, SMALL, overwrite=True, progress=False)
     assert (other / "notes.txt").read_text() == "keep me"
 
 
 def test_overwrite_replaces_a_phantom_dataset(tmp_path):
     out = tmp_path / "ds"
-    write_phantom_dataset(out, 1, layout="random", seed=0, progress=False, in_plane=48, n_slices=10)
-    rec = write_phantom_dataset(
-        out, 2, layout="canonical", seed=1, overwrite=True, progress=False, in_plane=48, n_slices=10
-    )
+    write_phantom_dataset(out, 1, replace(SMALL, layout="random"), progress=False)
+    rec = write_phantom_dataset(out, 2, replace(SMALL, layout="canonical", seed=1), overwrite=True,
+                                progress=False)
     assert json.loads((out / "phantom.json").read_text())["layout"] == "canonical"
     assert rec["splits"] == {"train": 1, "val": 0, "test": 1}
     assert len(list(out.glob("labels*/*.nii.gz"))) == 2
@@ -405,10 +409,16 @@ def test_cli_grid_overrides_the_size_preset_and_is_recorded(tmp_path: Path, caps
 
 def test_phantom_bytes_do_not_depend_on_the_number_of_workers(tmp_path: Path) -> None:
     """``spar-build phantom --workers N`` renders cases in N processes: same files, same bytes."""
-    one = write_phantom_dataset(tmp_path / "w1", 3, seed=5, progress=False, in_plane=48, n_slices=10)
-    three = write_phantom_dataset(tmp_path / "w3", 3, seed=5, progress=False, in_plane=48, n_slices=10,
-                                  workers=3)
+    one = write_phantom_dataset(tmp_path / "w1", 3, replace(SMALL, seed=5), progress=False)
+    three = write_phantom_dataset(tmp_path / "w3", 3, replace(SMALL, seed=5), progress=False, workers=3)
     assert one == three
     hashes = tree_hashes(tmp_path / "w1")
     assert len(hashes) == 7  # phantom.json + an image and a label map per case
     assert hashes == tree_hashes(tmp_path / "w3")
+
+
+def test_phantom_options_refuse_a_bad_choice_in_one_line() -> None:
+    for field, bad, valid in (("layout", "diagonal", "canonical"), ("size", "huge", "small"),
+                              ("intensities", "mri", "distinct")):
+        with pytest.raises(ConfigError, match=rf"unknown phantom {field} '{bad}'; choose one of .*{valid}"):
+            PhantomOptions(**{field: bad})

@@ -1,8 +1,8 @@
 """The procedural abdominal phantom.
 
 * :mod:`spar_bench.builder.phantom.generate`: :func:`sample_phantom_params` (seeded record),
-  :func:`render_phantom` (pure rendering), :func:`write_phantom_dataset` (a WORD-layout
-  folder read back by ``spar_bench.builder.sources.phantom.PhantomSource``);
+  :func:`render_phantom` (pure rendering), :func:`write_phantom_dataset` (a WORD-layout folder of :class:`PhantomOptions`,
+  read back by ``spar_bench.builder.sources.phantom.PhantomSource``);
 * its intensities come from the pseudo-CT renderer, :mod:`spar_bench.builder.synth.render`
   (shared with real masks-only cases).
 
@@ -17,6 +17,7 @@ from .generate import (
     LAYOUTS,
     PHANTOM_VERSION,
     SIZES,
+    PhantomOptions,
     PhantomVolume,
     make_phantom,
     render_phantom,
@@ -29,6 +30,7 @@ __all__ = [
     "LAYOUTS",
     "PHANTOM_VERSION",
     "SIZES",
+    "PhantomOptions",
     "PhantomVolume",
     "make_phantom",
     "render_phantom",

@@ -72,13 +72,11 @@ def phantom_command(
     manifests/labels/phantom.json (WORD ids, 17 = liver lesion); DIR/phantom.json
     records the seed, layout and every case's parameters.
     """
-    from .generate import write_phantom_dataset
+    from .generate import PhantomOptions, write_phantom_dataset
 
-    record = write_phantom_dataset(
-        out_dir, n, layout=layout, seed=seed, lesions=not no_lesions, size=size, in_plane=in_plane,
-        n_slices=n_slices, intensities=intensities,
-        overwrite=overwrite, workers=pop_jobs(jobs),
-    )
+    options = PhantomOptions(layout=layout, seed=seed, lesions=not no_lesions, size=size, in_plane=in_plane,
+                             n_slices=n_slices, intensities=intensities)
+    record = write_phantom_dataset(out_dir, n, options, overwrite=overwrite, workers=pop_jobs(jobs))
     splits = ", ".join(f"{k} {v}" for k, v in record["splits"].items())
     n_les = sum(1 for c in record["cases"].values() if c["lesion_voxels"] > 0)
     shapes = [c["shape"] for c in record["cases"].values()]

@@ -442,6 +442,32 @@ def _check_choices(layout: str, size: str, intensities: str) -> None:
             raise ConfigError(f"unknown phantom {what} {value!r}; choose one of {', '.join(valid)}")
 
 
+@dataclass(frozen=True)
+class PhantomOptions:
+    """What every case of a phantom dataset is drawn with; ``phantom.json`` records it.
+
+    ``layout`` (:data:`LAYOUTS`), the dataset ``seed``, ``lesions`` (liver lesions in some
+    cases), ``size`` (:data:`SIZES`) or an explicit grid (``in_plane`` voxels, ``n_slices``),
+    and ``intensities`` (:data:`INTENSITIES`). A bad choice is a one-line ConfigError.
+    """
+
+    layout: str = "canonical"
+    seed: int = 0
+    lesions: bool = True
+    size: str = "small"
+    in_plane: int | None = None
+    n_slices: int | None = None
+    intensities: str = "ct"
+
+    def __post_init__(self) -> None:
+        _check_choices(self.layout, self.size, self.intensities)
+
+    def case_options(self) -> dict[str, Any]:
+        """The keyword arguments of :func:`sample_phantom_params` every case shares."""
+        return dict(size=self.size, lesions=self.lesions, in_plane=self.in_plane, n_slices=self.n_slices,
+                    intensities=self.intensities)
+
+
 def distinct_organ_hu(rng: np.random.Generator) -> dict[str, float]:
     """Organ -> mean HU of the ``distinct`` intensities: its fixed level plus N(0, 3 HU).
 
@@ -682,10 +708,7 @@ def _write_case(
     }
 
 
-def _write_cases(
-    tmp: Path, seed: int, layout: str, splits: list[str], sample: dict[str, Any], progress: bool,
-    workers: int = 1,
-) -> dict[str, Any]:
+def _write_cases(tmp: Path, opts: PhantomOptions, splits: list[str], progress: bool, workers: int = 1) -> dict[str, Any]:
     """Write every case (``phantom_NNNN``, split ``splits[i]``) under ``tmp``; their records.
 
     With ``workers > 1`` the cases are rendered in that many processes. Each case depends only
@@ -703,7 +726,8 @@ def _write_cases(
     n = len(splits)
     width = max(4, len(str(n - 1)))
     ids = [f"phantom_{i:0{width}d}" for i in range(n)]
-    jobs = [(tmp, cid, splits[i], derive_seed(seed, "phantom", cid, layout), layout, sample)
+    layout, sample = opts.layout, opts.case_options()
+    jobs = [(tmp, cid, splits[i], derive_seed(opts.seed, "phantom", cid, layout), layout, sample)
             for i, cid in enumerate(ids)]
     bar = tqdm(total=n, desc=f"phantom ({layout})", unit="case", disable=not progress)
     with bar:
@@ -723,32 +747,24 @@ def _gather(ids: list[str], records: Iterable[dict[str, Any]], bar) -> dict[str,
     return out
 
 
-def _dataset_record(
-    *,
-    seed: int,
-    layout: str,
-    n: int,
-    size: str,
-    lesions: bool,
-    intensities: str,
-    splits: list[str],
-    cases: dict[str, Any],
-) -> dict[str, Any]:
-    """The ``phantom.json`` record (``intensities`` only when not ``ct``)."""
+def _dataset_record(opts: PhantomOptions, n: int, splits: list[str], cases: dict[str, Any]) -> dict[str, Any]:
+    """The ``phantom.json`` record (``intensities`` only when not ``ct``, and a grid that
+    overrides the size preset last: default records are unchanged)."""
     return {
         "generator": "spar-bench phantom (spar_bench.builder.phantom.generate)",
         "generator_version": PHANTOM_VERSION,
-        "seed": int(seed),
-        "layout": layout,
+        "seed": int(opts.seed),
+        "layout": opts.layout,
         "n": int(n),
-        "size": size,
-        "lesions": bool(lesions),
-        **({"intensities": intensities} if intensities != "ct" else {}),
+        "size": opts.size,
+        "lesions": bool(opts.lesions),
+        **({"intensities": opts.intensities} if opts.intensities != "ct" else {}),
         "label_manifest": "phantom",
         "lesion_label": LESION_LABEL,
         "file_axcodes": "LPS",
         "splits": {s: sum(1 for x in splits if x == s) for s in SPLIT_DIRS},
         "cases": cases,
+        **{k: int(v) for k, v in (("in_plane", opts.in_plane), ("n_slices", opts.n_slices)) if v},
     }
 
 
@@ -765,19 +781,15 @@ def _move_into_place(tmp: Path, out: Path, overwrite: bool) -> None:
 def write_phantom_dataset(
     out_dir: str | Path,
     n: int,
+    options: PhantomOptions | None = None,
     *,
-    layout: str = "canonical",
-    seed: int = 0,
-    lesions: bool = True,
-    size: str = "small",
-    in_plane: int | None = None,
-    n_slices: int | None = None,
-    intensities: str = "ct",
     overwrite: bool = False,
     progress: bool = True,
     workers: int = 1,
 ) -> dict[str, Any]:
-    """Write ``n`` phantom cases as a WORD-layout folder and return its ``phantom.json`` record.
+    """Write ``n`` phantom cases drawn with ``options`` (:class:`PhantomOptions`; default:
+    canonical, seed 0, lesions, ``small``, ``ct``) as a WORD-layout folder and return its
+    ``phantom.json`` record.
 
     Layout: ``imagesTr/labelsTr`` (train), ``imagesVal/labelsVal`` (val),
     ``imagesTs/labelsTs`` (test), files ``phantom_NNNN.nii.gz``; the split is
@@ -800,28 +812,14 @@ def write_phantom_dataset(
     import shutil
     import tempfile
 
-    out = Path(out_dir)
-    _check_choices(layout, size, intensities)
-    splits = assign_splits(int(n), int(seed))
+    out, opts = Path(out_dir), options or PhantomOptions()
+    splits = assign_splits(int(n), int(opts.seed))
     _prepare_out(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    sample = dict(size=size, lesions=lesions, in_plane=in_plane, n_slices=n_slices,
-                  intensities=intensities)
     try:
-        cases = _write_cases(tmp, seed, layout, splits, sample, progress, workers)
-        record = _dataset_record(
-            seed=seed,
-            layout=layout,
-            n=n,
-            size=size,
-            lesions=lesions,
-            intensities=intensities,
-            splits=splits,
-            cases=cases,
-        )
-        # a grid that overrides the size preset is recorded (default records are unchanged)
-        record.update({k: int(v) for k, v in (("in_plane", in_plane), ("n_slices", n_slices)) if v})
+        cases = _write_cases(tmp, opts, splits, progress, workers)
+        record = _dataset_record(opts, n, splits, cases)
         (tmp / "phantom.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
         _move_into_place(tmp, out, overwrite)
     except BaseException:
