@@ -275,11 +275,11 @@ def test_reasons_are_recorded_per_answer_per_run_and_in_the_report(pipeline, tmp
     answers.jsonl, the counts in metrics.json (``unparsed``), and the report's MLLM row."""
     import json
 
-    from helpers import run_cmd
-
     from spar_bench.probes.cli import cli
     from spar_bench.probes.vqa.base import Reply
     from spar_bench.probes.vqa.dummy import DummyBackend
+
+    from helpers import run_cmd
 
     def answer(self, requests):
         return [Reply(text=STUB_REPLIES[i % len(STUB_REPLIES)].format(first=r.options[0], last=r.letters[-1]))
@@ -292,7 +292,7 @@ def test_reasons_are_recorded_per_answer_per_run_and_in_the_report(pipeline, tmp
     (rd,) = [p.parent for p in runs.rglob("metrics.json")]
     recs = [json.loads(line) for line in (rd / "answers.jsonl").read_text().splitlines()]
     m = json.loads((rd / "metrics.json").read_text())
-    expect = dict(zip(STUB_REPLIES[1:], ("hedged", "negated", "several", "refusal", "mention", "empty")))
+    expect = dict(zip(STUB_REPLIES[1:], ("hedged", "negated", "several", "refusal", "mention", "empty"), strict=True))
     for r in recs:  # the stub's batches may start anywhere in the cycle: check reply by reply
         form = next((f for f in STUB_REPLIES[1:] if r["text"] == f.format(first="no", last="B")
                      or r["text"] == f.format(first="yes", last="B")), None)

@@ -7,7 +7,13 @@ import pytest
 
 from spar_bench.builder.schema import LEVEL3_CLASS_NAMES, LEVEL3_PROBES, ORGANS
 from spar_bench.errors import IntegrityError
-from spar_bench.probes.vqa.prompts import CONVENTION_HINT, PromptContext, render, rotations, template_version
+from spar_bench.probes.vqa.prompts import (
+    CONVENTION_HINT,
+    PromptContext,
+    render,
+    rotations,
+    template_version,
+)
 
 
 def test_prompts_name_organs_options_and_patient_frame():
