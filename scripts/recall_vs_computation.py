@@ -108,9 +108,10 @@ def _phantom_done(ph: Path, n: int, layout: str, seed: int) -> bool:
     return (rec.get("n"), rec.get("layout"), rec.get("seed"), rec.get("intensities")) == (n, layout, seed, INTENSITIES)
 
 
-def build_all(out: Path, data: Data, seed: int) -> dict[str, Path]:
+def build_all(out: Path, data: Data, seed: int, jobs: int = 1) -> dict[str, Path]:
     """One phantom (distinct organ intensities) + shards per layout (Levels 1 and 3, mirrored
-    counterfactuals, ``data.questions`` Level 3 questions per probe and slice)."""
+    counterfactuals, ``data.questions`` Level 3 questions per probe and slice), each rendered
+    and built by ``jobs`` processes (the bytes do not depend on it)."""
     from spar_bench.builder.build import BuildConfig, build
     from spar_bench.builder.phantom import PhantomOptions, write_phantom_dataset
 
@@ -128,12 +129,12 @@ def build_all(out: Path, data: Data, seed: int) -> dict[str, Path]:
                   f"--intensities {INTENSITIES} --overwrite  # in-plane, slices: {grid}", flush=True)
             opts = PhantomOptions(layout=layout, seed=seed + i, intensities=INTENSITIES, in_plane=data.in_plane,
                                   n_slices=data.slices)
-            write_phantom_dataset(ph, n, opts, overwrite=True, progress=False)
+            write_phantom_dataset(ph, n, opts, overwrite=True, progress=False, workers=jobs)
         sample = {"levels": list(data.levels), "samples_per_case": data.samples, "counterfactual": "mirror",
                   "l3_questions_per_probe": data.questions, "l3_stride": data.l3_stride}
         print(f"$ build {shards} from {ph}: {json.dumps(sample)}", flush=True)
         build(BuildConfig(sources=("phantom",), roots=(str(ph),), out=str(shards), sample=sample, hf=False,
-                          overwrite=True, workers=1), quiet=True)
+                          overwrite=True, workers=jobs), quiet=True)
     return builds
 
 
@@ -168,6 +169,7 @@ class Training:
     score: tuple[str, ...] = ()  # calibration: every probe scored (``tr.probes``: those trained end to end)
     organ_maps: int = 0  # calibration: >0: the computation encoder learns organ maps for this many epochs
     organ_map_dice: float = 0.0  # ... with this weight of the soft Dice term (organmaps.organ_map_loss)
+    device: str = "cpu"  # where encoders train and encode (fp32); heads and the readout stay on the CPU
 
 
 def runs_root(out: Path, tr: Training) -> Path:
@@ -188,7 +190,7 @@ def train_run(builds: dict[str, Path], out: Path, tr: Training, train_on: str, p
     from spar_bench.probes.finetune.run import run_finetune
 
     cfg = FinetuneConfig(encoder_lr=tr.lr, head_lr=tr.lr, batch_size=32, max_epochs=tr.epochs,
-                         warmup_epochs=1, patience=tr.patience, device="cpu", compute="fp32")
+                         warmup_epochs=1, patience=tr.patience, device=tr.device, compute="fp32")
     fs = FinetuneSpec(ENCODER, str(builds[train_on]), probe, tr.head, tr.seed, init="scratch",
                       model_kwargs=tr.model_args, cfg=cfg, n_boot=n_boot,
                       train_mirrors=tr.train_mirrors and train_on != "canonical")
@@ -213,7 +215,7 @@ def train_and_score(builds: dict[str, Path], out: Path, tr: Training, n_boot: in
                 if layout == train_on:
                     r = m
                 else:
-                    r = json.loads(run_eval_reencoded(rd, builds[layout], n_boot, device="cpu",
+                    r = json.loads(run_eval_reencoded(rd, builds[layout], n_boot, device=tr.device,
                                                       compute="fp32").read_text())
                 row["cells"][layout] = {"model": r["test"].get(key), "ci": (r["test"].get("ci") or {}).get(key),
                                         "mirror_cf": (r.get("mirror") or {}).get(key),
@@ -263,7 +265,7 @@ def prior_of(build_root: Path, probe: str) -> dict:
     return spec.fit_prior(tr.subset(~tr.is_mirror))
 
 
-def finetuned_predict(rd: Path, build_root: Path):
+def finetuned_predict(rd: Path, build_root: Path, device: str = "cpu"):
     """``(test targets, predictions)`` of finetune run ``rd`` on a build, its images re-encoded
     by the run's own encoder (``spar-probe eval --run``, item by item)."""
     from spar_bench.builder.shards import Build
@@ -280,7 +282,7 @@ def finetuned_predict(rd: Path, build_root: Path):
     spec = get_probe(c["probe"])
     head = build_head(c["head"], spec, c["in_dim"], c["n_tokens"], **c["head_config"])
     head.load_state_dict(saved["state_dict"])
-    cfg = FinetuneConfig(**{**c["finetune_config"], "device": "cpu", "compute": "fp32"})
+    cfg = FinetuneConfig(**{**c["finetune_config"], "device": device, "compute": "fp32"})
     encoding, _ = encoding_of(load_run_encoder(rd, c), Build(build_root), cfg)
     t = test_targets(build_root, spec.name)
     rows = np.unique(t.rows)
@@ -288,14 +290,14 @@ def finetuned_predict(rd: Path, build_root: Path):
     return t, predict(head, feats, remap(t, rows))
 
 
-def encoder_caches(rd: Path, builds: dict[str, Path], out: Path) -> dict[str, Path]:
+def encoder_caches(rd: Path, builds: dict[str, Path], out: Path, device: str = "cpu") -> dict[str, Path]:
     """Feature caches of run ``rd``'s trained encoder over every layout's build (frozen, fp32)."""
     from spar_bench.probes.cache import CacheOptions, write_cache
 
     caches = {}
     for layout, b in builds.items():
         caches[layout] = out / f"cache-{layout}.h5"
-        opts = CacheOptions(weights=str(rd / "encoder.safetensors"), device="cpu", compute="fp32", dtype="fp32")
+        opts = CacheOptions(weights=str(rd / "encoder.safetensors"), device=device, compute="fp32", dtype="fp32")
         write_cache(ENCODER, b, caches[layout], opts, progress=False)
     return caches
 
@@ -445,16 +447,16 @@ def model_rows(builds: dict[str, Path], out: Path, tr: Training, model: str, n_b
     else:
         runs = {p: train_run(builds, out, tr, train_on, p) for p in tr.probes}
         enc_run = runs[tr.probes[0]]
-    caches = encoder_caches(enc_run, builds, enc_run / "calibration")
+    caches = encoder_caches(enc_run, builds, enc_run / "calibration", tr.device)
     rows = []
     for probe in [p for p in probe_names() if p in tr.score]:
         canon = prior_of(builds["canonical"], probe)
         readout = model == "computation" and tr.organ_maps and probe in READOUT_PROBES
         try:
             if readout:
-                got = {lay: organ_map_predict(enc_run, builds[lay], probe) for lay in LAYOUTS}
+                got = {lay: organ_map_predict(enc_run, builds[lay], probe, tr.device) for lay in LAYOUTS}
             elif probe in runs:
-                got = {lay: finetuned_predict(runs[probe], builds[lay]) for lay in LAYOUTS}
+                got = {lay: finetuned_predict(runs[probe], builds[lay], tr.device) for lay in LAYOUTS}
             else:
                 got = frozen_head_predict(caches, builds, train_on, probe, tr,
                                           enc_run / "calibration" / "heads", n_boot)
@@ -576,7 +578,8 @@ def organ_map_run(builds: dict[str, Path], out: Path, tr: Training) -> Path:
     dice = f"-dice{tr.organ_map_dice:g}" if tr.organ_map_dice else ""
     rd = out / "organ-maps" / f"{builds['random'].name}-e{tr.organ_maps}{dice}" / f"seed{tr.seed}"
     print(f"computation encoder: organ maps, {tr.organ_maps} epochs -> {rd.relative_to(out)}", flush=True)
-    return pretrain_organ_maps(ENCODER, builds["random"], rd, cfg, ORGAN_MAP_MODEL_ARGS, progress=False)
+    return pretrain_organ_maps(ENCODER, builds["random"], rd, cfg, ORGAN_MAP_MODEL_ARGS, progress=False,
+                               device=tr.device)
 
 
 #: Level 3 probes that the organ-map encoder answers by geometry (:func:`organ_map_predict`);
@@ -588,7 +591,7 @@ READOUT_PROBES = ("level3.relative_position", "level3.orientation", "level3.symm
 _MAPS: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}  # (run, build) -> map_geometry of its test slices
 
 
-def organ_map_predict(rd: Path, build_root: Path, probe: str):
+def organ_map_predict(rd: Path, build_root: Path, probe: str, device: str = "cpu"):
     """``(test targets, predictions)`` of the organ-map encoder read out by geometry: every
     organ's centre from its organ head's map and its area from its share head's
     (``organmaps.predict_maps``, ``map_geometry``; one map where the run has no Dice term),
@@ -607,7 +610,7 @@ def organ_map_predict(rd: Path, build_root: Path, probe: str):
     q = load_questions(b, get_probe(probe), ["test"])
     key = (str(rd), str(build_root))
     if key not in _MAPS:  # every test slice once per (run, build): the probes share them
-        model = load_organ_map_model(rd)
+        model = load_organ_map_model(rd, device)
         where, share = predict_maps(model, b.images("level3", "test", np.arange(b.count("level3", "test"))))
         _MAPS.clear()
         _MAPS[key] = (map_geometry(where, model.grid)[0], map_geometry(share, model.grid)[1])
@@ -820,6 +823,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--patience", type=int, default=5)
     ap.add_argument("--seeds", default="0", help="comma-separated training seeds (table: mean +- std)")
     ap.add_argument("--bootstrap", type=int, default=200)
+    ap.add_argument("--device", default="cpu",
+                    help="where the encoders train and encode, in fp32: cpu (default), cuda[:N] or auto; the "
+                         "probe heads and the organ-map readout stay on the CPU")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="processes that render and build the phantoms (the bytes do not depend on it)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (1: on a shared 2-core machine more threads only contend)")
     ap.add_argument("--seed", type=int, default=0, help="the phantoms' seed")
@@ -844,6 +852,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.organ_maps < 0 or args.organ_map_dice < 0:
         ap.error("--organ-maps and --organ-map-dice must be >= 0")
+    if args.jobs < 1:
+        ap.error("--jobs must be >= 1")
     if args.calibrate and args.probes == ",".join(PROBES):
         args.probes = "level3.relative_position"
     if args.quick:
@@ -865,7 +875,8 @@ def configs(args: argparse.Namespace) -> tuple[Data, list[Training]]:
     data = Data(n, args.samples, args.questions, args.l3_stride, args.in_plane, args.slices, levels)
     model_args = {**MODEL_ARGS, **json.loads(args.model_args or "{}")}
     trainings = [Training(model_args, args.head, args.epochs, args.patience, args.lr, int(s), train_on, probes,
-                          args.train_mirrors, score, getattr(args, "organ_maps", 0), getattr(args, "organ_map_dice", 0.0))
+                          args.train_mirrors, score, getattr(args, "organ_maps", 0), getattr(args, "organ_map_dice", 0.0),
+                          getattr(args, "device", "cpu"))
                  for s in args.seeds.split(",")]
     return data, trainings
 
@@ -885,7 +896,8 @@ def write_calibration(out: Path, builds: dict[str, Path], trainings: list[Traini
                   "computation encoder": (f"organ maps, {tr.organ_maps} epochs, Dice weight {tr.organ_map_dice:g}, "
                                           f"model_args {ORGAN_MAP_MODEL_ARGS}"
                                           if tr.organ_maps else "end to end, like recall"),
-                  "encoder": ENCODER, "model_args": tr.model_args, "threads": args.threads,
+                  "encoder": ENCODER, "model_args": tr.model_args, "device": tr.device, "jobs": args.jobs,
+                  "threads": args.threads,
                   "cpu_count": os.cpu_count(), "load_average_at_end": os.getloadavg(),
                   "build_seconds": round(t_build, 1), "wall_seconds": round(time.perf_counter() - t0, 1)}
     (out / "calibration.json").write_text(json.dumps({"conditions": conditions, "rows": rows}, indent=1) + "\n")
@@ -901,7 +913,7 @@ def write_calibration(out: Path, builds: dict[str, Path], trainings: list[Traini
 
 
 #: conditions a rerun may change and still be compared with the reference table (the machine's)
-MACHINE_CONDITIONS = ("threads", "cpu_count", "load_average_at_end", "build_seconds", "wall_seconds")
+MACHINE_CONDITIONS = ("device", "jobs", "threads", "cpu_count", "load_average_at_end", "build_seconds", "wall_seconds")
 #: the reference table of the README, as written by ``--calibrate`` (``--check`` compares a rerun with it)
 REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "calibration.json"
 
@@ -978,7 +990,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     data, trainings = configs(args)
     t0 = time.perf_counter()
-    builds = build_all(out, data, args.seed)
+    builds = build_all(out, data, args.seed, args.jobs)
     t_build = time.perf_counter() - t0
     if args.calibrate:
         return write_calibration(out, builds, trainings, args, t0, t_build)

@@ -85,11 +85,11 @@ def test_the_dice_term_counts_only_present_organs():
         OrganMapConfig(dice=-0.5)
 
 
-def _pretrain(pipeline, rd, epochs=2, dice=0.0):
+def _pretrain(pipeline, rd, epochs=2, dice=0.0, device="cpu"):
     from spar_bench.probes.finetune.organmaps import OrganMapConfig, pretrain_organ_maps
 
     cfg = OrganMapConfig(epochs=epochs, batch_size=16, seed=3, dice=dice)
-    return pretrain_organ_maps(TINY[0], pipeline["shards"], rd, cfg, TINY[1], progress=False)
+    return pretrain_organ_maps(TINY[0], pipeline["shards"], rd, cfg, TINY[1], progress=False, device=device)
 
 
 def _weights(rd):
@@ -107,6 +107,7 @@ def test_a_run_writes_its_files_is_kept_and_resumes_exactly(pipeline, tmp_path, 
     assert [h["epoch"] for h in hist] == [0, 1] and all(np.isfinite(h["val_loss"]) for h in hist)
     config = json.loads((whole / "config.json").read_text())
     assert config["grid"] ** 2 == config["n_tokens"] and config["model_args"] == TINY[1]
+    assert config["device"] == "cpu" and json.loads((whole / "timing.json").read_text())["images_per_s"] > 0
     assert str(tmp_path) not in (whole / "config.json").read_text()
     assert not (whole / organmaps.CHECKPOINT_FILE).exists()
     assert not (whole / organmaps.SHARE_HEAD_FILE).exists()  # no Dice term: the organ head gives the shares
@@ -171,7 +172,7 @@ def test_the_export_is_what_the_cache_reads(pipeline, tmp_path, one_torch_thread
     from spar_bench.probes.finetune.model import encode
     from spar_bench.probes.finetune.organmaps import OrganMapConfig
 
-    m = _Model(TINY[0], TINY[1], OrganMapConfig(epochs=1), 17, 1)
+    m = _Model(TINY[0], TINY[1], OrganMapConfig(epochs=1), 17, 1, torch.device("cpu"))
     from safetensors.torch import load_file
 
     m.enc.module.load_state_dict(load_file(str(rd / "encoder.safetensors")))
@@ -225,6 +226,9 @@ def test_a_build_without_slices_is_a_one_line_error(pipeline, tmp_path):
     with pytest.raises(ConfigError, match=r"has no level3 train slices \(build it with --levels level3\)"):
         pretrain_organ_maps(TINY[0], pipeline["other"], tmp_path / "r", OrganMapConfig(epochs=1), TINY[1],
                             progress=False)
+    with pytest.raises(ConfigError, match="--device must be auto, cpu or cuda"):
+        pretrain_organ_maps(TINY[0], pipeline["shards"], tmp_path / "r", OrganMapConfig(epochs=1), TINY[1],
+                            progress=False, device="tpu")
     assert not (tmp_path / "r").exists()
 
 
@@ -255,3 +259,24 @@ def test_a_dice_run_gets_a_share_head_fitted_by_the_bce_alone(pipeline, tmp_path
     (rd / organmaps.SHARE_HEAD_FILE).unlink()
     with pytest.raises(ConfigError, match="trained with a Dice term but has no share_head.pt"):
         organmaps.load_organ_map_model(rd)
+
+
+@pytest.mark.gpu
+def test_organ_maps_train_and_read_out_on_cuda_like_on_the_cpu(pipeline, tmp_path):
+    """The encoder trains on the GPU (fp32; the slices go over a batch at a time), its files are
+    those of a CPU run, and the maps read out on either device agree with the CPU run's."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from spar_bench.builder.shards import Build
+    from spar_bench.probes.finetune import organmaps
+
+    runs = {d: _pretrain(pipeline, tmp_path / d, epochs=1, dice=1.0, device=d) for d in ("cpu", "cuda")}
+    assert json.loads((runs["cuda"] / "config.json").read_text())["device"] == "cuda"
+    assert sorted(p.name for p in runs["cuda"].iterdir()) == sorted(p.name for p in runs["cpu"].iterdir())
+    losses = {d: json.loads((rd / "metrics.json").read_text())["final_val_loss"] for d, rd in runs.items()}
+    assert abs(losses["cuda"] - losses["cpu"]) < 0.05 * losses["cpu"], losses
+    images = Build(pipeline["shards"]).images("level3", "test", np.arange(4))
+    on_gpu = organmaps.predict_maps(organmaps.load_organ_map_model(runs["cuda"], "cuda"), images)
+    on_cpu = organmaps.predict_maps(organmaps.load_organ_map_model(runs["cuda"]), images)
+    for a, b in zip(on_gpu, on_cpu, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-2)  # TF32 convolutions on the GPU

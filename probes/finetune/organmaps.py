@@ -153,11 +153,12 @@ def _split_data(build, split: str, grid: int, n_labels: int):
 class _Model:
     """The trainable encoder, its linear organ map and their optimiser and schedule."""
 
-    def __init__(self, encoder: str, model_args: dict | None, cfg: OrganMapConfig, n_labels: int, steps: int):
+    def __init__(self, encoder: str, model_args: dict | None, cfg: OrganMapConfig, n_labels: int, steps: int,
+                 dev):
         import torch
 
         self.enc = load_trainable(encoder, weights=None, init="scratch", seed=cfg.seed, model_kwargs=model_args)
-        self.enc.prefer_channels_last()
+        self.enc.prefer_channels_last().to(dev)
         self.dice = cfg.dice
         with torch.no_grad():
             tokens, _ = encode(self.enc, torch.zeros(1, 224, 224, dtype=torch.uint8))
@@ -165,14 +166,15 @@ class _Model:
         self.grid = token_grid(self.enc, self.n_tokens)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(cfg.seed, "organ-map-head"))
-            self.head = torch.nn.Linear(dim, n_labels)
+            self.head = torch.nn.Linear(dim, n_labels).to(dev)
         params = list(self.enc.module.parameters()) + list(self.head.parameters())
         self.opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         warm = int(round(cfg.warmup_epochs * steps / cfg.epochs))
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: lr_factor(s, warm, steps))
 
     def loss(self, images, shares):
-        tokens, _ = encode(self.enc, images)
+        tokens, _ = encode(self.enc, images)  # the images go to the encoder's device there
+        shares = shares.to(tokens.device, non_blocking=True)
         return organ_map_loss(self.head(tokens[:, int(self.enc.spec.n_prefix) :]), shares, self.dice)
 
     def state(self, epoch: int, history: list) -> dict:
@@ -240,31 +242,15 @@ def _finished(rd: Path, ident: dict) -> bool:
     return False
 
 
-def pretrain_organ_maps(encoder: str, build_root: str | Path, out: str | Path, cfg: OrganMapConfig,
-                        model_args: dict | None = None, progress: bool = True) -> Path:
-    """Train ``encoder`` from scratch on the organ maps of a build's Level 3 slices (see the
-    module doc); returns the run folder ``out`` (a finished run there is kept)."""
+def _train(m: _Model, ckpt: Path, ident: dict, cfg: OrganMapConfig, data: tuple, progress: bool):
+    """``(history, first epoch trained here, seconds)``: the epochs still to train, resumed from
+    ``ckpt`` when it holds a run of ``ident``, with a checkpoint after every epoch. ``data``:
+    the training and validation ``(images, shares)``."""
     import torch
     from tqdm.auto import tqdm
 
-    from spar_bench.builder.schema import N_ORGANS
-    from spar_bench.builder.shards import Build
-    from spar_bench.provenance import CACHE_PACKAGES, package_versions, protocol_versions
-
-    rd, build = Path(out), Build(build_root)
-    ident = _identity(encoder, model_args, build, cfg)
-    if _finished(rd, ident):
-        return rd
-    n_labels = N_ORGANS + 1
-    steps = cfg.epochs * -(-slice_count(build, "train") // cfg.batch_size)  # no slices: an error, no folder
-    slice_count(build, "val")
-    rd.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(cfg.seed)
-    m = _Model(encoder, model_args, cfg, n_labels, steps)
-    x, y = _split_data(build, "train", m.grid, n_labels)
-    xv, yv = _split_data(build, "val", m.grid, n_labels)
+    x, y, xv, yv = data
     history, start = [], 0
-    ckpt = rd / CHECKPOINT_FILE
     if ckpt.is_file():
         state = torch.load(ckpt, map_location="cpu", weights_only=False)
         if _same_identity(state.get("identity") or {}, ident):
@@ -279,28 +265,62 @@ def pretrain_organ_maps(encoder: str, build_root: str | Path, out: str | Path, c
             tmp = ckpt.with_name(ckpt.name + ".tmp")
             torch.save({**m.state(epoch, history), "identity": ident}, tmp)
             tmp.replace(ckpt)
-    seconds = time.perf_counter() - t0
+    return history, start, time.perf_counter() - t0
+
+
+def pretrain_organ_maps(encoder: str, build_root: str | Path, out: str | Path, cfg: OrganMapConfig,
+                        model_args: dict | None = None, progress: bool = True, device: str = "cpu") -> Path:
+    """Train ``encoder`` from scratch on the organ maps of a build's Level 3 slices (see the
+    module doc); returns the run folder ``out`` (a finished run there is kept). ``device``
+    (``cpu``, ``cuda[:N]``, ``auto``) is where the encoder trains, in fp32; the slices stay in
+    host memory and go over a batch at a time. The device is not part of the run's identity (a
+    run finished on another device is kept); ``config.json`` records it."""
+    import torch
+
+    from spar_bench.builder.schema import N_ORGANS
+    from spar_bench.builder.shards import Build
+    from spar_bench.provenance import CACHE_PACKAGES, package_versions, protocol_versions
+
+    from ..hardware import pick_device
+
+    rd, build = Path(out), Build(build_root)
+    ident = _identity(encoder, model_args, build, cfg)
+    if _finished(rd, ident):
+        return rd
+    n_labels = N_ORGANS + 1
+    steps = cfg.epochs * -(-slice_count(build, "train") // cfg.batch_size)  # no slices: an error, no folder
+    slice_count(build, "val")
+    dev = pick_device(device)  # a bad device: an error, no folder
+    rd.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    m = _Model(encoder, model_args, cfg, n_labels, steps, dev)
+    x, y = _split_data(build, "train", m.grid, n_labels)
+    data = (x, y, *_split_data(build, "val", m.grid, n_labels))
+    history, start, seconds = _train(m, rd / CHECKPOINT_FILE, ident, cfg, data, progress)
     training = {"mode": "organ-maps", "build": build.root.name, "build_fingerprint": build.fingerprint,
                 "label": f"trained from scratch on the organ maps of build {build.root.name}",
                 "init_weights": {"kind": "random-init"}, "organ_map_config": asdict(cfg)}
     meta = {"encoder": encoder, "model_args": model_args or {}, "training": training,
             "encoder_config": m.enc.spec.to_dict()}
     export_encoder(m.enc, rd / EXPORT_FILE, meta)
-    torch.save({"state_dict": m.head.state_dict(), "n_labels": n_labels, "grid": m.grid}, rd / HEAD_FILE)
+    head_state = {k: v.detach().cpu() for k, v in m.head.state_dict().items()}
+    torch.save({"state_dict": head_state, "n_labels": n_labels, "grid": m.grid}, rd / HEAD_FILE)
     share_loss = None
     if cfg.dice > 0:
         share, share_loss = fit_share_head(m.enc, m.head, x, y, cfg.seed)
         torch.save({"state_dict": share.state_dict(), "fit": SHARE_HEAD_FIT, "train_loss": share_loss},
                    rd / SHARE_HEAD_FILE)
-    config = {**ident, "command": "organ-maps", "grid": m.grid, "n_tokens": m.n_tokens,
+    config = {**ident, "command": "organ-maps", "grid": m.grid, "n_tokens": m.n_tokens, "device": dev.type,
               **protocol_versions(build.manifest), "versions": package_versions(CACHE_PACKAGES)}
     (rd / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True, default=str) + "\n")
-    (rd / "timing.json").write_text(json.dumps({"seconds": seconds, "epochs": cfg.epochs - start}) + "\n")
+    timing = {"seconds": seconds, "epochs": cfg.epochs - start, "device": dev.type,
+              "images_per_s": (cfg.epochs - start) * len(x) / max(seconds, 1e-9)}
+    (rd / "timing.json").write_text(json.dumps(timing) + "\n")
     tmp = rd / "metrics.json.tmp"
     tmp.write_text(json.dumps({"history": history, "final_val_loss": history[-1]["val_loss"],
                                "share_head_train_loss": share_loss}, indent=2) + "\n")
     tmp.replace(rd / "metrics.json")
-    ckpt.unlink(missing_ok=True)
+    (rd / CHECKPOINT_FILE).unlink(missing_ok=True)
     return rd
 
 
@@ -324,9 +344,13 @@ def _linear(state: dict):
     return head.eval()
 
 
-def load_organ_map_model(rd: str | Path) -> OrganMapModel:
-    """The :class:`OrganMapModel` of a finished run, in eval mode."""
+def load_organ_map_model(rd: str | Path, device: str = "cpu") -> OrganMapModel:
+    """The :class:`OrganMapModel` of a finished run, in eval mode: the encoder on ``device``
+    (``cpu``, ``cuda[:N]``, ``auto``), the linear heads on the CPU (they read host tokens:
+    :func:`patch_tokens`)."""
     import torch
+
+    from ..hardware import pick_device
 
     rd = Path(rd)
     if not (rd / "metrics.json").is_file():
@@ -334,7 +358,7 @@ def load_organ_map_model(rd: str | Path) -> OrganMapModel:
     config = json.loads((rd / "config.json").read_text())
     saved = torch.load(rd / HEAD_FILE, map_location="cpu", weights_only=True)
     enc = load_trainable(config["encoder"], weights=str(rd / EXPORT_FILE), init="weights", seed=0)
-    enc.prefer_channels_last().module.eval()
+    enc.prefer_channels_last().to(pick_device(device)).module.eval()
     head = _linear(saved["state_dict"])
     share = head
     if config["organ_map_config"].get("dice", 0.0) > 0:
@@ -345,8 +369,9 @@ def load_organ_map_model(rd: str | Path) -> OrganMapModel:
 
 
 def patch_tokens(enc, images, batch: int = 128):
-    """``(N, tokens, dim)`` float32 tensor: the patch tokens (prefix tokens dropped) of uint8
-    ``images (N, H, W)`` (array or tensor), without gradients."""
+    """``(N, tokens, dim)`` float32 tensor in host memory: the patch tokens (prefix tokens
+    dropped) of uint8 ``images (N, H, W)`` (array or tensor), without gradients, computed on
+    the encoder's device."""
     import torch
 
     out = []
@@ -355,7 +380,7 @@ def patch_tokens(enc, images, batch: int = 128):
             chunk = images[s : s + batch]
             chunk = chunk if isinstance(chunk, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(chunk))
             tokens, _ = encode(enc, chunk)
-            out.append(tokens[:, int(enc.spec.n_prefix) :])
+            out.append(tokens[:, int(enc.spec.n_prefix) :].float().cpu())
     return torch.cat(out) if out else torch.zeros(0, 0, 0)
 
 
@@ -368,7 +393,7 @@ def fit_share_head(enc, head, images, shares, seed: int):
 
     enc.module.eval()
     tokens = patch_tokens(enc, images)
-    share = _linear({k: v.detach().clone() for k, v in head.state_dict().items()}).train()
+    share = _linear({k: v.detach().cpu().clone() for k, v in head.state_dict().items()}).train()
     opt = torch.optim.Adam(share.parameters(), lr=SHARE_HEAD_FIT["lr"])
     gen = torch.Generator().manual_seed(derive_seed(seed, "share-head"))
     bs, loss = SHARE_HEAD_FIT["batch_size"], 0.0
