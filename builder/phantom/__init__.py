@@ -1,8 +1,9 @@
 """The procedural abdominal phantom.
 
 * :mod:`spar_bench.builder.phantom.generate`: :func:`sample_phantom_params` (seeded record),
-  :func:`render_phantom` (pure rendering), :func:`write_phantom_dataset` (a WORD-layout folder of :class:`PhantomOptions`,
-  read back by ``spar_bench.builder.sources.phantom.PhantomSource``);
+  :func:`render_phantom` (pure rendering), :func:`write_phantom_dataset` (a WORD-layout
+  folder of cases drawn with :class:`PhantomOptions`, read back by
+  ``spar_bench.builder.sources.phantom.PhantomSource``);
 * its intensities come from the pseudo-CT renderer, :mod:`spar_bench.builder.synth.render`
   (shared with real masks-only cases).
 

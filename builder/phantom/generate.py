@@ -708,7 +708,8 @@ def _write_case(
     }
 
 
-def _write_cases(tmp: Path, opts: PhantomOptions, splits: list[str], progress: bool, workers: int = 1) -> dict[str, Any]:
+def _write_cases(tmp: Path, opts: PhantomOptions, splits: list[str], progress: bool,
+                 workers: int = 1) -> dict[str, Any]:
     """Write every case (``phantom_NNNN``, split ``splits[i]``) under ``tmp``; their records.
 
     With ``workers > 1`` the cases are rendered in that many processes. Each case depends only
