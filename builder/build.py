@@ -23,7 +23,6 @@ The worker count never changes a byte of the output.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -36,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from spar_bench.errors import CaseError, ConfigError, IntegrityError, SparError
+from spar_bench.hashing import sha256_json
 from spar_bench.provenance import json_safe, path_from_build, portable_path
 
 if TYPE_CHECKING:
@@ -632,7 +632,7 @@ def _run_cases(config: BuildConfig, refs, cases_dir: Path, sample: dict) -> dict
     from tqdm.auto import tqdm
 
     done: dict[tuple[str, str], CaseRecord] = {}
-    config_sha = hashlib.sha256(json.dumps(config.recorded(), sort_keys=True).encode("utf-8")).hexdigest()
+    config_sha = sha256_json(config.recorded())
     todo = [CaseJob(ref=ref, source_cls=cls, root=str(root), images=config.images, seed=config.seed,
                     sample=sample, cases_dir=str(cases_dir), config_sha256=config_sha,
                     unknown_labels=config.unknown_labels, resume=config.resume) for ref, root, cls in refs]

@@ -103,16 +103,15 @@ def _print_plan(plan, chosen, costs: bool) -> None:
 
 def _write_plan(plan) -> None:
     """``OUT/.plan/plan.json``: the experiment's provenance and every step with its hash."""
-    import hashlib
-
     from spar_bench import __version__
+    from spar_bench.hashing import sha256_json
     from spar_bench.provenance import RUN_PACKAGES, package_versions
 
     from .plan import PLAN
 
     exp = plan.experiment
     steps = [{"id": s.id, "hash": plan.hashes[s.id], "needs": list(s.needs)} for s in plan.steps]
-    plan_hash = hashlib.sha256(json.dumps(steps, sort_keys=True).encode()).hexdigest()
+    plan_hash = sha256_json(steps)
     record = {"provenance": {"experiment": exp.name, "file": Path(exp.source).name, "file_sha256": exp.sha256,
                              "plan_sha256": plan_hash, "spar_bench": __version__,
                              "versions": package_versions(RUN_PACKAGES)},

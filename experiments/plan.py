@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from spar_bench.errors import ConfigError
+from spar_bench.hashing import sha256_json
 
 from .config import Experiment
 
@@ -59,7 +60,7 @@ class Step:
         record = {"id": self.id, "kind": self.kind, "commands": [[p, list(a)] for p, a in self.commands],
                   "needs": {n: hashes[n] for n in self.needs}, "inputs": list(self.inputs),
                   "extra": [[k, v] for k, v in self.extra]}  # fmt: skip
-        return hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()
+        return sha256_json(record, default=str)
 
 
 @dataclass

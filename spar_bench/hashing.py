@@ -1,9 +1,20 @@
-"""SHA-256 of inputs and outputs: one definition for the manifest, sources and weights."""
+"""SHA-256 of inputs and outputs: one definition for the manifest, sources and weights, and
+for records (configs, plans) as canonical JSON."""
 
 from __future__ import annotations
 
 import hashlib
+import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+
+def sha256_json(value: Any, default: Callable[[Any], Any] | None = None) -> str:
+    """Hex SHA-256 of ``value`` as JSON with sorted keys (ASCII, default separators): the same
+    record gives the same digest whatever its dicts' order. ``default``: ``json.dumps``'s, for
+    values JSON cannot hold (None: they are a TypeError)."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=default).encode("utf-8")).hexdigest()
 
 
 def sha256_file(path: str | Path, *, chunk: int = 1 << 22) -> str:

@@ -8,7 +8,6 @@ validation rule (the cache's ``val`` split, or a seeded 15 % of training patient
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -83,12 +82,11 @@ def cache_identity(cache) -> dict[str, Any]:
     and compute dtypes and the encoder's configuration (a digest of its recorded
     ``encoder_config``: model args, preprocessing). A run's ``config.json`` records it, and a
     finished run is kept only for a cache of the same identity (:func:`~.store.finished_run`)."""
-    import hashlib
+    from spar_bench.hashing import sha256_json
 
     meta = cache.meta
-    config = json.dumps(meta.get("encoder_config"), sort_keys=True, default=str)
     return {"dtype": meta.get("dtype"), "compute_dtype": meta.get("compute_dtype"),
-            "encoder_config_sha256": hashlib.sha256(config.encode()).hexdigest()[:16]}
+            "encoder_config_sha256": sha256_json(meta.get("encoder_config"), default=str)[:16]}
 
 
 def encoder_slug(cache) -> str:
