@@ -144,10 +144,13 @@ def run_main(group: click.Command, argv: list[str] | None = None) -> NoReturn:
     at interpreter exit closing a file whose last write failed, after the error was shown.
     """
     from spar_bench.outputs import DiskFullError
-    from spar_bench.procs import exit_on_sigterm
+    from spar_bench.procs import exit_on_sigterm, terminated
 
     exit_on_sigterm()
     code, err = _run(group, argv)
+    if code == 0 and terminated():  # a SIGTERM whose SystemExit a finalizer swallowed
+        click.echo("terminated (SIGTERM)", err=True)
+        code = 128 + signal.SIGTERM
     if isinstance(err, DiskFullError):
         sys.stdout.flush()
         sys.stderr.flush()

@@ -143,7 +143,11 @@ def completed(futures: Iterable[Future], poll_s: float = 0.5) -> Iterator[Future
             continue
 
 
+_TERMINATED: list[int] = []  # the SIGTERMs received (see terminated())
+
+
 def _raise_exit(signum: int, _frame) -> None:
+    _TERMINATED.append(signum)
     raise SystemExit(128 + signum)
 
 
@@ -151,3 +155,11 @@ def exit_on_sigterm() -> None:
     """SIGTERM -> ``SystemExit(143)`` (main thread only; elsewhere a no-op)."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _raise_exit)
+
+
+def terminated() -> bool:
+    """Whether a SIGTERM reached :func:`exit_on_sigterm`'s handler. Python runs a signal handler
+    at the next bytecode of the main thread, which may be inside a finalizer (``__del__``, a
+    weakref callback) that prints and swallows the SystemExit; a long run checks this between
+    its steps, and the command's exit status says 143 all the same (:func:`~.clitools.run_main`)."""
+    return bool(_TERMINATED)

@@ -419,3 +419,35 @@ def test_a_worker_killed_from_outside_is_one_error_line():
         with process_pool(1) as pool:
             for f in completed([pool.submit(_die_by_sigkill)]):
                 f.result()
+
+
+SWALLOWED = """
+import os, signal, sys
+import click
+from spar_bench.clitools import run_main
+
+class Finalized:
+    def __del__(self):  # the SIGTERM's handler runs here, at the next bytecode: Python swallows its SystemExit
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(100000):
+            pass
+
+@click.command()
+def cmd():
+    Finalized()  # dropped at once: its finalizer runs in the main thread
+    click.echo("went on")
+
+run_main(cmd, [])
+"""
+
+
+def test_a_sigterm_a_finalizer_swallowed_still_exits_143(tmp_path):
+    """Python runs a signal handler inside whatever the main thread executes, a ``__del__`` too,
+    where its SystemExit is printed and dropped: the command still ends with 143, and a long run
+    (``spar-bench run``) stops before its next step (``procs.terminated``)."""
+    script = tmp_path / "swallowed.py"
+    script.write_text(SWALLOWED, encoding="utf-8")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert "Exception ignored" in r.stderr and "went on" in r.stdout  # swallowed, as Python does
+    assert r.returncode == 128 + signal.SIGTERM, r.stderr
+    assert r.stderr.rstrip().endswith("terminated (SIGTERM)")
