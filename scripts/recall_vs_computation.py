@@ -650,6 +650,11 @@ def _scale(probe: str) -> float:
     return 1.0 if table_metric(probe) == "med_px" else 100.0
 
 
+def mean_interval(cis: list) -> tuple[float, float]:
+    """The table's interval of a cell over seeds: the mean of the seeds' 95 % intervals."""
+    return float(np.mean([c[0] for c in cis])), float(np.mean([c[1] for c in cis]))
+
+
 def cal_cell(rows: list[dict], layout: str, what: str = "value") -> str:
     """mean +- std over seeds (one seed: its value) and, for the layouts, the mean 95% CI."""
     k = _scale(rows[0]["probe"])
@@ -661,7 +666,7 @@ def cal_cell(rows: list[dict], layout: str, what: str = "value") -> str:
     cis = [r["cells"][layout].get("ci" if what == "value" else "conflict_ci") for r in rows]
     cis = [c for c in cis if c]
     if cis and what == "value":
-        lo, hi = np.mean([c[0] for c in cis]), np.mean([c[1] for c in cis])
+        lo, hi = mean_interval(cis)
         txt += f" [{k * lo:.1f}, {k * hi:.1f}]"
     return txt
 
@@ -947,7 +952,7 @@ def check_rerun(reference: dict, rerun: dict) -> tuple[list[str], list[str]]:
                     continue
                 m_ref, m_new = float(np.mean(ref)), float(np.mean(new))
                 if model in MODELS and model != "oracle":
-                    lo, hi = (float(np.mean([c[i] for c in cis])) for i in (0, 1))
+                    lo, hi = mean_interval(cis)
                     ok, span = lo - 1e-9 <= m_new <= hi + 1e-9, f"[{k * lo:.1f}, {k * hi:.1f}]"
                 else:  # computed, not trained: the same on any machine
                     ok, span = abs(m_new - m_ref) <= 1e-9, "(the same)"
@@ -972,7 +977,7 @@ def check_command(path: Path, reference: Path) -> int:
                              "the --calibrate output")
     lines, misses = check_rerun(*docs)
     print("\n".join(lines))
-    n = sum(1 for ln in lines[2:])
+    n = len(lines) - 2  # the table's header and rule
     print(f"\n{n - len(misses)} of {n} cells as the reference" + ("" if not misses else ":"))
     for m in misses:
         print(f"  outside: {m}")
