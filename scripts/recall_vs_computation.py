@@ -859,6 +859,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error("--organ-maps and --organ-map-dice must be >= 0")
     if args.jobs < 1:
         ap.error("--jobs must be >= 1")
+    if not args.check:  # a bad or absent device fails here, not after the phantoms are built
+        from spar_bench.errors import ConfigError
+        from spar_bench.probes.hardware import pick_device
+
+        try:
+            pick_device(args.device)
+        except ConfigError as e:
+            ap.error(str(e))
     if args.calibrate and args.probes == ",".join(PROBES):
         args.probes = "level3.relative_position"
     if args.quick:

@@ -104,12 +104,18 @@ def test_the_organ_map_options_reach_the_training_and_bad_ones_are_refused(capsy
                                                "--seeds", "0,1"]))
     assert [(t.organ_maps, t.organ_map_dice, t.seed) for t in trainings] == [(10, 1.0, 0), (10, 1.0, 1)]
     assert trainings[0].device == "cpu"  # the default: the README's tables were made on the CPU
-    _, (gpu,) = rvc.configs(rvc.parse_args(["--calibrate", "--organ-maps", "10", "--device", "cuda:0"]))
-    assert gpu.device == "cuda:0"
+    dev = "cuda:0" if torch.cuda.is_available() else "auto"  # a device this machine has
+    _, (other,) = rvc.configs(rvc.parse_args(["--calibrate", "--organ-maps", "10", "--device", dev]))
+    assert other.device == dev
+    if not torch.cuda.is_available():  # refused at once, not after the phantoms are built
+        with pytest.raises(SystemExit):
+            rvc.parse_args(["--calibrate", "--device", "cuda:0"])
+        assert "CUDA is not available on this machine" in capsys.readouterr().err
     assert rvc.parse_args(["--jobs", "16"]).jobs == 16
     for bad, why in ((["--organ-maps", "-1"], "--organ-maps and --organ-map-dice must be >= 0"),
                      (["--organ-map-dice", "-0.5"], "--organ-maps and --organ-map-dice must be >= 0"),
-                     (["--jobs", "0"], "--jobs must be >= 1")):
+                     (["--jobs", "0"], "--jobs must be >= 1"),
+                     (["--device", "tpu"], "--device must be auto, cpu or cuda[:N]; got 'tpu'")):
         with pytest.raises(SystemExit) as e:
             rvc.parse_args(["--calibrate", *bad])
         assert e.value.code == 2
