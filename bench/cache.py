@@ -182,7 +182,7 @@ def measure_encoder(name: str, a, data: Path, levels: list[str], device, compute
     from spar_bench.builder.shards import Build
     from spar_bench.probes.cache import CacheOptions, write_cache
     from spar_bench.probes.encoders import load_encoder
-    from spar_bench.probes.finetune.run import published_encoder
+    from spar_bench.probes.finetune.encoding import published_encoder
     from spar_bench.probes.stopwatch import peak_memory, reset_peak_memory
 
     b = Build(data)

@@ -99,8 +99,8 @@ def setup(args, data: Path):
     from spar_bench.builder.shards import Build
     from spar_bench.probes.finetune.config import FinetuneConfig
     from spar_bench.probes.finetune.data import epoch_batches
+    from spar_bench.probes.finetune.encoding import load_encoding, new_head, parse_model_args
     from spar_bench.probes.finetune.loop import Split, Trainer
-    from spar_bench.probes.finetune.run import load_encoding, new_head, parse_model_args
     from spar_bench.probes.runs.inputs import build_splits
     from spar_bench.probes.tasks import get_probe
 
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         r_bare = bare(trainer, batches, build, lv, sp, args.repeats)
         r_ft = finetune_epoch(trainer, tr, batches, args.repeats)
         wall, sw = timed_epoch(trainer, tr, batches) if args.breakdown else (0.0, None)
-    from spar_bench.probes.finetune.run import published_encoder
+    from spar_bench.probes.finetune.encoding import published_encoder
 
     out = {"encoder": published_encoder(args.encoder, trainer.encoding.enc.spec), "model_args": args.model_args, "device": str(trainer.dev),
            "compute": precision.dtype, "compute_reason": precision.reason, "threads": torch.get_num_threads(),

@@ -186,17 +186,20 @@ def circular(be, build, args) -> None:
 
 def rescore(be, build, work: Path) -> None:
     """A run on the val split asking the model, then the same run from the response cache."""
+    from spar_bench.probes.runs.session import run
+    from spar_bench.probes.vqa.ask import AskConfig
     from spar_bench.probes.vqa.cache import ResponseCache
-    from spar_bench.probes.vqa.run import AskConfig, run_probe
+    from spar_bench.probes.vqa.predictor import MllmSpec
 
     cfg = AskConfig(splits=("val",), n_boot=200)
     cache_path = work / "bench-cache.sqlite"
     cache_path.unlink(missing_ok=True)
     with ResponseCache(cache_path) as cache:
-        t_first = timed(run_probe, be, build, "level3.relative_position", work / "runs", cfg, cache)
-        t_again = timed(run_probe, be, build, "level3.relative_position", work / "runs", cfg, cache)
+        spec = MllmSpec(be, build, "level3.relative_position", cfg, cache)
+        t_first = timed(run, spec, work / "runs", overwrite=True)
+        t_again = timed(run, spec, work / "runs", overwrite=True)
         n = len(cache)
-    print(f"  rescore  run_probe val ({n} answers incl. rotations, blind, mirrors): "
+    print(f"  rescore  session.run val ({n} answers incl. rotations, blind, mirrors): "
           f"first {t_first:.2f} s, from cache {t_again:.2f} s (x{t_first / t_again:.1f} faster)")
 
 

@@ -43,6 +43,7 @@ import numpy as np
 from spar_bench.builder.schema import LEVEL_SPECS
 from spar_bench.errors import ConfigError
 from spar_bench.probes.report import collect, run_protocol
+from spar_bench.probes.runs.record import RunRecord
 from spar_bench.probes.tasks import METRICS, PROBE_SPECS, get_probe, probe_names
 from spar_bench.provenance import json_safe, local_paths, local_prefixes, portable_path
 
@@ -79,10 +80,10 @@ class Configuration:
 
 @dataclass
 class Run:
-    """One finished run: its metrics, config and folder relative to RUNS."""
+    """One finished run: its metrics, record (config.json) and folder relative to RUNS."""
 
     metrics: dict[str, Any]
-    config: dict[str, Any]
+    record: RunRecord
     rel: str
     evals: list[dict[str, Any]] = field(default_factory=list)
 
@@ -104,11 +105,8 @@ def load_runs(runs: Path) -> list[Run]:
             continue
         rd = Path(m.pop("_dir"))
         rel = portable_path(rd, runs) or rd.name
-        cfg_path = rd / "config.json"
-        try:
-            config = json.loads(cfg_path.read_text(encoding="utf-8")) if cfg_path.is_file() else {}
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"{cfg_path}: unreadable run config ({e}); delete the run and re-run it") from None
+        config = RunRecord.read(rd) if (rd / "config.json").is_file() else RunRecord.from_dict(
+            {k: m.get(k) for k in ("probe", "head", "seed", "track")}, rd / "metrics.json")
         names = [p.stem.removeprefix("eval-") for p in sorted(rd.glob("eval-*.json"))]
         evals = [{**e, "_file": f"eval-{n}.json", "_name": n} for n, e in zip(names, m.pop("_evals"), strict=True)]
         out.append(Run(m, config, rel, evals))
@@ -117,40 +115,44 @@ def load_runs(runs: Path) -> list[Run]:
     return sorted(out, key=lambda r: r.rel)
 
 
-def mode_of(m: dict, config: dict) -> str:
-    """frozen, finetuned, scratch, ``<mode> (frozen head)`` or MLLM (see the module doc)."""
-    if m.get("track") == "vqa":
-        return "MLLM"
+def mode_of(m: dict, rec: RunRecord) -> str:
+    """The run's kind as the report names it (see the module doc): frozen, ``<mode> (frozen head)``
+    (a head on a trained encoder's export), finetuned or scratch, MLLM, or the kind itself
+    (``prior``, ``oracle``, a plug-in's)."""
     trained = _get(m, "training", "mode")
-    if not trained:
-        return "frozen"
-    return str(trained) if config.get("command") == "finetune" else f"{trained} (frozen head)"
+    if rec.kind == "mllm":
+        return "MLLM"
+    if rec.kind == "finetune":
+        return str(trained or "finetuned")
+    if rec.kind != "head":
+        return rec.kind
+    return f"{trained} (frozen head)" if trained else "frozen"
 
 
 def configuration(r: Run) -> Configuration:
-    m, c = r.metrics, r.config
+    m, c = r.metrics, r.record
     mode = mode_of(m, c)
-    encoder = c.get("model") if mode == "MLLM" else c.get("encoder")
+    encoder = c.model
     options = [str(m["variant"])] if m.get("variant") else []
     splits = [str(x) for x in m.get("splits") or ["test"]]
     if splits != ["test"]:  # an MLLM asked other splits: never pooled with test scores
         options.append("splits=" + "+".join(splits))
-    build = str(c.get("dataset_dir") or c.get("dataset") or "")
-    if c.get("dataset_fingerprint"):  # two builds may share a folder name
-        build += f" ({str(c['dataset_fingerprint'])[:12]})"
+    build = str(c.build or "")
+    if c.build_fingerprint:  # two builds may share a folder name
+        build += f" ({str(c.build_fingerprint)[:12]})"
     encoder = str(encoder or m["encoder"])
     return Configuration(encoder=encoder, head=str(m["head"]), mode=mode, options="; ".join(options),
                          build=build, random_init=bool(m.get("random_init")) and mode != "MLLM",
                          tag="" if mode == "MLLM" else encoder_tag(encoder, m, c))  # fmt: skip
 
 
-def encoder_tag(encoder: str, m: dict, c: dict) -> str:
+def encoder_tag(encoder: str, m: dict, c: RunRecord) -> str:
     """What tells apart two runs of one encoder name: for a head on cached features, the run
     folder's encoder slug past the name (``1a2b3c4d``: a weights file's hash; ``per-tile``;
     reduced tokens; ``<mode>-<build>-frozen``: a trained encoder's export; ``-random-init``
     dropped: the row says so); for a finetune run, the hash of its initial weights file."""
     hashed = "@" in encoder  # a local model's name already carries its hash
-    if c.get("command") == "finetune":
+    if c.kind == "finetune":
         w = c.get("weights") if isinstance(c.get("weights"), dict) else {}
         sha = w.get("sha256") if w.get("kind") in ("file", "dir") else None
         return str(sha)[:8] if sha and not hashed else ""
@@ -279,16 +281,16 @@ def describe_weights(w: dict) -> str:
     return kind + (f" ({extra})" if extra else "")
 
 
-def weights_digest(c: dict, m: dict) -> str:
+def weights_digest(c: RunRecord, m: dict) -> str:
     """The weights behind a run (config ``c``, metrics ``m``): those recorded in its config
     (a finetune run's initial weights: ``init ...``; its trained encoder is its own export), an
     MLLM's identity, for a head on a trained encoder's export how that encoder was trained,
     else ``random-init`` or ``not recorded``."""
-    w = c.get("weights") or _get(c, "encoder_config", "weights")
+    w = c.get("weights") or _get(c.extra, "encoder_config", "weights")
     if isinstance(w, dict):
-        return ("init " if c.get("command") == "finetune" else "") + describe_weights(w)
+        return ("init " if c.kind == "finetune" else "") + describe_weights(w)
     if isinstance(c.get("model_identity"), dict):
-        return describe_weights(c["model_identity"])
+        return describe_weights(c.get("model_identity"))
     training = m.get("training")
     if isinstance(training, dict):
         init = training.get("init_weights")
@@ -297,7 +299,7 @@ def weights_digest(c: dict, m: dict) -> str:
     if m.get("random_init"):
         return "random-init"
     # fit's config.json holds no weights record; a local file's or folder's hash is in the names
-    found = re.search(r"@([0-9a-f]{8})$", str(c.get("encoder") or "")) or re.search(
+    found = re.search(r"@([0-9a-f]{8})$", str(c.model or "")) or re.search(
         r"-([0-9a-f]{8})(?:-|$)", str(m.get("encoder") or ""))
     return f"sha256:{found.group(1)} (8 hex, from the encoder name)" if found else "not recorded"
 
@@ -308,9 +310,9 @@ def _fp(v: Any) -> str | None:
 
 def run_provenance(r: Run) -> dict[str, Any]:
     """One run's provenance: folder (relative to RUNS), fingerprints, weights, protocol, evals."""
-    c, m = r.config, r.metrics
-    return {"run": r.rel, "seed": m["seed"], "build": c.get("dataset_dir") or c.get("dataset"),
-            "build_fingerprint": _fp(c.get("dataset_fingerprint")),
+    c, m = r.record, r.metrics
+    return {"run": r.rel, "seed": m["seed"], "build": c.build,
+            "build_fingerprint": _fp(c.build_fingerprint),
             "cache": c.get("features"), "cache_fingerprint": _fp(c.get("cache_fingerprint")),
             "weights": weights_digest(c, m), "trained_on": _get(m, "training", "build"),
             "protocol_version": run_protocol(m), "build_protocol_version": m.get("build_protocol_version"),

@@ -187,7 +187,7 @@ def train_run(builds: dict[str, Path], out: Path, tr: Training, train_on: str, p
     finished run is kept). ``tr.train_mirrors`` adds the mirrored counterfactuals to the training
     data of non-canonical layouts only (canonical slices and their flips would be two layouts)."""
     from spar_bench.probes.finetune.config import FinetuneConfig, FinetuneSpec
-    from spar_bench.probes.finetune.run import run_finetune
+    from spar_bench.probes.runs.session import run as run_finetune
 
     cfg = FinetuneConfig(encoder_lr=tr.lr, head_lr=tr.lr, batch_size=32, max_epochs=tr.epochs,
                          warmup_epochs=1, patience=tr.patience, device=tr.device, compute="fp32")
@@ -198,7 +198,7 @@ def train_run(builds: dict[str, Path], out: Path, tr: Training, train_on: str, p
 
 
 def train_and_score(builds: dict[str, Path], out: Path, tr: Training, n_boot: int) -> list[dict]:
-    from spar_bench.probes.finetune.run import run_eval_reencoded
+    from spar_bench.probes.finetune.encoding import run_eval_reencoded
     from spar_bench.probes.tasks import get_probe
 
     rows = []
@@ -271,14 +271,15 @@ def finetuned_predict(rd: Path, build_root: Path, device: str = "cpu"):
     from spar_bench.builder.shards import Build
     from spar_bench.probes.finetune.config import FinetuneConfig
     from spar_bench.probes.finetune.data import remap
+    from spar_bench.probes.finetune.encoding import config_view, encoding_of, load_run_encoder
     from spar_bench.probes.finetune.loop import load_saved
-    from spar_bench.probes.finetune.run import encoding_of, load_run_encoder
     from spar_bench.probes.heads import build_head
+    from spar_bench.probes.runs.record import RunRecord
     from spar_bench.probes.tasks import get_probe
     from spar_bench.probes.train import predict
 
     saved = load_saved(rd / "head.pt", "head")
-    c = saved["config"]
+    c = config_view(RunRecord.from_dict(saved["config"], rd / "head.pt"))
     spec = get_probe(c["probe"])
     head = build_head(c["head"], spec, c["in_dim"], c["n_tokens"], **c["head_config"])
     head.load_state_dict(saved["state_dict"])

@@ -224,7 +224,7 @@ def make_open_clip(tmp: Path, vision_cfg: dict | None = None, folder: str = "tin
 
 def keep_trained_encoder(monkeypatch) -> dict:
     """``{"enc": ...}`` filled with the trained encoder (in memory) a finetune run exports."""
-    from spar_bench.probes.finetune import run as run_mod
+    from spar_bench.probes.finetune import model as run_mod
 
     kept: dict = {}
     export = run_mod.export_encoder

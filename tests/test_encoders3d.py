@@ -345,7 +345,8 @@ def test_finetune_from_scratch_of_a_3d_encoder(phantom4: Path, tmp_path: Path) -
     with FeatureCache(out) as fc:
         assert fc.meta["weights"]["training"]["mode"] == "scratch" and fc.token_grid("level4") == [0, 2, 2, 2]
     with pytest.raises(ConfigError, match="is 2-D: it encodes images"):
-        from spar_bench.probes.finetune.run import FinetuneSpec, run_finetune
+        from spar_bench.probes.finetune.config import FinetuneSpec
+        from spar_bench.probes.runs.session import run as run_finetune
 
         run_finetune(FinetuneSpec("dummy", str(phantom4), probe, "mlp", 0, init="scratch"), tmp_path / "r2",
                      progress=False)

@@ -186,28 +186,40 @@ def test_bad_provenance_and_twin_runs_are_config_errors(exp, tmp_path: Path) -> 
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
+def _rec(**config):
+    """A run record, as read from a config.json of these fields (one written before the record)."""
+    from spar_bench.probes.runs.record import RunRecord
+
+    return RunRecord.from_dict({"probe": "level1.localisation", "head": "mlp", "seed": 0, **config})
+
+
 def test_modes_and_weights_digests() -> None:
+    from spar_bench.probes.runs.record import RunRecord
+
     ft = {"training": {"mode": "finetuned", "init_weights": {"kind": "hub", "repo": "org/m", "revision": "abc"}}}
-    assert mode_of(ft, {"command": "finetune"}) == "finetuned"
-    assert mode_of(ft, {}) == "finetuned (frozen head)"  # a head fitted on a cache of the export
-    assert mode_of({"training": None}, {}) == "frozen" and mode_of({"track": "vqa"}, {}) == "MLLM"
-    assert weights_digest({}, ft) == "finetuned, init org/m@abc"
-    assert weights_digest({"command": "finetune", "weights": {"kind": "random-init"}}, {}) == "init random-init"
-    assert weights_digest({"weights": {"kind": "file", "name": "w.pth", "sha256": "0123456789abcdef"}}, {}) == \
+    assert mode_of(ft, _rec(command="finetune")) == "finetuned"
+    assert mode_of(ft, _rec()) == "finetuned (frozen head)"  # a head fitted on a cache of the export
+    assert mode_of({"training": None}, _rec()) == "frozen" and mode_of({}, _rec(track="vqa")) == "MLLM"
+    # the report reads the kind from the record: a kind it does not know is named as it is
+    assert mode_of({}, RunRecord(kind="mykind", probe="level1.localisation", head="h", seed=0)) == "mykind"
+    assert mode_of(ft, RunRecord(kind="finetune", probe="level1.localisation", head="h", seed=0)) == "finetuned"
+    assert weights_digest(_rec(), ft) == "finetuned, init org/m@abc"
+    assert weights_digest(_rec(command="finetune", weights={"kind": "random-init"}), {}) == "init random-init"
+    assert weights_digest(_rec(weights={"kind": "file", "name": "w.pth", "sha256": "0123456789abcdef"}), {}) == \
         "w.pth sha256:0123456789ab"
-    assert weights_digest({}, {"random_init": True}) == "random-init"
-    assert weights_digest({}, {}) == "not recorded"
+    assert weights_digest(_rec(), {"random_init": True}) == "random-init"
+    assert weights_digest(_rec(), {}) == "not recorded"
     named = "sha256:01f68600 (8 hex, from the encoder name)"
-    assert weights_digest({"encoder": "hf:tiny@01f68600"}, {}) == named
-    assert weights_digest({"encoder": "timm:resnet50"}, {"encoder": "timm-resnet50-01f68600-per-tile"}) == named
+    assert weights_digest(_rec(encoder="hf:tiny@01f68600"), {}) == named
+    assert weights_digest(_rec(encoder="timm:resnet50"), {"encoder": "timm-resnet50-01f68600-per-tile"}) == named
 
 
 def test_encoder_tags_tell_features_apart_and_align_frozen_with_finetuned() -> None:
     r50, sha = "timm:resnet50", "1a2b3c4d" + "0" * 56
-    assert encoder_tag(r50, {"encoder": "timm-resnet50-1a2b3c4d-per-tile"}, {}) == "1a2b3c4d-per-tile"
-    assert encoder_tag(r50, {"encoder": "timm-resnet50-1a2b3c4d"}, {}) == "1a2b3c4d"
-    assert encoder_tag(r50, {}, {"command": "finetune", "weights": {"kind": "file", "sha256": sha}}) == "1a2b3c4d"
-    assert encoder_tag(r50, {"encoder": "timm-resnet50-random-init"}, {}) == ""
+    assert encoder_tag(r50, {"encoder": "timm-resnet50-1a2b3c4d-per-tile"}, _rec()) == "1a2b3c4d-per-tile"
+    assert encoder_tag(r50, {"encoder": "timm-resnet50-1a2b3c4d"}, _rec()) == "1a2b3c4d"
+    assert encoder_tag(r50, {}, _rec(command="finetune", weights={"kind": "file", "sha256": sha})) == "1a2b3c4d"
+    assert encoder_tag(r50, {"encoder": "timm-resnet50-random-init"}, _rec()) == ""
     trained = {"encoder": "timm-resnet50-1a2b3c4d-scratch-shards-frozen", "training": {"mode": "scratch", "build": "shards"}}
-    assert encoder_tag(r50, trained, {}) == "1a2b3c4d"
-    assert encoder_tag("hf:tiny@1a2b3c4d", {}, {"command": "finetune", "weights": {"kind": "dir", "sha256": sha}}) == ""
+    assert encoder_tag(r50, trained, _rec()) == "1a2b3c4d"
+    assert encoder_tag("hf:tiny@1a2b3c4d", {}, _rec(command="finetune", weights={"kind": "dir", "sha256": sha})) == ""

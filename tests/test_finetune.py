@@ -22,7 +22,7 @@ TINY_RESNET = ("timm:resnet10t", {"pretrained_cfg_overlay": {"input_size": [3, 6
 
 def _finetune(pipeline, out, model, probe, head="mlp", **kw):
     from spar_bench.probes.finetune.config import FinetuneConfig, FinetuneSpec
-    from spar_bench.probes.finetune.run import run_finetune
+    from spar_bench.probes.runs.session import run as run_finetune
 
     opts = {"batch_size": 8, "max_epochs": 2, "encoder_lr": 1e-3, "warmup_epochs": 0.5,
             "device": "cpu", "compute": "fp32"}
@@ -63,7 +63,7 @@ def test_encoder_lr_0_keeps_the_encoder_as_loaded_batchnorm_statistics_included(
 def test_vit_from_scratch_learns_exports_and_recaches(pipeline, tmp_path: Path) -> None:
     """Loss falls; the export re-cached (and re-encoded by eval) scores what the run scored."""
     from spar_bench.probes.cache import CacheOptions, write_cache
-    from spar_bench.probes.finetune.run import run_eval_reencoded
+    from spar_bench.probes.finetune.encoding import run_eval_reencoded
     from spar_bench.probes.runs.session import run_eval
 
     rd = _finetune(pipeline, tmp_path / "runs", TINY_VIT, "level1.localisation", cfg={"max_epochs": 3})
@@ -164,7 +164,7 @@ def test_token_head_finetune_and_controls(pipeline, tmp_path: Path) -> None:
                    cfg={"max_epochs": 1, "freeze_blocks": 1}, controls=True)
     m = json.loads((rd / "metrics.json").read_text())
     assert {"chance", "majority", "blind"} <= set(m["controls"])
-    config = json.loads((rd / "config.json").read_text())
+    config = json.loads((rd / "config.json").read_text())["extra"]
     assert config["finetune_config"]["freeze_blocks"] == 1 and config["head_input"] == "tokens"
     # from scratch: no PCA of the random initial tokens (its whitening scaled them by up to 1e6);
     # the head reads the tokens unprojected, at full width, and says so
@@ -223,7 +223,7 @@ def test_hf_export_recaches(tmp_path: Path) -> None:
         ref = encode(enc, x)[1]
     torch.testing.assert_close(again(x)[-1][1], ref)
     # `eval --run` of an hf:DIR run loads its encoder the same way (it once rebuilt it random-init)
-    from spar_bench.probes.finetune.run import load_run_encoder
+    from spar_bench.probes.finetune.encoding import load_run_encoder
 
     torch.testing.assert_close(load_run_encoder(tmp_path, {"encoder": name, "seed": 0})(x)[-1][1], ref)
     # a run records the folder by base name + content hash only: its path is given again,

@@ -23,7 +23,7 @@ EXPORT = "encoder.safetensors"
 def _finetune(pipeline, name: str, out: Path, monkeypatch) -> tuple[Path, object]:
     """A 1-epoch finetune of ``name``; returns the run folder and the trained encoder in memory."""
     from spar_bench.probes.finetune.config import FinetuneConfig, FinetuneSpec
-    from spar_bench.probes.finetune.run import run_finetune
+    from spar_bench.probes.runs.session import run as run_finetune
 
     trained = keep_trained_encoder(monkeypatch)
     cfg = FinetuneConfig(batch_size=8, max_epochs=1, encoder_lr=1e-2, warmup_epochs=0, device="cpu", compute="fp32")
@@ -49,7 +49,7 @@ def test_open_clip_export_recaches_to_the_runs_forward(pipeline, tmp_path: Path,
     from spar_bench.probes.encoders.base import read_export_meta
     from spar_bench.probes.encoders.open_clip_family import TOWER_MODULES
     from spar_bench.probes.features import FeatureCache
-    from spar_bench.probes.finetune.run import run_eval_reencoded
+    from spar_bench.probes.finetune.encoding import run_eval_reencoded
 
     name, _ = make_open_clip(tmp_path, OPEN_CLIP_TOWERS[tower])
     rd, enc = _finetune(pipeline, name, tmp_path / "runs", monkeypatch)
@@ -95,7 +95,7 @@ def test_open_clip_run_evals_another_build(pipeline, tmp_path: Path, monkeypatch
 def test_init_scratch_on_a_folder_with_a_checkpoint_speaks_of_init_scratch(pipeline, tmp_path: Path) -> None:
     from spar_bench.probes.cli import cli
     from spar_bench.probes.finetune.config import FinetuneSpec
-    from spar_bench.probes.finetune.run import run_finetune
+    from spar_bench.probes.runs.session import run as run_finetune
 
     name, _ = make_open_clip(tmp_path, OPEN_CLIP_TOWERS["open_clip-vit"])
     with pytest.raises(ConfigError, match="holds the weights; drop --init scratch") as e:

@@ -18,7 +18,7 @@ TINY_VIT = ("timm:vit_tiny_patch16_224", {"depth": 1, "embed_dim": 16, "num_head
 
 def _finetune(pipeline, out: Path, **kw):
     from spar_bench.probes.finetune.config import FinetuneConfig, FinetuneSpec
-    from spar_bench.probes.finetune.run import run_finetune
+    from spar_bench.probes.runs.session import run as run_finetune
 
     opts = {"batch_size": 16, "max_epochs": 1, "device": "cpu", "compute": "fp32", **kw.pop("cfg", {})}
     fs = FinetuneSpec(TINY_VIT[0], str(pipeline["shards"]), "level1.localisation", "mlp", 0, init="scratch",
@@ -65,9 +65,9 @@ def test_finetune_keeps_a_finished_run(pipeline, tmp_path: Path, monkeypatch, ca
     monkeypatch.undo()
     # --overwrite trains it again
     again = _finetune(pipeline, out, n_boot=30, overwrite=True)
-    assert again == first and json.loads((first / "config.json").read_text())["n_bootstrap"] == 30
+    assert again == first and json.loads((first / "config.json").read_text())["options"]["n_bootstrap"] == 30
     # its re-encoded evaluation on a build: kept when the same, refused when other, as eval's
-    from spar_bench.probes.finetune.run import run_eval_reencoded
+    from spar_bench.probes.finetune.encoding import run_eval_reencoded
 
     ev = run_eval_reencoded(first, pipeline["other"], n_boot=20, device="cpu", compute="fp32")
     made = ev.read_bytes()
@@ -139,7 +139,7 @@ def test_fit_and_eval_keep_what_they_finished(pipeline, tmp_path: Path, capsys) 
     assert evaluate("--bootstrap", 30, "--overwrite") == 0 and json.loads(ev.read_text())["n_bootstrap"] == 30
     # --overwrite trains the run again (its evaluations go with it)
     assert fit("--overwrite", features=other) == 0
-    assert json.loads((rd / "config.json").read_text())["features"] == "other.h5" and not list(rd.glob("eval-*"))
+    assert json.loads((rd / "config.json").read_text())["inputs"]["features"] == "other.h5" and not list(rd.glob("eval-*"))
 
 
 def _tree(folder: Path) -> dict[str, bytes]:

@@ -152,16 +152,21 @@ def test_report_refuses_a_foreign_folder(tmp_path: Path) -> None:
 def test_run_folder_with_foreign_files_is_refused(tmp_path: Path) -> None:
     import torch
 
-    from spar_bench.probes.runs.store import write_run
+    from spar_bench.probes.runs.record import RunRecord
+    from spar_bench.probes.runs.store import HEAD_FILES, check_run_dir, save_head, write_run
 
     rd = tmp_path / "enc" / "level3.size" / "mlp" / "seed0"
     rd.mkdir(parents=True)
     (rd / "draft.txt").write_text("mine")
     model = torch.nn.Linear(2, 2)
+    rec = RunRecord(kind="head", probe="level3.size", head="mlp", seed=0)
+    files = {"head.pt": (lambda p: save_head(p, model, rec.to_dict()), True)}
     with pytest.raises(ConfigError, match="not a SPAR-Bench run folder"):
-        write_run(rd, {"probe": "level3.size", "head": "mlp", "seed": 0}, {}, model)
+        check_run_dir(rd, HEAD_FILES)
     assert (rd / "draft.txt").read_text() == "mine"
     (rd / "draft.txt").unlink()
-    write_run(rd, {"probe": "level3.size", "head": "mlp", "seed": 0}, {}, model)
-    write_run(rd, {"probe": "level3.size", "head": "mlp", "seed": 0}, {"x": 1}, model)
+    check_run_dir(rd, HEAD_FILES)
+    write_run(rd, rec, {}, files)
+    check_run_dir(rd, HEAD_FILES)  # a run of its own: allowed
+    write_run(rd, rec, {"x": 1}, files)
     assert json.loads((rd / "metrics.json").read_text()) == {"x": 1}

@@ -104,7 +104,7 @@ def test_a_finished_predictor_run_is_kept_and_another_refused(pipeline, tmp_path
     _run(pipeline, tmp_path, lambda b: ConstantPrior(get_probe(PROBE)), "prior")
     assert "kept" in capsys.readouterr().err and (rd / "metrics.json").read_bytes() == before
 
-    with pytest.raises(ConfigError, match="predictor=prior"):  # another kind of predictor, same folder
+    with pytest.raises(ConfigError, match="kind=prior"):  # another kind of predictor, same folder
         _run(pipeline, tmp_path, lambda b: ConstantPrior(get_probe(PROBE), kind="other"), "prior")
 
 

@@ -75,7 +75,7 @@ def test_a_finished_run_made_with_other_defaults_is_not_skipped_silently(pipelin
     capsys.readouterr()
     assert sweep() == 0 and "0 run(s) done" in capsys.readouterr().out  # finished: skipped
     cfg = json.loads(cfg_file.read_text())
-    cfg["head_config"]["hidden"] = 256  # as if the default width had been 256 then
+    cfg["options"]["head_defaults"]["hidden"] = 256  # as if the default width had been 256 then
     cfg_file.write_text(json.dumps(cfg))
     for extra in ((), ("--list",)):
         assert sweep(*extra) == 2
@@ -83,7 +83,7 @@ def test_a_finished_run_made_with_other_defaults_is_not_skipped_silently(pipelin
         assert len(err.splitlines()) == 1 and str(cfg_file.parent) in err
         assert "hidden=256 (now 512)" in err and "new --out" in err
     # the same encoder's run on another build (another cache) is not this run either
-    cfg["head_config"]["hidden"], cfg["cache_fingerprint"] = 512, "0" * 64
+    cfg["options"]["head_defaults"]["hidden"], cfg["build_fingerprint"] = 512, "0" * 64
     cfg_file.write_text(json.dumps(cfg))
     assert sweep() == 2
     err = capsys.readouterr().err.strip()

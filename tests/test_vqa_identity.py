@@ -69,7 +69,7 @@ def test_cache_key_holds_the_image_so_another_builds_pixels_are_asked_again(pipe
     # the other build into the same runs folder: the finished run is refused, nothing is asked
     assert _vqa(*args, "--data", repainted) == 2 and len(asked) == n_first
     err = capsys.readouterr().err
-    assert "dataset_fingerprint=" in err and "delete that folder" in err and str(rd) in err
+    assert "build_fingerprint=" in err and "delete that folder" in err and str(rd) in err
     import shutil
 
     shutil.rmtree(rd)  # as the error says; the cache (runs/.vqa-cache) stays
@@ -83,11 +83,11 @@ def test_cache_key_holds_the_image_so_another_builds_pixels_are_asked_again(pipe
     n_image = len({(r["key"], tuple(r["order"])) for r in second if r["variant"] == "image"})
     assert len(asked_image) == n_image and not [a for a in asked if a.image is None]
     cfg = json.loads((rd / "config.json").read_text())
-    assert cfg["dataset_fingerprint"] == Build(repainted).fingerprint != Build(pipeline["shards"]).fingerprint
+    assert cfg["build_fingerprint"] == Build(repainted).fingerprint != Build(pipeline["shards"]).fingerprint
     build = Build(repainted)  # the digests recorded are this build's slices
     from spar_bench.probes.tasks import get_probe
+    from spar_bench.probes.vqa.ask import image_digest
     from spar_bench.probes.vqa.questions import load_questions
-    from spar_bench.probes.vqa.run import image_digest
 
     qs = load_questions(build, get_probe("level3.symmetry"), ["test"])
     row = {str(k): int(r) for k, r in zip(qs.key, qs.row, strict=True)}
@@ -114,8 +114,8 @@ def test_identical_blind_prompts_get_one_answer(pipeline, tmp_path):
     """Scored answers of blind questions with one prompt are one answer, whatever the question."""
     from spar_bench.builder.shards import Build
     from spar_bench.probes.tasks import get_probe
+    from spar_bench.probes.vqa.ask import AskConfig, plan
     from spar_bench.probes.vqa.questions import load_questions
-    from spar_bench.probes.vqa.run import AskConfig, plan
 
     runs = tmp_path / "runs"
     assert _vqa("--model", "dummy", "--data", pipeline["shards"], "--out", runs, "--probe", "size",
@@ -161,9 +161,9 @@ def test_options_that_change_answers_name_the_folder(pipeline, tmp_path, asked, 
 
 
 def test_server_guided_variant_tokens_and_dtype_name_the_folder():
+    from spar_bench.probes.vqa.ask import AskConfig, run_dir
     from spar_bench.probes.vqa.base import BackendOptions
     from spar_bench.probes.vqa.openai import OpenAIBackend
-    from spar_bench.probes.vqa.run import AskConfig, run_dir
 
     cfg = AskConfig()
 

@@ -154,8 +154,8 @@ def test_waits_count_against_the_timeout(stub, waits):
 
 
 def test_a_refusal_is_stored_as_a_refusal(stub):
+    from spar_bench.probes.vqa.ask import Item, decide
     from spar_bench.probes.vqa.prompts import render
-    from spar_bench.probes.vqa.run import Item, decide
 
     stub.plan = ["refusal:I cannot help with medical images."]
     be = _backend(stub)

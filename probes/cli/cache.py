@@ -51,7 +51,7 @@ def cache_command(encoder, weights, random_init, revision, model_args, data, out
                   device, batch_size, dtype, compute, workers, overwrite, tile_encoding,
                   token_grid, token_proj, token_int8) -> None:
     """Encode every image of a build and store tokens + pooled vectors (resumable)."""
-    from ..finetune.run import parse_model_args
+    from ..finetune.encoding import parse_model_args
 
     die_with_launcher()  # a torchrun rank ends with torchrun, however torchrun ends
     split_list = lambda s: [v for v in s.split(",") if v] if s else None  # noqa: E731

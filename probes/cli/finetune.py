@@ -1,5 +1,6 @@
 """``spar-probe finetune``: train an encoder and a probe head end to end on a build's images
-(the run is :func:`spar_bench.probes.finetune.run.run_finetune`)."""
+(the run is kind ``finetune``, :class:`spar_bench.probes.finetune.predictor.FinetuneJob`, made by
+:func:`spar_bench.probes.runs.session.run`)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import json
 import click
 
 from ..finetune.config import FinetuneConfig, FinetuneSpec
-from ..finetune.run import parse_model_args, run_finetune
+from ..finetune.encoding import parse_model_args
 from ..runs.inputs import ProbeUnavailable
+from ..runs.session import run as run_spec
 from .options import (
     bootstrap_option,
     fmt,
@@ -80,7 +82,7 @@ def finetune_command(encoder, weights, init, model_args, revision, data, head, p
                 fs = FinetuneSpec(encoder, str(data), p, h, s, weights=weights, init=init, model_kwargs=kwargs,
                                   revision=revision, cfg=cfg, n_boot=n_boot, controls=not no_controls,
                                   train_mirrors=train_mirrors)  # fmt: skip
-                rd = run_finetune(fs, out, resume=resume, overwrite=overwrite)
+                rd = run_spec(fs, out, resume=resume, overwrite=overwrite)
             except ProbeUnavailable as e:
                 if not names_all(probes):
                     raise

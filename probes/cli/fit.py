@@ -102,7 +102,7 @@ def eval_command(run, features, data, n_boot, encoder, overwrite):
     record, is given again with ``--encoder``).
     """
     if features is None:
-        from ..finetune.run import EXPORT_FILE, run_eval_reencoded
+        from ..finetune.encoding import EXPORT_FILE, run_eval_reencoded
 
         if data is None or not (Path(run) / EXPORT_FILE).is_file():
             raise ConfigError(

@@ -138,10 +138,13 @@ def vqa_command(model, data, probes, splits, out, revision, base_url, api_key_en
     """Ask a multimodal LLM every Level 3 (and Level 4) question; score it like a probe head."""
     from spar_bench.builder.shards import Build
 
+    from ..runs.session import RunOptions, execute, open_job
+    from ..runs.store import preflight
     from ..tasks import get_probe
     from ..vqa import load_backend
+    from ..vqa.ask import AskConfig
     from ..vqa.cache import ResponseCache
-    from ..vqa.run import AskConfig, check_finished, run_dir, run_identity, run_probe
+    from ..vqa.predictor import MllmSpec
     from ..vqa.volume import check_volume_as
 
     check_volume_as(volume_as)
@@ -163,13 +166,16 @@ def vqa_command(model, data, probes, splits, out, revision, base_url, api_key_en
     backend = load_backend(model, opts)
     cfg = AskConfig(split_list, not no_convention_hint, not no_circular, not no_blind,
                     resolve_image_size(image_size, backend), seed, n_boot, resolve_volume_as(volume_as, backend))
-    for p in probes:  # a finished run made otherwise is refused before any question is asked
-        check_finished(run_dir(backend, p, out, cfg), run_identity(backend, build, p, cfg))
     saved = 0
     with ResponseCache(cache_path or default_cache(out, backend.name)) as cache:
-        for p in probes:
+        jobs = {p: open_job(MllmSpec(backend, build, p, cfg, cache), out) for p in probes}
+        for job in jobs.values():  # a finished run made otherwise is refused before any question is asked
+            preflight(job)
+        for p, job in jobs.items():
             with _Progress(p) as progress:
-                rd = run_probe(backend, build, p, out, cfg, cache, progress)
+                if job is not None:
+                    job.spec = MllmSpec(backend, build, p, cfg, cache, progress)
+                rd = None if job is None else execute(job, RunOptions())
             if rd is None:
                 click.echo(f"{p}: no questions on {', '.join(split_list)}; skipped", err=True)
                 continue

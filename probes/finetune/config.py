@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from spar_bench.errors import ConfigError
 
@@ -85,6 +85,8 @@ class FinetuneSpec:
     ``train_mirrors``). Its head's part is a :class:`~spar_bench.probes.runs.spec.RunSpec`
     (:meth:`head_run`), whose features are the build's images, encoded by the trained encoder.
     """
+
+    kind: ClassVar[str] = "finetune"  # the run kind (spar_bench.probes.kinds.PREDICTORS)
 
     encoder: str
     data: str

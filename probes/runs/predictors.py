@@ -25,7 +25,7 @@ import numpy as np
 from spar_bench.errors import ConfigError
 
 from .inputs import Splits, finite, load_features
-from .store import HEAD_FILE, METRICS_FILE
+from .store import HEAD_FILE, HEAD_FILES, METRICS_FILE
 
 
 @runtime_checkable
@@ -162,19 +162,20 @@ class CachedHead:
 
     @staticmethod
     def load(rd: Path):
-        """``(run spec, config dict, prior, model)`` of a finished run folder; one-line errors."""
+        """``(run spec, run record, prior, model)`` of a finished run folder; one-line errors."""
         import torch
 
         from ..heads import build_head
-        from .spec import RunSpec
+        from .record import RunRecord
 
         if not (rd / HEAD_FILE).is_file() or not (rd / METRICS_FILE).is_file():
             raise ConfigError(f"{rd}: not a finished run directory (needs head.pt and metrics.json)")
         try:
             saved = torch.load(rd / HEAD_FILE, map_location="cpu", weights_only=False)
-            c = saved["config"]
-            run = RunSpec.from_dict(c["run"])
-            model = build_head(run.head, run.spec, c["in_dim"], c["n_tokens"], **c["head_config"])
+            rec = RunRecord.from_dict(saved["config"], rd / HEAD_FILE)
+            run = spec_of(rec)
+            model = build_head(run.head, run.spec, rec.extra["in_dim"], rec.extra["n_tokens"],
+                               **rec.extra["head_config"])  # fmt: skip
             model.load_state_dict(saved["state_dict"])
         except ConfigError:
             raise
@@ -183,7 +184,90 @@ class CachedHead:
                 f"{rd / HEAD_FILE}: unreadable trained head ({type(e).__name__}: {str(e)[:120]}); "
                 "re-run `spar-probe fit` for this run"
             ) from None
-        return run, c, saved.get("prior"), model
+        return run, rec, saved.get("prior"), model
+
+
+# --------------------------------------------------------------------------- a head run's record
+def spec_of(rec):
+    """The :class:`~.spec.RunSpec` of the head a run's record holds (a head run's ``options``; a
+    finetune run's head in ``extra["run"]``)."""
+    from .spec import RunSpec
+
+    d = rec.options if rec.kind == "head" or rec.legacy else rec.extra.get("run", {})
+    return RunSpec.from_dict({k: v for k, v in d.items() if k != "head_defaults"})
+
+
+def head_options(run) -> dict[str, Any]:
+    """A head run's ``options``: its spec (paths by name only; the device left out: it changes
+    no trained weight beyond numerics) and the head's defaults (a run finished under other
+    defaults is another run)."""
+    from ..heads import head_defaults
+
+    d = run.to_dict()
+    d["train"] = {k: v for k, v in d["train"].items() if k != "device"}
+    return {**d, "features": Path(run.features).name, "data": Path(run.data).name if run.data else None,
+            "head_defaults": head_defaults(run.head)}  # fmt: skip
+
+
+def head_record(run, cache):
+    """The :class:`~.record.RunRecord` of head run ``run`` on ``cache``, as far as it is known
+    before training (its identity); :func:`head_extra` adds what training resolved."""
+    from spar_bench.provenance import RUN_PACKAGES, package_versions
+
+    from ..encoders.base import published_name, published_weights
+    from .inputs import cache_identity
+    from .record import RunRecord
+
+    w = cache.meta.get("weights")
+    model = published_name(str(cache.meta["encoder"]), w) if cache.meta.get("encoder") else None
+    inputs = {"features": Path(run.features).name, "cache_fingerprint": cache.fingerprint,
+              "cache_identity": cache_identity(cache), "random_init": bool(cache.random_init),
+              "weights": published_weights(w) if isinstance(w, dict) else None}  # no path
+    return RunRecord(kind="head", probe=run.probe, head=run.head, seed=run.seed, variant=run.variant(),
+                     model=model, build_fingerprint=cache.fingerprint, inputs=inputs, options=head_options(run),
+                     versions=package_versions(RUN_PACKAGES))  # fmt: skip
+
+
+def head_extra(run, head) -> dict[str, Any]:
+    """What a head run resolved: its head's config and input widths, seeds, train config."""
+    from spar_bench.seeding import derive_seed
+
+    from ..heads import head_input
+
+    return {"probe_spec": run.spec.describe(), "head_input": head_input(run.head),
+            "head_config": head.model.cfg if hasattr(head.model, "cfg") else {},
+            "in_dim": head.dims[0], "n_tokens": head.dims[1], "device": run.train.device,
+            "seeds": {"torch": run.seed,
+                      "bootstrap": [derive_seed(run.seed, "bootstrap", run.probe, run.head, "test")]}}
+
+
+def finished_run(run, rd: Path, cache, grid_prune: int = 0, replace: str = "delete that folder") -> bool:
+    """Whether ``rd`` holds a finished, whole run of ``run`` on ``cache`` (kept); one finished with
+    other options (``--bootstrap``, ``--no-controls``, head defaults that changed since), or on
+    a cache of another build or identity (dtypes, encoder configuration), is refused (``replace``:
+    how the command replaces it); so is a run pruned by ``--grid-prune K`` when the sweep asks for
+    another ``grid_prune`` (0: a full run). A damaged run is run again.
+
+    A folder's name holds only the options that differ from their defaults, so a run finished
+    under other defaults (an older spar-bench), or on another build of the same encoder, sits
+    where ``run`` would write: skipping it would report the old run as this one.
+    """
+    import json
+
+    from .store import finished
+
+    if not finished(rd, head_record(run, cache), HEAD_FILES, replace):
+        return False
+    try:
+        pruned = json.loads((rd / METRICS_FILE).read_text(encoding="utf-8"))["train"].get("pruned_at")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ConfigError(f"{rd}: a finished run with an unreadable metrics.json ({e}); delete the folder to "
+                          "rerun it") from None  # fmt: skip
+    if pruned is not None and pruned != grid_prune:
+        asked = f"--grid-prune {grid_prune}" if grid_prune else "a full run"
+        raise ConfigError(f"{rd}: pruned after epoch {pruned} (--grid-prune {pruned}) and this sweep asks for "
+                          f"{asked}; rerun with --grid-prune {pruned}, or delete the folder to train it")  # fmt: skip
+    return True
 
 
 # --------------------------------------------------------------------------- reference predictors
@@ -198,6 +282,10 @@ class ConstantPrior:
     spec: Any
     prior: dict | None = None
     kind: str = "prior"
+
+    @classmethod
+    def on_build(cls, spec, build) -> ConstantPrior:
+        return cls(spec)
 
     def fit(self, train, val) -> None:
         self.prior = self.spec.fit_prior(train)

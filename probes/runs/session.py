@@ -29,8 +29,9 @@ image features replaced by zeros (one zero token for token heads).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -40,7 +41,6 @@ from spar_bench.provenance import RUN_PACKAGES, package_versions, protocol_versi
 from .evaluate import evaluate, run_metrics, transfer
 from .inputs import (
     Splits,
-    cache_identity,
     check_shards,
     encoder_slug,
     load_features,
@@ -49,8 +49,22 @@ from .inputs import (
     resolve_build,
     split_targets,
 )
-from .predictors import CachedHead
-from .store import METRICS_FILE, finished_run, kept_eval, run_path, write_eval, write_run
+from .predictors import CachedHead, head_extra, head_record
+from .record import RunRecord
+from .store import (
+    HEAD_FILE,
+    HEAD_FILES,
+    METRICS_FILE,
+    Writer,
+    check_run_dir,
+    clear_staging,
+    finished,
+    kept_eval,
+    run_path,
+    save_head,
+    write_eval,
+    write_run,
+)
 
 
 class Prepared(NamedTuple):
@@ -62,6 +76,59 @@ class Prepared(NamedTuple):
     head: CachedHead
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """How a run is carried out (none of it changes what it computes)."""
+
+    overwrite: bool = False  # replace a finished run of the same spec
+    resume: bool = False  # continue an interrupted run from its checkpoint (finetune)
+    progress: bool = True
+
+
+class Job(Protocol):
+    """One run of a kind, opened from its spec (``PREDICTORS[kind].open(spec, out, options)``):
+    its folder, its record as known before running (its identity), the files it declares
+    beside the record and metrics, and three steps the session calls in order."""
+
+    rd: Path
+    record: RunRecord
+    declared: frozenset[str]
+
+    def start(self) -> None:
+        """Make ``rd`` ready to run into (a fresh folder, or the checkpointed one when resumed)."""
+
+    def fit(self) -> Any:
+        """Train (or ask); the training result."""
+
+    def score(self, fitted) -> tuple[dict[str, Any], RunRecord, dict[str, Writer]]:
+        """``(metrics, the whole record, the declared files' writers)``; the record has the
+        identity of ``record``, with what running resolved (``extra``, the build's name)."""
+
+
+def run(spec, out: str | Path, *, overwrite: bool = False, resume: bool = False, progress: bool = True) -> Path | None:
+    """The one way any run happens: open the kind's job from ``spec`` (``spec.kind`` names it in
+    :data:`~spar_bench.probes.kinds.PREDICTORS`), keep a finished run of the same identity
+    (refuse one of another, redo a damaged one), else start, fit, score and write the run folder
+    whole (:func:`~.store.write_run`: declared files, the record, ``metrics.json`` last). None:
+    the spec asks for nothing on its inputs (an MLLM probe the build has no question of).
+
+    A kind's class either opens its own job (``open(spec, out, options)``: a head on a cache, a
+    finetune, an MLLM asked every control) or is a predictor made from a build
+    (``on_build(probe_spec, build)``: the prior, the mask oracle), run by :class:`BuildJob`."""
+    options = RunOptions(overwrite=overwrite, resume=resume, progress=progress)
+    job = open_job(spec, out, options)
+    return None if job is None else execute(job, options)
+
+
+def open_job(spec, out: str | Path, options: RunOptions = RunOptions()):
+    """The job of ``spec`` (``spec.kind`` in :data:`~spar_bench.probes.kinds.PREDICTORS`), or None."""
+    from ..kinds import PREDICTORS
+
+    kind = PREDICTORS.get(spec.kind)
+    opener = getattr(kind, "open", None)
+    return opener(spec, out, options) if opener is not None else BuildJob.open(kind, spec, out, options)
+
+
 def prepare_run(run, progress: bool = True) -> Prepared:
     """Open and check the run's cache and build; its targets, seeded head and features."""
     cache, build = open_run(run)
@@ -71,23 +138,37 @@ def prepare_run(run, progress: bool = True) -> Prepared:
     return Prepared(cache, build, s, head)
 
 
-def run_fit(run, out: str | Path, progress: bool = True, overwrite: bool = False) -> Path:
-    """Train and score the head of ``run``; write the run directory; return its path.
+@dataclass
+class HeadJob:
+    """A head on cached features (kind ``head``, spec :class:`~.spec.RunSpec`)."""
 
-    A run finished with the same spec is kept (nothing is trained), one with other options is
-    refused (:func:`~.store.finished_run`); ``overwrite`` trains it again and replaces it.
-    """
-    import click
+    run: Any
+    rd: Path
+    record: RunRecord
+    progress: bool = True
+    declared: frozenset[str] = HEAD_FILES
+    prepared: Prepared | None = None
 
-    if not overwrite:
+    @classmethod
+    def open(cls, run, out, options: RunOptions) -> HeadJob:
         with open_cache(run.features) as cache:
-            rd = run.run_dir(out, encoder_slug(cache))
-            if finished_run(run, rd, cache, replace="pass --overwrite"):
-                click.echo(f"{rd}: finished earlier with these options; kept (--overwrite trains it again)", err=True)
-                return rd
-    p = prepare_run(run, progress)
-    result = p.head.fit(p.splits.tr, p.splits.va)
-    return finish_run(run, p, result, out)
+            return cls(run, run.run_dir(out, encoder_slug(cache)), head_record(run, cache), options.progress)
+
+    def start(self) -> None:
+        check_run_dir(self.rd, self.declared)
+        self.prepared = prepare_run(self.run, self.progress)
+
+    def fit(self):
+        p = self.prepared
+        return p.head.fit(p.splits.tr, p.splits.va)
+
+    def score(self, fitted, blind=None, batch: dict | None = None):
+        return head_outputs(self.run, self.prepared, fitted, blind, batch)
+
+
+def run_fit(spec, out: str | Path, progress: bool = True, overwrite: bool = False) -> Path:
+    """Train and score the head of ``spec`` (a :class:`~.spec.RunSpec`, through :func:`run`)."""
+    return run(spec, out, overwrite=overwrite, progress=progress)
 
 
 def train_record(result, patience: int) -> dict[str, Any]:
@@ -97,12 +178,11 @@ def train_record(result, patience: int) -> dict[str, Any]:
             **getattr(result, "pruned", {})}  # pruned_at: stopped by `sweep --grid-prune`
 
 
-def finish_run(run, p: Prepared, result, out: str | Path, blind=None, batch: dict | None = None) -> Path:
-    """Score a trained run (test, mirrored, controls) and write its folder.
+def head_outputs(run, p: Prepared, result, blind=None, batch: dict | None = None):
+    """A trained head run scored (test, mirrored, controls): ``(metrics, record, files)``.
 
     ``blind``: the run's blind baseline, already trained (a batch trains them together);
-    None trains it here. ``batch`` records the runs it was trained with.
-    """
+    None trains it here. ``batch`` records the runs it was trained with."""
     spec, cache, s = run.spec, p.cache, p.splits
     prior = spec.fit_prior(s.tr)
     weights = cache.meta.get("weights")
@@ -111,50 +191,23 @@ def finish_run(run, p: Prepared, result, out: str | Path, blind=None, batch: dic
                           random_init=bool(cache.random_init), layer=run.layer,
                           train=train_record(result, run.train.patience), training=training,
                           manifest=p.build.manifest)  # fmt: skip
-    config = run_config(run, cache, p.build, p.head)
+    extra = head_extra(run, p.head)
     if batch is not None:
-        metrics["batch"] = config["batch"] = batch
-    rd = run.run_dir(out, encoder_slug(cache))
-    write_run(rd, config, metrics, p.head.model, prior)
+        metrics["batch"] = extra["batch"] = batch
+    record = head_record(run, cache).replace(build=Path(p.build.root).resolve().name, extra=extra,
+                                             protocol=protocol_versions(p.build.manifest))
+    head_pt = (lambda path: save_head(path, p.head.model, record.to_dict(), prior), True)
+    return metrics, record, {HEAD_FILE: head_pt}
+
+
+def finish_run(run, p: Prepared, result, out: str | Path, blind=None, batch: dict | None = None) -> Path:
+    """Score a trained head run and write its folder (the batch path of :func:`run_fit_batch`)."""
+    rd = run.run_dir(out, encoder_slug(p.cache))
+    clear_staging(rd)
+    check_run_dir(rd, HEAD_FILES)
+    metrics, record, files = head_outputs(run, p, result, blind, batch)
+    write_run(rd, record, metrics, files)
     return rd
-
-
-def run_config(run, cache, build, head: CachedHead) -> dict[str, Any]:
-    """What ``config.json`` records: the run spec, then what it resolved to and ran with."""
-    from spar_bench.seeding import derive_seed
-
-    from ..encoders.base import published_name, published_weights
-    from ..heads import head_input
-
-    model, dims = head.model, head.dims
-    return {
-        "probe": run.probe,
-        "head": run.head,
-        "seed": run.seed,
-        # paths by name only (no local path in anything publishable; eval needs neither)
-        "run": {**run.to_dict(), "features": Path(run.features).name,
-                "data": Path(run.data).name if run.data else None},
-        "variant": run.variant(),
-        "probe_spec": run.spec.describe(),
-        "seeds": {"torch": run.seed, "bootstrap": [derive_seed(run.seed, "bootstrap", run.probe, run.head, "test")]},
-        # names + fingerprints, never absolute paths (eval and report need neither path)
-        "features": Path(run.features).name,
-        "cache_fingerprint": cache.fingerprint,
-        "cache_identity": cache_identity(cache),
-        "dataset_dir": Path(build.root).resolve().name,
-        "dataset_fingerprint": build.fingerprint,
-        "encoder": published_name(str(cache.meta["encoder"]), cache.meta.get("weights"))
-        if cache.meta.get("encoder") else None,
-        "weights": published_weights(w) if isinstance(w := cache.meta.get("weights"), dict) else None,  # no path
-        "random_init": bool(cache.random_init),
-        "head_input": head_input(run.head),
-        "head_config": model.cfg if hasattr(model, "cfg") else {},
-        "in_dim": dims[0],
-        "n_tokens": dims[1],
-        "train_config": run.train.to_dict(),
-        **protocol_versions(build.manifest),
-        "versions": package_versions(RUN_PACKAGES),
-    }  # fmt: skip
 
 
 # --------------------------------------------------------------------------- transfer
@@ -177,8 +230,8 @@ def run_eval(run: str | Path, features: str | Path, data: str | Path | None = No
     from ..train import predict
 
     rd = Path(run)
-    spec_run, c, prior, model = CachedHead.load(rd)
-    spec = spec_run.spec
+    spec_run, rec, prior, model = CachedHead.load(rd)
+    c, spec = rec.extra, spec_run.spec
     trained = json.loads((rd / METRICS_FILE).read_text())
     majority = (trained.get("controls") or {}).get("majority_class")
     cache = open_cache(features)
@@ -268,38 +321,71 @@ def _fit_members(runs: list, prepared: list, out, batch: dict, progress: bool, p
 
 
 # --------------------------------------------------------------------------- any predictor on a build
-def run_predictor(run, predictor, build, out: str | Path, slug: str, overwrite: bool = False) -> Path:
-    """The one lifecycle for any :class:`~.predictors.Predictor` on a build (``run``: a
-    :class:`~.spec.PredictorSpec`): split by patient, ``fit``, the one evaluation with every
-    control, then the run folder ``OUT/<slug>/<probe>/<head>/seed<k>`` (config.json, then
-    metrics.json last). A finished run of the same spec and build is kept; of another,
-    refused unless ``overwrite``.
-    """
+@dataclass
+class BuildJob:
+    """A predictor that reads a build, not a feature cache (``prior``, ``oracle``, an MLLM asked
+    through its predictor): spec :class:`~.spec.PredictorSpec`, folder ``OUT/<slug>/<probe>/<head>/seed<k>``."""
+
+    run: Any
+    predictor: Any
+    build: Any
+    rd: Path
+    record: RunRecord
+    declared: frozenset[str] = frozenset()
+    splits: Splits | None = None
+
+    @classmethod
+    def of(cls, run, predictor, build, out: str | Path, slug: str) -> BuildJob:
+
+        record = RunRecord(kind=predictor.kind, probe=run.probe, head=run.head, seed=run.seed, model=slug,
+                           build=Path(build.root).resolve().name, build_fingerprint=build.fingerprint,
+                           options=run.to_dict(), versions=package_versions(RUN_PACKAGES),
+                           protocol=protocol_versions(build.manifest),
+                           extra={"probe_spec": run.spec.describe()})  # fmt: skip
+        return cls(run, predictor, build, run.run_dir(out, slug), record)
+
+    @classmethod
+    def open(cls, predictor_type, run, out, options: RunOptions) -> BuildJob:
+        """The job of a registered predictor class (its ``on_build(probe_spec, build)``), named by its kind."""
+        from spar_bench.builder.shards import Build
+
+        build = Build(run.features)
+        return cls.of(run, predictor_type.on_build(run.spec, build), build, out, run.kind)
+
+    def start(self) -> None:
+        from .inputs import build_splits
+
+        check_run_dir(self.rd, self.declared)
+        self.splits = build_splits(self.build, self.run)
+
+    def fit(self):
+        return self.predictor.fit(self.splits.tr, self.splits.va)
+
+    def score(self, fitted):
+        s, run = self.splits, self.run
+        prior = run.spec.fit_prior(s.tr)
+        train = train_record(fitted, run.train.patience) if fitted is not None else None
+        metrics = run_metrics(run, s, evaluate(run, self.predictor, s, prior), encoder=self.record.model,
+                              train=train, training=None, manifest=self.build.manifest,
+                              track=self.predictor.kind)  # fmt: skip
+        return metrics, self.record, {}
+
+
+def execute(job, options: RunOptions = RunOptions()) -> Path:
+    """Carry out an opened job (see :func:`run`)."""
     import click
 
-    from ..runs.inputs import build_splits
-    from .store import differences, fresh_run_dir, owned_run, recorded, write_config, write_metrics
+    clear_staging(job.rd)
+    if not options.overwrite and finished(job.rd, job.record, job.declared, "pass --overwrite"):
+        click.echo(f"{job.rd}: finished earlier with these options; kept (--overwrite runs it again)", err=True)
+        return job.rd
+    job.start()
+    metrics, record, files = job.score(job.fit())
+    write_run(job.rd, record, metrics, files)
+    return job.rd
 
-    rd = run.run_dir(out, slug)
-    config = {"probe": run.probe, "head": run.head, "seed": run.seed, "predictor": predictor.kind,
-              "run": run.to_dict(), "probe_spec": run.spec.describe(), "encoder": slug,
-              "dataset_dir": Path(build.root).resolve().name, "dataset_fingerprint": build.fingerprint,
-              **protocol_versions(build.manifest), "versions": package_versions(RUN_PACKAGES)}  # fmt: skip
-    if (rd / METRICS_FILE).is_file() and not overwrite:
-        had = recorded(rd)
-        same = ("run", "predictor", "dataset_fingerprint")
-        diff = differences({k: had.get(k) for k in same}, {k: config[k] for k in same})
-        if diff:
-            raise ConfigError(f"{rd}: finished with {', '.join(diff)}; write to a new --out, or pass --overwrite")
-        click.echo(f"{rd}: finished earlier with these options; kept", err=True)
-        return rd
-    s = build_splits(build, run)
-    fitted = predictor.fit(s.tr, s.va)
-    prior = run.spec.fit_prior(s.tr)
-    train = train_record(fitted, run.train.patience) if fitted is not None else None
-    metrics = run_metrics(run, s, evaluate(run, predictor, s, prior), encoder=slug, train=train, training=None,
-                          manifest=build.manifest, track=predictor.kind)  # fmt: skip
-    fresh_run_dir(rd, owned_run, "run folder")
-    write_config(rd, config)
-    write_metrics(rd, metrics)
-    return rd
+
+def run_predictor(run, predictor, build, out: str | Path, slug: str, overwrite: bool = False) -> Path:
+    """A given :class:`~.predictors.Predictor` instance on a build (``run``: a
+    :class:`~.spec.PredictorSpec`) through the one lifecycle (:func:`execute`)."""
+    return execute(BuildJob.of(run, predictor, build, out, slug), RunOptions(overwrite=overwrite))

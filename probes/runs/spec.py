@@ -22,7 +22,7 @@ import dataclasses
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from spar_bench.errors import ConfigError
 
@@ -92,6 +92,8 @@ class RunSpec:
     (``spar-probe finetune``) records its build there and keeps its encoder's settings
     beside the spec.
     """
+
+    kind: ClassVar[str] = "head"  # the run kind (spar_bench.probes.kinds.PREDICTORS)
 
     features: str
     probe: str
@@ -208,6 +210,11 @@ class PredictorSpec:
         from ..tasks import get_probe
 
         return get_probe(self.probe)
+
+    @property
+    def kind(self) -> str:
+        """The run kind: the predictor ``head`` names (``prior``, ``oracle``)."""
+        return self.head
 
     def variant(self) -> str:
         return ""

@@ -23,6 +23,8 @@ CONFIG_FILE = "config.json"
 HEAD_FILE = "head.pt"
 #: The files of a run of a head on cached features.
 RUN_FILES = frozenset({CONFIG_FILE, HEAD_FILE, METRICS_FILE, METRICS_FILE + ".tmp"})
+#: The files a head run declares beside its record and metrics.
+HEAD_FILES = frozenset({HEAD_FILE})
 
 
 # --------------------------------------------------------------------------- naming
@@ -59,18 +61,24 @@ def run_path(rd: Path) -> str:
 
 
 # --------------------------------------------------------------------------- ownership
-def owned_run(rd: Path) -> set[str] | None:
-    """The files of an earlier head run in ``rd``, or None if ``rd`` is not a run folder."""
+def owned_run(rd: Path, declared: frozenset[str] = RUN_FILES) -> set[str] | None:
+    """The files of an earlier run in ``rd`` (its record, the files it declares, ``declared``,
+    and its evaluations), or None if ``rd`` is not a run folder: one without a readable run record
+    that holds anything but ``declared`` files (a run stopped before its record, e.g. a finetune's
+    first checkpoint, is still a run)."""
+    from .record import RunRecord
+
+    rd = Path(rd)
+    names = {p.name for p in rd.iterdir()} if rd.is_dir() else set()
     try:
-        config = json.loads((Path(rd) / CONFIG_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(config, dict) or not {"probe", "head", "seed"} <= set(config):
-        return None
-    return set(RUN_FILES) | {p.name for p in Path(rd).glob("eval-*.json")}
+        RunRecord.read(rd)
+    except ConfigError:
+        if not names or not names <= declared:
+            return None
+    return set(declared) | {CONFIG_FILE, METRICS_FILE, METRICS_FILE + ".tmp"} | {n for n in names if n.startswith("eval-")}
 
 
-def fresh_run_dir(rd: Path, owned: Callable[[Path], set[str] | None], what: str) -> None:
+def fresh_run_dir(rd: Path, owned: Callable[[Path], set[str] | None] = owned_run, what: str = "run folder") -> None:
     """Make ``rd`` an empty run folder: an earlier run (``owned`` says whose files) is removed
     whole; a folder holding anything else is refused (``spar_bench.outputs.claim``)."""
     from spar_bench.outputs import check_target, claim, remove
@@ -81,14 +89,15 @@ def fresh_run_dir(rd: Path, owned: Callable[[Path], set[str] | None], what: str)
     rd.mkdir(parents=True, exist_ok=True)
 
 
+def check_run_dir(rd: Path, declared: frozenset[str], what: str = "run folder") -> None:
+    """Refuse (one line) a ``rd`` that holds anything but a run of these ``declared`` files."""
+    from spar_bench.outputs import check_target, claim
+
+    check_target(rd)
+    claim(rd, overwrite=True, owned=lambda p: owned_run(p, declared), what=what)
+
+
 # --------------------------------------------------------------------------- writing
-def write_config(rd: Path, config: dict[str, Any]) -> None:
-    """``config.json``, whole or not at all."""
-    from spar_bench.outputs import write_bytes
-
-    write_bytes(rd / CONFIG_FILE, json.dumps(json_safe(config), indent=2, default=str) + "\n")
-
-
 def write_metrics(rd: Path, metrics: dict[str, Any]) -> None:
     """``metrics.json``, written last through a temporary file: its presence marks a finished run."""
     tmp = rd / (METRICS_FILE + ".tmp")
@@ -96,46 +105,103 @@ def write_metrics(rd: Path, metrics: dict[str, Any]) -> None:
     tmp.replace(rd / METRICS_FILE)
 
 
-def save_head(rd: Path, model, config: dict[str, Any], prior: dict | None = None) -> None:
-    """``head.pt``: the trained head's ``state_dict`` on the CPU, its config and the prior fitted
+def save_head(path: Path, model, config: dict[str, Any], prior: dict | None = None) -> None:
+    """``head.pt``: the trained head's ``state_dict`` on the CPU, its run record and the prior fitted
     on its training items (a transfer evaluation scores the prior and the conflict items by it)."""
     from spar_bench.outputs import save_torch
 
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    save_torch({"state_dict": state, "config": config, "prior": prior}, rd / HEAD_FILE)
+    save_torch({"state_dict": state, "config": config, "prior": prior}, path)
 
 
-def write_run(rd: Path, config: dict, metrics: dict, model, prior: dict | None = None) -> None:
-    """A head run: config.json, head.pt, then metrics.json last."""
-    fresh_run_dir(rd, owned_run, "run folder")  # an earlier run of the same spec is replaced whole
-    write_config(rd, config)
-    save_head(rd, model, config, prior)
-    write_metrics(rd, metrics)
+#: a run's file: how to write it (given its path), and whether its bytes are checked (False: a timing)
+Writer = tuple[Callable[[Path], None], bool]
+
+
+def staging_dir(rd: Path, tag: str = "partial") -> Path:
+    """Where a run is written before it is renamed into place: a hidden sibling of ``rd``."""
+    import os
+
+    return rd.parent / f".{rd.name}.{tag}-{os.getpid()}"
+
+
+def write_run(rd: Path, record, metrics: dict[str, Any], files: dict[str, Writer]) -> None:
+    """A finished run, whole or absent: every declared file, the record (with the files'
+    sha256) and ``metrics.json`` last are written into a staging folder beside ``rd``, which is
+    then renamed into place (an earlier folder of the same run, e.g. a finetune's checkpoints,
+    is moved aside first and removed after). A crash at any write leaves ``rd`` as it was, or
+    absent: never a finished-looking run with a file missing."""
+    import shutil
+
+    tmp = staging_dir(rd)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        for name, (write, _) in files.items():
+            write(tmp / name)
+        record.with_files(tmp, {n: checked for n, (_, checked) in files.items()}).write(tmp)
+        write_metrics(tmp, metrics)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = staging_dir(rd, "old")
+    if rd.exists():
+        rd.rename(old)
+    tmp.rename(rd)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def clear_staging(rd: Path) -> None:
+    """Remove what a killed write left beside ``rd`` (its staging and set-aside folders)."""
+    import shutil
+
+    for p in rd.parent.glob(f".{rd.name}.*-*") if rd.parent.is_dir() else ():
+        if p.is_dir() and p.name.split(".")[-1].split("-")[0] in ("partial", "old"):
+            shutil.rmtree(p, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- finished runs
-def refuse_other(rd: Path, had: dict[str, Any], want: dict[str, Any], replace: str, why: str = "") -> None:
+def refuse_other(rd: Path, diff: list[str], replace: str, why: str = "") -> None:
     """A one-line refusal naming ``rd`` and every recorded value that differs from this run's
     (``replace``: how the command replaces the finished run; ``why``: a note after the list)."""
-    diff = differences(had, want)
     if diff:
         raise ConfigError(f"{rd}: finished with {', '.join(diff)}{why}; write to a new --out, or {replace} to "
                           "rerun it")  # fmt: skip
 
 
-def finished_with(rd: Path, identity: Callable[[dict[str, Any]], dict[str, Any]], want: dict[str, Any],
-                  replace: str) -> bool:
-    """Whether ``rd`` holds a finished run (``metrics.json``) whose ``config.json`` has the
-    ``identity`` ``want``; one of another identity (or an unreadable one) is refused in one line."""
+def finished(rd: Path, record, declared: frozenset[str], replace: str) -> bool:
+    """Whether ``rd`` holds a finished, whole run of ``record``'s identity (kept: nothing to do).
+
+    A finished run of another identity is refused in one line naming what differs; a damaged
+    one (a declared file missing or changed since it was written) is not finished: it is run
+    again, with a line saying why."""
+    import click
+
+    from .record import RunRecord
+
     if not (rd / METRICS_FILE).is_file():
         return False
-    try:
-        had = identity(json.loads((rd / CONFIG_FILE).read_text(encoding="utf-8")))
-    except (OSError, ValueError, AttributeError, KeyError, TypeError) as e:
-        raise ConfigError(f"{rd}: a finished run with an unreadable config.json ({e}); {replace} to "
-                          "rerun it") from None  # fmt: skip
-    refuse_other(rd, had, want, replace)
+    had = RunRecord.read(rd)
+    if had.build_fingerprint and record.build_fingerprint and had.build_fingerprint != record.build_fingerprint:
+        on = "a feature cache of another build" if record.kind == "head" else "another build"
+        raise ConfigError(f"{rd}: finished on {on} (fingerprint {had.build_fingerprint[:12]}, "
+                          f"{had.build or 'unnamed'}; this run's {record.build_fingerprint[:12]}); write to a new "
+                          f"--out, or {replace} to rerun it")  # fmt: skip
+    refuse_other(rd, had.differences(record), replace, " (other options, or defaults changed since)")
+    damage = had.damaged(rd) if not had.legacy else [f"{n} missing" for n in sorted(declared) if not (rd / n).is_file()]
+    if damage:
+        click.echo(f"{rd}: a damaged run ({', '.join(damage)}); running it again", err=True)
+        return False
     return True
+
+
+def preflight(job) -> None:
+    """Refuse (one line) an opened job whose folder holds a finished run of another identity,
+    before anything of this run is done (``job`` None: nothing to run)."""
+    from .record import RunRecord
+
+    if job is not None and (job.rd / METRICS_FILE).is_file():
+        refuse_other(job.rd, RunRecord.read(job.rd).differences(job.record), "delete that folder")
 
 
 def recorded(rd: Path, name: str = CONFIG_FILE) -> dict[str, Any]:
@@ -145,51 +211,6 @@ def recorded(rd: Path, name: str = CONFIG_FILE) -> dict[str, Any]:
     except (OSError, ValueError) as e:
         raise ConfigError(f"{rd}: a finished run with an unreadable {name} ({e}); delete the folder "
                           "to rerun it") from None
-
-
-def finished_run(run, rd: Path, cache, grid_prune: int = 0, replace: str = "delete that folder") -> bool:
-    """Whether ``rd`` holds a finished run of ``run`` (a :class:`~.spec.RunSpec`) on ``cache``
-    (a :class:`~..features.FeatureCache`); one finished with other options (``--bootstrap`` and
-    ``--no-controls`` included), or on a cache of another build or identity
-    (:func:`~.inputs.cache_identity`: dtypes, encoder configuration), is an error (``replace``:
-    how the command replaces it); so is a run pruned by ``--grid-prune K`` when the sweep asks
-    for another ``grid_prune`` (0: a full run). A run from before the identity was recorded is
-    checked on the build alone.
-
-    A folder's name holds only the options that differ from their defaults, so a run
-    finished under other defaults (an older spar-bench) sits where ``run`` would write; so
-    does the same encoder's run on another build. Skipping it would report the old run as
-    this one.
-    """
-    from ..heads import head_defaults
-    from .inputs import cache_identity
-
-    if not (rd / METRICS_FILE).is_file():
-        return False
-    cache_fingerprint = cache.fingerprint
-    try:
-        cfg = json.loads((rd / CONFIG_FILE).read_text(encoding="utf-8"))
-        had = {**cfg["head_config"], **cfg["run"]["train"], **{k: cfg["run"].get(k) for k in ("controls", "n_boot")}}
-        old_cache = cfg["cache_fingerprint"]
-        pruned = json.loads((rd / METRICS_FILE).read_text(encoding="utf-8"))["train"].get("pruned_at")
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"{rd}: a finished run with an unreadable config.json or metrics.json ({e}); delete the folder to rerun it") from None
-    if old_cache != cache_fingerprint:
-        raise ConfigError(f"{rd}: finished on a feature cache of another build ({cfg.get('features')}, build "
-                          f"fingerprint {str(old_cache)[:12]}; this cache's {cache_fingerprint[:12]}); "
-                          f"write to a new --out, or {replace} to rerun it")  # fmt: skip
-    if "cache_identity" in cfg:
-        refuse_other(rd, cfg["cache_identity"], cache_identity(cache), replace,
-                     f" (its feature cache {cfg.get('features')}; this one {Path(cache.path).name})")
-    if pruned is not None and pruned != grid_prune:
-        asked = f"--grid-prune {grid_prune}" if grid_prune else "a full run"
-        raise ConfigError(f"{rd}: pruned after epoch {pruned} (--grid-prune {pruned}) and this sweep asks for "
-                          f"{asked}; rerun with --grid-prune {pruned}, or delete the folder to train it")  # fmt: skip
-    want = json.loads(json.dumps(json_safe({**head_defaults(run.head), **run.head_config, **run.train.to_dict(),
-                                            "controls": run.controls, "n_boot": run.n_boot})))
-    refuse_other(rd, {k: v for k, v in had.items() if k != "device"}, {k: v for k, v in want.items() if k != "device"},
-                 replace, " (other options, or defaults changed since)")  # fmt: skip
-    return True
 
 
 def kept_eval(out: Path, inputs: dict[str, Any], overwrite: bool) -> bool:

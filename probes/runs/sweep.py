@@ -58,7 +58,7 @@ def plan(jobs: list[Job], grid_prune: int = 0) -> tuple[list[Job], list[Job]]:
     A finished run made with other options than its job's is an error (:func:`~.store.finished_run`).
     """
     from .inputs import encoder_slug, open_cache
-    from .store import finished_run
+    from .predictors import finished_run
 
     if not jobs:
         return [], []
@@ -244,7 +244,7 @@ def select_jobs(jobs: list[Job], slug: str, only: tuple[str, ...] = (),
 
 def list_runs(jobs: list[Job], slug: str, cache, grid_prune: int = 0) -> None:
     """Print ``<run id>\t<done|todo>`` per job."""
-    from .store import finished_run
+    from .predictors import finished_run
 
     for j in jobs:
         state = "done" if finished_run(j.run, j.run.run_dir(j.out, slug), cache, grid_prune) else "todo"

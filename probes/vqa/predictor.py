@@ -13,16 +13,18 @@ prompts state; this predictor scores them, like a head's, against the stored ans
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
 
+from .ask import AskConfig, Item, answer_records, ask, cache_key, image_digests, prompt_of
 from .base import Backend
 from .cache import ResponseCache
 from .prompts import rotations
 from .questions import Questions, load_questions
-from .run import AskConfig, Item, answer_records, ask, cache_key, image_digests, prompt_of
 
 
 def _item_key(t, j: int) -> tuple:
@@ -75,3 +77,109 @@ class Mllm:
 
     def blind(self) -> Mllm:
         return Mllm(self.backend, self.build, self.cache, self.cfg, with_image=False)
+
+
+# --------------------------------------------------------------------------- the MLLM run
+@dataclass(frozen=True)
+class MllmSpec:
+    """One MLLM run (kind ``mllm``): ``backend`` asked ``probe``'s questions of ``build`` as
+    ``cfg`` says, its answers kept in ``cache``. The backend, build and cache are live objects
+    (one backend serves every probe); the run's identity is its record's (model identity,
+    decoding, template, build fingerprint and ``cfg``)."""
+
+    kind: ClassVar[str] = "mllm"
+
+    backend: Any
+    build: Any
+    probe: str
+    cfg: AskConfig
+    cache: Any
+    progress: Any = None  # callback(done, total) over the answers not yet cached
+
+
+def mllm_record(spec: MllmSpec, volume: bool, template: str):
+    """The :class:`~..runs.record.RunRecord` of an MLLM run as known before asking."""
+    from spar_bench.provenance import VQA_PACKAGES, package_versions, protocol_versions
+
+    from ..runs.record import RunRecord
+    from ..tasks import get_probe
+    from .ask import head_name, variant_of
+
+    b, build, cfg = spec.backend, spec.build, spec.cfg
+    inputs = {"model_identity": b.identity, "decoding": b.decoding, "template_version": template}
+    return RunRecord(kind="mllm", probe=spec.probe, head=head_name(b, cfg, volume), seed=cfg.seed,
+                     variant=variant_of(b, cfg), model=b.name, build=Path(build.root).resolve().name,
+                     build_fingerprint=build.fingerprint, inputs=inputs, options=cfg.to_dict(volume),
+                     versions=package_versions(VQA_PACKAGES), protocol=protocol_versions(build.manifest),
+                     extra={"track": "vqa", "mode": b.mode, "probe_spec": get_probe(spec.probe).describe(),
+                            "random_init": bool(b.random_init)})  # fmt: skip
+
+
+@dataclass
+class MllmJob:
+    """Kind ``mllm``: every question of the probe asked with every control (CircularEval
+    rotations, blind, mirrored and flipped copies) through the response cache, scored
+    (:func:`.score.score_run`), answers in ``answers.jsonl``."""
+
+    spec: MllmSpec
+    qs: Questions
+    rd: Path
+    record: Any
+    declared: frozenset[str] = frozenset({"answers.jsonl"})
+    asked: Any = None
+
+    @classmethod
+    def open(cls, spec: MllmSpec, out, options) -> MllmJob | None:
+        """None when the build has no question of ``spec.probe`` on the asked splits."""
+        from ..tasks import get_probe
+        from .ask import run_dir
+        from .prompts import template_version, volume_template_version
+
+        probe = get_probe(spec.probe)
+        qs = load_questions(spec.build, probe, list(spec.cfg.splits))
+        if not qs.original.any():
+            return None
+        short = spec.probe.split(".", 1)[1]
+        volume = qs.volume is not None
+        template = volume_template_version(short) if volume else template_version(short)
+        return cls(spec, qs, run_dir(spec.backend, spec.probe, out, spec.cfg), mllm_record(spec, volume, template))
+
+    def start(self) -> None:
+        from ..runs.store import check_run_dir
+
+        check_run_dir(self.rd, self.declared, "MLLM run folder")
+
+    def fit(self):
+        """Ask every item (nothing is trained): ``(items, replies, keys, digests)``."""
+        from .ask import ask, cache_key, plan
+
+        s, qs = self.spec, self.qs
+        items = plan(qs, s.cfg)
+        digests = image_digests(s.build, qs, items)
+        keys = [cache_key(s.backend, qs, it, s.cfg, digests.get(it.q)) for it in items]
+        return items, ask(s.backend, s.cache, s.build, qs, items, keys, s.cfg, s.progress), keys, digests
+
+    def score(self, asked):
+        from ..runs.evaluate import run_metrics
+        from ..runs.spec import PredictorSpec
+        from .ask import ANSWERS_FILE, asked_splits
+        from .cache import key_hash
+        from .questions import train_targets
+        from .score import score_run
+
+        s, qs, rec = self.spec, self.qs, self.record
+        items, replies, keys, digests = asked
+        records = answer_records(qs, items, replies, s.backend, digests, s.cfg.volume_as)
+        train = train_targets(s.build, qs.spec)
+        scored = score_run(qs, records, train, s.cfg.seed, s.cfg.n_boot, rec.head)
+        metrics = run_metrics(PredictorSpec(s.probe, rec.head, s.cfg.seed, n_boot=s.cfg.n_boot),
+                              asked_splits(qs, train), scored, encoder=s.backend.name,
+                              random_init=s.backend.random_init, variant=rec.variant, train=None, training=None,
+                              manifest=s.build.manifest, track="vqa")  # fmt: skip
+        distinct = len({key_hash(k) for k in keys})
+        metrics.update({"splits": sorted({str(x) for x in qs.split}), "mode": s.backend.mode,
+                        "template_version": items[0].prompt.version,
+                        "requests": {"answers": len(items), "distinct": distinct,
+                                     "deduplicated": len(items) - distinct}})  # fmt: skip
+        text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in records)
+        return metrics, rec, {ANSWERS_FILE: (lambda p: p.write_text(text, encoding="utf-8"), True)}

@@ -1,4 +1,7 @@
-"""Ask a model every Level 3 (Level 4) question of a build, score it like a probe head, write the run.
+"""Asking: the requests of a probe's questions (every control), their prompts, cache keys and
+replies, and the answer records; the run itself is :class:`.predictor.MllmJob` (kind ``mllm``).
+
+Ask a model every Level 3 (Level 4) question of a build, score it like a probe head, write the run.
 
 One run = one (model, probe, answering mode) on the chosen splits. Its folder
 ``OUT/<model-slug>/<probe>/<head>[,<key>=<value>...]/seed<k>/`` (``head`` = ``vqa-loglik``,
@@ -33,7 +36,6 @@ the prompt alone), so byte-identical blind prompts are asked once per run and ca
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,20 +44,9 @@ from typing import Any
 import numpy as np
 
 from spar_bench.errors import ConfigError
-from spar_bench.provenance import protocol_versions
 
-from ..runs.evaluate import run_metrics
 from ..runs.inputs import Splits
-from ..runs.spec import PredictorSpec
-from ..runs.store import (
-    METRICS_FILE,
-    finished_with,
-    fresh_run_dir,
-    run_folder,
-    variant_text,
-    write_config,
-    write_metrics,
-)
+from ..runs.store import run_folder, variant_text
 from .base import Backend, BackendOptions, PartialAnswers, Reply, Request, to_pil
 from .cache import ResponseCache, key_hash
 from .parse import parse_answer
@@ -64,18 +55,12 @@ from .prompts import (
     render,
     render_volume,
     rotations,
-    template_version,
-    volume_template_version,
 )
-from .questions import Questions, load_questions, train_targets
-from .score import score_run
+from .questions import Questions
 from .volume import Shown, show
 
-#: config.json fields a finished run must share with a run that would write its folder.
-IDENTITY_FIELDS = ("model_identity", "decoding", "template_version", "splits", "convention_hint",
-                   "circular", "blind", "image_size", "dataset_fingerprint", "volume_as")
 DEFAULT_MAX_NEW_TOKENS = BackendOptions().max_new_tokens
-RUN_FILES = frozenset({"config.json", "answers.jsonl", METRICS_FILE, METRICS_FILE + ".tmp"})
+ANSWERS_FILE = "answers.jsonl"
 
 
 @dataclass(frozen=True)
@@ -147,34 +132,6 @@ def run_dir(backend: Backend, probe: str, out: str | Path, cfg: AskConfig) -> Pa
     """``OUT/<model>/<probe>/<head>[,variant]/seed<k>``."""
     return run_folder(out, backend.name, probe, head_name(backend, cfg, probe_is_volume(probe)),
                       variant_of(backend, cfg), cfg.seed)
-
-
-def run_identity(backend: Backend, build, probe: str, cfg: AskConfig) -> dict[str, Any]:
-    """The :data:`IDENTITY_FIELDS` of a run of ``probe`` (``level3.<name>``), as config.json has them
-    (``volume_as`` None for a probe of slices: a Level 3 config.json has none)."""
-    volume = probe_is_volume(probe)
-    short = probe.split(".", 1)[1]
-    d = {"model_identity": backend.identity, "decoding": backend.decoding,
-         "template_version": volume_template_version(short) if volume else template_version(short),
-         "volume_as": None, **cfg.to_dict(volume), "dataset_fingerprint": build.fingerprint}
-    return json.loads(json.dumps({k: d[k] for k in IDENTITY_FIELDS}))
-
-
-def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"decoding": {"guided": x}}`` -> ``{"decoding.guided": x}`` (a refusal names the leaf)."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and v:
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
-def check_finished(rd: Path, identity: dict[str, Any]) -> None:
-    """A finished run in ``rd`` made with another :func:`run_identity` is refused in one line
-    (its answers are not this run's; replacing it would lose them)."""
-    finished_with(rd, lambda c: _flat({k: c.get(k) for k in IDENTITY_FIELDS}), _flat(identity), "delete that folder")
 
 
 def plan(qs: Questions, cfg: AskConfig) -> list[Item]:
@@ -346,28 +303,6 @@ def answer_records(qs: Questions, items: list[Item], replies: list[Reply], backe
     return out
 
 
-# --------------------------------------------------------------------------- run folder
-def owned_vqa_run(rd: Path) -> set[str] | None:
-    """The files of an earlier MLLM run in ``rd``, or None when ``rd`` is not one."""
-    try:
-        config = json.loads((Path(rd) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(config, dict) or config.get("track") != "vqa":
-        return None
-    return set(RUN_FILES)
-
-
-def write_run(rd: Path, config: dict, records: list[dict], metrics: dict) -> None:
-    """config.json, answers.jsonl, then metrics.json last (a finished run)."""
-    fresh_run_dir(rd, owned_vqa_run, "MLLM run folder")
-    write_config(rd, config)
-    with open(rd / "answers.jsonl", "w", encoding="utf-8") as fh:
-        for r in records:
-            fh.write(json.dumps(r, sort_keys=True) + "\n")
-    write_metrics(rd, metrics)
-
-
 def asked_splits(qs: Questions, train) -> Splits:
     """The questions asked as a run's :class:`~..runs.inputs.Splits`: the original questions are
     ``te``, the mirrored ones ``te_mirror``; ``tr`` the build's training questions (the prior and
@@ -385,39 +320,3 @@ def versions() -> dict[str, str | None]:
     return package_versions(VQA_PACKAGES)
 
 
-def run_probe(backend: Backend, build, probe: str, out: str | Path, cfg: AskConfig,
-              cache: ResponseCache, progress=None) -> Path | None:
-    """Ask, score and write one probe (``level3.<name>``, ``level4.<name>``); None when the build
-    has no such question."""
-    from ..tasks import get_probe
-
-    spec = get_probe(probe)
-    qs = load_questions(build, spec, list(cfg.splits))
-    if not qs.original.any():
-        return None
-    rd = run_dir(backend, probe, out, cfg)
-    check_finished(rd, run_identity(backend, build, probe, cfg))
-    items = plan(qs, cfg)
-    digests = image_digests(build, qs, items)
-    keys = [cache_key(backend, qs, it, cfg, digests.get(it.q)) for it in items]
-    replies = ask(backend, cache, build, qs, items, keys, cfg, progress)
-    records = answer_records(qs, items, replies, backend, digests, cfg.volume_as)
-    head, variant = head_name(backend, cfg, qs.volume is not None), variant_of(backend, cfg)
-    distinct = len({key_hash(k) for k in keys})
-    train = train_targets(build, spec)
-    scored = score_run(qs, records, train, cfg.seed, cfg.n_boot, head)
-    metrics = run_metrics(PredictorSpec(probe, head, cfg.seed, n_boot=cfg.n_boot), asked_splits(qs, train), scored,
-                          encoder=backend.name, random_init=backend.random_init, variant=variant, train=None,
-                          training=None, manifest=build.manifest, track="vqa")  # fmt: skip
-    metrics.update({"splits": sorted({str(s) for s in qs.split}), "mode": backend.mode,
-                    "template_version": items[0].prompt.version,
-                    "requests": {"answers": len(items), "distinct": distinct, "deduplicated": len(items) - distinct}})
-    config = {"track": "vqa", "probe": probe, "head": head, "variant": variant, "seed": cfg.seed,
-              "model": backend.name, "model_identity": backend.identity,
-              "decoding": backend.decoding, "mode": backend.mode, **cfg.to_dict(qs.volume is not None),
-              "template_version": items[0].prompt.version, "probe_spec": spec.describe(),
-              "dataset": Path(build.root).resolve().name,
-              "dataset_fingerprint": build.fingerprint, **protocol_versions(build.manifest),
-              "versions": versions()}
-    write_run(rd, config, records, metrics)
-    return rd

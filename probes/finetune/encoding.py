@@ -1,4 +1,9 @@
-"""``spar-probe finetune``: train an encoder and a probe head end to end on a build's images.
+"""A finetune run's encoder: loading it trainable, naming its runs, sizing its head, and re-encoding
+a build with a finished run's encoder (transfer evaluation).
+
+The run itself is :class:`.predictor.FinetuneJob` (kind ``finetune``); what follows describes it.
+
+``spar-probe finetune``: train an encoder and a probe head end to end on a build's images.
 
 One run = one (encoder, init, build, probe, head + options, seed). Its folder
 ``OUT/<encoder>-<finetuned|scratch>-<build>/<probe>/<head>[,<options>]/seed<k>/`` (the
@@ -22,34 +27,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-import click
 import numpy as np
 
 from spar_bench.errors import ConfigError
-from spar_bench.provenance import protocol_versions
 
-from ..runs.inputs import build_splits
-from ..runs.store import (
-    finished_with,
-    fresh_run_dir,
-    run_folder,
-    save_head,
-    variant_text,
-    write_config,
-    write_metrics,
-)
-from .config import NOT_NAMED, FinetuneConfig, FinetuneSpec
-from .loop import BEST, CHECKPOINT, Split, Trainer, load_saved, run_key
-from .model import EXPORT_FILE, export_encoder, freeze_blocks, load_trainable
-from .predictor import FinetunedEncoder
+from ..runs.store import variant_text
+from .config import FinetuneConfig
+from .loop import Split, load_saved
+from .model import EXPORT_FILE, freeze_blocks, load_trainable
 
-TIMING_FILE = "timing.json"  # the measured training throughput (a time: never in metrics.json)
-RUN_FILES = frozenset({"config.json", "head.pt", "metrics.json", "metrics.json.tmp", TIMING_FILE, EXPORT_FILE,
-                       EXPORT_FILE + ".tmp", CHECKPOINT, CHECKPOINT + ".tmp", BEST, BEST + ".tmp"})
 MODES = {"weights": "finetuned", "scratch": "scratch"}
-#: ``config.json`` fields that, with the head's and the training options, identify a run.
-IDENTITY = ("encoder", "init", "weights", "model_args", "dataset_fingerprint", "probe", "head", "seed",
-            "head_input", "compute_dtype", "train_mirrors", "controls", "n_bootstrap")
 
 
 def run_slug(encoder: str, init: str, build_root: str | Path) -> str:
@@ -76,18 +63,6 @@ def training_record(init: str, build, weights_record: dict) -> dict[str, Any]:
     return {"mode": MODES[init], "build": name, "build_fingerprint": build.fingerprint,
             "label": f"{what} on build {name}",
             "init_weights": {k: v for k, v in weights_record.items() if k != "path"}}
-
-
-def owned_finetune_run(rd: Path) -> set[str] | None:
-    """The files of a finetune run (finished or not) in ``rd``, or None. A run stopped before
-    its first checkpoint (killed, or a full disk between a save and its rename) leaves only
-    ``best.pt``, ``best.pt.tmp`` or ``checkpoint.pt.tmp``: that is a run too."""
-    rd = Path(rd)
-    names = {p.name for p in rd.iterdir()} if rd.is_dir() else set()
-    first_saves = {BEST, BEST + ".tmp", CHECKPOINT + ".tmp"}
-    if (rd / CHECKPOINT).is_file() or (rd / "config.json").is_file() or (names and names <= first_saves):
-        return set(RUN_FILES) | {p.name for p in rd.glob("eval-*.json")}
-    return None
 
 
 def new_head(encoding, head: str, spec, kind: str, seed: int, head_cfg: dict, tr: Split,
@@ -165,140 +140,6 @@ def finetune_variant(cfg: FinetuneConfig, head: str, head_cfg: dict, train_mirro
     return variant_text({**changed, **({"train_mirrors": True} if train_mirrors else {})})
 
 
-def run_identity(config: dict) -> dict:
-    """What makes two finetune runs the same run, from a ``config.json``: :data:`IDENTITY`, the
-    head's options and the training options (not where it ran: ``config.NOT_NAMED``)."""
-    named = {k: v for k, v in (config.get("finetune_config") or {}).items() if k not in NOT_NAMED}
-    return {**{k: config.get(k) for k in IDENTITY}, **(config.get("head_config") or {}), **named}
-
-
-def _check_finished(rd: Path, config: dict) -> None:
-    """``rd`` holds a finished run: refuse it (one line) unless it is this run, same options."""
-    from spar_bench.provenance import json_safe
-
-    want = json.loads(json.dumps(json_safe(run_identity(config)), default=str))
-    finished_with(rd, run_identity, want, "pass --overwrite")
-
-
-def _prepare_run_dir(rd: Path, config: dict, resume: bool, overwrite: bool) -> bool:
-    """A fresh run folder, or the checkpointed one with ``resume``; never a foreign folder.
-    True: ``rd`` holds this run, finished with the same options (nothing to train).
-
-    A finished run is replaced only with ``--overwrite``: one with other options is refused,
-    naming what differs; an interrupted one is continued with ``--resume``.
-    """
-    from spar_bench.outputs import check_target
-
-    check_target(rd)
-    if (rd / "metrics.json").is_file() and not overwrite:
-        _check_finished(rd, config)
-        return True
-    started = (rd / CHECKPOINT).is_file() and not (rd / "metrics.json").is_file()
-    if started and resume:
-        return False
-    if started and not overwrite:
-        raise ConfigError(f"{rd}: holds an interrupted run; pass --resume to continue it, or --overwrite")
-    fresh_run_dir(rd, owned_finetune_run, "finetune run folder")
-    return False
-
-
-def run_finetune(fs: FinetuneSpec, out: str | Path, *, resume: bool = False, overwrite: bool = False,
-                 progress: bool = True) -> Path:
-    """Train ``fs.encoder`` + ``fs.head`` on ``fs.probe`` of build ``fs.data``; score; write the run folder."""
-    from spar_bench.builder.shards import Build
-
-    from ..encoders import check_encoder_name
-    from ..heads import head_input
-    from ..runs.evaluate import evaluate, run_metrics
-
-    check_encoder_name(fs.encoder)  # names first: a typo is named before any file is read
-    hrun, kind = fs.head_run(), head_input(fs.head)  # the head's run: the build's images are its features
-    build = Build(fs.data)
-    splits = build_splits(build, hrun)
-    encoding, precision = load_encoding(fs.encoder, build, fs.seed, fs.cfg, weights=fs.weights, init=fs.init,
-                                        model_kwargs=fs.model_kwargs, revision=fs.revision)  # fmt: skip
-    check_encoder_reads(encoding.enc.spec, hrun.spec, fs.data)
-    encoder = published_encoder(fs.encoder, encoding.enc.spec)  # no local path in the folder name or any record
-    variant = finetune_variant(fs.cfg, fs.head, fs.head_cfg, fs.train_mirrors)
-    rd = run_folder(out, run_slug(encoder, fs.init, fs.data), fs.probe, fs.head, variant, fs.seed)
-    model, in_dim, n_tokens = new_head(encoding, fs.head, hrun.spec, kind, fs.seed, fs.head_cfg,
-                                       Split(splits.tr, hrun.spec.level, "train"), fs.init == "scratch")  # fmt: skip
-    training = training_record(fs.init, build, encoding.enc.spec.weights)
-    config = _config(fs, encoder, encoding.enc.spec, build, kind, model, (in_dim, n_tokens), precision, training)
-    config.update(variant=variant, run={**hrun.to_dict(), "features": Path(str(fs.data)).name})  # names only, as fit's
-    if _prepare_run_dir(rd, config, resume, overwrite):
-        click.echo(f"{rd}: finished earlier with these options; kept (--overwrite trains it again)", err=True)
-        return rd
-    key = run_key(encoder=encoder, weights=encoding.enc.spec.weights, init=fs.init, model_kwargs=fs.model_kwargs,
-                  build=build.fingerprint, probe=fs.probe, head=fs.head, head_cfg=fs.head_cfg, seed=fs.seed,
-                  cfg=fs.cfg.to_dict(), compute=precision.dtype, train_mirrors=fs.train_mirrors)  # fmt: skip
-    trainer = Trainer(encoding, model, kind, fs.seed, rd, key, progress)
-    predictor = FinetunedEncoder(hrun, encoding, model, kind, (in_dim, n_tokens), trainer, splits.val_split, resume)
-    result = predictor.fit(splits.tr, splits.va)
-    prior = hrun.spec.fit_prior(splits.tr)
-    scored = evaluate(hrun, predictor, splits, prior)
-    metrics = run_metrics(hrun, splits, scored, encoder=rd.parent.parent.parent.name, variant=variant,
-                          layer=fs.cfg.layer, train=_train_record(result, fs.cfg.patience), training=training,
-                          manifest=build.manifest)  # fmt: skip
-    timing = {"images": result.images, "seconds": result.seconds,
-              "images_per_s": result.images / max(result.seconds, 1e-9)}
-    _write(rd, encoding.enc, model, config, metrics, prior, timing)
-    return rd
-
-
-def _train_record(result, patience: int) -> dict[str, Any]:
-    """``metrics.json``'s ``train`` of a finetune run: the head runs' fields, the loss curves,
-    and optimizer steps (the measured throughput is in ``timing.json``: a time differs between any
-    two runs, and metrics.json is byte-identical for the same inputs and seed)."""
-    from ..train import stopped_by
-
-    epochs = len(result.hist_tr)
-    return {"epochs_run": epochs, "best_epoch": result.best_epoch, "best_val_loss": result.best_val,
-            "stopped_by": stopped_by(epochs, result.best_epoch, patience), "train_loss": result.hist_tr,
-            "val_loss": result.hist_va, "optimizer_steps": result.opt_steps}
-
-
-def _config(fs: FinetuneSpec, encoder: str, enc_spec, build, kind: str, model, dims: tuple[int, int],
-            precision, training: dict) -> dict:
-    """What a finetune run's ``config.json`` records (no local path)."""
-    from spar_bench.provenance import CACHE_PACKAGES, package_versions
-    from spar_bench.seeding import derive_seed
-
-    from ..encoders.base import published_weights
-
-    seed = fs.seed
-    return {
-        "command": "finetune", "probe": fs.probe, "head": fs.head, "seed": seed,
-        "seeds": {"torch": seed, "init": seed if fs.init == "scratch" else None,
-                  "bootstrap": [derive_seed(seed, "bootstrap", fs.probe, fs.head, "test")]},
-        "layer": fs.cfg.layer, "encoder": encoder, "init": fs.init, "weights": published_weights(enc_spec.weights),
-        "model_args": fs.model_kwargs or {}, "random_init": False,
-        "encoder_config": {**enc_spec.to_dict(), "weights": published_weights(enc_spec.weights)},
-        "training": training, "dataset_dir": Path(build.root).resolve().name,
-        "dataset_fingerprint": build.fingerprint, "head_input": kind,
-        "head_config": getattr(model, "cfg", {}), "in_dim": dims[0], "n_tokens": dims[1],
-        "finetune_config": fs.cfg.to_dict(), "compute_dtype": precision.dtype,
-        "compute_reason": precision.reason, "train_config": fs.cfg.train_config().to_dict(),
-        "train_mirrors": fs.train_mirrors, "controls": fs.controls, "n_bootstrap": fs.n_boot,
-        **protocol_versions(build.manifest), "versions": package_versions(CACHE_PACKAGES),
-    }  # fmt: skip
-
-
-def _write(rd: Path, enc, model, config: dict, metrics: dict, prior: dict | None, timing: dict) -> None:
-    """encoder.safetensors, head.pt, config.json, then metrics.json last (it marks a finished
-    run); the checkpoints go once the run is complete."""
-    meta = {"encoder": config["encoder"], "encoder_config": config["encoder_config"],
-            "model_args": config["model_args"], "training": config["training"],
-            "run": {"probe": config["probe"], "head": config["head"], "seed": config["seed"]}}
-    export_encoder(enc, rd / EXPORT_FILE, meta)
-    save_head(rd, model, config, prior)
-    write_config(rd, config)
-    (rd / TIMING_FILE).write_text(json.dumps(timing, indent=2) + "\n")
-    write_metrics(rd, metrics)
-    for name in (CHECKPOINT, BEST):
-        (rd / name).unlink(missing_ok=True)
-
-
 def parse_model_args(text: str | None) -> dict[str, Any] | None:
     """``--model-args '{"depth": 4}'`` (JSON object) for ``timm.create_model``."""
     if not text:
@@ -351,6 +192,7 @@ def run_eval_reencoded(run: str | Path, data: str | Path, n_boot: int = 1000, de
     from ..heads import build_head
     from ..runs.evaluate import transfer
     from ..runs.inputs import BuildKeys
+    from ..runs.record import RunRecord
     from ..runs.store import kept_eval, run_path, write_eval
     from ..targets import concat, load_targets
     from ..tasks import get_probe
@@ -361,7 +203,7 @@ def run_eval_reencoded(run: str | Path, data: str | Path, n_boot: int = 1000, de
     if not (rd / EXPORT_FILE).is_file() or not (rd / "metrics.json").is_file():
         raise ConfigError(f"{rd}: not a finished finetune run (needs {EXPORT_FILE} and metrics.json)")
     saved = load_saved(rd / "head.pt", "head", "train the run again (finetune --overwrite)")
-    c = saved["config"]
+    c = config_view(RunRecord.from_dict(saved["config"], rd / "head.pt"))
     spec = get_probe(c["probe"])
     head = build_head(c["head"], spec, c["in_dim"], c["n_tokens"], **c["head_config"])
     head.load_state_dict(saved["state_dict"])
@@ -392,6 +234,15 @@ def run_eval_reencoded(run: str | Path, data: str | Path, n_boot: int = 1000, de
               "random_init": False, "training": run_metrics.get("training"), "splits": splits,
               "probe": spec.name, "head": c["head"], "seed": c["seed"], "n_bootstrap": n_boot, **scored}
     return write_eval(out, result)
+
+
+def config_view(rec) -> dict[str, Any]:
+    """A finetune run's record as the flat fields its encoder and head are rebuilt from
+    (``encoder``, ``model_args``, ``probe``, ``head``, ``seed``, ``head_input``, ``in_dim``,
+    ``n_tokens``, ``head_config``, ``finetune_config``), for a record or an older config."""
+    model_args = rec.inputs.get("model_args", rec.extra.get("model_args"))
+    return {**rec.extra, "encoder": rec.model, "model_args": model_args or {}, "probe": rec.probe,
+            "head": rec.head, "seed": rec.seed}
 
 
 def encoding_of(enc, build, cfg: FinetuneConfig):
