@@ -6,7 +6,9 @@ package is imported only when a run of it is made).
 :class:`~spar_bench.probes.runs.session.Job`) or is a predictor made from a build
 (``on_build(probe_spec, build)``) with ``fit``, ``predict`` and ``blind``
 (:class:`~spar_bench.probes.runs.predictors.Predictor`), run on the build's splits with every
-control. A new kind is one class and one line here (or ``PREDICTORS.register`` from a plug-in).
+control. A new kind is one class and one line here; a plug-in package registers its own under
+the entry-point group :data:`ENTRY_POINT_GROUP` (``name = "module:Class"``), or calls
+``PREDICTORS.register`` itself.
 """
 
 from __future__ import annotations
@@ -19,3 +21,21 @@ PREDICTORS.register_lazy("finetune", "spar_bench.probes.finetune.predictor:Finet
 PREDICTORS.register_lazy("mllm", "spar_bench.probes.vqa.predictor:MllmJob")
 PREDICTORS.register_lazy("prior", "spar_bench.probes.runs.predictors:ConstantPrior")
 PREDICTORS.register_lazy("oracle", "spar_bench.probes.runs.mask_oracle:MaskOracle")
+
+#: the entry-point group of run kinds that other packages provide
+ENTRY_POINT_GROUP = "spar_bench.run_kinds"
+_entry_points_loaded = False
+
+
+def run_kind(name: str):
+    """The class of run kind ``name`` (registered here or by a plug-in's entry point); an unknown
+    name is one line with "did you mean"."""
+    global _entry_points_loaded
+    if not _entry_points_loaded:
+        from importlib.metadata import entry_points
+
+        _entry_points_loaded = True
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            if ep.name not in PREDICTORS:
+                PREDICTORS.register_lazy(ep.name, ep.value, source=f"entry point {ep.value}")
+    return PREDICTORS.get(name)

@@ -315,7 +315,7 @@ def test_a_random_3d_encoder_sits_at_its_blind_baseline(phantom4: Path, ts_model
         assert run_cmd(cli, ["fit", "--features", cache, "--data", phantom4, "--probe", probe, "--head", head,
                              "--layer", layer, "--out", runs, "--bootstrap", 200]) == 0
     (head_pt,) = runs.glob(f"*/{probe}/attnpool*/seed0/head.pt")
-    assert torch.load(head_pt, weights_only=False)["config"]["head_config"]["token_grid"] == [0, 4, 4, 4]
+    assert torch.load(head_pt, weights_only=False)["config"]["extra"]["head_config"]["token_grid"] == [0, 4, 4, 4]
     found = [_metrics(runs, probe, head) for head in ("linear", "attnpool")]
     for m in found:
         assert m["random_init"] is False and m["n_items"]["test"] >= 16  # a TorchScript file: its own weights
@@ -337,7 +337,7 @@ def test_finetune_from_scratch_of_a_3d_encoder(phantom4: Path, tmp_path: Path) -
             "--batch-size", 4, "--device", "cpu", "--compute", "fp32", "--bootstrap", 20]
     assert run_cmd(cli, args) == 0
     (rd,) = runs.glob(f"*/{probe}/*/seed0")
-    config = json.loads((rd / "config.json").read_text())
+    config = json.loads((rd / "config.json").read_text())["extra"]
     assert config["head_config"]["token_grid"] == [0, 2, 2, 2] and config["n_tokens"] == 8
     assert "blind" in json.loads((rd / "metrics.json").read_text())["controls"]
     out = write_cache("monai:vit", phantom4, tmp_path / "ft.h5",

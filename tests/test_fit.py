@@ -46,9 +46,9 @@ def test_fit_cli_writes_run_and_rerun_is_identical(pipeline, tmp_path):
     assert rd.parts[-2] == "mlp,max_epochs=4"  # options that differ from the defaults name the run
     assert {"config.json", "metrics.json", "head.pt"} <= {p.name for p in rd.iterdir()}
     cfg = json.loads((rd / "config.json").read_text())
-    assert cfg["random_init"] is True and cfg["seed"] == 0
+    assert cfg["inputs"]["random_init"] is True and cfg["seed"] == 0 and cfg["kind"] == "head"
     assert {"torch", "numpy", "spar-bench"} <= set(cfg["versions"])
-    assert len(cfg["cache_fingerprint"]) == 64
+    assert len(cfg["inputs"]["cache_fingerprint"]) == 64
     m = json.loads((rd / "metrics.json").read_text())
     assert 0.0 <= m["test"]["accuracy"] <= 1.0
     lo, hi = m["test"]["ci"]["accuracy"]
@@ -118,7 +118,7 @@ def test_no_val_split_holds_out_patients_and_eval_transfers(pipeline, tmp_path, 
         text = (rd / name).read_text()
         assert str(pipeline["root"]) not in text and "/tmp" not in text and str(tmp_path) not in text
     cfg = json.loads((rd / "config.json").read_text())
-    assert cfg["features"] == "dummy-noval.h5" and cfg["dataset_dir"] == "shards"
+    assert cfg["inputs"]["features"] == "dummy-noval.h5" and cfg["build"] == "shards"
     e = json.loads((rd / "eval-dummy.json").read_text())
     assert e["features"] == "dummy.h5" and e["run"] == "/".join(rd.parts[-4:])
     assert e["test"]["accuracy"] == pytest.approx(m["test"]["accuracy"])
@@ -159,10 +159,10 @@ def test_sweep_grid_reproduces_fit_with_non_default_options_byte_for_byte(pipeli
     for f in ("metrics.json", "config.json"):
         assert (fit_rd / f).read_bytes() == (sweep_rd / f).read_bytes(), f
     cfg = json.loads((fit_rd / "config.json").read_text())
-    assert cfg["run"]["head_options"] == {"d_model": 32, "dropout": 0.0, "n_layers": 1, "proj_dim": 16}
-    assert cfg["head_config"]["d_model"] == 32 and cfg["head_config"]["n_heads"] == 4
-    assert cfg["train_config"]["lr"] == 3e-3 and cfg["train_config"]["weight_decay"] == 0
-    assert cfg["run"]["train_mirrors"] is True
+    assert cfg["options"]["head_options"] == {"d_model": 32, "dropout": 0.0, "n_layers": 1, "proj_dim": 16}
+    assert cfg["extra"]["head_config"]["d_model"] == 32 and cfg["extra"]["head_config"]["n_heads"] == 4
+    assert cfg["options"]["train"]["lr"] == 3e-3 and cfg["options"]["train"]["weight_decay"] == 0
+    assert cfg["options"]["train_mirrors"] is True
     # the grid's other point and the mlp (dropout applies, token-head sizes do not) ran too
     runs = sorted(p.parent.parent.name for p in (tmp_path / "sweep").rglob("metrics.json"))
     assert len(runs) == 4 and name.replace("lr=0.003", "lr=0.01") in runs

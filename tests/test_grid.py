@@ -80,7 +80,7 @@ def test_grid_prune_writes_every_run_and_keeps_one_point_per_seed(pipeline, tmp_
                                         and "pruned_reason" in m["train"] for m in pruned)  # fmt: skip
         assert kept["train"]["epochs_run"] > 1
         assert all(kept["train"]["best_val_loss"] <= m["train"]["best_val_loss"] for m in pruned)
-        cfg = json.loads((Path(kept["_dir"]) / "config.json").read_text())
+        cfg = json.loads((Path(kept["_dir"]) / "config.json").read_text())["extra"]
         assert cfg["batch"]["grid_prune"]["after_epoch"] == 1
         assert sorted(cfg["batch"]["grid_prune"]["pruned"]) == sorted(
             Path(m["_dir"]).relative_to(out).as_posix() for m in ms if m["train"].get("pruned_at"))

@@ -102,9 +102,9 @@ def test_build_and_runs_record_the_preset(tmp_path, pipeline):
                                "--lr", "0.01", "--preset", "paper"]) == 0
     (cfg_path,) = runs.rglob("config.json")
     cfg = json.loads(cfg_path.read_text())
-    assert cfg["run"]["preset"] == "paper" and cfg["run"]["preset_overridden"] == ["lr", "seeds"]
-    assert cfg["train_config"]["lr"] == 0.01 and cfg["train_config"]["patience"] == 8
-    assert cfg["protocol_version"] == PROTOCOL_VERSION
+    assert cfg["options"]["preset"] == "paper" and cfg["options"]["preset_overridden"] == ["lr", "seeds"]
+    assert cfg["options"]["train"]["lr"] == 0.01 and cfg["options"]["train"]["patience"] == 8
+    assert cfg["protocol"]["protocol_version"] == PROTOCOL_VERSION
     assert cfg_path.parent.name == "seed0" and cfg_path.parent.parent.name == "linear,lr=0.01,max_epochs=2"
 
 

@@ -50,11 +50,11 @@ if HANG == "case":
 
     PhantomSource.load = lambda self, ref: mark_and_hang("case")
 elif HANG == "run":
-    from spar_bench.probes.runs import session, store
+    from spar_bench.probes.runs import session
 
-    def write_config_and_hang(rd, config, *rest, **kw):  # session.write_run: config.json, then hang
+    def write_config_and_hang(rd, record, *rest, **kw):  # session.write_run: config.json, then hang
         rd.mkdir(parents=True, exist_ok=True)
-        store.write_config(rd, config)
+        record.write(rd)
         mark_and_hang("run")
 
     session.write_run = write_config_and_hang

@@ -113,7 +113,8 @@ def test_fit_report_over_a_per_tile_cache(pipeline, tiled, tmp_path, capsys) -> 
     rds = sorted(runs.glob("*/*/*/seed0"))
     assert len(rds) == 4 and {rd.parts[-4] for rd in rds} == {"dummy-per-tile-random-init"}
     for rd in rds:
-        cfg = json.loads((rd / "config.json").read_text())
+        rec = json.loads((rd / "config.json").read_text())
+        cfg = {**rec["extra"], "head": rec["head"]}
         m = json.loads((rd / "metrics.json").read_text())
         assert m["encoder"] == "dummy-per-tile-random-init"
         if cfg["head"] == "mlp":

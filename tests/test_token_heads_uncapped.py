@@ -80,8 +80,9 @@ def test_fit_and_eval_without_pca_end_to_end(pipeline, tmp_path) -> None:
             "level1.localisation", "--proj-dim", "none", "--max-epochs", 2, "--bootstrap", 10, "--no-controls"]
     assert run_cmd(cli, args) == 0
     (rd,) = list(out.glob("*/level1.localisation/transformer,max_epochs=2,proj_dim=none/seed0"))
-    cfg = json.loads((rd / "config.json").read_text())
-    assert cfg["head_config"]["proj_dim"] == "none" and cfg["run"]["head_options"] == {"proj_dim": "none"}
+    rec = json.loads((rd / "config.json").read_text())
+    cfg = rec["extra"]
+    assert cfg["head_config"]["proj_dim"] == "none" and rec["options"]["head_options"] == {"proj_dim": "none"}
     state = torch.load(rd / "head.pt", weights_only=True)["state_dict"]
     assert state["proj_w"].shape == (cfg["in_dim"], cfg["in_dim"])  # every channel reaches the head
     assert state["embed.weight"].shape[1] == cfg["in_dim"]
@@ -101,8 +102,8 @@ def test_a_run_finished_under_the_old_token_cap_is_refused(pipeline, tmp_path, c
     capsys.readouterr()
     assert sweep() == 0 and "0 run(s) done" in capsys.readouterr().out  # same options: skipped
     cfg = json.loads(cfg_file.read_text())
-    assert cfg["run"]["train"]["max_epochs"] == DEFAULT_MAX_EPOCHS
-    cfg["run"]["train"]["max_epochs"] = None  # as 0.2 wrote it
+    assert cfg["options"]["train"]["max_epochs"] == DEFAULT_MAX_EPOCHS
+    cfg["options"]["train"]["max_epochs"] = None  # as 0.2 wrote it
     cfg_file.write_text(json.dumps(cfg))
     assert sweep() == 2
     err = capsys.readouterr().err.strip()

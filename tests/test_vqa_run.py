@@ -68,7 +68,8 @@ def test_dummy_run_folder_scores_and_controls(env):
     assert m["controls"]["prior"]["n"] == m["test"]["n"]  # the spec's input-free optimum
     assert m["controls"]["blind"]["n"] == m["test"]["n"] and m["mirror"]["n"] > 0
     assert m["circular"]["n_rotations"] == 2 and m["circular"]["strict"] <= m["circular"]["mean"]
-    assert cfg["template_version"] == "relative_position@2" and cfg["convention_hint"] is True
+    assert cfg["inputs"]["template_version"] == "relative_position@2" and cfg["options"]["convention_hint"] is True
+    assert cfg["kind"] == "mllm" and cfg["files"].keys() == {"answers.jsonl"}
     assert str(env["root"]) not in (rd / "config.json").read_text()  # no local path published
     recs = [json.loads(line) for line in (rd / "answers.jsonl").read_text().splitlines()]
     n, nm = m["n_items"]["test"], m["n_items"]["test_mirror"]
@@ -96,7 +97,7 @@ def test_hf_tiny_constrained_beside_encoder_in_report(env, tiny):
     assert all(len(r["scores"]) == 3 and r["choice"] == max(range(3), key=lambda j, r=r: r["scores"][j])
                for r in recs)
     cfg = json.loads((env["runs"] / _tiny(env["runs"]) / "level3.symmetry/vqa-loglik/seed0/config.json").read_text())
-    assert cfg["model_identity"]["kind"] == "dir" and len(cfg["model_identity"]["sha256"]) == 64
+    assert cfg["inputs"]["model_identity"]["kind"] == "dir" and len(cfg["inputs"]["model_identity"]["sha256"]) == 64
     out = env["root"] / "report"
     assert run_cmd(cli, ["report", env["runs"], "--out", out]) == 0
     md = (out / "report.md").read_text()
@@ -232,7 +233,7 @@ def test_no_convention_hint_is_its_own_run_and_cache_entries(env):
     with ResponseCache(cache) as c:
         assert len(c) == 2 * n  # another prompt: asked again, never read from the hinted one
     rd = runs / "dummy/level3.symmetry/vqa-loglik-nohint/seed0"
-    assert json.loads((rd / "config.json").read_text())["convention_hint"] is False
+    assert json.loads((rd / "config.json").read_text())["options"]["convention_hint"] is False
 
 
 def test_http_failure_stops_in_one_line_and_the_rerun_resumes(env, capsys):

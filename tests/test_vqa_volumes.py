@@ -142,7 +142,7 @@ def test_answers_record_volume_as_and_the_cache_keys_it(oracle_runs):
     assert {r["volume_as"] for r in image} == {"video"} and {r["volume_as"] for r in recs if r not in image} == {None}
     assert {r["flipped"] for r in recs} == {True, False} and all(len(r["image_sha256"]) == 64 for r in image)
     cfg = json.loads((rd / "config.json").read_text())
-    assert cfg["volume_as"] == "video" and cfg["image_size"] == 32
+    assert cfg["options"]["volume_as"] == "video" and cfg["options"]["image_size"] == 32
     from spar_bench.probes.vqa.cache import ResponseCache
 
     with ResponseCache(oracle_runs / ".vqa-cache" / "oracle.sqlite") as c:

@@ -15,6 +15,7 @@ COMMANDS = {
     "finetune": "spar_bench.probes.cli.finetune:finetune_command",
     "report": "spar_bench.probes.cli.report:report_command",
     "vqa": "spar_bench.probes.cli.vqa:vqa_command",
+    "predict": "spar_bench.probes.cli.predict:predict_command",
 }
 
 

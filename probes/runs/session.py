@@ -122,9 +122,9 @@ def run(spec, out: str | Path, *, overwrite: bool = False, resume: bool = False,
 
 def open_job(spec, out: str | Path, options: RunOptions = RunOptions()):
     """The job of ``spec`` (``spec.kind`` in :data:`~spar_bench.probes.kinds.PREDICTORS`), or None."""
-    from ..kinds import PREDICTORS
+    from ..kinds import run_kind
 
-    kind = PREDICTORS.get(spec.kind)
+    kind = run_kind(spec.kind)
     opener = getattr(kind, "open", None)
     return opener(spec, out, options) if opener is not None else BuildJob.open(kind, spec, out, options)
 

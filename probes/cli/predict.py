@@ -1,0 +1,51 @@
+"""``spar-probe predict``: run a predictor that reads a build (a run kind of
+:data:`spar_bench.probes.kinds.PREDICTORS` made ``on_build``: the constant prior, the Level 4
+mask oracle, or a plug-in's kind) on every probe x seed, scored with every control, through
+:func:`spar_bench.probes.runs.session.run`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from spar_bench.errors import ConfigError
+
+from .options import bootstrap_option, names_all, parse_probes, parse_seeds, probe_option
+
+
+@click.command("predict")
+@click.option("--kind", required=True, help="Run kind: prior, oracle (Level 4), or a plug-in's.")
+@click.option("--data", required=True, type=click.Path(file_okay=False), help="A finished build.")
+@probe_option()
+@click.option("--seeds", default="0", show_default=True, help="Comma-separated seeds.")
+@click.option("--out", default="runs", show_default=True, type=click.Path(file_okay=False))
+@click.option("--overwrite", is_flag=True, help="Run a finished run again and replace it (else it is kept).")
+@bootstrap_option
+def predict_command(kind, data, probes, seeds, out, overwrite, n_boot):
+    """Score a build-reading predictor (one run per probe x seed) like a probe head."""
+    from spar_bench.builder.shards import Build
+
+    from ..kinds import run_kind
+    from ..runs.inputs import ProbeUnavailable
+    from ..runs.session import run
+    from ..runs.spec import PredictorSpec
+
+    cls = run_kind(kind)
+    if getattr(cls, "on_build", None) is None:
+        raise ConfigError(f"--kind {kind}: its runs read a feature cache or a model, not a build; use the "
+                          "command of that kind (fit, finetune, vqa)")  # fmt: skip
+    if not (Path(data) / "manifest.json").is_file():
+        raise ConfigError(f"--data {data}: no manifest.json; pass a finished build folder")
+    build = Build(data)
+    names = parse_probes(probes, build.levels())
+    for p in names:
+        for s in parse_seeds(seeds):
+            try:
+                rd = run(PredictorSpec(p, kind, s, features=str(data), n_boot=n_boot), out, overwrite=overwrite)
+            except ProbeUnavailable as e:
+                if not names_all(probes):
+                    raise
+                click.echo(f"{p}: skipped ({e})", err=True)
+                continue
+            click.echo(f"{p} seed {s}: {rd}")
