@@ -280,8 +280,8 @@ def time_grid_prune(cache_path: Path, probe: str, head: str, seeds: list[int],
     """Seconds, each seed's chosen point and its test headline: ``one`` (grid[0] per seed alone),
     ``alone`` (every grid point alone), ``0`` (the full grid as one batch) and each K of ``ks`` (the grid pruned after epoch K)."""
     from spar_bench.probes.ensemble import Prune, train_heads
-    from spar_bench.probes.report import select_on_validation
     from spar_bench.probes.runs.evaluate import score
+    from spar_bench.probes.runs.report import select_on_validation
     from spar_bench.probes.runs.session import prepare_run
     from spar_bench.probes.runs.spec import make_run
     from spar_bench.probes.train import train_head

@@ -3,7 +3,7 @@
     python bench/token_storage.py                        # own phantom build, random resnet18, CPU
     python bench/token_storage.py --data shards/ --encoder timm:resnet18 --weights r18.safetensors \
         --storages full,int8,pca:64,grid:4,grid:4+int8 --probes all --seeds 0,1,2
-    # the README's table: the recall-vs-computation encoder (issue 26) on a fresh random-layout build
+    # the table of docs/RESULTS.md: the recall-vs-computation encoder (issue 26) on a fresh random-layout build
     python bench/token_storage.py --cases 200 --layout random --intensities distinct --in-plane 96 \
         --slices 16 --phantom-seed 21 --samples 4 --l3-stride 2 --encoder timm:resnet10t \
         --model-args '{"channels": [16, 32, 64, 128], "stem_width": 16, "output_stride": 8,

@@ -36,7 +36,7 @@ import numpy as np
 
 from spar_bench.errors import CaseError, ConfigError, IntegrityError, SparError
 from spar_bench.hashing import sha256_json
-from spar_bench.provenance import json_safe, path_from_build, portable_path
+from spar_bench.provenance import PROTOCOL_VERSION, json_safe, path_from_build, portable_path
 
 if TYPE_CHECKING:
     from .case import CaseRef
@@ -48,7 +48,6 @@ from .schema import (
     LEVELS,
     N_ORGANS,
     ORGANS,
-    PROTOCOL_VERSION,
     SCHEMA_VERSION,
     LevelSpec,
     ordered_splits,

@@ -23,11 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 SCHEMA_VERSION = "1.0"
-#: The version of docs/PROTOCOL.md this code implements: recorded in every build manifest
-#: (``protocol_version``) and in every run's ``config.json`` and ``metrics.json``; the report
-#: says which version each run used. Bump it with every change of a rule in PROTOCOL.md
-#: (and list the change in its "Changes" section).
-PROTOCOL_VERSION = "1.3"
+# The protocol's version, PROTOCOL_VERSION, is the core's (spar_bench/provenance.py): runs
+# record it too, and the core imports nothing from the builder.
 
 #: The 16 WORD organs; canonical id = index + 1 (0 is background).
 ORGANS: tuple[str, ...] = (

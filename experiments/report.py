@@ -3,7 +3,7 @@ them out.
 
 :func:`write_experiment_report` reads every run under RUNS (any depth; each run folder holds
 ``metrics.json``, ``config.json`` and perhaps ``eval-<target>.json``) through
-:func:`spar_bench.probes.report.collect` and writes to ``out``:
+:func:`spar_bench.probes.runs.report.collect` and writes to ``out``:
 
 * ``experiment.md``: the runner's provenance (experiment, file hash, plan hash, versions); a
   banner when any run used random-init features; the **main table** (one row per
@@ -42,8 +42,8 @@ import numpy as np
 
 from spar_bench.builder.schema import LEVEL_SPECS
 from spar_bench.errors import ConfigError
-from spar_bench.probes.report import collect, run_protocol
 from spar_bench.probes.runs.record import RunRecord
+from spar_bench.probes.runs.report import collect, run_protocol
 from spar_bench.probes.tasks import METRICS, PROBE_SPECS, get_probe, probe_names
 from spar_bench.provenance import json_safe, local_paths, local_prefixes, portable_path
 

@@ -115,11 +115,8 @@ def _evaluate(step: Step, out: Path, device: str | None) -> None:
 
 
 def _experiment_report(step: Step, out: Path) -> None:
-    try:
-        from .report import write_experiment_report
-    except ImportError:  # the experiment report is optional until it lands
-        return
     from .plan import REPORT, RUNS
+    from .report import write_experiment_report
 
     write_experiment_report(out / RUNS, out / REPORT, title=dict(step.extra).get("title", ""),
                             provenance=_provenance(out))

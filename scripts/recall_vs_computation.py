@@ -1,14 +1,14 @@
 """Recall versus computation, end to end: does the benchmark tell a model that remembers
 canonical anatomy from one that reads the image?
 
-    python scripts/recall_vs_computation.py --out runs/rvc            # the README table (~30 min on 2 busy cores)
+    python scripts/recall_vs_computation.py --out runs/rvc            # the docs/RESULTS.md table (~30 min on 2 busy cores)
     python scripts/recall_vs_computation.py --out /tmp/rvc --quick    # a smoke run (minutes)
-    # the computation model of issue 26 (README): 600 random layouts on a 96x16 grid, mirrors as training data
+    # the computation model of issue 26 (docs/RESULTS.md): 600 random layouts on a 96x16 grid, mirrors as training data
     python scripts/recall_vs_computation.py --out runs/rvc26 --train-on random --seeds 0,1 \
         --probes level3.relative_position,level3.orientation --cases 600 --eval-cases 40 \
         --in-plane 96 --slices 16 --l3-stride 2 --train-mirrors
 
-    # issue 26: the three reference models on the eight probes of Levels 1-3 (README, "calibrated")
+    # issue 26: the three reference models on the eight probes of Levels 1-3 (docs/RESULTS.md, "calibrated")
     python scripts/recall_vs_computation.py --out runs/rvc-cal --calibrate --seeds 0,1 --cases 1000 \
         --eval-cases 40 --in-plane 96 --slices 16 --l3-stride 2 --samples 1 --train-mirrors \
         --epochs 16 --patience 5 --head coordpool --organ-maps 10 --organ-map-dice 1 --threads 2
@@ -851,10 +851,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--score", default="all",
                     help="calibration: comma-separated probes scored (all: the eight of Levels 1-3)")
     ap.add_argument("--check", default=None, metavar="CALIBRATION_JSON",
-                    help="compare a rerun's calibration.json with --against (the README's table) and exit: "
+                    help="compare a rerun's calibration.json with --against (the table of docs/RESULTS.md) and exit: "
                          "trained cells within the reference's intervals, the rest the same; status 1 if not")
     ap.add_argument("--against", default=str(REFERENCE), metavar="JSON",
-                    help="the reference of --check (default: docs/calibration.json, the README's table)")
+                    help="the reference of --check (default: docs/calibration.json, the table of docs/RESULTS.md)")
     args = ap.parse_args(argv)
     if args.organ_maps < 0 or args.organ_map_dice < 0:
         ap.error("--organ-maps and --organ-map-dice must be >= 0")
@@ -928,7 +928,7 @@ def write_calibration(out: Path, builds: dict[str, Path], trainings: list[Traini
 
 #: conditions a rerun may change and still be compared with the reference table (the machine's)
 MACHINE_CONDITIONS = ("device", "jobs", "threads", "cpu_count", "load_average_at_end", "build_seconds", "wall_seconds")
-#: the reference table of the README, as written by ``--calibrate`` (``--check`` compares a rerun with it)
+#: the reference table of docs/RESULTS.md, as written by ``--calibrate`` (``--check`` compares a rerun with it)
 REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "calibration.json"
 
 
@@ -941,7 +941,7 @@ def _seed_cells(rows: list[dict], probe: str, model: str, layout: str) -> tuple[
 
 def check_rerun(reference: dict, rerun: dict) -> tuple[list[str], list[str]]:
     """``(table lines, misses)``: every trained model's cell of the rerun (mean over its seeds)
-    against the reference's interval (the mean of its seeds' 95 % intervals, as the README's
+    against the reference's interval (the mean of its seeds' 95 % intervals, as docs/RESULTS.md's
     table prints it), and every untrained row (oracle, blind), which must be the same. A miss
     names the cell. The two runs must share every condition but the machine's."""
     had, got = (dict(d["conditions"]) for d in (reference, rerun))

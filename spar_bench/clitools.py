@@ -9,7 +9,7 @@
   process outlives the command) and a full disk exits at once after its one line.
 * :func:`old_spelling`: a renamed option's old flag, hidden, still filling the new parameter.
 
-Exit status (README, "Exit codes"), the same for ``spar-build`` and ``spar-probe``: 0 ok;
+Exit status (docs/USAGE.md, "exit codes"), the same for ``spar-build`` and ``spar-probe``: 0 ok;
 1 a run failed (:class:`~spar_bench.errors.RunFailed`); 2 a usage or input error (click's
 usage errors, every other :class:`~spar_bench.errors.SparError`, a full disk); 130 SIGINT
 (Ctrl-C); 143 SIGTERM.

@@ -32,14 +32,17 @@ CACHE_PACKAGES = ("spar-bench", "torch", "timm", "transformers", "open_clip_torc
 RUN_PACKAGES = ("spar-bench", "torch", "numpy", "scipy")
 #: Libraries whose behaviour shapes an MLLM (``spar-probe vqa``) run.
 VQA_PACKAGES = ("spar-bench", "numpy", "torch", "transformers", "pillow")
+#: The version of docs/PROTOCOL.md this code implements: recorded in every build manifest
+#: (``protocol_version``) and in every run's ``config.json`` and ``metrics.json``; the report
+#: says which version each run used. Bump it with every change of a rule in PROTOCOL.md
+#: (and list the change in its "Changes" section).
+PROTOCOL_VERSION = "1.3"
 
 
 def protocol_versions(manifest: dict[str, Any] | None) -> dict[str, str | None]:
     """What a run records of the protocol (docs/PROTOCOL.md): the version this code
     implements and the version the build (its ``manifest``) was made under (None: a build
     older than protocol 1.2, which did not record it)."""
-    from spar_bench.builder.schema import PROTOCOL_VERSION
-
     return {"protocol_version": PROTOCOL_VERSION,
             "build_protocol_version": (manifest or {}).get("protocol_version")}
 

@@ -103,7 +103,7 @@ def test_the_organ_map_options_reach_the_training_and_bad_ones_are_refused(capsy
     _, trainings = rvc.configs(rvc.parse_args(["--calibrate", "--organ-maps", "10", "--organ-map-dice", "1",
                                                "--seeds", "0,1"]))
     assert [(t.organ_maps, t.organ_map_dice, t.seed) for t in trainings] == [(10, 1.0, 0), (10, 1.0, 1)]
-    assert trainings[0].device == "cpu"  # the default: the README's tables were made on the CPU
+    assert trainings[0].device == "cpu"  # the default: the tables of docs/RESULTS.md were made on the CPU
     dev = "cuda:0" if torch.cuda.is_available() else "auto"  # a device this machine has
     _, (other,) = rvc.configs(rvc.parse_args(["--calibrate", "--organ-maps", "10", "--device", dev]))
     assert other.device == dev

@@ -1,4 +1,4 @@
-"""One vocabulary across ``spar-probe`` (README, "One vocabulary" and "Exit codes").
+"""One vocabulary across ``spar-probe`` (docs/USAGE.md, "One vocabulary, exit codes").
 
 ``--probe``/``--head`` (repeatable or comma lists), ``--batch-size``, ``--jobs`` (processes),
 ``--loader-workers`` (DataLoader workers), ``--bootstrap N >= 1``; the spellings before 0.2

@@ -1,6 +1,6 @@
 """The experiment files shipped with the package (``spar-bench run demo|paper|recall-vs-computation``):
 each loads and its ``--dry-run`` works without any data or weights on disk; the paper's plan
-is the whole grid; the README's experiment has its builds and transfer evaluations; a bad
+is the whole grid; the experiment of docs/RESULTS.md has its builds and transfer evaluations; a bad
 file is one line naming the file, the line and the problem."""
 
 from __future__ import annotations

@@ -93,7 +93,7 @@ def test_vit_from_scratch_learns_exports_and_recaches(pipeline, tmp_path: Path) 
 
     # frozen and trained-from-scratch runs side by side in one report
     from spar_bench.probes.cli import cli
-    from spar_bench.probes.report import write_report
+    from spar_bench.probes.runs.report import write_report
 
     assert run_cmd(cli, ["fit", "--features", pipeline["cache"], "--out", tmp_path / "runs", "--probe",
                       "level1.localisation", "--max-epochs", 2, "--bootstrap", 20, "--no-controls"]) == 0

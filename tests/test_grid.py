@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from spar_bench.probes.cli import cli
-from spar_bench.probes.report import SELECTED, aggregate, collect
+from spar_bench.probes.runs.report import SELECTED, aggregate, collect
 
 from helpers import run_cmd
 

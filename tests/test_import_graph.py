@@ -1,7 +1,9 @@
-"""The import graph of ``spar_bench``: no cycle, no private name imported across modules.
+"""The import graph of ``spar_bench``: no cycle, no private name imported across modules, and
+a core that stands on nothing above it.
 
-Every module is parsed with :mod:`ast` (nothing is imported). The folders ``spar_bench/``,
-``builder/``, ``probes/`` and ``manifests/`` are one import package (setup.cfg ``package_dir``):
+Every module is parsed with :mod:`ast` (nothing is imported). The folders come from setup.cfg's
+``package_dir`` (``spar_bench/``, ``builder/``, ``probes/``, ``manifests/``, ``experiments/``
+today; a folder mapped there later is covered at once), and they are one import package:
 ``builder/x.py`` is ``spar_bench.builder.x``. Every import statement counts, wherever it
 stands (module level, inside a function, a ``try`` or an ``if``): a lazy import inside a
 function still ties the two modules together. ``importlib.import_module`` with a computed
@@ -24,6 +26,10 @@ so they are left out of the cycle check (annotation-only cycles are harmless wit
 out), each rotated to start at its smallest module, so one entry names one cycle whatever
 module the search started from.
 
+**The core.** ``spar_bench/`` (the modules of ``spar_bench`` that no other folder maps) is the
+ground floor: it imports nothing from the folders mapped onto it (``builder/``, ``probes/``,
+``experiments/`` ...), TYPE_CHECKING imports included. Entries read ``importer -> imported``.
+
 **Private names.** A violation is a name starting with ``_`` (dunders such as ``__version__``
 are fine) taken from another module of the package: ``from .x import _name``,
 ``from spar_bench.y import _name``, or ``mod._name`` where ``mod`` is bound to a module of the
@@ -41,6 +47,7 @@ fail on a new violation, and on an allowlist entry that no longer occurs (delete
 from __future__ import annotations
 
 import ast
+import configparser
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,10 +55,32 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-#: folder -> import package (setup.cfg [options] package_dir)
-PACKAGE_DIRS = {"spar_bench": "spar_bench", "builder": "spar_bench.builder",
-                "probes": "spar_bench.probes", "manifests": "spar_bench.manifests"}
 PREFIX = "spar_bench."
+CORE = "spar_bench"
+
+
+def setup_options(root: Path) -> configparser.SectionProxy:
+    cfg = configparser.ConfigParser()
+    cfg.read(root / "setup.cfg", encoding="utf-8")
+    return cfg["options"]
+
+
+def _lines(value: str) -> list[str]:
+    return [x.strip() for x in value.splitlines() if x.strip() and not x.strip().startswith("#")]
+
+
+def package_dirs(root: Path) -> dict[str, str]:
+    """folder -> import package, from setup.cfg ``[options] package_dir`` (``package = folder``)."""
+    pairs = (line.split("=", 1) for line in _lines(setup_options(root)["package_dir"]))
+    return {folder.strip(): package.strip() for package, folder in pairs}
+
+
+def installed_packages(root: Path) -> list[str]:
+    """setup.cfg ``[options] packages``: every package the wheel installs."""
+    return _lines(setup_options(root)["packages"])
+
+
+PACKAGE_DIRS = package_dirs(REPO)
 
 # issue 22: must shrink to empty. Delete an entry when its cycle is gone (the stale test says which).
 KNOWN_CYCLES: set[str] = set()
@@ -288,6 +317,18 @@ def find_private(mods: dict[str, Module]) -> set[str]:
     return {f"{short(name)}: {entry}" for name, mod in mods.items() for entry in mod.private}
 
 
+def find_core_imports(mods: dict[str, Module], package_dirs: dict[str, str] = PACKAGE_DIRS) -> set[str]:
+    """Every import of the core (``spar_bench`` less the packages mapped onto it) into a mapped
+    package, TYPE_CHECKING ones included, as ``importer -> imported``."""
+    mapped = [p for p in package_dirs.values() if p != CORE]
+
+    def above(name: str) -> bool:
+        return any(name == p or name.startswith(p + ".") for p in mapped)
+
+    return {f"{short(name)} -> {short(target)}" for name, mod in mods.items() if not above(name)
+            for target in sorted({*mod.imports, *mod.typing_only}) if above(target)}
+
+
 def _where(mods: dict[str, Module], entry: str) -> str:
     importer, _, used = entry.partition(": ")
     mod = mods[PREFIX + importer if PREFIX + importer in mods else importer]
@@ -317,6 +358,19 @@ def test_no_new_private_import(package):
         print(f"fixed (delete from KNOWN_PRIVATE): {entry}")
     assert not new, "private names imported across modules (make them public or move them):\n" + \
         "\n".join(f"{e}  ({_where(package, e)})" for e in new)
+
+
+def test_every_installed_package_is_scanned(package):
+    """The folders come from setup.cfg: every package the wheel installs is in the graph."""
+    assert "spar_bench.experiments" in package
+    missing = [p for p in installed_packages(REPO) if not (p in package and package[p].is_package)]
+    assert not missing, f"installed but not scanned (map its folder in setup.cfg package_dir): {missing}"
+
+
+def test_the_core_imports_nothing_above_it(package):
+    found = sorted(find_core_imports(package))
+    assert not found, ("spar_bench/ (the core) imports from builder/, probes/ or experiments/ "
+                       "(move the name into the core, or pass it in):\n" + "\n".join(found))
 
 
 def test_allowlists_are_not_stale(package):
@@ -371,6 +425,25 @@ def test_checker_finds_cycles_and_private_imports(tmp_path):
     assert "spar_bench.probes.train" in fit.typing_only and "spar_bench.probes.train" not in fit.imports
     fit.imports.update(fit.typing_only)
     assert "probes.fit -> probes.train -> probes.fit" in find_cycles(mods)
+
+
+def test_checker_reads_setup_cfg_and_finds_core_imports(tmp_path):
+    _write(tmp_path, {
+        "setup.cfg": ("[options]\n# a comment\npackages =\n    spar_bench\n    spar_bench.tools\n"
+                      "package_dir =\n    spar_bench = spar_bench\n    spar_bench.tools = tools\n"),
+        "spar_bench/__init__.py": "",
+        "spar_bench/core.py": "X = 1\n",
+        "spar_bench/prov.py": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .tools import T\n"
+                               "def f():\n    from spar_bench.tools.a import A\n    from . import core\n"),
+        "tools/__init__.py": "T = 1\n",
+        "tools/a.py": "from spar_bench.core import X\nA = X\n",  # down into the core: fine
+    })
+    dirs = package_dirs(tmp_path)
+    assert dirs == {"spar_bench": "spar_bench", "tools": "spar_bench.tools"}
+    assert installed_packages(tmp_path) == ["spar_bench", "spar_bench.tools"]
+    mods = scan(tmp_path, dirs)
+    assert "spar_bench.tools.a" in mods
+    assert find_core_imports(mods, dirs) == {"prov -> tools", "prov -> tools.a"}
 
 
 def test_checker_private_modules_and_longer_cycles(tmp_path):

@@ -236,7 +236,7 @@ def test_prior_and_oracle_runs_report_flipped_beside_mirrored_in_level3s_schema(
 
 def _reports_show_level4_beside_level3(runs: Path, tmp_path: Path) -> None:
     from spar_bench.experiments.report import write_experiment_report
-    from spar_bench.probes.report import write_report
+    from spar_bench.probes.runs.report import write_report
 
     md = write_report(runs, tmp_path / "report").read_text()
     rows = json.loads((tmp_path / "report" / "report.json").read_text())["probes"]

@@ -138,7 +138,7 @@ def test_cache_overwrite_refuses_a_foreign_file(tmp_path: Path, capsys) -> None:
 
 
 def test_report_refuses_a_foreign_folder(tmp_path: Path) -> None:
-    from spar_bench.probes.report import write_report
+    from spar_bench.probes.runs.report import write_report
 
     out = tmp_path / "report"
     out.mkdir()

@@ -110,3 +110,18 @@ def test_ci_runs_the_readme_test_command_in_a_fresh_venv() -> None:
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()
     assert tests in ci, "'.ci/run' must run README.md's test command as written"
     assert ci.index("rm -rf .venv") < ci.index(tests), "CI's venv must be new, not left over"
+
+
+def _tracked_top_folders() -> set[str]:
+    r = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, encoding="utf-8", timeout=60)
+    if r.returncode != 0:
+        pytest.skip("not a git checkout: the tracked folders are unknown")
+    return {line.split("/", 1)[0] + "/" for line in r.stdout.splitlines() if "/" in line}
+
+
+def test_readme_layout_lists_every_top_level_folder() -> None:
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    layout = text.split("\n## Layout", 1)[1].split("\n## ", 1)[0]
+    listed = {row.split("|")[1].strip().strip("`") for row in layout.splitlines() if row.startswith("| `")}
+    missing = sorted(_tracked_top_folders() - listed)
+    assert not missing, f"README.md's Layout table lacks these top-level folders: {missing}"

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from spar_bench.builder.schema import PROTOCOL_VERSION
 from spar_bench.errors import ConfigError
 from spar_bench.presets import PAPER, apply_build_preset, apply_probe_preset, get_preset
+from spar_bench.provenance import PROTOCOL_VERSION
 
 from helpers import run_cmd
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from spar_bench.probes.report import aggregate, collect, render_markdown
+from spar_bench.probes.runs.report import aggregate, collect, render_markdown
 
 from helpers import run_cmd
 
@@ -98,7 +98,7 @@ def test_report_on_empty_folder_is_a_clear_error(tmp_path, capsys):
 
 
 def test_protocol_line_explains_old_runs_only_when_there_are_some() -> None:
-    from spar_bench.probes.report import _protocol_line
+    from spar_bench.probes.runs.report import _protocol_line
 
     assert _protocol_line({"p": [{"protocol": ["1.2"]}]}) == "Protocol (docs/PROTOCOL.md) of these runs: 1.2."
     mixed = _protocol_line({"p": [{"protocol": ["1.2"]}, {"protocol": ["<1.2"]}]})

@@ -61,8 +61,8 @@ def test_mllm_oracle_through_the_same_path_reads_the_image(pipeline, tmp_path):
 
 def test_dummy_mllm_and_every_kind_share_one_metrics_schema(pipeline, tmp_path):
     from spar_bench.probes.cli import cli
-    from spar_bench.probes.report import write_report
     from spar_bench.probes.runs.predictors import ConstantPrior
+    from spar_bench.probes.runs.report import write_report
     from spar_bench.probes.tasks import get_probe
     from spar_bench.probes.vqa import BackendOptions, load_backend
     from spar_bench.probes.vqa.cache import ResponseCache

@@ -209,7 +209,7 @@ def test_dummy_letters(pipeline, tmp_path, capsys):
 
 
 def test_confidence_interval_over_one_patient_is_n_a(tmp_path):
-    from spar_bench.probes.report import aggregate, collect, render_markdown
+    from spar_bench.probes.runs.report import aggregate, collect, render_markdown
     from spar_bench.probes.vqa.score import answer_metrics
 
     y, pred = np.array([0, 1, 1, 0]), np.array([0, 1, 0, 0])

@@ -14,11 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spar_bench.builder.schema import LEVEL3_PROBES, ORGANS, PROTOCOL_VERSION
+from spar_bench.builder.schema import LEVEL3_PROBES, ORGANS
 from spar_bench.errors import ConfigError
 from spar_bench.probes.cli import cli
 from spar_bench.probes.vqa.oracle import Geometry, decide, stated_numbers
 from spar_bench.probes.vqa.prompts import BLIND_NOTE, CONVENTION_HINT, PromptContext, render
+from spar_bench.provenance import PROTOCOL_VERSION
 
 from helpers import run_cmd
 
@@ -142,8 +143,6 @@ def test_report_says_which_protocol_each_run_used(oracle_runs, tmp_path):
     mp.write_text(json.dumps(m))
     assert run_cmd(cli, ["report", runs, "--out", tmp_path / "report"]) == 0
     md = (tmp_path / "report" / "report.md").read_text()
-    from spar_bench.builder.schema import PROTOCOL_VERSION
-
     assert f"Protocol (docs/PROTOCOL.md) of these runs: {PROTOCOL_VERSION}, <1.2 (<1.2: runs made before" in md
     assert "| old-model [protocol <1.2] |" in md and "| oracle |" in md
 

@@ -1,7 +1,7 @@
 """The options and parsers every ``spar-probe`` command shares: probe, head and seed lists, the run
 options of :data:`~spar_bench.probes.runs.spec.OPTIONS`, presets, and the one-line summary.
 
-One vocabulary (README, "One vocabulary"): ``--probe`` and ``--head`` (repeatable, or comma
+One vocabulary (docs/USAGE.md, "One vocabulary"): ``--probe`` and ``--head`` (repeatable, or comma
 lists), ``--batch-size``, ``--jobs`` for processes, ``--loader-workers`` for DataLoader
 workers, ``--bootstrap N >= 1``. The spellings before 0.2 (``sweep --probes/--heads``,
 ``cache --batch``, ``cache``/``finetune --workers``) still work, hidden

@@ -1,10 +1,10 @@
-"""``spar-probe report``: tables and plots over a folder of runs (:mod:`spar_bench.probes.report`)."""
+"""``spar-probe report``: tables and plots over a folder of runs (:mod:`spar_bench.probes.runs.report`)."""
 
 from __future__ import annotations
 
 import click
 
-from ..report import write_report
+from ..runs.report import write_report
 
 
 @click.command("report")

@@ -16,7 +16,7 @@ alone, and a probe head trained on its frozen features (``spar-probe fit``) then
 organ maps to compute from.
 
 It is the encoder of the calibration's *computation* model (``scripts/recall_vs_computation.py
---calibrate``, README "calibrated"): trained on random layouts, whose organs have distinct
+--calibrate``, docs/RESULTS.md "calibrated"): trained on random layouts, whose organs have distinct
 intensities, it can only find an organ by its appearance, never by where organs usually lie.
 
 One run = (encoder, model args, build, :class:`OrganMapConfig`). Its folder holds

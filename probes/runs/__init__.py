@@ -10,7 +10,9 @@ encoder, an MLLM, a reference predictor):
 * :mod:`.store`      - the run folder: its name from the options, ownership, the finished-run
   check, ``metrics.json`` written last;
 * :mod:`.session`    - the runner: one run, a batch trained together, any predictor on a build;
-* :mod:`.sweep`      - many runs over processes, partitions and ids (``spar-probe sweep``).
+* :mod:`.sweep`      - many runs over processes, partitions and ids (``spar-probe sweep``);
+* :mod:`.report`     - finished runs read back: tables, ``report.md``/``report.json`` and plots
+  (``spar-probe report``).
 
 The click commands live in :mod:`spar_bench.probes.cli`; nothing here parses a command line.
 """
