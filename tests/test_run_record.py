@@ -13,9 +13,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import run_cmd
 
 from spar_bench.errors import ConfigError
+
+from helpers import run_cmd
 
 PROBE = "level3.relative_position"
 

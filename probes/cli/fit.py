@@ -9,10 +9,8 @@ from pathlib import Path
 
 import click
 
-from spar_bench.errors import ConfigError
-
 from ..runs.inputs import ProbeUnavailable
-from ..runs.session import run_eval, run_fit
+from ..runs.session import run_fit
 from ..runs.spec import check_device, make_run
 from ..runs.store import METRICS_FILE
 from ..tasks import get_probe
@@ -101,22 +99,14 @@ def eval_command(run, features, data, n_boot, encoder, overwrite):
     build's images with its own trained encoder (a local model's path, which runs do not
     record, is given again with ``--encoder``).
     """
-    if features is None:
-        from ..finetune.encoding import EXPORT_FILE, run_eval_reencoded
+    from ..runs.session import EvalTarget, evaluate_on
 
-        if data is None or not (Path(run) / EXPORT_FILE).is_file():
-            raise ConfigError(
-                "--features is required (re-encoding with --data alone needs a `spar-probe finetune` "
-                f"run holding {EXPORT_FILE})"
-            )
-        out = run_eval_reencoded(run, data, n_boot, encoder=encoder, overwrite=overwrite)
-        m = json.loads(out.read_text())
-        key = get_probe(m["probe"]).headline
-        click.echo(f"{m['probe']} {m['head']} on {m['data']} (re-encoded): {key}={fmt(m['test'].get(key))} -> {out}")
-        return
-    out = run_eval(run, features, data, n_boot, overwrite=overwrite)
+    out = evaluate_on(run, EvalTarget(features, data, n_boot, overwrite, encoder))
     m = json.loads(out.read_text())
     key = get_probe(m["probe"]).headline
+    if features is None:
+        click.echo(f"{m['probe']} {m['head']} on {m['data']} (re-encoded): {key}={fmt(m['test'].get(key))} -> {out}")
+        return
     click.echo(
         f"{m['probe']} {m['head']} on {Path(features).name}: {key}={fmt(m['test'].get(key))} -> {out}"
     )

@@ -262,6 +262,42 @@ def run_eval(run: str | Path, features: str | Path, data: str | Path | None = No
     return write_eval(out, result)
 
 
+@dataclass(frozen=True)
+class EvalTarget:
+    """What a finished run is scored on without retraining: another feature cache
+    (``features``, its build ``data`` when the cache does not record it), or a build whose images
+    the run's own trained encoder re-encodes (``data`` alone; ``encoder``: a local model's path
+    again, which runs do not record)."""
+
+    features: str | None = None
+    data: str | None = None
+    n_boot: int = 1000
+    overwrite: bool = False
+    encoder: str | None = None
+
+
+#: run kinds whose runs can be scored on another target: head.pt holds a head
+RESCORABLE = ("head", "finetune")
+
+
+def evaluate_on(rd: str | Path, target: EvalTarget) -> Path:
+    """Transfer evaluation of any run kind that can be re-scored: ``eval-<target>.json`` in ``rd``
+    (kept when it holds this evaluation, refused when another, unless ``target.overwrite``)."""
+    rd = Path(rd)
+    rec = RunRecord.read(rd)
+    if rec.kind not in RESCORABLE:
+        raise ConfigError(f"{rd}: a run of kind {rec.kind} has no trained head to score on another target; "
+                          f"runs of kind {' or '.join(RESCORABLE)} can be")  # fmt: skip
+    if target.features is not None:
+        return run_eval(rd, target.features, target.data, target.n_boot, overwrite=target.overwrite)
+    if target.data is None or rec.kind != "finetune":
+        raise ConfigError("--features is required (re-encoding with --data alone needs a `spar-probe finetune` "
+                          "run, whose trained encoder re-encodes the build)")  # fmt: skip
+    from ..finetune.encoding import run_eval_reencoded
+
+    return run_eval_reencoded(rd, target.data, target.n_boot, encoder=target.encoder, overwrite=target.overwrite)
+
+
 # --------------------------------------------------------------------------- runs trained as one batch
 def run_fit_batch(runs: list, out, progress: bool = False, prune_at: int = 0) -> list:
     """:func:`run_fit` for runs of one :func:`~spar_bench.probes.ensemble.batch_key`, trained as one
