@@ -782,6 +782,10 @@ def build(config: BuildConfig, *, quiet: bool = False) -> Path:
     from spar_bench.outputs import disk_full_is_an_error
 
     sample_cfg = _sample_config(config)
+    if "level4" in sample_cfg.levels:  # memory now, before anything is written
+        from .samples.config import check_volume_size
+
+        check_volume_size(sample_cfg.volume_size)
     refs, sources_info, origins = _find(config)  # reads only
     selection = [[r.source, r.case_id] for r, _, _ in refs]
     if config.partition:

@@ -33,7 +33,8 @@ COMMANDS = {
               help="Comma list of level1,level2,level3,level4 (default level1,level2,level3; "
                    "level4, whole CT volumes, is opt-in).")
 @click.option("--volume-size", type=int, metavar="S",
-              help="Level 4: side of the isotropic volume cube in voxels (default 128, >= 8).")
+              help="Level 4 (needs level4 in --levels): side of the isotropic volume cube in voxels "
+                   "(default 128; from 8 to the largest this machine's memory allows).")
 @click.option("--samples-per-case", type=int, help="Level 1/2 mosaics per case.")
 @click.option("--l12-min-organs", type=int,
               help="Present organs a Level 1/2 mosaic needs (default 8; fewer: the case gives none).")

@@ -355,6 +355,9 @@ LIFETIME_S = 120.0
 
 
 class Stub(ThreadingHTTPServer):
+    """Answers from ``plan`` (then ``default``): ``text:T``, ``status:N``, ``retry:AFTER`` (429),
+    ``refusal:T``, ``null`` (content null), ``malformed``, ``sleep:S``."""
+
     daemon_threads = True
 
     def __init__(self):
@@ -388,6 +391,9 @@ class Handler(BaseHTTPRequestHandler):
             self._send(429, b'{"error": "busy"}', {"Retry-After": arg})
         elif kind == "refusal":  # the OpenAI refusal field, no content
             message = {"role": "assistant", "content": None, "refusal": arg}
+            self._send(200, json.dumps({"choices": [{"index": 0, "message": message}]}).encode())
+        elif kind == "null":  # content null, no refusal: an empty reply
+            message = {"role": "assistant", "content": None}
             self._send(200, json.dumps({"choices": [{"index": 0, "message": message}]}).encode())
         elif kind == "malformed":
             self._send(200, b'{"choices": [ not json')

@@ -463,8 +463,8 @@ def test_empty_case_gives_no_rows_and_bad_input_is_one_line():
 @pytest.mark.parametrize(
     "kw, match",
     [
-        ({"volume_size": 4}, "volume_size must be an integer >= 8"),
-        ({"volume_size": 16.0}, "volume_size must be an integer >= 1"),
+        ({"volume_size": 4}, r"volume_size \(--volume-size\) 4: must be an integer from 8 to"),
+        ({"volume_size": 16.0}, r"volume_size \(--volume-size\) 16.0: must be an integer from 8 to"),
         ({"l4_questions_per_probe": 0}, "l4_questions_per_probe"),
         ({"l4_min_voxels": 0}, "l4_min_voxels"),
         ({"adjacency_mm": 0.0}, "adjacency_mm must be a number > 0"),

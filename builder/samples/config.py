@@ -20,6 +20,74 @@ from ..schema import ARRANGEMENTS, LEVELS, N_ORGANS
 COUNTERFACTUALS = (None, "mirror", "mirror+flip")
 #: Fields read only by Level 4 (left out of :meth:`SampleConfig.to_dict` without it).
 LEVEL4_FIELDS = ("volume_size", "l4_questions_per_probe", "l4_min_voxels", "adjacency_mm")
+#: The smallest Level 4 cube side.
+VOLUME_SIZE_MIN = 8
+#: Bytes a Level 4 volume of side S needs per voxel of its S^3 cube while a case is processed:
+#: measured peak (tracemalloc) about 33 x S^3 making a cube (float32 resample, the uint8 image,
+#: label and lesion) with its mirrored and flipped copies and their measures; rounded up.
+VOLUME_BYTES_PER_VOXEL = 36
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation (Linux ``MemAvailable``, else the free
+    physical pages); None when the system says neither."""
+    import os
+
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def volume_size_max(available: int | None) -> int | None:
+    """The largest cube side S whose volume (:data:`VOLUME_BYTES_PER_VOXEL` x S^3 bytes) fits in
+    ``available`` bytes; None when ``available`` is unknown."""
+    if available is None:
+        return None
+    side = int(round((available / VOLUME_BYTES_PER_VOXEL) ** (1 / 3)))
+    while side > 0 and VOLUME_BYTES_PER_VOXEL * side**3 > available:
+        side -= 1
+    while VOLUME_BYTES_PER_VOXEL * (side + 1) ** 3 <= available:
+        side += 1
+    return side
+
+
+def check_volume_size(size: Any, *, bounded: bool = True) -> None:
+    """The one rule of a Level 4 cube side: an integer from :data:`VOLUME_SIZE_MIN` to the largest
+    one volume of which fits in the memory available now (:func:`volume_size_max`), refused in one
+    line that names both bounds. ``bounded=False`` leaves the upper bound unchecked (a config read
+    back, not a build about to start: memory is checked where a build starts)."""
+    ok = isinstance(size, int) and not isinstance(size, bool) and size >= VOLUME_SIZE_MIN
+    available = available_memory()
+    largest = volume_size_max(available)
+    if ok and not (bounded and largest is not None and size > largest):
+        return
+    if largest is None:
+        raise ConfigError(f"volume_size (--volume-size) {size!r}: must be an integer >= {VOLUME_SIZE_MIN} "
+                          "(this machine does not say how much memory is available)")
+    raise ConfigError(
+        f"volume_size (--volume-size) {size!r}: must be an integer from {VOLUME_SIZE_MIN} to {largest}, "
+        f"the largest this machine allows: one volume of side S needs about {VOLUME_BYTES_PER_VOXEL} x S^3 "
+        f"bytes, and {available / 2**30:.1f} GiB of memory is available")
+
+
+def check_level4_fields(d: dict[str, Any]) -> None:
+    """A Level 4 field (:data:`LEVEL4_FIELDS`, e.g. ``volume_size``) given while ``levels`` lacks
+    ``level4`` would be ignored: refused in one line."""
+    levels = tuple(d.get("levels") or SampleConfig.levels)
+    given = [k for k in LEVEL4_FIELDS if k in d]
+    if given and "level4" not in levels:
+        spelled = ", ".join("volume_size (--volume-size)" if k == "volume_size" else k for k in given)
+        raise ConfigError(
+            f"{spelled}: applies to Level 4 only, and the levels are {','.join(levels)}; add level4 "
+            f"(--levels {','.join(levels)},level4) or drop it")
 
 
 @dataclass(frozen=True)
@@ -48,7 +116,8 @@ class SampleConfig:
         counterfactual: ``None``, ``"mirror"`` (append left-right mirrored copies) or
             ``"mirror+flip"`` (Levels 1-3 as ``"mirror"``; Level 4 also appends a
             superior-inferior flipped copy).
-        volume_size: Level 4 cube side ``S`` in voxels (>= 8).
+        volume_size: Level 4 cube side ``S`` in voxels: from 8 to the largest the memory
+            allows (:func:`check_volume_size`, checked where a build starts).
         l4_questions_per_probe: at most this many questions of each probe per volume.
         l4_min_voxels: an organ takes part in Level 4 questions with this many voxels or more.
         adjacency_mm: Level 4 adjacency: "touching" at a surface gap of at most this (mm),
@@ -99,7 +168,6 @@ class SampleConfig:
             "l3_min_organs",
             "l3_questions_per_probe",
             "lesion_min_voxels",
-            "volume_size",
             "l4_questions_per_probe",
             "l4_min_voxels",
         )
@@ -107,8 +175,7 @@ class SampleConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"sample config: {name} must be an integer >= 1, got {value!r}")
-        if self.volume_size < 8:
-            raise ConfigError(f"sample config: volume_size must be an integer >= 8, got {self.volume_size}")
+        check_volume_size(self.volume_size, bounded=False)
         if isinstance(self.adjacency_mm, bool) or not isinstance(self.adjacency_mm, (int, float)) \
                 or not self.adjacency_mm > 0:
             raise ConfigError(f"sample config: adjacency_mm must be a number > 0, got {self.adjacency_mm!r}")
@@ -139,7 +206,8 @@ class SampleConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SampleConfig:
-        """Inverse of :meth:`to_dict`; unknown keys raise :class:`ConfigError` with suggestions."""
+        """Inverse of :meth:`to_dict`; unknown keys raise :class:`ConfigError` with suggestions, and so
+        does a Level 4 field without ``level4`` in the levels (:func:`check_level4_fields`)."""
         known = [f.name for f in fields(cls)]
         unknown = [k for k in d if k not in known]
         if unknown:
@@ -150,6 +218,7 @@ class SampleConfig:
             raise ConfigError(
                 f"sample config: unknown field(s) {', '.join(hints)}; known: {', '.join(known)}"
             )
+        check_level4_fields(d)
         kwargs = dict(d)
         if "levels" in kwargs:
             kwargs["levels"] = tuple(kwargs["levels"])

@@ -76,18 +76,41 @@ def resolve_volume_as(option: str, backend) -> str:
     return option
 
 
-def probes_of_build(probes: list[str], build, every: bool) -> list[str]:
-    """The probes asked of ``build``: with ``all`` those of its levels (Level 4 is opt-in);
-    a probe named of a level the build lacks is one line."""
+def probes_of_build(probes: list[str], build, every: bool, data: str | Path | None = None) -> list[str]:
+    """The probes asked of ``build`` (``--data data``): with ``all`` those of its levels (Level 4 is
+    opt-in), and a build with none of them is one line; a probe named of a level the build lacks
+    is one line."""
     from ..tasks import get_probe
 
     have = build.levels()
     if every:
-        return [p for p in probes if get_probe(p).level in have]
+        asked = [p for p in probes if get_probe(p).level in have]
+        if not asked:
+            raise ConfigError(
+                f"--data {data or build.root}: the build has no question level (levels: {', '.join(have) or 'none'}); "
+                "the MLLM track asks Level 3 (or Level 4) questions: build it with level3 in --levels "
+                "(spar-build ... --levels level1,level2,level3, the default) or pass such a build")
+        return asked
     for p in probes:
         if get_probe(p).level not in have:
             raise ConfigError(f"--probe {p}: {build.root} has no {get_probe(p).level}; levels: {', '.join(have)}")
     return probes
+
+
+def check_volume_as_used(volume_as: str, probes: list[str], build, data: str | Path) -> None:
+    """``--volume-as`` other than ``auto`` shows Level 4 volumes: with no Level 4 probe asked
+    (a build without Level 4, or only slice probes named) it would be ignored, so it is one line."""
+    from ..tasks import get_probe
+    from ..vqa.questions import is_volume_probe
+
+    if volume_as == "auto" or any(is_volume_probe(get_probe(p)) for p in probes):
+        return
+    if "level4" not in build.levels():
+        raise ConfigError(f"--volume-as {volume_as}: --data {data} has no level4 (levels: {', '.join(build.levels())}), "
+                          "and --volume-as shows Level 4 volumes only; drop it, or build with "
+                          "--levels ...,level4 (spar-build)")
+    raise ConfigError(f"--volume-as {volume_as}: no Level 4 probe is asked ({', '.join(probes)}), and "
+                      "--volume-as shows Level 4 volumes only; drop it or ask a level4 probe")
 
 
 def default_cache(out: str | Path, model: str) -> Path:
@@ -153,7 +176,8 @@ def vqa_command(model, data, probes, splits, out, revision, base_url, api_key_en
     if not (Path(data) / "manifest.json").is_file():
         raise ConfigError(f"--data {data}: no manifest.json; pass a finished build folder")
     build = Build(data)
-    probes = probes_of_build(probes, build, every)
+    probes = probes_of_build(probes, build, every, data)
+    check_volume_as_used(volume_as, probes, build, data)
     split_list = tuple(s.strip() for s in splits.split(",") if s.strip())
     for level in sorted({get_probe(p).level for p in probes}):
         for s in split_list:

@@ -77,6 +77,13 @@ class AskConfig:
     #: how a Level 4 volume is sent (``video``, ``montage``, ``views``; resolved, never ``auto``)
     volume_as: str = "montage"
 
+    def __post_init__(self) -> None:
+        """``splits`` in the one split order (train, val, test, then the others sorted), each once:
+        ``test,val`` and ``val,test`` ask the same questions, so they name one run."""
+        from spar_bench.builder.schema import ordered_splits
+
+        object.__setattr__(self, "splits", tuple(ordered_splits(self.splits)))
+
     def to_dict(self, volume: bool = False) -> dict[str, Any]:
         """config.json's fields; ``volume_as`` only for a Level 4 probe (``volume``)."""
         return {"splits": list(self.splits), "convention_hint": self.hint,

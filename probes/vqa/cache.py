@@ -9,7 +9,9 @@ stored key with the one asked for, so one model's answer can never be returned f
 another, even on a hash collision or a hand-edited file.
 
 Answers are committed after each batch, so an interrupted run resumes where it stopped,
-and rescoring (a new parser, new bootstrap replicates) costs no model call.
+and rescoring (a new parser, new bootstrap replicates) costs no model call. An empty reply
+(no text, no choice: a server's ``content: null``) is no answer: it is never stored, and one
+stored by an older version reads as absent, so it is asked again.
 
 A damaged file is one line, never a traceback: the file is checked when opened
 (``PRAGMA quick_check``), and any SQLite error later (a page that goes bad, a full disk)
@@ -35,6 +37,12 @@ def canonical(obj: Any) -> str:
 
 def key_hash(key: dict[str, Any]) -> str:
     return hashlib.sha256(canonical(key).encode("utf-8")).hexdigest()
+
+
+def is_empty(reply: dict[str, Any]) -> bool:
+    """A reply that holds no answer: no choice and no (non-blank) text."""
+    text = reply.get("text")
+    return reply.get("choice") is None and not (isinstance(text, str) and text.strip())
 
 
 class ResponseCache:
@@ -81,7 +89,7 @@ class ResponseCache:
                            "(its answers are asked again) or pass another --cache")
 
     def get(self, key: dict[str, Any]) -> dict[str, Any] | None:
-        """The reply stored for exactly ``key``, or None."""
+        """The reply stored for exactly ``key``, or None (also for an empty one: :func:`is_empty`)."""
         try:
             row = self._db.execute(
                 "SELECT key, reply FROM replies WHERE hash=?", (key_hash(key),)
@@ -95,11 +103,12 @@ class ResponseCache:
                 f"{self.path}: a stored answer's key differs from the key it is filed under; "
                 "delete the cache file"
             )
-        return json.loads(row[1])
+        reply = json.loads(row[1])
+        return None if is_empty(reply) else reply
 
     def put_many(self, items: list[tuple[dict[str, Any], dict[str, Any]]]) -> None:
-        """Store replies and commit (one transaction)."""
-        rows = [(key_hash(k), canonical(k), canonical(r)) for k, r in items]
+        """Store replies and commit (one transaction); an empty reply (:func:`is_empty`) is left out."""
+        rows = [(key_hash(k), canonical(k), canonical(r)) for k, r in items if not is_empty(r)]
         try:
             with self._db:
                 self._db.executemany("INSERT OR REPLACE INTO replies VALUES (?, ?, ?)", rows)

@@ -10,9 +10,10 @@ llama.cpp, Ollama), over the standard library's HTTP client.
   ``structured_outputs: {"choice": [...]}``, listing the option letters; the reply is
   still parsed strictly. A server that refuses the parameter stops the run with its error.
 * Bounded everywhere: ``--concurrency`` requests in flight, ``--timeout`` seconds each,
-  ``--retries`` more attempts on timeouts, connection errors, 429 and 5xx answers and
-  malformed JSON; any other 4xx stops at once. A request that still fails stops the run
-  (the answers so far are cached: a rerun resumes).
+  ``--retries`` more attempts on timeouts, connection errors, 408, 429 and 5xx answers,
+  malformed JSON and empty replies (``content`` null or blank, no refusal: never stored as an
+  answer); any other 4xx stops the batch at once (no request of it is sent after, nor retried).
+  A request that still fails stops the run (the answers so far are cached: a rerun resumes).
 * Back-off follows the server: a ``Retry-After`` header (seconds or an HTTP date) sets the
   wait before the next attempt, else it doubles from 1 s; each wait is capped at
   ``min(MAX_BACKOFF_S, --timeout)`` and stretched by up to 25 % jitter (so concurrent
@@ -31,6 +32,7 @@ import hashlib
 import json
 import os
 import random
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -49,13 +51,21 @@ class ServerError(SparError):
     """The server failed a request after every retry, or refused it."""
 
 
+class Refused(ServerError):
+    """The server refused a request (HTTP 4xx other than 408 and 429): the batch stops at once."""
+
+
 class _Retry(Exception):
-    """A failure worth another attempt (timeout, 5xx, 429, malformed JSON); ``after``: the
-    seconds the server asked to wait (``Retry-After``), when it did."""
+    """A failure worth another attempt (timeout, 5xx, 408, 429, malformed JSON, an empty reply);
+    ``after``: the seconds the server asked to wait (``Retry-After``), when it did."""
 
     def __init__(self, message: str, after: float | None = None):
         super().__init__(message)
         self.after = after
+
+
+class _NotSent(Exception):
+    """A request not sent: an earlier one of its batch was refused."""
 
 
 def retry_after(value: str | None, now: float | None = None) -> float | None:
@@ -128,10 +138,10 @@ class OpenAIBackend(Backend):
                 raw = resp.read()
         except urllib.error.HTTPError as e:
             detail = e.read(300).decode("utf-8", "replace").strip().replace("\n", " ")
-            if e.code == 429 or e.code >= 500:
+            if e.code in (408, 429) or e.code >= 500:
                 after = retry_after(e.headers.get("Retry-After") if e.headers else None)
                 raise _Retry(f"HTTP {e.code}: {detail}", after) from None
-            raise ServerError(f"{self.url}: HTTP {e.code}: {detail}") from None
+            raise Refused(f"{self.url}: HTTP {e.code}: {detail}") from None
         except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as e:
             raise _Retry(f"{type(e).__name__}: {getattr(e, 'reason', e)}") from None
         try:
@@ -139,9 +149,11 @@ class OpenAIBackend(Backend):
             content, refusal = message.get("content"), message.get("refusal")
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):
             raise _Retry(f"malformed reply: {raw[:120]!r}") from None
-        if isinstance(refusal, str) and refusal.strip() and not (isinstance(content, str) and content.strip()):
+        if isinstance(content, str) and content.strip():
+            return Reply(text=content)
+        if isinstance(refusal, str) and refusal.strip():
             return Reply(text=refusal, meta={"refusal": True})
-        return Reply(text=content if isinstance(content, str) else "")
+        raise _Retry(f"empty reply (content {content!r})")
 
     def wait_before(self, attempt: int, after: float | None) -> float:
         """Seconds before attempt ``attempt`` (1 = the first retry): the server's ``after``,
@@ -149,12 +161,15 @@ class OpenAIBackend(Backend):
         base = after if after is not None else self.backoff * 2 ** (attempt - 1)
         return min(base, MAX_BACKOFF_S, self.timeout) * (1.0 + 0.25 * self.jitter.random())
 
-    def ask_one(self, r: Request) -> Reply:
+    def ask_one(self, r: Request, stop: threading.Event | None = None) -> Reply:
         """One request, at most ``retries + 1`` attempts; the waits between them count
-        against ``--timeout``."""
+        against ``--timeout``. A refusal (:class:`Refused`) sets ``stop``; once it is set, no
+        attempt is made (:class:`_NotSent`)."""
         data = json.dumps(self.body(r)).encode("utf-8")
         waited, last = 0.0, _Retry("")
         for attempt in range(self.retries + 1):
+            if stop is not None and stop.is_set():
+                raise _NotSent(r.key)
             if attempt:
                 wait = self.wait_before(attempt, last.after)
                 if waited + wait > self.timeout:
@@ -170,6 +185,10 @@ class OpenAIBackend(Backend):
             except _Retry as e:
                 last = e
                 continue
+            except Refused:
+                if stop is not None:
+                    stop.set()
+                raise
             return Reply(text=reply.text, meta={**reply.meta, "attempts": attempt + 1})
         raise ServerError(
             f"{self.url}: question {r.key} failed {self.retries + 1} times (last: {last}); "
@@ -179,18 +198,23 @@ class OpenAIBackend(Backend):
     def answer(self, requests: list[Request]) -> list[Reply]:
         """Replies in request order; when some fail for good, :class:`PartialAnswers`
         carries the others (the runner caches them, then stops with the first error)."""
+        stop = threading.Event()
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
-            futures = [pool.submit(self.ask_one, r) for r in requests]
+            futures = [pool.submit(self.ask_one, r, stop) for r in requests]
         replies: list[Reply | None] = []
-        errors = []
+        errors, unsent = [], 0
         for f in futures:
             try:
                 replies.append(f.result())
             except ServerError as e:
                 replies.append(None)
                 errors.append(str(e))
+            except _NotSent:
+                replies.append(None)
+                unsent += 1
         if errors:
-            raise PartialAnswers(f"{errors[0]} ({len(errors)} of {len(requests)} failed)", replies)
+            tail = f", {unsent} not sent" if unsent else ""
+            raise PartialAnswers(f"{errors[0]} ({len(errors)} of {len(requests)} failed{tail})", replies)
         return replies  # type: ignore[return-value]
 
 
