@@ -8,6 +8,7 @@
 * :func:`run_main`: the console scripts' entry: SIGTERM runs every cleanup (no worker
   process outlives the command) and a full disk exits at once after its one line.
 * :func:`old_spelling`: a renamed option's old flag, hidden, still filling the new parameter.
+* :class:`LazyHelpOption`: an option whose help text is made when ``--help`` shows it.
 
 Exit status (docs/USAGE.md, "exit codes"), the same for ``spar-build`` and ``spar-probe``: 0 ok;
 1 a run failed (:class:`~spar_bench.errors.RunFailed`); 2 a usage or input error (click's
@@ -162,13 +163,16 @@ def run_main(group: click.Command, argv: list[str] | None = None) -> NoReturn:
 _GIVEN = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
 
 
-def old_spelling(old: str, new: str, param: str, **option_kw: Any) -> Callable[[Any], Any]:
+def old_spelling(old: str, new: str, param: str, *, convert: Callable[[Any], Any] | None = None,
+                 note: bool = False, **option_kw: Any) -> Callable[[Any], Any]:
     """Decorator (below ``@click.command``): ``old``, the spelling of option ``new`` before 0.2,
     hidden from ``--help`` and removed in 0.3, filling the command's parameter ``param``.
 
     ``option_kw`` are the old option's click settings (``type``, ``multiple`` ...). Given alone,
-    its value is ``param``'s, recorded as given on the command line (so a ``--preset`` does not
-    override it); given with ``new``: a :class:`~spar_bench.errors.ConfigError` (one line, exit 2).
+    its value (through ``convert``, where the old values are not the new option's: ``vqa
+    --dtype float32`` is ``--compute fp32``) is ``param``'s, recorded as given on the command
+    line (so a ``--preset`` does not override it), and with ``note`` a one-line deprecation note
+    goes to stderr; given with ``new``: a :class:`~spar_bench.errors.ConfigError` (one line, exit 2).
     """
     hidden = f"_old_{old.lstrip('-').replace('-', '_')}"
 
@@ -183,6 +187,10 @@ def old_spelling(old: str, new: str, param: str, **option_kw: Any) -> Callable[[
                 if ctx.get_parameter_source(param) in _GIVEN:
                     raise ConfigError(f"{old} and {new}: {old} is the old spelling of {new} "
                                       f"(renamed in 0.2); give {new} only")
+                if note:
+                    click.echo(f"note: {old} is deprecated (renamed {new} in 0.2, removed in 0.3); "
+                               f"give {new}", err=True)
+                value = value if convert is None else convert(value)
                 kw[param] = ctx.params[param] = value
                 ctx.set_parameter_source(param, source)
             return f(*args, **kw)
@@ -191,3 +199,16 @@ def old_spelling(old: str, new: str, param: str, **option_kw: Any) -> Callable[[
         return click.option(old, hidden, hidden=True, help=help_text, **option_kw)(command)
 
     return decorate
+
+
+class LazyHelpOption(click.Option):
+    """A :class:`click.Option` whose help text ``help_of()`` is made when ``--help`` shows it,
+    not when its command is imported (it may read classes whose modules import torch)."""
+
+    def __init__(self, *args: Any, help_of: Callable[[], str], **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.help_of = help_of
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        self.help = self.help_of()
+        return super().get_help_record(ctx)

@@ -236,10 +236,10 @@ def test_level3_transformer_trains_on_whole_slices_deterministically():
 
 
 def test_unusable_device_is_a_one_line_error():
-    from spar_bench.probes.runs.spec import check_device
+    from spar_bench.probes.hardware import pick_device
 
-    with pytest.raises(ConfigError, match="--device must be cpu or cuda"):
-        check_device("tpu")
+    with pytest.raises(ConfigError, match="--device must be auto, cpu or cuda"):
+        pick_device("tpu")
 
 
 @pytest.mark.gpu

@@ -9,9 +9,8 @@ from spar_bench.clitools import old_spelling
 
 from ..cache import STORAGE_DTYPES, TILE_ENCODINGS, CacheOptions, write_cache
 from ..distributed import die_with_launcher
-from ..hardware import COMPUTE_DTYPES
 from ..token_storage import TokenStorage
-from .options import loader_workers_option
+from .options import compute_option, device_option, loader_workers_option
 
 
 @click.command("cache")
@@ -26,14 +25,12 @@ from .options import loader_workers_option
 @click.option("--levels", default=None, help="Comma-separated levels (default: all in the build).")
 @click.option("--splits", default=None, help="Comma-separated splits (default: all).")
 @click.option("--layers", default="-1", show_default=True, help="Comma-separated layer indices, e.g. -1,-4.")
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@device_option
 @click.option("--batch-size", default=64, show_default=True, type=click.IntRange(1), help="Images per batch.")
 @old_spelling("--batch", "--batch-size", "batch_size", type=click.IntRange(1))
 @click.option("--dtype", type=click.Choice(sorted(STORAGE_DTYPES)), default="fp16", show_default=True,
               help="Storage dtype of tokens and pooled vectors.")
-@click.option("--compute", type=click.Choice(COMPUTE_DTYPES), default="auto", show_default=True,
-              help="Compute dtype (autocast); auto = bf16 on GPUs (fp16 without bf16) and on CPUs with "
-                   "native bf16 (AMX/AVX512-BF16), else fp32; the choice and reason are recorded.")
+@compute_option
 @loader_workers_option("DataLoader workers reading shards (default: 2 on CUDA, 0 on CPU).")
 @click.option("--overwrite", is_flag=True, help="Delete an existing cache at --out first.")
 @click.option("--tile-encoding", type=click.Choice(TILE_ENCODINGS), default="mosaic", show_default=True,

@@ -14,6 +14,8 @@ from ..runs.inputs import ProbeUnavailable
 from ..runs.session import run as run_spec
 from .options import (
     bootstrap_option,
+    compute_option,
+    device_option,
     fmt,
     head_option,
     loader_workers_option,
@@ -22,7 +24,21 @@ from .options import (
     parse_probes,
     parse_seeds,
     probe_option,
+    seeds_option,
+    spec_options,
+    threads_option,
 )
+
+
+def head_configs(heads: list[str], options: dict) -> dict[str, dict]:
+    """Each head's options among the head options given (``--d-model`` ...: ``options``, None
+    where not given), as ``fit`` and ``sweep`` apply them: an option none of ``heads`` has is
+    one line; one that only some have applies to those."""
+    from ..heads import head_defaults
+    from ..runs.spec import check_options_apply
+
+    check_options_apply(heads, options)
+    return {h: {k: v for k, v in options.items() if v is not None and k in head_defaults(h)} for h in heads}
 
 
 @click.command("finetune")
@@ -35,7 +51,7 @@ from .options import (
 @click.option("--data", required=True, type=click.Path(file_okay=False), help="Build folder (manifest.json).")
 @head_option("mlp")
 @probe_option()
-@click.option("--seeds", default="0", show_default=True, help="Comma-separated seeds.")
+@seeds_option()
 @click.option("--out", default="runs", show_default=True, type=click.Path(file_okay=False))
 @click.option("--encoder-lr", default=1e-4, show_default=True, type=float)
 @click.option("--head-lr", default=1e-3, show_default=True, type=float)
@@ -47,28 +63,27 @@ from .options import (
 @click.option("--patience", default=5, show_default=True, type=int, help="Early stopping on the validation loss.")
 @click.option("--freeze-blocks", default=0, show_default=True, type=int, help="Freeze the stem and the first N blocks.")
 @click.option("--layer", default=-1, show_default=True, type=int)
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
-@click.option("--compute", type=click.Choice(["auto", "fp32", "bf16", "fp16"]), default="auto", show_default=True,
-              help="Autocast precision; auto = bf16 on GPUs and on CPUs with native bf16, else fp32.")
+@device_option
+@compute_option
 @loader_workers_option("DataLoader workers (default: 2 on CUDA, 0 on CPU).")
 @click.option("--checkpoint-every", default=0, show_default=True, type=int,
               help="Also checkpoint every N optimizer steps (0: at epoch ends only).")
-@click.option("--threads", default=None, type=click.IntRange(1), help="torch CPU threads (default: torch's).")
+@threads_option
 @bootstrap_option
 @click.option("--no-controls", is_flag=True, help="Skip the blind baseline.")
 @click.option("--train-mirrors", is_flag=True, help="Also train on mirrored counterfactual samples.")
 @click.option("--resume", is_flag=True, help="Continue an interrupted run from its checkpoint.")
 @click.option("--overwrite", is_flag=True, help="Replace a finished or interrupted run (train it again).")
+@spec_options(("head",))
 def finetune_command(encoder, weights, init, model_args, revision, data, head, probes, seeds, out, encoder_lr,
                      head_lr, weight_decay, batch_size, accum, max_epochs, warmup_epochs, patience,
                      freeze_blocks, layer, device, compute, workers, checkpoint_every, threads, n_boot,
-                     no_controls, train_mirrors, resume, overwrite):
+                     no_controls, train_mirrors, resume, overwrite, **head_opts):
     """Train an encoder and probe heads end to end on a build's images (finetune or from scratch;
     one run per probe x head x seed)."""
     import torch
 
-    if threads:
-        torch.set_num_threads(threads)
+    torch.set_num_threads(threads)
     cfg = FinetuneConfig(encoder_lr=encoder_lr, head_lr=head_lr, weight_decay=weight_decay,
                          batch_size=batch_size, accum=accum, max_epochs=max_epochs,
                          warmup_epochs=warmup_epochs, patience=patience, freeze_blocks=freeze_blocks,
@@ -76,12 +91,13 @@ def finetune_command(encoder, weights, init, model_args, revision, data, head, p
                          checkpoint_every=checkpoint_every)
     kwargs = parse_model_args(model_args)
     heads, seed_list = parse_heads(head), parse_seeds(seeds)
+    head_cfgs = head_configs(heads, head_opts)
     for p in parse_probes(probes):
         for h, s in [(h, s) for h in heads for s in seed_list]:
             try:
                 fs = FinetuneSpec(encoder, str(data), p, h, s, weights=weights, init=init, model_kwargs=kwargs,
-                                  revision=revision, cfg=cfg, n_boot=n_boot, controls=not no_controls,
-                                  train_mirrors=train_mirrors)  # fmt: skip
+                                  revision=revision, cfg=cfg, head_cfg=head_cfgs[h], n_boot=n_boot,
+                                  controls=not no_controls, train_mirrors=train_mirrors)  # fmt: skip
                 rd = run_spec(fs, out, resume=resume, overwrite=overwrite)
             except ProbeUnavailable as e:
                 if not names_all(probes):

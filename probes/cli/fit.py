@@ -11,7 +11,7 @@ import click
 
 from ..runs.inputs import ProbeUnavailable
 from ..runs.session import run_fit
-from ..runs.spec import check_device, make_run
+from ..runs.spec import make_run
 from ..runs.store import METRICS_FILE
 from ..tasks import get_probe
 from .options import (
@@ -26,7 +26,9 @@ from .options import (
     parse_seeds,
     pop_run_options,
     probe_option,
+    resolved_device,
     run_options,
+    seeds_option,
     with_preset,
 )
 
@@ -37,7 +39,7 @@ from .options import (
 )
 @head_option("mlp")
 @probe_option()
-@click.option("--seeds", default="0", show_default=True, help="Comma-separated seeds.")
+@seeds_option()
 @click.option("--out", default="runs", show_default=True, type=click.Path(file_okay=False))
 @click.option("--overwrite", is_flag=True, help="Train a finished run again and replace it (else it is kept).")
 @run_options
@@ -49,7 +51,7 @@ def fit_command(features, head, probes, seeds, out, overwrite, data, n_boot, no_
     kw, preset = apply_preset({"seeds": seeds, **kw})
     seeds = kw.pop("seeds")
     options = pop_run_options(kw)
-    check_device(device)
+    device = resolved_device(device)
     heads = parse_heads(head)
     runs = [[with_preset(make_run(features, p, h, s, options, data=data, controls=not no_controls,
                                   n_boot=n_boot, device=device), preset)

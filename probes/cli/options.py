@@ -3,9 +3,11 @@ options of :data:`~spar_bench.probes.runs.spec.OPTIONS`, presets, and the one-li
 
 One vocabulary (docs/USAGE.md, "One vocabulary"): ``--probe`` and ``--head`` (repeatable, or comma
 lists), ``--batch-size``, ``--jobs`` for processes, ``--loader-workers`` for DataLoader
-workers, ``--bootstrap N >= 1``. The spellings before 0.2 (``sweep --probes/--heads``,
-``cache --batch``, ``cache``/``finetune --workers``) still work, hidden
-(:func:`spar_bench.clitools.old_spelling`), and go in 0.3.
+workers, ``--bootstrap N >= 1``, and one meaning for ``--device`` (:func:`device_option`),
+``--compute`` (:func:`compute_option`), ``--threads`` (:func:`threads_option`) and ``--seeds``
+(:func:`seeds_option`) in every command that takes them. The spellings before 0.2 (``sweep
+--probes/--heads``, ``cache --batch``, ``cache``/``finetune --workers``, ``vqa --dtype/--seed``)
+still work, hidden (:func:`spar_bench.clitools.old_spelling`), and go in 0.3.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 import click
 
-from spar_bench.clitools import old_spelling
+from spar_bench.clitools import LazyHelpOption, old_spelling
 from spar_bench.errors import ConfigError
 
 from ..runs.spec import OPTIONS, RunSpec
@@ -135,16 +137,75 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def run_options(f):
-    """The options every run takes, shared by ``fit`` and ``sweep`` (one per :data:`OPTIONS`)."""
+def seeds_option(default: str = "0"):
+    """``--seeds LIST`` (comma-separated integers, read with :func:`parse_seeds`; one run per seed)."""
+    return click.option("--seeds", default=default, show_default=True, metavar="LIST",
+                        help="Comma-separated seeds, e.g. 0,1,2 (one run per seed).")
+
+
+def device_option(f):
+    """``--device``, the same in every command: ``auto`` (CUDA when visible, else the CPU) by
+    default; the command resolves it with :func:`~spar_bench.probes.hardware.pick_device` (a
+    bad or unusable value: one line)."""
+    return click.option("--device", default="auto", show_default=True, metavar="auto|cpu|cuda[:N]",
+                        help="Where it runs: auto (CUDA when visible, else the CPU), cpu, cuda or "
+                             "cuda:N.")(f)  # fmt: skip
+
+
+def resolved_device(device: str) -> str:
+    """``--device`` as a run records it, ``auto`` resolved (``cpu``, ``cuda``): where a run trains
+    never names its folder (:meth:`~..runs.spec.RunSpec.variant`), so ``auto`` changes no run id.
+
+    Interned: ``head.pt`` pickles its config, and pickle writes a second reference to one string
+    object as a back-reference but an equal, distinct string in full (``"cpu"`` must be the
+    literal's object for the same bytes)."""
+    import sys
+
+    from ..hardware import pick_device
+
+    return sys.intern(str(pick_device(device)))
+
+
+def compute_option(f):
+    """``--compute``, the same in every command: the compute precision, resolved with
+    :func:`~spar_bench.probes.hardware.pick_compute`."""
+    from ..hardware import COMPUTE_DTYPES
+
+    return click.option("--compute", type=click.Choice(COMPUTE_DTYPES), default="auto", show_default=True,
+                        help="Compute precision; auto = bf16 on GPUs (fp16 without bf16) and on CPUs with "
+                             "native bf16 (AMX/AVX512-BF16), else fp32; the choice is recorded. "
+                             "(Storage precision is --dtype.)")(f)  # fmt: skip
+
+
+def threads_option(f):
+    """``--threads N``, the same in every command: 1 by default (the help says why)."""
+    return click.option("--threads", default=1, show_default=True, type=click.IntRange(1),
+                        help="torch CPU threads per process; 1 everywhere, as a CPU result's last bits "
+                             "depend on the thread count (parallel sums add in another order): 1 gives "
+                             "the same bytes on every machine, and --jobs processes never oversubscribe "
+                             "the cores. More speed up one long CPU run (finetune).")(f)  # fmt: skip
+
+
+def spec_options(where: tuple[str, ...] = ("train", "head", "run")):
+    """One option per :data:`OPTIONS` entry of kind ``where`` (``--d-model`` ...; default None:
+    the run's own), their help made when ``--help`` shows it (:func:`~..runs.spec.option_help`
+    reads the head classes, which import torch)."""
     from ..runs.spec import option_help
 
-    for opt in reversed(list(OPTIONS.values())):
-        flag = f"--{opt.name.replace('_', '-')}"
-        if opt.type is bool:
-            f = click.option(flag, opt.name, is_flag=True, default=None, help=option_help(opt))(f)
-        else:
-            f = click.option(flag, opt.name, type=opt.type, default=None, help=option_help(opt))(f)
+    def decorate(f):
+        for opt in reversed([o for o in OPTIONS.values() if o.where in where]):
+            flag = f"--{opt.name.replace('_', '-')}"
+            kind = {"is_flag": True} if opt.type is bool else {"type": opt.type}
+            f = click.option(flag, opt.name, cls=LazyHelpOption, default=None,
+                             help_of=lambda opt=opt: option_help(opt), **kind)(f)  # fmt: skip
+        return f
+
+    return decorate
+
+
+def run_options(f):
+    """The options every run takes, shared by ``fit`` and ``sweep`` (one per :data:`OPTIONS`)."""
+    f = spec_options()(f)
     f = click.option("--data", default=None, type=click.Path(file_okay=False),
                      help="Build dir (default: the cache's dataset_dir).")(f)  # fmt: skip
     f = bootstrap_option(f)
@@ -152,11 +213,7 @@ def run_options(f):
     f = click.option("--preset", default=None, metavar="NAME",
                      help="Fill the options not given from a named preset: paper (docs/PROTOCOL.md "
                           "§12); explicit options win, and each run records both.")(f)  # fmt: skip
-    f = click.option("--device", default="cpu", show_default=True,
-                     help="Where heads train: cpu, or cuda[:N] (heads are light; the Level 1-2 "
-                          "transformer gains most).")(f)  # fmt: skip
-    return click.option("--threads", default=1, show_default=True, type=click.IntRange(1),
-                        help="torch CPU threads per run (the same metrics either way).")(f)  # fmt: skip
+    return threads_option(device_option(f))
 
 
 def apply_preset(params: dict[str, Any]) -> tuple[dict[str, Any], dict | None]:

@@ -25,7 +25,9 @@ from .options import (
     parse_seeds,
     pop_run_options,
     probe_option,
+    resolved_device,
     run_options,
+    seeds_option,
     with_preset,
 )
 
@@ -36,7 +38,7 @@ from .options import (
 )
 @head_option("mlp,transformer", param="heads", old=True)
 @probe_option(old=True)
-@click.option("--seeds", default="0,1,2", show_default=True, help="Comma-separated seeds.")
+@seeds_option("0,1,2")
 @click.option("--out", default="runs", show_default=True, type=click.Path(file_okay=False))
 @click.option(
     "--jobs", default=2, show_default=True, type=click.IntRange(1), help="Worker processes."
@@ -64,13 +66,13 @@ def sweep_command(features, heads, probes, seeds, out, jobs, grid, list_ids, onl
     from spar_bench.partitions import parse_partition
 
     from ..runs.inputs import encoder_slug, open_cache, resolve_build
-    from ..runs.spec import check_device, parse_grid
+    from ..runs.spec import parse_grid
 
     kw, preset = apply_preset({"seeds": seeds, "heads": heads, **kw})
     seeds, heads = kw.pop("seeds"), kw.pop("heads")
     options = pop_run_options(kw)
     head_list = parse_heads(heads)
-    check_device(device)  # fail fast on an unusable --device
+    device = resolved_device(device)  # fail fast on an unusable --device; auto: cpu or cuda
     points = parse_grid(grid)
     all_jobs = make_jobs(str(features), head_list, parse_probes(probes, cache_levels(features)), parse_seeds(seeds), options,
                          points, str(out), threads, data=data, controls=not no_controls,

@@ -8,11 +8,25 @@ from pathlib import Path
 
 import click
 
+from spar_bench.clitools import old_spelling
 from spar_bench.errors import ConfigError
 
 from ..vqa.base import MODES, BackendOptions
 from ..vqa.openai import GUIDED
-from .options import bootstrap_option, names_all, probe_option, split_list
+from .options import (
+    bootstrap_option,
+    compute_option,
+    device_option,
+    names_all,
+    parse_seeds,
+    probe_option,
+    seeds_option,
+    split_list,
+)
+
+#: ``--compute`` as an ``hf:`` model's torch dtype (what its runs record as ``decoding.dtype``);
+#: the hidden ``--dtype`` (before 0.2) took these names
+TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def full_probe_name(name: str) -> str:
@@ -50,6 +64,19 @@ def parse_question_probes(text: tuple[str, ...] | str) -> list[str]:
 
 def options_from(generate: bool, **kw) -> BackendOptions:
     return BackendOptions(mode=MODES[1] if generate else MODES[0], **kw)
+
+
+def model_placement(model: str, device: str, compute: str) -> dict[str, str]:
+    """``--device`` and ``--compute`` as the backend takes them: for an ``hf:`` model (the one
+    kind that runs here) a torch device and dtype name, ``auto`` resolved as every command
+    resolves it (:func:`~..hardware.pick_device`, :func:`~..hardware.pick_compute`; ``--compute
+    fp32`` is ``float32``, as ``--dtype float32`` before); other kinds read neither."""
+    if not model.startswith("hf:"):
+        return {}
+    from ..hardware import pick_compute, pick_device
+
+    dev = pick_device(device)
+    return {"device": str(dev), "dtype": TORCH_DTYPES[pick_compute(compute, dev).dtype]}
 
 
 def resolve_image_size(option: str, backend) -> int:
@@ -143,22 +170,25 @@ def default_cache(out: str | Path, model: str) -> Path:
                    "the model's processor takes video, else montage. --image-size is each slice's side.")
 @click.option("--batch-size", default=8, show_default=True, type=click.IntRange(1))
 @click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(1))
-@click.option("--device", default="cpu", show_default=True)
-@click.option("--dtype", default="float32", show_default=True,
-              type=click.Choice(["float32", "bfloat16", "float16"]))
+@device_option
+@compute_option
+@old_spelling("--dtype", "--compute", "compute", note=True, type=click.Choice(sorted(TORCH_DTYPES.values())),
+              convert={v: k for k, v in TORCH_DTYPES.items()}.get)
 @click.option("--timeout", default=120.0, show_default=True, type=float,
               help="Seconds per HTTP request; the back-off waits of one question (Retry-After honoured, "
                    "capped) count against it too.")
 @click.option("--retries", default=3, show_default=True, type=click.IntRange(0, 20))
 @click.option("--concurrency", default=4, show_default=True, type=click.IntRange(1, 64))
-@click.option("--seed", default=0, show_default=True, type=int)
+@seeds_option()
+@old_spelling("--seed", "--seeds", "seeds", note=True, type=int, convert=str)
 @bootstrap_option
 @click.option("--cache", "cache_path", default=None, type=click.Path(dir_okay=False),
               help="Response cache (default OUT/.vqa-cache/<model>.sqlite).")
 def vqa_command(model, data, probes, splits, out, revision, base_url, api_key_env, generate, guided,
                 no_convention_hint, no_circular, no_blind, image_size, volume_as, batch_size, max_new_tokens,
-                device, dtype, timeout, retries, concurrency, seed, n_boot, cache_path):
-    """Ask a multimodal LLM every Level 3 (and Level 4) question; score it like a probe head."""
+                device, compute, timeout, retries, concurrency, seeds, n_boot, cache_path):
+    """Ask a multimodal LLM every Level 3 (and Level 4) question; score it like a probe head
+    (one run per probe x seed)."""
     from spar_bench.builder.shards import Build
 
     from ..runs.session import RunOptions, execute, open_job
@@ -183,30 +213,43 @@ def vqa_command(model, data, probes, splits, out, revision, base_url, api_key_en
         for s in split_list:
             if s not in build.splits(level):
                 raise ConfigError(f"--splits {s}: {data} {level} has splits {', '.join(build.splits(level))}")
-    opts = options_from(generate, seed=seed, revision=revision, base_url=base_url,
-                        api_key_env=api_key_env, device=device, dtype=dtype, batch_size=batch_size,
-                        max_new_tokens=max_new_tokens, guided=guided, timeout=timeout,
-                        retries=retries, concurrency=concurrency, data=str(data))
-    backend = load_backend(model, opts)
-    cfg = AskConfig(split_list, not no_convention_hint, not no_circular, not no_blind,
-                    resolve_image_size(image_size, backend), seed, n_boot, resolve_volume_as(volume_as, backend))
+    seed_list = parse_seeds(seeds)
+    kw = dict(revision=revision, base_url=base_url, api_key_env=api_key_env, batch_size=batch_size,
+              max_new_tokens=max_new_tokens, guided=guided, timeout=timeout, retries=retries,
+              concurrency=concurrency, data=str(data), **model_placement(model, device, compute))
+    backends = backends_by_seed(lambda seed: load_backend(model, options_from(generate, seed=seed, **kw)), seed_list)
+    first = backends[seed_list[0]]
+    shown = resolve_image_size(image_size, first), resolve_volume_as(volume_as, first)
+    cfgs = {s: AskConfig(split_list, not no_convention_hint, not no_circular, not no_blind, shown[0], s, n_boot,
+                         shown[1]) for s in seed_list}  # fmt: skip
     saved = 0
-    with ResponseCache(cache_path or default_cache(out, backend.name)) as cache:
-        jobs = {p: open_job(MllmSpec(backend, build, p, cfg, cache), out) for p in probes}
+    with ResponseCache(cache_path or default_cache(out, first.name)) as cache:
+        jobs = {(s, p): open_job(MllmSpec(backends[s], build, p, cfgs[s], cache), out)
+                for p in probes for s in seed_list}  # fmt: skip
         for job in jobs.values():  # a finished run made otherwise is refused before any question is asked
             preflight(job)
-        for p, job in jobs.items():
+        for (s, p), job in jobs.items():
             with _Progress(p) as progress:
                 if job is not None:
-                    job.spec = MllmSpec(backend, build, p, cfg, cache, progress)
+                    job.spec = MllmSpec(backends[s], build, p, cfgs[s], cache, progress)
                 rd = None if job is None else execute(job, RunOptions())
             if rd is None:
                 click.echo(f"{p}: no questions on {', '.join(split_list)}; skipped", err=True)
                 continue
             saved += _echo(p, rd)
-    backend.close()
+    for backend in {id(b): b for b in backends.values()}.values():
+        backend.close()
     if saved:
         click.echo(f"byte-identical prompts asked once: {saved} requests saved")
+
+
+def backends_by_seed(load, seeds: list[int]) -> dict:
+    """The backend of each seed (``load(seed)``): one per seed where its answers depend on the
+    seed (its identity records one: ``dummy``), else one for all (an ``hf:`` model loads once)."""
+    first = load(seeds[0])
+    if "seed" not in first.identity:
+        return dict.fromkeys(seeds, first)
+    return {seeds[0]: first, **{s: load(s) for s in seeds[1:]}}
 
 
 class _Progress:

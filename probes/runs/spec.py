@@ -64,24 +64,47 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("sinkhorn_iters", "train", int, "Sinkhorn iterations of the Level 2 loss."),
     Option("grad_clip", "train", float, "Gradient-norm clip, 0 = none."),
     Option("proj_dim", "head", proj_width, "Token heads: width of the fixed PCA projection, or 'none' "
-                                          "(no PCA: every channel, centred and scaled). [default: 128]"),
-    Option("d_model", "head", int, "Token heads: model width. [default: 64 transformer, 128 attnpool]"),
-    Option("n_layers", "head", int, "transformer: layers. [default: 2]"),
-    Option("n_heads", "head", int, "Token heads: attention heads. [default: 4]"),
-    Option("hidden", "head", int, "mlp: hidden width. [default: 512]"),
-    Option("dropout", "head", float, "mlp and token heads: dropout. [default: 0.1]"),
-    Option("q_dim", "head", int, "Pooled heads: width of each question embedding. [default: 32]"),
-    Option("layer", "run", int, "Cached layer to read. [default: -1]"),
+                                          "(no PCA: every channel, centred and scaled)."),
+    Option("d_model", "head", int, "Token heads: model width."),
+    Option("n_layers", "head", int, "transformer: layers."),
+    Option("n_heads", "head", int, "Token heads: attention heads."),
+    Option("hidden", "head", int, "mlp: hidden width."),
+    Option("dropout", "head", float, "mlp and token heads: dropout."),
+    Option("q_dim", "head", int, "Pooled heads: width of each question embedding."),
+    Option("layer", "run", int, "Cached layer to read."),
     Option("train_mirrors", "run", bool, "Also train on mirrored counterfactual samples."),
 )}  # fmt: skip
 ALIASES = {"wd": "weight_decay", "layers": "n_layers", "epochs": "max_epochs"}
 
 
 def option_help(opt: Option) -> str:
-    """``opt.help`` with the train option's default taken from :class:`TrainConfig` itself."""
-    if opt.where == "train" and getattr(TrainConfig(), opt.name) is not None:
-        return f"{opt.help} [default: {getattr(TrainConfig(), opt.name)}]"
-    return opt.help
+    """``opt.help`` with the option's default where it is declared: :class:`TrainConfig` (a
+    train option), the head classes' ``DEFAULTS`` (a head option) or :class:`RunSpec`.
+
+    A head option's defaults import the head classes (torch): the CLI asks for this text only
+    when ``--help`` shows it (:class:`~spar_bench.clitools.LazyHelpOption`).
+    """
+    if opt.where == "train":
+        default = getattr(TrainConfig(), opt.name)
+    elif opt.where == "head":
+        default = head_option_defaults(opt.name)
+    else:
+        default = None if opt.type is bool else RunSpec.__dataclass_fields__[opt.name].default
+    return opt.help if default is None else f"{opt.help} [default: {default}]"
+
+
+def head_option_defaults(name: str) -> str:
+    """Head option ``name``'s default from the head classes' ``DEFAULTS``: ``128``, or per head
+    where they differ (``64 transformer, 128 attnpool/coordpool``)."""
+    from ..heads import HEADS, head_defaults
+
+    by_value: dict[Any, list[str]] = {}
+    for head in HEADS.names():
+        if name in head_defaults(head):
+            by_value.setdefault(head_defaults(head)[name], []).append(head)
+    if len(by_value) == 1:
+        return str(next(iter(by_value)))
+    return ", ".join(f"{value} {'/'.join(heads)}" for value, heads in by_value.items())
 
 
 @dataclass(frozen=True)
@@ -310,14 +333,3 @@ def check_options_apply(heads: list[str], options: dict[str, Any]) -> None:
         if value is not None and OPTIONS[name].where == "head" and name not in have:
             raise ConfigError(f"--{name.replace('_', '-')}: none of the heads {', '.join(heads)} has it")
 
-
-def check_device(device: str) -> str:
-    """``cpu`` or ``cuda[:N]`` with a visible CUDA device, else a one-line error."""
-    if device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ConfigError(f"--device {device}: no CUDA device is visible; use --device cpu")
-    elif device != "cpu":
-        raise ConfigError(f"--device must be cpu or cuda[:N], got {device!r}")
-    return device
