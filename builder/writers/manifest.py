@@ -65,10 +65,10 @@ def field_digests(manifest: Mapping[str, Any]) -> dict[str, str]:
 
     The text hashed is the value's JSON with sorted keys and no whitespace
     (``json.dumps(value, sort_keys=True, separators=(",", ":"))``), so a hand edit of any
-    field (``config``, ``thresholds``, ``counts``...) changes its digest.
+    field (``config``, ``thresholds``, ``counts``...) changes its digest. (NaN is allowed here so
+    that a hand-edited NaN is reported as an edit; :func:`write_manifest` refuses it.)
     """
-    return {k: hashlib.sha256(json.dumps(v, sort_keys=True, separators=(",", ":"), allow_nan=False)
-                              .encode("utf-8")).hexdigest()
+    return {k: hashlib.sha256(json.dumps(v, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
             for k, v in manifest.items() if k not in UNDIGESTED}
 
 
