@@ -396,16 +396,27 @@ def _checked_result(case_id: str, result: dict[str, dict[str, Any]], levels: lis
 
 # -- thresholds ------------------------------------------------------------------------
 def _load_thresholds_from(path: str) -> tuple[dict[str, Any], str]:
-    """(thresholds, fingerprint) of the build at ``path`` (a folder or its manifest.json)."""
+    """(thresholds, fingerprint) of the build at ``path`` (a folder or its manifest.json); a
+    manifest that disagrees with itself (a hand-edited ``thresholds`` or ``config``, a fingerprint
+    that is not its shard list's: :func:`~.writers.manifest.manifest_problems`) is refused."""
+    from .writers.manifest import MANIFEST_FORMAT, manifest_problems
+
     p = Path(path)
     p = p / "manifest.json" if p.is_dir() else p
     if not p.is_file():
         raise ConfigError(f"--thresholds-from {path}: no manifest.json there; give a finished build")
+    not_one = f"{p}: has no thresholds.values; is it a SPAR-Bench build manifest?"
     try:
         m = json.loads(p.read_text(encoding="utf-8"))
         th = m["thresholds"]["values"]
     except (ValueError, KeyError, TypeError):
-        raise ConfigError(f"{p}: has no thresholds.values; is it a SPAR-Bench build manifest?") from None
+        raise ConfigError(not_one) from None
+    if m.get("format") != MANIFEST_FORMAT:
+        raise ConfigError(not_one)
+    problems = manifest_problems(m)
+    if problems:
+        raise ConfigError(f"--thresholds-from {path}: {p}: {'; '.join(problems)} (`spar-build verify` "
+                          "checks a build); give an intact build")
     if th is None:
         raise ConfigError(f"{p}: that build recorded no thresholds (built without level3?)")
     return th, str(m.get("fingerprint", "unknown"))

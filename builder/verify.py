@@ -2,7 +2,8 @@
 
 Re-hashes every HDF5 shard, every Parquet file and the dataset card, re-counts rows
 (samples, slices, volumes) and questions per level and split from the files themselves, recomputes
-the fingerprint, and flags every file in the build that the manifest does not list.
+the fingerprint and the sha256 of every other field of the manifest (``field_sha256``: a hand-edited
+``config`` or ``thresholds`` is named), and flags every file in the build that the manifest does not list.
 Prints ``OK`` or every difference, and exits non-zero on any.
 """
 
@@ -15,7 +16,13 @@ import click
 from spar_bench.errors import IntegrityError, SparError
 
 from .schema import LEVEL_SPECS
-from .writers.manifest import fingerprint, listed_files, read_manifest, sha256_file, shard_entries
+from .writers.manifest import (
+    MANIFEST_NAME,
+    listed_files,
+    manifest_problems,
+    read_manifest,
+    sha256_file,
+)
 
 
 def _h5_counts(path: Path, level: str) -> tuple[int, int]:
@@ -43,27 +50,26 @@ def _unlisted(out: Path, manifest: dict) -> list[str]:
     return sorted(files_under(out) - listed_files(manifest))
 
 
-def verify_build(out: str | Path) -> list[str]:
-    """Every difference between ``out`` and its manifest (empty list = intact)."""
-    out = Path(out)
-    m = read_manifest(out)
-    problems: list[str] = []
+def _check_file(out: Path, entry: dict, problems: list[str]) -> Path | None:
+    """The path of a listed file if it is there (its sha256 compared with ``entry``), else None."""
+    p = out / entry["path"]
+    if not p.is_file():
+        problems.append(f"{entry['path']}: missing")
+        return None
+    got = sha256_file(p)
+    if got != entry["sha256"]:
+        problems.append(f"{entry['path']}: sha256 {got[:16]}... != manifest {entry['sha256'][:16]}...")
+    return p
 
-    def check_file(entry: dict) -> Path | None:
-        p = out / entry["path"]
-        if not p.is_file():
-            problems.append(f"{entry['path']}: missing")
-            return None
-        got = sha256_file(p)
-        if got != entry["sha256"]:
-            problems.append(f"{entry['path']}: sha256 {got[:16]}... != manifest {entry['sha256'][:16]}...")
-        return p
 
+def _check_shards(out: Path, m: dict, problems: list[str]) -> None:
+    """Every HDF5 shard: present, its sha256, its rows and questions; each split's total
+    against ``counts``."""
     for level, by_split in m["shards"].items():
         for split, entries in by_split.items():
             rows = qs = 0
             for e in entries:
-                p = check_file(e)
+                p = _check_file(out, e, problems)
                 if p is None:
                     continue
                 try:
@@ -81,29 +87,38 @@ def verify_build(out: str | Path) -> list[str]:
                 if want != rows or c.get("questions", 0) != qs:
                     problems.append(f"{level}/{split}: {rows} rows / {qs} questions in the shards, "
                                     f"counts say {want} / {c.get('questions', 0)}")
-    hf = m.get("hf")
-    if hf:
-        import pyarrow.parquet as pq
 
-        for e in hf.get("files", []):
-            p = check_file(e)
-            if p is not None:
-                try:
-                    n = pq.ParquetFile(p).metadata.num_rows
-                except Exception as err:  # pyarrow raises several types for corrupt files
-                    problems.append(f"{e['path']}: unreadable Parquet ({err})")
-                    continue
-                if n != e["rows"]:
-                    problems.append(f"{e['path']}: {n} rows, manifest says {e['rows']}")
-        if hf.get("card"):
-            check_file(hf["card"])
+
+def _check_hf(out: Path, hf: dict, problems: list[str]) -> None:
+    """Every Parquet file (present, sha256, rows) and the dataset card of ``manifest["hf"]``."""
+    import pyarrow.parquet as pq
+
+    for e in hf.get("files", []):
+        p = _check_file(out, e, problems)
+        if p is not None:
+            try:
+                n = pq.ParquetFile(p).metadata.num_rows
+            except Exception as err:  # pyarrow raises several types for corrupt files
+                problems.append(f"{e['path']}: unreadable Parquet ({err})")
+                continue
+            if n != e["rows"]:
+                problems.append(f"{e['path']}: {n} rows, manifest says {e['rows']}")
+    if hf.get("card"):
+        _check_file(out, hf["card"], problems)
+
+
+def verify_build(out: str | Path) -> list[str]:
+    """Every difference between ``out`` and its manifest (empty list = intact): the files, and
+    the manifest against itself (fingerprint, ``field_sha256``: :func:`manifest_problems`)."""
+    out = Path(out)
+    m = read_manifest(out)
+    problems: list[str] = []
+    _check_shards(out, m, problems)
+    if m.get("hf"):
+        _check_hf(out, m["hf"], problems)
     problems += [f"{path}: not listed in manifest.json (a stray file: readers that glob the "
                  "folder would load it; remove it)" for path in _unlisted(out, m)]
-    fp = fingerprint(shard_entries(m))
-    if fp != m["fingerprint"]:
-        problems.append(f"manifest.json: fingerprint {m['fingerprint'][:16]}... does not match its "
-                        f"shard list ({fp[:16]}...)")
-    return problems
+    return problems + [f"{MANIFEST_NAME}: {line}" for line in manifest_problems(m)]
 
 
 @click.command("verify")

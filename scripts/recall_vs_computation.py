@@ -932,9 +932,102 @@ MACHINE_CONDITIONS = ("device", "jobs", "threads", "cpu_count", "load_average_at
 REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "calibration.json"
 
 
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _row_name(row: dict) -> str:
+    """A row as the check names it: ``level3.size recall seed 0`` (untrained rows: no seed)."""
+    return f"{row['probe']} {row['model']}" + ("" if row["seed"] is None else f" seed {row['seed']}")
+
+
+def _cell_problem(cell: Any) -> str | None:
+    """What is wrong with one cell of a row (``{"value": number | null, "ci": [lo, hi] | null, ...}``)."""
+    if not isinstance(cell, dict):
+        return "is not an object"
+    if cell.get("value") is not None and not _is_number(cell["value"]):
+        return f"value {json.dumps(cell['value'])[:40]} is not a number or null"
+    ci = cell.get("ci")
+    if ci is not None and not (isinstance(ci, list) and len(ci) == 2 and all(map(_is_number, ci))):
+        return f"ci {json.dumps(ci)[:40]} is not [low, high]"
+    return None
+
+
+#: The fields of a row of calibration.json: (name, check, what it must be).
+ROW_FIELDS = (("probe", lambda v: isinstance(v, str), "a string"),
+              ("model", lambda v: isinstance(v, str), "a string"),
+              ("seed", lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool)), "an integer or null"),
+              ("cells", lambda v: isinstance(v, dict), "an object {layout: cell}"))
+
+
+def _row_problem(row: Any) -> str | None:
+    """What is wrong with one row (``{"probe": str, "model": str, "seed": int | null, "cells": {layout: cell}}``)."""
+    if not isinstance(row, dict):
+        return f"is {type(row).__name__} {json.dumps(row)[:40]}, not an object {{probe, model, seed, cells}}"
+    for key, ok, what in ROW_FIELDS:
+        if key not in row:
+            return f"has no {key!r} ({what})"
+        if not ok(row[key]):
+            return f"{key!r} is {json.dumps(row[key])[:40]}, not {what}"
+    for lay, cell in row["cells"].items():
+        if (problem := _cell_problem(cell)) is not None:
+            return f"({_row_name(row)}) cell {lay!r} {problem}"
+    return None
+
+
+def shape_problem(doc: Any) -> str | None:
+    """What makes a parsed ``calibration.json`` unusable for ``--check``, in words (None: usable):
+    ``{"conditions": {...}, "rows": [row, ...]}`` with every row as :func:`_row_problem` wants."""
+    if not isinstance(doc, dict) or not {"conditions", "rows"} <= set(doc):
+        return "not a calibration.json (needs 'conditions' and 'rows'): the --calibrate output"
+    if not isinstance(doc["conditions"], dict):
+        return "conditions is not an object"
+    if not isinstance(doc["rows"], list):
+        return f"rows is {type(doc['rows']).__name__}, not a list of rows"
+    for i, row in enumerate(doc["rows"]):
+        if (problem := _row_problem(row)) is not None:
+            return f"rows[{i}] {problem}"
+    return None
+
+
+def _rows_by_key(rows: list[dict], name: str) -> tuple[dict[tuple, dict], list[str]]:
+    """``({(probe, model, seed): row}, a line per row given twice)``."""
+    by_key: dict[tuple, dict] = {}
+    twice = []
+    for r in rows:
+        key = (r["probe"], r["model"], r["seed"])
+        if key in by_key:
+            twice.append(f"{name} has row {_row_name(r)} twice")
+        by_key[key] = r
+    return by_key, twice
+
+
+def _has_value(cells: dict, lay: str) -> bool:
+    return isinstance(cells.get(lay), dict) and cells[lay].get("value") is not None
+
+
+def coverage_problems(reference: dict, rerun: dict) -> list[str]:
+    """One line per row or cell that is in one of the two files and not the other (a cell without
+    a value counts as absent), or given twice: the rerun must hold every row and cell of the
+    reference, and no other, or its seed means are not the reference's."""
+    ref, lines = _rows_by_key(reference["rows"], "the reference")
+    new, twice = _rows_by_key(rerun["rows"], "the rerun")
+    lines += twice
+    lines += [f"the rerun has no row {_row_name(r)} (the reference has)" for k, r in ref.items() if k not in new]
+    lines += [f"the rerun has an extra row {_row_name(r)} (not in the reference)" for k, r in new.items() if k not in ref]
+    for key in (k for k in ref if k in new):
+        a, b = ref[key]["cells"], new[key]["cells"]
+        lays = list(dict.fromkeys([*a, *b]))
+        lines += [f"the rerun's row {_row_name(new[key])} has no cell {lay!r} (the reference has)"
+                  for lay in lays if _has_value(a, lay) and not _has_value(b, lay)]
+        lines += [f"the rerun's row {_row_name(new[key])} has an extra cell {lay!r} (not in the reference)"
+                  for lay in lays if _has_value(b, lay) and not _has_value(a, lay)]
+    return lines
+
+
 def _seed_cells(rows: list[dict], probe: str, model: str, layout: str) -> tuple[list[float], list[list[float]]]:
     """The values and intervals of every seed's row of ``model`` on ``probe`` in ``layout``."""
-    rs = [r["cells"][layout] for r in rows if r["probe"] == probe and r["model"] == model]
+    rs = [r["cells"].get(layout) or {} for r in rows if r["probe"] == probe and r["model"] == model]
     rs = [c for c in rs if c.get("value") is not None]
     return [c["value"] for c in rs], [c["ci"] for c in rs if c.get("ci")]
 
@@ -943,12 +1036,19 @@ def check_rerun(reference: dict, rerun: dict) -> tuple[list[str], list[str]]:
     """``(table lines, misses)``: every trained model's cell of the rerun (mean over its seeds)
     against the reference's interval (the mean of its seeds' 95 % intervals, as docs/RESULTS.md's
     table prints it), and every untrained row (oracle, blind), which must be the same. A miss
-    names the cell. The two runs must share every condition but the machine's."""
+    names the cell. The two runs must share every condition but the machine's, and the same rows
+    and cells (:func:`coverage_problems`); both must have :func:`shape_problem`'s shape."""
+    for name, doc in (("the reference", reference), ("the rerun", rerun)):
+        if (problem := shape_problem(doc)) is not None:
+            raise SystemExit(f"error: {name}: {problem}")
     had, got = (dict(d["conditions"]) for d in (reference, rerun))
     diff = sorted(k for k in set(had) | set(got) if k not in MACHINE_CONDITIONS and had.get(k) != got.get(k))
     if diff:
         raise SystemExit(f"error: the rerun was made with other conditions than the reference ({', '.join(diff)}); "
                          "rerun with the reference's command (its conditions are in its JSON)")
+    problems = coverage_problems(reference, rerun)
+    if problems:
+        raise SystemExit("\n".join(f"error: {p}" for p in problems))
     lines = ["| probe | model | layout | reference [interval] | rerun | within |", "|---|---|---|---|---|---|"]
     misses = []
     for probe in dict.fromkeys(r["probe"] for r in reference["rows"]):
@@ -981,9 +1081,8 @@ def check_command(path: Path, reference: Path) -> int:
             docs.append(json.loads(Path(f).read_text(encoding="utf-8")))
         except (OSError, ValueError) as e:
             raise SystemExit(f"error: {f}: not a readable calibration.json ({e})") from None
-        if not isinstance(docs[-1], dict) or not {"conditions", "rows"} <= set(docs[-1]):
-            raise SystemExit(f"error: {f}: not a calibration.json (needs 'conditions' and 'rows'): "
-                             "the --calibrate output")
+        if (problem := shape_problem(docs[-1])) is not None:
+            raise SystemExit(f"error: {f}: {problem}")
     lines, misses = check_rerun(*docs)
     print("\n".join(lines))
     n = len(lines) - 2  # the table's header and rule

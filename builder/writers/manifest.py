@@ -25,6 +25,7 @@ complete. Layout (top-level keys, as :func:`spar_bench.builder.build.build` writ
     skipped           [{"source", "case_id", "split", "reason"}]
     versions          {distribution: version | null} (spar_bench.provenance.BUILD_PACKAGES)
     fingerprint       see :func:`fingerprint`
+    field_sha256      {key: sha256} of every other top-level key: see :func:`field_digests`
 
 Paths are relative to ``OUT`` with forward slashes.
 """
@@ -43,6 +44,10 @@ MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "spar-bench-build"
 #: Keys without which a manifest is not a usable build.
 REQUIRED_KEYS = ("format", "schema_version", "complete", "shards", "fingerprint")
+#: The top-level key recording the sha256 of every other one (:func:`field_digests`).
+DIGESTS_KEY = "field_sha256"
+#: Top-level keys no digest covers: the fingerprint (checked against the shard list) and the digests.
+UNDIGESTED = ("fingerprint", DIGESTS_KEY)
 
 
 def fingerprint(entries: Iterable[tuple[str, str]]) -> str:
@@ -53,6 +58,50 @@ def fingerprint(entries: Iterable[tuple[str, str]]) -> str:
     """
     lines = "".join(f"{p}\t{s}\n" for p, s in sorted(entries))
     return hashlib.sha256(lines.encode("utf-8")).hexdigest()
+
+
+def field_digests(manifest: Mapping[str, Any]) -> dict[str, str]:
+    """``{key: sha256}`` of every top-level key of ``manifest`` but :data:`UNDIGESTED`.
+
+    The text hashed is the value's JSON with sorted keys and no whitespace
+    (``json.dumps(value, sort_keys=True, separators=(",", ":"))``), so a hand edit of any
+    field (``config``, ``thresholds``, ``counts``...) changes its digest. (NaN is allowed here so
+    that a hand-edited NaN is reported as an edit; :func:`write_manifest` refuses it.)
+    """
+    return {k: hashlib.sha256(json.dumps(v, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
+            for k, v in manifest.items() if k not in UNDIGESTED}
+
+
+def edited_fields(manifest: Mapping[str, Any]) -> list[str]:
+    """One line per top-level field that differs from the manifest's :data:`DIGESTS_KEY`
+    (edited, added or removed after the build; empty list = as written), without the file name."""
+    recorded = manifest.get(DIGESTS_KEY)
+    if recorded is None:
+        return [f"no {DIGESTS_KEY} (written before spar-bench 0.2.0): its config and thresholds "
+                "cannot be checked; rebuild it"]
+    if not isinstance(recorded, dict):
+        return [f"{DIGESTS_KEY} is not a {{field: sha256}} object; rebuild it"]
+    got = field_digests(manifest)
+    lines = []
+    for key in sorted(set(got) | set(recorded)):
+        if key not in got:
+            lines.append(f"field {key!r} removed after the build ({DIGESTS_KEY} lists it); restore it or rebuild")
+        elif key not in recorded:
+            lines.append(f"field {key!r} added after the build ({DIGESTS_KEY} does not list it); remove it")
+        elif got[key] != recorded[key]:
+            lines.append(f"field {key!r} edited after the build (sha256 {got[key][:16]}... != {DIGESTS_KEY} "
+                         f"{str(recorded[key])[:16]}...); restore it or rebuild")
+    return lines
+
+
+def manifest_problems(manifest: Mapping[str, Any]) -> list[str]:
+    """Every way ``manifest`` disagrees with itself, one line each without the file name: its
+    ``fingerprint`` against its shard list, and each field against :data:`DIGESTS_KEY`."""
+    lines = []
+    fp, want = fingerprint(shard_entries(manifest)), str(manifest.get("fingerprint"))
+    if fp != want:
+        lines.append(f"fingerprint {want[:16]}... does not match its shard list ({fp[:16]}...)")
+    return lines + edited_fields(manifest)
 
 
 def shard_entries(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -99,11 +148,12 @@ def dumps(manifest: Mapping[str, Any]) -> str:
 
 
 def write_manifest(out_dir: str | Path, manifest: dict[str, Any]) -> Path:
-    """Fill in ``fingerprint`` and ``complete`` and write ``out_dir/manifest.json``."""
-    manifest = dict(manifest)
-    manifest["format"] = MANIFEST_FORMAT
+    """Fill in ``format``, ``complete``, ``fingerprint`` and :data:`DIGESTS_KEY` and write
+    ``out_dir/manifest.json``. The digests are taken over the manifest as read back (JSON
+    turns tuples into lists and keys into strings), so a reader recomputes the same ones."""
+    manifest = json.loads(json.dumps({**manifest, "format": MANIFEST_FORMAT, "complete": True}, allow_nan=False))
     manifest["fingerprint"] = fingerprint(shard_entries(manifest))
-    manifest["complete"] = True
+    manifest[DIGESTS_KEY] = field_digests(manifest)
     path = Path(out_dir) / MANIFEST_NAME
     path.write_text(dumps(manifest), encoding="utf-8")
     return path

@@ -1,0 +1,119 @@
+"""``scripts/recall_vs_computation.py --check`` is strict (issue 39, item 7): a rerun that lacks
+or adds rows or cells fails with a line naming them (a deleted row used to pass as "117 of 117
+cells as the reference"), and a malformed file is one line naming the file and what is wrong,
+never a traceback. Fast: no training, the reference is docs/calibration.json."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import load_script
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def rvc():
+    return load_script(REPO / "scripts" / "recall_vs_computation.py", "recall_vs_computation")
+
+
+@pytest.fixture(scope="module")
+def reference(rvc) -> dict:
+    return json.loads(rvc.REFERENCE.read_text(encoding="utf-8"))
+
+
+def _row(rows: list, probe: str, model: str, seed) -> dict:
+    return next(r for r in rows if r["probe"] == probe and r["model"] == model and r["seed"] == seed)
+
+
+def _check(rvc, tmp_path: Path, doc, name: str = "rerun.json") -> int:
+    """``--check`` of ``doc`` (JSON-dumped, or written as is when a str) against the reference."""
+    path = tmp_path / name
+    path.write_text(doc if isinstance(doc, str) else json.dumps(doc), encoding="utf-8")
+    return rvc.main(["--check", str(path), "--against", str(rvc.REFERENCE)])
+
+
+def _one_error_line(exc: pytest.ExceptionInfo) -> str:
+    text = str(exc.value)
+    assert text.startswith("error: ") and "\n" not in text and "Traceback" not in text, text
+    return text
+
+
+def test_a_missing_row_fails_and_is_named(rvc, reference, tmp_path: Path) -> None:
+    rerun = copy.deepcopy(reference)
+    rerun["rows"].remove(_row(rerun["rows"], "level3.size", "blind (random prior)", None))
+    with pytest.raises(SystemExit) as e:  # was: exit 0, "117 of 117 cells as the reference"
+        _check(rvc, tmp_path, rerun)
+    assert _one_error_line(e) == ("error: the rerun has no row level3.size blind (random prior) "
+                                  "(the reference has)")
+    seedless = copy.deepcopy(reference)  # a trained seed's row: its cells are still there (seed 0)
+    seedless["rows"].remove(_row(seedless["rows"], "level3.orientation", "recall", 1))
+    with pytest.raises(SystemExit, match=r"^error: the rerun has no row level3.orientation recall seed 1 "):
+        rvc.check_rerun(reference, seedless)
+
+
+def test_an_extra_row_fails_and_is_named(rvc, reference, tmp_path: Path) -> None:
+    rerun = copy.deepcopy(reference)
+    rerun["rows"].append({**copy.deepcopy(_row(rerun["rows"], "level2.arrangement", "computation", 0)), "seed": 7})
+    with pytest.raises(SystemExit) as e:
+        _check(rvc, tmp_path, rerun)
+    assert _one_error_line(e) == ("error: the rerun has an extra row level2.arrangement computation seed 7 "
+                                  "(not in the reference)")
+
+
+def test_a_missing_or_empty_cell_fails_and_is_named(rvc, reference, tmp_path: Path) -> None:
+    rerun = copy.deepcopy(reference)
+    del _row(rerun["rows"], "level3.counting", "oracle", None)["cells"]["random"]  # was: KeyError
+    with pytest.raises(SystemExit) as e:
+        _check(rvc, tmp_path, rerun)
+    assert _one_error_line(e) == ("error: the rerun's row level3.counting oracle has no cell 'random' "
+                                  "(the reference has)")
+    empty = copy.deepcopy(reference)  # a cell without a value was dropped from the seed mean silently
+    _row(empty["rows"], "level1.localisation", "recall", 0)["cells"]["mirrored"]["value"] = None
+    with pytest.raises(SystemExit, match="row level1.localisation recall seed 0 has no cell 'mirrored'"):
+        rvc.check_rerun(reference, empty)
+
+
+@pytest.mark.parametrize("case", ["not json", "rows not a list", "conditions not an object",
+                                  "row not an object", "row without probe", "cell not an object",
+                                  "value not a number", "ci not a pair"])
+def test_a_malformed_file_is_one_line_naming_it(rvc, reference, tmp_path: Path, case: str) -> None:
+    doc = copy.deepcopy(reference)
+    row = _row(doc["rows"], "level3.size", "recall", 1)
+    want = {
+        "not json": ("{", "not a readable calibration.json"),
+        "rows not a list": ({"conditions": {}, "rows": {"a": 1}}, "rows is dict, not a list of rows"),
+        "conditions not an object": ({"conditions": [], "rows": []}, "conditions is not an object"),
+        "row not an object": ({**doc, "rows": [*doc["rows"], [1, 2]]}, "rows[56] is list [1, 2], not an object"),
+        "row without probe": ({**doc, "rows": [{"model": "recall", "seed": 0, "cells": {}}]},
+                              "rows[0] has no 'probe' (a string)"),
+        "cell not an object": (lambda: row["cells"].update(random=[0.5]),
+                               "(level3.size recall seed 1) cell 'random' is not an object"),
+        "value not a number": (lambda: row["cells"]["random"].update(value="0.5"),
+                               "(level3.size recall seed 1) cell 'random' value \"0.5\" is not a number or null"),
+        "ci not a pair": (lambda: row["cells"]["canonical"].update(ci=0.4),
+                          "(level3.size recall seed 1) cell 'canonical' ci 0.4 is not [low, high]"),
+    }[case]
+    content, message = want
+    if callable(content):
+        content()
+        content = doc
+    with pytest.raises(SystemExit) as e:
+        _check(rvc, tmp_path, content, name="bad.json")
+    line = _one_error_line(e)
+    assert line.startswith(f"error: {tmp_path / 'bad.json'}: ") and message in line, line
+
+
+def test_the_real_rerun_still_reports_its_seven_cells(rvc, tmp_path: Path, capsys) -> None:
+    from conftest import _shared
+
+    rerun = _shared("calibration-rerun") / "calibration-intel-amx.json"
+    assert rvc.main(["--check", str(rerun)]) == 1
+    out = capsys.readouterr().out
+    assert "113 of 120 cells as the reference:" in out
+    assert out.count("  outside: ") == 7
+    assert "outside: level3.counting computation random: 82.2 against 83.9 [82.3, 85.6]" in out
