@@ -7,6 +7,9 @@ import json
 
 import click
 
+from spar_bench.clitools import wait_option
+from spar_bench.locks import output_lock
+
 from ..finetune.config import FinetuneConfig, FinetuneSpec
 from ..finetune.run import parse_model_args, run_finetune
 from ..runs.inputs import ProbeUnavailable
@@ -57,6 +60,7 @@ from .options import (
 @click.option("--train-mirrors", is_flag=True, help="Also train on mirrored counterfactual samples.")
 @click.option("--resume", is_flag=True, help="Continue an interrupted run from its checkpoint.")
 @click.option("--overwrite", is_flag=True, help="Replace a finished or interrupted run (train it again).")
+@wait_option
 def finetune_command(encoder, weights, init, model_args, revision, data, head, probes, seeds, out, encoder_lr,
                      head_lr, weight_decay, batch_size, accum, max_epochs, warmup_epochs, patience,
                      freeze_blocks, layer, device, compute, workers, checkpoint_every, threads, n_boot,
@@ -74,6 +78,7 @@ def finetune_command(encoder, weights, init, model_args, revision, data, head, p
                          checkpoint_every=checkpoint_every)
     kwargs = parse_model_args(model_args)
     heads, seed_list = parse_heads(head), parse_seeds(seeds)
+    click.get_current_context().with_resource(output_lock(out, what="finetune (spar-probe finetune)"))
     for p in parse_probes(probes):
         for h, s in [(h, s) for h in heads for s in seed_list]:
             try:

@@ -7,6 +7,9 @@ import time
 
 import click
 
+from spar_bench.clitools import wait_option
+from spar_bench.locks import output_lock
+
 from ..runs.sweep import (
     Job,
     check_grid_prune,
@@ -57,6 +60,7 @@ from .options import (
               help="Successive halving of an lr/wd --grid: each seed's grid points train as one batch, "
                    "and after epoch K only the point with the lowest validation loss so far trains on "
                    "(the others are written as pruned). 0: off. Not with --only/--partition.")
+@wait_option
 @run_options
 def sweep_command(features, heads, probes, seeds, out, jobs, grid, list_ids, only, partition, batch_runs,
                   grid_prune, data, n_boot, no_controls, device, threads, **kw):  # fmt: skip
@@ -85,6 +89,9 @@ def sweep_command(features, heads, probes, seeds, out, jobs, grid, list_ids, onl
         list_runs(all_jobs, slug, cache, grid_prune)
         return
     chosen = select_jobs(all_jobs, slug, tuple(only), parse_partition(partition))
+    # the partitions of one sweep (or its --only runs) write one --out side by side: a shared lock
+    click.get_current_context().with_resource(output_lock(out, what="sweep (spar-probe sweep)",
+                                                          shared=bool(only or partition)))  # fmt: skip
     t0 = time.perf_counter()
     batched = batch_runs == "on" or (batch_runs == "auto" and str(device).startswith("cuda"))
     print_results(run_sweep(chosen, jobs, batched, grid_prune), time.perf_counter() - t0, out)

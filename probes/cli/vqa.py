@@ -8,7 +8,9 @@ from pathlib import Path
 
 import click
 
+from spar_bench.clitools import wait_option
 from spar_bench.errors import ConfigError
+from spar_bench.locks import output_lock
 
 from ..vqa.base import MODES, BackendOptions
 from ..vqa.openai import GUIDED
@@ -132,6 +134,7 @@ def default_cache(out: str | Path, model: str) -> Path:
 @bootstrap_option
 @click.option("--cache", "cache_path", default=None, type=click.Path(dir_okay=False),
               help="Response cache (default OUT/.vqa-cache/<model>.sqlite).")
+@wait_option
 def vqa_command(model, data, probes, splits, out, revision, base_url, api_key_env, generate, guided,
                 no_convention_hint, no_circular, no_blind, image_size, volume_as, batch_size, max_new_tokens,
                 device, dtype, timeout, retries, concurrency, seed, n_boot, cache_path):
@@ -160,6 +163,7 @@ def vqa_command(model, data, probes, splits, out, revision, base_url, api_key_en
                         api_key_env=api_key_env, device=device, dtype=dtype, batch_size=batch_size,
                         max_new_tokens=max_new_tokens, guided=guided, timeout=timeout,
                         retries=retries, concurrency=concurrency, data=str(data))
+    click.get_current_context().with_resource(output_lock(out, what="vqa (spar-probe vqa)"))  # before a model loads
     backend = load_backend(model, opts)
     cfg = AskConfig(split_list, not no_convention_hint, not no_circular, not no_blind,
                     resolve_image_size(image_size, backend), seed, n_boot, resolve_volume_as(volume_as, backend))
