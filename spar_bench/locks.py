@@ -12,8 +12,8 @@ output as above). Readers (``report``, ``--list``, ``--dry-run``) never take a l
 
 The lock is an ``flock`` on the file ``<output>.lock`` (a sibling, so replacing the output
 never touches it); it holds ``pid host since`` of its holder, for the one-line refusal
-(:class:`OutputBusy`: "OUT is being written by another fit (pid 1234, since ...); wait for
-it, or pass --wait"). ``--wait [SECONDS]`` (:func:`waiting`) waits instead, polling, and says
+(:class:`OutputBusy`: "runs is being written by another spar-probe fit, pid 1234 since
+2026-01-05T09:12:40Z; wait for it, or pass --wait"). ``--wait [SECONDS]`` (:func:`waiting`) waits instead, polling, and says
 once that it waits. The kernel releases an ``flock`` when its process dies, so the lock of a
 killed run (a stale file) is simply taken over. Where ``fcntl`` is missing (Windows) the
 file is created exclusively instead, and a file whose pid no longer runs is taken over.
@@ -131,20 +131,21 @@ def _describe(line: str) -> tuple[str, str] | None:
     if here and not _pid_alive(pid):
         return None
     where = "" if here else f" on {host}"
-    return " ".join(parts[3:4]), f"pid {pid}{where}" + (f", since {since}" if since else "")
+    return " ".join(parts[3:4]), f"pid {pid}{where}" + (f" since {since}" if since else "")
 
 
 def _holder(path: Path, what: str) -> str:
-    """"another fit (pid 1234, since ...)": who holds the lock ``path`` (``what``: its kind when unsaid)."""
+    """"another spar-probe fit, pid 1234 since ...": who holds the lock ``path`` (``what``: its kind
+    when the file does not say)."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError:
         lines = []
     found = [d for d in map(_describe, lines) if d]
     if not found:
-        return f"another {what} (a process that has not written its pid yet)"
+        return f"another {what}, a process that has not written its pid yet"
     (kind, first), more = found[0], len(found) - 1
-    return f"another {kind or what} ({first}" + (f", and {more} more)" if more else ")")
+    return f"another {kind or what}, {first}" + (f" (and {more} more)" if more else "")
 
 
 def _label(output: Path, name: str | None) -> str:
@@ -252,7 +253,7 @@ def output_lock(output: str | Path, *, what: str, shared: bool = False, name: st
     lock, label = lock_path(output), _label(output, name)
     _check_parent(output, lock)
     if lock in _HELD_PATHS:  # this process writes it already: waiting would never end
-        raise OutputBusy(f"{label} is being written by another {what} (pid {os.getpid()}: this process); "
+        raise OutputBusy(f"{label} is being written by another {what}, pid {os.getpid()} (this process); "
                          "one writer per output")  # fmt: skip
     fd = _acquire(output, lock, what, label, shared)
     _HELD[fd] = os.getpid()

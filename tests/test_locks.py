@@ -80,7 +80,7 @@ def test_two_writers_started_at_once_exactly_one_proceeds_20_times(tmp_path):
             p.join(timeout=60)
         (refused, _, msg), (wrote, winner, _) = got
         assert (refused, wrote) == ("refused", "wrote"), got
-        assert f"{out} is being written by another writer (pid {winner}, since " in msg, msg
+        assert f"{out} is being written by another writer, pid {winner} since " in msg, msg
         assert msg.endswith("wait for it, or pass --wait") and "\n" not in msg
         assert out.read_text() == f"{winner}\n" * 1000
         assert not Path(f"{out}.lock").exists()
@@ -120,7 +120,7 @@ def test_wait_waits_for_the_holder_then_proceeds(tmp_path):
         waiter = subprocess.Popen([sys.executable, "-c", WAITER, str(out)], stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, encoding="utf-8")  # fmt: skip
         said = waiter.stderr.readline()  # it waits: we still hold the lock
-        assert said.startswith(f"{out} is being written by another fit (pid {os.getpid()}, since ")
+        assert said.startswith(f"{out} is being written by another fit, pid {os.getpid()} since ")
         assert said.rstrip().endswith("; waiting for it")
     stdout, stderr = waiter.communicate(timeout=60)
     assert (waiter.returncode, stdout, stderr) == (0, "got it\n", "")
@@ -130,20 +130,20 @@ def test_wait_seconds_that_run_out_is_one_line(tmp_path):
     from spar_bench.locks import OutputBusy, output_lock, waiting
 
     out = tmp_path / "out"
-    with held_elsewhere(out, what="fit (spar-probe fit)") as holder:
+    with held_elsewhere(out, what="spar-probe fit") as holder:
         with waiting(0.05), pytest.raises(OutputBusy) as e:
-            with output_lock(out, what="sweep"):
+            with output_lock(out, what="spar-probe sweep"):
                 pass
-    assert str(e.value) == (f"{out} is still being written by another fit (spar-probe fit) (pid {holder.pid}, "
-                            f"since {str(e.value).split('since ')[1].split(')')[0]}) after waiting 0.05 s; "
-                            "wait longer (--wait), or write elsewhere")  # fmt: skip
+    since = str(e.value).split(" since ")[1].split()[0]
+    assert str(e.value) == (f"{out} is still being written by another spar-probe fit, pid {holder.pid} since {since} "
+                            "after waiting 0.05 s; wait longer (--wait), or write elsewhere")  # fmt: skip
 
 
 def test_one_process_locking_its_output_twice_is_refused_at_once(tmp_path):
     from spar_bench.locks import OutputBusy, output_lock, waiting
 
     with output_lock(tmp_path / "out", what="writer"), waiting(float("inf")):
-        with pytest.raises(OutputBusy, match=rf"pid {os.getpid()}: this process"):
+        with pytest.raises(OutputBusy, match=rf"pid {os.getpid()} \(this process\)"):
             with output_lock(tmp_path / "out", what="writer"):
                 pass
 
@@ -154,7 +154,7 @@ def test_shared_holders_admit_each_other_and_refuse_an_exclusive_one(tmp_path):
     out = tmp_path / "runs"
     with held_elsewhere(out, what="sweep", shared=True) as part:
         with held_elsewhere(out, what="sweep", shared=True):  # another partition
-            with pytest.raises(OutputBusy, match=rf"another sweep \(pid {part.pid}, since .*, and 1 more\)"):
+            with pytest.raises(OutputBusy, match=rf"another sweep, pid {part.pid} since \S+ \(and 1 more\)"):
                 with output_lock(out, what="fit"):
                     pass
         assert (tmp_path / "runs.lock").exists()  # the first partition still holds it
@@ -206,7 +206,7 @@ def test_every_writer_is_refused_in_one_line_while_its_output_is_written(pipelin
         capsys.readouterr()
         assert run_cmd(_group(script), argv) == 2
         line = _one_line(capsys.readouterr().err)
-    assert line.startswith(f"error: {locked} is being written by another writer (pid {holder.pid}, since ")
+    assert line.startswith(f"error: {locked} is being written by another writer, pid {holder.pid} since ")
     assert line.endswith("; wait for it, or pass --wait")
     if command != "eval":
         assert not Path(locked).exists()  # nothing was written
@@ -214,18 +214,18 @@ def test_every_writer_is_refused_in_one_line_while_its_output_is_written(pipelin
 
 def test_a_sweep_partition_runs_beside_another_but_not_beside_a_whole_sweep(pipeline, tmp_path, capsys):
     _, argv, out = _commands(pipeline, tmp_path)["sweep"]
-    with held_elsewhere(out, what="sweep (spar-probe sweep)", shared=True):
+    with held_elsewhere(out, what="spar-probe sweep", shared=True):
         assert run_cmd(_group("spar-probe"), [*argv, "--partition", "0/1"]) == 0
         assert len(list(out.rglob("metrics.json"))) == 1
         capsys.readouterr()
         assert run_cmd(_group("spar-probe"), argv) == 2
-        assert "is being written by another sweep (spar-probe sweep)" in _one_line(capsys.readouterr().err)
+        assert "is being written by another spar-probe sweep" in _one_line(capsys.readouterr().err)
 
 
 def test_a_report_reads_runs_while_they_are_written(pipeline, tmp_path):
     _, argv, out = _commands(pipeline, tmp_path)["fit"]
     assert run_cmd(_group("spar-probe"), argv) == 0
-    with held_elsewhere(out, what="sweep (spar-probe sweep)"):
+    with held_elsewhere(out, what="spar-probe sweep"):
         assert run_cmd(_group("spar-probe"), ["report", out, "--out", tmp_path / "report"]) == 0
     assert any((tmp_path / "report").iterdir())
 
@@ -247,7 +247,7 @@ def test_a_second_experiment_run_is_refused_at_the_step_the_first_is_running(tmp
         capsys.readouterr()
         assert run_cmd(_group("spar-bench"), ["run", path]) == 2
         line = _one_line(capsys.readouterr().err.replace("[1/1] build:a\n", ""))
-    assert line.startswith(f"error: step build:a of {out} is being written by another spar-bench run (pid {holder.pid}")
+    assert line.startswith(f"error: step build:a of {out} is being written by another spar-bench run, pid {holder.pid} ")
     assert not (out / "builds").exists()
 
 
@@ -307,7 +307,7 @@ def test_two_real_writers_into_one_out_both_end_well(pipeline, tmp_path, command
     for i in range(2):
         out = tmp_path / f"out{i}"
         argv = [*_commands(pipeline, tmp_path)[command][1][:-1], out]
-        _ended_well(_race(argv), f"{command} (spar-probe {command})")
+        _ended_well(_race(argv), f"spar-probe {command}")
         _whole_runs(out, 1)
     out = tmp_path / "waited"
     done = _race([*_commands(pipeline, tmp_path)[command][1][:-1], out, "--wait"])

@@ -81,7 +81,7 @@ def phantom_command(
 
     options = PhantomOptions(layout=layout, seed=seed, lesions=not no_lesions, size=size, in_plane=in_plane,
                              n_slices=n_slices, intensities=intensities)
-    with output_lock(out_dir, what="phantom dataset (spar-build phantom)"):
+    with output_lock(out_dir, what="spar-build phantom"):
         record = write_phantom_dataset(out_dir, n, options, overwrite=overwrite, workers=pop_jobs(jobs))
     splits = ", ".join(f"{k} {v}" for k, v in record["splits"].items())
     n_les = sum(1 for c in record["cases"].values() if c["lesion_voxels"] > 0)

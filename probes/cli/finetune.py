@@ -78,7 +78,7 @@ def finetune_command(encoder, weights, init, model_args, revision, data, head, p
                          checkpoint_every=checkpoint_every)
     kwargs = parse_model_args(model_args)
     heads, seed_list = parse_heads(head), parse_seeds(seeds)
-    click.get_current_context().with_resource(output_lock(out, what="finetune (spar-probe finetune)"))
+    click.get_current_context().with_resource(output_lock(out, what="spar-probe finetune"))
     for p in parse_probes(probes):
         for h, s in [(h, s) for h in heads for s in seed_list]:
             try:

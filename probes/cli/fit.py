@@ -61,7 +61,7 @@ def fit_command(features, head, probes, seeds, out, overwrite, data, n_boot, no_
              for h in heads for s in parse_seeds(seeds)]
             for p in parse_probes(probes, cache_levels(features))]  # fmt: skip
     torch.set_num_threads(threads)
-    click.get_current_context().with_resource(output_lock(out, what="fit (spar-probe fit)"))  # until the command ends
+    click.get_current_context().with_resource(output_lock(out, what="spar-probe fit"))  # until the command ends
     for per_probe in runs:
         for run in per_probe:
             try:
@@ -106,7 +106,7 @@ def eval_command(run, features, data, n_boot, encoder, overwrite):
     build's images with its own trained encoder (a local model's path, which runs do not
     record, is given again with ``--encoder``).
     """
-    click.get_current_context().with_resource(output_lock(run, what="eval (spar-probe eval)"))  # it writes into the run
+    click.get_current_context().with_resource(output_lock(run, what="spar-probe eval"))  # it writes into the run
     if features is None:
         from ..finetune.run import EXPORT_FILE, run_eval_reencoded
 

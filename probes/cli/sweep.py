@@ -90,7 +90,7 @@ def sweep_command(features, heads, probes, seeds, out, jobs, grid, list_ids, onl
         return
     chosen = select_jobs(all_jobs, slug, tuple(only), parse_partition(partition))
     # the partitions of one sweep (or its --only runs) write one --out side by side: a shared lock
-    click.get_current_context().with_resource(output_lock(out, what="sweep (spar-probe sweep)",
+    click.get_current_context().with_resource(output_lock(out, what="spar-probe sweep",
                                                           shared=bool(only or partition)))  # fmt: skip
     t0 = time.perf_counter()
     batched = batch_runs == "on" or (batch_runs == "auto" and str(device).startswith("cuda"))

@@ -163,7 +163,7 @@ def vqa_command(model, data, probes, splits, out, revision, base_url, api_key_en
                         api_key_env=api_key_env, device=device, dtype=dtype, batch_size=batch_size,
                         max_new_tokens=max_new_tokens, guided=guided, timeout=timeout,
                         retries=retries, concurrency=concurrency, data=str(data))
-    click.get_current_context().with_resource(output_lock(out, what="vqa (spar-probe vqa)"))  # before a model loads
+    click.get_current_context().with_resource(output_lock(out, what="spar-probe vqa"))  # before a model loads
     backend = load_backend(model, opts)
     cfg = AskConfig(split_list, not no_convention_hint, not no_circular, not no_blind,
                     resolve_image_size(image_size, backend), seed, n_boot, resolve_volume_as(volume_as, backend))
