@@ -255,18 +255,19 @@ def test_a_second_experiment_run_is_refused_at_the_step_the_first_is_running(tmp
 RACER = """
 import sys
 from spar_bench.clitools import run_main
-from spar_bench.probes.cli import cli
+from spar_bench.experiments.cli import cli as bench
+from spar_bench.probes.cli import cli as probe
 import torch  # imported before the start, as the command would
 print("ready", flush=True)
 sys.stdin.readline()  # both start on the test's word
-run_main(cli, sys.argv[1:])
+run_main(bench if sys.argv[1] == "spar-bench" else probe, sys.argv[2:])
 """
 
 
-def _race(argv: list, n: int = 2) -> list[subprocess.CompletedProcess]:
-    """Start ``n`` copies of ``spar-probe ARGV`` at once; their exit status and output."""
+def _race(argv: list, n: int = 2, script: str = "spar-probe") -> list[subprocess.CompletedProcess]:
+    """Start ``n`` copies of ``SCRIPT ARGV`` at once; their exit status and output."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, "-c", RACER, *map(str, argv)], stdin=subprocess.PIPE,
+    procs = [subprocess.Popen([sys.executable, "-c", RACER, script, *map(str, argv)], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, encoding="utf-8", env=env)
              for _ in range(n)]  # fmt: skip
     for p in procs:
@@ -313,3 +314,23 @@ def test_two_real_writers_into_one_out_both_end_well(pipeline, tmp_path, command
     done = _race([*_commands(pipeline, tmp_path)[command][1][:-1], out, "--wait"])
     assert [d.returncode for d in done] == [0, 0], [d.stderr[-2000:] for d in done]
     _whole_runs(out, 1)
+
+
+@pytest.mark.slow
+def test_two_experiment_runs_into_one_out_both_end_well(tmp_path):
+    """Each step is run once: by the first run; the second is refused there, or waits and skips it."""
+    path, out = tmp_path / "one.yaml", tmp_path / "exp"
+    path.write_text(EXPERIMENT.format(out=out))
+    done = _race(["run", path], script="spar-bench")
+    assert [d.returncode for d in done].count(0) >= 1, [d.stderr[-2000:] for d in done]
+    for d in done:
+        if d.returncode != 0:
+            assert d.returncode == 2 and "is being written by another spar-bench run" in d.stderr.splitlines()[-1]
+            assert "Traceback" not in d.stderr, d.stderr
+    path.write_text(EXPERIMENT.format(out=tmp_path / "waited"))
+    done = _race(["run", path, "--wait"], script="spar-bench")
+    assert [d.returncode for d in done] == [0, 0], [d.stderr[-2000:] for d in done]
+    for o in (out, tmp_path / "waited"):
+        log = [json.loads(line) for line in (o / ".plan" / "log.jsonl").read_text().splitlines()]
+        assert [e["event"] for e in log if e["step"] == "build:a"].count("finish") == 1, log
+        assert (o / "builds" / "a" / "manifest.json").is_file()
