@@ -106,7 +106,8 @@ def eval_command(run, features, data, n_boot, encoder, overwrite):
     build's images with its own trained encoder (a local model's path, which runs do not
     record, is given again with ``--encoder``).
     """
-    click.get_current_context().with_resource(output_lock(run, what="spar-probe eval"))  # it writes into the run
+    if Path(run).is_dir():  # it adds its evaluation to the run (the runs' --out lock is not taken: a reader)
+        click.get_current_context().with_resource(output_lock(run, what="spar-probe eval"))
     if features is None:
         from ..finetune.run import EXPORT_FILE, run_eval_reencoded
 
