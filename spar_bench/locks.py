@@ -11,16 +11,18 @@ side by side, so the runner locks the steps it runs, and each step's command loc
 output as above). Readers (``report``, ``--list``, ``--dry-run``) never take a lock.
 
 The lock is an ``flock`` on the file ``<output>.lock`` (a sibling, so replacing the output
-never touches it); it holds ``pid host since`` of its holder, for the one-line refusal
-(:class:`OutputBusy`: "runs is being written by another spar-probe fit, pid 1234 since
-2026-01-05T09:12:40Z; wait for it, or pass --wait"). ``--wait [SECONDS]`` (:func:`waiting`) waits instead, polling, and says
-once that it waits. The kernel releases an ``flock`` when its process dies, so the lock of a
+never touches it); it holds ``pid host since command`` of its holder, for the one-line
+refusal (:class:`OutputBusy`: "runs is being written by another spar-probe fit, pid 1234
+since 2026-01-05T09:12:40Z; wait for it, or pass --wait"). ``--wait [SECONDS]``
+(:func:`spar_bench.clitools.wait_option`, :func:`waiting`) waits instead, polling at most
+every half second, and says once that it waits. The kernel releases an ``flock`` when its process dies, so the lock of a
 killed run (a stale file) is simply taken over. Where ``fcntl`` is missing (Windows) the
 file is created exclusively instead, and a file whose pid no longer runs is taken over.
 
-Locks are not re-entrant: each output is locked at one level only (the runner locks a step,
-the step's command its own output, the library nothing more), and a second lock of an output
-this process already holds is refused at once, never waited for.
+Locks are not re-entrant: each output is locked at one level only (the runner a step; a
+command its own output, where the command's library function does not: ``build``,
+``merge`` and ``write_cache`` lock theirs), and a second lock of an output this process
+already holds is refused at once, never waited for.
 
 A ``shared`` lock (``sweep --partition``/``--only``: the partitions of one sweep write one runs
 folder side by side) admits other shared holders and refuses an exclusive one (a whole sweep,
@@ -148,10 +150,6 @@ def _holder(path: Path, what: str) -> str:
     return f"another {kind or what}, {first}" + (f" (and {more} more)" if more else "")
 
 
-def _label(output: Path, name: str | None) -> str:
-    return name or str(output)
-
-
 def _refuse(label: str, lock: Path, what: str, waited: float) -> OutputBusy:
     if waited > 0:
         return OutputBusy(f"{label} is still being written by {_holder(lock, what)} after waiting "
@@ -250,7 +248,7 @@ def output_lock(output: str | Path, *, what: str, shared: bool = False, name: st
         name: how the message names the output (default: its path).
     """
     output = Path(output)
-    lock, label = lock_path(output), _label(output, name)
+    lock, label = lock_path(output), name or str(output)
     _check_parent(output, lock)
     if lock in _HELD_PATHS:  # this process writes it already: waiting would never end
         raise OutputBusy(f"{label} is being written by another {what}, pid {os.getpid()} (this process); "
