@@ -26,7 +26,8 @@ already holds is refused at once, never waited for.
 
 A ``shared`` lock (``sweep --partition``/``--only``: the partitions of one sweep write one runs
 folder side by side) admits other shared holders and refuses an exclusive one (a whole sweep,
-a ``fit``), and the reverse.
+a ``fit``), and the reverse; such a sweep also holds ``RUNS.partition-I-of-N.lock`` or each
+named run's lock alone.
 
 A forked child (a DataLoader reader, a build worker) would share the holder's ``flock``
 and keep it after the holder is killed, so every process forked while a lock is held

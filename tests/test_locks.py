@@ -223,6 +223,22 @@ def test_a_sweep_partition_runs_beside_another_but_not_beside_a_whole_sweep(pipe
         assert "is being written by another spar-probe sweep" in _one_line(capsys.readouterr().err)
 
 
+def test_one_partition_or_named_run_of_a_sweep_is_written_by_one_sweep(pipeline, tmp_path, capsys):
+    _, argv, out = _commands(pipeline, tmp_path)["sweep"]
+    with held_elsewhere(Path(f"{out}.partition-0-of-2"), what="spar-probe sweep"):
+        capsys.readouterr()
+        assert run_cmd(_group("spar-probe"), [*argv, "--partition", "0/2"]) == 2
+        assert f"{out} partition 0/2 is being written by another spar-probe sweep" in _one_line(capsys.readouterr().err)
+    capsys.readouterr()
+    assert run_cmd(_group("spar-probe"), [*argv, "--list"]) == 0  # a reader: no lock taken
+    (rid,) = [line.split()[0] for line in capsys.readouterr().out.splitlines() if line.strip()]
+    with held_elsewhere(out / rid, what="spar-probe eval"):
+        capsys.readouterr()
+        assert run_cmd(_group("spar-probe"), [*argv, "--only", rid]) == 2
+        assert f"{out} run {rid} is being written by another spar-probe eval" in _one_line(capsys.readouterr().err)
+    assert not list(out.rglob("metrics.json"))
+
+
 def test_a_report_reads_runs_while_they_are_written(pipeline, tmp_path):
     _, argv, out = _commands(pipeline, tmp_path)["fit"]
     assert run_cmd(_group("spar-probe"), argv) == 0

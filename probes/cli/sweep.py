@@ -4,6 +4,7 @@ cores (the scheduling is :mod:`spar_bench.probes.runs.sweep`)."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import click
 
@@ -89,9 +90,19 @@ def sweep_command(features, heads, probes, seeds, out, jobs, grid, list_ids, onl
         list_runs(all_jobs, slug, cache, grid_prune)
         return
     chosen = select_jobs(all_jobs, slug, tuple(only), parse_partition(partition))
-    # the partitions of one sweep (or its --only runs) write one --out side by side: a shared lock
-    click.get_current_context().with_resource(output_lock(out, what="spar-probe sweep",
-                                                          shared=bool(only or partition)))  # fmt: skip
+    _hold_outputs(out, tuple(only), parse_partition(partition))
     t0 = time.perf_counter()
     batched = batch_runs == "on" or (batch_runs == "auto" and str(device).startswith("cuda"))
     print_results(run_sweep(chosen, jobs, batched, grid_prune), time.perf_counter() - t0, out)
+
+
+def _hold_outputs(out: str, only: tuple[str, ...], part: tuple[int, int] | None) -> None:
+    """Lock ``out`` until the command ends: a whole sweep alone; the partitions of one sweep (and
+    its ``--only`` runs) side by side (shared), each partition and each named run by one sweep."""
+    ctx, what = click.get_current_context(), "spar-probe sweep"
+    ctx.with_resource(output_lock(out, what=what, shared=bool(only or part)))
+    if part is not None:
+        ctx.with_resource(output_lock(f"{out}.partition-{part[0]}-of-{part[1]}", what=what,
+                                      name=f"{out} partition {part[0]}/{part[1]}"))  # fmt: skip
+    for rid in sorted(set(only)):  # the lock an eval of that run takes too
+        ctx.with_resource(output_lock(Path(out) / rid, what=what, name=f"{out} run {rid}"))
