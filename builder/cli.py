@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import click
 
-from spar_bench.clitools import LazyGroup, run_main
+from spar_bench.clitools import LazyGroup, run_main, wait_option
 
 from .options import jobs_option, pop_jobs
 
@@ -74,6 +74,7 @@ COMMANDS = {
 @click.option("--preset", metavar="NAME",
               help="Fill the options not given from a named preset: paper (docs/PROTOCOL.md §12); "
                    "explicit options win, and the manifest records both.")
+@wait_option  # OUT.lock is taken by the build (spar_bench.locks)
 @click.version_option(package_name="spar-bench")
 @click.pass_context
 def cli(ctx: click.Context, **options) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from spar_bench.clitools import wait_option
 from spar_bench.errors import ConfigError, IntegrityError
 
 from .build import BuildConfig, CaseRecord, owned_work, write_outputs
@@ -94,6 +95,7 @@ def _case_records(records: list[dict[str, Any]]) -> list[CaseRecord]:
               help="The merged build folder.")
 @jobs_option("Processes for the Parquet conversion (never change a byte).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing build at --out.")
+@wait_option  # OUT.lock is taken by merge()
 def merge_command(parts: tuple[Path, ...], out: Path, overwrite: bool, **jobs: int | None) -> None:
     """Merge the folders of `spar-build ... --partition I/N` into one build (byte-identical
     to a one-machine build with the same options)."""

@@ -9,11 +9,12 @@ package (``demo``, ``paper``, ``recall-vs-computation``).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import click
 
-from spar_bench.clitools import run_main
+from spar_bench.clitools import run_main, wait_option
 from spar_bench.errors import ConfigError
 
 from . import preset_path
@@ -50,13 +51,13 @@ def _experiment_file(text: str) -> Path:
 @click.option("--only", multiple=True, metavar="STEP", help="Run only this step (repeatable; ids from --list).")
 @click.option("--partition", default=None, metavar="I/N",
               help="Run partition I of N (0 <= I < N) of the plan's steps, in order (e.g. a SLURM array task).")
-@click.option("--wait", "wait_s", default=0.0, show_default=True, type=click.FloatRange(0),
-              help="Seconds to wait for a step of another partition this one needs (0: fail at once).")
+@wait_option  # also: how long to wait for a step of another partition this one needs
 @click.option("--devices", default=None, metavar="LIST",
               help="Devices to run steps on side by side, e.g. cuda:0,cuda:1 (default: one step at a time, "
                    "each command's own device default).")
-def run_command(experiment, sets, dry_run, list_steps, only, partition, wait_s, devices):
+def run_command(experiment, sets, dry_run, list_steps, only, partition, devices):
     """Run an experiment file: builds, caches, heads, finetuning, transfer, MLLMs, one report."""
+    from spar_bench.locks import wait_seconds
     from spar_bench.partitions import parse_partition
 
     from .config import load_experiment
@@ -73,7 +74,7 @@ def run_command(experiment, sets, dry_run, list_steps, only, partition, wait_s, 
         chosen = [s for s in chosen if s.id in ids]
     if dry_run or list_steps:
         return _print_plan(plan, chosen, costs=dry_run)
-    check_inputs(plan, chosen, wait_s)
+    check_inputs(plan, chosen, wait_seconds())
     _write_plan(plan)
     device_list = tuple(d.strip() for d in devices.split(",") if d.strip()) if devices else ()
     counts = run_steps(plan, chosen, device_list)
@@ -118,7 +119,9 @@ def _write_plan(plan) -> None:
               "steps": steps}  # fmt: skip
     p = exp.out / PLAN / "plan.json"
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    tmp = p.with_name(f"plan.json.{os.getpid()}.tmp")  # partitions write it side by side: never torn
+    tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    tmp.replace(p)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -6,6 +6,13 @@ recorded with another hash is redone, its outputs removed first (the line says s
 never finished runs (its commands resume what they had written: a build with ``--resume``,
 a cache, a sweep and finetuning with their own resumption). Interrupted anywhere, a rerun
 continues where the run stopped.
+
+One writer per step: a step runs holding ``OUT/.plan/steps/<step>.json.lock``
+(:mod:`spar_bench.locks`), so two runs of one experiment (or two partitions given the same
+step) never write a step at once: the second is refused in one line, or with ``--wait`` waits
+and then skips the step the first finished. The runner locks steps, not OUT: the partitions of
+an experiment write one OUT side by side. Each step's command locks its own output (a build
+folder, a cache file, a runs folder), files other than the step's: no lock is taken twice.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -203,11 +210,30 @@ def _signals_held() -> Iterator[None]:
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
+def _claim(plan: Plan, s: Step, counts: dict[str, int]) -> ExitStack | None:
+    """The step's lock, held by the returned stack until it closes; None (the lock let go) when
+    another run of the experiment finished the step while this one waited for it."""
+    from spar_bench.locks import output_lock
+
+    out, held = plan.experiment.out, ExitStack()
+    held.enter_context(output_lock(marker(out, s.id), what="spar-bench run", name=f"step {s.id} of {out}"))
+    if status(plan, s) == "done":
+        held.close()
+        counts["skipped"] += 1
+        _log(out, "skip", s, hash=plan.hashes[s.id])
+        return None
+    return held
+
+
 def _run_one(plan: Plan, s: Step, device: str | None, counts: dict[str, int]) -> None:
-    _start(plan, s, counts)
-    t0 = time.perf_counter()
-    execute(s, plan.experiment.out, device)
-    _finish(plan, s, time.perf_counter() - t0)
+    held = _claim(plan, s, counts)
+    if held is None:
+        return
+    with held:
+        _start(plan, s, counts)
+        t0 = time.perf_counter()
+        execute(s, plan.experiment.out, device)
+        _finish(plan, s, time.perf_counter() - t0)
 
 
 def _run_parallel(plan: Plan, todo: list[Step], devices: tuple[str, ...], counts: dict[str, int]) -> None:
@@ -217,26 +243,30 @@ def _run_parallel(plan: Plan, todo: list[Step], devices: tuple[str, ...], counts
     from spar_bench.procs import process_pool
 
     pending, running, free = list(todo), {}, list(devices)
-    with process_pool(len(devices)) as pool:
+    with process_pool(len(devices)) as pool, ExitStack() as every:
         while pending or running:
             if terminated():  # a swallowed SIGTERM (see run_steps): the pool's workers are killed
                 raise SystemExit(128 + signal.SIGTERM)
             for s in [s for s in pending if _ready(plan, s, pending, running)]:
                 if not free:
                     break
+                pending.remove(s)
+                if (held := _claim(plan, s, counts)) is None:
+                    continue
+                every.push(held)  # held until the step finishes, or the run stops
                 dev = free.pop(0)
                 _start(plan, s, counts)
-                running[pool.submit(_timed, s, plan.experiment.out, dev)] = (s, dev)
-                pending.remove(s)
+                running[pool.submit(_timed, s, plan.experiment.out, dev)] = (s, dev, held)
             done, _ = wait(list(running), timeout=0.5, return_when=FIRST_COMPLETED)
             for f in done:
-                s, dev = running.pop(f)
+                s, dev, held = running.pop(f)
                 _finish(plan, s, f.result())
+                held.close()
                 free.append(dev)
 
 
 def _ready(plan: Plan, s: Step, pending: list[Step], running: dict) -> bool:
-    busy = {p.id for p in pending} | {r.id for r, _ in running.values()}
+    busy = {p.id for p in pending} | {r[0].id for r in running.values()}
     return not any(n in busy for n in s.needs)
 
 

@@ -9,6 +9,8 @@
   process outlives the command) and a full disk exits at once after its one line.
 * :func:`old_spelling`: a renamed option's old flag, hidden, still filling the new parameter.
 * :class:`LazyHelpOption`: an option whose help text is made when ``--help`` shows it.
+* :func:`wait_option`: ``--wait [SECONDS]``, every writer's way to wait for another writer of
+  its output (:mod:`spar_bench.locks`) instead of being refused.
 
 Exit status (docs/USAGE.md, "exit codes"), the same for ``spar-build`` and ``spar-probe``: 0 ok;
 1 a run failed (:class:`~spar_bench.errors.RunFailed`); 2 a usage or input error (click's
@@ -212,3 +214,22 @@ class LazyHelpOption(click.Option):
     def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
         self.help = self.help_of()
         return super().get_help_record(ctx)
+def _wait_for_writers(ctx: click.Context, _param: click.Parameter, value: float | None) -> None:
+    """``--wait``: the command's output locks wait up to ``value`` seconds (until it ends)."""
+    if value is not None:
+        from spar_bench.locks import waiting
+
+        ctx.with_resource(waiting(value))
+
+
+def wait_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``--wait [SECONDS]``: another process writing this command's output is waited for (alone:
+    as long as it takes; with SECONDS: that long at most) instead of refusing at once (one line,
+    exit 2). The value reaches every :func:`spar_bench.locks.output_lock` the command takes
+    (:func:`spar_bench.locks.wait_seconds`); the command gets no parameter for it."""
+    import math
+
+    return click.option("--wait", type=click.FloatRange(0), default=None, is_flag=False, flag_value=math.inf,
+                        metavar="[SECONDS]", expose_value=False, callback=_wait_for_writers,
+                        help="Wait for another process writing the same output (alone: until it "
+                             "ends; SECONDS: at most that long) instead of stopping at once.")(f)  # fmt: skip

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from spar_bench.clitools import wait_option
+
 from ..options import jobs_option, pop_jobs
 from .generate import INTENSITIES, LAYOUTS, SIZES
 
@@ -62,6 +64,7 @@ from .generate import INTENSITIES, LAYOUTS, SIZES
 )
 @click.option("--overwrite", is_flag=True, help="Replace an existing phantom dataset in --out.")
 @jobs_option("Processes rendering cases; the dataset's bytes do not depend on it.")
+@wait_option
 def phantom_command(
     out_dir: str, n: int, layout: str, seed: int, no_lesions: bool, size: str, in_plane: int | None,
     n_slices: int | None, intensities: str, overwrite: bool, **jobs: int | None,
@@ -72,11 +75,14 @@ def phantom_command(
     manifests/labels/phantom.json (WORD ids, 17 = liver lesion); DIR/phantom.json
     records the seed, layout and every case's parameters.
     """
+    from spar_bench.locks import output_lock
+
     from .generate import PhantomOptions, write_phantom_dataset
 
     options = PhantomOptions(layout=layout, seed=seed, lesions=not no_lesions, size=size, in_plane=in_plane,
                              n_slices=n_slices, intensities=intensities)
-    record = write_phantom_dataset(out_dir, n, options, overwrite=overwrite, workers=pop_jobs(jobs))
+    with output_lock(out_dir, what="spar-build phantom"):
+        record = write_phantom_dataset(out_dir, n, options, overwrite=overwrite, workers=pop_jobs(jobs))
     splits = ", ".join(f"{k} {v}" for k, v in record["splits"].items())
     n_les = sum(1 for c in record["cases"].values() if c["lesion_voxels"] > 0)
     shapes = [c["shape"] for c in record["cases"].values()]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from spar_bench.clitools import old_spelling
+from spar_bench.clitools import old_spelling, wait_option
 
 from ..cache import STORAGE_DTYPES, TILE_ENCODINGS, CacheOptions, write_cache
 from ..distributed import die_with_launcher
@@ -44,6 +44,7 @@ from .options import compute_option, device_option, loader_workers_option
                    "random:K (seeded); the map is stored in the cache.")
 @click.option("--token-int8", is_flag=True,
               help="Store tokens as int8 with one scale per row and channel (dequantised on read).")
+@wait_option  # the cache file's lock is taken by write_cache (spar_bench.locks)
 def cache_command(encoder, weights, random_init, revision, model_args, data, out, levels, splits, layers,
                   device, batch_size, dtype, compute, workers, overwrite, tile_encoding,
                   token_grid, token_proj, token_int8) -> None:

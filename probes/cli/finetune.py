@@ -8,6 +8,9 @@ import json
 
 import click
 
+from spar_bench.clitools import wait_option
+from spar_bench.locks import output_lock
+
 from ..finetune.config import FinetuneConfig, FinetuneSpec
 from ..finetune.encoding import parse_model_args
 from ..runs.inputs import ProbeUnavailable
@@ -75,6 +78,7 @@ def head_configs(heads: list[str], options: dict) -> dict[str, dict]:
 @click.option("--resume", is_flag=True, help="Continue an interrupted run from its checkpoint.")
 @click.option("--overwrite", is_flag=True, help="Replace a finished or interrupted run (train it again).")
 @spec_options(("head",))
+@wait_option
 def finetune_command(encoder, weights, init, model_args, revision, data, head, probes, seeds, out, encoder_lr,
                      head_lr, weight_decay, batch_size, accum, max_epochs, warmup_epochs, patience,
                      freeze_blocks, layer, device, compute, workers, checkpoint_every, threads, n_boot,
@@ -92,6 +96,7 @@ def finetune_command(encoder, weights, init, model_args, revision, data, head, p
     kwargs = parse_model_args(model_args)
     heads, seed_list = parse_heads(head), parse_seeds(seeds)
     head_cfgs = head_configs(heads, head_opts)
+    click.get_current_context().with_resource(output_lock(out, what="spar-probe finetune"))
     for p in parse_probes(probes):
         for h, s in [(h, s) for h in heads for s in seed_list]:
             try:

@@ -9,6 +9,9 @@ from pathlib import Path
 
 import click
 
+from spar_bench.clitools import wait_option
+from spar_bench.locks import output_lock
+
 from ..runs.inputs import ProbeUnavailable
 from ..runs.session import run_fit
 from ..runs.spec import make_run
@@ -42,6 +45,7 @@ from .options import (
 @seeds_option()
 @click.option("--out", default="runs", show_default=True, type=click.Path(file_okay=False))
 @click.option("--overwrite", is_flag=True, help="Train a finished run again and replace it (else it is kept).")
+@wait_option
 @run_options
 def fit_command(features, head, probes, seeds, out, overwrite, data, n_boot, no_controls, device, threads,
                 **kw):  # fmt: skip
@@ -58,6 +62,7 @@ def fit_command(features, head, probes, seeds, out, overwrite, data, n_boot, no_
              for h in heads for s in parse_seeds(seeds)]
             for p in parse_probes(probes, cache_levels(features))]  # fmt: skip
     torch.set_num_threads(threads)
+    click.get_current_context().with_resource(output_lock(out, what="spar-probe fit"))  # until the command ends
     for per_probe in runs:
         for run in per_probe:
             try:
@@ -94,6 +99,7 @@ def fit_command(features, head, probes, seeds, out, overwrite, data, n_boot, no_
 @click.option("--encoder", default=None,
               help="Re-encoding a finetune run of a local model: its path again (hf:DIR, open_clip:local-dir:DIR).")
 @click.option("--overwrite", is_flag=True, help="Replace an evaluation of other inputs (else it is refused).")
+@wait_option
 def eval_command(run, features, data, n_boot, encoder, overwrite):
     """Score a trained head on another cache (transfer), without retraining.
 
@@ -101,6 +107,8 @@ def eval_command(run, features, data, n_boot, encoder, overwrite):
     build's images with its own trained encoder (a local model's path, which runs do not
     record, is given again with ``--encoder``).
     """
+    if Path(run).is_dir():  # it adds its evaluation to the run (the runs' --out lock is not taken: a reader)
+        click.get_current_context().with_resource(output_lock(run, what="spar-probe eval"))
     from ..runs.session import EvalTarget, evaluate_on
 
     out = evaluate_on(run, EvalTarget(features, data, n_boot, overwrite, encoder))

@@ -4,8 +4,12 @@ cores (the scheduling is :mod:`spar_bench.probes.runs.sweep`)."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import click
+
+from spar_bench.clitools import wait_option
+from spar_bench.locks import output_lock
 
 from ..runs.sweep import (
     Job,
@@ -59,6 +63,7 @@ from .options import (
               help="Successive halving of an lr/wd --grid: each seed's grid points train as one batch, "
                    "and after epoch K only the point with the lowest validation loss so far trains on "
                    "(the others are written as pruned). 0: off. Not with --only/--partition.")
+@wait_option
 @run_options
 def sweep_command(features, heads, probes, seeds, out, jobs, grid, list_ids, only, partition, batch_runs,
                   grid_prune, data, n_boot, no_controls, device, threads, **kw):  # fmt: skip
@@ -87,6 +92,19 @@ def sweep_command(features, heads, probes, seeds, out, jobs, grid, list_ids, onl
         list_runs(all_jobs, slug, cache, grid_prune)
         return
     chosen = select_jobs(all_jobs, slug, tuple(only), parse_partition(partition))
+    _hold_outputs(out, tuple(only), parse_partition(partition))
     t0 = time.perf_counter()
     batched = batch_runs == "on" or (batch_runs == "auto" and str(device).startswith("cuda"))
     print_results(run_sweep(chosen, jobs, batched, grid_prune), time.perf_counter() - t0, out)
+
+
+def _hold_outputs(out: str, only: tuple[str, ...], part: tuple[int, int] | None) -> None:
+    """Lock ``out`` until the command ends: a whole sweep alone; the partitions of one sweep (and
+    its ``--only`` runs) side by side (shared), each partition and each named run by one sweep."""
+    ctx, what = click.get_current_context(), "spar-probe sweep"
+    ctx.with_resource(output_lock(out, what=what, shared=bool(only or part)))
+    if part is not None:
+        ctx.with_resource(output_lock(f"{out}.partition-{part[0]}-of-{part[1]}", what=what,
+                                      name=f"{out} partition {part[0]}/{part[1]}"))  # fmt: skip
+    for rid in sorted(set(only)):  # the lock an eval of that run takes too
+        ctx.with_resource(output_lock(Path(out) / rid, what=what, name=f"{out} run {rid}"))

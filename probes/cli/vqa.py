@@ -8,8 +8,9 @@ from pathlib import Path
 
 import click
 
-from spar_bench.clitools import old_spelling
+from spar_bench.clitools import old_spelling, wait_option
 from spar_bench.errors import ConfigError
+from spar_bench.locks import output_lock
 
 from ..vqa.base import MODES, BackendOptions
 from ..vqa.openai import GUIDED
@@ -184,6 +185,7 @@ def default_cache(out: str | Path, model: str) -> Path:
 @bootstrap_option
 @click.option("--cache", "cache_path", default=None, type=click.Path(dir_okay=False),
               help="Response cache (default OUT/.vqa-cache/<model>.sqlite).")
+@wait_option
 def vqa_command(model, data, probes, splits, out, revision, base_url, api_key_env, generate, guided,
                 no_convention_hint, no_circular, no_blind, image_size, volume_as, batch_size, max_new_tokens,
                 device, compute, timeout, retries, concurrency, seeds, n_boot, cache_path):
@@ -214,6 +216,7 @@ def vqa_command(model, data, probes, splits, out, revision, base_url, api_key_en
             if s not in build.splits(level):
                 raise ConfigError(f"--splits {s}: {data} {level} has splits {', '.join(build.splits(level))}")
     seed_list = parse_seeds(seeds)
+    click.get_current_context().with_resource(output_lock(out, what="spar-probe vqa"))  # before a model loads
     kw = dict(revision=revision, base_url=base_url, api_key_env=api_key_env, batch_size=batch_size,
               max_new_tokens=max_new_tokens, guided=guided, timeout=timeout, retries=retries,
               concurrency=concurrency, data=str(data), **model_placement(model, device, compute))
