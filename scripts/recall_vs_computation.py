@@ -279,7 +279,7 @@ def finetuned_predict(rd: Path, build_root: Path, device: str = "cpu"):
     from spar_bench.probes.train import predict
 
     saved = load_saved(rd / "head.pt", "head")
-    c = config_view(RunRecord.from_dict(saved["config"], rd / "head.pt"))
+    c = config_view(RunRecord.from_saved(saved["config"], rd / "head.pt"))
     spec = get_probe(c["probe"])
     head = build_head(c["head"], spec, c["in_dim"], c["n_tokens"], **c["head_config"])
     head.load_state_dict(saved["state_dict"])

@@ -71,7 +71,7 @@ def test_every_shared_option_has_one_meaning() -> None:
                     assert p.help.startswith("Old spelling of"), (name, flag)
                     continue
                 meanings[flag][name] = _meaning(p)
-    assert len(meanings["--device"]) == 5 and len(meanings["--seeds"]) == 4, meanings
+    assert len(meanings["--device"]) == 5 and len(meanings["--seeds"]) == 5, meanings
     for flag in ("--device", "--compute", "--threads"):
         assert len(set(meanings[flag].values())) == 1, (flag, meanings[flag])
     assert len({m[1:] for m in meanings["--seeds"].values()}) == 1, meanings["--seeds"]
@@ -154,7 +154,7 @@ def test_finetune_takes_fits_head_options(monkeypatch, tmp_path, capsys) -> None
         (rd / "metrics.json").write_text(json.dumps({"headline": "accuracy", "test": {"accuracy": 0.5}}))
         return rd
 
-    monkeypatch.setattr(ft_cli, "run_finetune", fake_run)
+    monkeypatch.setattr(ft_cli, "run_spec", fake_run)
     base = ["finetune", "--encoder", "dummy", "--data", tmp_path, "--probe", "level3.size", "--out", tmp_path / "o"]
     assert run_cmd(cli, [*base, "--head", "mlp,transformer", "--d-model", 32, "--hidden", 16,
                          "--proj-dim", "none"]) == 0  # fmt: skip
@@ -193,4 +193,4 @@ def test_finetune_records_a_head_option(pipeline, tmp_path) -> None:
                          "--device", "cpu", "--compute", "fp32", "--out", out]) == 0  # fmt: skip
     (config,) = out.glob("*/level3.size/*/seed0/config.json")
     assert "hidden=16" in config.parent.parent.name.split(",")
-    assert json.loads(config.read_text())["head_config"]["hidden"] == 16
+    assert json.loads(config.read_text())["extra"]["head_config"]["hidden"] == 16

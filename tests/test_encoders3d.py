@@ -315,7 +315,7 @@ def test_a_random_3d_encoder_sits_at_its_blind_baseline(phantom4: Path, ts_model
         assert run_cmd(cli, ["fit", "--features", cache, "--data", phantom4, "--probe", probe, "--head", head,
                              "--layer", layer, "--out", runs, "--bootstrap", 200]) == 0
     (head_pt,) = runs.glob(f"*/{probe}/attnpool*/seed0/head.pt")
-    assert torch.load(head_pt, weights_only=False)["config"]["extra"]["head_config"]["token_grid"] == [0, 4, 4, 4]
+    assert json.loads(torch.load(head_pt, weights_only=False)["config"])["extra"]["head_config"]["token_grid"] == [0, 4, 4, 4]
     found = [_metrics(runs, probe, head) for head in ("linear", "attnpool")]
     for m in found:
         assert m["random_init"] is False and m["n_items"]["test"] >= 16  # a TorchScript file: its own weights

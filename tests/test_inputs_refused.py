@@ -235,7 +235,7 @@ def test_408_is_retried(stub, waits) -> None:
 
 # -- --splits ------------------------------------------------------------------------------
 def test_split_order_names_one_run(build3: Path, tmp_path: Path) -> None:
-    from spar_bench.probes.vqa.run import AskConfig
+    from spar_bench.probes.vqa.ask import AskConfig
 
     assert AskConfig(("test", "val")).splits == AskConfig(("val", "test", "val")).splits == ("val", "test")
     runs = tmp_path / "runs"

@@ -9,19 +9,22 @@ from pathlib import Path
 
 import click
 
+from spar_bench.clitools import wait_option
 from spar_bench.errors import ConfigError
+from spar_bench.locks import output_lock
 
-from .options import bootstrap_option, names_all, parse_probes, parse_seeds, probe_option
+from .options import bootstrap_option, names_all, parse_probes, parse_seeds, probe_option, seeds_option
 
 
 @click.command("predict")
 @click.option("--kind", required=True, help="Run kind: prior, oracle (Level 4), or a plug-in's.")
 @click.option("--data", required=True, type=click.Path(file_okay=False), help="A finished build.")
 @probe_option()
-@click.option("--seeds", default="0", show_default=True, help="Comma-separated seeds.")
+@seeds_option()
 @click.option("--out", default="runs", show_default=True, type=click.Path(file_okay=False))
 @click.option("--overwrite", is_flag=True, help="Run a finished run again and replace it (else it is kept).")
 @bootstrap_option
+@wait_option
 def predict_command(kind, data, probes, seeds, out, overwrite, n_boot):
     """Score a build-reading predictor (one run per probe x seed) like a probe head."""
     from spar_bench.builder.shards import Build
@@ -39,6 +42,7 @@ def predict_command(kind, data, probes, seeds, out, overwrite, n_boot):
         raise ConfigError(f"--data {data}: no manifest.json; pass a finished build folder")
     build = Build(data)
     names = parse_probes(probes, build.levels())
+    click.get_current_context().with_resource(output_lock(out, what="spar-probe predict"))
     for p in names:
         for s in parse_seeds(seeds):
             try:

@@ -203,7 +203,7 @@ def run_eval_reencoded(run: str | Path, data: str | Path, n_boot: int = 1000, de
     if not (rd / EXPORT_FILE).is_file() or not (rd / "metrics.json").is_file():
         raise ConfigError(f"{rd}: not a finished finetune run (needs {EXPORT_FILE} and metrics.json)")
     saved = load_saved(rd / "head.pt", "head", "train the run again (finetune --overwrite)")
-    c = config_view(RunRecord.from_dict(saved["config"], rd / "head.pt"))
+    c = config_view(RunRecord.from_saved(saved["config"], rd / "head.pt"))
     spec = get_probe(c["probe"])
     head = build_head(c["head"], spec, c["in_dim"], c["n_tokens"], **c["head_config"])
     head.load_state_dict(saved["state_dict"])

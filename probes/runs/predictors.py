@@ -172,7 +172,7 @@ class CachedHead:
             raise ConfigError(f"{rd}: not a finished run directory (needs head.pt and metrics.json)")
         try:
             saved = torch.load(rd / HEAD_FILE, map_location="cpu", weights_only=False)
-            rec = RunRecord.from_dict(saved["config"], rd / HEAD_FILE)
+            rec = RunRecord.from_saved(saved["config"], rd / HEAD_FILE)
             run = spec_of(rec)
             model = build_head(run.head, run.spec, rec.extra["in_dim"], rec.extra["n_tokens"],
                                **rec.extra["head_config"])  # fmt: skip

@@ -108,6 +108,16 @@ class RunRecord:
         except TypeError as e:
             raise ConfigError(f"{where}: an incomplete run record ({e})") from None
 
+    @classmethod
+    def from_saved(cls, saved: str | dict[str, Any], where: str | Path) -> RunRecord:
+        """The record a ``head.pt`` holds: its JSON text (a dict in runs before the record)."""
+        if isinstance(saved, str):
+            try:
+                saved = json.loads(saved)
+            except ValueError as e:
+                raise ConfigError(f"{where}: an unreadable run record ({e})") from None
+        return cls.from_dict(saved, where)
+
     def write(self, rd: Path) -> None:
         """``rd/config.json``, whole or not at all."""
         from spar_bench.outputs import write_bytes

@@ -106,12 +106,15 @@ def write_metrics(rd: Path, metrics: dict[str, Any]) -> None:
 
 
 def save_head(path: Path, model, config: dict[str, Any], prior: dict | None = None) -> None:
-    """``head.pt``: the trained head's ``state_dict`` on the CPU, its run record and the prior fitted
-    on its training items (a transfer evaluation scores the prior and the conflict items by it)."""
+    """``head.pt``: the trained head's ``state_dict`` on the CPU, its run record (as JSON text:
+    pickle writes a string shared by two objects once, so a dict's bytes would depend on which
+    strings happen to be one object) and the prior fitted on its training items (a transfer
+    evaluation scores the prior and the conflict items by it)."""
     from spar_bench.outputs import save_torch
 
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    save_torch({"state_dict": state, "config": config, "prior": prior}, path)
+    text = json.dumps(json_safe(config), sort_keys=True, default=str)
+    save_torch({"state_dict": state, "config": text, "prior": prior}, path)
 
 
 #: a run's file: how to write it (given its path), and whether its bytes are checked (False: a timing)
