@@ -109,8 +109,10 @@ def _evaluate(step: Step, out: Path, device: str | None) -> None:
         argv = ["eval", "--run", str(m.parent)]
         if "features" in extra:
             argv += ["--features", concrete(extra["features"], out)]
-        else:
-            argv += ["--data", concrete(extra["data"], out)] + (["--encoder", extra["encoder"]] if extra.get("encoder") else [])
+        if "data" in extra:  # a re-encoded build, or a path: build read through its cache
+            argv += ["--data", concrete(extra["data"], out)]
+        if "features" not in extra and extra.get("encoder"):
+            argv += ["--encoder", extra["encoder"]]
         _call("spar-probe", argv + ["--overwrite"])
 
 
