@@ -25,6 +25,7 @@ from typing import Any
 from spar_bench.errors import ConfigError
 
 from .config import Experiment
+from .plan import _error, command_of, flags  # _error: "FILE:LINE: KEY: problem"
 
 _DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?")
 
@@ -72,11 +73,6 @@ def check_devices(text: str | None, here: bool = True) -> tuple[str, ...]:
 
 
 # --------------------------------------------------------------------------- the file's values
-def _error(exp: Experiment, key: str, message: str) -> ConfigError:
-    at = exp.where.at(key) if exp.where is not None else exp.source
-    return ConfigError(f"{at}: {key}: {message}")
-
-
 def option_sets(exp: Experiment) -> Iterator[tuple[str, str | None, dict[str, Any], str]]:
     """``(program, subcommand, options, key)`` of every mapping of command options in the file."""
     for b, bd in exp.builds.items():
@@ -114,8 +110,6 @@ def _click_value(exp: Experiment, program: str, name: str | None, k: str, v: Any
     """Option ``k: v`` as its command's click parameter reads the flag the plan writes:
     ``(the parameter's name, its value)``."""
     import click
-
-    from .plan import command_of, flags
 
     argv = flags(program, name, {k: v}, key, exp)  # a misspelt key is its own one line
     if not argv:
