@@ -102,7 +102,7 @@ def check_values(exp: Experiment, here: bool = True) -> None:
     for program, name, options, key in option_sets(exp):
         for k, v in options.items():
             option, value = _click_value(exp, program, name, k, v, key, here)
-            _settings_check(exp, program, name, option, value, f"{key}.{k}")
+            _settings_check(exp, (program, name), option, value, f"{key}.{k}")
 
 
 def _click_value(exp: Experiment, program: str, name: str | None, k: str, v: Any, key: str,
@@ -135,32 +135,26 @@ def _click_value(exp: Experiment, program: str, name: str | None, k: str, v: Any
     return param.name, value
 
 
-def _settings_check(exp: Experiment, program: str, name: str | None, option: str, value: Any, key: str) -> None:
-    """``value`` of parameter ``option`` through the settings object its command makes of it
-    (ranges the click parameters leave open: ``samples_per_case`` >= 1, ``lr`` > 0 ...)."""
+def _settings_check(exp: Experiment, command: tuple[str, str | None], option: str, value: Any, key: str) -> None:
+    """``value`` of parameter ``option`` of ``command`` through the settings object the command
+    makes of it (ranges its click parameters leave open: ``samples_per_case`` >= 1, ``lr`` > 0 ...)."""
     if option in ("seed", "seeds") and isinstance(value, int) and value < 0:
         raise _error(exp, key, f"a seed is an integer >= 0, got {value}")
-    for cls, given in _settings(program, name, option, value):
-        try:
+    try:
+        for cls, given in _settings(exp, command, option, value, key):
             cls(**given)
-        except ConfigError as e:
-            raise _error(exp, key, str(e)) from None
-        except (TypeError, ValueError) as e:
-            raise _error(exp, key, f"{value!r}: {e}") from None
+    except ConfigError as e:
+        raise _error(exp, key, str(e)) from None
+    except (TypeError, ValueError) as e:
+        raise _error(exp, key, f"{value!r}: {e}") from None
 
 
-def _settings(program: str, name: str | None, option: str, value: Any) -> Iterator[tuple[type, dict[str, Any]]]:
-    """The settings classes (with the keyword that holds ``option``) its command builds."""
+def _settings(exp: Experiment, command: tuple[str, str | None], option: str, value: Any,
+              key: str) -> Iterator[tuple[type, dict[str, Any]]]:
+    """The settings classes its command builds, with the keywords that hold ``option``."""
+    program, name = command
     if program == "spar-build" and name is None:
-        from spar_bench.builder.build import BuildConfig
-        from spar_bench.builder.samples.config import SampleConfig
-
-        if option in _names(SampleConfig):
-            levels = [s.strip() for s in str(value).split(",") if s.strip()] if option == "levels" else value
-            yield SampleConfig, {option: levels}
-        field_name = {"jobs": "workers"}.get(option, option)
-        if field_name in ("workers", "shard_size"):
-            yield BuildConfig, {"sources": ("phantom",), "roots": (".",), "out": ".", field_name: value}
+        yield from _build_settings(exp.builds[key.split(".")[1]], option, value)
     elif program == "spar-probe" and name == "sweep":
         from spar_bench.probes.runs.spec import ALIASES, OPTIONS
         from spar_bench.probes.train import TrainConfig
@@ -173,6 +167,23 @@ def _settings(program: str, name: str | None, option: str, value: Any) -> Iterat
 
         if option in _names(FinetuneConfig):
             yield FinetuneConfig, {option: value}
+
+
+def _build_settings(bd, option: str, value: Any) -> Iterator[tuple[type, dict[str, Any]]]:
+    """A build's sample settings and build settings (``spar-build``'s own reading of its options)."""
+    from spar_bench.builder.build import BuildConfig, _choice_options
+    from spar_bench.builder.samples.config import SampleConfig
+
+    if option in _names(SampleConfig):
+        given = [s.strip() for s in str(value).split(",") if s.strip()] if option == "levels" else value
+        yield SampleConfig, {option: given}
+    sources = ("phantom",) if bd.phantom is not None else bd.sources
+    base = {"sources": sources, "roots": (".",) * len(sources), "out": "."}
+    field_name = {"jobs": "workers"}.get(option, option)
+    if field_name in ("workers", "shard_size"):
+        yield BuildConfig, {**base, field_name: value}
+    if option in ("cases", "limit", "split_ratio"):
+        yield BuildConfig, {**base, **_choice_options({option: value}, sources)}
 
 
 def _names(cls: type) -> set[str]:

@@ -60,6 +60,8 @@ BAD_VALUES = [  # (a line of the file, the key the error names)
     ("builds: {a: {phantom: {n: 4}, options: {volume_size: 4, levels: [level4]}}}", "builds.a.options.volume_size"),
     ("builds: {a: {phantom: {n: 4}, options: {jobs: 0}}}", "builds.a.options.jobs"),
     ("builds: {a: {phantom: {n: 4}, options: {counterfactual: flip}}}", "builds.a.options.counterfactual"),
+    ("builds: {a: {phantom: {n: 4}, options: {limit: [phantom=0]}}}", "builds.a.options.limit"),
+    ("builds: {a: {phantom: {n: 4}, options: {split_ratio: ['1,2']}}}", "builds.a.options.split_ratio"),
     ("builds: {a: {path: no-such-build}}", "builds.a.path"),
     ("seeds: [0, -2]", "seeds"),
     ("jobs: 0", "jobs"),
