@@ -64,9 +64,14 @@ def run_command(experiment, sets, dry_run, list_steps, only, partition, devices)
     from .plan import make_plan
     from .plan import partition as part_of
     from .runner import check_inputs, run_steps
+    from .values import check_devices, check_values
 
+    here = not (dry_run or list_steps)  # a plan may be printed where its devices are not
+    device_list = check_devices(devices, here)
     path = _experiment_file(experiment)
-    plan = make_plan(load_experiment(path, _overrides(sets)))
+    exp = load_experiment(path, _overrides(sets))
+    check_values(exp, here)
+    plan = make_plan(exp)
     part = parse_partition(partition)
     chosen = [plan.step(s) for s in only] if only else plan.steps
     if part is not None:
@@ -76,7 +81,6 @@ def run_command(experiment, sets, dry_run, list_steps, only, partition, devices)
         return _print_plan(plan, chosen, costs=dry_run)
     check_inputs(plan, chosen, wait_seconds())
     _write_plan(plan)
-    device_list = tuple(d.strip() for d in devices.split(",") if d.strip()) if devices else ()
     counts = run_steps(plan, chosen, device_list)
     click.echo(f"{plan.experiment.name}: {counts['ran']} step(s) run, {counts['redone']} redone, "
                f"{counts['skipped']} already done -> {plan.experiment.out}")

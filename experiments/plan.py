@@ -411,6 +411,12 @@ def cache_step(exp: Experiment, e: str, b: str) -> Step:
                 (cache_file(e, b),), inputs, _encode_cost(exp, e, b), device=True)
 
 
+def _path_data(exp: Experiment, b: str) -> tuple[str, ...]:
+    """``--data DIR`` for a ``path:`` build read through its cache: a cache records its build
+    folder only when it lies beside the cache's folder (no local path is published)."""
+    return ("--data", build_dir(exp, b)) if exp.builds[b].path else ()
+
+
 def _encode_cost(exp: Experiment, e: str, b: str) -> tuple[tuple[str, float], ...]:
     """What encoding build ``b`` with encoder ``e`` costs: its images, or a 3-D encoder's volumes."""
     kind = encoder_kind(exp.encoders[e].spec)
@@ -432,8 +438,8 @@ def _n_runs(exp: Experiment, e: str, heads: tuple[str, ...]) -> int:
 
 def heads_step(exp: Experiment, e: str) -> Step:
     m, b = exp.modes["frozen"], exp.train_on
-    argv = ("sweep", "--features", cache_file(e, b), "--head", ",".join(m.heads), *_probe_seed_flags(exp, e),
-            "--jobs", str(exp.jobs), "--out", run_folder("frozen", e),
+    argv = ("sweep", "--features", cache_file(e, b), *_path_data(exp, b), "--head", ",".join(m.heads),
+            *_probe_seed_flags(exp, e), "--jobs", str(exp.jobs), "--out", run_folder("frozen", e),
             *flags("spar-probe", "sweep", m.options, "modes.frozen.options", exp))
     runs = _n_runs(exp, e, m.heads)
     images = estimated_images(exp, b, encoder_kind(exp.encoders[e].spec))
@@ -470,6 +476,8 @@ def eval_step(exp: Experiment, source: Step, b: str) -> Step:
     target = cache_file(e, b) if frozen else build_dir(exp, b)
     local = exp.encoders[e].spec if not frozen and local_path(exp.encoders[e].spec) else None
     extra = (("runs", source.outputs[0]), ("features" if frozen else "data", target), ("encoder", local))
+    if frozen and exp.builds[b].path:
+        extra += (("data", build_dir(exp, b)),)
     return Step(f"eval:{source.id}@{b}", "eval", (), needs, (), (), _encode_cost(exp, e, b),
                 device=not frozen, extra=extra)
 

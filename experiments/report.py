@@ -47,7 +47,7 @@ from spar_bench.probes.runs.report import collect, run_protocol
 from spar_bench.probes.tasks import METRICS, PROBE_SPECS, get_probe, probe_names
 from spar_bench.provenance import json_safe, local_paths, local_prefixes, portable_path
 
-GENERATOR = "spar-bench experiment report"
+GENERATOR = "spar-bench run (experiment report)"
 MD_FILE, JSON_FILE, PNG_FILE = "experiment.md", "experiment.json", "experiment.png"
 #: modes in the order rows of one encoder and head are shown (MLLM rows come last)
 MODES = ("frozen", "finetuned", "scratch", "finetuned (frozen head)", "scratch (frozen head)", "MLLM")

@@ -79,14 +79,20 @@ def _build_flags(argv: tuple[str, ...], out: Path) -> list[str]:
     return ["--overwrite"] if target.exists() else []
 
 
+#: how a step stopped by a full disk goes on (its command's own advice names another command)
+RERUN = "rerun the same `spar-bench run` command (it resumes the step)"
+
+
 def _call(program: str, argv: list[str]) -> None:
     from spar_bench.clitools import run_cli
+    from spar_bench.outputs import rerun_as
 
     if program == "spar-build":
         from spar_bench.builder.cli import cli
     else:
         from spar_bench.probes.cli import cli
-    code = run_cli(cli, argv)
+    with rerun_as(RERUN):
+        code = run_cli(cli, argv, prog_name=program)
     if code != 0:
         raise RunFailed(f"{program} {' '.join(argv[:1])} exited {code}")
 
@@ -116,8 +122,10 @@ def _evaluate(step: Step, out: Path, device: str | None) -> None:
         argv = ["eval", "--run", str(m.parent)]
         if "features" in extra:
             argv += ["--features", concrete(extra["features"], out)]
-        else:
-            argv += ["--data", concrete(extra["data"], out)] + (["--encoder", extra["encoder"]] if extra.get("encoder") else [])
+        if "data" in extra:  # a re-encoded build, or a path: build read through its cache
+            argv += ["--data", concrete(extra["data"], out)]
+        if "features" not in extra and extra.get("encoder"):
+            argv += ["--encoder", extra["encoder"]]
         _call("spar-probe", argv + ["--overwrite"])
 
 

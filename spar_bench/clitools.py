@@ -102,15 +102,17 @@ def _hide_old_spellings(e: click.ClickException) -> None:
     e.possibilities = [o for o in e.possibilities if o not in hidden]  # type: ignore[misc]
 
 
-def run_cli(group: click.Command, argv: list[str] | None = None) -> int:
+def run_cli(group: click.Command, argv: list[str] | None = None, prog_name: str | None = None) -> int:
     """Run ``group``; a :class:`SparError` or a full disk becomes ``error: <message>`` and exit 2
-    (1 for :class:`RunFailed`); Ctrl-C exits 130."""
-    return _run(group, argv)[0]
+    (1 for :class:`RunFailed`); Ctrl-C exits 130. ``prog_name``: the program its usage lines
+    name (default: this process's, which inside ``spar-bench run`` is not ``group``'s)."""
+    return _run(group, argv, prog_name)[0]
 
 
-def _run(group: click.Command, argv: list[str] | None) -> tuple[int, BaseException | None]:
+def _run(group: click.Command, argv: list[str] | None,
+         prog_name: str | None = None) -> tuple[int, BaseException | None]:
     try:
-        group.main(args=argv, standalone_mode=False)
+        group.main(args=argv, standalone_mode=False, prog_name=prog_name)
     except click.exceptions.Exit as e:
         return e.exit_code, None
     except click.ClickException as e:

@@ -30,6 +30,7 @@ import re
 import shutil
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 
 from spar_bench.errors import ConfigError, SparError
@@ -175,16 +176,34 @@ def _failed_path(err: BaseException) -> str | None:
     return None
 
 
+#: how to go on after a full disk, when a command runs inside another (:func:`rerun_as`)
+_RERUN: ContextVar[str | None] = ContextVar("spar_bench_rerun", default=None)
+
+
+@contextmanager
+def rerun_as(text: str) -> Iterator[None]:
+    """Inside the block, a full disk says ``text`` as how to go on, in place of the command's
+    own advice: a step of ``spar-bench run`` is resumed by rerunning ``spar-bench run``, not
+    by rerunning its ``spar-build`` command with ``--resume``."""
+    token = _RERUN.set(text)
+    try:
+        yield
+    finally:
+        _RERUN.reset(token)
+
+
 def disk_full_error(err: BaseException, where: str | Path | None = None,
                     rerun: str = "rerun the same command") -> DiskFullError:
-    """The one line of a full disk: the file that failed (else ``where``) and how to go on.
+    """The one line of a full disk: the file that failed (else ``where``) and how to go on
+    (``rerun``, or the text of an enclosing :func:`rerun_as`).
 
     The one place a full disk becomes a message; :func:`disk_full_is_an_error` and the
     console scripts (:func:`spar_bench.clitools.run_cli`) both use it.
     """
     path = _failed_path(err) or (str(where) if where is not None else "an output")
     return DiskFullError(
-        f"no space left on the disk while writing {path}; free space (or write elsewhere) and {rerun}"
+        f"no space left on the disk while writing {path}; free space (or write elsewhere) and "
+        f"{_RERUN.get() or rerun}"
     )
 
 
