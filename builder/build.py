@@ -36,6 +36,7 @@ import numpy as np
 
 from spar_bench.errors import CaseError, ConfigError, IntegrityError, SparError
 from spar_bench.hashing import sha256_json
+from spar_bench.procs import check_stop
 from spar_bench.provenance import PROTOCOL_VERSION, json_safe, path_from_build, portable_path
 
 if TYPE_CHECKING:
@@ -658,6 +659,7 @@ def _run_cases(config: BuildConfig, refs, cases_dir: Path, sample: dict) -> dict
     try:
         if config.workers == 1 or len(todo) <= 1:
             for job in todo:
+                check_stop()  # a SIGTERM whose SystemExit a finalizer swallowed (completed() checks too)
                 accept(process_one(job))
         else:
             from spar_bench.procs import completed, process_pool
@@ -732,6 +734,7 @@ def _write_shards(config, records, cases_dir: Path, out_dir: Path, levels, thres
             classes: dict[str, Any] = {}
             n_q = 0
             for r in tqdm(recs, desc=f"{level}/{split}", unit="case", leave=False):
+                check_stop()
                 parts = (level, spec.questions) if spec.questions else (level,)
                 res = load_case_result(cases_dir, _case_stem(r.source, r.case_id), parts)
                 if spec.questions:

@@ -37,6 +37,7 @@ import numpy as np
 
 from spar_bench.builder.schema import LEVEL_SPECS
 from spar_bench.errors import ConfigError, IntegrityError
+from spar_bench.procs import check_stop
 from spar_bench.provenance import CACHE_PACKAGES, package_versions
 
 from .distributed import Ranks, all_parts, barrier, merge_parts, part_path
@@ -469,6 +470,7 @@ def _encode_items(f, job: _Job, items: list[Item], reduce: Reducer) -> None:
     writer = _Writer(store, job.async_writes, sw)
     try:
         for got, images in device_batches(_loader(job, items), dev, sw):
+            check_stop()  # a swallowed SIGTERM: the file keeps the batches written (a rerun resumes)
             if sw is not None:
                 sw.add("read", got[2][0])
                 sw.add("collate", got[2][1])

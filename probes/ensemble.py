@@ -44,6 +44,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from spar_bench.procs import check_stop
+
 from .targets import Targets
 from .train import (
     TrainConfig,
@@ -326,6 +328,7 @@ def _train_epoch(base, fwd, params, buffers, opt, train, gens, cfg: TrainConfig)
     totals = np.zeros(s)
     base.train()
     for start in range(0, len(tr), cfg.batch_size):
+        check_stop()  # a SIGTERM whose SystemExit a finalizer swallowed
         idxs = [np.sort(o[start : start + cfg.batch_size]) for o in orders]
         x, q, index, ys = _stacked_batch(feats, tr, idxs, grouped)
         out = fwd(params, buffers, *(to_device(dev, v) for v in (x, q, index)))

@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from spar_bench.procs import check_stop
+
 from .targets import Targets
 
 if TYPE_CHECKING:
@@ -269,6 +271,7 @@ def train_head(
             order = epoch_order(head, tr, gen)
             total = 0.0
             for s in range(0, len(tr), cfg.batch_size):
+                check_stop()  # a SIGTERM whose SystemExit a finalizer swallowed
                 idx = np.sort(order[s : s + cfg.batch_size])
                 out, y = _run(head, feats, tr, idx)
                 loss = spec.loss_value(out, y, cfg.sinkhorn_iters)

@@ -137,6 +137,7 @@ def _run(group: click.Command, argv: list[str] | None,
         return EXIT_USAGE, err
     except SystemExit as e:
         if e.code == 128 + signal.SIGTERM:  # from exit_on_sigterm, after every cleanup ran
+            _end_progress_bars()
             click.echo("terminated (SIGTERM)", err=True)
         raise
     return 0, None
@@ -154,6 +155,7 @@ def run_main(group: click.Command, argv: list[str] | None = None) -> NoReturn:
     exit_on_sigterm()
     code, err = _run(group, argv)
     if code == 0 and terminated():  # a SIGTERM whose SystemExit a finalizer swallowed
+        _end_progress_bars()
         click.echo("terminated (SIGTERM)", err=True)
         code = 128 + signal.SIGTERM
     if isinstance(err, DiskFullError):

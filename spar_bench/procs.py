@@ -15,7 +15,9 @@ gave it to.
 
 :func:`exit_on_sigterm` turns SIGTERM into ``SystemExit(143)`` in the main thread, so
 ``finally`` blocks and this pool's cleanup run instead of the process vanishing and
-leaving its workers hung under PID 1.
+leaving its workers hung under PID 1. Python may run that handler inside a finalizer, which
+swallows the SystemExit: the handler also records the signal, and every long loop calls
+:func:`check_stop` between its steps (:func:`completed` while it waits), which raises it again.
 """
 
 from __future__ import annotations
@@ -132,11 +134,14 @@ def process_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
 
 def completed(futures: Iterable[Future], poll_s: float = 0.5) -> Iterator[Future]:
     """``as_completed``, but the main thread wakes at least every ``poll_s`` so that a signal
-    the kernel gave another thread (a pool's manager or feeder) is still handled at once."""
+    the kernel gave another thread (a pool's manager or feeder) is still handled at once, and
+    a SIGTERM whose SystemExit was swallowed stops it (:func:`check_stop`)."""
     pending = set(futures)
     while pending:
+        check_stop()  # a SIGTERM whose SystemExit a finalizer swallowed: stop waiting
         try:
             for f in as_completed(pending, timeout=poll_s):
+                check_stop()
                 pending.discard(f)
                 yield f
         except FuturesTimeout:
@@ -144,16 +149,22 @@ def completed(futures: Iterable[Future], poll_s: float = 0.5) -> Iterator[Future
 
 
 _TERMINATED: list[int] = []  # the SIGTERMs received (see terminated())
+_HANDLER_PID: list[int] = []  # the process that installed the handler (exit_on_sigterm)
 
 
 def _raise_exit(signum: int, _frame) -> None:
+    if _HANDLER_PID and os.getpid() != _HANDLER_PID[-1]:
+        return  # a forked child (a DataLoader reader) before its worker_init_fn: the parent decides
     _TERMINATED.append(signum)
     raise SystemExit(128 + signum)
 
 
 def exit_on_sigterm() -> None:
-    """SIGTERM -> ``SystemExit(143)`` (main thread only; elsewhere a no-op)."""
+    """SIGTERM -> ``SystemExit(143)`` (main thread only; elsewhere a no-op). A child forked
+    with the handler in place (a DataLoader's reader worker, before its ``worker_init_fn``)
+    ignores the signal: the parent alone decides, as in :func:`process_pool`."""
     if threading.current_thread() is threading.main_thread():
+        _HANDLER_PID.append(os.getpid())
         signal.signal(signal.SIGTERM, _raise_exit)
 
 
@@ -161,5 +172,15 @@ def terminated() -> bool:
     """Whether a SIGTERM reached :func:`exit_on_sigterm`'s handler. Python runs a signal handler
     at the next bytecode of the main thread, which may be inside a finalizer (``__del__``, a
     weakref callback) that prints and swallows the SystemExit; a long run checks this between
-    its steps, and the command's exit status says 143 all the same (:func:`~.clitools.run_main`)."""
+    its steps (:func:`check_stop`), and the command's exit status says 143 all the same
+    (:func:`~.clitools.run_main`)."""
     return bool(_TERMINATED)
+
+
+def check_stop() -> None:
+    """Raise the SIGTERM's ``SystemExit(143)`` again when one was received: every long loop
+    (training batches and epochs, cache batches, MLLM question batches, build cases) calls
+    this between two of its steps, so a SystemExit a finalizer swallowed still stops the run
+    within a step, where a stop is safe (no checkpoint half written)."""
+    if _TERMINATED:
+        raise SystemExit(128 + _TERMINATED[0])

@@ -13,7 +13,14 @@ from spar_bench.clitools import wait_option
 from spar_bench.errors import ConfigError
 from spar_bench.locks import output_lock
 
-from .options import bootstrap_option, names_all, parse_probes, parse_seeds, probe_option, seeds_option
+from .options import (
+    bootstrap_option,
+    names_all,
+    parse_probes,
+    parse_seeds,
+    probe_option,
+    seeds_option,
+)
 
 
 @click.command("predict")

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from spar_bench.errors import ConfigError
+from spar_bench.procs import check_stop
 
 from ..stopwatch import Stopwatch, timed
 from ..streams import device_batches
@@ -94,6 +95,7 @@ class Encoding:
         with torch.no_grad(), self.autocast():
             for _, images in device_batches(self.loading.loader(RowBatches(self.build, level, split, batches)),
                                             self.dev):
+                check_stop()
                 tokens, pooled = encode(self.enc, images, self.cfg.layer)
                 if kind == "pooled":
                     f = pooled
@@ -237,6 +239,7 @@ class Trainer:
             if batches is None:
                 batches = epoch_batches(tr.targets.rows, self.cfg.batch_size, self.seed, 0)
             while not self.state.stopped and self.state.epoch < self.cfg.max_epochs:
+                check_stop()
                 self.train_epoch(tr, batches)
                 self.end_epoch(va)
                 batches = epoch_batches(tr.targets.rows, self.cfg.batch_size, self.seed, self.state.epoch)
@@ -263,6 +266,7 @@ class Trainer:
                                                          timed=sw is not None))
         t0 = time.perf_counter()
         for got, images in device_batches(loader, self.dev, sw):  # CUDA: the next copy during this step
+            check_stop()  # a swallowed SIGTERM: stop here, the checkpoint as the last save left it
             rows = batches[st.batch]
             if sw is not None:
                 sw.add("read", got[2][0])

@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from spar_bench.errors import ConfigError
+from spar_bench.procs import check_stop
 from spar_bench.seeding import derive_seed
 
 from .config import lr_factor
@@ -196,6 +197,7 @@ def _epoch(m: _Model, x, y, cfg: OrganMapConfig, epoch: int, bar) -> float:
     m.enc.module.train()
     total = 0.0
     for s in range(0, len(order), cfg.batch_size):
+        check_stop()  # a swallowed SIGTERM: stop here; checkpoint.pt holds the last finished epoch
         i = torch.from_numpy(np.sort(order[s : s + cfg.batch_size]))
         loss = m.loss(x[i], y[i])
         m.opt.zero_grad(set_to_none=True)

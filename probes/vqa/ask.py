@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from spar_bench.errors import ConfigError
+from spar_bench.procs import check_stop
 
 from ..runs.inputs import Splits
 from ..runs.store import run_folder, variant_text
@@ -257,6 +258,7 @@ def ask(backend: Backend, cache: ResponseCache, build, qs: Questions, items: lis
     step = max(1, int(backend.batch_size))
     kept: dict[tuple[str, int], Shown] = {}
     for lo in range(0, len(todo), step):
+        check_stop()
         idx = todo[lo:lo + step]
         try:
             replies = backend.answer(_requests(build, qs, [items[i] for i in idx], cfg, kept))
