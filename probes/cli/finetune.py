@@ -7,7 +7,7 @@ import json
 
 import click
 
-from ..finetune.config import FinetuneConfig, FinetuneSpec
+from ..finetune.config import FinetuneConfig, finetune_specs
 from ..finetune.run import parse_model_args, run_finetune
 from ..runs.inputs import ProbeUnavailable
 from .options import (
@@ -16,9 +16,6 @@ from .options import (
     head_option,
     loader_workers_option,
     names_all,
-    parse_heads,
-    parse_probes,
-    parse_seeds,
     probe_option,
 )
 
@@ -72,20 +69,18 @@ def finetune_command(encoder, weights, init, model_args, revision, data, head, p
                          warmup_epochs=warmup_epochs, patience=patience, freeze_blocks=freeze_blocks,
                          layer=layer, device=device, compute=compute, workers=workers,
                          checkpoint_every=checkpoint_every)
-    kwargs = parse_model_args(model_args)
-    heads, seed_list = parse_heads(head), parse_seeds(seeds)
-    for p in parse_probes(probes):
-        for h, s in [(h, s) for h in heads for s in seed_list]:
+    grid = finetune_specs(encoder, str(data), probes, head, seeds, weights=weights, init=init,
+                          model_kwargs=parse_model_args(model_args), revision=revision, cfg=cfg, n_boot=n_boot,
+                          controls=not no_controls, train_mirrors=train_mirrors)  # fmt: skip
+    for per_probe in grid:
+        for fs in per_probe:
             try:
-                fs = FinetuneSpec(encoder, str(data), p, h, s, weights=weights, init=init, model_kwargs=kwargs,
-                                  revision=revision, cfg=cfg, n_boot=n_boot, controls=not no_controls,
-                                  train_mirrors=train_mirrors)  # fmt: skip
                 rd = run_finetune(fs, out, resume=resume, overwrite=overwrite)
             except ProbeUnavailable as e:
                 if not names_all(probes):
                     raise
-                click.echo(f"{p}: not available on this build ({e}); skipped", err=True)
+                click.echo(f"{fs.probe}: not available on this build ({e}); skipped", err=True)
                 break
             m = json.loads((rd / "metrics.json").read_text())
             key = m["headline"]
-            click.echo(f"{p} {h} seed{s}: {key}={fmt(m['test'].get(key))} -> {rd}")
+            click.echo(f"{fs.probe} {fs.head} seed{fs.seed}: {key}={fmt(m['test'].get(key))} -> {rd}")

@@ -3,96 +3,23 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import click
 
-from spar_bench.errors import ConfigError
-
-from ..vqa.base import MODES, BackendOptions
+from ..vqa.ask import (  # noqa: F401 - the CLI's parsers are the library's
+    VqaOptions,
+    ask_build,
+    default_cache,
+    full_probe_name,
+    options_from,
+    parse_question_probes,
+    probes_of_build,
+    resolve_image_size,
+    resolve_volume_as,
+)
 from ..vqa.openai import GUIDED
-from .options import bootstrap_option, names_all, probe_option, split_list
-
-
-def full_probe_name(name: str) -> str:
-    """The full name of a short question-probe name: the first level (in registry order) that
-    has it (``distance`` is Level 3's; ``adjacency``, ``containment``, ``volume`` are Level 4's)."""
-    from ..tasks import get_probe, probe_names
-
-    if "." in name:
-        return name
-    asking = [p for p in probe_names() if get_probe(p).asks]
-    for full in asking:
-        if full.split(".", 1)[1] == name:
-            return full
-    return f"{asking[0].split('.', 1)[0]}.{name}"  # unknown: the registry's error names the close ones
-
-
-def parse_question_probes(text: tuple[str, ...] | str) -> list[str]:
-    """``all`` or question probes (``size`` or ``level3.size``, ``adjacency`` or
-    ``level4.adjacency``; repeated or comma-separated), full names."""
-    from ..tasks import get_probe, probe_names
-
-    asking = [n for n in probe_names() if get_probe(n).asks]
-    if names_all(text):
-        return asking
-    out = []
-    for n in dict.fromkeys(split_list(text)):
-        spec = get_probe(full_probe_name(n))
-        if not spec.asks:
-            raise ConfigError(f"--probe {n}: the MLLM track asks the question probes only "
-                              f"({', '.join(asking)})")
-        if spec.name not in out:
-            out.append(spec.name)
-    return out
-
-
-def options_from(generate: bool, **kw) -> BackendOptions:
-    return BackendOptions(mode=MODES[1] if generate else MODES[0], **kw)
-
-
-def resolve_image_size(option: str, backend) -> int:
-    """``--image-size``: an integer (16..4096), or ``auto`` = the backend's preferred size
-    when it is larger than the stored 224 (never a downscale), else 224."""
-    if option == "auto":
-        return max(224, int(getattr(backend, "preferred_size", None) or 224))
-    try:
-        size = int(option)
-    except ValueError:
-        raise ConfigError(f"--image-size {option}: expected an integer or auto") from None
-    if not 16 <= size <= 4096:
-        raise ConfigError(f"--image-size {size}: expected 16..4096")
-    return size
-
-
-def resolve_volume_as(option: str, backend) -> str:
-    """``--volume-as``: ``video``, ``montage`` or ``views``; ``auto`` = ``video`` where the
-    model takes video (a Qwen2-VL-style processor), else ``montage``."""
-    from ..vqa.volume import check_volume_as
-
-    if check_volume_as(option) == "auto":
-        return "video" if getattr(backend, "takes_video", False) else "montage"
-    return option
-
-
-def probes_of_build(probes: list[str], build, every: bool) -> list[str]:
-    """The probes asked of ``build``: with ``all`` those of its levels (Level 4 is opt-in);
-    a probe named of a level the build lacks is one line."""
-    from ..tasks import get_probe
-
-    have = build.levels()
-    if every:
-        return [p for p in probes if get_probe(p).level in have]
-    for p in probes:
-        if get_probe(p).level not in have:
-            raise ConfigError(f"--probe {p}: {build.root} has no {get_probe(p).level}; levels: {', '.join(have)}")
-    return probes
-
-
-def default_cache(out: str | Path, model: str) -> Path:
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", model).strip("-") or "model"
-    return Path(out) / ".vqa-cache" / f"{slug[-80:]}.sqlite"
+from .options import bootstrap_option, probe_option
 
 
 @click.command("vqa")
@@ -136,45 +63,15 @@ def vqa_command(model, data, probes, splits, out, revision, base_url, api_key_en
                 no_convention_hint, no_circular, no_blind, image_size, volume_as, batch_size, max_new_tokens,
                 device, dtype, timeout, retries, concurrency, seed, n_boot, cache_path):
     """Ask a multimodal LLM every Level 3 (and Level 4) question; score it like a probe head."""
-    from spar_bench.builder.shards import Build
-
-    from ..tasks import get_probe
-    from ..vqa import load_backend
-    from ..vqa.cache import ResponseCache
-    from ..vqa.run import AskConfig, check_finished, run_dir, run_identity, run_probe
-    from ..vqa.volume import check_volume_as
-
-    check_volume_as(volume_as)
-    every = names_all(probes)
-    probes = parse_question_probes(probes)
-    if not (Path(data) / "manifest.json").is_file():
-        raise ConfigError(f"--data {data}: no manifest.json; pass a finished build folder")
-    build = Build(data)
-    probes = probes_of_build(probes, build, every)
-    split_list = tuple(s.strip() for s in splits.split(",") if s.strip())
-    for level in sorted({get_probe(p).level for p in probes}):
-        for s in split_list:
-            if s not in build.splits(level):
-                raise ConfigError(f"--splits {s}: {data} {level} has splits {', '.join(build.splits(level))}")
-    opts = options_from(generate, seed=seed, revision=revision, base_url=base_url,
-                        api_key_env=api_key_env, device=device, dtype=dtype, batch_size=batch_size,
-                        max_new_tokens=max_new_tokens, guided=guided, timeout=timeout,
-                        retries=retries, concurrency=concurrency, data=str(data))
-    backend = load_backend(model, opts)
-    cfg = AskConfig(split_list, not no_convention_hint, not no_circular, not no_blind,
-                    resolve_image_size(image_size, backend), seed, n_boot, resolve_volume_as(volume_as, backend))
-    for p in probes:  # a finished run made otherwise is refused before any question is asked
-        check_finished(run_dir(backend, p, out, cfg), run_identity(backend, build, p, cfg))
+    opts = VqaOptions(probes, splits, revision, base_url, api_key_env, generate, guided, not no_convention_hint,
+                      not no_circular, not no_blind, image_size, volume_as, batch_size, max_new_tokens, device,
+                      dtype, timeout, retries, concurrency, seed, n_boot, cache_path)  # fmt: skip
     saved = 0
-    with ResponseCache(cache_path or default_cache(out, backend.name)) as cache:
-        for p in probes:
-            with _Progress(p) as progress:
-                rd = run_probe(backend, build, p, out, cfg, cache, progress)
-            if rd is None:
-                click.echo(f"{p}: no questions on {', '.join(split_list)}; skipped", err=True)
-                continue
-            saved += _echo(p, rd)
-    backend.close()
+    for p, rd in ask_build(model, data, out, opts, _Progress):
+        if rd is None:
+            click.echo(f"{p}: no questions on {splits.replace(',', ', ')}; skipped", err=True)
+            continue
+        saved += _echo(p, rd)
     if saved:
         click.echo(f"byte-identical prompts asked once: {saved} requests saved")
 

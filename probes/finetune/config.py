@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -109,3 +110,15 @@ class FinetuneSpec:
                        layer=self.cfg.layer, head_options=tuple(self.head_cfg.items()),
                        train=self.cfg.train_config(), controls=self.controls,
                        train_mirrors=self.train_mirrors, n_boot=self.n_boot)  # fmt: skip
+
+
+def finetune_specs(encoder: str, data: str, probes: Sequence[str] | str, heads: Sequence[str] | str,
+                   seeds: Sequence[int] | str, **spec: Any) -> list[list[FinetuneSpec]]:
+    """The runs of one ``spar-probe finetune`` (an experiment's ``finetune:``/``scratch:`` step):
+    per probe (``all``: every probe), its head x seed :class:`FinetuneSpec`, each with ``spec``
+    (its other fields: ``cfg``, ``weights``, ``init`` ...); names checked."""
+    from ..names import parse_heads, parse_probes, parse_seeds
+
+    head_list, seed_list = parse_heads(heads), parse_seeds(seeds)
+    return [[FinetuneSpec(encoder, str(data), p, h, s, **spec) for h in head_list for s in seed_list]
+            for p in parse_probes(probes)]  # fmt: skip

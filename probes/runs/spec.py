@@ -314,3 +314,10 @@ def check_device(device: str) -> str:
     elif device != "cpu":
         raise ConfigError(f"--device must be cpu or cuda[:N], got {device!r}")
     return device
+
+
+def with_preset(run: RunSpec, record: dict | None) -> RunSpec:
+    """``run`` marked with the preset that filled its options (recorded in config.json's ``run``)."""
+    if record is None:
+        return run
+    return run.replace(preset=record["name"], preset_overridden=tuple(record["overridden"]))
