@@ -1,7 +1,7 @@
 """The import graph of ``spar_bench``: no cycle, no private name imported across modules.
 
 Every module is parsed with :mod:`ast` (nothing is imported). The folders ``spar_bench/``,
-``builder/``, ``probes/`` and ``manifests/`` are one import package (setup.cfg ``package_dir``):
+``builder/``, ``probes/``, ``manifests/`` and ``experiments/`` are one import package (setup.cfg ``package_dir``):
 ``builder/x.py`` is ``spar_bench.builder.x``. Every import statement counts, wherever it
 stands (module level, inside a function, a ``try`` or an ``if``): a lazy import inside a
 function still ties the two modules together. ``importlib.import_module`` with a computed
@@ -50,7 +50,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 #: folder -> import package (setup.cfg [options] package_dir)
 PACKAGE_DIRS = {"spar_bench": "spar_bench", "builder": "spar_bench.builder",
-                "probes": "spar_bench.probes", "manifests": "spar_bench.manifests"}
+                "probes": "spar_bench.probes", "manifests": "spar_bench.manifests",
+                "experiments": "spar_bench.experiments"}
+#: the command-line layers: parsers of argv into library calls, which no library module calls
+CLI_MODULES = ("spar_bench.probes.cli", "spar_bench.builder.cli", "spar_bench.builder.phantom.cli")
 PREFIX = "spar_bench."
 
 # issue 22: must shrink to empty. Delete an entry when its cycle is gone (the stale test says which).
@@ -317,6 +320,17 @@ def test_no_new_private_import(package):
         print(f"fixed (delete from KNOWN_PRIVATE): {entry}")
     assert not new, "private names imported across modules (make them public or move them):\n" + \
         "\n".join(f"{e}  ({_where(package, e)})" for e in new)
+
+
+def test_experiments_reach_the_library_not_the_command_lines(package):
+    """Issue 34: an experiment's steps are library calls (specs), never argv handed to a click
+    group: no module of ``experiments/`` imports ``probes/cli``, ``builder/cli`` or a CLI command."""
+    assert "spar_bench.experiments.runner" in package
+    found = sorted(f"{short(m.name)} imports {short(i)} (line {line})"
+                   for m in package.values() if m.name.startswith(PREFIX + "experiments.")
+                   for i, line in {**m.imports, **m.typing_only}.items()
+                   if any(i == c or i.startswith(c + ".") for c in CLI_MODULES))  # fmt: skip
+    assert not found, "experiments/ reaches a CLI:\n" + "\n".join(found)
 
 
 def test_allowlists_are_not_stale(package):
