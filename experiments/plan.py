@@ -90,8 +90,7 @@ ALIASES: dict[str, dict[str, str]] = {
     "build": {"workers": "jobs", "hf": "!no_hf"},
     "cache": {"workers": "loader_workers", "batch": "batch_size"},
     "sweep": {"bootstrap": "n_boot", "no_controls": "!controls"},
-    "finetune": {"bootstrap": "n_boot", "no_controls": "!controls", "loader_workers": "workers",
-                 "model_args": "model_kwargs"},
+    "finetune": {"bootstrap": "n_boot", "no_controls": "!controls", "loader_workers": "workers"},
     "vqa": {"bootstrap": "n_boot", "probe": "probes", "cache": "cache_path", "no_convention_hint": "!convention_hint",
             "no_circular": "!circular", "no_blind": "!blind"},
 }  # fmt: skip

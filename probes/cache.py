@@ -578,6 +578,8 @@ def cache_options(*, levels: str | Sequence[str] | None = None, splits: str | Se
 
     if isinstance(model_args, dict):
         model_args = json.dumps(model_args, sort_keys=True)
+    if isinstance(fields.get("layers"), int):  # one layer, as a number
+        fields["layers"] = (fields["layers"],)
     return CacheOptions(levels=names(levels), splits=names(splits), model_args=parse_model_args(model_args),
                         token_storage=TokenStorage.parse(token_grid, token_proj, token_int8), **fields)
 
