@@ -42,7 +42,8 @@ def sweep_command(features, heads, probes, seeds, out, jobs, grid, list_ids, onl
     """Fit every probe x head x seed (x grid point) from one cache (skips finished runs)."""
     from spar_bench.presets import explicit_options
 
-    cfg = SweepConfig(features, heads, probes, seeds, out, jobs, tuple(grid), tuple(only), partition, batch_runs,
-                      grid_prune, data, n_boot, not no_controls, device, threads, kw.pop("preset", None),
-                      pop_run_options(kw))  # fmt: skip
+    cfg = SweepConfig(features, heads, probes, seeds, out, jobs, grid=tuple(grid), only=tuple(only),
+                      partition=partition, batch_runs=batch_runs, grid_prune=grid_prune, data=data, n_boot=n_boot,
+                      controls=not no_controls, device=device, threads=threads, preset=kw.pop("preset", None),
+                      options=pop_run_options(kw))  # fmt: skip
     sweep(cfg, explicit_options(click.get_current_context()), list_ids=list_ids)

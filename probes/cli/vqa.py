@@ -63,9 +63,11 @@ def vqa_command(model, data, probes, splits, out, revision, base_url, api_key_en
                 no_convention_hint, no_circular, no_blind, image_size, volume_as, batch_size, max_new_tokens,
                 device, dtype, timeout, retries, concurrency, seed, n_boot, cache_path):
     """Ask a multimodal LLM every Level 3 (and Level 4) question; score it like a probe head."""
-    opts = VqaOptions(probes, splits, revision, base_url, api_key_env, generate, guided, not no_convention_hint,
-                      not no_circular, not no_blind, image_size, volume_as, batch_size, max_new_tokens, device,
-                      dtype, timeout, retries, concurrency, seed, n_boot, cache_path)  # fmt: skip
+    opts = VqaOptions(probes, splits, revision, base_url, api_key_env, generate=generate, guided=guided,
+                      convention_hint=not no_convention_hint, circular=not no_circular, blind=not no_blind,
+                      image_size=image_size, volume_as=volume_as, batch_size=batch_size,
+                      max_new_tokens=max_new_tokens, device=device, dtype=dtype, timeout=timeout, retries=retries,
+                      concurrency=concurrency, seed=seed, n_boot=n_boot, cache_path=cache_path)  # fmt: skip
     saved = 0
     for p, rd in ask_build(model, data, out, opts, _Progress):
         if rd is None:
