@@ -133,7 +133,7 @@ def spec_fields(kind: str) -> dict[str, str]:
         found = {f.name: str(f.type) for c in (FinetuneConfig, FinetuneSpec) for f in fields(c)}
         found["threads"] = "int"
     else:
-        from spar_bench.probes.vqa.ask import VqaOptions
+        from spar_bench.probes.vqa.options import VqaOptions
 
         found = {f.name: str(f.type) for f in fields(VqaOptions)}
     return {k: v for k, v in found.items() if k not in _OWN[kind]}

@@ -225,7 +225,7 @@ def eval_reencoded(run: str, data: str, encoder: str | None) -> Path:
 
 
 def _vqa(spec: dict[str, Any], device: str | None) -> None:
-    from spar_bench.probes.vqa.ask import VqaOptions
+    from spar_bench.probes.vqa.options import VqaOptions
 
     opts = dict(spec["options"])
     if device and "device" not in opts:
@@ -237,7 +237,7 @@ def _vqa(spec: dict[str, Any], device: str | None) -> None:
 
 def ask_mllm(model: str, data: str, out: str, opts: Any) -> Iterator[tuple[str, Path | None]]:
     """An MLLM asked every question probe of a build: the one place the runner reaches the vqa run."""
-    from spar_bench.probes.vqa.ask import ask_build
+    from spar_bench.probes.vqa.options import ask_build
 
     yield from ask_build(model, data, out, opts)
 

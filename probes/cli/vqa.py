@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from ..vqa.ask import (  # noqa: F401 - the CLI's parsers are the library's
+from ..vqa.openai import GUIDED
+from ..vqa.options import (  # noqa: F401 - the CLI's parsers are the library's
     VqaOptions,
     ask_build,
     default_cache,
@@ -18,7 +19,6 @@ from ..vqa.ask import (  # noqa: F401 - the CLI's parsers are the library's
     resolve_image_size,
     resolve_volume_as,
 )
-from ..vqa.openai import GUIDED
 from .options import bootstrap_option, probe_option
 
 

@@ -1,6 +1,6 @@
-"""One ``spar-probe vqa`` as a library call: its options (:class:`VqaOptions`), checked against the
-build, then every question probe asked (:func:`ask_build`), as the CLI and an experiment's
-``vqa:`` step run it."""
+"""One ``spar-probe vqa`` as a library call: its options (:class:`VqaOptions`), checked against
+the build, then every question probe asked (:func:`ask_build`; the asking itself is
+:mod:`.run`), as the CLI and an experiment's ``vqa:`` step run it."""
 
 from __future__ import annotations
 
