@@ -126,7 +126,9 @@ def spec_fields(kind: str) -> dict[str, str]:
         from spar_bench.probes.runs.spec import OPTIONS
         from spar_bench.probes.runs.sweep import SweepConfig
 
-        found = {**{f.name: str(f.type) for f in fields(SweepConfig)}, **{o.name: o.type.__name__ for o in OPTIONS.values()}}
+        found = {**{f.name: str(f.type) for f in fields(SweepConfig)},
+                 **{o.name: o.type.__name__ if o.type in (int, float, bool, str) else "proj_width"
+                    for o in OPTIONS.values()}}  # fmt: skip
     elif kind == "finetune":
         from spar_bench.probes.finetune.config import FinetuneConfig, FinetuneSpec
 
@@ -160,18 +162,28 @@ def options(kind: str, given: dict[str, Any], key: str, exp: Experiment) -> dict
 
 
 def _typed(v: Any, type_text: str, exp: Experiment, key: str) -> Any:
-    """A string where the field takes a number or true/false, read as one (``1e-3`` is a string to YAML)."""
-    if not isinstance(v, str):
-        return v
+    """``v`` as the field's scalar type, as the command line read it: ``1e-3`` (text to YAML) or
+    ``1`` where a float is taken is the float, ``"true"`` a bool, ``448`` where text is taken the text."""
     first = type_text.split("|")[0].strip()
+    if isinstance(v, bool) or v is None or isinstance(v, (list, dict)):
+        return v
     try:
-        if first == "bool" and v.lower() in ("true", "false"):
+        if first == "bool" and isinstance(v, str) and v.lower() in ("true", "false"):
             return v.lower() == "true"
-        if first in ("int", "float"):
-            return int(v) if first == "int" else float(v)
+        if first == "float":
+            return float(v)
+        if first == "int" and isinstance(v, str):
+            return int(v)
+        if first == "proj_width":  # a token head's PCA width, or none
+            from spar_bench.probes.runs.spec import proj_width
+
+            return proj_width(v)
     except ValueError:
-        raise _error(exp, key, f"expected {'an integer' if first == 'int' else 'a number'}, got {v!r}") from None
-    return v
+        raise _error(exp, key, f"expected {_TYPE_WORDS.get(first, first)}, got {v!r}") from None
+    return str(v) if first == "str" and isinstance(v, (int, float)) else v
+
+
+_TYPE_WORDS = {"int": "an integer", "float": "a number", "proj_width": "a width >= 1 or none"}
 
 
 # --------------------------------------------------------------------------- paths and digests

@@ -148,3 +148,16 @@ def test_a_marker_of_another_hash_is_still_changed_and_redone(tmp_path, monkeypa
     ran = _recorder(monkeypatch)
     counts = runner.run_steps(plan, plan.steps[:2], progress=False)
     assert ran == ["cache"] and counts == {"skipped": 1, "ran": 0, "redone": 1}
+
+
+def test_a_value_is_read_as_the_command_line_read_it(tmp_path):
+    """The types a flag's value took (so a run's name and record are those of 0.2): an integer
+    where a float is taken is the float, a number where text is taken the text."""
+    text = FILE.replace("max_epochs: 2,", "max_epochs: 2, lr: 1, proj_dim: 0,").replace(
+        "probes: [level1.localisation]", "probes: [level1.localisation]\nmllms:\n  m: {{model: dummy, "
+        "options: {{image_size: 448, timeout: 5}}}}")
+    plan, _ = _plan(tmp_path, text)
+    sweep = plan.step("heads:e").specs[0][1]["options"]
+    assert sweep["lr"] == 1.0 and isinstance(sweep["lr"], float) and sweep["proj_dim"] == "none"
+    vqa = plan.step("vqa:m@b").specs[0][1]["options"]
+    assert vqa == {"image_size": "448", "timeout": 5.0} and isinstance(vqa["timeout"], float)
