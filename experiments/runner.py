@@ -3,9 +3,15 @@
 A finished step leaves ``OUT/.plan/steps/<step>.json`` (its hash and outputs) and a line in
 ``OUT/.plan/log.jsonl``. On a rerun a step recorded with its current hash is skipped; one
 recorded with another hash is redone, its outputs removed first (the line says so); one
-never finished runs (its commands resume what they had written: a build with ``--resume``,
+never finished runs (its library calls resume what they had written: a build from ``OUT.tmp``,
 a cache, a sweep and finetuning with their own resumption). Interrupted anywhere, a rerun
-continues where the run stopped.
+continues where the run stopped. A marker holding the hash 0.2 gave the same step (steps held
+argv then, :mod:`.legacy`) counts as done and is rewritten with today's hash (:func:`migrate`).
+
+Each spec of a step is one library call, made by the executor of its kind (:data:`EXECUTORS`);
+no step goes through a click command. The run lifecycles of finetuning, of re-encoded transfer
+and of the MLLM track are reached through one adapter each (:func:`train_run`,
+:func:`eval_reencoded`, :func:`ask_mllm`).
 """
 
 from __future__ import annotations
