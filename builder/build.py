@@ -980,8 +980,28 @@ def _choice_options(options: dict[str, Any], sources: tuple[str, ...]) -> dict[s
     }
 
 
-def build_from_cli(**options: Any) -> Path:
-    """Entry point of ``spar-build`` without a subcommand (options as click passes them)."""
+#: the options :func:`config_from_options` reads (``spar-build``'s, by parameter name): the
+#: vocabulary of a build's options everywhere (the CLI, :data:`spar_bench.presets.Preset.build`,
+#: an experiment file's ``builds.<b>.options``)
+BUILD_OPTIONS = ("source", "root", "out", "levels", "volume_size", "samples_per_case", "l12_min_organs", "seed",
+                 "jobs", "counterfactual", "images", "arrangement", "partition", "shard_size", "compression",
+                 "thresholds_from", "fit_thresholds_on", "resume", "overwrite", "on_error", "no_hf", "cases",
+                 "limit", "split_ratio", "split_file", "unknown_labels", "preset")  # fmt: skip
+
+
+def config_from_options(options: dict[str, Any], explicit: set[str] | None = None) -> BuildConfig:
+    """A :class:`BuildConfig` from ``spar-build``'s options (:data:`BUILD_OPTIONS`; absent ones
+    take their defaults), with a ``preset``'s options filled in where ``explicit`` (the options
+    given, default: every key of ``options``) has none."""
+    unknown = sorted(set(options) - set(BUILD_OPTIONS) - {"preset_record"})
+    if unknown:
+        raise ConfigError(f"build options: unknown {', '.join(unknown)}; known: {', '.join(BUILD_OPTIONS)}")
+    options = {k: options.get(k) for k in BUILD_OPTIONS} | {k: v for k, v in options.items() if k == "preset_record"}
+    if options.get("preset"):
+        from spar_bench.presets import apply_build_preset
+
+        given = {k for k, v in options.items() if v is not None} if explicit is None else set(explicit)
+        options, options["preset_record"] = apply_build_preset(options["preset"], options, given)
     if not options.get("out"):
         raise ConfigError("missing --out DIR (where the build is written); see spar-build --help")
     sources = tuple(options.get("source") or ())
@@ -994,8 +1014,9 @@ def build_from_cli(**options: Any) -> Path:
     for name in sources:  # names first: a typo is named before any folder is looked at
         SOURCES.check(name)
     sample: dict[str, Any] = {}
-    if options.get("levels"):
-        sample["levels"] = [s.strip() for s in options["levels"].split(",") if s.strip()]
+    if options.get("levels"):  # a comma list, or a list
+        given = options["levels"].split(",") if isinstance(options["levels"], str) else options["levels"]
+        sample["levels"] = [str(s).strip() for s in given if str(s).strip()]
     for opt in ("samples_per_case", "l12_min_organs", "arrangement", "counterfactual", "volume_size"):
         if options.get(opt) is not None:
             sample[opt] = options[opt]
@@ -1003,7 +1024,7 @@ def build_from_cli(**options: Any) -> Path:
         value = options.get(name)
         return default if value is None else value
 
-    config = BuildConfig(
+    return BuildConfig(
         sources=sources,
         roots=resolve_roots(sources, tuple(options.get("root") or ())),
         out=str(options["out"]),
@@ -1024,6 +1045,12 @@ def build_from_cli(**options: Any) -> Path:
         preset=options.get("preset_record"),
         **_choice_options(options, sources),
     )
+
+
+def build_from_cli(options: dict[str, Any], explicit: set[str] | None = None) -> Path:
+    """Entry point of ``spar-build`` without a subcommand (its options as click passes them,
+    and those given on the command line)."""
+    config = config_from_options(options, explicit)
     path = build(config)
     import click
 

@@ -84,15 +84,12 @@ def cli(ctx: click.Context, **options) -> None:
     if not options.get("out") and not options.get("source"):
         click.echo(ctx.get_help())
         return
+    from spar_bench.presets import explicit_options
+
     from .build import build_from_cli
 
     options["jobs"] = pop_jobs(options)
-    if options.get("preset"):
-        from spar_bench.presets import apply_build_preset, explicit_options
-
-        options, options["preset_record"] = apply_build_preset(options["preset"], options, explicit_options(ctx))
-
-    build_from_cli(**options)
+    build_from_cli(options, explicit_options(ctx))
 
 
 def main(argv: list[str] | None = None) -> None:

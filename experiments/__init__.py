@@ -7,6 +7,7 @@ and its report.
 * :mod:`.runner`   - run a plan: skip what is done, redo what changed, resume, partitions, devices;
 * :mod:`.estimate` - what a plan costs (images, runs, questions; time on 2 CPU cores and one GPU);
 * :mod:`.report`   - the experiment's report: the paper's tables with the provenance of each cell;
+* :mod:`.legacy`   - the step hashes of 0.2 (steps held argv), to keep the steps of older folders;
 * ``*.yaml``       - presets shipped with the package: ``demo`` (the main job), ``paper``,
   ``recall-vs-computation``, ``volumes`` (Level 4).
 """

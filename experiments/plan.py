@@ -15,8 +15,11 @@ Level 4 (volumes) is checked here, before any step runs (:func:`check_kinds`): 3
 (:func:`encoder_kind`) take the Level 4 probes of builds that have Level 4, 2-D encoders the
 others; a mix-up is one line naming the file, the line and the key.
 
-A step's hash covers its commands (paths inside ``out`` written relative to it), the hashes of
-the steps it needs, and the digests of what it reads from outside (an existing build's
+A step holds data, not command lines: its specs, each ``(kind, record)`` with ``record`` the
+JSON-safe config of one library call (:mod:`.runner` makes the call), its keys the fields of
+the library's config objects (an experiment file's option keys are checked against them,
+:func:`options`). A step's hash covers its specs (paths inside ``out`` written relative to
+it), the hashes of the steps it needs, and the digests of what it reads from outside (an existing build's
 manifest fingerprint, a weights file's size and modification time): a step whose hash is
 recorded as finished is skipped, one recorded with another hash is redone (its outputs
 removed first), never both silently.
@@ -27,7 +30,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,24 +45,24 @@ BUILDS, CACHES, RUNS, REPORT, PLAN = "builds", "cache", "runs", "report", ".plan
 
 @dataclass(frozen=True)
 class Step:
-    """One unit of work: its commands (``(program, argv)``; ``{out}`` stands for the experiment's
-    folder), the steps it needs, the paths under ``out`` it owns, and its estimated cost."""
+    """One unit of work: its specs (``(kind, record)``: the library call each runs, a JSON-safe
+    record of its config; ``{out}`` stands for the experiment's folder), the steps it needs, the
+    paths under ``out`` it owns, and its estimated cost."""
 
     id: str
     kind: str
-    commands: tuple[tuple[str, tuple[str, ...]], ...]
+    specs: tuple[tuple[str, dict[str, Any]], ...]
     needs: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
     inputs: tuple[tuple[str, str], ...] = ()  # (what, digest) read from outside the experiment
     cost: tuple[tuple[str, float], ...] = ()  # (unit, amount): images, runs, questions ...
-    device: bool = False  # whether the commands take --device
-    extra: tuple[tuple[str, Any], ...] = field(default=())  # what an internal step needs
+    device: bool = False  # whether the specs take a device
 
     def ident(self, hashes: dict[str, str]) -> str:
-        """sha256 of the commands, the needed steps' hashes and the outside inputs."""
-        record = {"id": self.id, "kind": self.kind, "commands": [[p, list(a)] for p, a in self.commands],
-                  "needs": {n: hashes[n] for n in self.needs}, "inputs": list(self.inputs),
-                  "extra": [[k, v] for k, v in self.extra]}  # fmt: skip
+        """sha256 of the specs, the needed steps' hashes and the outside inputs: a CLI flag's
+        spelling is no part of it."""
+        record = {"id": self.id, "kind": self.kind, "specs": [[k, d] for k, d in self.specs],
+                  "needs": {n: hashes[n] for n in self.needs}, "inputs": list(self.inputs)}  # fmt: skip
         return sha256_json(record, default=str)
 
 
@@ -68,6 +71,7 @@ class Plan:
     experiment: Experiment
     steps: list[Step]
     hashes: dict[str, str]
+    legacy: dict[str, str] | None = None  # the hashes 0.2 gave the steps (runner.legacy_hashes)
 
     def step(self, step_id: str) -> Step:
         for s in self.steps:
@@ -78,61 +82,109 @@ class Plan:
         raise ConfigError(f"--only {step_id}: no such step in {self.experiment.source}{hint}")
 
 
-# --------------------------------------------------------------------------- options as flags
-def command_of(program: str, name: str | None):
-    """The click command behind ``program`` (``spar-build``/``spar-probe``) and subcommand ``name``."""
-    if program == "spar-build":
-        from spar_bench.builder.cli import cli
+# --------------------------------------------------------------------------- options as spec fields
+#: spellings an experiment file may use for a spec field: today's CLI-only and old spellings
+#: (``!``: the field is the negation, ``hf: false`` sets ``no_hf``)
+ALIASES: dict[str, dict[str, str]] = {
+    "phantom": {"slices": "n_slices"},
+    "build": {"workers": "jobs", "hf": "!no_hf"},
+    "cache": {"workers": "loader_workers", "batch": "batch_size"},
+    "sweep": {"bootstrap": "n_boot", "no_controls": "!controls"},
+    "finetune": {"bootstrap": "n_boot", "no_controls": "!controls", "loader_workers": "workers"},
+    "vqa": {"bootstrap": "n_boot", "probe": "probes", "cache": "cache_path", "seed": "seeds",
+            "no_convention_hint": "!convention_hint",
+            "no_circular": "!circular", "no_blind": "!blind"},
+}  # fmt: skip
+#: fields a step sets itself (from the file's other keys), never an option
+_OWN = {"phantom": {"out"}, "build": {"source", "root", "out", "resume", "overwrite"},
+        "cache": {"weights", "random_init", "revision", "model_args", "async_writes"},
+        "sweep": {"features", "heads", "probes", "seeds", "out", "only", "partition", "options"},
+        "finetune": {"encoder", "data", "probe", "head", "seed", "cfg", "head_cfg", "model_kwargs", "resume"},
+        "vqa": set()}  # fmt: skip
+
+
+def spec_fields(kind: str) -> dict[str, str]:
+    """The options a step of ``kind`` takes: each field of the library's config and its type (text)."""
+    from dataclasses import fields
+
+    if kind == "phantom":
+        from spar_bench.builder.phantom.generate import PhantomOptions
+
+        found = {"n": "int", **{f.name: str(f.type) for f in fields(PhantomOptions)}}
+    elif kind == "build":
+        from spar_bench.builder.build import BUILD_OPTIONS, BuildConfig
+        from spar_bench.builder.samples.config import SampleConfig
+
+        types = {f.name: str(f.type) for c in (BuildConfig, SampleConfig) for f in fields(c)}
+        found = {k: types.get("workers" if k == "jobs" else k, "") for k in BUILD_OPTIONS}
+        found["no_hf"] = "bool"
+    elif kind == "cache":
+        from spar_bench.probes.cache import CacheOptions
+
+        found = {**{f.name: str(f.type) for f in fields(CacheOptions)}, "token_grid": "int", "token_proj": "str",
+                 "token_int8": "bool"}  # fmt: skip
+    elif kind == "sweep":
+        from spar_bench.probes.runs.spec import OPTIONS
+        from spar_bench.probes.runs.sweep import SweepConfig
+
+        found = {**{f.name: str(f.type) for f in fields(SweepConfig)},
+                 **{o.name: o.type.__name__ if o.type in (int, float, bool, str) else "proj_width"
+                    for o in OPTIONS.values()}}  # fmt: skip
+    elif kind == "finetune":
+        from spar_bench.probes.finetune.config import FinetuneConfig, FinetuneSpec
+
+        found = {f.name: str(f.type) for c in (FinetuneConfig, FinetuneSpec) for f in fields(c)}
+        found["threads"] = "int"
     else:
-        from spar_bench.probes.cli import cli
-    if name is None:
-        return cli
-    import click
+        from spar_bench.probes.vqa.options import VqaOptions
 
-    return cli.get_command(click.Context(cli), name)
+        found = {f.name: str(f.type) for f in fields(VqaOptions)}
+    return {k: v for k, v in found.items() if k not in _OWN[kind]}
 
 
-def flags(program: str, name: str | None, options: dict[str, Any], key: str, exp: Experiment) -> list[str]:
-    """``options`` (``{samples_per_case: 8, hf: false}``) as the command's flags, each checked
-    against the command's parameters; a misspelt key is one line naming the file and the key."""
-    cmd = command_of(program, name)
-    params = {p.name: p for p in cmd.params if getattr(p, "opts", None) and p.opts[0].startswith("--")}
-    spelled = {o[2:].replace("-", "_"): p for p in params.values() for o in p.opts if o.startswith("--")}
-    out: list[str] = []
-    for k, v in options.items():
-        kn = k.replace("-", "_")
-        p = spelled.get(kn) or params.get(kn)
-        if p is None and v is False and f"no_{kn}" in params:  # hf: false -> --no-hf
-            out.append(params[f"no_{kn}"].opts[0])
-            continue
-        if p is None:
-            close = difflib.get_close_matches(kn, list(spelled), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            what = f"{program} {name}" if name else program
-            at = exp.where.at(f"{key}.{k}") if exp.where is not None else exp.source
-            raise ConfigError(f"{at}: {key}.{k}: {what} has no option --{kn.replace('_', '-')}{hint}")
-        out += _flag(p, v)
+def options(kind: str, given: dict[str, Any], key: str, exp: Experiment) -> dict[str, Any]:
+    """``given`` (an experiment file's ``{samples_per_case: 8, hf: false}``) as the fields of
+    ``kind``'s spec (:data:`ALIASES` resolved, values of the field's type); a key that is no
+    field is one line naming the file, the line and the key, with a close one."""
+    known, aliases = spec_fields(kind), ALIASES.get(kind, {})
+    out: dict[str, Any] = {}
+    for k, v in given.items():
+        name = k.replace("-", "_")
+        name = aliases.get(name, name)
+        negate = name.startswith("!")
+        name = name.lstrip("!")
+        if name not in known:
+            close = difflib.get_close_matches(k.replace("-", "_"), [*known, *aliases], n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(sorted(known))}"
+            raise _error(exp, f"{key}.{k}", f"not an option of a {kind} step{hint}")
+        value = _typed(v, known[name], exp, f"{key}.{k}")
+        out[name] = (not value) if negate else value
     return out
 
 
-def _flag(p, v: Any) -> list[str]:
-    if getattr(p, "is_flag", False):
-        if p.secondary_opts:
-            return [p.opts[0] if v else p.secondary_opts[0]]
-        return [p.opts[0]] if v else []
-    if isinstance(v, list) and getattr(p, "multiple", False):
-        return [x for item in v for x in (p.opts[0], _text(item))]
-    if isinstance(v, list):
-        return [p.opts[0], ",".join(_text(x) for x in v)]
-    if isinstance(v, dict):
-        return [p.opts[0], json.dumps(v, sort_keys=True)]
-    return [p.opts[0], _text(v)]
+def _typed(v: Any, type_text: str, exp: Experiment, key: str) -> Any:
+    """``v`` as the field's scalar type, as the command line read it: ``1e-3`` (text to YAML) or
+    ``1`` where a float is taken is the float, ``"true"`` a bool, ``448`` where text is taken the text."""
+    first = type_text.split("|")[0].strip()
+    if isinstance(v, bool) or v is None or isinstance(v, (list, dict)):
+        return v
+    try:
+        if first == "bool" and isinstance(v, str) and v.lower() in ("true", "false"):
+            return v.lower() == "true"
+        if first == "float":
+            return float(v)
+        if first == "int" and isinstance(v, str):
+            return int(v)
+        if first == "proj_width":  # a token head's PCA width, or none
+            from spar_bench.probes.runs.spec import proj_width
+
+            return proj_width(v)
+    except ValueError:
+        raise _error(exp, key, f"expected {_TYPE_WORDS.get(first, first)}, got {v!r}") from None
+    return str(v) if first == "str" and isinstance(v, (int, float)) else v
 
 
-def _text(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    return str(v)
+_TYPE_WORDS = {"int": "an integer", "float": "a number", "proj_width": "a width >= 1 or none"}
 
 
 # --------------------------------------------------------------------------- paths and digests
@@ -357,23 +409,22 @@ def build_step(exp: Experiment, b: str) -> Step | None:
     if bd.path:
         return None
     out = build_dir(exp, b)
-    opts = flags("spar-build", None, bd.options, f"builds.{b}.options", exp)
-    commands = []
+    specs: list[tuple[str, dict[str, Any]]] = []
     if bd.phantom is not None:
-        ph = {"n": 12, "layout": "canonical", **bd.phantom}
+        ph = options("phantom", {"n": 12, "layout": "canonical", **bd.phantom}, f"builds.{b}.phantom", exp)
         root = f"{{out}}/{BUILDS}/{b}-phantom"
-        commands.append(("spar-build", ("phantom", "--out", root, *flags("spar-build", "phantom", ph, f"builds.{b}.phantom", exp))))
+        specs.append(("phantom", {"out": root, **ph}))
         sources, roots = ["phantom"], [root]
     else:
         sources, roots = list(bd.sources), list(bd.roots)
-    argv = [x for s in sources for x in ("--source", s)] + [x for r in roots for x in ("--root", r)]
+    record: dict[str, Any] = {"source": sources, "root": roots, "out": out}
     needs: tuple[str, ...] = ()
     if bd.thresholds_from:  # another build's size/distance thresholds: it comes first
-        argv += ["--thresholds-from", build_dir(exp, bd.thresholds_from)]
+        record["thresholds_from"] = build_dir(exp, bd.thresholds_from)
         needs = _needs_build(exp, bd.thresholds_from)
-    commands.append(("spar-build", tuple(argv + ["--out", out, *opts])))
+    specs.append(("build", {**record, "options": options("build", bd.options, f"builds.{b}.options", exp)}))
     inputs = tuple((r, _path_digest(r)) for r in roots if not r.startswith("{out}"))
-    return Step(f"build:{b}", "build", tuple(commands), needs, outputs=(out, f"{out}.tmp", *(roots if bd.phantom is not None else ())),
+    return Step(f"build:{b}", "build", tuple(specs), needs, outputs=(out, f"{out}.tmp", *(roots if bd.phantom is not None else ())),
                 inputs=inputs, cost=(("cases", float(case_count(bd))),))  # fmt: skip
 
 
@@ -381,40 +432,40 @@ def _needs_build(exp: Experiment, b: str) -> tuple[str, ...]:
     return () if exp.builds[b].path else (f"build:{b}",)
 
 
-def _encoder_flags(exp: Experiment, e: str) -> tuple[list[str], tuple[tuple[str, str], ...]]:
+def _encoder(exp: Experiment, e: str) -> tuple[dict[str, Any], tuple[tuple[str, str], ...]]:
+    """Encoder ``e``'s record (spec, and weights or revision when given) and its outside inputs."""
     enc = exp.encoders[e]
-    argv = ["--encoder", enc.spec]
+    record: dict[str, Any] = {"encoder": enc.spec}
     if enc.weights:
-        argv += ["--weights", enc.weights]
+        record["weights"] = enc.weights
     if enc.revision:
-        argv += ["--revision", enc.revision]
+        record["revision"] = enc.revision
     inputs = ((enc.weights, _path_digest(enc.weights)),) if enc.weights else ()
     local = local_path(enc.spec)
     if local:
         inputs += ((local, _path_digest(local)),)
-    return argv, inputs
+    return record, inputs
 
 
 def cache_step(exp: Experiment, e: str, b: str) -> Step:
-    argv, inputs = _encoder_flags(exp, e)
+    record, inputs = _encoder(exp, e)
     enc = exp.encoders[e]
     if enc.random_init:
-        argv.append("--random-init")
+        record["random_init"] = True
     if enc.model_args:  # e.g. a monai: encoder's input_size
-        argv += ["--model-args", json.dumps(enc.model_args, sort_keys=True)]
-    frozen = exp.modes["frozen"]
-    argv += ["--data", build_dir(exp, b), "--out", cache_file(e, b), *flags("spar-probe", "cache", frozen.cache,
-                                                                              "modes.frozen.cache", exp)]
+        record["model_args"] = enc.model_args
+    record.update(data=build_dir(exp, b), out=cache_file(e, b),
+                  options=options("cache", exp.modes["frozen"].cache, "modes.frozen.cache", exp))
     if exp.builds[b].path:
         inputs += ((exp.builds[b].path, _path_digest(exp.builds[b].path)),)
-    return Step(f"cache:{e}@{b}", "cache", (("spar-probe", ("cache", *argv)),), _needs_build(exp, b),
+    return Step(f"cache:{e}@{b}", "cache", (("cache", record),), _needs_build(exp, b),
                 (cache_file(e, b),), inputs, _encode_cost(exp, e, b), device=True)
 
 
-def _path_data(exp: Experiment, b: str) -> tuple[str, ...]:
-    """``--data DIR`` for a ``path:`` build read through its cache: a cache records its build
+def _path_data(exp: Experiment, b: str) -> dict[str, str]:
+    """``data: DIR`` for a ``path:`` build read through its cache: a cache records its build
     folder only when it lies beside the cache's folder (no local path is published)."""
-    return ("--data", build_dir(exp, b)) if exp.builds[b].path else ()
+    return {"data": build_dir(exp, b)} if exp.builds[b].path else {}
 
 
 def _encode_cost(exp: Experiment, e: str, b: str) -> tuple[tuple[str, float], ...]:
@@ -423,8 +474,8 @@ def _encode_cost(exp: Experiment, e: str, b: str) -> tuple[tuple[str, float], ..
     return (("volumes" if kind == "3d" else "images", float(estimated_images(exp, b, kind))),)
 
 
-def _probe_seed_flags(exp: Experiment, e: str) -> list[str]:
-    return ["--probe", ",".join(encoder_probes(exp, e)), "--seeds", ",".join(str(s) for s in exp.seeds)]
+def _runs(exp: Experiment, e: str, heads: tuple[str, ...]) -> dict[str, Any]:
+    return {"heads": list(heads), "probes": list(encoder_probes(exp, e)), "seeds": list(exp.seeds)}
 
 
 def _n_runs(exp: Experiment, e: str, heads: tuple[str, ...]) -> int:
@@ -438,32 +489,31 @@ def _n_runs(exp: Experiment, e: str, heads: tuple[str, ...]) -> int:
 
 def heads_step(exp: Experiment, e: str) -> Step:
     m, b = exp.modes["frozen"], exp.train_on
-    argv = ("sweep", "--features", cache_file(e, b), *_path_data(exp, b), "--head", ",".join(m.heads),
-            *_probe_seed_flags(exp, e), "--jobs", str(exp.jobs), "--out", run_folder("frozen", e),
-            *flags("spar-probe", "sweep", m.options, "modes.frozen.options", exp))
+    record = {"features": cache_file(e, b), **_path_data(exp, b), **_runs(exp, e, m.heads), "jobs": exp.jobs,
+              "out": run_folder("frozen", e), "options": options("sweep", m.options, "modes.frozen.options", exp)}  # fmt: skip
     runs = _n_runs(exp, e, m.heads)
     images = estimated_images(exp, b, encoder_kind(exp.encoders[e].spec))
-    return Step(f"heads:{e}", "heads", (("spar-probe", argv),), (f"cache:{e}@{b}",), (run_folder("frozen", e),),
+    return Step(f"heads:{e}", "heads", (("sweep", record),), (f"cache:{e}@{b}",), (run_folder("frozen", e),),
                 cost=(("runs", float(runs)), ("run_images", float(runs * images))), device=True)
 
 
 def train_step(exp: Experiment, mode: str, e: str) -> Step:
     """``finetune`` or ``scratch``: encoder + head trained end to end on the training build."""
     m, b = exp.modes[mode], exp.train_on
-    argv, inputs = _encoder_flags(exp, e)
+    record, inputs = _encoder(exp, e)
     enc = exp.encoders[e]
     if mode == "scratch":
-        argv += ["--init", "scratch"]
+        record["init"] = "scratch"
     if enc.model_args:
-        argv += ["--model-args", json.dumps(enc.model_args, sort_keys=True)]
-    argv += ["--data", build_dir(exp, b), "--head", ",".join(m.heads), *_probe_seed_flags(exp, e), "--resume",
-             "--out", run_folder(mode, e), *flags("spar-probe", "finetune", m.options, f"modes.{mode}.options", exp)]
+        record["model_kwargs"] = enc.model_args
+    record.update(data=build_dir(exp, b), **_runs(exp, e, m.heads), out=run_folder(mode, e),
+                  options=options("finetune", m.options, f"modes.{mode}.options", exp))
     if exp.builds[b].path:
         inputs += ((exp.builds[b].path, _path_digest(exp.builds[b].path)),)
     runs = _n_runs(exp, e, m.heads)
     epochs = float(m.options.get("max_epochs", 20))
     images = estimated_images(exp, b, encoder_kind(enc.spec))
-    return Step(f"{mode}:{e}", "train", (("spar-probe", ("finetune", *argv)),), _needs_build(exp, b),
+    return Step(f"{mode}:{e}", "train", (("finetune", record),), _needs_build(exp, b),
                 (run_folder(mode, e),), inputs,
                 (("runs", float(runs)), ("train_images", runs * epochs * images / 3)), device=True)
 
@@ -475,27 +525,26 @@ def eval_step(exp: Experiment, source: Step, b: str) -> Step:
     needs = (source.id, f"cache:{e}@{b}") if frozen else (source.id, *_needs_build(exp, b))
     target = cache_file(e, b) if frozen else build_dir(exp, b)
     local = exp.encoders[e].spec if not frozen and local_path(exp.encoders[e].spec) else None
-    extra = (("runs", source.outputs[0]), ("features" if frozen else "data", target), ("encoder", local))
-    if frozen and exp.builds[b].path:
-        extra += (("data", build_dir(exp, b)),)
-    return Step(f"eval:{source.id}@{b}", "eval", (), needs, (), (), _encode_cost(exp, e, b),
-                device=not frozen, extra=extra)
+    record = {"runs": source.outputs[0], ("features" if frozen else "data"): target, "encoder": local}
+    if frozen and exp.builds[b].path:  # a path: build read through its cache (see _path_data)
+        record["data"] = build_dir(exp, b)
+    return Step(f"eval:{source.id}@{b}", "eval", (("eval", record),), needs, (), (), _encode_cost(exp, e, b),
+                device=not frozen)
 
 
 def vqa_step(exp: Experiment, name: str, b: str) -> Step:
     m = exp.mllms[name]
     out = f"{{out}}/{RUNS}/mllm-{name}" + ("" if b == exp.train_on else f"@{b}")
-    argv = ("vqa", "--model", m.model, "--data", build_dir(exp, b), "--out", out,
-            *flags("spar-probe", "vqa", m.options, f"mllms.{name}.options", exp))
-    return Step(f"vqa:{name}@{b}", "vqa", (("spar-probe", argv),), _needs_build(exp, b), (out,),
+    record = {"model": m.model, "data": build_dir(exp, b), "out": out,
+              "options": options("vqa", m.options, f"mllms.{name}.options", exp)}
+    return Step(f"vqa:{name}@{b}", "vqa", (("vqa", record),), _needs_build(exp, b), (out,),
                 cost=(("questions", float(estimated_images(exp, b) / 3 + 16 * estimated_images(exp, b, "3d"))),),
                 device=m.model.startswith("hf:"))
 
 
 def report_step(exp: Experiment, needs: tuple[str, ...]) -> Step:
-    argv = ("report", f"{{out}}/{RUNS}", "--out", f"{{out}}/{REPORT}")
-    return Step("report", "report", (("spar-probe", argv),), needs, (f"{{out}}/{REPORT}",),
-                extra=(("title", exp.title),))
+    record = {"runs": f"{{out}}/{RUNS}", "out": f"{{out}}/{REPORT}", "title": exp.title}
+    return Step("report", "report", (("report", record),), needs, (f"{{out}}/{REPORT}",))
 
 
 def _build_order(exp: Experiment) -> list[str]:

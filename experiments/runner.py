@@ -3,9 +3,10 @@
 A finished step leaves ``OUT/.plan/steps/<step>.json`` (its hash and outputs) and a line in
 ``OUT/.plan/log.jsonl``. On a rerun a step recorded with its current hash is skipped; one
 recorded with another hash is redone, its outputs removed first (the line says so); one
-never finished runs (its commands resume what they had written: a build with ``--resume``,
+never finished runs (its library calls resume what they had written: a build from ``OUT.tmp``,
 a cache, a sweep and finetuning with their own resumption). Interrupted anywhere, a rerun
-continues where the run stopped.
+continues where the run stopped. A marker holding the hash 0.2 gave the same step (steps held
+argv then, :mod:`.legacy`) counts as done and is rewritten with today's hash (:func:`migrate`).
 
 One writer per step: a step runs holding ``OUT/.plan/steps/<step>.json.lock``
 (:mod:`spar_bench.locks`), so two runs of one experiment (or two partitions given the same
@@ -13,6 +14,12 @@ step) never write a step at once: the second is refused in one line, or with ``-
 and then skips the step the first finished. The runner locks steps, not OUT: the partitions of
 an experiment write one OUT side by side. Each step's command locks its own output (a build
 folder, a cache file, a runs folder), files other than the step's: no lock is taken twice.
+
+
+Each spec of a step is one library call, made by the executor of its kind (:data:`EXECUTORS`);
+no step goes through a click command. Runs are made by :func:`spar_bench.probes.runs.session.run`
+(finetuning: :func:`train_run`; the MLLM track: :func:`ask_mllm`), transfer by
+:func:`~spar_bench.probes.runs.session.evaluate_on`.
 """
 
 from __future__ import annotations
@@ -22,14 +29,14 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 import click
 
-from spar_bench.errors import ConfigError, RunFailed
+from spar_bench.errors import ConfigError
 from spar_bench.procs import terminated
 
 from .plan import PLAN, Plan, Step
@@ -39,13 +46,47 @@ def marker(out: Path, step_id: str) -> Path:
     return out / PLAN / "steps" / (re.sub(r"[^A-Za-z0-9@._-]+", "_", step_id) + ".json")
 
 
-def status(plan: Plan, step: Step) -> str:
-    """``done`` (finished with this hash), ``changed`` (finished with another) or ``todo``."""
+def _recorded(plan: Plan, step: Step) -> str | None:
+    """The hash ``step``'s marker records (None: not finished)."""
     try:
-        had = json.loads(marker(plan.experiment.out, step.id).read_text())["hash"]
+        return json.loads(marker(plan.experiment.out, step.id).read_text())["hash"]
     except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def legacy_hashes(plan: Plan) -> dict[str, str]:
+    """The hashes 0.2 gave the plan's steps (:mod:`.legacy`), computed once."""
+    if plan.legacy is None:
+        from .legacy import old_hashes
+
+        plan.legacy = old_hashes(plan.experiment, plan.steps)
+    return plan.legacy
+
+
+def status(plan: Plan, step: Step) -> str:
+    """``done`` (finished with this hash, or with the hash 0.2 gave the same step), ``changed``
+    (finished with another) or ``todo``."""
+    had = _recorded(plan, step)
+    if had is None:
         return "todo"
-    return "done" if had == plan.hashes[step.id] else "changed"
+    return "done" if had in (plan.hashes[step.id], legacy_hashes(plan).get(step.id)) else "changed"
+
+
+def migrate(plan: Plan, steps: list[Step]) -> None:
+    """Markers that record a step's 0.2 hash (steps held argv then) rewritten with today's hash
+    (a ``migrate`` line in the log): the step is kept, not redone."""
+    out = plan.experiment.out
+    for s in steps:
+        had = _recorded(plan, s)
+        if had is None or had == plan.hashes[s.id] or had != legacy_hashes(plan).get(s.id):
+            continue
+        m = marker(out, s.id)
+        record = {**json.loads(m.read_text()), "hash": plan.hashes[s.id]}
+        tmp = m.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record, indent=1) + "\n")
+        with _signals_held():
+            tmp.replace(m)
+            _log(out, "migrate", s, hash=plan.hashes[s.id], was=had)
 
 
 def _log(out: Path, event: str, step: Step, **kw: Any) -> None:
@@ -55,8 +96,13 @@ def _log(out: Path, event: str, step: Step, **kw: Any) -> None:
         fh.write(json.dumps({"event": event, "step": step.id, **kw}, sort_keys=True) + "\n")
 
 
-def concrete(arg: str, out: Path) -> str:
-    return arg.replace("{out}", str(out))
+def concrete(value: Any, out: Path) -> Any:
+    """``value`` (a record, a list, a path) with ``{out}`` replaced by the experiment's folder."""
+    if isinstance(value, dict):
+        return {k: concrete(v, out) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [concrete(v, out) for v in value]
+    return value.replace("{out}", str(out)) if isinstance(value, str) else value
 
 
 def _remove_outputs(out: Path, step: Step) -> None:
@@ -68,73 +114,160 @@ def _remove_outputs(out: Path, step: Step) -> None:
             remove(Path(concrete(rel, out)))
 
 
-def _build_flags(argv: tuple[str, ...], out: Path) -> list[str]:
-    """A build step's output may be half written (``OUT.tmp``: resume it) or whole without its
-    marker (killed after the build: make it again; it is deterministic)."""
-    if "phantom" in argv[:1]:
-        return ["--overwrite"]
-    target = Path(concrete(argv[argv.index("--out") + 1], out))
-    if Path(f"{target}.tmp").exists():
-        return ["--resume"]
-    return ["--overwrite"] if target.exists() else []
-
-
 #: how a step stopped by a full disk goes on (its command's own advice names another command)
 RERUN = "rerun the same `spar-bench run` command (it resumes the step)"
 
 
-def _call(program: str, argv: list[str]) -> None:
-    from spar_bench.clitools import run_cli
-    from spar_bench.outputs import rerun_as
-
-    if program == "spar-build":
-        from spar_bench.builder.cli import cli
-    else:
-        from spar_bench.probes.cli import cli
-    with rerun_as(RERUN):
-        code = run_cli(cli, argv, prog_name=program)
-    if code != 0:
-        raise RunFailed(f"{program} {' '.join(argv[:1])} exited {code}")
-
-
 def execute(step: Step, out: Path, device: str | None) -> None:
-    """Run ``step``'s commands (in this process)."""
-    if step.kind == "eval":
-        return _evaluate(step, out, device)
+    """Run ``step``'s specs, each one library call (in this process); ``device`` where a spec
+    takes one and its options name none."""
     if step.kind == "report":  # the step owns its folder whole: both reports are written afresh
         _remove_outputs(out, step)
-    for program, argv in step.commands:
-        args = [concrete(a, out) for a in argv]
-        if step.kind == "build":
-            args += _build_flags(argv, out)
-        if device and step.device and "--device" not in args:
-            args += ["--device", device]
-        _call(program, args)
-    if step.kind == "report":
-        _experiment_report(step, out)
+    from spar_bench.outputs import rerun_as
+
+    with rerun_as(RERUN):
+        for kind, record in step.specs:
+            EXECUTORS[kind](concrete(record, out), device if step.device else None)
 
 
-def _evaluate(step: Step, out: Path, device: str | None) -> None:
-    """Every finished run of the source step scored on the transfer target."""
-    extra = dict(step.extra)
-    runs = Path(concrete(extra["runs"], out))
-    for m in sorted(runs.rglob("metrics.json")):
-        argv = ["eval", "--run", str(m.parent)]
-        if "features" in extra:
-            argv += ["--features", concrete(extra["features"], out)]
-        if "data" in extra:  # a re-encoded build, or a path: build read through its cache
-            argv += ["--data", concrete(extra["data"], out)]
-        if "features" not in extra and extra.get("encoder"):
-            argv += ["--encoder", extra["encoder"]]
-        _call("spar-probe", argv + ["--overwrite"])
+# --------------------------------------------------------------------------- one executor per kind
+def _phantom(spec: dict[str, Any], device: str | None) -> None:
+    from spar_bench.builder.phantom.generate import PhantomOptions, write_phantom_dataset
+
+    fields = {k: v for k, v in spec.items() if k not in ("out", "n")}
+    write_phantom_dataset(spec["out"], int(spec["n"]), PhantomOptions(**fields), overwrite=True)
 
 
-def _experiment_report(step: Step, out: Path) -> None:
-    from .plan import REPORT, RUNS
+def _build(spec: dict[str, Any], device: str | None) -> None:
+    """A build: resumed when half written (``OUT.tmp``), made again when whole without its marker
+    (killed after the build: it is deterministic)."""
+    from spar_bench.builder.build import build, config_from_options
+
+    opts = {k: tuple(v) if isinstance(v, list) else v for k, v in spec["options"].items()}
+    for k in ("cases", "limit", "split_ratio"):  # per-source options: one entry or a list
+        if isinstance(opts.get(k), str):
+            opts[k] = (opts[k],)
+    target = Path(spec["out"])
+    given = {"source": tuple(spec["source"]), "root": tuple(spec["root"]), "out": spec["out"],
+             "thresholds_from": spec.get("thresholds_from"), **opts}
+    if Path(f"{target}.tmp").exists():
+        given["resume"] = True
+    elif target.exists():
+        given["overwrite"] = True
+    build(config_from_options(given, {k for k, v in given.items() if v is not None}))
+
+
+def _cache(spec: dict[str, Any], device: str | None) -> None:
+    from spar_bench.probes.cache import cache_options, write_cache
+
+    fields = {k: spec[k] for k in ("weights", "random_init", "revision", "model_args") if k in spec}
+    opts = {**fields, **spec["options"]}
+    if device and "device" not in opts:
+        opts["device"] = device
+    write_cache(spec["encoder"], spec["data"], spec["out"], cache_options(**opts))
+
+
+def _sweep(spec: dict[str, Any], device: str | None) -> None:
+    """The frozen mode's heads; a preset fills what the file does not give (heads and seeds are given)."""
+    from spar_bench.probes.runs.spec import OPTIONS
+    from spar_bench.probes.runs.sweep import SweepConfig, sweep
+
+    given = spec["options"]
+    fields = {k: v for k, v in given.items() if k not in OPTIONS}
+    if device and "device" not in fields:
+        fields["device"] = device
+    fields.setdefault("jobs", spec["jobs"])
+    cfg = SweepConfig(spec["features"], tuple(spec["heads"]), tuple(spec["probes"]), tuple(spec["seeds"]),
+                      spec["out"], **fields, options={k: v for k, v in given.items() if k in OPTIONS})  # fmt: skip
+    sweep(cfg, {"heads", "seeds", *given})
+
+
+def _finetune(spec: dict[str, Any], device: str | None) -> None:
+    """Encoder and head trained end to end, every probe x head x seed (resumed where interrupted)."""
+    from dataclasses import fields
+
+    from spar_bench.probes.finetune.config import FinetuneConfig, finetune_specs
+    from spar_bench.probes.names import names_all
+    from spar_bench.probes.runs.inputs import ProbeUnavailable
+
+    opts = dict(spec["options"])
+    if opts.get("threads"):
+        import torch
+
+        torch.set_num_threads(int(opts["threads"]))
+    opts.pop("threads", None)
+    if device and "device" not in opts:
+        opts["device"] = device
+    names = {f.name for f in fields(FinetuneConfig)}
+    cfg = FinetuneConfig(**{k: v for k, v in opts.items() if k in names})
+    rest = {k: v for k, v in opts.items() if k not in names}
+    kwargs = json.loads(json.dumps(spec["model_kwargs"], sort_keys=True)) if spec.get("model_kwargs") else None
+    own = {k: spec[k] for k in ("weights", "revision", "init") if k in spec}
+    grid = finetune_specs(spec["encoder"], spec["data"], spec["probes"], spec["heads"], spec["seeds"],
+                          **{**own, **rest}, model_kwargs=kwargs, cfg=cfg)  # fmt: skip
+    for per_probe in grid:
+        for fs in per_probe:
+            try:
+                train_run(fs, spec["out"])
+            except ProbeUnavailable as e:
+                if not names_all(spec["probes"]):
+                    raise
+                click.echo(f"{fs.probe}: not available on this build ({e}); skipped", err=True)
+                break
+
+
+def train_run(fs: Any, out: str) -> Path:
+    """One finetune/scratch run (a :class:`~spar_bench.probes.finetune.config.FinetuneSpec`), resumed
+    where interrupted: the one place the runner reaches the finetune lifecycle."""
+    from spar_bench.probes.runs.session import run
+
+    return run(fs, out, resume=True)
+
+
+def _evaluate(spec: dict[str, Any], device: str | None) -> None:
+    """Every finished run of the source step scored on the transfer target (again: ``overwrite``):
+    another cache (and, for a ``path:`` build, its folder), or a build a finetune run re-encodes
+    (:func:`~spar_bench.probes.runs.session.evaluate_on` chooses by the run's kind)."""
+    from spar_bench.probes.runs.session import EvalTarget, evaluate_on
+
+    target = EvalTarget(spec.get("features"), spec.get("data"), overwrite=True, encoder=spec.get("encoder"))
+    for m in sorted(Path(spec["runs"]).rglob("metrics.json")):
+        evaluate_on(m.parent, target)
+
+
+def _vqa(spec: dict[str, Any], device: str | None) -> None:
+    from spar_bench.probes.vqa.options import VqaOptions
+
+    opts = dict(spec["options"])
+    if device and "device" not in opts:
+        opts["device"] = device
+    for probe, rd in ask_mllm(spec["model"], spec["data"], spec["out"], VqaOptions(**opts)):
+        if rd is None:
+            click.echo(f"{probe}: no questions on {opts.get('splits', 'test')}; skipped", err=True)
+
+
+def ask_mllm(model: str, data: str, out: str, opts: Any) -> Iterator[tuple[str, Path | None]]:
+    """An MLLM asked every question probe of a build: the one place the runner reaches the vqa run."""
+    from spar_bench.probes.vqa.options import ask_build
+
+    yield from ask_build(model, data, out, opts)
+
+
+def _report(spec: dict[str, Any], device: str | None) -> None:
+    """``spar-probe report``'s tables and plots, then the experiment's report, over every run."""
+    from spar_bench.probes.runs.report import write_report
+
     from .report import write_experiment_report
 
-    write_experiment_report(out / RUNS, out / REPORT, title=dict(step.extra).get("title", ""),
-                            provenance=_provenance(out))
+    out = Path(spec["out"])
+    write_report(spec["runs"], out)
+    write_experiment_report(Path(spec["runs"]), out, title=spec.get("title", ""), provenance=_provenance(out.parent))
+
+
+#: the executor of each kind of spec
+EXECUTORS: dict[str, Callable[[dict[str, Any], str | None], None]] = {
+    "phantom": _phantom, "build": _build, "cache": _cache, "sweep": _sweep, "finetune": _finetune,
+    "eval": _evaluate, "vqa": _vqa, "report": _report}  # fmt: skip
 
 
 def _provenance(out: Path) -> dict[str, Any]:
@@ -164,6 +297,7 @@ def run_steps(plan: Plan, chosen: list[Step], devices: tuple[str, ...] = (), pro
     """Run the steps of ``chosen`` that are not done, in order (one device) or side by side as
     their inputs finish (several devices); returns how many steps were done, run and redone."""
     out = plan.experiment.out
+    migrate(plan, chosen)
     todo = [s for s in chosen if status(plan, s) != "done"]
     counts = {"skipped": len(chosen) - len(todo), "ran": 0, "redone": 0}
     for s in chosen:

@@ -25,7 +25,7 @@ from typing import Any
 from spar_bench.errors import ConfigError
 
 from .config import Experiment
-from .plan import _error, command_of, flags  # _error: "FILE:LINE: KEY: problem"
+from .plan import _error  # _error: "FILE:LINE: KEY: problem"
 
 _DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?")
 
@@ -111,10 +111,10 @@ def _click_value(exp: Experiment, program: str, name: str | None, k: str, v: Any
     ``(the parameter's name, its value)``."""
     import click
 
-    argv = flags(program, name, {k: v}, key, exp)  # a misspelt key is its own one line
+    cmd = command_of(program, name)
+    argv = _flags(cmd, k, v)  # a key with no flag (a config field alone) was checked by the plan
     if not argv:
         return k.replace("-", "_"), v
-    cmd = command_of(program, name)
     param = next(p for p in cmd.params if argv[0] in (*p.opts, *p.secondary_opts))
     what = f"{program} {name}" if name else program
     if getattr(param, "is_flag", False):
@@ -188,3 +188,43 @@ def _build_settings(bd, option: str, value: Any) -> Iterator[tuple[type, dict[st
 
 def _names(cls: type) -> set[str]:
     return {f.name for f in fields(cls)}
+
+
+# --------------------------------------------------------------------------- the declared option types
+def command_of(program: str, name: str | None):
+    """The click command whose declared parameters (types, ranges, choices) check a value of
+    ``program`` (``spar-build``/``spar-probe``) ``name``; only its declarations are read: no
+    step is run through it (:mod:`.runner` calls the library)."""
+    import click
+
+    if program == "spar-build":
+        from spar_bench.builder.cli import cli
+    else:
+        from spar_bench.probes.cli import cli
+    return cli if name is None else cli.get_command(click.Context(cli), name)
+
+
+def _flags(cmd, k: str, v: Any) -> list[str]:
+    """Option ``k: v`` as the flag and text the command's parameter reads; ``[]`` when the command
+    has no such flag (or a false flag)."""
+    import json
+
+    params = {p.name: p for p in cmd.params if getattr(p, "opts", None) and p.opts[0].startswith("--")}
+    spelled = {o[2:].replace("-", "_"): p for p in params.values() for o in p.opts if o.startswith("--")}
+    kn = k.replace("-", "_")
+    p = spelled.get(kn) or params.get(kn)
+    if p is None and v is False and f"no_{kn}" in params:  # hf: false -> --no-hf
+        return [params[f"no_{kn}"].opts[0]]
+    if p is None:
+        return []
+    text = lambda x: ("true" if x else "false") if isinstance(x, bool) else str(x)  # noqa: E731
+    if getattr(p, "is_flag", False):
+        return ([p.opts[0] if v else p.secondary_opts[0]] if p.secondary_opts else [p.opts[0]] if v else []) \
+            if isinstance(v, bool) else [p.opts[0]]
+    if isinstance(v, list) and getattr(p, "multiple", False):
+        return [x for item in v for x in (p.opts[0], text(item))]
+    if isinstance(v, list):
+        return [p.opts[0], ",".join(text(x) for x in v)]
+    if isinstance(v, dict):
+        return [p.opts[0], json.dumps(v, sort_keys=True)]
+    return [p.opts[0], text(v)]

@@ -565,6 +565,27 @@ class CacheOptions:
                 object.__setattr__(self, name, tuple(getattr(self, name)))
 
 
+def cache_options(*, levels: str | Sequence[str] | None = None, splits: str | Sequence[str] | None = None,
+                  model_args: str | dict[str, Any] | None = None, token_grid: int | None = None,
+                  token_proj: str | None = None, token_int8: bool = False, **fields: Any) -> CacheOptions:
+    """:class:`CacheOptions` from ``spar-probe cache``'s values, as the CLI and an experiment give
+    them: ``levels``/``splits`` comma lists or lists, ``model_args`` JSON text or a mapping (kept
+    with sorted keys), the token reductions as three values (:meth:`TokenStorage.parse`), and
+    every other :class:`CacheOptions` field by name."""
+    from .finetune.encoding import parse_model_args
+
+    def names(v: str | Sequence[str] | None) -> list[str] | None:
+        items = v.split(",") if isinstance(v, str) else list(v or ())
+        return [x.strip() for x in items if str(x).strip()] or None
+
+    if isinstance(model_args, dict):
+        model_args = json.dumps(model_args, sort_keys=True)
+    if isinstance(fields.get("layers"), int):  # one layer, as a number
+        fields["layers"] = (fields["layers"],)
+    return CacheOptions(levels=names(levels), splits=names(splits), model_args=parse_model_args(model_args),
+                        token_storage=TokenStorage.parse(token_grid, token_proj, token_int8), **fields)
+
+
 @dataclass(frozen=True)
 class _Job:
     """One process's resolved cache run, what every stage reads: the build and its plan, the

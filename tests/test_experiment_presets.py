@@ -85,17 +85,14 @@ def test_the_paper_plan_is_the_whole_grid(tmp_path):
 def test_the_paper_plan_spells_the_paper_preset_and_pins_every_mllm(tmp_path):
     plan = make_plan(load_experiment(preset_path("paper"), {"OUT": str(tmp_path / "out")}))
     for b in ("word", "totalsegmentator"):
-        argv = plan.step(f"build:{b}").commands[-1][1]
-        assert argv[argv.index("--preset") + 1] == "paper"
-    word = plan.step("build:word").commands[-1][1]
-    assert [word[i + 1] for i, a in enumerate(word) if a == "--source"] == ["word", "lits"]
-    heads = plan.step("heads:rad-dino").commands[0][1]
-    assert heads[heads.index("--preset") + 1] == "paper"
+        assert plan.step(f"build:{b}").specs[-1][1]["options"]["preset"] == "paper"
+    assert plan.step("build:word").specs[-1][1]["source"] == ["word", "lits"]
+    assert plan.step("heads:rad-dino").specs[0][1]["options"]["preset"] == "paper"
     vqa = [s for s in plan.steps if s.kind == "vqa"]
     assert len(vqa) == 4
     for s in vqa:
-        argv = s.commands[0][1]
-        assert argv[argv.index("--model") + 1].startswith("hf:") and "--revision" in argv
+        spec = s.specs[0][1]
+        assert spec["model"].startswith("hf:") and "revision" in spec["options"]
     # weights are local paths from variables, never hub ids
     exp = plan.experiment
     assert all(e.revision is None for e in exp.encoders.values())
@@ -115,17 +112,11 @@ def test_recall_vs_computation_has_its_builds_training_and_transfer(tmp_path):
     plan = make_plan(load_experiment(preset_path("recall-vs-computation"), {"OUT": str(tmp_path)}))
     assert [s.id for s in plan.steps] == ["build:canonical", "build:mirrored", "build:random", "scratch:rn10t",
                                           "eval:scratch:rn10t@mirrored", "eval:scratch:rn10t@random", "report"]  # fmt: skip
-    phantom = plan.step("build:random").commands[0][1]
-    assert (
-        phantom[phantom.index("--layout") + 1] == "random"
-        and phantom[phantom.index("--intensities") + 1] == "distinct"
-    )
-    train = plan.step("scratch:rn10t").commands[0][1]
-    assert (
-        train[train.index("--init") + 1] == "scratch"
-        and train[train.index("--head") + 1] == "attnpool"
-    )
-    assert train[train.index("--data") + 1] == "{out}/builds/canonical"
+    phantom = plan.step("build:random").specs[0][1]
+    assert phantom["layout"] == "random" and phantom["intensities"] == "distinct"
+    train = plan.step("scratch:rn10t").specs[0][1]
+    assert train["init"] == "scratch" and train["heads"] == ["attnpool"]
+    assert train["data"] == "{out}/builds/canonical"
     other = make_plan(
         load_experiment(
             preset_path("recall-vs-computation"),

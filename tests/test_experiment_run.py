@@ -171,7 +171,7 @@ builds:
     plan = make_plan(load_experiment(path))
     assert [s.id for s in plan.steps] == ["build:train", "build:moved"]
     moved = plan.step("build:moved")
-    assert moved.needs == ("build:train",) and "--thresholds-from" in moved.commands[-1][1]
+    assert moved.needs == ("build:train",) and moved.specs[-1][1]["thresholds_from"] == "{out}/builds/train"
     path.write_text(text.format(out=tmp_path / "out").replace("train: {phantom: {n: 4}}",
                                                                "train: {phantom: {n: 4}, thresholds_from: moved}"))
     with pytest.raises(ConfigError, match="a cycle"):

@@ -148,15 +148,14 @@ def test_a_2d_and_a_3d_encoder_each_take_the_probes_of_their_levels(tmp_path: Pa
         out=tmp_path / "out", levels='"level1,level2,level3,level4"', spec="monai:resnet10",
         probes="[level3.size, level4.volume]"))
     plan = make_plan(load_experiment(path))
-    build = plan.step("build:b").commands[-1][1]
-    assert build[build.index("--levels") + 1] == "level1,level2,level3,level4"
-    assert build[build.index("--counterfactual") + 1] == "mirror+flip" and "--volume-size" in build
+    build = plan.step("build:b").specs[-1][1]["options"]
+    assert build["levels"] == "level1,level2,level3,level4"
+    assert build["counterfactual"] == "mirror+flip" and "volume_size" in build
     for e, probe in (("e", "level4.volume"), ("flat", "level3.size")):
-        heads = plan.step(f"heads:{e}").commands[0][1]
-        assert heads[heads.index("--probe") + 1] == probe
-    cache = plan.step("cache:e@b").commands[0][1]
-    assert cache[cache.index("--model-args") + 1] == '{"input_size": 16}' and "--random-init" in cache
-    assert "--model-args" not in plan.step("cache:flat@b").commands[0][1]
+        assert plan.step(f"heads:{e}").specs[0][1]["probes"] == [probe]
+    cache = plan.step("cache:e@b").specs[0][1]
+    assert cache["model_args"] == {"input_size": 16} and cache["random_init"] is True
+    assert "model_args" not in plan.step("cache:flat@b").specs[0][1]
 
 
 def test_all_becomes_the_probes_of_each_encoders_levels(tmp_path: Path) -> None:
@@ -168,8 +167,7 @@ def test_all_becomes_the_probes_of_each_encoders_levels(tmp_path: Path) -> None:
                                ("timm:resnet18", '"level1,level2,level3,level4"', flat),
                                ("timm:resnet18", '"level1,level3"', "all")):  # as before Level 4
         plan, _ = _plan(tmp_path, spec=spec, levels=levels, probes="all")
-        argv = plan.step("heads:e").commands[0][1]
-        assert argv[argv.index("--probe") + 1] == want, spec
+        assert ",".join(plan.step("heads:e").specs[0][1]["probes"]) == want, spec
         assert dict(plan.step("heads:e").cost)["runs"] == 8
 
 

@@ -7,9 +7,8 @@ import click
 
 from spar_bench.clitools import old_spelling, wait_option
 
-from ..cache import STORAGE_DTYPES, TILE_ENCODINGS, CacheOptions, write_cache
+from ..cache import STORAGE_DTYPES, TILE_ENCODINGS, cache_options, write_cache
 from ..distributed import die_with_launcher
-from ..token_storage import TokenStorage
 from .options import compute_option, device_option, loader_workers_option
 
 
@@ -49,14 +48,11 @@ def cache_command(encoder, weights, random_init, revision, model_args, data, out
                   device, batch_size, dtype, compute, workers, overwrite, tile_encoding,
                   token_grid, token_proj, token_int8) -> None:
     """Encode every image of a build and store tokens + pooled vectors (resumable)."""
-    from ..finetune.encoding import parse_model_args
-
     die_with_launcher()  # a torchrun rank ends with torchrun, however torchrun ends
-    split_list = lambda s: [v for v in s.split(",") if v] if s else None  # noqa: E731
-    path = write_cache(encoder, data, out, CacheOptions(
-        weights=weights, random_init=random_init, revision=revision, model_args=parse_model_args(model_args),
-        levels=split_list(levels), splits=split_list(splits), layers=layers, device=device,
-        batch_size=batch_size, dtype=dtype, compute=compute, loader_workers=workers, overwrite=overwrite,
-        tile_encoding=tile_encoding, token_storage=TokenStorage.parse(token_grid, token_proj, token_int8),
+    path = write_cache(encoder, data, out, cache_options(
+        weights=weights, random_init=random_init, revision=revision, model_args=model_args, levels=levels,
+        splits=splits, layers=layers, device=device, batch_size=batch_size, dtype=dtype, compute=compute,
+        loader_workers=workers, overwrite=overwrite, tile_encoding=tile_encoding, token_grid=token_grid,
+        token_proj=token_proj, token_int8=token_int8,
     ))
     click.echo(str(path))

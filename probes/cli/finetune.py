@@ -11,7 +11,7 @@ import click
 from spar_bench.clitools import wait_option
 from spar_bench.locks import output_lock
 
-from ..finetune.config import FinetuneConfig, FinetuneSpec
+from ..finetune.config import FinetuneConfig, finetune_specs
 from ..finetune.encoding import parse_model_args
 from ..runs.inputs import ProbeUnavailable
 from ..runs.session import run as run_spec
@@ -23,25 +23,11 @@ from .options import (
     head_option,
     loader_workers_option,
     names_all,
-    parse_heads,
-    parse_probes,
-    parse_seeds,
     probe_option,
     seeds_option,
     spec_options,
     threads_option,
 )
-
-
-def head_configs(heads: list[str], options: dict) -> dict[str, dict]:
-    """Each head's options among the head options given (``--d-model`` ...: ``options``, None
-    where not given), as ``fit`` and ``sweep`` apply them: an option none of ``heads`` has is
-    one line; one that only some have applies to those."""
-    from ..heads import head_defaults
-    from ..runs.spec import check_options_apply
-
-    check_options_apply(heads, options)
-    return {h: {k: v for k, v in options.items() if v is not None and k in head_defaults(h)} for h in heads}
 
 
 @click.command("finetune")
@@ -93,22 +79,19 @@ def finetune_command(encoder, weights, init, model_args, revision, data, head, p
                          warmup_epochs=warmup_epochs, patience=patience, freeze_blocks=freeze_blocks,
                          layer=layer, device=device, compute=compute, workers=workers,
                          checkpoint_every=checkpoint_every)
-    kwargs = parse_model_args(model_args)
-    heads, seed_list = parse_heads(head), parse_seeds(seeds)
-    head_cfgs = head_configs(heads, head_opts)
+    grid = finetune_specs(encoder, str(data), probes, head, seeds, weights=weights, init=init,
+                          model_kwargs=parse_model_args(model_args), revision=revision, cfg=cfg, n_boot=n_boot,
+                          controls=not no_controls, train_mirrors=train_mirrors, head_options=head_opts)  # fmt: skip
     click.get_current_context().with_resource(output_lock(out, what="spar-probe finetune"))
-    for p in parse_probes(probes):
-        for h, s in [(h, s) for h in heads for s in seed_list]:
+    for per_probe in grid:
+        for fs in per_probe:
             try:
-                fs = FinetuneSpec(encoder, str(data), p, h, s, weights=weights, init=init, model_kwargs=kwargs,
-                                  revision=revision, cfg=cfg, head_cfg=head_cfgs[h], n_boot=n_boot,
-                                  controls=not no_controls, train_mirrors=train_mirrors)  # fmt: skip
                 rd = run_spec(fs, out, resume=resume, overwrite=overwrite)
             except ProbeUnavailable as e:
                 if not names_all(probes):
                     raise
-                click.echo(f"{p}: not available on this build ({e}); skipped", err=True)
+                click.echo(f"{fs.probe}: not available on this build ({e}); skipped", err=True)
                 break
             m = json.loads((rd / "metrics.json").read_text())
             key = m["headline"]
-            click.echo(f"{p} {h} seed{s}: {key}={fmt(m['test'].get(key))} -> {rd}")
+            click.echo(f"{fs.probe} {fs.head} seed{fs.seed}: {key}={fmt(m['test'].get(key))} -> {rd}")

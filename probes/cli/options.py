@@ -12,7 +12,6 @@ still work, hidden (:func:`spar_bench.clitools.old_spelling`), and go in 0.3.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import click
@@ -20,58 +19,8 @@ import click
 from spar_bench.clitools import LazyHelpOption, old_spelling
 from spar_bench.errors import ConfigError
 
-from ..runs.spec import OPTIONS, RunSpec
-from ..tasks import get_probe, probe_names
-
-
-def parse_probes(text: tuple[str, ...] | str, levels: list[str] | None = None) -> list[str]:
-    """``all``, or probe names (comma-separated or repeated); validated against the probe specs.
-
-    ``levels``: the levels the input holds (a cache's, a build's); ``all`` then means their
-    probes only (a 2-D cache is not offered the opt-in Level 4 probes, nor a 3-D one Levels 1-3).
-    """
-    if names_all(text):
-        return [p for p in probe_names() if levels is None or get_probe(p).level in levels]
-    names = list(dict.fromkeys(split_list(text)))
-    for n in names:
-        get_probe(n)
-    return names
-
-
-def cache_levels(features: str | Path) -> list[str] | None:
-    """The levels of the feature cache ``features``; None when it cannot be read (the run then
-    names the problem in one line)."""
-    from ..features import FeatureCache
-
-    try:
-        with FeatureCache(features) as cache:
-            return cache.levels()
-    except Exception:  # noqa: BLE001 - the run's own checks say what is wrong with the file
-        return None
-
-
-def split_list(text: tuple[str, ...] | str) -> list[str]:
-    """The names of a repeatable option whose values may be comma lists (``("a,b", "c")``)."""
-    items = [text] if isinstance(text, str) else list(text)
-    return [p.strip() for item in items for p in item.split(",") if p.strip()]
-
-
-def names_all(text: tuple[str, ...] | str) -> bool:
-    """Whether a ``--probe`` value asks for every probe (``all``, or nothing)."""
-    names = split_list(text)
-    return not names or "all" in names
-
-
-def parse_heads(text: tuple[str, ...] | str) -> list[str]:
-    """Head names (comma-separated or repeated), each checked (an unknown one names the close ones)."""
-    from ..heads import HEADS, head_input
-
-    heads = list(dict.fromkeys(split_list(text)))
-    if not heads:
-        raise ConfigError(f"--head is empty; give one or more of {', '.join(HEADS.names())}")
-    for h in heads:
-        head_input(h)  # unknown head -> ConfigError with suggestions
-    return heads
+from ..names import cache_levels, names_all, parse_heads, parse_probes, parse_seeds, split_list  # noqa: F401
+from ..runs.spec import OPTIONS, with_preset  # noqa: F401
 
 
 def probe_option(help_text: str = "Probe name(s) or 'all'.", *, param: str = "probes",
@@ -125,16 +74,6 @@ def loader_workers_option(help_text: str):
                             help=help_text)(f)
 
     return decorate
-
-
-def parse_seeds(text: str) -> list[int]:
-    try:
-        seeds = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise ConfigError(f"--seeds must be comma-separated integers, got {text!r}") from None
-    if not seeds:
-        raise ConfigError("--seeds is empty")
-    return seeds
 
 
 def seeds_option(default: str = "0"):
@@ -225,13 +164,6 @@ def apply_preset(params: dict[str, Any]) -> tuple[dict[str, Any], dict | None]:
     from spar_bench.presets import apply_probe_preset, explicit_options
 
     return apply_probe_preset(name, params, explicit_options(click.get_current_context()))
-
-
-def with_preset(run: RunSpec, record: dict | None) -> RunSpec:
-    """``run`` marked with the preset that filled its options (recorded in config.json's ``run``)."""
-    if record is None:
-        return run
-    return run.replace(preset=record["name"], preset_overridden=tuple(record["overridden"]))
 
 
 def pop_run_options(kw: dict) -> dict[str, Any]:

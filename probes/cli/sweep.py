@@ -3,37 +3,16 @@ cores (the scheduling is :mod:`spar_bench.probes.runs.sweep`)."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import click
 
 from spar_bench.clitools import wait_option
 from spar_bench.locks import output_lock
+from spar_bench.partitions import parse_partition
 
-from ..runs.sweep import (
-    Job,
-    check_grid_prune,
-    list_runs,
-    make_jobs,
-    print_results,
-    run_sweep,
-    select_jobs,
-)
-from .options import (
-    apply_preset,
-    cache_levels,
-    head_option,
-    parse_heads,
-    parse_probes,
-    parse_seeds,
-    pop_run_options,
-    probe_option,
-    resolved_device,
-    run_options,
-    seeds_option,
-    with_preset,
-)
+from ..runs.sweep import SweepConfig, sweep
+from .options import head_option, pop_run_options, probe_option, run_options, seeds_option
 
 
 @click.command("sweep")
@@ -68,34 +47,15 @@ from .options import (
 def sweep_command(features, heads, probes, seeds, out, jobs, grid, list_ids, only, partition, batch_runs,
                   grid_prune, data, n_boot, no_controls, device, threads, **kw):  # fmt: skip
     """Fit every probe x head x seed (x grid point) from one cache (skips finished runs)."""
-    from spar_bench.partitions import parse_partition
+    from spar_bench.presets import explicit_options
 
-    from ..runs.inputs import encoder_slug, open_cache, resolve_build
-    from ..runs.spec import parse_grid
-
-    kw, preset = apply_preset({"seeds": seeds, "heads": heads, **kw})
-    seeds, heads = kw.pop("seeds"), kw.pop("heads")
-    options = pop_run_options(kw)
-    head_list = parse_heads(heads)
-    device = resolved_device(device)  # fail fast on an unusable --device; auto: cpu or cuda
-    points = parse_grid(grid)
-    all_jobs = make_jobs(str(features), head_list, parse_probes(probes, cache_levels(features)), parse_seeds(seeds), options,
-                         points, str(out), threads, data=data, controls=not no_controls,
-                         n_boot=n_boot, device=device)  # fmt: skip
-    all_jobs = [Job(with_preset(j.run, preset), j.out, j.threads) for j in all_jobs]
-    if grid_prune:
-        check_grid_prune(grid_prune, all_jobs, points, bool(only or partition))
-    cache = open_cache(features)
-    resolve_build(cache, data)  # fail fast on a fingerprint mismatch
-    slug = encoder_slug(cache)
-    if list_ids:
-        list_runs(all_jobs, slug, cache, grid_prune)
-        return
-    chosen = select_jobs(all_jobs, slug, tuple(only), parse_partition(partition))
-    _hold_outputs(out, tuple(only), parse_partition(partition))
-    t0 = time.perf_counter()
-    batched = batch_runs == "on" or (batch_runs == "auto" and str(device).startswith("cuda"))
-    print_results(run_sweep(chosen, jobs, batched, grid_prune), time.perf_counter() - t0, out)
+    cfg = SweepConfig(features, heads, probes, seeds, out, jobs, grid=tuple(grid), only=tuple(only),
+                      partition=partition, batch_runs=batch_runs, grid_prune=grid_prune, data=data, n_boot=n_boot,
+                      controls=not no_controls, device=device, threads=threads, preset=kw.pop("preset", None),
+                      options=pop_run_options(kw))  # fmt: skip
+    if not list_ids:  # --list only reads: no lock
+        _hold_outputs(out, tuple(only), parse_partition(partition))
+    sweep(cfg, explicit_options(click.get_current_context()), list_ids=list_ids)
 
 
 def _hold_outputs(out: str, only: tuple[str, ...], part: tuple[int, int] | None) -> None:

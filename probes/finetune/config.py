@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
@@ -111,3 +112,23 @@ class FinetuneSpec:
                        layer=self.cfg.layer, head_options=tuple(self.head_cfg.items()),
                        train=self.cfg.train_config(), controls=self.controls,
                        train_mirrors=self.train_mirrors, n_boot=self.n_boot)  # fmt: skip
+
+
+def finetune_specs(encoder: str, data: str, probes: Sequence[str] | str, heads: Sequence[str] | str,
+                   seeds: Sequence[int] | str, head_options: dict[str, Any] | None = None,
+                   **spec: Any) -> list[list[FinetuneSpec]]:
+    """The runs of one ``spar-probe finetune`` (an experiment's ``finetune:``/``scratch:`` step):
+    per probe (``all``: every probe), its head x seed :class:`FinetuneSpec`, each with ``spec``
+    (its other fields: ``cfg``, ``weights``, ``init`` ...); names checked. ``head_options``
+    (``d_model`` ...; None: not given) apply as ``fit`` and ``sweep`` apply them: an option none
+    of the heads has is one line; one that only some have applies to those."""
+    from ..heads import head_defaults
+    from ..names import parse_heads, parse_probes, parse_seeds
+    from ..runs.spec import check_options_apply
+
+    head_list, seed_list = parse_heads(heads), parse_seeds(seeds)
+    given = {k: v for k, v in (head_options or {}).items() if v is not None}
+    check_options_apply(head_list, given)
+    cfgs = {h: {k: v for k, v in given.items() if k in head_defaults(h)} for h in head_list}
+    return [[FinetuneSpec(encoder, str(data), p, h, s, head_cfg=cfgs[h], **spec) for h in head_list
+             for s in seed_list] for p in parse_probes(probes)]  # fmt: skip

@@ -333,3 +333,9 @@ def check_options_apply(heads: list[str], options: dict[str, Any]) -> None:
         if value is not None and OPTIONS[name].where == "head" and name not in have:
             raise ConfigError(f"--{name.replace('_', '-')}: none of the heads {', '.join(heads)} has it")
 
+
+def with_preset(run: RunSpec, record: dict | None) -> RunSpec:
+    """``run`` marked with the preset that filled its options (recorded in config.json's ``run``)."""
+    if record is None:
+        return run
+    return run.replace(preset=record["name"], preset_overridden=tuple(record["overridden"]))

@@ -32,9 +32,10 @@ sweep, so it refuses ``--only`` and ``--partition``.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Collection
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import click
 
@@ -272,3 +273,80 @@ def print_results(results: list[JobResult], seconds: float, out: str) -> None:
     if failed:
         j = failed[0][0].run
         raise RunFailed(f"{len(failed)} run(s) failed; first: {j.probe}/{j.head}: {failed[0][1]}")
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """One sweep, as ``spar-probe sweep`` and an experiment's ``heads:`` step give it:
+    ``heads``/``probes`` names or comma lists (``all``), ``seeds`` a comma list or ints,
+    ``options`` the run options (:data:`~.spec.OPTIONS`; absent: default), ``grid``
+    ``KEY=V1,V2`` items, ``only``/``partition`` a part of the runs, ``preset`` a name
+    (:mod:`spar_bench.presets`)."""
+
+    features: str
+    heads: tuple[str, ...] | str = ("mlp,transformer",)
+    probes: tuple[str, ...] | str = ("all",)
+    seeds: str | tuple[int, ...] = "0,1,2"
+    out: str = "runs"
+    jobs: int = 2
+    grid: tuple[str, ...] = ()
+    only: tuple[str, ...] = ()
+    partition: str | None = None
+    batch_runs: str = "auto"
+    grid_prune: int = 0
+    data: str | None = None
+    n_boot: int = 1000
+    controls: bool = True
+    device: str = "auto"
+    threads: int = 1
+    preset: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def sweep_jobs(cfg: SweepConfig, explicit: Collection[str] = ()) -> list[Job]:
+    """Every job of ``cfg``, checked; the preset fills the ``seeds``, ``heads`` and run options
+    not in ``explicit`` (the names given, as :func:`spar_bench.presets.apply_probe_preset`)."""
+    from ..hardware import pick_device
+    from ..names import cache_levels, parse_heads, parse_probes, parse_seeds
+    from .spec import OPTIONS, parse_grid, with_preset
+
+    params: dict[str, Any] = {"seeds": cfg.seeds, "heads": cfg.heads, **{n: cfg.options.get(n) for n in OPTIONS}}
+    preset = None
+    if cfg.preset:
+        from spar_bench.presets import apply_probe_preset
+
+        params, preset = apply_probe_preset(cfg.preset, params, set(explicit))
+    seeds, heads = params.pop("seeds"), params.pop("heads")
+    head_list = parse_heads(heads)
+    device = str(pick_device(cfg.device))  # fail fast on an unusable --device; auto: cpu or cuda
+    points = parse_grid(cfg.grid)
+    jobs = make_jobs(str(cfg.features), head_list, parse_probes(cfg.probes, cache_levels(cfg.features)),
+                     parse_seeds(seeds), params, points, str(cfg.out), cfg.threads, data=cfg.data,
+                     controls=cfg.controls, n_boot=cfg.n_boot, device=device)  # fmt: skip
+    jobs = [Job(with_preset(j.run, preset), j.out, j.threads) for j in jobs]
+    if cfg.grid_prune:
+        check_grid_prune(cfg.grid_prune, jobs, points, bool(cfg.only or cfg.partition))
+    return jobs
+
+
+def sweep(cfg: SweepConfig, explicit: Collection[str] = (), list_ids: bool = False) -> None:
+    """Run the sweep ``cfg`` (its runs not finished), printing a line per run (``list_ids``:
+    print each run's id and state, run nothing)."""
+    from spar_bench.partitions import parse_partition
+
+    from .inputs import encoder_slug, open_cache, resolve_build
+
+    jobs = sweep_jobs(cfg, explicit)
+    cache = open_cache(cfg.features)
+    resolve_build(cache, cfg.data)  # fail fast on a fingerprint mismatch
+    slug = encoder_slug(cache)
+    if list_ids:
+        list_runs(jobs, slug, cache, cfg.grid_prune)
+        return
+    chosen = select_jobs(jobs, slug, tuple(cfg.only), parse_partition(cfg.partition))
+    t0 = time.perf_counter()
+    from ..hardware import pick_device
+
+    on_gpu = str(pick_device(cfg.device)).startswith("cuda")
+    batched = cfg.batch_runs == "on" or (cfg.batch_runs == "auto" and on_gpu)
+    print_results(run_sweep(chosen, cfg.jobs, batched, cfg.grid_prune), time.perf_counter() - t0, cfg.out)

@@ -1,0 +1,243 @@
+"""One ``spar-probe vqa`` as a library call: its options (:class:`VqaOptions`), checked against
+the build, then every question probe asked, one run per probe x seed (:func:`ask_build`: each a
+kind ``mllm`` run of :func:`spar_bench.probes.runs.session.execute`), as the CLI and an
+experiment's ``vqa:`` step run it."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+from spar_bench.errors import ConfigError
+
+from ..names import names_all, parse_seeds, split_list
+from .base import MODES, BackendOptions
+
+#: ``--compute`` as an ``hf:`` model's torch dtype (what its runs record as ``decoding.dtype``);
+#: the hidden ``--dtype`` (before 0.2) took these names
+TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def full_probe_name(name: str) -> str:
+    """The full name of a short question-probe name: the first level (in registry order) that
+    has it (``distance`` is Level 3's; ``adjacency``, ``containment``, ``volume`` are Level 4's)."""
+    from ..tasks import get_probe, probe_names
+
+    if "." in name:
+        return name
+    asking = [p for p in probe_names() if get_probe(p).asks]
+    for full in asking:
+        if full.split(".", 1)[1] == name:
+            return full
+    return f"{asking[0].split('.', 1)[0]}.{name}"  # unknown: the registry's error names the close ones
+
+
+def parse_question_probes(text: tuple[str, ...] | str) -> list[str]:
+    """``all`` or question probes (``size`` or ``level3.size``, ``adjacency`` or
+    ``level4.adjacency``; repeated or comma-separated), full names."""
+    from ..tasks import get_probe, probe_names
+
+    asking = [n for n in probe_names() if get_probe(n).asks]
+    if names_all(text):
+        return asking
+    out = []
+    for n in dict.fromkeys(split_list(text)):
+        spec = get_probe(full_probe_name(n))
+        if not spec.asks:
+            raise ConfigError(f"--probe {n}: the MLLM track asks the question probes only "
+                              f"({', '.join(asking)})")
+        if spec.name not in out:
+            out.append(spec.name)
+    return out
+
+
+def options_from(generate: bool, **kw) -> BackendOptions:
+    return BackendOptions(mode=MODES[1] if generate else MODES[0], **kw)
+
+
+def model_placement(model: str, device: str, compute: str) -> dict[str, str]:
+    """``--device`` and ``--compute`` as the backend takes them: for an ``hf:`` model (the one
+    kind that runs here) a torch device and dtype name, ``auto`` resolved as every command
+    resolves it (:func:`~..hardware.pick_device`, :func:`~..hardware.pick_compute`; ``--compute
+    fp32`` is ``float32``, as ``--dtype float32`` before); other kinds read neither."""
+    if not model.startswith("hf:"):
+        return {}
+    from ..hardware import pick_compute, pick_device
+
+    dev = pick_device(device)
+    return {"device": str(dev), "dtype": TORCH_DTYPES[pick_compute(compute, dev).dtype]}
+
+
+def resolve_image_size(option: str, backend) -> int:
+    """``--image-size``: an integer (16..4096), or ``auto`` = the backend's preferred size
+    when it is larger than the stored 224 (never a downscale), else 224."""
+    if option == "auto":
+        return max(224, int(getattr(backend, "preferred_size", None) or 224))
+    try:
+        size = int(option)
+    except ValueError:
+        raise ConfigError(f"--image-size {option}: expected an integer or auto") from None
+    if not 16 <= size <= 4096:
+        raise ConfigError(f"--image-size {size}: expected 16..4096")
+    return size
+
+
+def resolve_volume_as(option: str, backend) -> str:
+    """``--volume-as``: ``video``, ``montage`` or ``views``; ``auto`` = ``video`` where the
+    model takes video (a Qwen2-VL-style processor), else ``montage``."""
+    from ..vqa.volume import check_volume_as
+
+    if check_volume_as(option) == "auto":
+        return "video" if getattr(backend, "takes_video", False) else "montage"
+    return option
+
+
+def probes_of_build(probes: list[str], build, every: bool, data: str | Path | None = None) -> list[str]:
+    """The probes asked of ``build`` (``--data data``): with ``all`` those of its levels (Level 4 is
+    opt-in), and a build with none of them is one line; a probe named of a level the build lacks
+    is one line."""
+    from ..tasks import get_probe
+
+    have = build.levels()
+    if every:
+        asked = [p for p in probes if get_probe(p).level in have]
+        if not asked:
+            raise ConfigError(
+                f"--data {data or build.root}: the build has no question level (levels: {', '.join(have) or 'none'}); "
+                "the MLLM track asks Level 3 (or Level 4) questions: build it with level3 in --levels "
+                "(spar-build ... --levels level1,level2,level3, the default) or pass such a build")
+        return asked
+    for p in probes:
+        if get_probe(p).level not in have:
+            raise ConfigError(f"--probe {p}: {build.root} has no {get_probe(p).level}; levels: {', '.join(have)}")
+    return probes
+
+
+def check_volume_as_used(volume_as: str, probes: list[str], build, data: str | Path) -> None:
+    """``--volume-as`` other than ``auto`` shows Level 4 volumes: with no Level 4 probe asked
+    (a build without Level 4, or only slice probes named) it would be ignored, so it is one line."""
+    from ..tasks import get_probe
+    from ..vqa.questions import is_volume_probe
+
+    if volume_as == "auto" or any(is_volume_probe(get_probe(p)) for p in probes):
+        return
+    if "level4" not in build.levels():
+        raise ConfigError(f"--volume-as {volume_as}: --data {data} has no level4 (levels: {', '.join(build.levels())}), "
+                          "and --volume-as shows Level 4 volumes only; drop it, or build with "
+                          "--levels ...,level4 (spar-build)")
+    raise ConfigError(f"--volume-as {volume_as}: no Level 4 probe is asked ({', '.join(probes)}), and "
+                      "--volume-as shows Level 4 volumes only; drop it or ask a level4 probe")
+
+
+def default_cache(out: str | Path, model: str) -> Path:
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", model).strip("-") or "model"
+    return Path(out) / ".vqa-cache" / f"{slug[-80:]}.sqlite"
+
+
+def backends_by_seed(load, seeds: list[int]) -> dict:
+    """The backend of each seed (``load(seed)``): one per seed where its answers depend on the
+    seed (its identity records one: ``dummy``), else one for all (an ``hf:`` model loads once)."""
+    first = load(seeds[0])
+    if "seed" not in first.identity:
+        return dict.fromkeys(seeds, first)
+    return {seeds[0]: first, **{s: load(s) for s in seeds[1:]}}
+
+
+@dataclass(frozen=True)
+class VqaOptions:
+    """``spar-probe vqa``'s options but the model, the build and ``out`` (their defaults)."""
+
+    probes: Sequence[str] | str = ("all",)
+    splits: str | Sequence[str] = "test"
+    revision: str | None = None
+    base_url: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    generate: bool = False
+    guided: str = "none"
+    convention_hint: bool = True
+    circular: bool = True
+    blind: bool = True
+    image_size: str = "224"
+    volume_as: str = "auto"
+    batch_size: int = 8
+    max_new_tokens: int = 64
+    device: str = "auto"
+    compute: str = "auto"
+    timeout: float = 120.0
+    retries: int = 3
+    concurrency: int = 4
+    seeds: str | Sequence[int] = "0"
+    n_boot: int = 1000
+    cache_path: str | None = None
+
+
+def _checked(data: str, opts: VqaOptions):
+    """The build, its probes and splits, each checked against it."""
+    from spar_bench.builder.shards import Build
+
+    from ..tasks import get_probe
+    from .volume import check_volume_as
+
+    check_volume_as(opts.volume_as)
+    every = names_all(opts.probes)
+    probes = parse_question_probes(opts.probes)
+    if not (Path(data) / "manifest.json").is_file():
+        raise ConfigError(f"--data {data}: no manifest.json; pass a finished build folder")
+    build = Build(data)
+    probes = probes_of_build(probes, build, every, data)
+    check_volume_as_used(opts.volume_as, probes, build, data)
+    splits = tuple(split_list(opts.splits))
+    for level in sorted({get_probe(p).level for p in probes}):
+        for s in splits:
+            if s not in build.splits(level):
+                raise ConfigError(f"--splits {s}: {data} {level} has splits {', '.join(build.splits(level))}")
+    return build, probes, splits
+
+
+def _backends(model: str, data: str, opts: VqaOptions, seeds: list[int]) -> dict:
+    from . import load_backend
+
+    kw = dict(revision=opts.revision, base_url=opts.base_url, api_key_env=opts.api_key_env,
+              batch_size=opts.batch_size, max_new_tokens=opts.max_new_tokens, guided=opts.guided,
+              timeout=opts.timeout, retries=opts.retries, concurrency=opts.concurrency, data=str(data),
+              **model_placement(model, opts.device, opts.compute))  # fmt: skip
+    return backends_by_seed(lambda seed: load_backend(model, options_from(opts.generate, seed=seed, **kw)), seeds)
+
+
+def ask_build(model: str, data: str, out: str, opts: VqaOptions,
+              progress: Callable[[str], AbstractContextManager] | None = None) -> Iterator[tuple[str, Path | None]]:
+    """Ask ``model`` every question probe of build ``data`` (``opts``) into ``out``, one run per
+    probe x seed: yields each probe and its run folder (None: no questions on the splits). A
+    finished run made otherwise is refused before any question is asked. ``progress(probe)``: a
+    context whose ``(done, total)`` calls report the answers (none by default)."""
+    from ..runs.session import RunOptions, execute, open_job
+    from ..runs.store import preflight
+    from .ask import AskConfig
+    from .cache import ResponseCache
+    from .predictor import MllmSpec
+
+    build, probes, splits = _checked(data, opts)
+    seeds = parse_seeds(opts.seeds)
+    backends = _backends(model, data, opts, seeds)
+    try:
+        first = backends[seeds[0]]
+        shown = resolve_image_size(str(opts.image_size), first), resolve_volume_as(opts.volume_as, first)
+        cfgs = {s: AskConfig(splits, opts.convention_hint, opts.circular, opts.blind, shown[0], s, opts.n_boot,
+                             shown[1]) for s in seeds}  # fmt: skip
+        with ResponseCache(opts.cache_path or default_cache(out, first.name)) as cache:
+            jobs = {(s, p): open_job(MllmSpec(backends[s], build, p, cfgs[s], cache), out)
+                    for p in probes for s in seeds}  # fmt: skip
+            for job in jobs.values():
+                preflight(job)
+            for (s, p), job in jobs.items():
+                with (progress(p) if progress else nullcontext(None)) as bar:
+                    if job is not None:
+                        job.spec = MllmSpec(backends[s], build, p, cfgs[s], cache, bar)
+                    rd = None if job is None else execute(job, RunOptions())
+                yield p, rd
+    finally:
+        for backend in {id(b): b for b in backends.values()}.values():
+            backend.close()
