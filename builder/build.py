@@ -951,7 +951,7 @@ def resolve_roots(sources: tuple[str, ...], roots: tuple[str, ...]) -> tuple[str
     return tuple(out)
 
 
-def _choice_options(options: dict[str, Any], sources: tuple[str, ...]) -> dict[str, Any]:
+def choice_options(options: dict[str, Any], sources: tuple[str, ...]) -> dict[str, Any]:
     """``--cases``, ``--limit``, ``--split-ratio``, ``--split-file`` as BuildConfig fields."""
     from .selection import parse_per_source, parse_ratio
 
@@ -1043,7 +1043,7 @@ def config_from_options(options: dict[str, Any], explicit: set[str] | None = Non
         unknown_labels=options.get("unknown_labels") or "fail",
         partition=parse_partition(options.get("partition")),
         preset=options.get("preset_record"),
-        **_choice_options(options, sources),
+        **choice_options(options, sources),
     )
 
 

@@ -156,7 +156,7 @@ def options(kind: str, given: dict[str, Any], key: str, exp: Experiment) -> dict
         if name not in known:
             close = difflib.get_close_matches(k.replace("-", "_"), [*known, *aliases], n=1)
             hint = f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(sorted(known))}"
-            raise _error(exp, f"{key}.{k}", f"not an option of a {kind} step{hint}")
+            raise error_at(exp, f"{key}.{k}", f"not an option of a {kind} step{hint}")
         value = _typed(v, known[name], exp, f"{key}.{k}")
         out[name] = (not value) if negate else value
     return out
@@ -180,7 +180,7 @@ def _typed(v: Any, type_text: str, exp: Experiment, key: str) -> Any:
 
             return proj_width(v)
     except ValueError:
-        raise _error(exp, key, f"expected {_TYPE_WORDS.get(first, first)}, got {v!r}") from None
+        raise error_at(exp, key, f"expected {_TYPE_WORDS.get(first, first)}, got {v!r}") from None
     return str(v) if first == "str" and isinstance(v, (int, float)) else v
 
 
@@ -317,7 +317,7 @@ def build_levels(exp: Experiment, b: str) -> tuple[str, ...] | None:
     return tuple(str(x).strip() for x in (given if isinstance(given, list) else str(given).split(",")) if str(x).strip())
 
 
-def _error(exp: Experiment, key: str, message: str) -> ConfigError:
+def error_at(exp: Experiment, key: str, message: str) -> ConfigError:
     at = exp.where.at(key) if exp.where is not None else exp.source
     return ConfigError(f"{at}: {key}: {message}")
 
@@ -344,7 +344,7 @@ def encoder_probes(exp: Experiment, e: str) -> tuple[str, ...]:
     if not mine:
         what = ("3-D: it reads Level 4 volumes, and probes: has no level4 probe" if kind == "3d" else
                 "2-D: it reads Levels 1-3 images, and probes: has only level4 (volume) probes")
-        raise _error(exp, f"encoders.{e}.spec", f"{exp.encoders[e].spec} is {what}; add probes of its levels "
+        raise error_at(exp, f"encoders.{e}.spec", f"{exp.encoders[e].spec} is {what}; add probes of its levels "
                                                  "or drop it from modes")  # fmt: skip
     return mine
 
@@ -359,10 +359,10 @@ def _check_levels(exp: Experiment, e: str, builds: tuple[str, ...]) -> None:
         where = f"builds.{b}.options.levels"
         where = where if exp.where is not None and where in exp.where.lines else f"builds.{b}"
         if kind == "3d" and "level4" not in levels:
-            raise _error(exp, where, f"has no level4 (levels {','.join(levels)}), which 3-D encoder {e} "
+            raise error_at(exp, where, f"has no level4 (levels {','.join(levels)}), which 3-D encoder {e} "
                                              "reads: add level4 to its options' levels")  # fmt: skip
         if kind == "2d" and not set(levels) & set(DEFAULT_LEVELS):
-            raise _error(exp, where, f"has only {','.join(levels)}, and 2-D encoder {e} reads Levels 1-3 "
+            raise error_at(exp, where, f"has only {','.join(levels)}, and 2-D encoder {e} reads Levels 1-3 "
                                              "images: add them to its options' levels")  # fmt: skip
 
 
@@ -379,7 +379,7 @@ def check_kinds(exp: Experiment) -> None:
             if ("3d" if is_volume_probe(p) else "2d") not in kinds:
                 key = f"probes[{i}]" if exp.where is not None and f"probes[{i}]" in exp.where.lines else "probes"
                 need = "3-D (Level 4 volumes)" if is_volume_probe(p) else "2-D (Levels 1-3 images)"
-                raise _error(exp, key, f"{p} needs a {need} encoder, and modes have none")
+                raise error_at(exp, key, f"{p} needs a {need} encoder, and modes have none")
     for n in exp.mllms:
         _check_volume_as(exp, n)
 
@@ -395,11 +395,11 @@ def _check_volume_as(exp: Experiment, n: str) -> None:
     try:
         check_volume_as(str(m.options[key]))
     except ConfigError as e:
-        raise _error(exp, f"mllms.{n}.options.{key}", str(e)) from None
+        raise error_at(exp, f"mllms.{n}.options.{key}", str(e)) from None
     for b in m.builds:
         levels = build_levels(exp, b)
         if levels is not None and "level4" not in levels:
-            raise _error(exp, f"mllms.{n}.options", f"volume_as shows Level 4 volumes, and build {b} has no "
+            raise error_at(exp, f"mllms.{n}.options", f"volume_as shows Level 4 volumes, and build {b} has no "
                                                     "level4: add level4 to its options' levels")  # fmt: skip
 
 

@@ -25,7 +25,7 @@ from typing import Any
 from spar_bench.errors import ConfigError
 
 from .config import Experiment
-from .plan import _error  # _error: "FILE:LINE: KEY: problem"
+from .plan import error_at  # error_at: "FILE:LINE: KEY: problem"
 
 _DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?")
 
@@ -92,12 +92,12 @@ def check_values(exp: Experiment, here: bool = True) -> None:
     (``here``: devices must be on this machine)."""
     seeds = list(exp.seeds)
     if any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
-        raise _error(exp, "seeds", f"must be distinct integers >= 0, got {seeds}")
+        raise error_at(exp, "seeds", f"must be distinct integers >= 0, got {seeds}")
     if exp.jobs < 1:
-        raise _error(exp, "jobs", f"must be >= 1 (processes of each sweep), got {exp.jobs}")
+        raise error_at(exp, "jobs", f"must be >= 1 (processes of each sweep), got {exp.jobs}")
     for b, bd in exp.builds.items():
         if bd.path is not None and not (Path(bd.path) / "manifest.json").is_file():
-            raise _error(exp, f"builds.{b}.path", f"{bd.path} has no manifest.json: give a finished "
+            raise error_at(exp, f"builds.{b}.path", f"{bd.path} has no manifest.json: give a finished "
                                                   "build folder (or build it with phantom: or sources:)")  # fmt: skip
     for program, name, options, key in option_sets(exp):
         for k, v in options.items():
@@ -119,7 +119,7 @@ def _click_value(exp: Experiment, program: str, name: str | None, k: str, v: Any
     what = f"{program} {name}" if name else program
     if getattr(param, "is_flag", False):
         if not isinstance(v, bool):
-            raise _error(exp, f"{key}.{k}", f"{what} {argv[0]} is a flag: write true or false, got {v!r}")
+            raise error_at(exp, f"{key}.{k}", f"{what} {argv[0]} is a flag: write true or false, got {v!r}")
         return param.name, v
     given = tuple(argv[1::2]) if param.multiple else argv[1]
     ctx = click.Context(cmd, info_name=what)
@@ -127,11 +127,11 @@ def _click_value(exp: Experiment, program: str, name: str | None, k: str, v: Any
         value = param.process_value(ctx, given)
     except (click.BadParameter, ConfigError) as e:
         message = f"{what} {argv[0]}: {e.message}" if isinstance(e, click.BadParameter) else str(e)
-        raise _error(exp, f"{key}.{k}", message) from None
+        raise error_at(exp, f"{key}.{k}", message) from None
     if param.name == "device" and isinstance(value, str):
         problem = device_problem(value, auto=param.default == "auto", here=here)
         if problem:
-            raise _error(exp, f"{key}.{k}", f"{value}: {problem}")
+            raise error_at(exp, f"{key}.{k}", f"{value}: {problem}")
     return param.name, value
 
 
@@ -139,14 +139,14 @@ def _settings_check(exp: Experiment, command: tuple[str, str | None], option: st
     """``value`` of parameter ``option`` of ``command`` through the settings object the command
     makes of it (ranges its click parameters leave open: ``samples_per_case`` >= 1, ``lr`` > 0 ...)."""
     if option in ("seed", "seeds") and isinstance(value, int) and value < 0:
-        raise _error(exp, key, f"a seed is an integer >= 0, got {value}")
+        raise error_at(exp, key, f"a seed is an integer >= 0, got {value}")
     try:
         for cls, given in _settings(exp, command, option, value, key):
             cls(**given)
     except ConfigError as e:
-        raise _error(exp, key, str(e)) from None
+        raise error_at(exp, key, str(e)) from None
     except (TypeError, ValueError) as e:
-        raise _error(exp, key, f"{value!r}: {e}") from None
+        raise error_at(exp, key, f"{value!r}: {e}") from None
 
 
 def _settings(exp: Experiment, command: tuple[str, str | None], option: str, value: Any,
@@ -171,7 +171,7 @@ def _settings(exp: Experiment, command: tuple[str, str | None], option: str, val
 
 def _build_settings(bd, option: str, value: Any) -> Iterator[tuple[type, dict[str, Any]]]:
     """A build's sample settings and build settings (``spar-build``'s own reading of its options)."""
-    from spar_bench.builder.build import BuildConfig, _choice_options
+    from spar_bench.builder.build import BuildConfig, choice_options
     from spar_bench.builder.samples.config import SampleConfig
 
     if option in _names(SampleConfig):
@@ -183,7 +183,7 @@ def _build_settings(bd, option: str, value: Any) -> Iterator[tuple[type, dict[st
     if field_name in ("workers", "shard_size"):
         yield BuildConfig, {**base, field_name: value}
     if option in ("cases", "limit", "split_ratio"):
-        yield BuildConfig, {**base, **_choice_options({option: value}, sources)}
+        yield BuildConfig, {**base, **choice_options({option: value}, sources)}
 
 
 def _names(cls: type) -> set[str]:

@@ -139,7 +139,7 @@ def test_finetune_runs_each_head_and_takes_the_old_workers(monkeypatch, tmp_path
         (rd / "metrics.json").write_text(json.dumps({"headline": "accuracy", "test": {"accuracy": 0.5}}))
         return rd
 
-    monkeypatch.setattr(ft_cli, "run_finetune", fake_run)
+    monkeypatch.setattr(ft_cli, "run_spec", fake_run)
     base = ["finetune", "--encoder", "dummy", "--data", tmp_path, "--probe", "level3.size", "--seeds", "0,1"]
     out = lambda name: ["--out", tmp_path / name]  # noqa: E731
     assert run_cmd(cli, [*base, *out("a"), "--head", "linear,mlp", "--loader-workers", 3]) == 0

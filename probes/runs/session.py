@@ -280,17 +280,27 @@ class EvalTarget:
 RESCORABLE = ("head", "finetune")
 
 
+def _kind_of(rd: Path) -> str:
+    """A run folder's kind: its record's; without one (a damaged run), by the files it holds (a
+    trained encoder: a finetune run), so the loader of its head names what is wrong."""
+    if (rd / "config.json").is_file():
+        return RunRecord.read(rd).kind
+    from ..finetune.model import EXPORT_FILE
+
+    return "finetune" if (rd / EXPORT_FILE).is_file() else "head"
+
+
 def evaluate_on(rd: str | Path, target: EvalTarget) -> Path:
     """Transfer evaluation of any run kind that can be re-scored: ``eval-<target>.json`` in ``rd``
     (kept when it holds this evaluation, refused when another, unless ``target.overwrite``)."""
     rd = Path(rd)
-    rec = RunRecord.read(rd)
-    if rec.kind not in RESCORABLE:
-        raise ConfigError(f"{rd}: a run of kind {rec.kind} has no trained head to score on another target; "
+    kind = _kind_of(rd)
+    if kind not in RESCORABLE:
+        raise ConfigError(f"{rd}: a run of kind {kind} has no trained head to score on another target; "
                           f"runs of kind {' or '.join(RESCORABLE)} can be")  # fmt: skip
     if target.features is not None:
         return run_eval(rd, target.features, target.data, target.n_boot, overwrite=target.overwrite)
-    if target.data is None or rec.kind != "finetune":
+    if target.data is None or kind != "finetune":
         raise ConfigError("--features is required (re-encoding with --data alone needs a `spar-probe finetune` "
                           "run, whose trained encoder re-encodes the build)")  # fmt: skip
     from ..finetune.encoding import run_eval_reencoded

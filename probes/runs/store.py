@@ -64,8 +64,9 @@ def run_path(rd: Path) -> str:
 def owned_run(rd: Path, declared: frozenset[str] = RUN_FILES) -> set[str] | None:
     """The files of an earlier run in ``rd`` (its record, the files it declares, ``declared``,
     and its evaluations), or None if ``rd`` is not a run folder: one without a readable run record
-    that holds anything but ``declared`` files (a run stopped before its record, e.g. a finetune's
-    first checkpoint, is still a run)."""
+    that holds anything but ``declared`` files other than a record and metrics (a run stopped
+    before its record, e.g. a finetune's first checkpoint, is still a run; another tool's
+    ``metrics.json`` is not)."""
     from .record import RunRecord
 
     rd = Path(rd)
@@ -73,7 +74,7 @@ def owned_run(rd: Path, declared: frozenset[str] = RUN_FILES) -> set[str] | None
     try:
         RunRecord.read(rd)
     except ConfigError:
-        if not names or not names <= declared:
+        if not names or not names <= declared - {CONFIG_FILE, METRICS_FILE}:
             return None
     return set(declared) | {CONFIG_FILE, METRICS_FILE, METRICS_FILE + ".tmp"} | {n for n in names if n.startswith("eval-")}
 

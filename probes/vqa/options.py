@@ -119,12 +119,14 @@ def probes_of_build(probes: list[str], build, every: bool, data: str | Path | No
 def check_volume_as_used(volume_as: str, probes: list[str], build, data: str | Path) -> None:
     """``--volume-as`` other than ``auto`` shows Level 4 volumes: with no Level 4 probe asked
     (a build without Level 4, or only slice probes named) it would be ignored, so it is one line."""
+    from spar_bench.builder.schema import LEVEL_SPECS
+
     from ..tasks import get_probe
     from ..vqa.questions import is_volume_probe
 
     if volume_as == "auto" or any(is_volume_probe(get_probe(p)) for p in probes):
         return
-    if "level4" not in build.levels():
+    if not any(LEVEL_SPECS[lv].volume for lv in build.levels() if lv in LEVEL_SPECS):
         raise ConfigError(f"--volume-as {volume_as}: --data {data} has no level4 (levels: {', '.join(build.levels())}), "
                           "and --volume-as shows Level 4 volumes only; drop it, or build with "
                           "--levels ...,level4 (spar-build)")
