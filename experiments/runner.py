@@ -123,11 +123,17 @@ def execute(step: Step, out: Path, device: str | None) -> None:
     takes one and its options name none."""
     if step.kind == "report":  # the step owns its folder whole: both reports are written afresh
         _remove_outputs(out, step)
+    for kind, record in step.specs:
+        call(kind, concrete(record, out), device if step.device else None)
+
+
+def call(kind: str, spec: dict[str, Any], device: str | None) -> None:
+    """One spec's library call, by the executor of its kind; a full disk inside it says how the
+    experiment goes on (:data:`RERUN`), not what the library's own command would."""
     from spar_bench.outputs import rerun_as
 
     with rerun_as(RERUN):
-        for kind, record in step.specs:
-            EXECUTORS[kind](concrete(record, out), device if step.device else None)
+        EXECUTORS[kind](spec, device)
 
 
 # --------------------------------------------------------------------------- one executor per kind
@@ -177,6 +183,8 @@ def _sweep(spec: dict[str, Any], device: str | None) -> None:
     if device and "device" not in fields:
         fields["device"] = device
     fields.setdefault("jobs", spec["jobs"])
+    if spec.get("data"):  # a path: build read through its cache (plan._path_data)
+        fields["data"] = spec["data"]
     cfg = SweepConfig(spec["features"], tuple(spec["heads"]), tuple(spec["probes"]), tuple(spec["seeds"]),
                       spec["out"], **fields, options={k: v for k, v in given.items() if k in OPTIONS})  # fmt: skip
     sweep(cfg, {"heads", "seeds", *given})
