@@ -81,3 +81,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def rvc():
+    """The calibration script (``scripts/recall_vs_computation.py``), loaded as a module."""
+    from helpers import load_script
+
+    return load_script(REPO / "scripts" / "recall_vs_computation.py", "recall_vs_computation")
+
+
+@pytest.fixture(scope="module")
+def reference(rvc) -> dict:
+    """The calibration table's reference rows (``docs/calibration.json``)."""
+    import json
+
+    return json.loads(rvc.REFERENCE.read_text(encoding="utf-8"))

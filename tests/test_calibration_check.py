@@ -11,19 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import load_script
-
 REPO = Path(__file__).resolve().parents[1]
 
-
-@pytest.fixture(scope="module")
-def rvc():
-    return load_script(REPO / "scripts" / "recall_vs_computation.py", "recall_vs_computation")
-
-
-@pytest.fixture(scope="module")
-def reference(rvc) -> dict:
-    return json.loads(rvc.REFERENCE.read_text(encoding="utf-8"))
 
 
 def _row(rows: list, probe: str, model: str, seed) -> dict:

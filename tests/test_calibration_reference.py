@@ -10,19 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import load_script
-
 REPO = Path(__file__).resolve().parents[1]
 
-
-@pytest.fixture(scope="module")
-def rvc():
-    return load_script(REPO / "scripts" / "recall_vs_computation.py", "recall_vs_computation")
-
-
-@pytest.fixture(scope="module")
-def reference(rvc) -> dict:
-    return json.loads(rvc.REFERENCE.read_text(encoding="utf-8"))
 
 
 def test_the_results_tables_are_the_reference_written_out(rvc, reference) -> None:
