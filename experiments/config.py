@@ -46,6 +46,7 @@ SCHEMA: dict[str, Any] = {
               "scratch": {"encoders": [str], "heads": [str], "options": {"*": object}}},
     "probes": (str, [str]), "seeds": (int, [int]), "train_on": str, "transfer": [str],
     "mllms": {"*": {"model": str, "builds": [str], "options": {"*": object}}},
+    "predictors": {"*": {"kind": str, "builds": [str], "bootstrap": int}},
     "jobs": int, "report": {"title": str},
 }  # fmt: skip
 #: what each mode runs: heads on a cache of a frozen encoder, or the encoder trained end to end
@@ -93,6 +94,16 @@ class Mllm:
 
 
 @dataclass(frozen=True)
+class Predictor:
+    """A run kind that reads a build (``prior``, ``oracle``, a plug-in's), scored on every probe x seed."""
+
+    name: str
+    kind: str
+    builds: tuple[str, ...] = ()
+    n_boot: int = 1000
+
+
+@dataclass(frozen=True)
 class Experiment:
     """A validated experiment file (paths as written, variables substituted)."""
 
@@ -108,6 +119,7 @@ class Experiment:
     train_on: str
     transfer: tuple[str, ...]
     mllms: dict[str, Mllm]
+    predictors: dict[str, Predictor] = field(default_factory=dict)
     jobs: int = 1
     title: str = ""
     variables: dict[str, str] = field(default_factory=dict)
@@ -317,6 +329,21 @@ def _check_names(exp_raw: dict[str, Any], builds: dict, encoders: dict, where: _
             _refs((d["thresholds_from"],), builds, "build", where, f"builds.{n}.thresholds_from")
     for n, d in (exp_raw.get("mllms") or {}).items():
         _refs(tuple(d.get("builds") or ()), builds, "build", where, f"mllms.{n}.builds")
+    for n, d in (exp_raw.get("predictors") or {}).items():
+        _refs(tuple(d.get("builds") or ()), builds, "build", where, f"predictors.{n}.builds")
+        _check_kind(d.get("kind") or n, where, f"predictors.{n}")
+
+
+def _check_kind(kind: str, where: _Where, key: str) -> None:
+    """A registered run kind that reads a build (a plug-in's too), else one line with "did you mean"."""
+    from spar_bench.probes.kinds import run_kind
+
+    try:
+        cls = run_kind(kind)
+    except ConfigError as e:
+        raise where.error(key, str(e)) from None
+    if getattr(cls, "on_build", None) is None:
+        raise where.error(key, f"run kind {kind} reads a feature cache or a model, not a build: use modes: or mllms:")
 
 
 def load_experiment(path: str | Path, overrides: dict[str, str] | None = None) -> Experiment:
@@ -345,11 +372,13 @@ def load_experiment(path: str | Path, overrides: dict[str, str] | None = None) -
     mllms = {n: Mllm(n, d["model"] if "model" in d else _missing(where, f"mllms.{n}", "model"),
                      tuple(d.get("builds") or (train_on,)), dict(d.get("options") or {}))
              for n, d in (exp.get("mllms") or {}).items()}  # fmt: skip
+    predictors = {n: Predictor(n, d.get("kind") or n, tuple(d.get("builds") or (train_on,)), int(d.get("bootstrap", 1000)))
+                  for n, d in (exp.get("predictors") or {}).items()}  # fmt: skip
     return Experiment(
         name=exp["experiment"], source=str(path), sha256=hashlib.sha256(data).hexdigest(), out=Path(exp["out"]),
         builds=builds, encoders=encoders, modes=modes, probes=_names(exp.get("probes", "all")),
         seeds=tuple(int(s) for s in _names(exp.get("seeds", 0))), train_on=train_on,
-        transfer=tuple(exp.get("transfer") or ()), mllms=mllms, jobs=int(exp.get("jobs", 1)),
+        transfer=tuple(exp.get("transfer") or ()), mllms=mllms, predictors=predictors, jobs=int(exp.get("jobs", 1)),
         title=(exp.get("report") or {}).get("title") or exp["experiment"], variables=variables, where=where,
     )  # fmt: skip
 

@@ -174,6 +174,8 @@ def _commands_and_extra(exp: Experiment, step: Step) -> tuple[list, list]:
         return _train(exp, head, rest), []
     if step.kind == "vqa":
         return _vqa(exp, *rest.rsplit("@", 1)), []
+    if step.kind == "predict":  # 0.2 had no such step
+        raise _Unplannable(step.id)
     if step.kind == "eval":
         spec = step.specs[0][1]
         target = "features" if "features" in spec else "data"

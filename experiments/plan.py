@@ -542,6 +542,16 @@ def vqa_step(exp: Experiment, name: str, b: str) -> Step:
                 device=m.model.startswith("hf:"))
 
 
+def predict_step(exp: Experiment, name: str, b: str) -> Step:
+    """A build-reading run kind (``predictors:``) on every probe x seed of build ``b``."""
+    pr = exp.predictors[name]
+    out = f"{{out}}/{RUNS}/predict-{name}" + ("" if b == exp.train_on else f"@{b}")
+    record = {"kind": pr.kind, "data": build_dir(exp, b), "probes": list(exp.probes), "seeds": list(exp.seeds),
+              "n_boot": pr.n_boot, "out": out}  # fmt: skip
+    return Step(f"predict:{name}@{b}", "predict", (("predict", record),), _needs_build(exp, b), (out,),
+                cost=(("runs", float(len(exp.probes) * len(exp.seeds))),))
+
+
 def report_step(exp: Experiment, needs: tuple[str, ...]) -> Step:
     record = {"runs": f"{{out}}/{RUNS}", "out": f"{{out}}/{REPORT}", "title": exp.title}
     return Step("report", "report", (("report", record),), needs, (f"{{out}}/{REPORT}",))
@@ -580,7 +590,8 @@ def make_plan(exp: Experiment) -> Plan:
     steps += trained
     steps += [eval_step(exp, t, b) for t in trained for b in exp.transfer]
     steps += [vqa_step(exp, n, b) for n, m in exp.mllms.items() for b in m.builds]
-    runs = [s.id for s in steps if s.kind in ("heads", "train", "eval", "vqa")]
+    steps += [predict_step(exp, n, b) for n, p in exp.predictors.items() for b in p.builds]
+    runs = [s.id for s in steps if s.kind in ("heads", "train", "eval", "vqa", "predict")]
     if runs:
         steps.append(report_step(exp, tuple(runs)))
     hashes: dict[str, str] = {}

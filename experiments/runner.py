@@ -261,6 +261,27 @@ def ask_mllm(model: str, data: str, out: str, opts: Any) -> Iterator[tuple[str, 
     yield from ask_build(model, data, out, opts)
 
 
+def _predict(spec: dict[str, Any], device: str | None) -> None:
+    """A build-reading run kind on every probe x seed (``all``: the probes of the build's levels)."""
+    from spar_bench.builder.shards import Build
+    from spar_bench.probes.names import names_all, parse_probes
+    from spar_bench.probes.runs.inputs import ProbeUnavailable
+    from spar_bench.probes.runs.session import run
+    from spar_bench.probes.runs.spec import PredictorSpec
+
+    probes = parse_probes(spec["probes"], Build(spec["data"]).levels())
+    for p in probes:
+        for s in spec["seeds"]:
+            try:
+                run(PredictorSpec(p, spec["kind"], int(s), features=spec["data"], n_boot=int(spec["n_boot"])),
+                    spec["out"], progress=False)  # fmt: skip
+            except ProbeUnavailable as e:
+                if not names_all(spec["probes"]):
+                    raise
+                click.echo(f"{p}: skipped ({e})", err=True)
+                break
+
+
 def _report(spec: dict[str, Any], device: str | None) -> None:
     """``spar-probe report``'s tables and plots, then the experiment's report, over every run."""
     from spar_bench.probes.runs.report import write_report
@@ -275,7 +296,7 @@ def _report(spec: dict[str, Any], device: str | None) -> None:
 #: the executor of each kind of spec
 EXECUTORS: dict[str, Callable[[dict[str, Any], str | None], None]] = {
     "phantom": _phantom, "build": _build, "cache": _cache, "sweep": _sweep, "finetune": _finetune,
-    "eval": _evaluate, "vqa": _vqa, "report": _report}  # fmt: skip
+    "eval": _evaluate, "vqa": _vqa, "predict": _predict, "report": _report}  # fmt: skip
 
 
 def _provenance(out: Path) -> dict[str, Any]:

@@ -213,3 +213,27 @@ def test_a_new_run_kind_is_one_class_and_one_registry_line(pipeline, tmp_path: P
 
     assert run_cmd(cli, ["report", out, "--out", report]) == 0
     assert "majority" in (report / "report.md").read_text()
+    # the same kind in an experiment file (predictors:), run by spar-bench run, in its report
+    exp = tmp_path / "e.yaml"
+    exp.write_text(f"""
+experiment: e
+out: {tmp_path / 'e'}
+builds:
+  b: {{path: "{pipeline['shards']}"}}
+predictors:
+  majority: {{bootstrap: 20}}
+  prior: {{kind: prior, bootstrap: 20}}
+probes: [{PROBE}]
+seeds: [0, 1]
+""")
+    done = subprocess.run([sys.executable, "-m", "spar_bench.experiments.cli", "run", str(exp)], env=env,
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = (tmp_path / "e" / "report" / "experiment.md").read_text()
+    assert "| majority |" in rows.replace("  ", " ") or " majority " in rows
+    kinds = {json.loads(p.read_text())["kind"] for p in (tmp_path / "e" / "runs").rglob("config.json")}
+    assert kinds == {"majority", "prior"}
+    exp.write_text(exp.read_text().replace("majority: {bootstrap: 20}", "majority: {kind: majorty}"))
+    typo = subprocess.run([sys.executable, "-m", "spar_bench.experiments.cli", "run", str(exp), "--dry-run"], env=env,
+                          capture_output=True, text=True)  # fmt: skip
+    assert typo.returncode == 2 and "e.yaml:" in typo.stderr and "majority" in typo.stderr, typo.stderr
