@@ -140,11 +140,16 @@ def _describe(line: str) -> tuple[str, str] | None:
 def _holder(path: Path, what: str) -> str:
     """"another spar-probe fit, pid 1234 since ...": who holds the lock ``path`` (``what``: its kind
     when the file does not say)."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError:
-        lines = []
-    found = [d for d in map(_describe, lines) if d]
+    found: list = []
+    for _ in range(100):  # the holder writes its line just after it takes the lock: up to 1 s for it
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except OSError:
+            lines = []
+        found = [d for d in map(_describe, lines) if d]
+        if found:
+            break
+        time.sleep(0.01)
     if not found:
         return f"another {what}, a process that has not written its pid yet"
     (kind, first), more = found[0], len(found) - 1

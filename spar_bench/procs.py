@@ -159,6 +159,20 @@ def _raise_exit(signum: int, _frame) -> None:
     raise SystemExit(128 + signum)
 
 
+def _quiet_after_stop(previous):
+    """``sys.excepthook`` that, once a SIGTERM stops the run, drops what a helper thread reports
+    (multiprocessing's fd sharer of a DataLoader, losing its worker while the process exits,
+    prints a traceback through it): the run's one line is ``terminated (SIGTERM)``."""
+
+    def hook(tp, value, tb) -> None:
+        if _TERMINATED and threading.current_thread() is not threading.main_thread():
+            return
+        previous(tp, value, tb)
+
+    hook.spar_quiet = True
+    return hook
+
+
 def exit_on_sigterm() -> None:
     """SIGTERM -> ``SystemExit(143)`` (main thread only; elsewhere a no-op). A child forked
     with the handler in place (a DataLoader's reader worker, before its ``worker_init_fn``)
@@ -166,6 +180,8 @@ def exit_on_sigterm() -> None:
     if threading.current_thread() is threading.main_thread():
         _HANDLER_PID.append(os.getpid())
         signal.signal(signal.SIGTERM, _raise_exit)
+        if not getattr(sys.excepthook, "spar_quiet", False):
+            sys.excepthook = _quiet_after_stop(sys.excepthook)
 
 
 def terminated() -> bool:

@@ -299,3 +299,24 @@ def test_a_sigtermed_finetune_with_loader_workers_stops_every_time(pipeline, tmp
     out = tmp_path / "runs"
     for trial in range(5):
         _stop_once(pipeline, out, trial)
+
+
+def test_after_a_sigterm_a_helper_threads_report_is_dropped(capsys, monkeypatch) -> None:
+    """CI: a DataLoader's fd-sharer thread (multiprocessing.resource_sharer) printed a traceback
+    through sys.excepthook as its worker went with the stopped run; after a SIGTERM a helper
+    thread's report is dropped, the main thread's still printed."""
+    import threading
+
+    from spar_bench import procs
+
+    printed = []
+    hook = procs._quiet_after_stop(lambda *exc: printed.append(threading.current_thread().name))
+    monkeypatch.setattr(procs, "_TERMINATED", [])
+    t = threading.Thread(target=lambda: hook(OSError, OSError("peer gone"), None), name="helper")
+    t.start(), t.join()
+    assert printed == ["helper"]  # no SIGTERM: reported as before
+    monkeypatch.setattr(procs, "_TERMINATED", [15])
+    t = threading.Thread(target=lambda: hook(OSError, OSError("peer gone"), None), name="helper")
+    t.start(), t.join()
+    hook(OSError, OSError("main"), None)
+    assert printed == ["helper", "MainThread"]
