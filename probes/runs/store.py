@@ -208,15 +208,6 @@ def preflight(job) -> None:
         refuse_other(job.rd, RunRecord.read(job.rd).differences(job.record), "delete that folder")
 
 
-def recorded(rd: Path, name: str = CONFIG_FILE) -> dict[str, Any]:
-    """A run file's JSON, or a one-line error naming it."""
-    try:
-        return json.loads((rd / name).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{rd}: a finished run with an unreadable {name} ({e}); delete the folder "
-                          "to rerun it") from None
-
-
 def kept_eval(out: Path, inputs: dict[str, Any], overwrite: bool) -> bool:
     """True when ``out`` (an ``eval-*.json``) holds this evaluation already: the same ``inputs``
     (kept as it is). One of other inputs is refused in one line unless ``overwrite``."""
