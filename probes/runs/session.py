@@ -163,7 +163,7 @@ class HeadJob:
         return p.head.fit(p.splits.tr, p.splits.va)
 
     def score(self, fitted, blind=None, batch: dict | None = None):
-        return head_outputs(self.run, self.prepared, fitted, blind, batch)
+        return head_outputs(self.run, self.prepared, fitted, self.record, blind, batch)
 
 
 def run_fit(spec, out: str | Path, progress: bool = True, overwrite: bool = False) -> Path:
@@ -178,8 +178,9 @@ def train_record(result, patience: int) -> dict[str, Any]:
             **getattr(result, "pruned", {})}  # pruned_at: stopped by `sweep --grid-prune`
 
 
-def head_outputs(run, p: Prepared, result, blind=None, batch: dict | None = None):
-    """A trained head run scored (test, mirrored, controls): ``(metrics, record, files)``.
+def head_outputs(run, p: Prepared, result, record: RunRecord, blind=None, batch: dict | None = None):
+    """A trained head run scored (test, mirrored, controls): ``(metrics, record, files)``;
+    ``record`` is its record as opened (:func:`~.predictors.head_record`), completed here.
 
     ``blind``: the run's blind baseline, already trained (a batch trains them together);
     None trains it here. ``batch`` records the runs it was trained with."""
@@ -194,8 +195,8 @@ def head_outputs(run, p: Prepared, result, blind=None, batch: dict | None = None
     extra = head_extra(run, p.head)
     if batch is not None:
         metrics["batch"] = extra["batch"] = batch
-    record = head_record(run, cache).replace(build=Path(p.build.root).resolve().name, extra=extra,
-                                             protocol=protocol_versions(p.build.manifest))
+    record = record.replace(build=Path(p.build.root).resolve().name, extra=extra,
+                            protocol=protocol_versions(p.build.manifest))
     head_pt = (lambda path: save_head(path, p.head.model, record.to_dict(), prior), True)
     return metrics, record, {HEAD_FILE: head_pt}
 
@@ -205,7 +206,7 @@ def finish_run(run, p: Prepared, result, out: str | Path, blind=None, batch: dic
     rd = run.run_dir(out, encoder_slug(p.cache))
     clear_staging(rd)
     check_run_dir(rd, HEAD_FILES)
-    metrics, record, files = head_outputs(run, p, result, blind, batch)
+    metrics, record, files = head_outputs(run, p, result, head_record(run, p.cache), blind, batch)
     write_run(rd, record, metrics, files)
     return rd
 
