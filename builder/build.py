@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from spar_bench.errors import CaseError, ConfigError, IntegrityError, SparError
+from spar_bench.fields import check_fields, limited
 from spar_bench.hashing import sha256_json
 from spar_bench.procs import check_stop
 from spar_bench.provenance import PROTOCOL_VERSION, json_safe, path_from_build, portable_path
@@ -105,7 +106,7 @@ class BuildConfig:
     sample: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
     workers: int = 1
-    images: str = "auto"
+    images: str = limited("auto", choices=("auto", "require", "synthesize"))
     shard_size: int = 2000
     compression: str = "blosc"
     thresholds_from: str | None = None
@@ -138,6 +139,7 @@ class BuildConfig:
             raise ConfigError(f"--shard-size must be >= 1, got {self.shard_size}")
         if self.unknown_labels not in UNKNOWN_LABELS:
             raise ConfigError(f"--unknown-labels must be one of {UNKNOWN_LABELS}, got {self.unknown_labels!r}")
+        check_fields(self)
         for key, n in self.limit.items():
             if not isinstance(n, int) or isinstance(n, bool) or n < 1:
                 raise ConfigError(f"--limit {key}={n!r}: must be an integer >= 1")

@@ -171,6 +171,8 @@ def _typed(v: Any, type_text: str, exp: Experiment, key: str) -> Any:
     try:
         if first == "bool" and isinstance(v, str) and v.lower() in ("true", "false"):
             return v.lower() == "true"
+        if first == "bool":
+            raise ValueError
         if first == "float":
             return float(v)
         if first == "int" and isinstance(v, str):
@@ -184,7 +186,7 @@ def _typed(v: Any, type_text: str, exp: Experiment, key: str) -> Any:
     return str(v) if first == "str" and isinstance(v, (int, float)) else v
 
 
-_TYPE_WORDS = {"int": "an integer", "float": "a number", "proj_width": "a width >= 1 or none"}
+_TYPE_WORDS = {"bool": "a switch: true or false", "int": "an integer", "float": "a number", "proj_width": "a width >= 1 or none"}
 
 
 # --------------------------------------------------------------------------- paths and digests

@@ -4,9 +4,11 @@ The loader (:mod:`.config`) checks each key's type; this module checks what the 
 values go to would refuse only once their step runs, after the steps before it:
 
 * each option (``builds.B.phantom``, ``builds.B.options``, ``modes.M.options``,
-  ``modes.frozen.cache``, ``mllms.L.options``) through its command's own click parameter
-  (``--n`` >= 1, ``--in-plane`` >= 32, a choice, a number), then through the settings object the
-  command makes of it (a build's sample settings, a head's or a finetune's training settings);
+  ``modes.frozen.cache``, ``mllms.L.options``) as its field's type, then through the settings
+  classes its step makes of it, which check the limits they declare (``--in-plane`` >= 32, a
+  choice, a range: :mod:`spar_bench.fields`): a phantom's, a build's sample and build settings, a
+  head's, a sweep's, a finetune's, a cache's, an MLLM run's. No command-line declaration is read:
+  the commands make their click types from the same declarations;
 * ``seeds`` and every ``seed`` (numpy takes no negative seed), ``jobs``, a ``path:`` build (a
   finished build folder), a ``device`` (``cpu``, ``cuda[:N]``, ``auto`` where the command takes it).
 
@@ -25,7 +27,7 @@ from typing import Any
 from spar_bench.errors import ConfigError
 
 from .config import Experiment
-from .plan import error_at  # error_at: "FILE:LINE: KEY: problem"
+from .plan import error_at, options  # error_at: "FILE:LINE: KEY: problem"
 
 _DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?")
 
@@ -73,23 +75,31 @@ def check_devices(text: str | None, here: bool = True) -> tuple[str, ...]:
 
 
 # --------------------------------------------------------------------------- the file's values
-def option_sets(exp: Experiment) -> Iterator[tuple[str, str | None, dict[str, Any], str]]:
-    """``(program, subcommand, options, key)`` of every mapping of command options in the file."""
+#: each mapping of options in the file: its step kind (:func:`.plan.spec_fields`)
+_KINDS = {("spar-build", "phantom"): "phantom", ("spar-build", None): "build", ("spar-probe", "sweep"): "sweep",
+          ("spar-probe", "finetune"): "finetune", ("spar-probe", "cache"): "cache",
+          ("spar-probe", "vqa"): "vqa"}  # fmt: skip
+#: the fields whose commands take ``auto`` as a device
+_AUTO_DEVICE = {"sweep", "finetune", "cache", "vqa"}
+
+
+def option_sets(exp: Experiment) -> Iterator[tuple[str, dict[str, Any], str]]:
+    """``(step kind, options, key)`` of every mapping of options in the file."""
     for b, bd in exp.builds.items():
         if bd.phantom is not None:
-            yield "spar-build", "phantom", bd.phantom, f"builds.{b}.phantom"
-        yield "spar-build", None, bd.options, f"builds.{b}.options"
+            yield "phantom", bd.phantom, f"builds.{b}.phantom"
+        yield "build", bd.options, f"builds.{b}.options"
     for m, mode in exp.modes.items():
-        yield "spar-probe", "sweep" if m == "frozen" else "finetune", mode.options, f"modes.{m}.options"
+        yield "sweep" if m == "frozen" else "finetune", mode.options, f"modes.{m}.options"
         if m == "frozen":
-            yield "spar-probe", "cache", mode.cache, "modes.frozen.cache"
+            yield "cache", mode.cache, "modes.frozen.cache"
     for n, mllm in exp.mllms.items():
-        yield "spar-probe", "vqa", mllm.options, f"mllms.{n}.options"
+        yield "vqa", mllm.options, f"mllms.{n}.options"
 
 
 def check_values(exp: Experiment, here: bool = True) -> None:
-    """Every value of ``exp`` as its command will check it; the first problem as one line
-    (``here``: devices must be on this machine)."""
+    """Every value of ``exp`` as the library's settings classes check it when its step runs; the
+    first problem as one line (``here``: devices must be on this machine)."""
     seeds = list(exp.seeds)
     if any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
         raise error_at(exp, "seeds", f"must be distinct integers >= 0, got {seeds}")
@@ -99,49 +109,22 @@ def check_values(exp: Experiment, here: bool = True) -> None:
         if bd.path is not None and not (Path(bd.path) / "manifest.json").is_file():
             raise error_at(exp, f"builds.{b}.path", f"{bd.path} has no manifest.json: give a finished "
                                                   "build folder (or build it with phantom: or sources:)")  # fmt: skip
-    for program, name, options, key in option_sets(exp):
-        for k, v in options.items():
-            option, value = _click_value(exp, program, name, k, v, key, here)
-            _settings_check(exp, (program, name), option, value, f"{key}.{k}")
+    for kind, given, key in option_sets(exp):
+        for k, v in given.items():
+            ((name, value),) = options(kind, {k: v}, key, exp).items()  # its field, typed
+            _check_value(exp, kind, name, value, f"{key}.{k}", here)
 
 
-def _click_value(exp: Experiment, program: str, name: str | None, k: str, v: Any, key: str,
-                 here: bool) -> tuple[str, Any]:
-    """Option ``k: v`` as its command's click parameter reads the flag the plan writes:
-    ``(the parameter's name, its value)``."""
-    import click
-
-    cmd = command_of(program, name)
-    argv = _flags(cmd, k, v)  # a key with no flag (a config field alone) was checked by the plan
-    if not argv:
-        return k.replace("-", "_"), v
-    param = next(p for p in cmd.params if argv[0] in (*p.opts, *p.secondary_opts))
-    what = f"{program} {name}" if name else program
-    if getattr(param, "is_flag", False):
-        if not isinstance(v, bool):
-            raise error_at(exp, f"{key}.{k}", f"{what} {argv[0]} is a flag: write true or false, got {v!r}")
-        return param.name, v
-    given = tuple(argv[1::2]) if param.multiple else argv[1]
-    ctx = click.Context(cmd, info_name=what)
-    try:
-        value = param.process_value(ctx, given)
-    except (click.BadParameter, ConfigError) as e:
-        message = f"{what} {argv[0]}: {e.message}" if isinstance(e, click.BadParameter) else str(e)
-        raise error_at(exp, f"{key}.{k}", message) from None
-    if param.name == "device" and isinstance(value, str):
-        problem = device_problem(value, auto=param.default == "auto", here=here)
+def _check_value(exp: Experiment, kind: str, name: str, value: Any, key: str, here: bool) -> None:
+    """One option's value: a device, then the settings classes its step makes of it."""
+    if name == "device" and isinstance(value, str):
+        problem = device_problem(value, auto=kind in _AUTO_DEVICE, here=here)
         if problem:
-            raise error_at(exp, f"{key}.{k}", f"{value}: {problem}")
-    return param.name, value
-
-
-def _settings_check(exp: Experiment, command: tuple[str, str | None], option: str, value: Any, key: str) -> None:
-    """``value`` of parameter ``option`` of ``command`` through the settings object the command
-    makes of it (ranges its click parameters leave open: ``samples_per_case`` >= 1, ``lr`` > 0 ...)."""
-    if option in ("seed", "seeds") and isinstance(value, int) and value < 0:
+            raise error_at(exp, key, f"{value}: {problem}")
+    if name in ("seed", "seeds") and isinstance(value, int) and value < 0:
         raise error_at(exp, key, f"a seed is an integer >= 0, got {value}")
     try:
-        for cls, given in _settings(exp, command, option, value, key):
+        for cls, given in _settings(exp, kind, name, value, key):
             cls(**given)
     except ConfigError as e:
         raise error_at(exp, key, str(e)) from None
@@ -149,24 +132,45 @@ def _settings_check(exp: Experiment, command: tuple[str, str | None], option: st
         raise error_at(exp, key, f"{value!r}: {e}") from None
 
 
-def _settings(exp: Experiment, command: tuple[str, str | None], option: str, value: Any,
-              key: str) -> Iterator[tuple[type, dict[str, Any]]]:
-    """The settings classes its command builds, with the keywords that hold ``option``."""
-    program, name = command
-    if program == "spar-build" and name is None:
+def _settings(exp: Experiment, kind: str, option: str, value: Any, key: str) -> Iterator[tuple[type, dict[str, Any]]]:
+    """The settings classes a step of ``kind`` builds, with the keywords that hold ``option``
+    (each checks its declared limits: :mod:`spar_bench.fields`)."""
+    if kind == "phantom":
+        from spar_bench.builder.phantom.generate import PhantomOptions
+
+        if option == "n" and (not isinstance(value, int) or value < 1):
+            raise ConfigError(f"--n (cases) must be an integer >= 1, got {value!r}")
+        yield from _with(PhantomOptions, {}, option, value)
+    elif kind == "build":
         yield from _build_settings(exp.builds[key.split(".")[1]], option, value)
-    elif program == "spar-probe" and name == "sweep":
+    elif kind == "sweep":
         from spar_bench.probes.runs.spec import ALIASES, OPTIONS
+        from spar_bench.probes.runs.sweep import SweepConfig
         from spar_bench.probes.train import TrainConfig
 
         option = ALIASES.get(option, option)
         if option in OPTIONS and OPTIONS[option].where == "train":
             yield TrainConfig, {option: value}
-    elif program == "spar-probe" and name == "finetune":
-        from spar_bench.probes.finetune.config import FinetuneConfig
+        yield from _with(SweepConfig, {"features": "-"}, option, value)
+    elif kind == "finetune":
+        from spar_bench.probes.finetune.config import FinetuneConfig, FinetuneSpec
 
-        if option in _names(FinetuneConfig):
-            yield FinetuneConfig, {option: value}
+        yield from _with(FinetuneConfig, {}, option, value)
+        yield from _with(FinetuneSpec, {"encoder": "-", "data": "-", "probe": "-"}, option, value)
+    elif kind == "cache":
+        from spar_bench.probes.cache import CacheOptions
+
+        yield from _with(CacheOptions, {}, option, value)
+    else:
+        from spar_bench.probes.vqa.options import VqaOptions
+
+        yield from _with(VqaOptions, {}, option, value)
+
+
+def _with(cls: type, required: dict[str, Any], option: str, value: Any) -> Iterator[tuple[type, dict[str, Any]]]:
+    """``cls`` with ``option`` set, where it is one of its fields."""
+    if option in _names(cls) and option not in required:
+        yield cls, {**required, option: value}
 
 
 def _build_settings(bd, option: str, value: Any) -> Iterator[tuple[type, dict[str, Any]]]:
@@ -175,12 +179,15 @@ def _build_settings(bd, option: str, value: Any) -> Iterator[tuple[type, dict[st
     from spar_bench.builder.samples.config import SampleConfig
 
     if option in _names(SampleConfig):
-        given = [s.strip() for s in str(value).split(",") if s.strip()] if option == "levels" else value
+        given = value
+        if option == "levels" and not isinstance(value, (list, tuple)):
+            given = [s.strip() for s in str(value).split(",") if s.strip()]
         yield SampleConfig, {option: given}
     sources = ("phantom",) if bd.phantom is not None else bd.sources
     base = {"sources": sources, "roots": (".",) * len(sources), "out": "."}
     field_name = {"jobs": "workers"}.get(option, option)
-    if field_name in ("workers", "shard_size"):
+    if field_name in _names(BuildConfig) and field_name not in base and field_name not in ("cases", "limit",
+                                                                                            "split_ratio"):
         yield BuildConfig, {**base, field_name: value}
     if option in ("cases", "limit", "split_ratio"):
         yield BuildConfig, {**base, **choice_options({option: value}, sources)}
@@ -188,43 +195,3 @@ def _build_settings(bd, option: str, value: Any) -> Iterator[tuple[type, dict[st
 
 def _names(cls: type) -> set[str]:
     return {f.name for f in fields(cls)}
-
-
-# --------------------------------------------------------------------------- the declared option types
-def command_of(program: str, name: str | None):
-    """The click command whose declared parameters (types, ranges, choices) check a value of
-    ``program`` (``spar-build``/``spar-probe``) ``name``; only its declarations are read: no
-    step is run through it (:mod:`.runner` calls the library)."""
-    import click
-
-    if program == "spar-build":
-        from spar_bench.builder.cli import cli
-    else:
-        from spar_bench.probes.cli import cli
-    return cli if name is None else cli.get_command(click.Context(cli), name)
-
-
-def _flags(cmd, k: str, v: Any) -> list[str]:
-    """Option ``k: v`` as the flag and text the command's parameter reads; ``[]`` when the command
-    has no such flag (or a false flag)."""
-    import json
-
-    params = {p.name: p for p in cmd.params if getattr(p, "opts", None) and p.opts[0].startswith("--")}
-    spelled = {o[2:].replace("-", "_"): p for p in params.values() for o in p.opts if o.startswith("--")}
-    kn = k.replace("-", "_")
-    p = spelled.get(kn) or params.get(kn)
-    if p is None and v is False and f"no_{kn}" in params:  # hf: false -> --no-hf
-        return [params[f"no_{kn}"].opts[0]]
-    if p is None:
-        return []
-    text = lambda x: ("true" if x else "false") if isinstance(x, bool) else str(x)  # noqa: E731
-    if getattr(p, "is_flag", False):
-        return ([p.opts[0] if v else p.secondary_opts[0]] if p.secondary_opts else [p.opts[0]] if v else []) \
-            if isinstance(v, bool) else [p.opts[0]]
-    if isinstance(v, list) and getattr(p, "multiple", False):
-        return [x for item in v for x in (p.opts[0], text(item))]
-    if isinstance(v, list):
-        return [p.opts[0], ",".join(text(x) for x in v)]
-    if isinstance(v, dict):
-        return [p.opts[0], json.dumps(v, sort_keys=True)]
-    return [p.opts[0], text(v)]

@@ -37,12 +37,13 @@ import numpy as np
 
 from spar_bench.builder.schema import LEVEL_SPECS
 from spar_bench.errors import ConfigError, IntegrityError
+from spar_bench.fields import check_fields, limited
 from spar_bench.procs import check_stop
 from spar_bench.provenance import CACHE_PACKAGES, package_versions
 
 from .distributed import Ranks, all_parts, barrier, merge_parts, part_path
 from .features import STORAGE_FLOAT
-from .hardware import Precision, pick_compute, pick_device
+from .hardware import COMPUTE_DTYPES, Precision, pick_compute, pick_device
 from .stopwatch import Stopwatch, timed
 from .token_storage import Moments, Projection, Reducer, TokenStorage, random_projection
 
@@ -543,8 +544,8 @@ class CacheOptions:
     device: str = "auto"
     batch_size: int = 64
     dtype: str = "fp16"
-    compute: str = "auto"
-    loader_workers: int | None = None
+    compute: str = limited("auto", choices=COMPUTE_DTYPES)
+    loader_workers: int | None = limited(None, lo=0, flag="--loader-workers")
     tile_encoding: str = "mosaic"
     token_storage: TokenStorage | None = None
     overwrite: bool = False
@@ -556,6 +557,7 @@ class CacheOptions:
 
     def __post_init__(self) -> None:
         _check_options(self.dtype, self.batch_size, self.loader_workers)
+        check_fields(self)
         if self.tile_encoding not in TILE_ENCODINGS:
             raise ConfigError(f"--tile-encoding must be one of {', '.join(TILE_ENCODINGS)}; "
                               f"got {self.tile_encoding!r}")

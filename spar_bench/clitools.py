@@ -237,3 +237,19 @@ def wait_option(f: Callable[..., Any]) -> Callable[..., Any]:
                         metavar="[SECONDS]", expose_value=False, callback=_wait_for_writers,
                         help="Wait for another process writing the same output (alone: until it "
                              "ends; SECONDS: at most that long) instead of stopping at once.")(f)  # fmt: skip
+
+
+def declared_type(cls: type, name: str) -> click.ParamType:
+    """The click type of settings field ``name`` of ``cls``, made from its one declaration
+    (:func:`spar_bench.fields.limited`): a choice, an int or float range."""
+    from spar_bench.fields import limit_of
+
+    limit = limit_of(cls, name)
+    if limit is None:
+        raise TypeError(f"{cls.__name__}.{name} declares no limit")
+    if limit.choices is not None:
+        return click.Choice([str(c) for c in limit.choices])
+    numbers = [x for x in (limit.lo, limit.hi) if x is not None]
+    if all(float(x).is_integer() for x in numbers) and any(isinstance(x, int) for x in numbers):
+        return click.IntRange(limit.lo, limit.hi)
+    return click.FloatRange(limit.lo, limit.hi)

@@ -73,6 +73,16 @@ BAD_VALUES = [  # (a line of the file, the key the error names)
     ("modes: {finetune: {options: {max_epochs: 0}}}", "modes.finetune.options.max_epochs"),
     ("modes: {scratch: {options: {loader_workers: -1}}}", "modes.scratch.options.loader_workers"),
     ("mllms: {d: {model: dummy, options: {batch_size: 0}}}", "mllms.d.options.batch_size"),
+    # limits the settings classes declare (spar_bench.fields), read without any CLI
+    ("builds: {a: {phantom: {n: 4, slices: 4}}}", "builds.a.phantom.slices"),
+    ("builds: {a: {phantom: {n: 4}, options: {images: photo}}}", "builds.a.options.images"),
+    ("builds: {a: {phantom: {n: 4}, options: {hf: 3}}}", "builds.a.options.hf"),
+    ("modes: {frozen: {options: {batch_runs: maybe}}}", "modes.frozen.options.batch_runs"),
+    ("modes: {frozen: {cache: {compute: fp8}}}", "modes.frozen.cache.compute"),
+    ("modes: {finetune: {options: {compute: fp8}}}", "modes.finetune.options.compute"),
+    ("mllms: {d: {model: dummy, options: {retries: 30}}}", "mllms.d.options.retries"),
+    ("mllms: {d: {model: dummy, options: {concurrency: 0}}}", "mllms.d.options.concurrency"),
+    ("mllms: {d: {model: dummy, options: {guided: json}}}", "mllms.d.options.guided"),
 ]
 
 
@@ -96,10 +106,12 @@ def test_a_bad_value_is_one_line_naming_file_line_and_key_before_any_step(tmp_pa
     assert not (tmp_path / "out").exists()
 
 
-def test_negative_n_names_no_command_that_does_not_exist(tmp_path, capsys):
+def test_a_declared_limit_says_the_limit(tmp_path, capsys):
     assert _run([_experiment(tmp_path, "builds: {a: {phantom: {n: -3}}}")]) == 2
     err = capsys.readouterr().err
-    assert "spar-build phantom --n: -3 is not in the range" in err and "spar-bench phantom" not in err
+    assert "builds.a.phantom.n: --n (cases) must be an integer >= 1, got -3" in err, err
+    assert _run([_experiment(tmp_path, "mllms: {d: {model: dummy, options: {retries: 30}}}")]) == 2
+    assert "mllms.d.options.retries: --retries must be <= 20 and >= 0, got 30" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- hints name real commands

@@ -161,11 +161,15 @@ def test_options_that_change_answers_name_the_folder(pipeline, tmp_path, asked, 
 
 
 def test_server_guided_variant_tokens_and_dtype_name_the_folder():
-    from spar_bench.probes.vqa.ask import AskConfig, run_dir
+    from spar_bench.probes.vqa.ask import AskConfig
     from spar_bench.probes.vqa.base import BackendOptions
     from spar_bench.probes.vqa.openai import OpenAIBackend
+    from spar_bench.probes.vqa.predictor import MllmSpec
 
     cfg = AskConfig()
+
+    def run_dir(backend, probe: str, out: str, cfg: AskConfig) -> Path:  # the run's folder, as its spec names it
+        return MllmSpec(backend, None, probe, cfg, None).run_dir(out, backend.name)
 
     def folder(**kw) -> str:
         kw.setdefault("base_url", "http://127.0.0.1:8000/v1")

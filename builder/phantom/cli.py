@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from spar_bench.clitools import wait_option
+from spar_bench.clitools import declared_type, wait_option
 
 from ..options import jobs_option, pop_jobs
-from .generate import INTENSITIES, LAYOUTS, SIZES
+from .generate import INTENSITIES, LAYOUTS, SIZES, PhantomOptions
 
 
 @click.command("phantom")
@@ -43,14 +43,14 @@ from .generate import INTENSITIES, LAYOUTS, SIZES
 )
 @click.option(
     "--in-plane",
-    type=click.IntRange(min=32),
+    type=declared_type(PhantomOptions, "in_plane"),
     default=None,
     help="In-plane voxels (N x N), overriding --size's; a smaller grid renders and builds faster.",
 )
 @click.option(
     "--slices",
     "n_slices",
-    type=click.IntRange(min=8),
+    type=declared_type(PhantomOptions, "n_slices"),
     default=None,
     help="Slices per case, overriding --size's range.",
 )

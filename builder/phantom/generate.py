@@ -83,6 +83,7 @@ from typing import Any
 import numpy as np
 
 from spar_bench.errors import ConfigError, SparError
+from spar_bench.fields import check_fields, limited
 
 from ..schema import ORGAN_ID, ORGANS
 from ..sources.word import SPLIT_DIRS as WORD_SPLIT_DIRS
@@ -455,12 +456,13 @@ class PhantomOptions:
     seed: int = 0
     lesions: bool = True
     size: str = "small"
-    in_plane: int | None = None
-    n_slices: int | None = None
+    in_plane: int | None = limited(None, lo=32, flag="--in-plane")
+    n_slices: int | None = limited(None, lo=8, flag="--slices")
     intensities: str = "ct"
 
     def __post_init__(self) -> None:
         _check_choices(self.layout, self.size, self.intensities)
+        check_fields(self)
 
     def case_options(self) -> dict[str, Any]:
         """The keyword arguments of :func:`sample_phantom_params` every case shares."""

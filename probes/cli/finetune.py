@@ -8,10 +8,10 @@ import json
 
 import click
 
-from spar_bench.clitools import wait_option
+from spar_bench.clitools import declared_type, wait_option
 from spar_bench.locks import output_lock
 
-from ..finetune.config import FinetuneConfig, finetune_specs
+from ..finetune.config import FinetuneConfig, FinetuneSpec, finetune_specs
 from ..finetune.encoding import parse_model_args
 from ..runs.inputs import ProbeUnavailable
 from ..runs.session import run as run_spec
@@ -33,7 +33,7 @@ from .options import (
 @click.command("finetune")
 @click.option("--encoder", required=True, help="Encoder spec, e.g. timm:resnet18 (see `spar-probe encoders`).")
 @click.option("--weights", default=None, help="Weights to finetune from (file or folder).")
-@click.option("--init", "init", type=click.Choice(["weights", "scratch"]), default="weights", show_default=True,
+@click.option("--init", "init", type=declared_type(FinetuneSpec, "init"), default="weights", show_default=True,
               help="scratch: train the architecture from random weights (recorded as trained from scratch).")
 @click.option("--model-args", default=None, help='JSON for timm.create_model, e.g. \'{"depth": 4}\'.')
 @click.option("--revision", default=None, help="Pinned hub revision (hf: encoders).")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from spar_bench.clitools import wait_option
+from spar_bench.clitools import declared_type, wait_option
 from spar_bench.locks import output_lock
 from spar_bench.partitions import parse_partition
 
@@ -24,7 +24,7 @@ from .options import head_option, pop_run_options, probe_option, run_options, se
 @seeds_option("0,1,2")
 @click.option("--out", default="runs", show_default=True, type=click.Path(file_okay=False))
 @click.option(
-    "--jobs", default=2, show_default=True, type=click.IntRange(1), help="Worker processes."
+    "--jobs", default=2, show_default=True, type=declared_type(SweepConfig, "jobs"), help="Worker processes."
 )
 @click.option("--grid", multiple=True, metavar="KEY=V1,V2",
               help="Sweep a run option over values (repeat for a cartesian product), "
@@ -34,7 +34,7 @@ from .options import head_option, pop_run_options, probe_option, run_options, se
 @click.option("--only", multiple=True, metavar="RUN_ID", help="Run only this run (repeatable; ids from --list).")
 @click.option("--partition", default=None, metavar="I/N",
               help="Run only the runs whose id hashes to partition I of N (e.g. a SLURM array task).")
-@click.option("--batch-runs", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
+@click.option("--batch-runs", type=declared_type(SweepConfig, "batch_runs"), default="auto", show_default=True,
               help="Train the runs that differ only in seed, lr and weight decay as one vmapped batch "
                    "(auto: on a GPU, where it is faster; results agree with single runs in "
                    "distribution, not bit for bit).")

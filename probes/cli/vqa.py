@@ -7,10 +7,9 @@ from pathlib import Path
 
 import click
 
-from spar_bench.clitools import old_spelling, wait_option
+from spar_bench.clitools import declared_type, old_spelling, wait_option
 from spar_bench.locks import output_lock
 
-from ..vqa.openai import GUIDED
 from ..vqa.options import (  # noqa: F401 - the CLI's parsers are the library's
     TORCH_DTYPES,
     VqaOptions,
@@ -37,7 +36,7 @@ from .options import bootstrap_option, compute_option, device_option, probe_opti
 @click.option("--api-key-env", default="OPENAI_API_KEY", show_default=True,
               help="Environment variable holding the API key (never stored).")
 @click.option("--generate", is_flag=True, help="Generate and parse (default for hf: option log-likelihoods).")
-@click.option("--guided", type=click.Choice(GUIDED), default="none", show_default=True,
+@click.option("--guided", type=declared_type(VqaOptions, "guided"), default="none", show_default=True,
               help="openai: ask the server to decode one of the option letters.")
 @click.option("--no-convention-hint", is_flag=True, help="Drop the display-convention sentence.")
 @click.option("--no-circular", is_flag=True, help="Skip the option rotations (CircularEval).")
@@ -49,8 +48,8 @@ from .options import bootstrap_option, compute_option, device_option, probe_opti
               help="Level 4: send each volume as a 'video' of 16 axial frames, a 'montage' (one grid image of "
                    "them) or 'views' (axial, coronal, sagittal central slices in one image); 'auto': video where "
                    "the model's processor takes video, else montage. --image-size is each slice's side.")
-@click.option("--batch-size", default=8, show_default=True, type=click.IntRange(1))
-@click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(1))
+@click.option("--batch-size", default=8, show_default=True, type=declared_type(VqaOptions, "batch_size"))
+@click.option("--max-new-tokens", default=64, show_default=True, type=declared_type(VqaOptions, "max_new_tokens"))
 @device_option
 @compute_option
 @old_spelling("--dtype", "--compute", "compute", note=True, type=click.Choice(sorted(TORCH_DTYPES.values())),
@@ -58,8 +57,8 @@ from .options import bootstrap_option, compute_option, device_option, probe_opti
 @click.option("--timeout", default=120.0, show_default=True, type=float,
               help="Seconds per HTTP request; the back-off waits of one question (Retry-After honoured, "
                    "capped) count against it too.")
-@click.option("--retries", default=3, show_default=True, type=click.IntRange(0, 20))
-@click.option("--concurrency", default=4, show_default=True, type=click.IntRange(1, 64))
+@click.option("--retries", default=3, show_default=True, type=declared_type(VqaOptions, "retries"))
+@click.option("--concurrency", default=4, show_default=True, type=declared_type(VqaOptions, "concurrency"))
 @seeds_option()
 @old_spelling("--seed", "--seeds", "seeds", note=True, type=int, convert=str)
 @bootstrap_option

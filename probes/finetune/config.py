@@ -8,6 +8,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 from spar_bench.errors import ConfigError
+from spar_bench.fields import check_fields, limited
+
+from ..hardware import COMPUTE_DTYPES
+from ..runs.spec import NamedRun
 
 #: Options that change no trained weight or score beyond the device's numerics: not in a
 #: run's folder name nor in the identity a finished run is checked against (the precision
@@ -39,8 +43,8 @@ class FinetuneConfig:
     val_fraction: float = 0.15
     layer: int = -1
     device: str = "auto"
-    compute: str = "auto"
-    workers: int | None = None
+    compute: str = limited("auto", choices=COMPUTE_DTYPES)
+    workers: int | None = limited(None, lo=0, flag="--loader-workers")
     checkpoint_every: int = 0  # optimizer steps between mid-epoch checkpoints (0: epoch ends only)
 
     def __post_init__(self) -> None:
@@ -51,6 +55,7 @@ class FinetuneConfig:
             raise ConfigError("learning rates must be positive (--encoder-lr may be 0: a frozen encoder)")
         if self.warmup_epochs < 0 or self.freeze_blocks < 0 or self.patience < 1:
             raise ConfigError("--warmup-epochs and --freeze-blocks must be >= 0, --patience >= 1")
+        check_fields(self)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -79,7 +84,7 @@ def lr_factor(step: int, warmup: int, total: int) -> float:
 
 
 @dataclass(frozen=True)
-class FinetuneSpec:
+class FinetuneSpec(NamedRun):
     """One finetune run: ``encoder`` (its ``weights``, ``init``, constructor ``model_kwargs`` and hub
     ``revision``) trained end to end with ``head`` (``head_cfg``) on ``probe`` of build ``data``
     (``seed``, :class:`FinetuneConfig`), scored like a head run (``n_boot``, ``controls``,
@@ -95,7 +100,7 @@ class FinetuneSpec:
     head: str = "mlp"
     seed: int = 0
     weights: str | None = None
-    init: str = "weights"
+    init: str = limited("weights", choices=("weights", "scratch"))
     model_kwargs: dict[str, Any] | None = None
     revision: str | None = None
     cfg: FinetuneConfig = field(default_factory=FinetuneConfig)
@@ -103,6 +108,19 @@ class FinetuneSpec:
     n_boot: int = 1000
     controls: bool = True
     train_mirrors: bool = False
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+    def variant(self) -> str:
+        """The training and head options that differ from their defaults (as ``fit``'s
+        :meth:`~..runs.spec.RunSpec.variant`): ``encoder_lr=0.01,max_epochs=2``."""
+        from ..heads import head_defaults
+        from ..runs.store import variant_text
+
+        changed = {**self.cfg.changed(),
+                   **{k: v for k, v in self.head_cfg.items() if head_defaults(self.head).get(k) != v}}  # fmt: skip
+        return variant_text({**changed, **({"train_mirrors": True} if self.train_mirrors else {})})
 
     def head_run(self):
         """The head's :class:`~spar_bench.probes.runs.spec.RunSpec` (as ``fit``'s)."""

@@ -31,7 +31,6 @@ import numpy as np
 
 from spar_bench.errors import ConfigError
 
-from ..runs.store import variant_text
 from .config import FinetuneConfig
 from .loop import Split, load_saved
 from .model import EXPORT_FILE, freeze_blocks, load_trainable
@@ -129,15 +128,6 @@ def load_encoding(encoder: str, build, seed: int, cfg: FinetuneConfig, *, weight
                           "the keys' spelling against the model's constructor") from None  # fmt: skip
     freeze_blocks(enc, cfg.freeze_blocks)
     return encoding_of(enc, build, cfg)
-
-
-def finetune_variant(cfg: FinetuneConfig, head: str, head_cfg: dict, train_mirrors: bool) -> str:
-    """The run folder's suffix (as ``fit``'s :meth:`~..runspec.RunSpec.variant`): the training
-    and head options that differ from their defaults, ``encoder_lr=0.01,max_epochs=2``."""
-    from ..heads import head_defaults
-
-    changed = {**cfg.changed(), **{k: v for k, v in head_cfg.items() if head_defaults(head).get(k) != v}}
-    return variant_text({**changed, **({"train_mirrors": True} if train_mirrors else {})})
 
 
 def parse_model_args(text: str | None) -> dict[str, Any] | None:

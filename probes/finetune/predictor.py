@@ -143,10 +143,8 @@ class FinetuneJob:
         from ..encoders import check_encoder_name
         from ..heads import head_input
         from ..runs.inputs import build_splits
-        from ..runs.store import run_folder
         from .encoding import (
             check_encoder_reads,
-            finetune_variant,
             load_encoding,
             new_head,
             published_encoder,
@@ -163,8 +161,8 @@ class FinetuneJob:
                                             model_kwargs=fs.model_kwargs, revision=fs.revision)  # fmt: skip
         check_encoder_reads(encoding.enc.spec, hrun.spec, fs.data)
         encoder = published_encoder(fs.encoder, encoding.enc.spec)  # no local path in the folder name or any record
-        variant = finetune_variant(fs.cfg, fs.head, fs.head_cfg, fs.train_mirrors)
-        rd = run_folder(out, run_slug(encoder, fs.init, fs.data), fs.probe, fs.head, variant, fs.seed)
+        variant = fs.variant()
+        rd = fs.run_dir(out, run_slug(encoder, fs.init, fs.data))
         model, in_dim, n_tokens = new_head(encoding, fs.head, hrun.spec, kind, fs.seed, fs.head_cfg,
                                            Split(splits.tr, hrun.spec.level, "train"), fs.init == "scratch")  # fmt: skip
         record = finetune_record(fs, encoder, encoding.enc.spec, build, kind, precision, variant)

@@ -107,8 +107,45 @@ def head_option_defaults(name: str) -> str:
     return ", ".join(f"{value} {'/'.join(heads)}" for value, heads in by_value.items())
 
 
+class NamedRun:
+    """What every run kind's spec shares (:class:`RunSpec`, :class:`PredictorSpec`,
+    :class:`~spar_bench.probes.finetune.config.FinetuneSpec`,
+    :class:`~spar_bench.probes.vqa.predictor.MllmSpec`): its ``kind``, ``probe`` and ``seed``, the
+    options that name its folder (:meth:`variant`), the head it names (:meth:`head_name`), and from
+    them its folder (:meth:`slug`, :meth:`run_dir`) and the naming part of its identity
+    (:meth:`identity`). What the spec cannot know before its inputs are opened (the model's
+    published name, the build's fingerprint) is given as ``model`` here and added by the record
+    (:class:`~.record.RunRecord`)."""
+
+    kind: ClassVar[str]
+    probe: str
+    seed: int
+
+    def variant(self) -> str:
+        """``k=v,...``: the options that change the run, differ from their defaults and are named
+        neither by the model nor by the head ("" for none)."""
+        return ""
+
+    def head_name(self) -> str:
+        """The run's head as its folder names it (``mlp``, ``prior``, ``vqa-loglik``)."""
+        return self.head  # type: ignore[attr-defined]
+
+    def slug(self, model: str) -> str:
+        """``<model>/<probe>/<head>[,variant]/seed<k>``: the run's folder under OUT."""
+        return self.run_dir("", model).as_posix()
+
+    def run_dir(self, out: str | Path, model: str) -> Path:
+        """``OUT/<model>/<probe>/<head>[,variant]/seed<k>``."""
+        return run_folder(out, model, self.probe, self.head_name(), self.variant(), self.seed)
+
+    def identity(self, model: str) -> dict[str, Any]:
+        """The fields that name the run: two specs with equal identities write one folder."""
+        return {"kind": self.kind, "model": model, "probe": self.probe, "head": self.head_name(),
+                "variant": self.variant(), "seed": self.seed}
+
+
 @dataclass(frozen=True)
-class RunSpec:
+class RunSpec(NamedRun):
     """One run: probe x head (+ options) x seed on one feature cache.
 
     ``features`` is the feature cache the head reads; a run that encodes images itself
@@ -197,13 +234,9 @@ class RunSpec:
                 changed[name] = getattr(self, name)
         return variant_text(changed)
 
-    def run_dir(self, out: str | Path, encoder_slug: str) -> Path:
-        """``OUT/<encoder>/<probe>/<head>[,variant]/seed<k>``."""
-        return run_folder(out, encoder_slug, self.probe, self.head, self.variant(), self.seed)
-
 
 @dataclass(frozen=True)
-class PredictorSpec:
+class PredictorSpec(NamedRun):
     """A run of a predictor that reads a build, not a feature cache (a reference predictor such
     as the constant prior, or an MLLM through :func:`~.session.run_predictor`).
 
@@ -239,16 +272,10 @@ class PredictorSpec:
         """The run kind: the predictor ``head`` names (``prior``, ``oracle``)."""
         return self.head
 
-    def variant(self) -> str:
-        return ""
-
     def to_dict(self) -> dict[str, Any]:
         return {"probe": self.probe, "head": self.head, "seed": self.seed, "features": Path(self.features).name,
                 "controls": self.controls, "train_mirrors": self.train_mirrors, "n_boot": self.n_boot,
                 "val_fraction": self.train.val_fraction}  # fmt: skip
-
-    def run_dir(self, out: str | Path, slug: str) -> Path:
-        return run_folder(out, slug, self.probe, self.head, "", self.seed)
 
 
 # ---------------------------------------------------------------------- options

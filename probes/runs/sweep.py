@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 import click
 
 from spar_bench.errors import SparError
+from spar_bench.fields import check_fields, limited
 
 from .spec import RunSpec
 
@@ -288,19 +289,22 @@ class SweepConfig:
     probes: tuple[str, ...] | str = ("all",)
     seeds: str | tuple[int, ...] = "0,1,2"
     out: str = "runs"
-    jobs: int = 2
+    jobs: int = limited(2, lo=1)
     grid: tuple[str, ...] = ()
     only: tuple[str, ...] = ()
     partition: str | None = None
-    batch_runs: str = "auto"
-    grid_prune: int = 0
+    batch_runs: str = limited("auto", choices=("auto", "on", "off"))
+    grid_prune: int = limited(0, lo=0)
     data: str | None = None
-    n_boot: int = 1000
+    n_boot: int = limited(1000, lo=1, flag="--bootstrap")
     controls: bool = True
     device: str = "auto"
-    threads: int = 1
+    threads: int = limited(1, lo=1)
     preset: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
 
 def sweep_jobs(cfg: SweepConfig, explicit: Collection[str] = ()) -> list[Job]:

@@ -38,7 +38,6 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -47,7 +46,7 @@ from spar_bench.errors import ConfigError
 from spar_bench.procs import check_stop
 
 from ..runs.inputs import Splits
-from ..runs.store import run_folder, variant_text
+from ..runs.store import variant_text
 from .base import Backend, BackendOptions, PartialAnswers, Reply, Request, to_pil
 from .cache import ResponseCache, key_hash
 from .parse import parse_answer
@@ -134,12 +133,6 @@ def variant_of(backend: Backend, cfg: AskConfig) -> str:
     if dec.get("dtype", "float32") != "float32":
         changed["dtype"] = dec["dtype"]
     return variant_text(changed)
-
-
-def run_dir(backend: Backend, probe: str, out: str | Path, cfg: AskConfig) -> Path:
-    """``OUT/<model>/<probe>/<head>[,variant]/seed<k>``."""
-    return run_folder(out, backend.name, probe, head_name(backend, cfg, probe_is_volume(probe)),
-                      variant_of(backend, cfg), cfg.seed)
 
 
 def plan(qs: Questions, cfg: AskConfig) -> list[Item]:

@@ -12,9 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spar_bench.errors import ConfigError
+from spar_bench.fields import check_fields, limited
 
+from ..hardware import COMPUTE_DTYPES
 from ..names import names_all, parse_seeds, split_list
 from .base import MODES, BackendOptions
+from .openai import GUIDED
 
 #: ``--compute`` as an ``hf:`` model's torch dtype (what its runs record as ``decoding.dtype``);
 #: the hidden ``--dtype`` (before 0.2) took these names
@@ -158,22 +161,25 @@ class VqaOptions:
     base_url: str | None = None
     api_key_env: str = "OPENAI_API_KEY"
     generate: bool = False
-    guided: str = "none"
+    guided: str = limited("none", choices=GUIDED)
     convention_hint: bool = True
     circular: bool = True
     blind: bool = True
     image_size: str = "224"
     volume_as: str = "auto"
-    batch_size: int = 8
-    max_new_tokens: int = 64
+    batch_size: int = limited(8, lo=1)
+    max_new_tokens: int = limited(64, lo=1)
     device: str = "auto"
-    compute: str = "auto"
-    timeout: float = 120.0
-    retries: int = 3
-    concurrency: int = 4
+    compute: str = limited("auto", choices=COMPUTE_DTYPES)
+    timeout: float = limited(120.0, lo=0.001)
+    retries: int = limited(3, lo=0, hi=20)
+    concurrency: int = limited(4, lo=1, hi=64)
     seeds: str | Sequence[int] = "0"
-    n_boot: int = 1000
+    n_boot: int = limited(1000, lo=1, flag="--bootstrap")
     cache_path: str | None = None
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
 
 def _checked(data: str, opts: VqaOptions):

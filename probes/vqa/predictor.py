@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ..runs.spec import NamedRun
 from .ask import AskConfig, Item, answer_records, ask, cache_key, image_digests, prompt_of
 from .base import Backend
 from .cache import ResponseCache
@@ -81,7 +82,7 @@ class Mllm:
 
 # --------------------------------------------------------------------------- the MLLM run
 @dataclass(frozen=True)
-class MllmSpec:
+class MllmSpec(NamedRun):
     """One MLLM run (kind ``mllm``): ``backend`` asked ``probe``'s questions of ``build`` as
     ``cfg`` says, its answers kept in ``cache``. The backend, build and cache are live objects
     (one backend serves every probe); the run's identity is its record's (model identity,
@@ -96,6 +97,20 @@ class MllmSpec:
     cache: Any
     progress: Any = None  # callback(done, total) over the answers not yet cached
 
+    @property
+    def seed(self) -> int:
+        return self.cfg.seed
+
+    def variant(self) -> str:
+        from .ask import variant_of
+
+        return variant_of(self.backend, self.cfg)
+
+    def head_name(self) -> str:
+        from .ask import head_name, probe_is_volume
+
+        return head_name(self.backend, self.cfg, probe_is_volume(self.probe))
+
 
 def mllm_record(spec: MllmSpec, volume: bool, template: str):
     """The :class:`~..runs.record.RunRecord` of an MLLM run as known before asking."""
@@ -103,12 +118,11 @@ def mllm_record(spec: MllmSpec, volume: bool, template: str):
 
     from ..runs.record import RunRecord
     from ..tasks import get_probe
-    from .ask import head_name, variant_of
 
     b, build, cfg = spec.backend, spec.build, spec.cfg
     inputs = {"model_identity": b.identity, "decoding": b.decoding, "template_version": template}
-    return RunRecord(kind="mllm", probe=spec.probe, head=head_name(b, cfg, volume), seed=cfg.seed,
-                     variant=variant_of(b, cfg), model=b.name, build=Path(build.root).resolve().name,
+    return RunRecord(kind="mllm", probe=spec.probe, head=spec.head_name(), seed=cfg.seed,
+                     variant=spec.variant(), model=b.name, build=Path(build.root).resolve().name,
                      build_fingerprint=build.fingerprint, inputs=inputs, options=cfg.to_dict(volume),
                      versions=package_versions(VQA_PACKAGES), protocol=protocol_versions(build.manifest),
                      extra={"track": "vqa", "mode": b.mode, "probe_spec": get_probe(spec.probe).describe(),
@@ -132,7 +146,6 @@ class MllmJob:
     def open(cls, spec: MllmSpec, out, options) -> MllmJob | None:
         """None when the build has no question of ``spec.probe`` on the asked splits."""
         from ..tasks import get_probe
-        from .ask import run_dir
         from .prompts import template_version, volume_template_version
 
         probe = get_probe(spec.probe)
@@ -142,7 +155,7 @@ class MllmJob:
         short = spec.probe.split(".", 1)[1]
         volume = qs.volume is not None
         template = volume_template_version(short) if volume else template_version(short)
-        return cls(spec, qs, run_dir(spec.backend, spec.probe, out, spec.cfg), mllm_record(spec, volume, template))
+        return cls(spec, qs, spec.run_dir(out, spec.backend.name), mllm_record(spec, volume, template))
 
     def start(self) -> None:
         from ..runs.store import check_run_dir
