@@ -78,7 +78,14 @@ def run_command(experiment, sets, dry_run, list_steps, only, partition, devices)
         ids = {s.id for s in part_of(plan, part[0] + 1, part[1])}
         chosen = [s for s in chosen if s.id in ids]
     if dry_run or list_steps:
-        return _print_plan(plan, chosen, costs=dry_run)
+        _print_plan(plan, chosen, costs=dry_run)
+        if dry_run:  # the rows the plan will fill, with the paper's numbers alone
+            from .leaderboard import write_reference_leaderboard
+            from .plan import PLAN
+
+            csv = write_reference_leaderboard(exp, Path(exp.out) / PLAN / "reference")[1]
+            click.echo(f"reference leaderboard (the planned rows, the paper's numbers; no result): {csv}")
+        return None
     check_inputs(plan, chosen, wait_seconds())
     _write_plan(plan)
     counts = run_steps(plan, chosen, device_list)

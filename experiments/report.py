@@ -47,6 +47,10 @@ from spar_bench.probes.runs.report import collect, run_protocol
 from spar_bench.probes.tasks import METRICS, PROBE_SPECS, get_probe, probe_names
 from spar_bench.provenance import json_safe, local_paths, local_prefixes, portable_path
 
+from .leaderboard import CSV_FILE as LEADERBOARD_CSV
+from .leaderboard import JSON_FILE as LEADERBOARD_JSON
+from .leaderboard import paper_refs, ref_text, write_leaderboard
+
 GENERATOR = "spar-bench run (experiment report)"
 MD_FILE, JSON_FILE, PNG_FILE = "experiment.md", "experiment.json", "experiment.png"
 #: modes in the order rows of one encoder and head are shown (MLLM rows come last)
@@ -243,6 +247,7 @@ def cell_stats(probe: str, rs: list[Run], targets: dict[str, str]) -> dict[str, 
                              "prior": summary([_get(e, "controls", "prior") for e in evs], key)}  # fmt: skip
     out["transfer"] = transfer
     out["runs"] = [run_provenance(r) for r in rs]
+    out["paper"] = paper_refs(rs[0].rel.split("/")[0], str(ms[0]["head"]), probe, "test")
     return out
 
 
@@ -408,8 +413,12 @@ def main_table(doc: dict) -> list[str]:
              "`blind`: the same head trained on the question alone (no image features; for an MLLM, the",
              "question without the image): what canonical anatomy alone explains. Frozen, finetuned and",
              "from-scratch rows of one encoder and head stand side by side.", ""]  # fmt: skip
-    lines += _grid_table(doc, rows, probes, _headline("test"), [("blind", lambda c: fmt_summary(
-        c.get("blind"), c["percent"], ci=False))])
+    subrows = [("blind", lambda c: fmt_summary(c.get("blind"), c["percent"], ci=False))]
+    if any(c.get("paper") for r in rows for c in r["cells"].values()):
+        lines[-1:-1] = ["`paper`: the number the paper states for this configuration (experiments/paper_numbers.json,",
+                        "where it states it and what is guessed; `>= x`: a bound it gives for every configuration)."]
+        subrows.append(("paper", lambda c: ref_text(c.get("paper", []), c["percent"]) or "-"))
+    lines += _grid_table(doc, rows, probes, _headline("test"), subrows)
     return lines + [""]
 
 
@@ -650,13 +659,15 @@ def write_experiment_report(runs: Path, out: Path, *, title: str, provenance: di
     _check_provenance(provenance, prefixes)
     doc = aggregate(load_runs(runs))
     meta = json_safe({"generator": GENERATOR, "title": title, "provenance": provenance or {},
-                      "files": sorted([MD_FILE, JSON_FILE, PNG_FILE]), **doc})  # fmt: skip
+                      "files": sorted([MD_FILE, JSON_FILE, PNG_FILE, LEADERBOARD_JSON, LEADERBOARD_CSV]),
+                      **doc})  # fmt: skip
     text = render_markdown(title, provenance, doc)
     leaked = local_paths([meta, text], prefixes)
     if leaked:  # a run's record held a local path: never publish it
         raise ConfigError(f"{runs}: a run records a local path ({leaked[0][:80]}); re-run it with this version")
     out.mkdir(parents=True, exist_ok=True)
     plot(doc, out / PNG_FILE)
+    write_leaderboard(doc, out, provenance)
     write_bytes(out / JSON_FILE, json.dumps(meta, indent=2) + "\n")
     write_bytes(out / MD_FILE, text)
     return out / MD_FILE

@@ -223,3 +223,80 @@ def test_encoder_tags_tell_features_apart_and_align_frozen_with_finetuned() -> N
     trained = {"encoder": "timm-resnet50-1a2b3c4d-scratch-shards-frozen", "training": {"mode": "scratch", "build": "shards"}}
     assert encoder_tag(r50, trained, _rec()) == "1a2b3c4d"
     assert encoder_tag("hf:tiny@1a2b3c4d", {}, _rec(command="finetune", weights={"kind": "dir", "sha256": sha})) == ""
+
+
+# --------------------------------------------------------------------------- leaderboard, the paper beside it
+def _leaderboard(out: Path) -> dict:
+    return json.loads((out / "leaderboard.json").read_text())
+
+
+def test_leaderboard_has_a_row_per_configuration_with_blind_gap_and_provenance(exp) -> None:
+    import csv
+
+    doc, board = _doc(exp), _leaderboard(exp["out"])
+    assert board["format"] == "spar-bench-leaderboard/1" and not board["reference_only"]
+    assert len(board["rows"]) == len(doc["configurations"]) and board["probes"] == doc["probes"]
+    for row, cfg in zip(board["rows"], doc["configurations"], strict=True):
+        assert (row["encoder"], row["head"], row["mode"]) == (cfg["encoder"], cfg["head"], cfg["mode"])
+        assert row["seeds"] == cfg["seeds"] and row["protocol"] and row["build_fingerprint"]
+        for p, e in row["probes"].items():
+            cell = cfg["cells"][p]
+            assert e["mean"] == cell["test"]["mean"] and e["n_seeds"] == len(cell["seeds"])
+            if e["blind"] is not None:
+                assert e["blind_gap"] == pytest.approx(e["mean"] - e["blind"])
+            assert e["paper"] == []  # no configuration of this experiment is one of the paper's
+    table = list(csv.reader((exp["out"] / "leaderboard.csv").read_text().splitlines()))
+    assert len(table) == 1 + len(board["rows"])
+    assert "level1.localisation blind_gap" in table[0] and "level3.relative_position paper" in table[0]
+    assert {"leaderboard.json", "leaderboard.csv"} <= set(doc["files"])
+    assert not local_paths([board, (exp["out"] / "leaderboard.csv").read_text()], local_prefixes(exp["runs"]))
+
+
+def test_a_row_of_the_papers_configurations_shows_the_papers_number(exp, tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    shutil.copytree(exp["runs"] / "heads", runs / "frozen-rad-dino")  # as the paper preset names the folder
+    write_experiment_report(runs, tmp_path / "report", title="t", provenance=PROVENANCE)
+    rows = _section((tmp_path / "report" / "experiment.md").read_text(), "## Main table")
+    head = rows[0]
+    paper = [r for r in rows if r[2] == "paper"]
+    assert len(paper) == 2  # under the mlp and the linear row
+    loc, rel = head.index("level1.localisation"), head.index("level3.relative_position")
+    assert {r[loc] for r in paper} == {"9.88", "-"}  # RadDINO + MLP's stated 9.88 px; no linear number
+    assert {r[rel] for r in paper} == {">= 98.0"}  # the bound stated for every configuration
+    board = _leaderboard(tmp_path / "report")
+    mlp = next(r for r in board["rows"] if r["head"] == "mlp")
+    assert mlp["folder"] == "frozen-rad-dino" and mlp["probes"]["level1.localisation"]["paper"][0]["value"] == 9.88
+
+
+def test_compare_sets_two_leaderboards_side_by_side(exp, tmp_path: Path) -> None:
+    from spar_bench.errors import ConfigError
+    from spar_bench.experiments.leaderboard import compare, read_leaderboard
+
+    a = read_leaderboard(exp["out"])
+    same = compare(a, read_leaderboard(exp["out"] / "leaderboard.json"))
+    body = [ln for ln in same.splitlines()[2:] if ln.startswith("| ")]
+    assert body and all("| +0.00 |" in ln and ln.endswith("| yes |") for ln in body)
+    b = json.loads(json.dumps(a))
+    e = b["rows"][0]["probes"]["level3.relative_position"]
+    e["mean"] += 0.5  # far outside the interval
+    shifted = compare(a, b)
+    assert "| +50.00 | no |" in shifted or "| +50.00 | one |" in shifted
+    with pytest.raises(ConfigError, match="no leaderboard.json"):
+        read_leaderboard(tmp_path)
+
+
+def test_the_paper_dry_run_writes_the_reference_leaderboard(tmp_path: Path, capsys) -> None:
+    from spar_bench.clitools import run_cli
+    from spar_bench.experiments import preset_path
+    from spar_bench.experiments.cli import cli as bench_cli
+
+    out = tmp_path / "out"
+    sets = ["--set", f"OUT={out}", "--set", f"DATA={tmp_path / 'nodata'}", "--set", f"WEIGHTS={tmp_path / 'w'}"]
+    assert run_cli(bench_cli, ["run", str(preset_path("paper")), "--dry-run", *sets]) == 0
+    assert "reference leaderboard" in capsys.readouterr().out
+    board = _leaderboard(out / ".plan" / "reference")
+    assert board["reference_only"] and (out / ".plan" / "reference" / "leaderboard.csv").is_file()
+    rows = {(r["folder"], r["head"]): r for r in board["rows"]}
+    assert rows[("frozen-biomedclip", "mlp")]["probes"]["level2.arrangement"]["paper"][0]["value"] == 0.007
+    assert rows[("frozen-biomedclip", "transformer")]["probes"]["level2.arrangement"]["paper"][0]["value"] == 0.678
+    assert not (out / "report").exists()  # no result is written, nor anything the report step owns
