@@ -22,6 +22,7 @@ from ..vqa.options import (  # noqa: F401 - the CLI's parsers are the library's
     probes_of_build,
     resolve_image_size,
     resolve_volume_as,
+    why_skipped,
 )
 from .options import bootstrap_option, compute_option, device_option, probe_option, seeds_option
 
@@ -81,7 +82,7 @@ def vqa_command(model, data, probes, splits, out, revision, base_url, api_key_en
     saved = 0
     for p, rd in ask_build(model, data, out, opts, _Progress):
         if rd is None:
-            click.echo(f"{p}: {_why_none(data, p) or f'no questions on {splits}'}; skipped", err=True)
+            click.echo(f"{p}: {why_skipped(data, p, splits)}; skipped", err=True)
             continue
         saved += _echo(p, rd)
     if saved:
@@ -120,13 +121,3 @@ def _echo(probe: str, rd: Path) -> int:
                f"mirror={f((m.get('mirror') or {}).get('accuracy'))}"
                + (f" flipped={f((m.get('flipped') or {}).get('accuracy'))}" if "flipped" in m else "") + f" -> {rd}")
     return int((m.get("requests") or {}).get("deduplicated", 0))
-
-
-def _why_none(data: str, probe: str) -> str | None:
-    """``no lesions in this source (...)`` for a counting probe on a build without lesion masks."""
-    from ..targets import no_lesions
-
-    try:
-        return no_lesions(json.loads((Path(data) / "manifest.json").read_text()), probe)
-    except (OSError, ValueError):
-        return None
