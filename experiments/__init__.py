@@ -8,8 +8,10 @@ and its report.
 * :mod:`.estimate` - what a plan costs (images, runs, questions; time on 2 CPU cores and one GPU);
 * :mod:`.report`   - the experiment's report: the paper's tables with the provenance of each cell;
 * :mod:`.legacy`   - the step hashes of 0.2 (steps held argv), to keep the steps of older folders;
-* ``*.yaml``       - presets shipped with the package: ``demo`` (the main job), ``paper``,
-  ``recall-vs-computation``, ``volumes`` (Level 4).
+* :mod:`.sizes`    - a build's cases, images and questions before it exists (``sizes.json``: measured);
+* ``*.yaml``       - presets shipped with the package: ``demo`` (the main job), ``paper`` (the
+  paper's 13 configurations), ``paper-extended`` (20 rows), ``recall-vs-computation``,
+  ``volumes`` (Level 4).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 from spar_bench.errors import ConfigError
 
 #: the experiment files shipped with the package
-PRESETS = ("demo", "paper", "recall-vs-computation", "volumes")
+PRESETS = ("demo", "paper", "paper-extended", "recall-vs-computation", "volumes")
 
 
 def preset_path(name: str) -> Path:

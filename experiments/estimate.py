@@ -32,13 +32,16 @@ CACHE_RATES_3D: tuple[tuple[str, float, float], ...] = (
 )
 #: per unit, (2 CPU cores, one GPU): seconds per head run (its set-up) and per image it trains on
 #: (a WORD-sized build of 26,558 images: about 20 s a run on the CPU, 4 s on the GPU, with early
-#: stopping), per image trained end to end, per MLLM question (all its asks), per case built
+#: stopping), per image trained end to end, per MLLM question (all its asks)
 UNIT_SECONDS = {
     "runs": (1.5, 0.5),
     "run_images": (20.0 / 26558, 4.0 / 26558),
     "questions": (2.0, 0.05),
-    "cases": (1.5, 1.5),
 }
+#: CPU cores of each machine class (2-core machine, the GPU machine): a build's processes
+#: (its ``jobs``) share them; ``build_seconds`` (one process, measured per source in
+#: ``sizes.json``) divide by min(jobs, cores)
+CORES = (2, 16)
 
 
 def cache_rate(spec: str, model_args: dict | None = None) -> tuple[float, float]:
@@ -76,6 +79,9 @@ def step_seconds(plan: Plan, step: Step) -> tuple[float, float]:
         elif unit == "train_images":  # forward + backward + step: about a third of the forward's rate
             c, g = _rate(plan, step.id.split(":", 1)[1])
             cpu, gpu = cpu + amount * 3 / c, gpu + amount * 2.3 / g  # GPU: the loop's 0.44 of bare (bench/finetune.py)
+        elif unit == "build_seconds":
+            jobs = max(1, int(step.specs[-1][1].get("options", {}).get("jobs") or 1))
+            cpu, gpu = cpu + amount / min(jobs, CORES[0]), gpu + amount / min(jobs, CORES[1])
         elif unit in UNIT_SECONDS:
             c, g = UNIT_SECONDS[unit]
             if step.kind == "vqa" and plan.experiment.mllms[step.id[4:].split("@")[0]].model.startswith(("dummy", "oracle")):
@@ -97,7 +103,7 @@ def totals(plan: Plan, steps: list[Step]) -> dict[str, float]:
     out: dict[str, float] = {}
     for s in steps:
         for unit, amount in s.cost:
-            if unit == "run_images" or (s.kind == "eval" and unit in ("images", "volumes")
+            if unit in ("run_images", "build_seconds") or (s.kind == "eval" and unit in ("images", "volumes")
                                         and s.id.startswith("eval:heads")):
                 continue
             key = f"{unit} to encode" if unit in ("images", "volumes") else {"runs": "runs to train",

@@ -37,6 +37,7 @@ from typing import Any
 from spar_bench.errors import ConfigError
 from spar_bench.hashing import sha256_json
 
+from . import sizes
 from .config import Experiment
 
 #: the folder of each kind of output, under ``out``
@@ -235,36 +236,59 @@ def local_path(spec: str) -> str | None:
     return None
 
 
-#: cases of each public source (an estimate's input when a build is not made yet)
-SOURCE_CASES = {"word": 150, "lits": 131, "totalsegmentator": 1228, "nnunet": 100}
-
-
-def case_count(bd) -> int:
-    """Cases a build will have: the phantom's ``n``, else the sources' public sizes."""
+def build_choice(exp: Experiment, b: str) -> sizes.Choice:
+    """What build ``b`` makes (:class:`~.sizes.Choice`): its sources, roots, options with the
+    preset filled in, and levels."""
+    bd = exp.builds[b]
     if bd.phantom is not None:
-        return int(bd.phantom.get("n", 12))
-    return sum(SOURCE_CASES.get(s, 100) for s in bd.sources) if bd.sources else 0
+        sources, roots, n = ("phantom",), (), int(bd.phantom.get("n", 12))
+    else:
+        sources, roots, n = tuple(bd.sources), tuple(bd.roots), None
+    given = options("build", bd.options, f"builds.{b}.options", exp)
+    return sizes.Choice(sources, roots, sizes.with_preset(given, sources), build_levels(exp, b) or DEFAULT_LEVELS, n)
 
 
-def estimated_images(exp: Experiment, b: str, kind: str | None = None) -> int:
-    """Images of build ``b`` (``kind`` ``"3d"``: its Level 4 volumes instead): counted from its
-    manifest when it exists, else estimated from its cases and options (per case:
-    samples_per_case mosaics at Levels 1 and 2, as many Level 3 slices, doubled with mirrored
-    counterfactuals; one volume, and a copy per counterfactual, when Level 4 is built)."""
+def case_count(exp: Experiment, b: str) -> int:
+    """Cases build ``b`` will have: a phantom's ``n``, else its sources' cases (on disk, else
+    their public sizes) as its own selection (``limit``, ``cases``, a preset's) keeps them."""
+    return sizes.case_total(build_choice(exp, b))
+
+
+def _manifest_counts(exp: Experiment, b: str) -> dict[str, Any] | None:
     bd = exp.builds[b]
     where = Path(bd.path) if bd.path else exp.out / BUILDS / b
     try:
         counts = json.loads((where / "manifest.json").read_text())["counts"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return counts if isinstance(counts, dict) else None
+
+
+def estimated_images(exp: Experiment, b: str, kind: str | None = None) -> int:
+    """Images of build ``b`` (``kind`` ``"3d"``: its Level 4 volumes instead): counted from its
+    manifest when it exists, else estimated (:mod:`.sizes`: the build's selected cases x the
+    measured images per case of each source, its levels and counterfactual copies)."""
+    counts = _manifest_counts(exp, b)
+    if counts is not None:
         count = (lambda v: v.get("volumes", 0)) if kind == "3d" else (lambda v: v.get("samples", v.get("slices", 0)))
-        return int(sum(count(v) for lv in counts.values() for v in lv.values() if isinstance(v, dict)))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        pass
-    cases, cf = case_count(bd), bd.options.get("counterfactual")
-    if kind == "3d":
-        return cases * {"mirror": 2, "mirror+flip": 3}.get(cf, 1) if "level4" in (build_levels(exp, b) or ()) else 0
-    levels = set(build_levels(exp, b) or ("level1", "level2", "level3"))
-    per = int(bd.options.get("samples_per_case", 32)) * len(levels & {"level1", "level2", "level3"})
-    return int(cases * per * (2 if cf in ("mirror", "mirror+flip") else 1))
+        try:
+            return int(sum(count(v) for lv in counts.values() for v in lv.values() if isinstance(v, dict)))
+        except (AttributeError, TypeError):
+            pass
+    return int(round(sizes.images(build_choice(exp, b), volumes=kind == "3d")))
+
+
+def estimated_questions(exp: Experiment, b: str) -> int:
+    """Level 3 and Level 4 questions of build ``b``'s test split (what an MLLM is asked):
+    counted from its manifest when it exists, else estimated (:mod:`.sizes`)."""
+    counts = _manifest_counts(exp, b)
+    if counts is not None:
+        try:
+            return int(sum(lv.get("test", {}).get("questions", 0) for name, lv in counts.items()
+                           if name in ("level3", "level4")))  # fmt: skip
+        except (AttributeError, TypeError):
+            pass
+    return int(round(sizes.questions(build_choice(exp, b))))
 
 
 # --------------------------------------------------------------------------- 2-D and 3-D
@@ -427,7 +451,13 @@ def build_step(exp: Experiment, b: str) -> Step | None:
     specs.append(("build", {**record, "options": options("build", bd.options, f"builds.{b}.options", exp)}))
     inputs = tuple((r, _path_digest(r)) for r in roots if not r.startswith("{out}"))
     return Step(f"build:{b}", "build", tuple(specs), needs, outputs=(out, f"{out}.tmp", *(roots if bd.phantom is not None else ())),
-                inputs=inputs, cost=(("cases", float(case_count(bd))),))  # fmt: skip
+                inputs=inputs, cost=_build_cost(exp, b))  # fmt: skip
+
+
+def _build_cost(exp: Experiment, b: str) -> tuple[tuple[str, float], ...]:
+    """A build's cases and the seconds one process takes to build them (measured per source)."""
+    choice = build_choice(exp, b)
+    return (("cases", float(sizes.case_total(choice))), ("build_seconds", sizes.build_seconds(choice)))
 
 
 def _needs_build(exp: Experiment, b: str) -> tuple[str, ...]:
@@ -540,7 +570,7 @@ def vqa_step(exp: Experiment, name: str, b: str) -> Step:
     record = {"model": m.model, "data": build_dir(exp, b), "out": out,
               "options": options("vqa", m.options, f"mllms.{name}.options", exp)}
     return Step(f"vqa:{name}@{b}", "vqa", (("vqa", record),), _needs_build(exp, b), (out,),
-                cost=(("questions", float(estimated_images(exp, b) / 3 + 16 * estimated_images(exp, b, "3d"))),),
+                cost=(("questions", float(estimated_questions(exp, b))),),
                 device=m.model.startswith("hf:"))
 
 

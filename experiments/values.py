@@ -113,6 +113,43 @@ def check_values(exp: Experiment, here: bool = True) -> None:
         for k, v in given.items():
             ((name, value),) = options(kind, {k: v}, key, exp).items()  # its field, typed
             _check_value(exp, kind, name, value, f"{key}.{k}", here)
+    if here:  # a plan printed (--dry-run, --list) may leave the revisions to the run
+        check_revisions(exp)
+
+
+#: what a revision left to be set reads as
+_UNSET = ("", "set-me")
+_WHOLE_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def check_revisions(exp: Experiment) -> None:
+    """Every hub MLLM (``hf:ORG/NAME``, not a local folder) pinned to a revision; one left
+    empty (or ``set-me``) is one line naming the variable to set."""
+    for n, m in exp.mllms.items():
+        family, _, rest = m.model.partition(":")
+        if family != "hf" or "/" not in rest or Path(rest).is_dir():
+            continue
+        if str(m.options.get("revision") or "").strip() not in _UNSET:
+            continue
+        key = f"mllms.{n}.options.revision"
+        var = _variable_of(exp, key)
+        how = f"set {var} (--set {var}=<commit>)" if var else "give options: {revision: <commit>}"
+        raise error_at(exp, key if var or key in getattr(exp.where, "lines", {}) else f"mllms.{n}",
+                       f"{m.model} has no revision: {how}, the 40-hex hub commit of {rest} to load offline")
+
+
+def _variable_of(exp: Experiment, key: str) -> str | None:
+    """The variable a key's value is written as (``${NAME}`` alone), from the file's text."""
+    from .config import read_yaml
+
+    try:
+        node: Any = read_yaml(exp.source)[0]
+    except ConfigError:
+        return None
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    m = _WHOLE_VAR.fullmatch(node.strip()) if isinstance(node, str) else None
+    return m.group(1) if m else None
 
 
 def _check_value(exp: Experiment, kind: str, name: str, value: Any, key: str, here: bool) -> None:

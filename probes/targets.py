@@ -116,6 +116,18 @@ class ProbeUnavailable(ConfigError):
     probe on a build made without the opt-in Level 4)."""
 
 
+def no_lesions(manifest: dict, probe: str) -> str | None:
+    """Why a counting probe has no items: ``"no lesions in this source (word)"`` when ``probe``
+    counts lesions and no source of the build (its ``manifest``) annotates any; else None."""
+    if probe.rsplit(".", 1)[-1] != "counting":
+        return None
+    sources = manifest.get("sources") or {}
+    if any(isinstance(v, dict) and (v.get("label_map") or {}).get("has_lesions") for v in sources.values()):
+        return None
+    named = ", ".join(sorted(sources)) or "no source recorded"
+    return f"no lesions in this source ({named}: no lesion masks, nothing to count)"
+
+
 def missing_level(what: str, level: str, levels) -> ConfigError:
     """``"<what> has no <level>; levels: ..."`` (``what``: ``"<path>: build"`` or ``"<path>:
     cache"``): a :class:`ProbeUnavailable` for an opt-in level (Level 4, volumes: ``spar-probe

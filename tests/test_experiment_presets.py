@@ -59,27 +59,57 @@ def test_every_shipped_preset_loads_and_dry_runs(name, tmp_path, run):
     assert not (tmp_path / "out").exists()  # a dry run writes nothing
 
 
-def test_the_paper_plan_is_the_whole_grid(tmp_path):
+def _rows(exp) -> int:
+    """Configuration rows: encoder x mode x head."""
+    return sum(len(m.encoders) * len(m.heads) for m in exp.modes.values())
+
+
+def test_the_paper_plan_is_the_papers_13_configurations(tmp_path):
     exp = load_experiment(preset_path("paper"), {"OUT": str(tmp_path / "out")})
     plan = make_plan(exp)
-    frozen = ["resnet50", "vit-b32", "unified", "rad-dino", "biomedclip", "radimagenet"]
-    foundation = ["rad-dino", "biomedclip", "radimagenet"]
-    assert _kinds(plan) == Counter({"build": 2, "cache": 2 * len(frozen), "heads": len(frozen),
-                                    "finetune": len(foundation), "scratch": 1,
-                                    "eval": len(frozen) + len(foundation) + 1, "vqa": 4, "report": 1})  # fmt: skip
+    frozen = ["resnet50", "vit-b32", "rad-dino", "biomedclip", "radimagenet"]
+    assert _kinds(plan) == Counter({"build": 2, "cache": 2 * len(frozen), "heads": len(frozen), "finetune": 1,
+                                    "scratch": 1, "eval": len(frozen) + 2, "vqa": 4, "report": 1})  # fmt: skip
     ids = {s.id for s in plan.steps}
     assert {f"cache:{e}@{b}" for e in frozen for b in ("word", "totalsegmentator")} <= ids
-    assert {f"finetune:{e}" for e in foundation} | {"scratch:vit-b32-scratch"} <= ids
+    assert {"finetune:rad-dino", "scratch:vit-b32-scratch", "eval:finetune:rad-dino@totalsegmentator"} <= ids
     assert {f"eval:heads:{e}@totalsegmentator" for e in frozen} <= ids
-    assert {f"eval:finetune:{e}@totalsegmentator" for e in foundation} <= ids
     assert plan.steps[-1].id == "report" and set(plan.steps[-1].needs) >= {
         s.id for s in plan.steps if s.kind == "vqa"
     }
-    # 13 configurations read with both heads, 8 probes x 3 seeds each
-    assert exp.seeds == (0, 1, 2) and exp.probes == ("all",)
-    assert all(m.heads == ("mlp", "transformer") for m in exp.modes.values())
+    # 2x2 + unified (ViT-B/32 from scratch, Transformer) + 3 foundation models frozen x 2 heads
+    # + RadDINO finetuned x 2 heads = 13 rows, 8 probes x 3 seeds each
+    assert _rows(exp) == 13 and exp.seeds == (0, 1, 2) and exp.probes == ("all",)
+    assert exp.modes["scratch"].heads == ("transformer",) and exp.modes["finetune"].encoders == ("rad-dino",)
     runs = sum(dict(s.cost)["runs"] for s in plan.steps if s.kind in ("heads", "train"))
-    assert runs == (len(frozen) + len(foundation) + 1) * 2 * 8 * 3
+    assert runs == 13 * 8 * 3
+
+
+def test_paper_extended_is_the_20_row_superset(tmp_path):
+    paper = load_experiment(preset_path("paper"), {"OUT": str(tmp_path / "p")})
+    exp = load_experiment(preset_path("paper-extended"), {"OUT": str(tmp_path / "x")})
+    plan = make_plan(exp)
+    assert _rows(exp) == 20 and all(m.heads == ("mlp", "transformer") for m in exp.modes.values())
+    assert set(exp.modes["frozen"].encoders) == {*paper.modes["frozen"].encoders, "unified"}
+    assert exp.modes["finetune"].encoders == ("rad-dino", "biomedclip", "radimagenet")
+    assert sum(dict(s.cost)["runs"] for s in plan.steps if s.kind in ("heads", "train")) == 20 * 8 * 3
+    assert exp.builds == paper.builds and exp.mllms == paper.mllms
+
+
+def test_an_unpinned_mllm_revision_stops_the_run_naming_its_variable(tmp_path, run):
+    result = run("paper", *_bare(tmp_path))
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert "mllms.internvl3-8b.options.revision" in lines[0] and "set INTERNVL3_REVISION" in lines[0]
+    assert "paper.yaml:" in lines[0] and not (tmp_path / "out").exists()  # before any step
+    pinned = ["--set", "INTERNVL3_REVISION=" + "a" * 40]
+    assert "set MEDGEMMA_REVISION" in run("paper", *_bare(tmp_path), *pinned).output
+    from spar_bench.experiments.values import check_revisions
+
+    check_revisions(load_experiment(preset_path("paper"), {"INTERNVL3_REVISION": "a" * 40,
+                                                           "MEDGEMMA_REVISION": "b" * 40}))  # fmt: skip
+    # a plan printed (--dry-run) leaves the revisions to the run
+    assert run("paper", "--dry-run", *_bare(tmp_path)).exit_code == 0
 
 
 def test_the_paper_plan_spells_the_paper_preset_and_pins_every_mllm(tmp_path):
@@ -103,7 +133,7 @@ def test_the_paper_dry_run_lists_the_grid_with_costs_without_data_or_weights(tmp
     result = run(str(preset_path("paper")), "--dry-run", *_bare(tmp_path))
     assert result.exit_code == 0, result.output
     steps = [ln.split("\t") for ln in result.output.splitlines() if "\t" in ln]
-    assert len(steps) == 39 and all(len(cols) == 4 for cols in steps)
+    assert len(steps) == 31 and all(len(cols) == 4 for cols in steps)
     assert "runs to train" in result.output and "questions to ask" in result.output
     assert "images to encode" in result.output
 

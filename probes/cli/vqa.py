@@ -21,6 +21,7 @@ from ..vqa.options import (  # noqa: F401 - the CLI's parsers are the library's
     probes_of_build,
     resolve_image_size,
     resolve_volume_as,
+    why_skipped,
 )
 from .options import bootstrap_option, compute_option, device_option, probe_option, seeds_option
 
@@ -80,7 +81,7 @@ def vqa_command(model, data, probes, splits, out, revision, base_url, api_key_en
     saved = 0
     for p, rd in ask_build(model, data, out, opts, _Progress):
         if rd is None:
-            click.echo(f"{p}: no questions on {splits}; skipped", err=True)
+            click.echo(f"{p}: {why_skipped(data, p, splits)}; skipped", err=True)
             continue
         saved += _echo(p, rd)
     if saved:

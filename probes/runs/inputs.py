@@ -16,7 +16,7 @@ import numpy as np
 
 from spar_bench.errors import ConfigError
 
-from ..targets import ProbeUnavailable, missing_level
+from ..targets import ProbeUnavailable, missing_level, no_lesions
 
 
 def open_cache(path: str | Path):
@@ -192,9 +192,9 @@ def split_targets(build, cache, run) -> Splits:
     te, te_mirror = te_all.subset(te_all.original), te_all.subset(te_all.is_mirror)
     te_flipped = None if te_all.is_flipped is None else te_all.subset(te_all.flipped)
     if len(tr) == 0 or len(te) == 0:
-        raise ProbeUnavailable(
-            f"{run.features}: {spec.name} has no train or no test items in build {build.root}"
-        )
+        why = no_lesions(build.manifest, spec.name)
+        raise ProbeUnavailable(f"{run.features}: {spec.name}: {why}; build {build.root}" if why else
+                               f"{run.features}: {spec.name} has no train or no test items in build {build.root}")
     return Splits(tr, va, te, te_mirror, val_source, val_split, te_flipped)
 
 

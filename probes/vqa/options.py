@@ -249,3 +249,18 @@ def ask_build(model: str, data: str, out: str, opts: VqaOptions,
     finally:
         for backend in {id(b): b for b in backends.values()}.values():
             backend.close()
+
+
+def why_skipped(data: str, probe: str, splits: str | Sequence[str]) -> str:
+    """Why ``probe`` has no questions on build ``data`` (:func:`ask_build` yielded None):
+    ``no lesions in this source (...)`` for a counting probe on a build without lesion masks,
+    else ``no questions on <splits>``."""
+    import json
+
+    from ..targets import no_lesions
+
+    try:
+        why = no_lesions(json.loads((Path(data) / "manifest.json").read_text()), probe)
+    except (OSError, ValueError):
+        why = None
+    return why or f"no questions on {splits}"
