@@ -244,14 +244,14 @@ def _evaluate(spec: dict[str, Any], device: str | None) -> None:
 
 
 def _vqa(spec: dict[str, Any], device: str | None) -> None:
-    from spar_bench.probes.vqa.options import VqaOptions
+    from spar_bench.probes.vqa.options import VqaOptions, why_skipped
 
     opts = dict(spec["options"])
     if device and "device" not in opts:
         opts["device"] = device
     for probe, rd in ask_mllm(spec["model"], spec["data"], spec["out"], VqaOptions(**opts)):
         if rd is None:
-            click.echo(f"{probe}: no questions on {opts.get('splits', 'test')}; skipped", err=True)
+            click.echo(f"{probe}: {why_skipped(spec['data'], probe, opts.get('splits', 'test'))}; skipped", err=True)
 
 
 def ask_mllm(model: str, data: str, out: str, opts: Any) -> Iterator[tuple[str, Path | None]]:
