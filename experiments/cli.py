@@ -135,6 +135,18 @@ def _write_plan(plan) -> None:
     tmp.replace(p)
 
 
+@cli.command("compare")
+@click.argument("a")
+@click.argument("b")
+def compare_command(a: str, b: str) -> None:
+    """Two leaderboards side by side: A, B, B - A and whether each mean lies in the other's interval.
+
+    A and B: a leaderboard.json, its report folder or the experiment's OUT."""
+    from .leaderboard import compare, read_leaderboard
+
+    click.echo(compare(read_leaderboard(a), read_leaderboard(b)), nl=False)
+
+
 def main(argv: list[str] | None = None) -> None:
     run_main(cli, argv)
 

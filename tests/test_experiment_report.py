@@ -283,6 +283,12 @@ def test_compare_sets_two_leaderboards_side_by_side(exp, tmp_path: Path) -> None
     assert "| +50.00 | no |" in shifted or "| +50.00 | one |" in shifted
     with pytest.raises(ConfigError, match="no leaderboard.json"):
         read_leaderboard(tmp_path)
+    from spar_bench.clitools import run_cli
+    from spar_bench.experiments.cli import cli as bench_cli
+
+    (tmp_path / "b.json").write_text(json.dumps(b))
+    assert run_cli(bench_cli, ["compare", str(exp["out"]), str(tmp_path / "b.json")]) == 0
+    assert run_cli(bench_cli, ["compare", str(exp["out"]), str(tmp_path / "none")]) == 2
 
 
 def test_the_paper_dry_run_writes_the_reference_leaderboard(tmp_path: Path, capsys) -> None:
