@@ -65,7 +65,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -422,8 +422,8 @@ def model_rows(builds: dict[str, Path], out: Path, tr: Training, model: str, n_b
         readout = bool(model == "computation" and tr.organ_maps and probe in READOUT_PROBES)
         how = "readout" if readout else "finetuned" if probe in runs else "frozen"
         try:
-            got = model_predictions(how, runs.get(probe, enc_run), train_on, builds, probe, tr, caches, geometry,
-                                    n_boot)
+            got = model_predictions(how, Trained(runs.get(probe, enc_run), train_on, caches), builds, probe, tr,
+                                    geometry, n_boot)
         except ProbeUnavailable as e:  # e.g. no symmetric pair in a random layout: nothing to train on
             print(f"{model} {probe}: {e}", flush=True)
             got = {}
@@ -438,12 +438,23 @@ def model_rows(builds: dict[str, Path], out: Path, tr: Training, model: str, n_b
     return rows
 
 
-def model_predictions(how: str, run: Path, train_on: str, builds: dict[str, Path], probe: str, tr: Training,
-                      caches: dict[str, Path], geometry: dict, n_boot: int) -> dict[str, tuple]:
+class Trained(NamedTuple):
+    """A trained model's run for one probe (its own end-to-end run, or the encoder's), the layout
+    it trained on and its encoder's feature caches per layout."""
+
+    run: Path
+    train_on: str
+    caches: dict[str, Path]
+
+
+def model_predictions(how: str, model: Trained, builds: dict[str, Path], probe: str, tr: Training,
+                      geometry: dict, n_boot: int) -> dict[str, tuple]:
     """``{layout: (test items, predictions)}`` of one trained model on one probe (``how``:
     ``readout``, ``finetuned`` or ``frozen``, see :func:`model_rows`)."""
+    run = model.run
     if how == "frozen":
-        return frozen_head_predict(caches, builds, train_on, probe, tr, run / "calibration" / "heads", n_boot)
+        return frozen_head_predict(model.caches, builds, model.train_on, probe, tr, run / "calibration" / "heads",
+                                   n_boot)
     got = {}
     for lay in LAYOUTS:
         p = model_predictor(how, run, builds[lay], probe, tr.device, geometry)
