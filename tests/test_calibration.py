@@ -1,11 +1,13 @@
 """The controls judged on models of known behaviour (issue 26, deliverable 4).
 
-Tiny versions of the three reference models of ``scripts/recall_vs_computation.py --calibrate``,
-on phantoms whose organs have distinct intensities, scored on Level 3 relative position:
+Tiny versions of the three reference models of the calibration (``spar_bench.experiments.calibration``,
+``scripts/recall_vs_computation.py --calibrate``), on phantoms whose organs have distinct
+intensities, scored on Level 3 relative position:
 
-* recall: the script's tiny reader trained on canonical layouts;
+* recall: the appearance reader (``probes.runs.reader.AppearanceReader``) trained on canonical layouts;
 * computation: the same reader, same training, on random layouts;
-* oracle: the answers recomputed from the 224 masks (``vqa --model oracle:pixels``'s rule).
+* oracle: the slice oracle (``probes.runs.slice_oracle.SliceOracle``): the answers recomputed
+  from the 224 masks (``vqa --model oracle:pixels``'s rule).
 
 The reader can find organs by their grey levels and compare their centres, or answer from
 the question alone; which it learns is up to its training layouts. The benchmark's controls
@@ -18,45 +20,43 @@ Margins were set from seeds 0-2 (computation 60-68 % on the mirrored counterfact
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-
-from helpers import load_script
 
 torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.slow  # ~40-90 s on 2 busy cores: phantoms, shards and two trainings
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "recall_vs_computation.py"
 PROBE = "level3.relative_position"
 SEED = 0
 #: recall within this of the blind baseline on the mirrored counterfactuals (~3 binomial SEs)
 RECALL_TOL = 0.07
 
 
-def _script():
-    return load_script(SCRIPT, "recall_vs_computation")
-
-
 @pytest.fixture(scope="module")
 def scores(tmp_path_factory):
     """``{model: {layout: score_model(...)}}`` of recall, computation, oracle and blind."""
-    rvc = _script()
+    from dataclasses import replace
+
+    from spar_bench.builder.shards import Build
+    from spar_bench.experiments import calibration as cal
+    from spar_bench.probes.runs.reader import AppearanceReader
+    from spar_bench.probes.tasks import get_probe
+
     out = tmp_path_factory.mktemp("calibration")
-    data = rvc.Data({"canonical": 50, "random": 80}, samples=1, questions=16, l3_stride=2, in_plane=64,
+    data = cal.Data({"canonical": 50, "random": 80}, samples=1, questions=16, l3_stride=2, in_plane=64,
                     slices=8, levels=("level3",))
-    builds = rvc.build_all(out, data, SEED)
-    canon = rvc.prior_of(builds["canonical"], PROBE)
-    preds = {"oracle": {lay: rvc.oracle_predict(b, PROBE) for lay, b in builds.items()}}
-    for model, train_on in rvc.MODEL_TRAIN_ON.items():
-        reader = rvc.train_reader(builds[train_on], PROBE, SEED, steps=200)
-        preds[model] = {lay: rvc.reader_predict(reader, b, PROBE) for lay, b in builds.items()}
+    builds = cal.build_all(out, data, SEED)
+    canon = cal.prior_of(builds["canonical"], PROBE)
+    preds = {"oracle": {lay: cal.oracle_items(b, PROBE) for lay, b in builds.items()}}
+    for model, train_on in cal.MODEL_TRAIN_ON.items():
+        reader = AppearanceReader(get_probe(PROBE), Build(builds[train_on]), seed=SEED, steps=200)
+        reader.fit(cal.split_items(builds[train_on], PROBE, split="train"), None)
+        preds[model] = {lay: cal.predicted(replace(reader, build=Build(b)), b, PROBE) for lay, b in builds.items()}
     preds["blind"] = {}
     for lay, b in builds.items():
-        t = rvc.test_targets(b, PROBE)
+        t = cal.split_items(b, PROBE)
         preds["blind"][lay] = (t, t.spec.prior_predict(canon, t))
-    return {m: {lay: rvc.score_model(t, p, canon, SEED, 20) for lay, (t, p) in got.items()}
+    return {m: {lay: cal.score_model(t, p, canon, SEED, 20) for lay, (t, p) in got.items()}
             for m, got in preds.items()}
 
 
@@ -98,8 +98,7 @@ def test_recall_is_at_its_blind_baseline_on_mirrored(scores):
     assert _conflicts(scores, "blind")[0] == 0.0  # the blind baseline is the canonical prior: wrong on every one
 
 
-def test_the_organ_map_options_reach_the_training_and_bad_ones_are_refused(capsys):
-    rvc = _script()
+def test_the_organ_map_options_reach_the_training_and_bad_ones_are_refused(rvc, capsys):
     _, trainings = rvc.configs(rvc.parse_args(["--calibrate", "--organ-maps", "10", "--organ-map-dice", "1",
                                                "--seeds", "0,1"]))
     assert [(t.organ_maps, t.organ_map_dice, t.seed) for t in trainings] == [(10, 1.0, 0), (10, 1.0, 1)]

@@ -1,4 +1,4 @@
-"""``scripts/recall_vs_computation.py --check`` is strict (issue 39, item 7): a rerun that lacks
+"""``scripts/recall_vs_computation.py --check`` (``spar_bench.experiments.calibration_check``) is strict (issue 39, item 7): a rerun that lacks
 or adds rows or cells fails with a line naming them (a deleted row used to pass as "117 of 117
 cells as the reference"), and a malformed file is one line naming the file and what is wrong,
 never a traceback. Fast: no training, the reference is docs/calibration.json."""
@@ -32,7 +32,7 @@ def _one_error_line(exc: pytest.ExceptionInfo) -> str:
     return text
 
 
-def test_a_missing_row_fails_and_is_named(rvc, reference, tmp_path: Path) -> None:
+def test_a_missing_row_fails_and_is_named(rvc, check, reference, tmp_path: Path) -> None:
     rerun = copy.deepcopy(reference)
     rerun["rows"].remove(_row(rerun["rows"], "level3.size", "blind (random prior)", None))
     with pytest.raises(SystemExit) as e:  # was: exit 0, "117 of 117 cells as the reference"
@@ -42,10 +42,10 @@ def test_a_missing_row_fails_and_is_named(rvc, reference, tmp_path: Path) -> Non
     seedless = copy.deepcopy(reference)  # a trained seed's row: its cells are still there (seed 0)
     seedless["rows"].remove(_row(seedless["rows"], "level3.orientation", "recall", 1))
     with pytest.raises(SystemExit, match=r"^error: the rerun has no row level3.orientation recall seed 1 "):
-        rvc.check_rerun(reference, seedless)
+        check.check_rerun(reference, seedless)
 
 
-def test_an_extra_row_fails_and_is_named(rvc, reference, tmp_path: Path) -> None:
+def test_an_extra_row_fails_and_is_named(rvc, check, reference, tmp_path: Path) -> None:
     rerun = copy.deepcopy(reference)
     rerun["rows"].append({**copy.deepcopy(_row(rerun["rows"], "level2.arrangement", "computation", 0)), "seed": 7})
     with pytest.raises(SystemExit) as e:
@@ -54,7 +54,7 @@ def test_an_extra_row_fails_and_is_named(rvc, reference, tmp_path: Path) -> None
                                   "(not in the reference)")
 
 
-def test_a_missing_or_empty_cell_fails_and_is_named(rvc, reference, tmp_path: Path) -> None:
+def test_a_missing_or_empty_cell_fails_and_is_named(rvc, check, reference, tmp_path: Path) -> None:
     rerun = copy.deepcopy(reference)
     del _row(rerun["rows"], "level3.counting", "oracle", None)["cells"]["random"]  # was: KeyError
     with pytest.raises(SystemExit) as e:
@@ -64,13 +64,13 @@ def test_a_missing_or_empty_cell_fails_and_is_named(rvc, reference, tmp_path: Pa
     empty = copy.deepcopy(reference)  # a cell without a value was dropped from the seed mean silently
     _row(empty["rows"], "level1.localisation", "recall", 0)["cells"]["mirrored"]["value"] = None
     with pytest.raises(SystemExit, match="row level1.localisation recall seed 0 has no cell 'mirrored'"):
-        rvc.check_rerun(reference, empty)
+        check.check_rerun(reference, empty)
 
 
 @pytest.mark.parametrize("case", ["not json", "rows not a list", "conditions not an object",
                                   "row not an object", "row without probe", "cell not an object",
                                   "value not a number", "ci not a pair"])
-def test_a_malformed_file_is_one_line_naming_it(rvc, reference, tmp_path: Path, case: str) -> None:
+def test_a_malformed_file_is_one_line_naming_it(rvc, check, reference, tmp_path: Path, case: str) -> None:
     doc = copy.deepcopy(reference)
     row = _row(doc["rows"], "level3.size", "recall", 1)
     want = {
@@ -95,14 +95,3 @@ def test_a_malformed_file_is_one_line_naming_it(rvc, reference, tmp_path: Path, 
         _check(rvc, tmp_path, content, name="bad.json")
     line = _one_error_line(e)
     assert line.startswith(f"error: {tmp_path / 'bad.json'}: ") and message in line, line
-
-
-def test_the_real_rerun_still_reports_its_seven_cells(rvc, tmp_path: Path, capsys) -> None:
-    from conftest import _shared
-
-    rerun = _shared("calibration-rerun") / "calibration-intel-amx.json"
-    assert rvc.main(["--check", str(rerun)]) == 1
-    out = capsys.readouterr().out
-    assert "113 of 120 cells as the reference:" in out
-    assert out.count("  outside: ") == 7
-    assert "outside: level3.counting computation random: 82.2 against 83.9 [82.3, 85.6]" in out

@@ -105,9 +105,13 @@ def test_a_run_writes_its_files_is_kept_and_resumes_exactly(pipeline, tmp_path, 
     whole = _pretrain(pipeline, tmp_path / "a")
     hist = json.loads((whole / "metrics.json").read_text())["history"]
     assert [h["epoch"] for h in hist] == [0, 1] and all(np.isfinite(h["val_loss"]) for h in hist)
-    config = json.loads((whole / "config.json").read_text())
-    assert config["grid"] ** 2 == config["n_tokens"] and config["model_args"] == TINY[1]
-    assert config["device"] == "cpu" and json.loads((whole / "timing.json").read_text())["images_per_s"] > 0
+    from spar_bench.probes.runs.record import RunRecord
+
+    rec = RunRecord.read(whole)  # the one record of every run kind
+    assert rec.kind == "organ-maps" and rec.extra["grid"] ** 2 == rec.extra["n_tokens"]
+    assert rec.inputs["model_args"] == TINY[1] and rec.options["organ_map_config"]["epochs"] == 2
+    assert rec.files["encoder.safetensors"] and rec.files["timing.json"] is None  # a timing: presence only
+    assert rec.extra["device"] == "cpu" and json.loads((whole / "timing.json").read_text())["images_per_s"] > 0
     assert str(tmp_path) not in (whole / "config.json").read_text()
     assert not (whole / organmaps.CHECKPOINT_FILE).exists()
     assert not (whole / organmaps.SHARE_HEAD_FILE).exists()  # no Dice term: the organ head gives the shares
@@ -141,12 +145,17 @@ def test_a_run_writes_its_files_is_kept_and_resumes_exactly(pipeline, tmp_path, 
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert json.loads((resumed / "metrics.json").read_text())["history"] == hist
 
+    with pytest.raises(ConfigError, match=r"finished with options.organ_map_config.epochs=2 \(now 3\)"):
+        _pretrain(pipeline, tmp_path / "a", epochs=3)
+    # a run written before the record, and before the Dice weight existed (trained without it): still kept
+    legacy = {"encoder": rec.model, "model_args": TINY[1], "dataset_dir": pipeline["shards"].name,
+              "dataset_fingerprint": rec.build_fingerprint, "command": "organ-maps", **rec.extra,
+              "organ_map_config": {k: v for k, v in rec.options["organ_map_config"].items() if k != "dice"}}
+    (whole / "config.json").write_text(json.dumps(legacy))
+    assert _pretrain(pipeline, tmp_path / "a") == whole
+    assert organmaps.load_organ_map_model(whole).share_head is not None
     with pytest.raises(ConfigError, match="finished run of other settings"):
         _pretrain(pipeline, tmp_path / "a", epochs=3)
-    # a run written before the Dice weight existed was trained without it: still kept
-    config["organ_map_config"].pop("dice")
-    (whole / "config.json").write_text(json.dumps(config))
-    assert _pretrain(pipeline, tmp_path / "a") == whole
     assert (whole / "encoder.safetensors").stat().st_mtime_ns == stamp
 
 
@@ -199,24 +208,22 @@ def test_the_readout_of_true_maps_is_the_oracle(pipeline):
     """The computation model's geometric readout, given the true label map at pixel resolution
     (a 224 x 224 grid), answers every question as the mask oracle does: channels, centres, mm^2
     and the stated cuts are read right, so its misses are its perception's."""
-    from test_calibration import _script
-
     from spar_bench.builder.shards import Build
+    from spar_bench.experiments.calibration import oracle_items
     from spar_bench.probes.finetune.organmaps import map_geometry, organ_shares
+    from spar_bench.probes.finetune.readout import READOUT_PROBES, OrganMapReadout
     from spar_bench.probes.tasks import get_probe
-    from spar_bench.probes.vqa.questions import load_questions
 
-    rvc, b = _script(), Build(pipeline["shards"])
+    b = Build(pipeline["shards"])
     labels = b.images("level3", "test", np.arange(b.count("level3", "test")), field="label")
     centre, area = map_geometry(organ_shares(labels, 224, 17), 224)
-    assert rvc.READOUT_PROBES == ("level3.relative_position", "level3.orientation", "level3.symmetry",
-                                  "level3.size", "level3.distance")
-    for probe in rvc.READOUT_PROBES:
-        q = load_questions(b, get_probe(probe), ["test"])
-        mine = rvc.readout_answers(q, probe, centre, area)
-        _, oracle = rvc.oracle_predict(pipeline["shards"], probe)
+    assert READOUT_PROBES == ("level3.relative_position", "level3.orientation", "level3.symmetry",
+                              "level3.size", "level3.distance")
+    for probe in READOUT_PROBES:
+        t, oracle = oracle_items(pipeline["shards"], probe)  # the slice oracle on the test items
+        mine = OrganMapReadout(get_probe(probe), b, pipeline["shards"], geometry=(centre, area)).predict(t)
         seen = oracle >= 0
-        assert len(q) == len(oracle) and seen.mean() > 0.9, probe
+        assert len(t) == len(oracle) and seen.mean() > 0.9, probe
         np.testing.assert_array_equal(mine[seen], oracle[seen], err_msg=probe)
 
 
@@ -271,7 +278,7 @@ def test_organ_maps_train_and_read_out_on_cuda_like_on_the_cpu(pipeline, tmp_pat
     from spar_bench.probes.finetune import organmaps
 
     runs = {d: _pretrain(pipeline, tmp_path / d, epochs=1, dice=1.0, device=d) for d in ("cpu", "cuda")}
-    assert json.loads((runs["cuda"] / "config.json").read_text())["device"] == "cuda"
+    assert json.loads((runs["cuda"] / "config.json").read_text())["extra"]["device"] == "cuda"
     assert sorted(p.name for p in runs["cuda"].iterdir()) == sorted(p.name for p in runs["cpu"].iterdir())
     losses = {d: json.loads((rd / "metrics.json").read_text())["final_val_loss"] for d, rd in runs.items()}
     assert abs(losses["cuda"] - losses["cpu"]) < 0.05 * losses["cpu"], losses

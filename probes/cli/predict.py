@@ -24,7 +24,8 @@ from .options import (
 
 
 @click.command("predict")
-@click.option("--kind", required=True, help="Run kind: prior, oracle (Level 4), or a plug-in's.")
+@click.option("--kind", required=True,
+              help="Run kind: prior, oracle (Level 4), slice-oracle (Levels 1-3), reader, or a plug-in's.")
 @click.option("--data", required=True, type=click.Path(file_okay=False), help="A finished build.")
 @probe_option()
 @seeds_option()

@@ -7,7 +7,9 @@
 * :mod:`.loop`    - the training loop: autocast, accumulation, validation, early stopping,
   checkpoints and exact resume;
 * :mod:`.organmaps` - organ-map pretraining: an encoder trained from scratch to say which
-  organs each token covers (the calibration's computation model), and its geometric readout;
+  organs each token covers (the calibration's computation model);
+* :mod:`.readout` - its geometric readout, a predictor (each organ's centre and area from the
+  maps, then the oracle's rule);
 * :mod:`.run`     - one run end to end (targets, controls, scores and the run folder of
   ``spar-probe fit``) and the ``finetune`` command.
 """

@@ -179,10 +179,8 @@ def run_eval_reencoded(run: str | Path, data: str | Path, n_boot: int = 1000, de
     """
     from spar_bench.builder.shards import Build
 
-    from ..heads import build_head
     from ..runs.evaluate import transfer
     from ..runs.inputs import BuildKeys
-    from ..runs.record import RunRecord
     from ..runs.store import kept_eval, run_path, write_eval
     from ..targets import concat, load_targets
     from ..tasks import get_probe
@@ -192,21 +190,14 @@ def run_eval_reencoded(run: str | Path, data: str | Path, n_boot: int = 1000, de
     rd = Path(run)
     if not (rd / EXPORT_FILE).is_file() or not (rd / "metrics.json").is_file():
         raise ConfigError(f"{rd}: not a finished finetune run (needs {EXPORT_FILE} and metrics.json)")
-    saved = load_saved(rd / "head.pt", "head", "train the run again (finetune --overwrite)")
-    c = config_view(RunRecord.from_saved(saved["config"], rd / "head.pt"))
-    spec = get_probe(c["probe"])
-    head = build_head(c["head"], spec, c["in_dim"], c["n_tokens"], **c["head_config"])
-    head.load_state_dict(saved["state_dict"])
     build = Build(data)
     name = Path(build.root).resolve().name
     out = rd / f"eval-{name}.json"
     inputs = {"features": f"{name} (re-encoded)", "dataset_fingerprint": build.fingerprint, "n_bootstrap": n_boot}
     if kept_eval(out, inputs, overwrite):
         return out
-    cfg = FinetuneConfig(**{**c["finetune_config"], "device": device, "compute": compute})
-    enc = load_run_encoder(rd, c, encoder)
-    encoding, _ = encoding_of(enc, build, cfg)
-    head.to(encoding.dev)
+    c, head, encoding, saved = load_finetuned(rd, build, device, compute, encoder)
+    spec = get_probe(c["probe"])
     level = spec.level
     splits = ["test"] if "test" in build.splits(level) else build.splits(level)
     run_metrics = json.loads((rd / "metrics.json").read_text())
@@ -224,6 +215,24 @@ def run_eval_reencoded(run: str | Path, data: str | Path, n_boot: int = 1000, de
               "random_init": False, "training": run_metrics.get("training"), "splits": splits,
               "probe": spec.name, "head": c["head"], "seed": c["seed"], "n_bootstrap": n_boot, **scored}
     return write_eval(out, result)
+
+
+def load_finetuned(rd: Path, build, device: str = "auto", compute: str = "auto", encoder: str | None = None):
+    """``(config view, head, encoding, saved head.pt)`` of finetune run ``rd``: its trained head
+    (eval-ready, on the encoding's device) and its trained encoder reading ``build``'s images
+    (:func:`encoding_of` on ``device``/``compute``). ``encoder``: see :func:`load_run_encoder`."""
+    from ..heads import build_head
+    from ..runs.record import RunRecord
+    from ..tasks import get_probe
+
+    saved = load_saved(Path(rd) / "head.pt", "head", "train the run again (finetune --overwrite)")
+    c = config_view(RunRecord.from_saved(saved["config"], Path(rd) / "head.pt"))
+    head = build_head(c["head"], get_probe(c["probe"]), c["in_dim"], c["n_tokens"], **c["head_config"])
+    head.load_state_dict(saved["state_dict"])
+    cfg = FinetuneConfig(**{**c["finetune_config"], "device": device, "compute": compute})
+    encoding, _ = encoding_of(load_run_encoder(Path(rd), c, encoder), build, cfg)
+    head.to(encoding.dev)
+    return c, head, encoding, saved
 
 
 def config_view(rec) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from spar_bench.builder.schema import N_ORGANS
 from spar_bench.errors import ConfigError
 from spar_bench.procs import check_stop
 from spar_bench.seeding import derive_seed
@@ -51,6 +52,10 @@ SHARE_HEAD_FILE = "share_head.pt"
 #: the share head's fit: Adam at this learning rate, this many passes over the training slices
 SHARE_HEAD_FIT = {"epochs": 5, "lr": 1e-2, "batch_size": 256}
 CHECKPOINT_FILE = "checkpoint.pt"
+#: the run kind of an organ-map run's record (``config.json``)
+RUN_KIND = "organ-maps"
+#: label 0 background, 1..16 the organs
+N_LABELS = N_ORGANS + 1
 #: the probe whose level holds the whole slices and their label maps (the registry knows levels)
 SLICE_PROBE = "level3.relative_position"
 
@@ -232,16 +237,52 @@ def _same_identity(stored: dict, ident: dict) -> bool:
     return {k: stored.get(k) for k in ident} | {"organ_map_config": cfg} == json.loads(json.dumps(ident))
 
 
-def _finished(rd: Path, ident: dict) -> bool:
+def organ_map_record(encoder: str, model_args: dict | None, build, cfg: OrganMapConfig):
+    """The :class:`~spar_bench.probes.runs.record.RunRecord` of an organ-map run, as far as it is
+    known before training (its identity: encoder, model args, build fingerprint, config)."""
+    from spar_bench.provenance import CACHE_PACKAGES, package_versions, protocol_versions
+
+    from ..runs.record import RunRecord
+
+    return RunRecord(kind=RUN_KIND, probe=slice_level(), head=RUN_KIND, seed=cfg.seed, model=encoder,
+                     build=build.root.name, build_fingerprint=build.fingerprint,
+                     inputs={"model_args": model_args or {}}, options={"organ_map_config": asdict(cfg)},
+                     versions=package_versions(CACHE_PACKAGES), protocol=protocol_versions(build.manifest))
+
+
+def _finished(rd: Path, ident: dict, record) -> bool:
+    """Whether ``rd`` holds a finished run of this identity (kept); one of another is refused in
+    one line. A run written before the record (its ``config.json`` has no ``kind``) is compared
+    by its old identity: a config field it lacks counts at its default."""
+    from ..runs.store import finished
+
+    if not (rd / "metrics.json").is_file() or not (rd / EXPORT_FILE).is_file():
+        return False
     try:
         kept = json.loads((rd / "config.json").read_text())
     except (OSError, ValueError):
         return False
-    if (rd / "metrics.json").is_file() and (rd / EXPORT_FILE).is_file():
+    if isinstance(kept, dict) and "kind" not in kept:
         if not _same_identity(kept, ident):
             raise ConfigError(f"organ maps: {rd} holds a finished run of other settings; use another folder")
         return True
-    return False
+    return finished(rd, record, frozenset(), "use another folder")
+
+
+def _run_files(m: _Model, meta: dict, share: tuple | None, timing: dict) -> dict:
+    """The run's declared files (:func:`~spar_bench.probes.runs.store.write_run`): encoder, organ
+    head, share head (a Dice term), timing (presence only)."""
+    import torch
+
+    head_state = {k: v.detach().cpu() for k, v in m.head.state_dict().items()}
+    files = {EXPORT_FILE: (lambda p: export_encoder(m.enc, p, meta), True),
+             HEAD_FILE: (lambda p: torch.save({"state_dict": head_state, "n_labels": N_LABELS, "grid": m.grid}, p), True),
+             "timing.json": (lambda p: p.write_text(json.dumps(timing) + "\n"), False)}
+    if share is not None:
+        head, loss = share
+        files[SHARE_HEAD_FILE] = (lambda p: torch.save({"state_dict": head.state_dict(), "fit": SHARE_HEAD_FIT,
+                                                        "train_loss": loss}, p), True)
+    return files
 
 
 def _train(m: _Model, ckpt: Path, ident: dict, cfg: OrganMapConfig, data: tuple, progress: bool):
@@ -279,51 +320,49 @@ def pretrain_organ_maps(encoder: str, build_root: str | Path, out: str | Path, c
     run finished on another device is kept); ``config.json`` records it."""
     import torch
 
-    from spar_bench.builder.schema import N_ORGANS
     from spar_bench.builder.shards import Build
-    from spar_bench.provenance import CACHE_PACKAGES, package_versions, protocol_versions
 
     from ..hardware import pick_device
+    from ..runs.store import write_run
 
     rd, build = Path(out), Build(build_root)
-    ident = _identity(encoder, model_args, build, cfg)
-    if _finished(rd, ident):
+    ident, record = _identity(encoder, model_args, build, cfg), organ_map_record(encoder, model_args, build, cfg)
+    if _finished(rd, ident, record):
         return rd
-    n_labels = N_ORGANS + 1
     steps = cfg.epochs * -(-slice_count(build, "train") // cfg.batch_size)  # no slices: an error, no folder
     slice_count(build, "val")
     dev = pick_device(device)  # a bad device: an error, no folder
     rd.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
-    m = _Model(encoder, model_args, cfg, n_labels, steps, dev)
-    x, y = _split_data(build, "train", m.grid, n_labels)
-    data = (x, y, *_split_data(build, "val", m.grid, n_labels))
+    m = _Model(encoder, model_args, cfg, N_LABELS, steps, dev)
+    x, y = _split_data(build, "train", m.grid, N_LABELS)
+    data = (x, y, *_split_data(build, "val", m.grid, N_LABELS))
     history, start, seconds = _train(m, rd / CHECKPOINT_FILE, ident, cfg, data, progress)
     training = {"mode": "organ-maps", "build": build.root.name, "build_fingerprint": build.fingerprint,
                 "label": f"trained from scratch on the organ maps of build {build.root.name}",
                 "init_weights": {"kind": "random-init"}, "organ_map_config": asdict(cfg)}
     meta = {"encoder": encoder, "model_args": model_args or {}, "training": training,
             "encoder_config": m.enc.spec.to_dict()}
-    export_encoder(m.enc, rd / EXPORT_FILE, meta)
-    head_state = {k: v.detach().cpu() for k, v in m.head.state_dict().items()}
-    torch.save({"state_dict": head_state, "n_labels": n_labels, "grid": m.grid}, rd / HEAD_FILE)
-    share_loss = None
-    if cfg.dice > 0:
-        share, share_loss = fit_share_head(m.enc, m.head, x, y, cfg.seed)
-        torch.save({"state_dict": share.state_dict(), "fit": SHARE_HEAD_FIT, "train_loss": share_loss},
-                   rd / SHARE_HEAD_FILE)
-    config = {**ident, "command": "organ-maps", "grid": m.grid, "n_tokens": m.n_tokens, "device": dev.type,
-              **protocol_versions(build.manifest), "versions": package_versions(CACHE_PACKAGES)}
-    (rd / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True, default=str) + "\n")
+    share = fit_share_head(m.enc, m.head, x, y, cfg.seed) if cfg.dice > 0 else None
     timing = {"seconds": seconds, "epochs": cfg.epochs - start, "device": dev.type,
               "images_per_s": (cfg.epochs - start) * len(x) / max(seconds, 1e-9)}
-    (rd / "timing.json").write_text(json.dumps(timing) + "\n")
-    tmp = rd / "metrics.json.tmp"
-    tmp.write_text(json.dumps({"history": history, "final_val_loss": history[-1]["val_loss"],
-                               "share_head_train_loss": share_loss}, indent=2) + "\n")
-    tmp.replace(rd / "metrics.json")
-    (rd / CHECKPOINT_FILE).unlink(missing_ok=True)
+    record = record.replace(extra={"grid": m.grid, "n_tokens": m.n_tokens, "device": dev.type})
+    metrics = {"history": history, "final_val_loss": history[-1]["val_loss"],
+               "share_head_train_loss": None if share is None else share[1]}
+    write_run(rd, record, metrics, _run_files(m, meta, share, timing))  # the checkpoint goes with the old folder
     return rd
+
+
+def run_settings(rd: Path) -> tuple[str, dict[str, Any]]:
+    """``(encoder, organ_map_config)`` of a finished organ-map run (its record, or a config.json
+    written before the record)."""
+    from ..runs.record import RunRecord
+
+    config = json.loads((Path(rd) / "config.json").read_text())
+    if isinstance(config, dict) and "kind" not in config:
+        return config["encoder"], config["organ_map_config"]
+    rec = RunRecord.read(Path(rd))
+    return str(rec.model), rec.options["organ_map_config"]
 
 
 class OrganMapModel(NamedTuple):
@@ -357,13 +396,13 @@ def load_organ_map_model(rd: str | Path, device: str = "cpu") -> OrganMapModel:
     rd = Path(rd)
     if not (rd / "metrics.json").is_file():
         raise ConfigError(f"organ maps: {rd} holds no finished run (no metrics.json)")
-    config = json.loads((rd / "config.json").read_text())
+    encoder, cfg = run_settings(rd)
     saved = torch.load(rd / HEAD_FILE, map_location="cpu", weights_only=True)
-    enc = load_trainable(config["encoder"], weights=str(rd / EXPORT_FILE), init="weights", seed=0)
+    enc = load_trainable(encoder, weights=str(rd / EXPORT_FILE), init="weights", seed=0)
     enc.prefer_channels_last().to(pick_device(device)).module.eval()
     head = _linear(saved["state_dict"])
     share = head
-    if config["organ_map_config"].get("dice", 0.0) > 0:
+    if cfg.get("dice", 0.0) > 0:
         if not (rd / SHARE_HEAD_FILE).is_file():
             raise ConfigError(f"organ maps: {rd} was trained with a Dice term but has no {SHARE_HEAD_FILE}")
         share = _linear(torch.load(rd / SHARE_HEAD_FILE, map_location="cpu", weights_only=True)["state_dict"])

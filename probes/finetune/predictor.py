@@ -34,6 +34,19 @@ class FinetunedEncoder:
     resume: bool = False
     kind: str = "finetune"
 
+    @classmethod
+    def from_run(cls, rd: Path, build, device: str = "auto", compute: str = "auto") -> FinetunedEncoder:
+        """The trained encoder and head of finished run ``rd``, reading ``build``'s images (transfer:
+        another build's items re-encoded by the run's own encoder). It predicts; it has no blind."""
+        from types import SimpleNamespace
+
+        from ..tasks import get_probe
+        from .encoding import load_finetuned
+
+        c, head, encoding, _ = load_finetuned(rd, build, device, compute)
+        return cls(SimpleNamespace(spec=get_probe(c["probe"])), encoding, head, c["head_input"],
+                   (c["in_dim"], c["n_tokens"]))
+
     def fit(self, train, val):
         """Train encoder and head (``trainer``); the training record (:class:`.loop.Trainer`'s)."""
         from .loop import Split

@@ -1,0 +1,585 @@
+"""Recall versus computation, end to end: does the benchmark tell a model that remembers
+canonical anatomy from one that reads the image? (``scripts/recall_vs_computation.py`` is the
+command line over this module; :mod:`.calibration_check` compares a rerun with the reference.)
+
+    python scripts/recall_vs_computation.py --out runs/rvc            # the docs/RESULTS.md table (~30 min on 2 busy cores)
+    python scripts/recall_vs_computation.py --out /tmp/rvc --quick    # a smoke run (minutes)
+    # the computation model of issue 26 (docs/RESULTS.md): 600 random layouts on a 96x16 grid, mirrors as training data
+    python scripts/recall_vs_computation.py --out runs/rvc26 --train-on random --seeds 0,1 \
+        --probes level3.relative_position,level3.orientation --cases 600 --eval-cases 40 \
+        --in-plane 96 --slices 16 --l3-stride 2 --train-mirrors
+
+    # issue 26: the three reference models on the eight probes of Levels 1-3 (docs/RESULTS.md, "calibrated")
+    python scripts/recall_vs_computation.py --out runs/rvc-cal --calibrate --seeds 0,1 --cases 1000 \
+        --eval-cases 40 --in-plane 96 --slices 16 --l3-stride 2 --samples 1 --train-mirrors \
+        --epochs 16 --patience 5 --head coordpool --organ-maps 10 --organ-map-dice 1 --threads 2
+
+``--calibrate``: recall (the encoder trained on canonical layouts), computation (trained on
+random layouts) and the oracle (answers from the masks), each scored on every probe of
+``--score`` on the three layouts' test splits, with the blind rows (the question-only optimum
+fitted on canonical and on random layouts), the mirrored counterfactuals of the canonical
+test slices and the conflict items (those whose canonical-anatomy answer is wrong). The
+encoders train end to end on ``--probes`` (default relative position) with ``--head``; every
+other probe is a frozen probe with the same head (``spar-probe fit``) of the trained encoder's
+feature caches. ``--organ-maps N``: the computation model's encoder instead learns organ maps
+of the random layouts' slices for N epochs (``probes.finetune.organmaps``: which organs each
+token covers; no question seen; 128 px input), and answers the geometric Level 3 probes by
+reading its maps (:class:`~spar_bench.probes.finetune.readout.OrganMapReadout`: each organ's
+centre and area, then the oracle's rule: nothing fitted to answers); Levels 1-2 and counting are frozen ``--head`` probes of it. ``--organ-map-dice W``
+adds a soft Dice term to its loss (small organs heard as much as large ones) and a BCE share
+head for areas: centres from the organ head's maps, areas from the share head's.
+Writes ``OUT/calibration.md``, ``.json``, ``.png`` and ``OUT/plots/<probe>.png``.
+
+1. Three phantom datasets (``spar-build phantom --layout canonical|random|mirrored
+   --intensities distinct``: every organ its own mean HU, so that an organ can be found by
+   its appearance in any layout), each built into shards with Levels 1 and 3 and mirrored
+   counterfactuals, 16 Level 3 questions per probe and slice, every 4th slice.
+2. The same small encoder (a narrow ResNet-10-T, channels 16-32-64-128, output stride 8,
+   64 x 64 input: 8 x 8 tokens) trained FROM SCRATCH with an ``attnpool`` head
+   (``spar-probe finetune --init scratch``) on the canonical build and, separately, on the
+   random-layout build, for Level 3 relative position and orientation and Level 1.
+3. Every run scored in domain and, re-encoding their images with its own encoder
+   (``spar-probe eval --run RUN --data BUILD``), on the test split of the other layouts.
+   Beside every number: the blind baseline, the best question-only answer fitted on the
+   training build (majority answer per question type; Level 1: the mean training centroid)
+   and scored on the same test items.
+
+Writes ``OUT/results.md`` (the table), ``OUT/results.json`` and ``OUT/results.png``.
+Expected: the canonical-trained model is near its ceiling in domain (as is its blind
+baseline: canonical anatomy answers most questions) and falls towards chance, or below, on
+mirrored anatomy; the random-trained model, which cannot lean on recall, holds across layouts.
+
+The reference models are predictors of the package: the oracle is
+:class:`~spar_bench.probes.runs.slice_oracle.SliceOracle` (run kind ``slice-oracle``), the
+trained encoders :class:`~spar_bench.probes.finetune.predictor.FinetunedEncoder` (re-encoding
+each layout's images) or frozen ``spar-probe fit`` heads of them, the organ-map readout
+:class:`~spar_bench.probes.finetune.readout.OrganMapReadout`; the tests' tiny reader is
+:class:`~spar_bench.probes.runs.reader.AppearanceReader` (run kind ``reader``). Tables and
+plots: :mod:`.calibration_tables`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from spar_bench.probes.finetune.readout import READOUT_PROBES
+
+from .calibration_tables import (
+    BLINDS,
+    LAYOUTS,
+    TRAIN_ON,
+    calibration_plots,
+    calibration_table,
+    plot,
+    table,
+    table_metric,
+)
+
+PROBES = ("level3.relative_position", "level3.orientation", "level1.localisation")
+ENCODER = "timm:resnet10t"
+MODEL_ARGS = {"channels": [16, 32, 64, 128], "stem_width": 16, "output_stride": 8,
+              "pretrained_cfg_overlay": {"input_size": [3, 64, 64]}}
+HEAD = "attnpool"
+#: The computation model's encoder when it learns organ maps (``--organ-maps N``): the same
+#: network at 128 x 128 input with output stride 16 (still 8 x 8 tokens), so that small organs
+#: keep their pixels in the stem (at 64 px the smallest are 2-3 pixels wide).
+ORGAN_MAP_MODEL_ARGS = {**MODEL_ARGS, "output_stride": 16, "pretrained_cfg_overlay": {"input_size": [3, 128, 128]}}
+INTENSITIES = "distinct"  # every organ its own mean HU: organs recognisable in any layout
+L3_STRIDE = 4  # every 4th slice: more layouts (cases) per image trained on
+
+
+@dataclass(frozen=True)
+class Data:
+    """The phantom builds: cases per layout, grid (None: the ``small`` preset), sampling."""
+
+    cases: dict[str, int]
+    samples: int = 4
+    questions: int = 16
+    l3_stride: int = L3_STRIDE
+    in_plane: int | None = None
+    slices: int | None = None
+    levels: tuple[str, ...] = ("level1", "level3")
+
+    def grid_suffix(self) -> str:
+        """Folder-name suffix of a non-default grid (phantoms of other grids never mix)."""
+        return f"-{self.in_plane or 'p'}x{self.slices or 'p'}" if (self.in_plane or self.slices) else ""
+
+    def suffix(self) -> str:
+        """Shards' folder-name suffix: the grid's, a non-default Level 3 stride and questions."""
+        return (self.grid_suffix() + (f"-s{self.l3_stride}" if self.l3_stride != L3_STRIDE else "")
+                + (f"-q{self.questions}" if self.questions != 16 else ""))
+
+
+def _phantom_done(ph: Path, n: int, layout: str, seed: int) -> bool:
+    """A complete phantom dataset of these settings is already at ``ph`` (written atomically)."""
+    try:
+        rec = json.loads((ph / "phantom.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (rec.get("n"), rec.get("layout"), rec.get("seed"), rec.get("intensities")) == (n, layout, seed, INTENSITIES)
+
+
+def build_all(out: Path, data: Data, seed: int, jobs: int = 1) -> dict[str, Path]:
+    """One phantom (distinct organ intensities) + shards per layout (Levels 1 and 3, mirrored
+    counterfactuals, ``data.questions`` Level 3 questions per probe and slice), each rendered
+    and built by ``jobs`` processes (the bytes do not depend on it)."""
+    from spar_bench.builder.build import BuildConfig, build
+    from spar_bench.builder.phantom import PhantomOptions, write_phantom_dataset
+
+    builds = {}
+    for i, layout in enumerate(LAYOUTS):
+        if layout not in data.cases:  # a layout left out (the calibration test builds two)
+            continue
+        ph, shards = out / f"phantom-{layout}{data.grid_suffix()}", out / f"shards-{layout}{data.suffix()}"
+        builds[layout] = shards
+        if (shards / "manifest.json").is_file():
+            continue
+        n, grid = data.cases[layout], (data.in_plane, data.slices)
+        if not _phantom_done(ph, n, layout, seed + i):
+            print(f"$ spar-build phantom --out {ph} --n {n} --layout {layout} --seed {seed + i} "
+                  f"--intensities {INTENSITIES} --overwrite  # in-plane, slices: {grid}", flush=True)
+            opts = PhantomOptions(layout=layout, seed=seed + i, intensities=INTENSITIES, in_plane=data.in_plane,
+                                  n_slices=data.slices)
+            write_phantom_dataset(ph, n, opts, overwrite=True, progress=False, workers=jobs)
+        sample = {"levels": list(data.levels), "samples_per_case": data.samples, "counterfactual": "mirror",
+                  "l3_questions_per_probe": data.questions, "l3_stride": data.l3_stride}
+        print(f"$ build {shards} from {ph}: {json.dumps(sample)}", flush=True)
+        build(BuildConfig(sources=("phantom",), roots=(str(ph),), out=str(shards), sample=sample, hf=False,
+                          overwrite=True, workers=jobs), quiet=True)
+    return builds
+
+
+def blind(train_build: Path, eval_build: Path, probe: str) -> float | None:
+    """The question-only optimum fitted on the training build, scored on the eval build's test items."""
+    from spar_bench.builder.shards import Build
+    from spar_bench.probes.runs.inputs import BuildKeys
+    from spar_bench.probes.targets import load_targets
+    from spar_bench.probes.tasks import get_probe
+
+    spec = get_probe(probe)
+    bt, be = Build(train_build), Build(eval_build)
+    tr = load_targets(bt, spec, "train", BuildKeys(bt).keys(spec.level, "train"))
+    te = load_targets(be, spec, "test", BuildKeys(be).keys(spec.level, "test"))
+    tr, te = tr.subset(~tr.is_mirror), te.subset(~te.is_mirror)
+    return spec.score(te, spec.prior_predict(spec.fit_prior(tr), te), None, 0).get(spec.headline)
+
+
+@dataclass(frozen=True)
+class Training:
+    """What is trained: the encoder (timm ``model_args``), head, schedule, seed and which runs."""
+
+    model_args: dict[str, Any] = field(default_factory=lambda: dict(MODEL_ARGS))
+    head: str = HEAD
+    epochs: int = 14
+    patience: int = 5
+    lr: float = 2e-3
+    seed: int = 0
+    train_on: tuple[str, ...] = TRAIN_ON
+    probes: tuple[str, ...] = PROBES
+    train_mirrors: bool = False
+    score: tuple[str, ...] = ()  # calibration: every probe scored (``tr.probes``: those trained end to end)
+    organ_maps: int = 0  # calibration: >0: the computation encoder learns organ maps for this many epochs
+    organ_map_dice: float = 0.0  # ... with this weight of the soft Dice term (organmaps.organ_map_loss)
+    device: str = "cpu"  # where encoders train and encode (fp32); heads and the readout stay on the CPU
+
+
+def runs_root(out: Path, tr: Training) -> Path:
+    """``OUT/runs``, or for other encoder model args ``OUT/runs-<hash>`` (run folders do not name them)."""
+    if tr.model_args == MODEL_ARGS:
+        return out / "runs"
+    import hashlib
+
+    return out / f"runs-{hashlib.sha256(json.dumps(tr.model_args, sort_keys=True).encode()).hexdigest()[:10]}"
+
+
+def train_run(builds: dict[str, Path], out: Path, tr: Training, train_on: str, probe: str,
+              n_boot: int = 200) -> Path:
+    """The encoder trained from scratch with ``tr.head`` on ``probe`` of the ``train_on`` build (a
+    finished run is kept). ``tr.train_mirrors`` adds the mirrored counterfactuals to the training
+    data of non-canonical layouts only (canonical slices and their flips would be two layouts)."""
+    from spar_bench.probes.finetune.config import FinetuneConfig, FinetuneSpec
+    from spar_bench.probes.runs.session import run as run_finetune
+
+    cfg = FinetuneConfig(encoder_lr=tr.lr, head_lr=tr.lr, batch_size=32, max_epochs=tr.epochs,
+                         warmup_epochs=1, patience=tr.patience, device=tr.device, compute="fp32")
+    fs = FinetuneSpec(ENCODER, str(builds[train_on]), probe, tr.head, tr.seed, init="scratch",
+                      model_kwargs=tr.model_args, cfg=cfg, n_boot=n_boot,
+                      train_mirrors=tr.train_mirrors and train_on != "canonical")
+    return run_finetune(fs, runs_root(out, tr), resume=True, progress=False)
+
+
+def train_and_score(builds: dict[str, Path], out: Path, tr: Training, n_boot: int) -> list[dict]:
+    from spar_bench.probes.finetune.encoding import run_eval_reencoded
+    from spar_bench.probes.tasks import get_probe
+
+    rows = []
+    for train_on in tr.train_on:
+        for probe in tr.probes:
+            t0 = time.perf_counter()
+            rd = train_run(builds, out, tr, train_on, probe, n_boot)
+            m = json.loads((rd / "metrics.json").read_text())
+            key = get_probe(probe).headline
+            row = {"probe": probe, "trained_on": train_on, "metric": key, "run": str(rd.relative_to(out)),
+                   "epochs": m["train"]["epochs_run"], "img_s": json.loads((rd / "timing.json").read_text())["images_per_s"],
+                   "seed": tr.seed, "chance": m["controls"].get("chance"), "cells": {}}
+            for layout in LAYOUTS:
+                if layout == train_on:
+                    r = m
+                else:
+                    r = json.loads(run_eval_reencoded(rd, builds[layout], n_boot, device=tr.device,
+                                                      compute="fp32").read_text())
+                row["cells"][layout] = {"model": r["test"].get(key), "ci": (r["test"].get("ci") or {}).get(key),
+                                        "mirror_cf": (r.get("mirror") or {}).get(key),
+                                        "blind": blind(builds[train_on], builds[layout], probe)}
+            row["seconds"] = round(time.perf_counter() - t0, 1)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
+# ------------------------------------------------------------------ calibration (issue 26)
+#: What each trained reference model trains on (the oracle trains on nothing: it reads the masks).
+MODEL_TRAIN_ON = {"recall": "canonical", "computation": "random"}
+def split_items(build_root: Path, probe: str, keys: Any = None, split: str = "test"):
+    """The probe's items of a split (originals and mirrored counterfactuals; default the test
+    split) of a build, in the order of ``keys`` (a cache's; None: the build's own)."""
+    from spar_bench.builder.shards import Build
+    from spar_bench.probes.runs.inputs import BuildKeys
+    from spar_bench.probes.targets import load_targets
+    from spar_bench.probes.tasks import get_probe
+
+    spec, b = get_probe(probe), Build(build_root)
+    return load_targets(b, spec, split, BuildKeys(b).keys(spec.level, split) if keys is None else keys)
+
+
+def prior_of(build_root: Path, probe: str) -> dict:
+    """The probe's prior (question-only optimum) fitted on a build's original training items."""
+    from spar_bench.builder.shards import Build
+    from spar_bench.probes.runs.inputs import BuildKeys
+    from spar_bench.probes.targets import load_targets
+    from spar_bench.probes.tasks import get_probe
+
+    spec, b = get_probe(probe), Build(build_root)
+    tr = load_targets(b, spec, "train", BuildKeys(b).keys(spec.level, "train"))
+    return spec.fit_prior(tr.subset(~tr.is_mirror))
+
+
+def encoder_caches(rd: Path, builds: dict[str, Path], out: Path, device: str = "cpu") -> dict[str, Path]:
+    """Feature caches of run ``rd``'s trained encoder over every layout's build (frozen, fp32)."""
+    from spar_bench.probes.cache import CacheOptions, write_cache
+
+    caches = {}
+    for layout, b in builds.items():
+        caches[layout] = out / f"cache-{layout}.h5"
+        opts = CacheOptions(weights=str(rd / "encoder.safetensors"), device=device, compute="fp32", dtype="fp32")
+        write_cache(ENCODER, b, caches[layout], opts, progress=False)
+    return caches
+
+
+#: The frozen probes' training (``spar-probe fit`` options): a short budget on a shared CPU.
+FROZEN_HEAD_OPTIONS = {"max_epochs": 15, "patience": 4}
+
+
+def frozen_head_predict(caches: dict[str, Path], builds: dict[str, Path], train_on: str, probe: str,
+                        tr: Training, out: Path, n_boot: int) -> dict[str, tuple]:
+    """A ``tr.head`` probe (``spar-probe fit``) on the frozen encoder's cache of the training layout,
+    then its predictions on every layout's test items: ``{layout: (targets, predictions)}``."""
+    from spar_bench.probes.runs.inputs import load_features, open_cache
+    from spar_bench.probes.runs.predictors import CachedHead
+    from spar_bench.probes.runs.session import run_fit
+    from spar_bench.probes.runs.spec import make_run
+    from spar_bench.probes.train import predict
+
+    run = make_run(str(caches[train_on]), probe, tr.head, tr.seed, dict(FROZEN_HEAD_OPTIONS), data=str(builds[train_on]),
+                   n_boot=n_boot, controls=False)  # the blind rows are the priors
+    rd = run_fit(run, out, progress=False)
+    spec_run, rec, _, model = CachedHead.load(rd)
+    got = {}
+    for layout, path in caches.items():
+        with open_cache(path) as cache:
+            level = spec_run.spec.level
+            t = split_items(builds[layout], probe, cache.keys(level, "test"))
+            feats = load_features(cache, rec.extra["head_input"], level, "test", spec_run.layer, model)
+            got[layout] = (t, predict(model, feats, t))
+    return got
+
+
+def predicted(predictor, build_root: Path, probe: str) -> tuple[Any, np.ndarray]:
+    """``(test items, predictions)`` of a fitted :class:`~spar_bench.probes.runs.predictors.Predictor`
+    on a build's test split."""
+    t = split_items(build_root, probe)
+    return t, predictor.predict(t, "test")
+
+
+def oracle_items(build_root: Path, probe: str) -> tuple[Any, np.ndarray]:
+    """The slice oracle (:class:`~spar_bench.probes.runs.slice_oracle.SliceOracle`) on a build's test items."""
+    from spar_bench.builder.shards import Build
+    from spar_bench.probes.runs.slice_oracle import SliceOracle
+    from spar_bench.probes.tasks import get_probe
+
+    return predicted(SliceOracle(get_probe(probe), Build(build_root)), build_root, probe)
+
+
+def model_predictor(how: str, run: Path, build_root: Path, probe: str, device: str, geometry: dict):
+    """The trained model's predictor on one build: ``readout`` (organ maps read out by geometry,
+    the test slices' geometry kept in ``geometry`` per build for the other probes) or
+    ``finetuned`` (the end-to-end run re-encoding the build's images)."""
+    from spar_bench.builder.shards import Build
+    from spar_bench.probes.finetune.predictor import FinetunedEncoder
+    from spar_bench.probes.finetune.readout import OrganMapReadout
+    from spar_bench.probes.tasks import get_probe
+
+    if how == "finetuned":
+        return FinetunedEncoder.from_run(run, Build(build_root), device, "fp32")
+    return OrganMapReadout(get_probe(probe), Build(build_root), run, device, geometry.get(str(build_root)))
+
+
+def score_model(t, pred: np.ndarray, canon_prior: dict, seed: int, n_boot: int) -> dict:
+    """The table metric of ``pred`` on the original test items (CI over patients), on the mirrored
+    counterfactuals, and on the conflict items: those the canonical prior (canonical anatomy's
+    answer) gets wrong (Level 3 only)."""
+    from spar_bench.probes.runs.evaluate import bootstraps
+
+    spec, key = t.spec, table_metric(t.spec.name)
+    rng = bootstraps(seed, "calibration", spec.name)
+    orig, mir = ~t.is_mirror, t.is_mirror
+    s = spec.score(t.subset(orig), pred[orig], rng("test"), n_boot)
+    out = {"value": s.get(key), "ci": (s.get("ci") or {}).get(key), "all": _plain(s)}
+    if mir.any():
+        out["mirror_cf"] = spec.score(t.subset(mir), pred[mir], None, 0).get(key)
+    c = spec.conflict(canon_prior, t.subset(orig), pred[orig], rng("conflict"), n_boot)
+    if c is not None:
+        out["conflict"], out["conflict_n"] = c.get(key), c.get("n")
+        out["conflict_ci"] = (c.get("ci") or {}).get(key)
+    c = spec.conflict(canon_prior, t.subset(mir), pred[mir], None, 0) if mir.any() else None
+    if c is not None:
+        out["mirror_conflict"], out["mirror_conflict_n"] = c.get(key), c.get("n")
+    return out
+
+
+def _plain(d: dict) -> dict:
+    """The scalar metrics of a score (no per-organ / per-axis breakdowns)."""
+    return {k: v for k, v in d.items() if isinstance(v, (int, float)) or v is None}
+
+
+def reference_rows(builds: dict[str, Path], probes: tuple[str, ...], n_boot: int) -> list[dict]:
+    """The rows that do not depend on a training seed: the oracle and the blind baselines."""
+    rows = []
+    for probe in probes:
+        canon = prior_of(builds["canonical"], probe)
+        cells = {lay: score_model(*oracle_items(builds[lay], probe), canon, 0, n_boot) for lay in LAYOUTS}
+        rows.append({"probe": probe, "model": "oracle", "seed": None, "cells": cells})
+        for name, fitted_on in BLINDS.items():
+            prior, cells = prior_of(builds[fitted_on], probe), {}
+            for lay in LAYOUTS:
+                t = split_items(builds[lay], probe)
+                cells[lay] = score_model(t, t.spec.prior_predict(prior, t), canon, 0, n_boot)
+            rows.append({"probe": probe, "model": name, "seed": None, "cells": cells})
+    return rows
+
+
+def cached_reference_rows(builds: dict[str, Path], probes: tuple[str, ...], n_boot: int, path: Path) -> list[dict]:
+    """:func:`reference_rows`, kept in ``path`` for the same builds (fingerprints), probes and bootstrap."""
+    from spar_bench.builder.shards import Build
+
+    key = {"builds": {lay: Build(b).fingerprint for lay, b in builds.items()}, "probes": list(probes), "n_boot": n_boot}
+    try:
+        kept = json.loads(path.read_text())
+        if kept["key"] == key:
+            return kept["rows"]
+    except (OSError, ValueError, KeyError):
+        pass
+    rows = reference_rows(builds, probes, n_boot)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"key": key, "rows": rows}, default=float) + "\n")
+    tmp.replace(path)
+    return rows
+
+
+def model_rows(builds: dict[str, Path], out: Path, tr: Training, model: str, n_boot: int) -> list[dict]:
+    """One trained reference model (``recall`` or ``computation``), one seed, on every probe: the
+    encoder trained end to end on ``tr.probes[0]`` (its own head scores that probe and every
+    other of ``tr.probes``), a frozen probe of that encoder, with the same head, for every other probe."""
+    from spar_bench.probes.targets import ProbeUnavailable
+    from spar_bench.probes.tasks import probe_names
+
+    train_on = MODEL_TRAIN_ON[model]
+    if model == "computation" and tr.organ_maps:
+        runs, enc_run = {}, organ_map_run(builds, out, tr)
+    else:
+        runs = {p: train_run(builds, out, tr, train_on, p) for p in tr.probes}
+        enc_run = runs[tr.probes[0]]
+    caches = encoder_caches(enc_run, builds, enc_run / "calibration", tr.device)
+    rows, geometry = [], {}
+    for probe in [p for p in probe_names() if p in tr.score]:
+        readout = bool(model == "computation" and tr.organ_maps and probe in READOUT_PROBES)
+        how = "readout" if readout else "finetuned" if probe in runs else "frozen"
+        try:
+            got = model_predictions(how, Trained(runs.get(probe, enc_run), train_on, caches), builds, probe, tr,
+                                    geometry, n_boot)
+        except ProbeUnavailable as e:  # e.g. no symmetric pair in a random layout: nothing to train on
+            print(f"{model} {probe}: {e}", flush=True)
+            got = {}
+        canon = prior_of(builds["canonical"], probe)
+        cells = {lay: score_model(t, pred, canon, tr.seed, n_boot) for lay, (t, pred) in got.items()}
+        cells = {lay: cells.get(lay, {"value": None}) for lay in LAYOUTS}
+        rows.append({"probe": probe, "model": model, "seed": tr.seed, "cells": cells,
+                     "how": {"readout": "organ maps + geometric readout", "finetuned": "finetuned"}.get(
+                         how, f"frozen encoder + {tr.head} probe")})
+        print(json.dumps({k: rows[-1][k] for k in ("probe", "model", "seed")}
+                         | {lay: c["value"] for lay, c in cells.items()}), flush=True)
+    return rows
+
+
+class Trained(NamedTuple):
+    """A trained model's run for one probe (its own end-to-end run, or the encoder's), the layout
+    it trained on and its encoder's feature caches per layout."""
+
+    run: Path
+    train_on: str
+    caches: dict[str, Path]
+
+
+def model_predictions(how: str, model: Trained, builds: dict[str, Path], probe: str, tr: Training,
+                      geometry: dict, n_boot: int) -> dict[str, tuple]:
+    """``{layout: (test items, predictions)}`` of one trained model on one probe (``how``:
+    ``readout``, ``finetuned`` or ``frozen``, see :func:`model_rows`)."""
+    run = model.run
+    if how == "frozen":
+        return frozen_head_predict(model.caches, builds, model.train_on, probe, tr, run / "calibration" / "heads",
+                                   n_boot)
+    got = {}
+    for lay in LAYOUTS:
+        p = model_predictor(how, run, builds[lay], probe, tr.device, geometry)
+        got[lay] = predicted(p, builds[lay], probe)
+        if how == "readout":
+            geometry[str(builds[lay])] = p.geometry
+    return got
+
+
+def organ_map_run(builds: dict[str, Path], out: Path, tr: Training) -> Path:
+    """The computation model's encoder trained from scratch on the organ maps of the random
+    layouts' Level 3 slices (``probes.finetune.organmaps``; no question seen), with
+    :data:`ORGAN_MAP_MODEL_ARGS`; :data:`~spar_bench.probes.finetune.readout.READOUT_PROBES` are then read out of its maps, every
+    other probe is a frozen ``tr.head`` probe of it."""
+    from spar_bench.probes.finetune.organmaps import OrganMapConfig, pretrain_organ_maps
+
+    cfg = OrganMapConfig(epochs=tr.organ_maps, lr=tr.lr, seed=tr.seed, dice=tr.organ_map_dice)
+    dice = f"-dice{tr.organ_map_dice:g}" if tr.organ_map_dice else ""
+    rd = out / "organ-maps" / f"{builds['random'].name}-e{tr.organ_maps}{dice}" / f"seed{tr.seed}"
+    print(f"computation encoder: organ maps, {tr.organ_maps} epochs -> {rd.relative_to(out)}", flush=True)
+    return pretrain_organ_maps(ENCODER, builds["random"], rd, cfg, ORGAN_MAP_MODEL_ARGS, progress=False,
+                               device=tr.device)
+
+
+def calibration_rows(builds: dict[str, Path], out: Path, trainings: list[Training], n_boot: int) -> list[dict]:
+    """The oracle and blind rows, then recall and computation for every training seed."""
+    rows = cached_reference_rows(builds, trainings[0].score, n_boot, out / "reference-rows.json")
+    for tr in trainings:
+        for model in ("recall", "computation"):
+            rows += model_rows(builds, out, tr, model, n_boot)
+    return rows
+
+
+def configs(args: Any) -> tuple[Data, list[Training]]:
+    """The builds' and trainings' settings of the command line's options (``args``: an
+    ``argparse.Namespace`` of ``scripts/recall_vs_computation.py``, or any object with its fields)."""
+    train_on, probes = tuple(args.train_on.split(",")), tuple(args.probes.split(","))
+    n = {lay: args.cases if lay in train_on else args.eval_cases for lay in LAYOUTS}
+    score: tuple[str, ...] = ()
+    if getattr(args, "calibrate", False):
+        from spar_bench.probes.tasks import get_probe, probe_names
+
+        score = tuple(p for p in probe_names() if p.split(".")[0] in ("level1", "level2", "level3")) \
+            if args.score == "all" else tuple(get_probe(p).name for p in args.score.split(","))
+        train_on = TRAIN_ON
+    levels = tuple(lv for lv in ("level1", "level2", "level3") if any(p.startswith(lv) for p in probes + score))
+    data = Data(n, args.samples, args.questions, args.l3_stride, args.in_plane, args.slices, levels)
+    model_args = {**MODEL_ARGS, **json.loads(args.model_args or "{}")}
+    trainings = [Training(model_args, args.head, args.epochs, args.patience, args.lr, int(s), train_on, probes,
+                          args.train_mirrors, score, getattr(args, "organ_maps", 0), getattr(args, "organ_map_dice", 0.0),
+                          getattr(args, "device", "cpu"))
+                 for s in args.seeds.split(",")]
+    return data, trainings
+
+
+def write_calibration(out: Path, builds: dict[str, Path], trainings: list[Training], args: Any,
+                      t0: float, t_build: float) -> int:
+    """Train and score the reference models; write ``calibration.md``/``.json``/``.png`` and ``plots/``."""
+    rows = calibration_rows(builds, out, trainings, args.bootstrap)
+    tr = trainings[0]
+    conditions = {"cases": {lay: n for lay, n in zip(LAYOUTS, [args.cases if lay in TRAIN_ON else args.eval_cases
+                                                               for lay in LAYOUTS], strict=True)},
+                  "grid (in-plane, slices)": [args.in_plane, args.slices], "intensities": INTENSITIES,
+                  "samples_per_case": args.samples, "l3_questions_per_probe": args.questions,
+                  "l3_stride": args.l3_stride, "trained_end_to_end_on": list(tr.probes), "head": tr.head,
+                  "max_epochs": tr.epochs, "patience": tr.patience, "lr": tr.lr,
+                  "train_mirrors (computation only)": tr.train_mirrors, "seeds": [t.seed for t in trainings],
+                  "computation encoder": (f"organ maps, {tr.organ_maps} epochs, Dice weight {tr.organ_map_dice:g}, "
+                                          f"model_args {ORGAN_MAP_MODEL_ARGS}"
+                                          if tr.organ_maps else "end to end, like recall"),
+                  "encoder": ENCODER, "model_args": tr.model_args, "device": tr.device, "jobs": args.jobs,
+                  "threads": args.threads,
+                  "cpu_count": os.cpu_count(), "load_average_at_end": os.getloadavg(),
+                  "build_seconds": round(t_build, 1), "wall_seconds": round(time.perf_counter() - t0, 1)}
+    (out / "calibration.json").write_text(json.dumps({"conditions": conditions, "rows": rows}, indent=1) + "\n")
+    md = ["# The benchmark calibrated: recall, computation and the oracle on every probe", "",
+          "Each cell: mean +- std over training seeds [mean of the seeds' 95% patient-bootstrap intervals]; "
+          "conflict items: those the canonical prior (canonical anatomy's answer) gets wrong.", ""]
+    md += [calibration_table(rows, p) for p in dict.fromkeys(r["probe"] for r in rows)]
+    md += [f"Conditions: {json.dumps(conditions)}", ""]
+    (out / "calibration.md").write_text("\n".join(md))
+    calibration_plots(rows, out)
+    print("\n".join(md))
+    return 0
+
+
+
+
+def write_results(out: Path, data: Data, trainings: list[Training], rows: list[dict], args: Any,
+                  t0: float, t_build: float) -> int:
+    """The recall-versus-computation runs' ``results.md``/``.json``/``.png`` (no ``--calibrate``)."""
+    wall = time.perf_counter() - t0
+    tr = trainings[0]
+    conditions = {"cases": data.cases, "grid (in-plane, slices)": [data.in_plane, data.slices],
+                  "intensities": INTENSITIES, "samples_per_case": data.samples,
+                  "l3_questions_per_probe": data.questions, "l3_stride": data.l3_stride, "max_epochs": tr.epochs,
+                  "patience": tr.patience, "lr": tr.lr, "train_mirrors": tr.train_mirrors, "seeds": [t.seed for t in trainings],
+                  "encoder": ENCODER, "model_args": tr.model_args, "head": tr.head, "threads": args.threads,
+                  "cpu_count": os.cpu_count(), "load_average_at_end": os.getloadavg(),
+                  "build_seconds": round(t_build, 1), "wall_seconds": round(wall, 1)}
+    (out / "results.json").write_text(json.dumps({"conditions": conditions, "rows": rows}, indent=1) + "\n")
+    md = ["# Recall versus computation", "",
+          "Each cell: **model** (blind baseline, the question-only optimum fitted on the training build), "
+          "test split of the layout named; relative position and orientation in % accuracy, Level 1 in "
+          "MED pixels. Encoder trained from scratch; several seeds: mean +- std.", "", table(rows), "",
+          f"Conditions: {json.dumps(conditions)}", ""]
+    (out / "results.md").write_text("\n".join(md))
+    plot(rows, out / "results.png")
+    print("\n".join(md))
+    return 0
+
+
+def run_experiment(args: Any) -> int:
+    """Build the phantoms and train and score the models of ``args`` (see :func:`configs`):
+    the calibration (``args.calibrate``) or the recall-versus-computation runs."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    data, trainings = configs(args)
+    t0 = time.perf_counter()
+    builds = build_all(out, data, args.seed, args.jobs)
+    t_build = time.perf_counter() - t0
+    if args.calibrate:
+        return write_calibration(out, builds, trainings, args, t0, t_build)
+    rows = [r for tr in trainings for r in train_and_score(builds, out, tr, args.bootstrap)]
+    return write_results(out, data, trainings, rows, args, t0, t_build)
