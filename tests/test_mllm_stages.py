@@ -1,0 +1,143 @@
+"""``mllm:DIR@STAGE``: tiny random LLaVA, Qwen2-VL and PaliGemma models built offline, each stage's
+tokens (counts, grids, differences), a resumable cache and a head fitted on every stage."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from spar_bench.errors import ConfigError
+from spar_bench.probes.cache import CacheOptions, write_cache
+from spar_bench.probes.encoders import load_encoder
+from spar_bench.probes.features import FeatureCache
+from spar_bench.probes.vqa.tiny import make_tiny_llava, make_tiny_paligemma, make_tiny_qwen2_vl
+
+from helpers import images, run_cmd
+
+pytest.importorskip("transformers")
+
+#: model -> (vision tokens, LM tokens) of its 224 input: LLaVA 32 px / patch 8 (no CLS: the
+#: ``default`` strategy); Qwen2-VL 112 px / patch 14 = 8x8 patches merged 2x2; PaliGemma 4x4
+TOKENS = {"llava": (16, 16), "qwen": (64, 16), "pali": (16, 16)}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("mllms")
+    return {"llava": make_tiny_llava(root / "llava"), "qwen": make_tiny_qwen2_vl(root / "qwen", pixels=112),
+            "pali": make_tiny_paligemma(root / "pali")}
+
+
+def _tokens(name: str) -> tuple[torch.Tensor, object]:
+    enc = load_encoder(name)
+    toks, pooled = enc(images(2))[-1]
+    assert pooled.shape == (2, toks.shape[-1])
+    return toks, enc.spec
+
+
+@pytest.mark.parametrize("model", sorted(TOKENS))
+def test_each_stage_has_its_token_count_and_the_stages_differ(models, model) -> None:
+    got = {st: _tokens(f"mllm:{models[model]}@{st}") for st in ("vision", "projector", "llm:0", "llm:1", "llm:2")}
+    n_vision, n_lm = TOKENS[model]
+    for st, (toks, spec) in got.items():
+        want = n_vision if st == "vision" else n_lm
+        assert toks.shape == (2, want, 32) and spec.n_tokens == want, st
+        assert spec.extra["stage"] == st and spec.extra["image_tokens"] == n_lm and spec.family == "mllm"
+        assert spec.name.startswith(f"mllm:{model}@") and spec.name.endswith(f"@{st}")  # no local path
+        assert spec.weights["kind"] == "dir" and not spec.random_init
+        assert len(spec.extra["config_sha256"]) == 64
+    # what the LM receives at its input is the projector's output, and every later stage differs
+    torch.testing.assert_close(got["projector"][0], got["llm:0"][0])
+    stages = ["projector", "llm:1", "llm:2"] + (["vision"] if n_vision == n_lm else [])
+    for i, a in enumerate(stages):
+        for b in stages[i + 1:]:
+            assert not torch.allclose(got[a][0], got[b][0], atol=1e-3), (a, b)
+    assert got["llm:2"][1].extra["prompt"] and got["vision"][1].extra["prompt"] is None
+
+
+def test_qwen_vision_tokens_are_row_major_and_merge_to_the_projector(models) -> None:
+    """Qwen2-VL's processor lists patches 2x2 window by window; the vision stage gives them in
+    row-major order (the grid heads assume): undone, its merger reproduces the projector."""
+    enc = load_encoder(f"mllm:{models['qwen']}@vision")
+    assert enc.spec.grid == (8, 8) and enc.spec.extra["lm_grid"] == [4, 4]
+    x = images(2)
+    vis = enc(x)[-1][0]  # (2, 64, D) row-major
+    proj = load_encoder(f"mllm:{models['qwen']}@projector")(x)[-1][0]
+    windows = vis.reshape(2, 4, 2, 4, 2, -1).permute(0, 1, 3, 2, 4, 5).reshape(-1, vis.shape[-1])
+    with torch.inference_mode():
+        merged = enc.module.model.visual.merger(windows).reshape(2, 16, -1)
+    torch.testing.assert_close(merged, proj)
+
+
+def test_bad_names_are_one_line(models, tmp_path) -> None:
+    d = models["llava"]
+    for name, match in ((f"mllm:{d}", "name a stage"), (f"mllm:{d}@lm:3", "unknown stage"),
+                        (f"mllm:{d}@llm:9", "layer 9 out of range.*2 layers"),
+                        (f"mllm:{tmp_path}/nope@vision", "not a folder")):
+        with pytest.raises(ConfigError, match=match):
+            load_encoder(name)
+    with pytest.raises(ConfigError, match="holds the weights; drop --random-init"):
+        load_encoder(f"mllm:{d}@vision", random_init=True)
+
+
+def test_random_weights_only_when_asked(models, tmp_path) -> None:
+    bare = tmp_path / "bare"
+    shutil.copytree(models["llava"], bare, ignore=shutil.ignore_patterns("*.safetensors"))
+    with pytest.raises(ConfigError, match="holds no weights.*--random-init"):
+        load_encoder(f"mllm:{bare}@projector")
+    a = load_encoder(f"mllm:{bare}@projector", random_init=True)
+    b = load_encoder(f"mllm:{bare}@projector", random_init=True)
+    assert a.spec.random_init and a.spec.weights["kind"] == "random-init"
+    torch.testing.assert_close(a(images(1))[-1][0], b(images(1))[-1][0])  # one seeded network
+
+
+def _opts(**kw) -> CacheOptions:
+    return CacheOptions(levels=("level3",), splits=("train", "test"), batch_size=4, dtype="fp32", compute="fp32",
+                        **kw)
+
+
+def test_stage_cache_resumes_to_the_same_bytes(models, pipeline, tmp_path) -> None:
+    name = f"mllm:{models['qwen']}@llm:1"
+    full = write_cache(name, pipeline["shards"], tmp_path / "full.h5", _opts(), progress=False)
+    calls = []
+
+    def stop(*_):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+
+    part = tmp_path / "part.h5"
+    with pytest.raises(KeyboardInterrupt):
+        write_cache(name, pipeline["shards"], part, _opts(async_writes=False), progress=False, on_batch=stop)
+    with h5py.File(part) as f:
+        assert not f.attrs["complete"]
+    write_cache(name, pipeline["shards"], part, _opts(), progress=False)
+    with FeatureCache(full) as a, FeatureCache(part) as b:
+        for split in a.splits("level3"):
+            np.testing.assert_array_equal(a.tokens("level3", split, -1), b.tokens("level3", split, -1))
+            np.testing.assert_array_equal(a.pooled("level3", split, -1), b.pooled("level3", split, -1))
+        config = json.loads(b.meta["encoder_config"]) if isinstance(b.meta["encoder_config"], str) \
+            else b.meta["encoder_config"]
+    assert config["grid"] == [4, 4] and config["extra"]["vision_grid"] == [8, 8]
+    assert config["extra"]["stage"] == "llm:1" and "/" not in config["name"].split(":", 1)[1].split("@")[0]
+
+
+@pytest.mark.parametrize("stage", ["vision", "projector", "llm:2"])
+def test_a_head_trains_on_each_stage(models, pipeline, tmp_path, stage) -> None:
+    from spar_bench.probes.cli import cli
+
+    cache = write_cache(f"mllm:{models['llava']}@{stage}", pipeline["shards"], tmp_path / "c.h5", _opts(),
+                        progress=False)
+    code = run_cmd(cli, ["fit", "--features", cache, "--data", pipeline["shards"], "--out", tmp_path / "runs",
+                         "--probe", "level3.relative_position", "--head", "linear", "--seeds", "0",
+                         "--max-epochs", 2, "--bootstrap", 20])
+    assert code == 0
+    (metrics,) = (tmp_path / "runs").rglob("metrics.json")
+    m = json.loads(metrics.read_text())
+    assert m["probe"] == "level3.relative_position" and "blind" in json.dumps(m)
