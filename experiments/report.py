@@ -16,7 +16,9 @@ them out.
   table, and for Level 4 (volumes, whose probes are columns after Level 3's) the
   superior-inferior flipped counterfactual likewise; one **zero-shot transfer** table per transfer target (``eval-*.json``); the
   **MLLM** table (``spar-probe vqa`` runs: the question probes, Levels 3 and 4, blind,
-  CircularEval, parse rate);
+  CircularEval, parse rate); per MLLM probed by stage (``mllm:DIR@STAGE`` caches), a **stage
+  table**: per probe the heads and their blind baseline at each stage beside the model's own
+  VQA answer and blind VQA (also ``stages`` in experiment.json);
   and the **provenance** of every cell (run folders relative to RUNS, build and cache
   fingerprints, weights digest, protocol version);
 * ``experiment.json``: the same numbers and every run's provenance, machine-readable;
@@ -496,6 +498,63 @@ def mllm_table(doc: dict) -> list[str]:
             "option.", "", *_grid_table(doc, rows, probes, _headline("test"), subrows), ""]  # fmt: skip
 
 
+#: a stage encoder's name (``mllm:<folder>@<sha8>@<stage>``) and an ``hf:`` MLLM's run name
+#: (``hf-<folder>-<sha8>``): one local model, by its folder's name and content hash
+_STAGE_NAME = re.compile(r"mllm:(?P<model>.+@[0-9a-f]{8})@(?P<stage>vision|projector|llm:-?\d+)")
+_HF_MODEL = re.compile(r"hf-(?P<base>.+)-(?P<sha>[0-9a-f]{8})")
+
+
+def _stage_order(stage: str) -> tuple[int, int]:
+    """vision, projector, then the LM's layers in depth order (``llm:-1``, the last, after the others)."""
+    if not stage.startswith("llm:"):
+        return (0 if stage == "vision" else 1, 0)
+    n = int(stage[4:])
+    return (2, n if n >= 0 else 10_000 + n)
+
+
+def stage_summary(doc: dict) -> list[dict[str, Any]]:
+    """Per local MLLM probed by stage: its stage rows (frozen heads on ``mllm:DIR@STAGE`` caches)
+    in pipeline order and its own VQA rows (``hf:DIR``, matched by folder name and content hash)."""
+    models: dict[str, dict[str, Any]] = {}
+    for r in doc["configurations"]:
+        m = _STAGE_NAME.fullmatch(r["encoder"]) if r["mode"] == "frozen" else None
+        if m:
+            models.setdefault(m["model"], {"model": m["model"], "stages": [], "vqa": []})["stages"].append(
+                {"stage": m["stage"], "row": r})
+    for r in doc["configurations"]:
+        m = _HF_MODEL.fullmatch(r["encoder"]) if r["mode"] == "MLLM" else None
+        if m and f"{m['base']}@{m['sha']}" in models:
+            models[f"{m['base']}@{m['sha']}"]["vqa"].append(r)
+    for v in models.values():
+        v["stages"].sort(key=lambda s: (_stage_order(s["stage"]), s["row"]["head"], s["row"]["options"], s["row"]["tag"]))
+    return [models[k] for k in sorted(models)]
+
+
+def stage_tables(doc: dict) -> list[str]:
+    """One table per MLLM probed by stage: a row per probe; per stage the heads' headline and, in
+    parentheses, their blind baseline; then the model's own VQA answer and its blind VQA."""
+    out: list[str] = []
+    for model in stage_summary(doc):
+        stages, vqa = model["stages"], model["vqa"]
+        heads = len({(s["row"]["head"], s["row"]["options"], s["row"]["tag"]) for s in stages}) > 1
+        cols = [s["stage"] + (f" [{s['row']['head']}]" if heads else "") for s in stages]
+        cols += [f"answer{' [' + r['options'] + ']' if r['options'] else ''}" for r in vqa]
+        probes = [p for p in doc["probes"] if any(p in s["row"]["cells"] for s in stages)]
+        lines = []
+        for p in probes:
+            cells = [s["row"]["cells"].get(p) for s in stages] + [r["cells"].get(p) for r in vqa]
+            lines.append([p, *("-" if c is None else f"{fmt_summary(c.get('test'), c['percent'], ci=False)} "
+                                                    f"({fmt_summary(c.get('blind'), c['percent'], ci=False)})"
+                               for c in cells)])  # fmt: skip
+        out += [f"## Where the MLLM loses it: {model['model']} by stage", "",
+                "Frozen heads on the model's own features at each stage (`mllm:DIR@STAGE`: vision tower,",
+                "projector, language-model layer N at the image tokens), then the model's own answer",
+                "(`spar-probe vqa`). Each cell: the headline (mean over seeds) and, in parentheses, its blind",
+                "baseline (the head without image features; the question without the image).", "",
+                *_table(["probe", *cols], [[_cell_text(c) for c in line] for line in lines]), ""]
+    return out
+
+
 def _folders(runs: list[dict]) -> str:
     """The run folders of a cell, compact: ``parent/{seed0, seed1}`` when they share a parent."""
     rels = [r["run"] for r in runs]
@@ -568,7 +627,8 @@ def _metric_label(probe: str) -> str:
 
 def render_markdown(title: str, provenance: dict | None, doc: dict) -> str:
     lines = header(title, provenance, doc) + [f"![headline per probe]({PNG_FILE})", ""]
-    for part in (main_table, controls_table, mirror_table, flip_table, transfer_tables, mllm_table, provenance_table):
+    for part in (main_table, controls_table, mirror_table, flip_table, transfer_tables, mllm_table, stage_tables,
+                 provenance_table):
         lines += part(doc)
     return "\n".join(lines).rstrip("\n") + "\n"
 
@@ -627,6 +687,11 @@ def _strings(obj: Any) -> list[str]:
     return [obj] if isinstance(obj, str) else []
 
 
+def _row_key(row: dict) -> dict[str, str]:
+    """The keys of a configuration row in experiment.json (its cells are there already)."""
+    return {k: row[k] for k in ("encoder", "head", "mode", "options", "build", "tag")}
+
+
 def _check_provenance(provenance: dict | None, prefixes: list[str]) -> None:
     if provenance is None:
         return
@@ -649,8 +714,12 @@ def write_experiment_report(runs: Path, out: Path, *, title: str, provenance: di
     prefixes = local_prefixes(runs, out)
     _check_provenance(provenance, prefixes)
     doc = aggregate(load_runs(runs))
+    stages = [{"model": m["model"], "stages": [s["stage"] for s in m["stages"]],
+               "rows": [_row_key(s["row"]) for s in m["stages"]], "vqa": [_row_key(r) for r in m["vqa"]]}
+              for m in stage_summary(doc)]  # fmt: skip
     meta = json_safe({"generator": GENERATOR, "title": title, "provenance": provenance or {},
-                      "files": sorted([MD_FILE, JSON_FILE, PNG_FILE]), **doc})  # fmt: skip
+                      "files": sorted([MD_FILE, JSON_FILE, PNG_FILE]), **doc,
+                      **({"stages": stages} if stages else {})})  # fmt: skip
     text = render_markdown(title, provenance, doc)
     leaked = local_paths([meta, text], prefixes)
     if leaked:  # a run's record held a local path: never publish it

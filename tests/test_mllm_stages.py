@@ -102,6 +102,7 @@ def _opts(**kw) -> CacheOptions:
                         **kw)
 
 
+@pytest.mark.slow  # the session's phantom pipeline
 def test_stage_cache_resumes_to_the_same_bytes(models, pipeline, tmp_path) -> None:
     name = f"mllm:{models['qwen']}@llm:1"
     full = write_cache(name, pipeline["shards"], tmp_path / "full.h5", _opts(), progress=False)
@@ -128,6 +129,7 @@ def test_stage_cache_resumes_to_the_same_bytes(models, pipeline, tmp_path) -> No
     assert config["extra"]["stage"] == "llm:1" and "/" not in config["name"].split(":", 1)[1].split("@")[0]
 
 
+@pytest.mark.slow  # the session's phantom pipeline, a cache and a fit per stage
 @pytest.mark.parametrize("stage", ["vision", "projector", "llm:2"])
 def test_a_head_trains_on_each_stage(models, pipeline, tmp_path, stage) -> None:
     from spar_bench.probes.cli import cli
@@ -141,3 +143,60 @@ def test_a_head_trains_on_each_stage(models, pipeline, tmp_path, stage) -> None:
     (metrics,) = (tmp_path / "runs").rglob("metrics.json")
     m = json.loads(metrics.read_text())
     assert m["probe"] == "level3.relative_position" and "blind" in json.dumps(m)
+
+
+STAGED = """
+experiment: stages
+out: {out}
+builds:
+  train: {{phantom: {{n: 4, in_plane: 96, slices: 16}}, options: {{samples_per_case: 2, hf: false, levels: level3}}}}
+modes:
+  frozen: {{heads: [linear], options: {{max_epochs: 1, bootstrap: 10}}, cache: {{batch_size: 8, compute: fp32}}}}
+probes: [level3.relative_position]
+seeds: [0]
+mllms:
+  tiny: {{model: "hf:{model}", stages: [vision, llm:2, answer], options: {{bootstrap: 10, probe: relative_position}}}}
+"""
+
+
+def test_stages_expand_to_one_frozen_encoder_each(models, tmp_path) -> None:
+    from spar_bench.experiments.config import load_experiment
+    from spar_bench.experiments.plan import make_plan
+
+    path = tmp_path / "e.yaml"
+    path.write_text(STAGED.format(out=tmp_path / "out", model=models["llava"]))
+    exp = load_experiment(path)
+    assert exp.modes["frozen"].encoders == ("tiny-vision", "tiny-llm2")
+    assert exp.encoders["tiny-llm2"].spec == f"mllm:{models['llava']}@llm:2"
+    ids = [s.id for s in make_plan(exp).steps]
+    assert ids == ["build:train", "cache:tiny-vision@train", "cache:tiny-llm2@train", "heads:tiny-vision",
+                   "heads:tiny-llm2", "vqa:tiny@train", "report"]
+    path.write_text(STAGED.format(out=tmp_path / "out", model=models["llava"]).replace(", answer]", "]"))
+    assert "vqa:tiny@train" not in [s.id for s in make_plan(load_experiment(path)).steps]  # no answer: no VQA
+    for bad, match in ((STAGED.replace("{model}", "{out}/nowhere"), r"e\.yaml:\d+: mllms\.tiny\.model: .* not a folder"),
+                       (STAGED.replace("llm:2,", "llm:x,"), r"mllms\.tiny\.stages\[1\]: .*unknown stage 'llm:x'")):
+        path.write_text(bad.format(out=tmp_path / "out", model=models["llava"]))
+        with pytest.raises(ConfigError, match=match):
+            load_experiment(path)
+
+
+@pytest.mark.slow  # a phantom build, two caches, two heads and a VQA run through `spar-bench run`
+def test_the_stage_pipeline_runs_end_to_end_into_the_report(models, tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "e.yaml"
+    path.write_text(STAGED.format(out=tmp_path / "out", model=models["llava"]))
+    done = subprocess.run([sys.executable, "-m", "spar_bench.experiments.cli", "run", str(path)],
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}, capture_output=True,
+                          encoding="utf-8", errors="replace", timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    text = (tmp_path / "out" / "report" / "experiment.md").read_text()
+    assert "## Where the MLLM loses it: llava@" in text, text
+    header = next(line for line in text.splitlines() if line.startswith("| probe | vision"))
+    assert header.startswith("| probe | vision | llm:2 | answer |")
+    row = next(line for line in text.splitlines() if line.startswith("| level3.relative_position |"))
+    assert row.count("(") == 3  # every stage and the answer with its blind baseline
+    doc = json.loads((tmp_path / "out" / "report" / "experiment.json").read_text())
+    assert doc["stages"][0]["stages"] == ["vision", "llm:2"] and len(doc["stages"][0]["vqa"]) == 1
