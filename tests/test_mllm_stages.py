@@ -200,3 +200,20 @@ def test_the_stage_pipeline_runs_end_to_end_into_the_report(models, tmp_path) ->
     assert row.count("(") == 3  # every stage and the answer with its blind baseline
     doc = json.loads((tmp_path / "out" / "report" / "experiment.json").read_text())
     assert doc["stages"][0]["stages"] == ["vision", "llm:2"] and len(doc["stages"][0]["vqa"]) == 1
+
+
+def test_the_preset_runs_the_four_mllms_by_stage_once_their_folders_are_given(tmp_path) -> None:
+    from spar_bench.experiments import preset_path
+    from spar_bench.experiments.config import load_experiment
+    from spar_bench.experiments.plan import make_plan
+
+    bare = {"OUT": str(tmp_path / "out"), "DATA": str(tmp_path / "data"), "WEIGHTS": str(tmp_path / "w")}
+    with pytest.raises(ConfigError, match=r"mllm-stages\.yaml:\d+: mllms\.qwen2\.5-vl-7b\.model: .* not a folder"):
+        load_experiment(preset_path("mllm-stages"), bare)
+    for d in ("Qwen2.5-VL-7B-Instruct", "llava-1.5-7b-hf", "InternVL3-8B-hf", "medgemma-4b-it"):
+        (tmp_path / "w" / d).mkdir(parents=True)
+    plan = make_plan(load_experiment(preset_path("mllm-stages"), bare))
+    ids = [s.id for s in plan.steps]
+    assert sum(i.startswith("cache:") for i in ids) == sum(i.startswith("heads:") for i in ids) == 4 * 6
+    assert sum(i.startswith("vqa:") for i in ids) == 4 and ids[-1] == "report"
+    assert "cache:llava-1.5-7b-llm32@word" in ids

@@ -187,7 +187,9 @@ def _load(folder: Path, name: str, random_init: bool) -> tuple[Any, Any, dict[st
 
 
 def _token_layout(model: Any, processor: Any, prompt: str, stage: str) -> dict[str, Any]:
-    """The token grid of ``stage`` from one processor call on a blank image (no forward)."""
+    """The token grids from one processor call on a blank image (and, for the vision stage, one
+    pass of the vision tower: its patches may outnumber the LM's tokens, e.g. InternVL's pixel
+    shuffle, Gemma 3's pooling); the LM is not run."""
     import numpy as np
 
     enc = processor(text=[prompt], images=[np.zeros((224, 224, 3), np.uint8)], return_tensors="pt")
@@ -197,15 +199,27 @@ def _token_layout(model: Any, processor: Any, prompt: str, stage: str) -> dict[s
     if "image_grid_thw" in enc:  # Qwen2-VL: dynamic resolution, here one fixed 224 input
         _, h, w = (int(v) for v in enc["image_grid_thw"][0])
         m = int(model.model.visual.spatial_merge_size)
-        merged = (h // m, w // m)
-        grid, vision = (merged, (h, w))
+        grid, vision = (h // m, w // m), (h, w)
     else:
-        side = math.isqrt(n_img - n_prefix)
-        if side * side != n_img - n_prefix:
-            raise ConfigError(f"model type {cfg.model_type}: {n_img} image tokens are not a square grid")
-        grid = vision = (side, side)
+        grid = _square(n_img - n_prefix, cfg.model_type, "image tokens")
+        vision = grid
+        if stage == "vision":
+            import torch
+
+            pix = {k: v for k, v in enc.items() if k not in _TEXT_KEYS}
+            with torch.inference_mode():
+                out = model.model.get_image_features(**pix, output_hidden_states=True)
+            vision = _square(int(vision_tokens(model, out, pix, 1).shape[1]) - n_prefix, cfg.model_type, "patches")
     return {"grid": vision if stage == "vision" else grid, "n_prefix": n_prefix, "image_tokens": n_img,
             "vision_grid": list(vision), "lm_grid": list(grid)}
+
+
+def _square(n: int, model_type: str, what: str) -> tuple[int, int]:
+    side = math.isqrt(n)
+    if side * side != n:
+        raise ConfigError(f"model type {model_type}: {n} {what} of a 224 image are not a square grid "
+                          "(an image tiled into crops?); this model is not supported by mllm: yet")
+    return (side, side)
 
 
 def load_mllm(rest: str, *, weights: str | None = None, random_init: bool = False,
