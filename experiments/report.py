@@ -18,7 +18,7 @@ them out.
   **MLLM** table (``spar-probe vqa`` runs: the question probes, Levels 3 and 4, blind,
   CircularEval, parse rate); per MLLM probed by stage (``mllm:DIR@STAGE`` caches), a **stage
   table**: per probe the heads and their blind baseline at each stage beside the model's own
-  VQA answer and blind VQA (also ``stages`` in experiment.json);
+  VQA answer and blind VQA (also ``stages`` in experiment.json, and plotted in ``stages.png``);
   and the **provenance** of every cell (run folders relative to RUNS, build and cache
   fingerprints, weights digest, protocol version);
 * ``experiment.json``: the same numbers and every run's provenance, machine-readable;
@@ -51,6 +51,8 @@ from spar_bench.provenance import json_safe, local_paths, local_prefixes, portab
 
 GENERATOR = "spar-bench run (experiment report)"
 MD_FILE, JSON_FILE, PNG_FILE = "experiment.md", "experiment.json", "experiment.png"
+#: the stage plot, written when an MLLM was probed by stage
+STAGES_PNG = "stages.png"
 #: modes in the order rows of one encoder and head are shown (MLLM rows come last)
 MODES = ("frozen", "finetuned", "scratch", "finetuned (frozen head)", "scratch (frozen head)", "MLLM")
 #: Level 3 extras of an MLLM row: label -> path in metrics.json (a rate)
@@ -551,7 +553,8 @@ def stage_tables(doc: dict) -> list[str]:
                 "projector, language-model layer N at the image tokens), then the model's own answer",
                 "(`spar-probe vqa`). Each cell: the headline (mean over seeds) and, in parentheses, its blind",
                 "baseline (the head without image features; the question without the image).", "",
-                *_table(["probe", *cols], [[_cell_text(c) for c in line] for line in lines]), ""]
+                *_table(["probe", *cols], [[_cell_text(c) for c in line] for line in lines]), "",
+                f"![stages]({STAGES_PNG})", ""]
     return out
 
 
@@ -675,6 +678,43 @@ def plot(doc: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def _mean(cell: dict | None, key: str) -> float:
+    s = (cell or {}).get(key) or {}
+    m = s.get("mean")
+    return np.nan if m is None else (100.0 if cell["percent"] else 1.0) * m
+
+
+def plot_stages(doc: dict, path: Path) -> None:
+    """One panel per MLLM probed by stage: per probe, the heads' headline along the stages
+    (solid) and their blind baseline (dashed), the model's own answer and blind VQA as the
+    last point (the first head and VQA run of each stage)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = stage_summary(doc)
+    fig, axes = plt.subplots(1, len(models), figsize=(5.0 * len(models), 3.6), squeeze=False)
+    for ax, model in zip(axes.flat, models, strict=True):
+        seen: dict[str, dict] = {}
+        for st in model["stages"]:
+            seen.setdefault(st["stage"], st["row"])
+        rows = list(seen.values()) + model["vqa"][:1]
+        labels = list(seen) + (["answer"] if model["vqa"] else [])
+        probes = [p for p in doc["probes"] if any(p in r["cells"] for r in rows)]
+        for i, p in enumerate(probes):
+            xs = np.arange(len(rows))
+            ax.plot(xs, [_mean(r["cells"].get(p), "test") for r in rows], "-o", color=f"C{i}", label=p, ms=3)
+            ax.plot(xs, [_mean(r["cells"].get(p), "blind") for r in rows], "--", color=f"C{i}", lw=0.8)
+        ax.set_xticks(np.arange(len(rows)), labels, fontsize=7)
+        ax.set_title(model["model"], fontsize=8)
+        ax.set_ylabel("headline (dashed: blind)", fontsize=7)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90, metadata={"Software": None})
+    plt.close(fig)
+
+
 #: an absolute POSIX path (``/home/me/x``) or a Windows drive path in a string; not a URL's ``//``
 ABSOLUTE = re.compile(r"(?:^|[\s\"'=(,\[])(?:/(?!/)[\w.-]+/[\w.-]|[A-Za-z]:[\\/][\w.-])")
 
@@ -718,7 +758,7 @@ def write_experiment_report(runs: Path, out: Path, *, title: str, provenance: di
                "rows": [_row_key(s["row"]) for s in m["stages"]], "vqa": [_row_key(r) for r in m["vqa"]]}
               for m in stage_summary(doc)]  # fmt: skip
     meta = json_safe({"generator": GENERATOR, "title": title, "provenance": provenance or {},
-                      "files": sorted([MD_FILE, JSON_FILE, PNG_FILE]), **doc,
+                      "files": sorted([MD_FILE, JSON_FILE, PNG_FILE, *([STAGES_PNG] if stages else [])]), **doc,
                       **({"stages": stages} if stages else {})})  # fmt: skip
     text = render_markdown(title, provenance, doc)
     leaked = local_paths([meta, text], prefixes)
@@ -726,6 +766,8 @@ def write_experiment_report(runs: Path, out: Path, *, title: str, provenance: di
         raise ConfigError(f"{runs}: a run records a local path ({leaked[0][:80]}); re-run it with this version")
     out.mkdir(parents=True, exist_ok=True)
     plot(doc, out / PNG_FILE)
+    if stages:
+        plot_stages(doc, out / STAGES_PNG)
     write_bytes(out / JSON_FILE, json.dumps(meta, indent=2) + "\n")
     write_bytes(out / MD_FILE, text)
     return out / MD_FILE

@@ -200,6 +200,7 @@ def test_the_stage_pipeline_runs_end_to_end_into_the_report(models, tmp_path) ->
     assert row.count("(") == 3  # every stage and the answer with its blind baseline
     doc = json.loads((tmp_path / "out" / "report" / "experiment.json").read_text())
     assert doc["stages"][0]["stages"] == ["vision", "llm:2"] and len(doc["stages"][0]["vqa"]) == 1
+    assert "stages.png" in doc["files"] and (tmp_path / "out" / "report" / "stages.png").is_file()
 
 
 def test_the_preset_runs_the_four_mllms_by_stage_once_their_folders_are_given(tmp_path) -> None:
@@ -217,3 +218,99 @@ def test_the_preset_runs_the_four_mllms_by_stage_once_their_folders_are_given(tm
     assert sum(i.startswith("cache:") for i in ids) == sum(i.startswith("heads:") for i in ids) == 4 * 6
     assert sum(i.startswith("vqa:") for i in ids) == 4 and ids[-1] == "report"
     assert "cache:llava-1.5-7b-llm32@word" in ids
+
+
+# -- the other families of the paper's MLLMs: Qwen2.5-VL (attention windows), InternVL (pixel
+# shuffle), Gemma 3 (MedGemma; pooled tokens), built here at tiny sizes ------------------------
+def _words(special: tuple[str, ...]):
+    from spar_bench.probes.vqa.tiny import _vocabulary, _word_tokenizer
+
+    words = _vocabulary(special=special)
+    return words, {w: i for i, w in enumerate(words)}, _word_tokenizer
+
+
+TEXT = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 3}
+VIT = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
+
+
+def _qwen25(path: Path) -> Path:
+    import transformers as tf
+
+    from spar_bench.probes.vqa.tiny import QWEN_CHAT_TEMPLATE, QWEN_SPECIAL
+
+    words, vocab, tok = _words(QWEN_SPECIAL)
+    px = {"min_pixels": 224 * 224, "max_pixels": 224 * 224, "patch_size": 14, "merge_size": 2, "temporal_patch_size": 2}
+    proc = tf.Qwen2_5_VLProcessor(image_processor=tf.Qwen2VLImageProcessor(**px), video_processor=tf.Qwen2VLVideoProcessor(**px),
+                                  tokenizer=tok(words, {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>"}),
+                                  chat_template=QWEN_CHAT_TEMPLATE)
+    text = {**TEXT, "vocab_size": len(words), "num_key_value_heads": 2, "max_position_embeddings": 4096,
+            "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}}
+    vision = {"depth": 2, "hidden_size": 32, "out_hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "patch_size": 14,
+              "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 56, "fullatt_block_indexes": [1]}
+    cfg = tf.Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=vocab["<|image_pad|>"],
+                              video_token_id=vocab["<|video_pad|>"], vision_start_token_id=vocab["<|vision_start|>"],
+                              vision_end_token_id=vocab["<|vision_end|>"])
+    return _save(tf.Qwen2_5_VLForConditionalGeneration(cfg), proc, path)
+
+
+def _internvl(path: Path) -> Path:
+    import transformers as tf
+
+    from spar_bench.probes.vqa.tiny import CHAT_TEMPLATE
+
+    words, vocab, tok = _words(("<image>", "<img>", "</img>", "<IMG_CONTEXT>", "<video>"))
+    fast = tok(words, {"context_image_token": "<IMG_CONTEXT>", "start_image_token": "<img>",
+                       "end_image_token": "</img>", "video_token": "<video>"})
+    size = {"height": 224, "width": 224}
+    proc = tf.InternVLProcessor(image_processor=tf.GotOcr2ImageProcessor(size=size), tokenizer=fast,
+                                video_processor=tf.InternVLVideoProcessor(size=size), image_seq_length=16,
+                                chat_template=CHAT_TEMPLATE.replace("<image>", "<IMG_CONTEXT>"))
+    cfg = tf.InternVLConfig(text_config={**TEXT, "model_type": "qwen2", "vocab_size": len(words)},
+                            vision_config={**VIT, "image_size": [224, 224], "patch_size": [28, 28]},
+                            image_token_id=vocab["<IMG_CONTEXT>"], downsample_ratio=0.5)
+    return _save(tf.InternVLForConditionalGeneration(cfg), proc, path)
+
+
+def _gemma3(path: Path) -> Path:
+    import transformers as tf
+
+    from spar_bench.probes.vqa.tiny import CHAT_TEMPLATE
+
+    words, vocab, tok = _words(("<image>", "<start_of_image>", "<end_of_image>", "<image_soft_token>"))
+    fast = tok(words, {"image_token": "<image_soft_token>", "boi_token": "<start_of_image>", "eoi_token": "<end_of_image>"})
+    proc = tf.Gemma3Processor(image_processor=tf.Gemma3ImageProcessor(size={"height": 64, "width": 64}), tokenizer=fast,
+                              chat_template=CHAT_TEMPLATE.replace("<image>", "<start_of_image>"), image_seq_length=16)
+    cfg = tf.Gemma3Config(text_config={**TEXT, "vocab_size": len(words), "head_dim": 16},
+                          vision_config={**VIT, "image_size": 64, "patch_size": 8}, mm_tokens_per_image=16,
+                          image_token_id=vocab["<image_soft_token>"], boi_token_index=vocab["<start_of_image>"],
+                          eoi_token_index=vocab["<end_of_image>"])
+    return _save(tf.Gemma3ForConditionalGeneration(cfg), proc, path)
+
+
+def _save(model, proc, path: Path) -> Path:
+    model.save_pretrained(path)
+    proc.save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize(("make", "grids"), [(_qwen25, ((16, 16), (8, 8))), (_internvl, ((8, 8), (4, 4))),
+                                             (_gemma3, ((8, 8), (4, 4)))], ids=["qwen2.5-vl", "internvl", "gemma3"])
+def test_the_paper_mllms_families_give_their_grids(tmp_path, make, grids) -> None:
+    torch.manual_seed(0)
+    d = make(tmp_path / make.__name__.strip("_"))
+    x = images(2)
+    got = {st: load_encoder(f"mllm:{d}@{st}") for st in ("vision", "projector", "llm:0", "llm:2")}
+    toks = {st: enc(x)[-1][0] for st, enc in got.items()}
+    for st, enc in got.items():
+        grid = grids[0] if st == "vision" else grids[1]
+        assert enc.spec.grid == grid and toks[st].shape == (2, grid[0] * grid[1], 32), st
+        assert enc.spec.extra["vision_grid"] == list(grids[0]) and enc.spec.extra["lm_grid"] == list(grids[1])
+    torch.testing.assert_close(toks["projector"], toks["llm:0"])
+    assert not torch.allclose(toks["projector"], toks["llm:2"], atol=1e-3)
+    if make is _qwen25:  # its tower works in attention windows: the vision stage undoes them too
+        vis = toks["vision"]
+        windows = vis.reshape(2, 8, 2, 8, 2, -1).permute(0, 1, 3, 2, 4, 5).reshape(-1, 32)
+        with torch.inference_mode():
+            merged = got["vision"].module.model.visual.merger(windows).reshape(2, 64, -1)
+        torch.testing.assert_close(merged, toks["projector"])

@@ -75,7 +75,8 @@ class MllmEncoder(Encoder):
         if images.dtype.is_floating_point or images.ndim != 3:
             raise ValueError(f"expected uint8 (B, H, W) images, got {images.dtype} {tuple(images.shape)}")
         rgb = images.cpu().unsqueeze(-1).expand(-1, -1, -1, 3).numpy()
-        enc = self.processor(text=[self.prompt] * len(rgb), images=list(rgb), return_tensors="pt")
+        # one image per prompt, nested: Gemma 3's processor counts images per sample
+        enc = self.processor(text=[self.prompt] * len(rgb), images=[[im] for im in rgb], return_tensors="pt")
         enc.pop("labels", None)  # PaliGemma's processor adds them: no loss is wanted
         return enc.to(self.device)
 
@@ -187,12 +188,12 @@ def _load(folder: Path, name: str, random_init: bool) -> tuple[Any, Any, dict[st
 
 
 def _token_layout(model: Any, processor: Any, prompt: str, stage: str) -> dict[str, Any]:
-    """The token grids from one processor call on a blank image (and, for the vision stage, one
-    pass of the vision tower: its patches may outnumber the LM's tokens, e.g. InternVL's pixel
-    shuffle, Gemma 3's pooling); the LM is not run."""
+    """The token grids from one processor call on a blank image and one pass of the vision
+    tower (its patches may outnumber the LM's tokens: InternVL's pixel shuffle, Gemma 3's
+    pooling); the LM is not run."""
     import numpy as np
 
-    enc = processor(text=[prompt], images=[np.zeros((224, 224, 3), np.uint8)], return_tensors="pt")
+    enc = processor(text=[prompt], images=[[np.zeros((224, 224, 3), np.uint8)]], return_tensors="pt")
     n_img = int((enc["input_ids"] == image_token_id(model.config)).sum())
     cfg = model.config
     n_prefix = int(getattr(cfg, "vision_feature_select_strategy", "default") == "full")
@@ -202,14 +203,12 @@ def _token_layout(model: Any, processor: Any, prompt: str, stage: str) -> dict[s
         grid, vision = (h // m, w // m), (h, w)
     else:
         grid = _square(n_img - n_prefix, cfg.model_type, "image tokens")
-        vision = grid
-        if stage == "vision":
-            import torch
+        import torch
 
-            pix = {k: v for k, v in enc.items() if k not in _TEXT_KEYS}
-            with torch.inference_mode():
-                out = model.model.get_image_features(**pix, output_hidden_states=True)
-            vision = _square(int(vision_tokens(model, out, pix, 1).shape[1]) - n_prefix, cfg.model_type, "patches")
+        pix = {k: v for k, v in enc.items() if k not in _TEXT_KEYS}
+        with torch.inference_mode():
+            out = model.model.get_image_features(**pix, output_hidden_states=True)
+        vision = _square(int(vision_tokens(model, out, pix, 1).shape[1]) - n_prefix, cfg.model_type, "patches")
     return {"grid": vision if stage == "vision" else grid, "n_prefix": n_prefix, "image_tokens": n_img,
             "vision_grid": list(vision), "lm_grid": list(grid)}
 
