@@ -314,3 +314,24 @@ def test_the_paper_mllms_families_give_their_grids(tmp_path, make, grids) -> Non
         with torch.inference_mode():
             merged = got["vision"].module.model.visual.merger(windows).reshape(2, 64, -1)
         torch.testing.assert_close(merged, toks["projector"])
+
+
+def test_the_stage_table_orders_stages_and_finds_the_models_own_answer() -> None:
+    from spar_bench.experiments.report import stage_summary, stage_tables
+
+    def row(encoder: str, mode: str, test: float, blind: float) -> dict:
+        cell = {"percent": True, "test": {"mean": test, "std": 0.0, "n": 1}, "blind": {"mean": blind, "std": 0.0, "n": 1}}
+        return {"encoder": encoder, "mode": mode, "head": "mlp", "options": "", "build": "", "tag": "",
+                "cells": {"level3.size": cell}}
+
+    rows = [row(f"mllm:m@0123abcd@{st}", "frozen", v, 0.5) for st, v in
+            (("llm:-1", 0.6), ("llm:10", 0.7), ("projector", 0.8), ("vision", 0.9), ("llm:2", 0.75))]
+    rows += [row("hf-m-0123abcd", "MLLM", 0.3, 0.25), row("hf-other-89abcdef", "MLLM", 0.1, 0.1),
+             row("timm:resnet50", "frozen", 0.95, 0.5)]
+    doc = {"probes": ["level3.size"], "configurations": rows}
+    (model,) = stage_summary(doc)
+    assert [s["stage"] for s in model["stages"]] == ["vision", "projector", "llm:2", "llm:10", "llm:-1"]
+    assert [r["encoder"] for r in model["vqa"]] == ["hf-m-0123abcd"]
+    text = "\n".join(stage_tables(doc))
+    assert "| probe | vision | projector | llm:2 | llm:10 | llm:-1 | answer |" in text
+    assert "| level3.size | 90.0 +- 0.0 (50.0 +- 0.0) |" in text and "| 30.0 +- 0.0 (25.0 +- 0.0) |" in text
