@@ -188,29 +188,28 @@ def _load(folder: Path, name: str, random_init: bool) -> tuple[Any, Any, dict[st
 
 
 def _token_layout(model: Any, processor: Any, prompt: str, stage: str) -> dict[str, Any]:
-    """The token grids from one processor call on a blank image and one pass of the vision
-    tower (its patches may outnumber the LM's tokens: InternVL's pixel shuffle, Gemma 3's
-    pooling); the LM is not run."""
+    """The token grids and the vision tower's width from one processor call on a blank image
+    and one pass of the tower (its patches may outnumber the LM's tokens: Qwen's 2x2 merger,
+    InternVL's pixel shuffle, Gemma 3's pooling); the LM is not run."""
     import numpy as np
+    import torch
 
     enc = processor(text=[prompt], images=[[np.zeros((224, 224, 3), np.uint8)]], return_tensors="pt")
     n_img = int((enc["input_ids"] == image_token_id(model.config)).sum())
     cfg = model.config
     n_prefix = int(getattr(cfg, "vision_feature_select_strategy", "default") == "full")
+    pix = {k: v for k, v in enc.items() if k not in _TEXT_KEYS}
+    with torch.inference_mode():
+        vis = vision_tokens(model, model.model.get_image_features(**pix, output_hidden_states=True), pix, 1)
     if "image_grid_thw" in enc:  # Qwen2-VL: dynamic resolution, here one fixed 224 input
         _, h, w = (int(v) for v in enc["image_grid_thw"][0])
         m = int(model.model.visual.spatial_merge_size)
         grid, vision = (h // m, w // m), (h, w)
     else:
         grid = _square(n_img - n_prefix, cfg.model_type, "image tokens")
-        import torch
-
-        pix = {k: v for k, v in enc.items() if k not in _TEXT_KEYS}
-        with torch.inference_mode():
-            out = model.model.get_image_features(**pix, output_hidden_states=True)
-        vision = _square(int(vision_tokens(model, out, pix, 1).shape[1]) - n_prefix, cfg.model_type, "patches")
+        vision = _square(int(vis.shape[1]) - n_prefix, cfg.model_type, "patches")
     return {"grid": vision if stage == "vision" else grid, "n_prefix": n_prefix, "image_tokens": n_img,
-            "vision_grid": list(vision), "lm_grid": list(grid)}
+            "vision_grid": list(vision), "lm_grid": list(grid), "vision_dim": int(vis.shape[-1])}
 
 
 def _square(n: int, model_type: str, what: str) -> tuple[int, int]:
@@ -241,12 +240,11 @@ def load_mllm(rest: str, *, weights: str | None = None, random_init: bool = Fals
     layout = _token_layout(model, processor, prompt, stage)
     sha = (record.get("config_from") or record)["sha256"]
     name = local_name("mllm:", folder, sha) + f"@{stage_text}"
-    vis_cfg = getattr(model.config, "vision_config", None)
-    dim = getattr(vis_cfg, "hidden_size", None) if stage == "vision" else model.config.get_text_config().hidden_size
+    dim = layout["vision_dim"] if stage == "vision" else int(model.config.get_text_config().hidden_size)
     spec = EncoderSpec(
         name=name, family="mllm", input_size=(224, 224), in_chans=3, mean=(0.0,), std=(1.0,),
         interpolation="the model's processor", patch_size=None, n_prefix=layout["n_prefix"],
-        grid=tuple(layout["grid"]), dim=int(dim) if dim else None, pooled="mean-patch", n_layers=None,
+        grid=tuple(layout["grid"]), dim=dim, pooled="mean-patch", n_layers=None,
         weights=record, random_init=record["kind"] == "random-init",
         extra={"stage": stage_text, "llm_layer": layer, "model_type": model.config.model_type,
                "config_sha256": sha256_file(folder / "config.json"),
