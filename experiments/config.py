@@ -15,7 +15,9 @@
 * ``modes``: ``frozen`` (heads on a feature cache), ``finetune`` and ``scratch`` (encoder and
   head trained end to end), each with its encoders, heads and options;
 * ``probes``, ``seeds``, ``train_on`` (the build heads train on), ``transfer`` (builds every
-  trained run is scored on, zero-shot), ``mllms`` (``spar-probe vqa`` models), ``report``.
+  trained run is scored on, zero-shot), ``mllms`` (``spar-probe vqa`` models; with ``stages:``
+  also the model's own features, one frozen encoder ``<name>-<stage>`` per stage: ``vision``,
+  ``projector``, ``llm:N``, and ``answer`` for its VQA run), ``report``.
 
 Every error is one line naming the file, the line and the key, with "did you mean" for a
 misspelt key.
@@ -45,7 +47,7 @@ SCHEMA: dict[str, Any] = {
               "finetune": {"encoders": [str], "heads": [str], "options": {"*": object}},
               "scratch": {"encoders": [str], "heads": [str], "options": {"*": object}}},
     "probes": (str, [str]), "seeds": (int, [int]), "train_on": str, "transfer": [str],
-    "mllms": {"*": {"model": str, "builds": [str], "options": {"*": object}}},
+    "mllms": {"*": {"model": str, "builds": [str], "options": {"*": object}, "stages": [str]}},
     "predictors": {"*": {"kind": str, "builds": [str], "bootstrap": int}},
     "jobs": int, "report": {"title": str},
 }  # fmt: skip
@@ -87,10 +89,66 @@ class Mode:
 
 @dataclass(frozen=True)
 class Mllm:
+    """An MLLM asked the questions (``answer``) and, with ``stages``, probed at its stages."""
+
     name: str
     model: str
     builds: tuple[str, ...] = ()
     options: dict[str, Any] = field(default_factory=dict)
+    stages: tuple[str, ...] = ()  # empty: its VQA run only
+
+    @property
+    def answers(self) -> bool:
+        """Whether its VQA run is made: no ``stages:``, or ``answer`` among them."""
+        return not self.stages or ANSWER in self.stages
+
+
+#: the stage of an ``mllms:`` entry that is its own VQA run (the others are frozen encoders)
+ANSWER = "answer"
+
+
+def stage_encoder_name(mllm: str, stage: str) -> str:
+    """The encoder an MLLM's stage becomes: ``qwen`` + ``llm:16`` -> ``qwen-llm16`` (a file name)."""
+    return f"{mllm}-{stage.replace(':', '')}"
+
+
+def _stage_encoders(mllms: dict[str, Any], where: _Where) -> dict[str, Encoder]:
+    """One frozen encoder ``mllm:DIR@STAGE`` per stage of each ``mllms:`` entry with ``stages:``
+    (its model a local ``hf:DIR``; a folder not there is one line at plan time)."""
+    from spar_bench.probes.encoders.mllm_family import parse_stage
+
+    out: dict[str, Encoder] = {}
+    for n, m in mllms.items():
+        if not m.stages:
+            continue
+        family, _, folder = m.model.partition(":")
+        if family != "hf" or not Path(folder).is_dir():
+            what = "is not a folder" if family == "hf" else "is not a local hf:DIR model"
+            raise where.error(f"mllms.{n}.model", f"{m.model} {what}; stages: probe a local save_pretrained "
+                                                  "folder (give its path, e.g. through a ${VARIABLE})")
+        for i, st in enumerate(m.stages):
+            if st == ANSWER:
+                continue
+            try:
+                parse_stage(st, n)
+            except ConfigError as e:
+                raise where.error(f"mllms.{n}.stages[{i}]", f"{e} or {ANSWER}") from None
+            out[stage_encoder_name(n, st)] = Encoder(stage_encoder_name(n, st), f"mllm:{folder}@{st}",
+                                                     label=f"{n} @ {st}")
+    return out
+
+
+def _modes(exp: dict[str, Any], encoders: dict[str, Encoder], stages: dict[str, Encoder]) -> dict[str, Mode]:
+    """``modes:``, the stage encoders added to ``frozen`` (made with the default head when absent);
+    ``finetune``/``scratch`` without ``encoders:`` train every encoder but the stages."""
+    modes = {m: Mode(m, tuple(d.get("encoders") or encoders), tuple(d.get("heads") or ("mlp",)),
+                     dict(d.get("options") or {}), dict(d.get("cache") or {}))
+             for m, d in (exp.get("modes") or {}).items()}  # fmt: skip
+    if stages:
+        frozen = modes.get("frozen", Mode("frozen", (), ("mlp",)))
+        kept = tuple(e for e in frozen.encoders if e not in stages)
+        modes["frozen"] = Mode("frozen", (*kept, *stages), frozen.heads, frozen.options, frozen.cache)
+    return modes
 
 
 @dataclass(frozen=True)
@@ -366,12 +424,15 @@ def load_experiment(path: str | Path, overrides: dict[str, str] | None = None) -
     _check_names(exp, builds, encoders, where)
     train_on = exp.get("train_on") or next(iter(builds))
     _refs((train_on,), builds, "build", where, "train_on")
-    modes = {m: Mode(m, tuple(d.get("encoders") or encoders), tuple(d.get("heads") or ("mlp",)),
-                     dict(d.get("options") or {}), dict(d.get("cache") or {}))
-             for m, d in (exp.get("modes") or {}).items()}  # fmt: skip
     mllms = {n: Mllm(n, d["model"] if "model" in d else _missing(where, f"mllms.{n}", "model"),
-                     tuple(d.get("builds") or (train_on,)), dict(d.get("options") or {}))
+                     tuple(d.get("builds") or (train_on,)), dict(d.get("options") or {}), tuple(d.get("stages") or ()))
              for n, d in (exp.get("mllms") or {}).items()}  # fmt: skip
+    stages = _stage_encoders(mllms, where)
+    clash = sorted(set(stages) & set(encoders))
+    if clash:
+        raise where.error(f"encoders.{clash[0]}", "this name is also an mllms: stage's encoder; rename it")
+    modes = _modes(exp, encoders, stages)
+    encoders = {**encoders, **stages}
     predictors = {n: Predictor(n, d.get("kind") or n, tuple(d.get("builds") or (train_on,)), int(d.get("bootstrap", 1000)))
                   for n, d in (exp.get("predictors") or {}).items()}  # fmt: skip
     return Experiment(

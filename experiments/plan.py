@@ -233,6 +233,9 @@ def local_path(spec: str) -> str | None:
         candidate = ":".join(parts[i:])
         if candidate and Path(candidate).exists():
             return candidate
+    if spec.startswith("mllm:"):  # mllm:DIR@STAGE
+        folder = spec.removeprefix("mllm:").rpartition("@")[0]
+        return folder if folder and Path(folder).exists() else None
     return None
 
 
@@ -317,7 +320,7 @@ def encoder_kind(spec: str) -> str | None:
         except (OSError, ValueError, AttributeError):
             return None
         return "3d" if isinstance(size, list) and len(size) == 3 else "2d"
-    return "2d" if family in ("timm", "hf", "open_clip") else None
+    return "2d" if family in ("timm", "hf", "open_clip", "mllm") else None
 
 
 def is_volume_probe(probe: str) -> bool:
@@ -621,7 +624,7 @@ def make_plan(exp: Experiment) -> Plan:
         trained += [train_step(exp, mode, e) for e in (exp.modes[mode].encoders if mode in exp.modes else ())]
     steps += trained
     steps += [eval_step(exp, t, b) for t in trained for b in exp.transfer]
-    steps += [vqa_step(exp, n, b) for n, m in exp.mllms.items() for b in m.builds]
+    steps += [vqa_step(exp, n, b) for n, m in exp.mllms.items() if m.answers for b in m.builds]
     steps += [predict_step(exp, n, b) for n, p in exp.predictors.items() for b in p.builds]
     runs = [s.id for s in steps if s.kind in ("heads", "train", "eval", "vqa", "predict")]
     if runs:

@@ -16,7 +16,9 @@ them out.
   table, and for Level 4 (volumes, whose probes are columns after Level 3's) the
   superior-inferior flipped counterfactual likewise; one **zero-shot transfer** table per transfer target (``eval-*.json``); the
   **MLLM** table (``spar-probe vqa`` runs: the question probes, Levels 3 and 4, blind,
-  CircularEval, parse rate);
+  CircularEval, parse rate); per MLLM probed by stage (``mllm:DIR@STAGE`` caches), a **stage
+  table**: per probe the heads and their blind baseline at each stage beside the model's own
+  VQA answer and blind VQA (also ``stages`` in experiment.json, and plotted in ``stages.png``);
   and the **provenance** of every cell (run folders relative to RUNS, build and cache
   fingerprints, weights digest, protocol version);
 * ``experiment.json``: the same numbers and every run's provenance, machine-readable;
@@ -53,6 +55,8 @@ from .leaderboard import paper_refs, ref_text, write_leaderboard
 
 GENERATOR = "spar-bench run (experiment report)"
 MD_FILE, JSON_FILE, PNG_FILE = "experiment.md", "experiment.json", "experiment.png"
+#: the stage plot, written when an MLLM was probed by stage
+STAGES_PNG = "stages.png"
 #: modes in the order rows of one encoder and head are shown (MLLM rows come last)
 MODES = ("frozen", "finetuned", "scratch", "finetuned (frozen head)", "scratch (frozen head)", "MLLM")
 #: Level 3 extras of an MLLM row: label -> path in metrics.json (a rate)
@@ -505,6 +509,64 @@ def mllm_table(doc: dict) -> list[str]:
             "option.", "", *_grid_table(doc, rows, probes, _headline("test"), subrows), ""]  # fmt: skip
 
 
+#: a stage encoder's name (``mllm:<folder>@<sha8>@<stage>``) and an ``hf:`` MLLM's run name
+#: (``hf-<folder>-<sha8>``): one local model, by its folder's name and content hash
+_STAGE_NAME = re.compile(r"mllm:(?P<model>.+@[0-9a-f]{8})@(?P<stage>vision|projector|llm:-?\d+)")
+_HF_MODEL = re.compile(r"hf-(?P<base>.+)-(?P<sha>[0-9a-f]{8})")
+
+
+def _stage_order(stage: str) -> tuple[int, int]:
+    """vision, projector, then the LM's layers in depth order (``llm:-1``, the last, after the others)."""
+    if not stage.startswith("llm:"):
+        return (0 if stage == "vision" else 1, 0)
+    n = int(stage[4:])
+    return (2, n if n >= 0 else 10_000 + n)
+
+
+def stage_summary(doc: dict) -> list[dict[str, Any]]:
+    """Per local MLLM probed by stage: its stage rows (frozen heads on ``mllm:DIR@STAGE`` caches)
+    in pipeline order and its own VQA rows (``hf:DIR``, matched by folder name and content hash)."""
+    models: dict[str, dict[str, Any]] = {}
+    for r in doc["configurations"]:
+        m = _STAGE_NAME.fullmatch(r["encoder"]) if r["mode"] == "frozen" else None
+        if m:
+            models.setdefault(m["model"], {"model": m["model"], "stages": [], "vqa": []})["stages"].append(
+                {"stage": m["stage"], "row": r})
+    for r in doc["configurations"]:
+        m = _HF_MODEL.fullmatch(r["encoder"]) if r["mode"] == "MLLM" else None
+        if m and f"{m['base']}@{m['sha']}" in models:
+            models[f"{m['base']}@{m['sha']}"]["vqa"].append(r)
+    for v in models.values():
+        v["stages"].sort(key=lambda s: (_stage_order(s["stage"]), s["row"]["head"], s["row"]["options"], s["row"]["tag"]))
+    return [models[k] for k in sorted(models)]
+
+
+def stage_tables(doc: dict) -> list[str]:
+    """One table per MLLM probed by stage: a row per probe; per stage the heads' headline and, in
+    parentheses, their blind baseline; then the model's own VQA answer and its blind VQA."""
+    out: list[str] = []
+    for model in stage_summary(doc):
+        stages, vqa = model["stages"], model["vqa"]
+        heads = len({(s["row"]["head"], s["row"]["options"], s["row"]["tag"]) for s in stages}) > 1
+        cols = [s["stage"] + (f" [{s['row']['head']}]" if heads else "") for s in stages]
+        cols += [f"answer{' [' + r['options'] + ']' if r['options'] else ''}" for r in vqa]
+        probes = [p for p in doc["probes"] if any(p in s["row"]["cells"] for s in stages)]
+        lines = []
+        for p in probes:
+            cells = [s["row"]["cells"].get(p) for s in stages] + [r["cells"].get(p) for r in vqa]
+            lines.append([p, *("-" if c is None else f"{fmt_summary(c.get('test'), c['percent'], ci=False)} "
+                                                    f"({fmt_summary(c.get('blind'), c['percent'], ci=False)})"
+                               for c in cells)])  # fmt: skip
+        out += [f"## Where the MLLM loses it: {model['model']} by stage", "",
+                "Frozen heads on the model's own features at each stage (`mllm:DIR@STAGE`: vision tower,",
+                "projector, language-model layer N at the image tokens), then the model's own answer",
+                "(`spar-probe vqa`). Each cell: the headline (mean over seeds) and, in parentheses, its blind",
+                "baseline (the head without image features; the question without the image).", "",
+                *_table(["probe", *cols], [[_cell_text(c) for c in line] for line in lines]), "",
+                f"![stages]({STAGES_PNG})", ""]
+    return out
+
+
 def _folders(runs: list[dict]) -> str:
     """The run folders of a cell, compact: ``parent/{seed0, seed1}`` when they share a parent."""
     rels = [r["run"] for r in runs]
@@ -577,7 +639,8 @@ def _metric_label(probe: str) -> str:
 
 def render_markdown(title: str, provenance: dict | None, doc: dict) -> str:
     lines = header(title, provenance, doc) + [f"![headline per probe]({PNG_FILE})", ""]
-    for part in (main_table, controls_table, mirror_table, flip_table, transfer_tables, mllm_table, provenance_table):
+    for part in (main_table, controls_table, mirror_table, flip_table, transfer_tables, mllm_table, stage_tables,
+                 provenance_table):
         lines += part(doc)
     return "\n".join(lines).rstrip("\n") + "\n"
 
@@ -624,6 +687,43 @@ def plot(doc: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def _mean(cell: dict | None, key: str) -> float:
+    s = (cell or {}).get(key) or {}
+    m = s.get("mean")
+    return np.nan if m is None else (100.0 if cell["percent"] else 1.0) * m
+
+
+def plot_stages(doc: dict, path: Path) -> None:
+    """One panel per MLLM probed by stage: per probe, the heads' headline along the stages
+    (solid) and their blind baseline (dashed), the model's own answer and blind VQA as the
+    last point (the first head and VQA run of each stage)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = stage_summary(doc)
+    fig, axes = plt.subplots(1, len(models), figsize=(5.0 * len(models), 3.6), squeeze=False)
+    for ax, model in zip(axes.flat, models, strict=True):
+        seen: dict[str, dict] = {}
+        for st in model["stages"]:
+            seen.setdefault(st["stage"], st["row"])
+        rows = list(seen.values()) + model["vqa"][:1]
+        labels = list(seen) + (["answer"] if model["vqa"] else [])
+        probes = [p for p in doc["probes"] if any(p in r["cells"] for r in rows)]
+        for i, p in enumerate(probes):
+            xs = np.arange(len(rows))
+            ax.plot(xs, [_mean(r["cells"].get(p), "test") for r in rows], "-o", color=f"C{i}", label=p, ms=3)
+            ax.plot(xs, [_mean(r["cells"].get(p), "blind") for r in rows], "--", color=f"C{i}", lw=0.8)
+        ax.set_xticks(np.arange(len(rows)), labels, fontsize=7)
+        ax.set_title(model["model"], fontsize=8)
+        ax.set_ylabel("headline (dashed: blind)", fontsize=7)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90, metadata={"Software": None})
+    plt.close(fig)
+
+
 #: an absolute POSIX path (``/home/me/x``) or a Windows drive path in a string; not a URL's ``//``
 ABSOLUTE = re.compile(r"(?:^|[\s\"'=(,\[])(?:/(?!/)[\w.-]+/[\w.-]|[A-Za-z]:[\\/][\w.-])")
 
@@ -634,6 +734,11 @@ def _strings(obj: Any) -> list[str]:
     if isinstance(obj, list | tuple):
         return [s for v in obj for s in _strings(v)]
     return [obj] if isinstance(obj, str) else []
+
+
+def _row_key(row: dict) -> dict[str, str]:
+    """The keys of a configuration row in experiment.json (its cells are there already)."""
+    return {k: row[k] for k in ("encoder", "head", "mode", "options", "build", "tag")}
 
 
 def _check_provenance(provenance: dict | None, prefixes: list[str]) -> None:
@@ -658,9 +763,13 @@ def write_experiment_report(runs: Path, out: Path, *, title: str, provenance: di
     prefixes = local_prefixes(runs, out)
     _check_provenance(provenance, prefixes)
     doc = aggregate(load_runs(runs))
+    stages = [{"model": m["model"], "stages": [s["stage"] for s in m["stages"]],
+               "rows": [_row_key(s["row"]) for s in m["stages"]], "vqa": [_row_key(r) for r in m["vqa"]]}
+              for m in stage_summary(doc)]  # fmt: skip
     meta = json_safe({"generator": GENERATOR, "title": title, "provenance": provenance or {},
-                      "files": sorted([MD_FILE, JSON_FILE, PNG_FILE, LEADERBOARD_JSON, LEADERBOARD_CSV]),
-                      **doc})  # fmt: skip
+                      "files": sorted([MD_FILE, JSON_FILE, PNG_FILE, LEADERBOARD_JSON, LEADERBOARD_CSV,
+                                       *([STAGES_PNG] if stages else [])]), **doc,
+                      **({"stages": stages} if stages else {})})  # fmt: skip
     text = render_markdown(title, provenance, doc)
     leaked = local_paths([meta, text], prefixes)
     if leaked:  # a run's record held a local path: never publish it
@@ -668,6 +777,8 @@ def write_experiment_report(runs: Path, out: Path, *, title: str, provenance: di
     out.mkdir(parents=True, exist_ok=True)
     plot(doc, out / PNG_FILE)
     write_leaderboard(doc, out, provenance)
+    if stages:
+        plot_stages(doc, out / STAGES_PNG)
     write_bytes(out / JSON_FILE, json.dumps(meta, indent=2) + "\n")
     write_bytes(out / MD_FILE, text)
     return out / MD_FILE

@@ -1,7 +1,8 @@
 """The encoder registry and ``spar-probe encoders``.
 
 Encoders are named ``<family>:<rest>`` (``timm:resnet50``, ``hf:microsoft/rad-dino``,
-``hf:/path/to/saved``, ``open_clip:local-dir:/path``, ``torchscript:model.pt``; 3-D encoders of
+``hf:/path/to/saved``, ``open_clip:local-dir:/path``, ``torchscript:model.pt``; one stage of a local image-text model: ``mllm:DIR@vision``,
+``mllm:DIR@projector``, ``mllm:DIR@llm:16``; 3-D encoders of
 Level 4 volumes: ``monai:resnet18``, ``monai:vit``, ``monai:swinunetr``, or a 3-D ``torchscript:``) or by a
 registered name (``dummy``, aliases such as ``raddino``, and your own)::
 
@@ -31,6 +32,7 @@ FAMILIES.register_lazy("hf", "spar_bench.probes.encoders.hf_family:load_hf", ext
 FAMILIES.register_lazy("open_clip", "spar_bench.probes.encoders.open_clip_family:load_open_clip", extra="open_clip")
 FAMILIES.register_lazy("torchscript", "spar_bench.probes.encoders.torchscript_family:load_torchscript")
 FAMILIES.register_lazy("monai", "spar_bench.probes.encoders.monai_family:load_monai", extra="monai")
+FAMILIES.register_lazy("mllm", "spar_bench.probes.encoders.mllm_family:load_mllm", extra="transformers")
 
 #: named encoders (factories called with ``rest=""``), aliases and user registrations.
 ENCODERS: Registry = Registry("encoder")
@@ -159,5 +161,6 @@ def registry_rows() -> list[dict[str, str]]:
     for f in FAMILIES.names():
         rows.append({"name": f"{f}:<...>", "family": f, "input": "from config", "tokens": "from config",
                      "dim": "from config", "pooled": "from config",
-                     "weights": "--weights PATH" if f != "hf" else "folder, or hub id + --revision"})
+                     "weights": {"hf": "folder, or hub id + --revision", "mllm": "DIR@STAGE (a local folder)"}.get(
+                         f, "--weights PATH")})
     return rows

@@ -1,4 +1,4 @@
-"""Tiny, randomly initialised LLaVA and Qwen2-VL models saved to a folder, for tests and
+"""Tiny, randomly initialised LLaVA, Qwen2-VL and PaliGemma models saved to a folder, for tests and
 ``bench/vqa.py``.
 
 Nothing is downloaded: the word-level tokenizer is trained here on the prompts'
@@ -130,6 +130,41 @@ def make_tiny_qwen2_vl(path: str | Path, seed: int = 0, hidden: int = 32, pixels
                         vision_end_token_id=vocab["<|vision_end|>"])
     torch.manual_seed(seed)
     model = Qwen2VLForConditionalGeneration(cfg).eval()
+    path = Path(path)
+    model.save_pretrained(path)
+    proc.save_pretrained(path)
+    return path
+
+
+def make_tiny_paligemma(path: str | Path, seed: int = 0, hidden: int = 32, image_size: int = 32) -> Path:
+    """Save a tiny random PaliGemma (SigLIP tower, linear projector, Gemma; processor with the
+    word-level tokenizer and the chat template) into ``path``: a third family of
+    ``mllm:DIR@STAGE`` (``image_size / 4`` squared image tokens)."""
+    import torch
+    from transformers import (
+        GemmaConfig,
+        PaliGemmaConfig,
+        PaliGemmaForConditionalGeneration,
+        PaliGemmaProcessor,
+        SiglipImageProcessor,
+        SiglipVisionConfig,
+    )
+
+    words = _vocabulary()
+    vocab = {w: i for i, w in enumerate(words)}
+    patch = image_size // 4
+    images = SiglipImageProcessor(size={"height": image_size, "width": image_size})
+    images.image_seq_length = (image_size // patch) ** 2  # PaliGemmaProcessor reads it from here
+    proc = PaliGemmaProcessor(image_processor=images, tokenizer=_word_tokenizer(words, {"image_token": "<image>"}),
+                              chat_template=CHAT_TEMPLATE)
+    vision = SiglipVisionConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+                                num_attention_heads=2, image_size=image_size, patch_size=patch)
+    text = GemmaConfig(vocab_size=len(words), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+                       num_attention_heads=2, num_key_value_heads=1, head_dim=hidden // 2, pad_token_id=0,
+                       bos_token_id=2, eos_token_id=3)
+    cfg = PaliGemmaConfig(vision_config=vision, text_config=text, image_token_id=vocab["<image>"], projection_dim=hidden)
+    torch.manual_seed(seed)
+    model = PaliGemmaForConditionalGeneration(cfg).eval()
     path = Path(path)
     model.save_pretrained(path)
     proc.save_pretrained(path)
