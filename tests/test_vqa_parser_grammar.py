@@ -236,6 +236,7 @@ CASES: dict[str, list[tuple[str, tuple, int | str]]] = {
         ("A. The spleen is larger, so it is not A.", SIZE, "negated"),
         ("The answer is B, so the liver lies anterior.", SEC, 1),
         ("The kidney is left of the spine, so the answer must be yes.", YN, 1),
+        ("A. The lesion is 3 mm, so the answer is unclear.", COUNT, "hedged"),
     ],
     "counting_words": [
         ("Two.", COUNT, 2), ("zero", COUNT, 0), ("One lesion.", COUNT, 1), ("There are 4 lesions.", COUNT, 3),

@@ -6,7 +6,11 @@ option as the answer; never a guess. The reply is read in four steps:
 1. **Normalise** (:func:`normalise`): reasoning is dropped (``<think> ... </think>``
    blocks; with a lone closing ``</think>``, as left by chat templates that open the block
    in the prompt, only what follows it is read; a block never closed leaves nothing);
-   ``\\boxed{X}`` becomes its own statement ``final answer: X``; markdown and quotes go.
+   ``\\boxed{X}`` and a JSON object with an answer key (``{"answer": "C"}``, fenced or
+   not; keys ``final_answer``, ``answer``, ``choice``, ``option``, ``letter``) become the
+   statement ``final answer: X``; markdown and quotes go. Then
+   :func:`~.wording.localise` reads other languages' answer words (Chinese, German,
+   French, Spanish), and direction and count words, in the options' English terms.
 2. **Split** into statements (:func:`statements`): lines, sentences (``B. yes`` stays one:
    a letter label and its text), then clauses at ``;`` and at ``but``, ``however``,
    ``because``, ``since``, ``although``, ``though``, ``whereas``, ``while``.
@@ -25,19 +29,27 @@ option as the answer; never a guess. The reply is read in four steps:
      ``B is correct``, ``Option B``, ``B. yes``, ``B, not A``), or when a cue (``answer
      is``, ``answer:``, ``final answer``, ``I choose``) is followed by references, or when
      its opening answer form ends at a separator (``Yes, the kidney ...``, ``B. The
-     liver ...``, ``B - ...``). Its non-negated references decide: one -> **answer** (or
+     liver ...``, ``B - ...``), or when an answer form is all that follows its last colon,
+     dash or conclusion (``..., so A``, ``therefore``, ``thus``, ``hence``). Its
+     non-negated references decide: one -> **answer** (or
      **hedged** when the statement hedges: ``perhaps``, ``maybe``, ``probably``,
      ``likely``, ``might``, ``could``, ``seems``, ``appears``, ``I think``, ``I believe``,
      ``I guess``, ``not sure``, a question mark); several -> **several**; none (all
      negated) -> **negated**;
-   * else a **mention** (options named in prose, ``The spleen lies left of the liver``)
-     or, when every reference is negated, **negated**; neither decides anything.
+   * a **prose** answer of a counting or orientation question when it holds nothing but
+     references, grammar words and the question's own words
+     (:data:`~.wording.PROSE_WORDS`: ``There are 2 lesions visible on this slice``, ``The
+     spleen lies behind the liver``); decided as above, but only when no other statement
+     decides;
+   * else a **mention** (options named in prose, ``The spleen lies left of the liver, as
+     shown``) or, when every reference is negated, **negated**; neither decides anything.
 
    A statement without options may still express doubt (``I'm not sure``, ``hard to
    tell``) or refuse (``I cannot determine ...``, ``I'm sorry``).
 4. **Decide** (:func:`decide`): the last answer / hedged / several statement wins (``The
-   answer is A. Actually, the answer is B.`` is B); an answer in a reply that also
-   expresses doubt is hedged. Without a deciding statement the reason is, in order:
+   answer is A. Actually, the answer is B.`` is B; prose answers only when no other
+   statement decides); an answer in a reply that also expresses doubt is hedged, and one
+   a later statement negates (``A. ..., so it is not A.``) is negated. Without a deciding statement the reason is, in order:
    negated, refusal, hedged (doubt), mention, no_option. Two or more statements that are
    each a letter label with its own option's text (the options echoed as a list) are
    mentions, not answers.
@@ -210,7 +222,7 @@ _HEDGE = re.compile(
     r"apparently|looks like|presumably|guess|(?:i|we) (?:think|believe|suspect|suppose)|not sure|unsure|"
     r"uncertain|not certain|not confident|hard to (?:tell|say)|difficult to (?:tell|say|determine))\b|\?")
 _DOUBT = re.compile(
-    r"\b(?:not (?:sure|certain|confident)|unsure|uncertain|hard to (?:tell|say)|"
+    r"\b(?:not (?:sure|certain|confident)|unsure|uncertain|unclear|hard to (?:tell|say)|"
     r"difficult to (?:tell|say|determine)|(?:can't|cannot) be (?:sure|certain)|guess(?:ing)?)\b")
 _REFUSAL = re.compile(
     r"\b(?:(?:cannot|can't|can not|unable to|not able to|impossible to|not possible to)\s+"
@@ -402,7 +414,7 @@ def classify(clause: str, letters: tuple[str, ...], options: tuple[str, ...]) ->
         return prose
     if all(r.negated for r in refs):
         return Statement(NEGATED, negates=frozenset(r.position for r in refs))
-    return Statement(MENTION)
+    return Statement(MENTION, doubt=bool(_DOUBT.search(low)))
 
 
 def _prose(clause: str, refs: list[_Ref], toks: list, options: tuple[str, ...], hedged: bool) -> Statement | None:
