@@ -52,8 +52,8 @@ MD_FILE, JSON_FILE, PNG_FILE = "experiment.md", "experiment.json", "experiment.p
 #: modes in the order rows of one encoder and head are shown (MLLM rows come last)
 MODES = ("frozen", "finetuned", "scratch", "finetuned (frozen head)", "scratch (frozen head)", "MLLM")
 #: Level 3 extras of an MLLM row: label -> path in metrics.json (a rate)
-VQA_ROWS: dict[str, tuple[str, ...]] = {"circular (strict)": ("circular", "strict"),
-                                        "parse rate": ("parse_rate",)}  # fmt: skip
+VQA_ROWS: dict[str, tuple[str, ...]] = {"circular (strict)": ("controls", "circular", "strict"),
+                                        "parse rate": ("controls", "parse_rate")}  # fmt: skip
 
 
 @dataclass(frozen=True, order=True)

@@ -197,8 +197,8 @@ def test_dummy_letters(pipeline, tmp_path, capsys):
         assert _vqa("--model", "dummy:C", "--data", pipeline["shards"], "--out", runs, "--probe", probe) == 0
     two = json.loads((runs / "dummy-C/level3.relative_position/vqa-loglik/seed0/metrics.json").read_text())
     three = json.loads((runs / "dummy-C/level3.symmetry/vqa-loglik/seed0/metrics.json").read_text())
-    assert two["parse_rate"] == 0.0 and two["test"]["accuracy"] == 0.0  # no option C: never a silent A
-    assert three["parse_rate"] == 1.0 and three["controls"]["position_rate"] == [0.0, 0.0, 1.0]
+    assert two["controls"]["parse_rate"] == 0.0 and two["test"]["accuracy"] == 0.0  # no option C: never a silent A
+    assert three["controls"]["parse_rate"] == 1.0 and three["controls"]["position_rate"] == [0.0, 0.0, 1.0]
     recs = _records(runs / "dummy-C/level3.relative_position/vqa-loglik/seed0")
     assert {(r["text"], r["choice"], r["parsed"]) for r in recs} == {("C", None, False)}
     gen = dummy.DummyBackend("C", mode="generate")
@@ -209,13 +209,22 @@ def test_dummy_letters(pipeline, tmp_path, capsys):
 
 
 def test_confidence_interval_over_one_patient_is_n_a(tmp_path):
+    from spar_bench.probes.runs.evaluate import score
     from spar_bench.probes.runs.report import aggregate, collect, render_markdown
-    from spar_bench.probes.vqa.score import answer_metrics
+    from spar_bench.probes.targets import Targets
+    from spar_bench.probes.tasks import get_probe
 
-    y, pred = np.array([0, 1, 1, 0]), np.array([0, 1, 0, 0])
-    one = answer_metrics(y, pred, 2, np.array(["p"] * 4), np.random.default_rng(0), 50)
-    assert one["accuracy"] == 0.75 and one["ci"] == {"accuracy": None, "macro_f1": None}
-    two = answer_metrics(y, pred, 2, np.array(["p", "p", "q", "q"]), np.random.default_rng(0), 50)
+    y, pred = np.array([0, 1, 1, 0]), np.array([0, 1, 0, -1])  # -1: an unparsed answer, a miss
+
+    def items(patients):
+        fields = {"answer": y, "organ_a": np.zeros(4, np.int64), "organ_b": np.ones(4, np.int64),
+                  "axis": np.zeros(4, np.int64)}
+        return Targets(get_probe("level3.relative_position"), "test", np.arange(4), np.array(patients),
+                       np.zeros(4, bool), fields)
+
+    one = score(items(["p"] * 4), pred, np.random.default_rng(0), 50)  # the shared evaluation's score
+    assert one["accuracy"] == 0.5 and one["ci"] is None
+    two = score(items(["p", "p", "q", "q"]), pred, np.random.default_rng(0), 50)
     assert len(two["ci"]["accuracy"]) == 2
     d = tmp_path / "runs" / "dummy" / "level3.relative_position" / "vqa-loglik" / "seed0"
     d.mkdir(parents=True)
@@ -224,7 +233,7 @@ def test_confidence_interval_over_one_patient_is_n_a(tmp_path):
     (d / "metrics.json").write_text(json.dumps(m))
     md = render_markdown(aggregate(collect(tmp_path / "runs")), True)
     row = next(ln for ln in md.splitlines() if ln.startswith("| dummy"))
-    assert "| 75.0 +- 0.0 | n/a |" in row and "75.0, 75.0" not in md
+    assert "| 50.0 +- 0.0 | n/a |" in row and "50.0, 50.0" not in md
 
 
 def test_damaged_response_cache_is_one_line(pipeline, tmp_path, capsys):

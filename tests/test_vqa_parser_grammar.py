@@ -407,7 +407,7 @@ STUB_REPLIES = ("The answer is {last}.", "perhaps A", "not A", "A or B", "I cann
 
 def test_reasons_are_recorded_per_answer_per_run_and_in_the_report(pipeline, tmp_path, monkeypatch):
     """A stub generating model answers in every form: each answer's reason is in
-    answers.jsonl, the counts in metrics.json (``unparsed``), and the report's MLLM row."""
+    answers.jsonl, the counts in metrics.json (``controls.unparsed``), and the report's MLLM row."""
     import json
 
     from spar_bench.probes.cli import cli
@@ -437,11 +437,12 @@ def test_reasons_are_recorded_per_answer_per_run_and_in_the_report(pipeline, tmp
     for r in recs:
         if r["choice"] is None:
             every[r["reason"]] = every.get(r["reason"], 0) + 1
-    assert m["unparsed"]["all"] == dict(sorted(every.items())) and m["unparsed"]["n_answers"] == len(recs)
+    unparsed = m["controls"]["unparsed"]  # the MLLM's own controls, beside the shared ones
+    assert unparsed["all"] == dict(sorted(every.items())) and unparsed["n_answers"] == len(recs)
     assert set(every) == {"hedged", "negated", "several", "refusal", "mention", "empty"}
-    assert sum(m["unparsed"]["test"].values()) == m["test"]["n_unparsed"]
+    assert m["controls"]["parse_rate"] == pytest.approx(1 - sum(unparsed["test"].values()) / m["test"]["n"])
     out = tmp_path / "report"
     assert run_cmd(cli, ["report", runs, "--out", out]) == 0
     md = (out / "report.md").read_text()
     row = next(line for line in md.splitlines() if "| vqa-generate |" in line)
-    assert "unparsed (why)" in md and ", ".join(f"{k} {v}" for k, v in m["unparsed"]["test"].items()) in row
+    assert "unparsed (why)" in md and ", ".join(f"{k} {v}" for k, v in unparsed["test"].items()) in row
