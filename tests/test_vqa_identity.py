@@ -236,6 +236,26 @@ def test_confidence_interval_over_one_patient_is_n_a(tmp_path):
     assert "| 50.0 +- 0.0 | n/a |" in row and "50.0, 50.0" not in md
 
 
+def test_report_reads_an_older_mllm_runs_own_controls_at_the_top_level(tmp_path):
+    """Runs written before the MLLM's own controls moved into ``controls`` (issue 34) still show them."""
+    from spar_bench.probes.runs.report import aggregate, collect, render_markdown
+
+    rows = {}
+    for name, where in (("old", "top"), ("new", "controls")):
+        own = {"parse_rate": 0.5, "circular": {"strict": 0.25, "mean": 0.375}, "unparsed": {"test": {"hedged": 2}}}
+        m = {"probe": "level3.relative_position", "head": "vqa-generate", "seed": 0, "encoder": f"m-{name}",
+             "random_init": False, "track": "vqa", "splits": ["test"], "test": {"accuracy": 0.5, "n": 4},
+             "controls": {"chance": 0.5, **(own if where == "controls" else {})}, **(own if where == "top" else {})}
+        d = tmp_path / "runs" / f"m-{name}" / "level3.relative_position" / "vqa-generate" / "seed0"
+        d.mkdir(parents=True)
+        (d / "metrics.json").write_text(json.dumps(m))
+    md = render_markdown(aggregate(collect(tmp_path / "runs")), True)
+    for name in ("old", "new"):
+        rows[name] = next(ln for ln in md.splitlines() if ln.startswith(f"| m-{name}"))
+    assert rows["old"].replace("m-old", "m-new") == rows["new"]
+    assert "| 50.0 | 25.0 | 37.5 | hedged 2 |" in rows["new"]  # parse, circular (all rot., mean), unparsed
+
+
 def test_damaged_response_cache_is_one_line(pipeline, tmp_path, capsys):
     from spar_bench.errors import ConfigError
     from spar_bench.probes.vqa.cache import ResponseCache
