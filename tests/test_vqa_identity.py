@@ -222,9 +222,10 @@ def test_confidence_interval_over_one_patient_is_n_a(tmp_path):
         return Targets(get_probe("level3.relative_position"), "test", np.arange(4), np.array(patients),
                        np.zeros(4, bool), fields)
 
-    one = score(items(["p"] * 4), pred, np.random.default_rng(0), 50)  # the shared evaluation's score
+    one = score(items(["p"] * 4), pred, np.random.default_rng(0), 50, min_patients=2)  # as an MLLM run scores
+    assert score(items(["p"] * 4), pred, np.random.default_rng(0), 50)["ci"] is not None  # a head's layout
     assert one["accuracy"] == 0.5 and one["ci"] is None
-    two = score(items(["p", "p", "q", "q"]), pred, np.random.default_rng(0), 50)
+    two = score(items(["p", "p", "q", "q"]), pred, np.random.default_rng(0), 50, min_patients=2)
     assert len(two["ci"]["accuracy"]) == 2
     d = tmp_path / "runs" / "dummy" / "level3.relative_position" / "vqa-loglik" / "seed0"
     d.mkdir(parents=True)

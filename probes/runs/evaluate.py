@@ -25,18 +25,20 @@ import numpy as np
 from .inputs import Splits
 
 Boot = Callable[[str], "np.random.Generator"]
-#: the fewest patients a bootstrap interval is drawn over
+#: the fewest patients an MLLM's bootstrap intervals are drawn over (``ci_min_patients``)
 MIN_PATIENTS_CI = 2
 
 
-def score(t, pred: np.ndarray, rng: np.random.Generator | None, n_boot: int, prior: dict | None = None) -> dict:
+def score(t, pred: np.ndarray, rng: np.random.Generator | None, n_boot: int, prior: dict | None = None,
+          min_patients: int = 1) -> dict:
     """Every metric the probe declares, of ``pred`` on ``t``; CIs (over patients) when ``rng``.
 
     With the run's ``prior`` (fitted on train), a Level 3 score also holds ``conflict``: the
     same ``pred`` on the items whose answer differs from the prior's (``ProbeSpec.conflict``).
-    Over fewer than 2 patients ``ci`` is null: resampling one patient gives back its score.
+    Over fewer than ``min_patients`` patients ``ci`` is null (a run spec's ``ci_min_patients``,
+    2 for an MLLM: resampling one patient gives back its score; heads keep 1, their layout).
     """
-    one = rng is not None and len(t) > 0 and np.unique(t.patient).size < MIN_PATIENTS_CI
+    one = rng is not None and len(t) > 0 and np.unique(t.patient).size < min_patients
     if one:
         rng = None
     out = t.spec.score(t, pred, rng, n_boot)
@@ -63,16 +65,16 @@ def controls(run, predictor, s: Splits, prior: dict, boot: Boot, blind=None) -> 
     ``blind``: the blind predictor already fitted (a batch trains them together), or None
     (fitted here when ``run.controls``).
     """
-    spec, n_boot = run.spec, run.n_boot
+    spec, n_boot, mp = run.spec, run.n_boot, getattr(run, "ci_min_patients", 1)
     majority = spec.majority(s.tr)
     ctrl: dict[str, Any] = {"chance": spec.chance(s.te)}
     if majority is not None:
         ctrl["majority_class"] = majority
         ctrl["majority"] = spec.majority_rate(majority, s.te)
     if prior is not None:
-        ctrl["prior"] = score(s.te, spec.prior_predict(prior, s.te), boot("prior"), n_boot, prior)
+        ctrl["prior"] = score(s.te, spec.prior_predict(prior, s.te), boot("prior"), n_boot, prior, mp)
         for name, t in counterfactuals(s):
-            ctrl[f"prior_{name}"] = score(t, spec.prior_predict(prior, t), boot(f"prior-{name}"), n_boot, prior)
+            ctrl[f"prior_{name}"] = score(t, spec.prior_predict(prior, t), boot(f"prior-{name}"), n_boot, prior, mp)
     if not run.controls:
         return ctrl
     if blind is None:
@@ -80,9 +82,9 @@ def controls(run, predictor, s: Splits, prior: dict, boot: Boot, blind=None) -> 
         if blind is None:
             return ctrl
         blind.fit(s.tr, s.va)
-    ctrl["blind"] = score(s.te, blind.predict(s.te, "test"), boot("blind"), n_boot, prior)
+    ctrl["blind"] = score(s.te, blind.predict(s.te, "test"), boot("blind"), n_boot, prior, mp)
     for name, t in counterfactuals(s):
-        ctrl[f"blind_{name}"] = score(t, blind.predict(t, "test"), boot(f"blind-{name}"), n_boot, prior)
+        ctrl[f"blind_{name}"] = score(t, blind.predict(t, "test"), boot(f"blind-{name}"), n_boot, prior, mp)
     return ctrl
 
 
@@ -96,10 +98,10 @@ def counterfactuals(s: Splits) -> list[tuple[str, Any]]:
 def evaluate(run, predictor, s: Splits, prior: dict, blind=None) -> dict[str, Any]:
     """``test``, ``mirror`` (None without mirrored items), Level 4's ``flipped`` (likewise; absent
     for Levels 1-3) and ``controls`` of a fitted predictor, its own (``extra_metrics``) included."""
-    boot = bootstraps(run.seed, run.probe, run.head)
-    cf = {name: score(t, predictor.predict(t, "test"), boot(name), run.n_boot, prior)
+    boot, mp = bootstraps(run.seed, run.probe, run.head), getattr(run, "ci_min_patients", 1)
+    cf = {name: score(t, predictor.predict(t, "test"), boot(name), run.n_boot, prior, mp)
           for name, t in counterfactuals(s)}  # fmt: skip
-    out = {"test": score(s.te, predictor.predict(s.te, "test"), boot("test"), run.n_boot, prior),
+    out = {"test": score(s.te, predictor.predict(s.te, "test"), boot("test"), run.n_boot, prior, mp),
            "mirror": cf.get("mirror")}  # fmt: skip
     if s.te_flipped is not None:
         out["flipped"] = cf.get("flipped")

@@ -203,7 +203,7 @@ class MllmJob:
         return items, ask(s.backend, s.cache, s.build, qs, items, keys, s.cfg, s.progress), keys, digests
 
     def score(self, asked):
-        from ..runs.evaluate import evaluate, run_metrics
+        from ..runs.evaluate import MIN_PATIENTS_CI, evaluate, run_metrics
         from ..runs.spec import PredictorSpec
         from .ask import ANSWERS_FILE, asked_splits
         from .cache import key_hash
@@ -213,7 +213,7 @@ class MllmJob:
         items, replies, keys, digests = asked
         records = answer_records(qs, items, replies, s.backend, digests, s.cfg.volume_as)
         train = train_targets(s.build, qs.spec)
-        run = PredictorSpec(s.probe, rec.head, s.cfg.seed, n_boot=s.cfg.n_boot)
+        run = PredictorSpec(s.probe, rec.head, s.cfg.seed, n_boot=s.cfg.n_boot, ci_min_patients=MIN_PATIENTS_CI)
         splits = asked_splits(qs, train)
         prior = qs.spec.fit_prior(splits.tr) if len(splits.tr) else None
         scored = evaluate(run, Answered.of(qs, records), splits, prior)
