@@ -60,8 +60,8 @@ STAGES_PNG = "stages.png"
 #: modes in the order rows of one encoder and head are shown (MLLM rows come last)
 MODES = ("frozen", "finetuned", "scratch", "finetuned (frozen head)", "scratch (frozen head)", "MLLM")
 #: Level 3 extras of an MLLM row: label -> path in metrics.json (a rate)
-VQA_ROWS: dict[str, tuple[str, ...]] = {"circular (strict)": ("circular", "strict"),
-                                        "parse rate": ("parse_rate",)}  # fmt: skip
+VQA_ROWS: dict[str, tuple[str, ...]] = {"circular (strict)": ("controls", "circular", "strict"),
+                                        "parse rate": ("controls", "parse_rate")}  # fmt: skip
 
 
 @dataclass(frozen=True, order=True)

@@ -82,7 +82,7 @@ def test_dummy_mllm_and_every_kind_share_one_metrics_schema(pipeline, tmp_path):
     assert run_cmd(cli, ["vqa", "--model", "dummy", "--data", pipeline["shards"], "--probe", "relative_position",
                          "--bootstrap", 50, "--out", tmp_path / "runs"]) == 0  # fmt: skip
     asked = json.loads(next((tmp_path / "runs").glob(f"dummy/{PROBE}/vqa-loglik/seed0/metrics.json")).read_text())
-    assert asked["track"] == "vqa" and asked["train"] is None and "circular" in asked
+    assert asked["track"] == "vqa" and asked["train"] is None and "circular" in asked["controls"]
     for m in (md, mp, asked):
         assert set(fitted) <= set(m), set(fitted) - set(m)
         assert set(fitted["controls"]) <= set(m["controls"])

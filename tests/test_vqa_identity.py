@@ -201,8 +201,8 @@ def test_dummy_letters(pipeline, tmp_path, capsys):
         assert _vqa("--model", "dummy:C", "--data", pipeline["shards"], "--out", runs, "--probe", probe) == 0
     two = json.loads((runs / "dummy-C/level3.relative_position/vqa-loglik/seed0/metrics.json").read_text())
     three = json.loads((runs / "dummy-C/level3.symmetry/vqa-loglik/seed0/metrics.json").read_text())
-    assert two["parse_rate"] == 0.0 and two["test"]["accuracy"] == 0.0  # no option C: never a silent A
-    assert three["parse_rate"] == 1.0 and three["controls"]["position_rate"] == [0.0, 0.0, 1.0]
+    assert two["controls"]["parse_rate"] == 0.0 and two["test"]["accuracy"] == 0.0  # no option C: never a silent A
+    assert three["controls"]["parse_rate"] == 1.0 and three["controls"]["position_rate"] == [0.0, 0.0, 1.0]
     recs = _records(runs / "dummy-C/level3.relative_position/vqa-loglik/seed0")
     assert {(r["text"], r["choice"], r["parsed"]) for r in recs} == {("C", None, False)}
     gen = dummy.DummyBackend("C", mode="generate")
@@ -213,13 +213,23 @@ def test_dummy_letters(pipeline, tmp_path, capsys):
 
 
 def test_confidence_interval_over_one_patient_is_n_a(tmp_path):
+    from spar_bench.probes.runs.evaluate import score
     from spar_bench.probes.runs.report import aggregate, collect, render_markdown
-    from spar_bench.probes.vqa.score import answer_metrics
+    from spar_bench.probes.targets import Targets
+    from spar_bench.probes.tasks import get_probe
 
-    y, pred = np.array([0, 1, 1, 0]), np.array([0, 1, 0, 0])
-    one = answer_metrics(y, pred, 2, np.array(["p"] * 4), np.random.default_rng(0), 50)
-    assert one["accuracy"] == 0.75 and one["ci"] == {"accuracy": None, "macro_f1": None}
-    two = answer_metrics(y, pred, 2, np.array(["p", "p", "q", "q"]), np.random.default_rng(0), 50)
+    y, pred = np.array([0, 1, 1, 0]), np.array([0, 1, 0, -1])  # -1: an unparsed answer, a miss
+
+    def items(patients):
+        fields = {"answer": y, "organ_a": np.zeros(4, np.int64), "organ_b": np.ones(4, np.int64),
+                  "axis": np.zeros(4, np.int64)}
+        return Targets(get_probe("level3.relative_position"), "test", np.arange(4), np.array(patients),
+                       np.zeros(4, bool), fields)
+
+    one = score(items(["p"] * 4), pred, np.random.default_rng(0), 50, min_patients=2)  # as an MLLM run scores
+    assert score(items(["p"] * 4), pred, np.random.default_rng(0), 50)["ci"] is not None  # a head's layout
+    assert one["accuracy"] == 0.5 and one["ci"] is None
+    two = score(items(["p", "p", "q", "q"]), pred, np.random.default_rng(0), 50, min_patients=2)
     assert len(two["ci"]["accuracy"]) == 2
     d = tmp_path / "runs" / "dummy" / "level3.relative_position" / "vqa-loglik" / "seed0"
     d.mkdir(parents=True)
@@ -228,7 +238,27 @@ def test_confidence_interval_over_one_patient_is_n_a(tmp_path):
     (d / "metrics.json").write_text(json.dumps(m))
     md = render_markdown(aggregate(collect(tmp_path / "runs")), True)
     row = next(ln for ln in md.splitlines() if ln.startswith("| dummy"))
-    assert "| 75.0 +- 0.0 | n/a |" in row and "75.0, 75.0" not in md
+    assert "| 50.0 +- 0.0 | n/a |" in row and "50.0, 50.0" not in md
+
+
+def test_report_reads_an_older_mllm_runs_own_controls_at_the_top_level(tmp_path):
+    """Runs written before the MLLM's own controls moved into ``controls`` (issue 34) still show them."""
+    from spar_bench.probes.runs.report import aggregate, collect, render_markdown
+
+    rows = {}
+    for name, where in (("old", "top"), ("new", "controls")):
+        own = {"parse_rate": 0.5, "circular": {"strict": 0.25, "mean": 0.375}, "unparsed": {"test": {"hedged": 2}}}
+        m = {"probe": "level3.relative_position", "head": "vqa-generate", "seed": 0, "encoder": f"m-{name}",
+             "random_init": False, "track": "vqa", "splits": ["test"], "test": {"accuracy": 0.5, "n": 4},
+             "controls": {"chance": 0.5, **(own if where == "controls" else {})}, **(own if where == "top" else {})}
+        d = tmp_path / "runs" / f"m-{name}" / "level3.relative_position" / "vqa-generate" / "seed0"
+        d.mkdir(parents=True)
+        (d / "metrics.json").write_text(json.dumps(m))
+    md = render_markdown(aggregate(collect(tmp_path / "runs")), True)
+    for name in ("old", "new"):
+        rows[name] = next(ln for ln in md.splitlines() if ln.startswith(f"| m-{name}"))
+    assert rows["old"].replace("m-old", "m-new") == rows["new"]
+    assert "| 50.0 | 25.0 | 37.5 | hedged 2 |" in rows["new"]  # parse, circular (all rot., mean), unparsed
 
 
 def test_damaged_response_cache_is_one_line(pipeline, tmp_path, capsys):

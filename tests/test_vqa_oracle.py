@@ -42,7 +42,7 @@ def test_oracle_scores_100_on_every_probe_original_and_mirrored(oracle_runs):
         assert m["n_items"]["test"] > 0 and m["n_items"]["test_mirror"] > 0, probe
         assert m["test"]["accuracy"] == 1.0, probe
         assert m["mirror"]["accuracy"] == 1.0, probe
-        assert m["circular"]["strict"] == 1.0, probe  # whatever the order of the options
+        assert m["controls"]["circular"]["strict"] == 1.0, probe  # whatever the order of the options
         assert m["protocol_version"] == PROTOCOL_VERSION and m["build_protocol_version"] == PROTOCOL_VERSION
         assert m["template_version"] == f"{probe}@2"
 

@@ -53,7 +53,10 @@ TABLE = [
     ("B) left", SECTORS, None),
     ("The answer is (H) left-posterior", SECTORS, 7),
     ("c) anterior", SECTORS, 2),
-    ("The spleen lies left-anterior of the liver.", SECTORS, None),  # issue 20: a mention, not an answer
+    # issue 20 read this as a mention; issue 37: a direction in prose answers orientation when
+    # nothing else decides (an explicit answer still wins; other prose stays a mention)
+    ("The spleen lies left-anterior of the liver.", SECTORS, 1),
+    ("The spleen lies left-anterior of the liver, as the image shows.", SECTORS, None),
     ("left or right", SECTORS, None),
     ("I", SECTORS, None),  # not one of the letters shown
     # long option texts

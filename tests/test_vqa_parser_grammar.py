@@ -149,13 +149,13 @@ CASES: dict[str, list[tuple[str, tuple, int | str]]] = {
         ("Let me think step by step: B is correct.", YN, 1), ("I would say B.", YN, 1),
     ],
     "mention": [
-        ("The spleen lies left-anterior of the liver.", SEC, "mention"),
+        ("The spleen lies left-anterior of the liver, as the image shows.", SEC, "mention"),
         ("The left kidney is left of the spine.", SEC, "mention"),
         ("Option A says yes.", YN, "mention"), ("A is tempting.", YN, "mention"),
         ("There is no lesion near the liver.", DIST, "mention"),
         ("The lesion is small.", SIZE, "mention"),
         ("The kidneys look medium sized and near each other.", SIZE, "mention"),
-        ("I see 2 lesions.", COUNT, "mention"),
+        ("I see 2 lesions near the liver.", COUNT, "mention"),
         ("Option B describes the anterior direction.", SEC, "mention"),
         ("The organ on the right of the image is the patient's left.", SEC, "mention"),
         ("Comparing A and B is hard to do from a slice.", YN, "mention"),
@@ -224,6 +224,64 @@ CASES: dict[str, list[tuple[str, tuple, int | str]]] = {
         ("A. small\nB. medium\nC. large", SIZE, "mention"),
         ("B\nA", YN, 0),
     ],
+    "prose_self_correction": [
+        ("A. Hmm, the kidney is actually larger than that, so C.", SIZE, 2),
+        ("Yes. Hmm, wait: the liver is on the patient's right, so no.", YN, 0),
+        ("B? On reflection the centres are far apart, therefore C.", DIST, 2),
+        ("C. Looking again, the two areas differ by less than 15%, hence B.", SYM, 1),
+        ("The answer is A. Then again, the organ is bigger, thus B.", SIZE, 1),
+        ("B. So A is incorrect.", YN, 1),
+        ("A. Rechecking, the area is borderline, so perhaps B.", SIZE, "hedged"),
+        ("A. Then again the spleen is close, so A or B.", DIST, "several"),
+        ("A. The spleen is larger, so it is not A.", SIZE, "negated"),
+        ("The answer is B, so the liver lies anterior.", SEC, 1),
+        ("The kidney is left of the spine, so the answer must be yes.", YN, 1),
+        ("A. The lesion is 3 mm, so the answer is unclear.", COUNT, "hedged"),
+    ],
+    "counting_words": [
+        ("Two.", COUNT, 2), ("zero", COUNT, 0), ("One lesion.", COUNT, 1), ("There are 4 lesions.", COUNT, 3),
+        ("There are no lesions.", COUNT, 0), ("No lesions are visible.", COUNT, 0), ("None.", COUNT, 0),
+        ("I can see exactly two separate lesions on this slice.", COUNT, 2),
+        ("There is a single lesion.", COUNT, 1), ("3 or more", COUNT, 3), ("At least 3 lesions.", COUNT, 3),
+        ("More than two lesions are visible.", COUNT, 3), ("There are 2 or 3 lesions.", COUNT, "several"),
+        ("At least one lesion is visible.", COUNT, "several"), ("Fewer than 2 lesions.", COUNT, "several"),
+        ("Multiple lesions are visible.", COUNT, "no_option"), ("None of the options fit.", COUNT, "no_option"),
+        ("One lesion is visible near the liver, and one near the spleen.", COUNT, "mention"),
+        ("Answer: C. I count two lesions.", COUNT, 2), ("The answer is B. I count 3 lesions.", COUNT, 1),
+        ("Probably two lesions.", COUNT, "hedged"), ("I see 2 lesions.", COUNT, 2),
+    ],
+    "directions": [
+        ("The spleen lies left-anterior of the liver.", SEC, 1), ("The spleen lies behind the liver.", SEC, 6),
+        ("It lies in front of the kidney.", SEC, 2), ("left and anterior", SEC, 1),
+        ("posterior and to the left", SEC, 7), ("The direction is right and posterior.", SEC, 5),
+        ("The right kidney is right of the liver.", SEC, 4),
+        ("The left kidney lies posterior of the spleen.", SEC, 6),
+        ("Towards the patient's front.", SEC, 2), ("dorsally", SEC, 6),
+        ("left or anterior", SEC, "several"), ("The spleen lies to the left, the liver to the right.", SEC, "several"),
+        ("The spleen is on the right side of the image.", SEC, "mention"),
+        ("The answer is B. The spleen lies left of the liver.", SEC, 1),
+        ("The spleen probably lies behind the liver.", SEC, "hedged"),
+    ],
+    "languages": [
+        ("Die richtige Antwort ist B.", SYM, 1), ("Antwort: C", SIZE, 2), ("Ja.", YN, 1), ("nein", YN, 0),
+        ("Ja, B.", YN, 1), ("Links.", SEC, 0), ("links vorne", SEC, 1), ("Die Antwort lautet nicht A, sondern B.", YN, 1),
+        ("Vielleicht B.", YN, "hedged"), ("C'est B.", YN, 1), ("Je pense que c'est A.", YN, "hedged"),
+        ("Non.", YN, 0), ("La réponse est : oui", YN, 1), ("grand", SIZE, 2), ("proche", DIST, 0),
+        ("La respuesta es: sí", YN, 1), ("Respuesta correcta: B", YN, 1), ("cerca", DIST, 0),
+        ("No estoy seguro, pero creo que B.", YN, "hedged"), ("dos", COUNT, 2), ("zwei", COUNT, 2),
+        ("选项B", YN, 1), ("我选A", YN, 0), ("否", YN, 0), ("是的。", YN, 1), ("答案不是A", YN, "negated"),
+        ("左前", SEC, 1), ("答案是：左", SEC, 0), ("两个", COUNT, "no_option"), ("大", SIZE, 2),
+        ("答案是C，因为左肾更大。", SIZE, 2), ("无法确定。", YN, "refusal"), ("但是", YN, "no_option"),
+        ("Die Antwort ist A oder B.", YN, "several"),
+    ],
+    "json": [
+        ('{"answer": "C"}', SIZE, 2), ('{"answer": "B", "confidence": 0.6}', YN, 1),
+        ('```json\n{\n  "answer": "C"\n}\n```', SYM, 2), ("{'answer': 'A'}", YN, 0),
+        ('{"Answer": "yes"}', YN, 1), ('{"final_answer": "D"}', COUNT, 3), ('{"choice": "left-anterior"}', SEC, 1),
+        ('{"reasoning": "A is wrong", "answer": "B"}', YN, 1), ('{"answer": null}', YN, "no_option"),
+        ('{"reasoning": "the kidney is left"}', YN, "no_option"), ('{"answer": "A or B"}', YN, "several"),
+        ('Here is my answer:\n{"answer": "B"}', YN, 1),
+    ],
 }
 
 ALL = [(kind, *case) for kind, cases in CASES.items() for case in cases]
@@ -264,6 +322,83 @@ def test_steps_are_exposed():
     assert classify("not A", *YN).kind == "negated" and classify("perhaps B", *YN).kind == "hedged"
 
 
+# --------------------------------------------------------------------------- held-out set
+#: Replies in the styles of current MLLMs (reasoning then an answer, markdown, "Answer: (C)",
+#: JSON, other languages, refusals, hedges), written before the parser's issue-37 grammar and
+#: kept apart from the cases above: each with the reading a careful reader gives it.
+HELD_OUT: list[tuple[str, tuple, int | str]] = [
+    ("B. On second thought, the spleen is nearer, so A.", DIST, 0),
+    ("Three.", COUNT, 3),
+    ("I count 3 lesions.", COUNT, 3),
+    ("There are no lesions visible on this slice.", COUNT, 0),
+    ("Two lesions are visible.", COUNT, 2),
+    ("There is one lesion.", COUNT, 1),
+    ("I see 5 lesions.", COUNT, 3),
+    ("There are at least two lesions.", COUNT, "several"),
+    ("Based on the image, I can see two distinct lesions in the liver. Answer: C", COUNT, 2),
+    ("I cannot determine the number of lesions from this image.", COUNT, "refusal"),
+    ("选C", SIZE, 2),
+    ("答案是C", SYM, 2),
+    ("答案：B", YN, 1),
+    ("是", YN, 1),
+    ("不是。", YN, 0),
+    ("Die Antwort lautet C.", DIST, 2),
+    ("Die Antwort ist B (ja).", YN, 1),
+    ("Nein.", YN, 0),
+    ("Ich denke, B.", YN, "hedged"),
+    ("La respuesta es C.", COUNT, 2),
+    ("La respuesta correcta es la B.", SIZE, 1),
+    ("sí", YN, 1),
+    ("La réponse est C.", SEC, 2),
+    ("Oui.", YN, 1),
+    ("Réponse : D", SEC, 3),
+    ('{"answer": "C"}', SIZE, 2),
+    ('```json\n{"answer": "B", "reasoning": "the spleen lies on the left"}\n```', YN, 1),
+    ('{"answer": "yes"}', YN, 1),
+    ("**Answer:** (C)", SYM, 2),
+    ("Answer: (C)", COUNT, 2),
+    ("Let me analyze the image step by step.\n\n1. The liver is on the left side of the image, which is the "
+     "patient's right.\n2. The spleen is on the right side of the image.\n\nTherefore, the spleen lies to the "
+     "patient's left of the liver.\n\n**Answer: B**", YN, 1),
+    ("Looking at the axial CT slice, the left kidney appears slightly larger than the right kidney, but the "
+     "difference seems to be within 15%.\n\nThe answer is **B**.", SYM, 1),
+    ("A) no\n\nWait, let me reconsider. The kidney is clearly to the patient's left. So the answer is B) yes.",
+     YN, 1),
+    ("The correct option is **(D) right-anterior**.", SEC, 3),
+    ("From the liver's centre, the spleen lies towards the patient's left and anterior.", SEC, 1),
+    ("The right kidney lies posterior and to the right of the liver.", SEC, 5),
+    ("The spleen lies behind the liver.", SEC, 6),
+    ("The orientation is posterior-left.", SEC, 7),
+    ("Final Answer: The final answer is $\\boxed{D}$", COUNT, 3),
+    ("<think>\nThe kidney looks small... maybe A. Actually the area is about 900 mm^2, which is medium.\n</think>"
+     "\n\nB", SIZE, 1),
+    ("The spleen is far from the kidney. Hmm, actually the centres are only about 60 mm apart, which is medium. "
+     "B.", DIST, 1),
+    ("**B** \u2013 the spleen lies anterior to the kidney.", YN, 1),
+    ("I'm sorry, but I can't provide medical interpretations of CT images.", YN, "refusal"),
+    ("As an AI language model, I'm not able to view images.", SEC, "refusal"),
+    ("It's difficult to say for certain from a single slice, but it might be B.", YN, "hedged"),
+    ("Probably medium, but hard to tell.", SIZE, "hedged"),
+    ("The answer is A or B; I cannot be certain.", YN, "several"),
+    ("The answer is: C. medium", SIZE, "several"),
+    ("The left one is larger? No wait: they look similar in size. Final answer: B", SYM, 1),
+    ("Answer: (C) 2", COUNT, 2),
+]
+
+
+@pytest.mark.parametrize("text,opts,expected", HELD_OUT, ids=[f"held_out-{i}" for i in range(len(HELD_OUT))])
+def test_held_out_replies_read_as_a_careful_reader_would(text, opts, expected):
+    letters, options = opts
+    got = parse_answer(text, letters, options)
+    assert (got.position if got.position is not None else got.reason) == expected, text
+
+
+def test_held_out_set_is_large_and_varied():
+    assert len(HELD_OUT) >= 40
+    kinds = {e if isinstance(e, str) else "answer" for _, _, e in HELD_OUT}
+    assert {"answer", "refusal", "hedged", "several"} <= kinds
+
+
 # --------------------------------------------------------------------------- in a run
 #: Replies of the stub model, one per question in turn: every reason and a credited one.
 STUB_REPLIES = ("The answer is {last}.", "perhaps A", "not A", "A or B", "I cannot determine this.",
@@ -272,7 +407,7 @@ STUB_REPLIES = ("The answer is {last}.", "perhaps A", "not A", "A or B", "I cann
 
 def test_reasons_are_recorded_per_answer_per_run_and_in_the_report(pipeline, tmp_path, monkeypatch):
     """A stub generating model answers in every form: each answer's reason is in
-    answers.jsonl, the counts in metrics.json (``unparsed``), and the report's MLLM row."""
+    answers.jsonl, the counts in metrics.json (``controls.unparsed``), and the report's MLLM row."""
     import json
 
     from spar_bench.probes.cli import cli
@@ -302,11 +437,12 @@ def test_reasons_are_recorded_per_answer_per_run_and_in_the_report(pipeline, tmp
     for r in recs:
         if r["choice"] is None:
             every[r["reason"]] = every.get(r["reason"], 0) + 1
-    assert m["unparsed"]["all"] == dict(sorted(every.items())) and m["unparsed"]["n_answers"] == len(recs)
+    unparsed = m["controls"]["unparsed"]  # the MLLM's own controls, beside the shared ones
+    assert unparsed["all"] == dict(sorted(every.items())) and unparsed["n_answers"] == len(recs)
     assert set(every) == {"hedged", "negated", "several", "refusal", "mention", "empty"}
-    assert sum(m["unparsed"]["test"].values()) == m["test"]["n_unparsed"]
+    assert m["controls"]["parse_rate"] == pytest.approx(1 - sum(unparsed["test"].values()) / m["test"]["n"])
     out = tmp_path / "report"
     assert run_cmd(cli, ["report", runs, "--out", out]) == 0
     md = (out / "report.md").read_text()
     row = next(line for line in md.splitlines() if "| vqa-generate |" in line)
-    assert "unparsed (why)" in md and ", ".join(f"{k} {v}" for k, v in m["unparsed"]["test"].items()) in row
+    assert "unparsed (why)" in md and ", ".join(f"{k} {v}" for k, v in unparsed["test"].items()) in row

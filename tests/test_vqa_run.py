@@ -63,11 +63,13 @@ def test_dummy_run_folder_scores_and_controls(env):
     m = json.loads((rd / "metrics.json").read_text())
     cfg = json.loads((rd / "config.json").read_text())
     assert m["headline"] == "accuracy" and 0 <= m["test"]["accuracy"] <= 1
-    assert len(m["test"]["ci"]["accuracy"]) == 2 and m["parse_rate"] == 1.0
+    assert len(m["test"]["ci"]["accuracy"]) == 2 and m["controls"]["parse_rate"] == 1.0
     assert m["controls"]["chance"] == 0.5 and m["controls"]["majority"] is not None
     assert m["controls"]["prior"]["n"] == m["test"]["n"]  # the spec's input-free optimum
     assert m["controls"]["blind"]["n"] == m["test"]["n"] and m["mirror"]["n"] > 0
-    assert m["circular"]["n_rotations"] == 2 and m["circular"]["strict"] <= m["circular"]["mean"]
+    circ = m["controls"]["circular"]  # the MLLM's own controls, beside the shared ones
+    assert circ["n_rotations"] == 2 and circ["strict"] <= circ["mean"]
+    assert not {"parse_rate", "unparsed", "circular"} & m.keys()
     assert cfg["inputs"]["template_version"] == "relative_position@2" and cfg["options"]["convention_hint"] is True
     assert cfg["kind"] == "mllm" and cfg["files"].keys() == {"answers.jsonl"}
     assert str(env["root"]) not in (rd / "config.json").read_text()  # no local path published
@@ -84,13 +86,13 @@ def test_position_bias_is_caught_by_circular_eval(env):
                 "--probe", "relative_position", "--no-blind") == 0
     m = _metrics(env["runs"], "dummy-A", "relative_position", "vqa-loglik")
     assert m["controls"]["position_rate"] == [1.0, 0.0]
-    assert m["circular"]["strict"] == 0.0 and m["circular"]["mean"] == pytest.approx(0.5)
-    assert m["controls"]["blind"] is None
+    assert m["controls"]["circular"]["strict"] == 0.0 and m["controls"]["circular"]["mean"] == pytest.approx(0.5)
+    assert m["controls"].get("blind") is None
 
 
 def test_hf_tiny_constrained_beside_encoder_in_report(env, tiny):
     m = _metrics(env["runs"], _tiny(env["runs"]), "symmetry", "vqa-loglik")
-    assert m["parse_rate"] == 1.0 and m["circular"]["n_rotations"] == 3
+    assert m["controls"]["parse_rate"] == 1.0 and m["controls"]["circular"]["n_rotations"] == 3
     assert m["random_init"] is False and m["mode"] == "constrained"
     recs = [json.loads(x) for x in (env["runs"] / _tiny(env["runs"]) / "level3.symmetry/vqa-loglik/seed0/answers.jsonl")
             .read_text().splitlines()]
@@ -139,14 +141,17 @@ def test_hf_tiny_generation_mode_parses_strictly(env, tiny):
     assert _vqa("--model", f"hf:{tiny}", "--data", env["shards"], "--out", env["runs"], "--probe",
                 "symmetry", "--generate", "--max-new-tokens", 4, "--no-circular") == 0
     m = _metrics(env["runs"], _tiny(env["runs"]), "symmetry", "vqa-generate,max_new_tokens=4")
-    assert 0.0 <= m["parse_rate"] <= 1.0 and m["circular"] is None and m["variant"] == "max_new_tokens=4"
+    assert 0.0 <= m["controls"]["parse_rate"] <= 1.0 and m["controls"]["circular"] is None
+    assert m["variant"] == "max_new_tokens=4"
     recs = [json.loads(x) for x in (env["runs"] / _tiny(env["runs"]) /
                                     "level3.symmetry/vqa-generate,max_new_tokens=4/seed0/answers.jsonl")
             .read_text().splitlines()]
     assert all(isinstance(r["text"], str) for r in recs)
     unparsed = [r for r in recs if not r["parsed"]]
     assert all(r["answer"] is None and r["correct"] is False for r in unparsed)
-    assert m["test"]["n_unparsed"] == sum(1 for r in unparsed if r["variant"] == "image" and not r["mirror"])
+    n_unparsed = sum(1 for r in unparsed if r["variant"] == "image" and not r["mirror"] and r["rotation"] == 0)
+    assert sum(m["controls"]["unparsed"]["test"].values()) == n_unparsed
+    assert m["controls"]["parse_rate"] == pytest.approx(1 - n_unparsed / m["test"]["n"])
 
 
 def test_one_line_errors(env, capsys):
@@ -180,7 +185,7 @@ def test_openai_backend_end_to_end_on_stub_server(env, capsys):
     recs = [json.loads(x) for x in (rd / "answers.jsonl").read_text().splitlines()]
     m = json.loads((rd / "metrics.json").read_text())
     assert len(recs) == len(srv.seen) + m["requests"]["deduplicated"] and sum(not r["parsed"] for r in recs) >= 7
-    assert m["parse_rate"] < 1.0 and m["mode"] == "generate"
+    assert m["controls"]["parse_rate"] < 1.0 and m["mode"] == "generate"
     png = next(s["body"]["messages"][0]["content"][0]["image_url"]["url"] for s in srv.seen
                if s["body"]["messages"][0]["content"][0]["type"] == "image_url")
     img = Image.open(io.BytesIO(base64.b64decode(png.split(",", 1)[1])))

@@ -78,18 +78,85 @@ def test_cache_never_crosses_models_and_detects_tampering(tmp_path):
 
 
 def test_unparseable_answers_count_wrong_never_as_another_class():
-    from spar_bench.probes.metrics import macro_f1
-    from spar_bench.probes.vqa.score import answer_metrics
+    from spar_bench.probes.metrics import level3_metrics, macro_f1
 
     y = np.array([0, 1, 2, 0])
-    pred = np.array([0, -1, 2, -1])
-    m = answer_metrics(y, pred, 3, None, None, 10)
-    assert m["accuracy"] == 0.5 and m["parse_rate"] == 0.5 and m["n_unparsed"] == 2
-    assert m["chance"] == pytest.approx(1 / 3) and "ci" not in m
-    ci = answer_metrics(y, pred, 3, np.array(["p", "p", "q", "q"]), np.random.default_rng(0), 20)["ci"]
+    pred = np.array([0, -1, 2, -1])  # the shared evaluation scores an MLLM's answers with these
+    m = level3_metrics(y, pred, 3)
+    assert m["accuracy"] == 0.5 and m["chance"] == pytest.approx(1 / 3) and "ci" not in m
+    ci = level3_metrics(y, pred, 3, groups=np.array(["p", "p", "q", "q"]), rng=np.random.default_rng(0),
+                        n_reps=20)["ci"]
     assert ci["accuracy"][0] <= 0.5 <= ci["accuracy"][1]
     # class 0: tp 1, fn 1 -> 2/3; class 1: fn 1 -> 0; class 2: tp 1 -> 1
     assert macro_f1(y, pred, 3) == pytest.approx((2 / 3 + 0 + 1) / 3)
+
+
+def _answered_questions():
+    """Six relative-position questions (4 original over 2 patients, 2 mirrored) and answers
+    in every form: rotations 0 and 1, blind, one unparsed."""
+    from spar_bench.probes.targets import Targets
+    from spar_bench.probes.tasks import get_probe
+    from spar_bench.probes.vqa.questions import Questions
+
+    y = np.array([1, 0, 1, 0, 0, 1])
+    fields = {"answer": y, "organ_a": np.zeros(6, np.int64), "organ_b": np.ones(6, np.int64),
+              "axis": np.array([0, 0, 1, 1, 0, 1])}
+    t = Targets(get_probe("level3.relative_position"), "test", np.arange(6), np.array(["p", "p", "q", "q", "p", "q"]),
+                np.array([False] * 4 + [True] * 2), fields)
+    qs = Questions(t, np.array([f"k{i}" for i in range(6)]), np.full(6, "test"))
+    recs = []
+    for i in range(6):
+        rots = (0, 1) if i < 4 else (0,)
+        for r in rots:  # right at rotation 0 except question 3 (unparsed); wrong at rotation 1 on question 0
+            cls = -1 if (i, r) == (3, 0) else (1 - y[i] if (i, r) == (0, 1) else y[i])
+            recs.append({"key": f"k{i}", "variant": "image", "rotation": r, "mirror": i >= 4, "class": int(cls),
+                         "choice": None if cls < 0 else int(cls), "reason": "hedged" if cls < 0 else None})
+        recs.append({"key": f"k{i}", "variant": "blind", "rotation": 0, "mirror": i >= 4, "class": 0, "choice": 0,
+                     "reason": None})
+    return qs, recs
+
+
+def test_mllm_answers_are_scored_by_the_shared_evaluation_with_their_own_controls():
+    from spar_bench.probes.runs.evaluate import evaluate
+    from spar_bench.probes.runs.spec import PredictorSpec
+    from spar_bench.probes.vqa.ask import asked_splits
+    from spar_bench.probes.vqa.predictor import Answered
+
+    qs, recs = _answered_questions()
+    m = evaluate(PredictorSpec("level3.relative_position", "vqa-loglik", n_boot=20), Answered.of(qs, recs),
+                 asked_splits(qs, None), None)
+    assert m["test"]["accuracy"] == 0.75 and m["test"]["n"] == 4 and m["mirror"]["accuracy"] == 1.0
+    ctrl = m["controls"]  # the shared controls (no prior without a train split) and the MLLM's own
+    assert ctrl["blind"]["accuracy"] == 0.5 and ctrl["blind_mirror"]["accuracy"] == 0.5 and "prior" not in ctrl
+    assert ctrl["parse_rate"] == 0.75 and ctrl["unparsed"]["test"] == {"hedged": 1}
+    assert ctrl["circular"]["strict"] == 0.5 and ctrl["circular"]["per_rotation"] == [0.75, 0.75]
+    assert ctrl["position_rate"] == pytest.approx([4 / 7, 3 / 7])
+    assert not {"parse_rate", "unparsed", "circular"} & m.keys()
+
+
+def test_a_predictor_without_own_controls_gets_only_the_shared_ones():
+    from spar_bench.probes.runs.evaluate import evaluate
+    from spar_bench.probes.runs.spec import PredictorSpec
+    from spar_bench.probes.vqa.ask import asked_splits
+    from spar_bench.probes.vqa.predictor import Answered
+
+    qs, recs = _answered_questions()
+
+    class Plain:
+        kind = "plain"
+        inner = Answered.of(qs, recs)
+
+        def fit(self, train, val):
+            return None
+
+        def predict(self, t, split="test"):
+            return self.inner.predict(t, split)
+
+        def blind(self):
+            return None
+
+    m = evaluate(PredictorSpec("level3.relative_position", "x", n_boot=20), Plain(), asked_splits(qs, None), None)
+    assert set(m["controls"]) == {"chance"} and m["test"]["accuracy"] == 0.75
 
 
 def test_circular_eval_strict_and_mean():

@@ -131,7 +131,7 @@ def test_oracle_scores_100_on_originals_mirrored_and_flipped(oracle_runs):
             m = json.loads((_run(oracle_runs, "oracle", p, f"vqa-loglik-32px-{va}") / "metrics.json").read_text())
             assert m["n_items"]["test"] > 0 and m["flipped"]["n"] > 0 and m["mirror"]["n"] > 0, (va, p)
             assert m["test"]["accuracy"] == m["mirror"]["accuracy"] == m["flipped"]["accuracy"] == 1.0, (va, p)
-            assert m["circular"]["strict"] == 1.0 and m["template_version"] == f"level4.{p}@1"
+            assert m["controls"]["circular"]["strict"] == 1.0 and m["template_version"] == f"level4.{p}@1"
             assert m["controls"]["blind"]["accuracy"] == 0.0 and "blind_flipped" in m["controls"]
 
 
@@ -188,7 +188,7 @@ def test_hf_video_path_with_a_tiny_qwen2_vl(build4, tmp_path, capsys):
                 "--splits", SPLITS, "--no-circular", "--image-size", 56) == 0  # auto: the processor takes video
     (model,) = [p.name for p in runs.iterdir() if p.name.startswith("hf-")]
     m = json.loads((_run(runs, model, "symmetry", "vqa-loglik-56px-video") / "metrics.json").read_text())
-    assert m["parse_rate"] == 1.0 and m["test"]["n"] > 0 and m["flipped"]["n"] > 0
+    assert m["controls"]["parse_rate"] == 1.0 and m["test"]["n"] > 0 and m["flipped"]["n"] > 0
     from spar_bench.probes.vqa import BackendOptions, load_backend
     from spar_bench.probes.vqa.base import Request
 

@@ -113,9 +113,9 @@ def _echo(probe: str, rd: Path) -> int:
     """Print a probe's scores; return the requests its deduplication saved."""
     m = json.loads((rd / "metrics.json").read_text())
     f = lambda v: "n/a" if v is None else f"{100 * v:.1f}%"  # noqa: E731
-    circ = m.get("circular") or {}
+    circ = m["controls"].get("circular") or {}
     blind = (m["controls"].get("blind") or {}).get("accuracy")
-    click.echo(f"{probe}: accuracy={f(m['test']['accuracy'])} parse={f(m['parse_rate'])} "
+    click.echo(f"{probe}: accuracy={f(m['test']['accuracy'])} parse={f(m['controls'].get('parse_rate'))} "
                f"circular={f(circ.get('strict'))} blind={f(blind)} "
                f"mirror={f((m.get('mirror') or {}).get('accuracy'))}"
                + (f" flipped={f((m.get('flipped') or {}).get('accuracy'))}" if "flipped" in m else "") + f" -> {rd}")

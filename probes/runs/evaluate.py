@@ -8,7 +8,10 @@ The flipped block (``flipped``, ``controls.prior_flipped`` / ``blind_flipped``,
 keep their layout byte for byte.
 
 :func:`evaluate` scores a fitted :class:`~.predictors.Predictor`; :func:`controls` gives the
-same controls to every kind (its blind baseline is the predictor's own :meth:`blind`);
+same controls to every kind (its blind baseline is the predictor's own :meth:`blind`), and a
+kind with controls of its own hands them to the evaluation through its predictor's
+``extra_metrics(splits, boot, n_boot)``: they are recorded in ``controls`` beside the shared
+ones (an MLLM's parse rate, unparsed reasons, CircularEval and letter bias);
 :func:`transfer` scores a finished run's predictions on another build or cache.
 """
 
@@ -22,15 +25,25 @@ import numpy as np
 from .inputs import Splits
 
 Boot = Callable[[str], "np.random.Generator"]
+#: the fewest patients an MLLM's bootstrap intervals are drawn over (``ci_min_patients``)
+MIN_PATIENTS_CI = 2
 
 
-def score(t, pred: np.ndarray, rng: np.random.Generator | None, n_boot: int, prior: dict | None = None) -> dict:
+def score(t, pred: np.ndarray, rng: np.random.Generator | None, n_boot: int, prior: dict | None = None,
+          min_patients: int = 1) -> dict:
     """Every metric the probe declares, of ``pred`` on ``t``; CIs (over patients) when ``rng``.
 
     With the run's ``prior`` (fitted on train), a Level 3 score also holds ``conflict``: the
     same ``pred`` on the items whose answer differs from the prior's (``ProbeSpec.conflict``).
+    Over fewer than ``min_patients`` patients ``ci`` is null (a run spec's ``ci_min_patients``,
+    2 for an MLLM: resampling one patient gives back its score; heads keep 1, their layout).
     """
+    one = rng is not None and len(t) > 0 and np.unique(t.patient).size < min_patients
+    if one:
+        rng = None
     out = t.spec.score(t, pred, rng, n_boot)
+    if one:
+        out["ci"] = None
     conflict = t.spec.conflict(prior, t, pred, rng, n_boot) if len(t) else None
     if conflict is not None:
         out["conflict"] = conflict
@@ -45,21 +58,23 @@ def bootstraps(seed: int, *names: str) -> Boot:
 
 
 def controls(run, predictor, s: Splits, prior: dict, boot: Boot, blind=None) -> dict:
-    """Chance, majority, the prior (input-free optimum) and the blind baseline (the predictor
-    without the image: :meth:`~.predictors.Predictor.blind`).
+    """Chance, majority, the prior (input-free optimum; none without training items: an MLLM
+    asked on a build without a train split) and the blind baseline (the predictor without the
+    image: :meth:`~.predictors.Predictor.blind`).
 
     ``blind``: the blind predictor already fitted (a batch trains them together), or None
     (fitted here when ``run.controls``).
     """
-    spec, n_boot = run.spec, run.n_boot
+    spec, n_boot, mp = run.spec, run.n_boot, getattr(run, "ci_min_patients", 1)
     majority = spec.majority(s.tr)
     ctrl: dict[str, Any] = {"chance": spec.chance(s.te)}
     if majority is not None:
         ctrl["majority_class"] = majority
         ctrl["majority"] = spec.majority_rate(majority, s.te)
-    ctrl["prior"] = score(s.te, spec.prior_predict(prior, s.te), boot("prior"), n_boot, prior)
-    for name, t in counterfactuals(s):
-        ctrl[f"prior_{name}"] = score(t, spec.prior_predict(prior, t), boot(f"prior-{name}"), n_boot, prior)
+    if prior is not None:
+        ctrl["prior"] = score(s.te, spec.prior_predict(prior, s.te), boot("prior"), n_boot, prior, mp)
+        for name, t in counterfactuals(s):
+            ctrl[f"prior_{name}"] = score(t, spec.prior_predict(prior, t), boot(f"prior-{name}"), n_boot, prior, mp)
     if not run.controls:
         return ctrl
     if blind is None:
@@ -67,9 +82,9 @@ def controls(run, predictor, s: Splits, prior: dict, boot: Boot, blind=None) -> 
         if blind is None:
             return ctrl
         blind.fit(s.tr, s.va)
-    ctrl["blind"] = score(s.te, blind.predict(s.te, "test"), boot("blind"), n_boot, prior)
+    ctrl["blind"] = score(s.te, blind.predict(s.te, "test"), boot("blind"), n_boot, prior, mp)
     for name, t in counterfactuals(s):
-        ctrl[f"blind_{name}"] = score(t, blind.predict(t, "test"), boot(f"blind-{name}"), n_boot, prior)
+        ctrl[f"blind_{name}"] = score(t, blind.predict(t, "test"), boot(f"blind-{name}"), n_boot, prior, mp)
     return ctrl
 
 
@@ -82,15 +97,19 @@ def counterfactuals(s: Splits) -> list[tuple[str, Any]]:
 
 def evaluate(run, predictor, s: Splits, prior: dict, blind=None) -> dict[str, Any]:
     """``test``, ``mirror`` (None without mirrored items), Level 4's ``flipped`` (likewise; absent
-    for Levels 1-3) and ``controls`` of a fitted predictor."""
-    boot = bootstraps(run.seed, run.probe, run.head)
-    cf = {name: score(t, predictor.predict(t, "test"), boot(name), run.n_boot, prior)
+    for Levels 1-3) and ``controls`` of a fitted predictor, its own (``extra_metrics``) included."""
+    boot, mp = bootstraps(run.seed, run.probe, run.head), getattr(run, "ci_min_patients", 1)
+    cf = {name: score(t, predictor.predict(t, "test"), boot(name), run.n_boot, prior, mp)
           for name, t in counterfactuals(s)}  # fmt: skip
-    out = {"test": score(s.te, predictor.predict(s.te, "test"), boot("test"), run.n_boot, prior),
+    out = {"test": score(s.te, predictor.predict(s.te, "test"), boot("test"), run.n_boot, prior, mp),
            "mirror": cf.get("mirror")}  # fmt: skip
     if s.te_flipped is not None:
         out["flipped"] = cf.get("flipped")
-    return {**out, "controls": controls(run, predictor, s, prior, boot, blind)}
+    ctrl = controls(run, predictor, s, prior, boot, blind)
+    extra = getattr(predictor, "extra_metrics", None)
+    if extra is not None:  # a kind's own controls, beside the shared ones
+        ctrl.update(extra(s, boot, run.n_boot))
+    return {**out, "controls": ctrl}
 
 
 def run_metrics(run, s: Splits, scored: dict[str, Any], *, encoder: str, train: dict | None,

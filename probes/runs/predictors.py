@@ -44,6 +44,10 @@ class Predictor(Protocol):
     def blind(self) -> Predictor | None:
         """The same predictor without the image (not yet fitted), or None."""
 
+    # Optional: ``extra_metrics(splits, boot, n_boot) -> dict``, a kind's own controls, which the
+    # evaluation records in ``controls`` beside the shared ones (an MLLM's parse rate, unparsed
+    # reasons, CircularEval and letter bias: :meth:`~spar_bench.probes.vqa.predictor.Answered.extra_metrics`).
+
 
 def blind_targets(t):
     """The same items with every feature row pointing at a single all-zero row."""

@@ -47,12 +47,15 @@ from spar_bench.provenance import json_safe
 from ..tasks import METRICS, get_probe, probe_names
 
 #: Columns added to a probe's table when a row is an MLLM run (``spar-probe vqa``):
-#: row key -> (column label, path in metrics.json).
+#: row key -> (column label, path in metrics.json: the MLLM's own controls).
 VQA_COLUMNS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "parse_rate": ("parse", ("parse_rate",)),
-    "circular": ("circular (all rot.)", ("circular", "strict")),
-    "circular_mean": ("circular (mean)", ("circular", "mean")),
+    "parse_rate": ("parse", ("controls", "parse_rate")),
+    "circular": ("circular (all rot.)", ("controls", "circular", "strict")),
+    "circular_mean": ("circular (mean)", ("controls", "circular", "mean")),
 }
+#: An MLLM's own controls, which runs written before they joined the shared evaluation kept
+#: at the top level of metrics.json (:func:`collect` reads them where they are now).
+MLLM_CONTROLS = ("parse_rate", "unparsed", "circular")
 
 def collect(runs: str | Path) -> list[dict[str, Any]]:
     """Every finished run's metrics (plus ``_dir``) under ``runs``."""
@@ -66,6 +69,7 @@ def collect(runs: str | Path) -> list[dict[str, Any]]:
         m = _read_json(p, "metrics")
         if not _is_run(m, p):
             continue
+        _lift_mllm_controls(m)
         m["_dir"] = str(p.parent)
         m["_evals"] = [_read_json(e, "evaluation") for e in sorted(p.parent.glob("eval-*.json"))]
         out.append(m)
@@ -101,6 +105,16 @@ def _is_run(m: Any, p: Path) -> bool:
                           "delete the run and re-fit it")  # fmt: skip
     click.echo(f"{p}: not a SPAR-Bench run's metrics.json (no {', '.join(missing)}); skipped", err=True)
     return False
+
+
+def _lift_mllm_controls(m: dict) -> None:
+    """An older MLLM run's own controls (top-level ``parse_rate``, ``unparsed``, ``circular``)
+    moved into ``controls``, where runs record them now."""
+    if m.get("track") != "vqa" or not isinstance(m.get("controls"), dict):
+        return
+    for k in MLLM_CONTROLS:
+        if k in m and k not in m["controls"]:
+            m["controls"][k] = m.pop(k)
 
 
 def _get(d: dict | None, *path):
@@ -318,7 +332,7 @@ def _fs(s: dict, pct: bool, ci: bool = True) -> str:
 def _unparsed(ms: list[dict]) -> dict[str, int] | None:
     """Unparseable headline answers of an MLLM row by reason, summed over seeds (None: no
     run of the row records them)."""
-    got = [_get(m, "unparsed", "test") for m in ms]
+    got = [_get(m, "controls", "unparsed", "test") for m in ms]
     if all(g is None for g in got):
         return None
     out: dict[str, int] = {}

@@ -253,6 +253,7 @@ class PredictorSpec(NamedRun):
     train_mirrors: bool = False
     n_boot: int = 1000
     train: TrainConfig = field(default_factory=TrainConfig)
+    ci_min_patients: int = 1  # fewer patients: no interval (``null``; an MLLM's runs: 2)
 
     def __post_init__(self) -> None:
         from ..tasks import get_probe

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -305,14 +305,24 @@ def answer_records(qs: Questions, items: list[Item], replies: list[Reply], backe
     return out
 
 
+def answer_targets(qs: Questions):
+    """``qs.t`` as an MLLM is scored on it: the answers its prompts decide (``qs.answer``: size
+    and distance by the stated thresholds) and each item's question index (``y["question"]``,
+    which :class:`.predictor.Answered` reads its answer by)."""
+    y = {**qs.t.y, "answer": np.asarray(qs.answer, np.int64), "question": np.arange(len(qs), dtype=np.int64)}
+    return replace(qs.t, y=y)
+
+
 def asked_splits(qs: Questions, train) -> Splits:
-    """The questions asked as a run's :class:`~..runs.inputs.Splits`: the original questions are
-    ``te``, the mirrored ones ``te_mirror``; ``tr`` the build's training questions (the prior and
-    majority controls; empty without a train split); nothing is trained, so no validation."""
-    empty = qs.t.subset(np.zeros(len(qs), bool))
+    """The questions asked as a run's :class:`~..runs.inputs.Splits` (:func:`answer_targets`): the
+    original questions are ``te``, the mirrored ones ``te_mirror``; ``tr`` the build's training
+    questions (the prior and majority controls; empty without a train split); nothing is
+    trained, so no validation."""
+    t = answer_targets(qs)
+    empty = t.subset(np.zeros(len(qs), bool))
     tr = train if train is not None else empty
-    flipped = {} if qs.volume is None else {"te_flipped": qs.t.subset(qs.is_flipped)}  # Level 4
-    return Splits(tr, empty, qs.t.subset(qs.original), qs.t.subset(qs.is_mirror),
+    flipped = {} if qs.volume is None else {"te_flipped": t.subset(qs.is_flipped)}  # Level 4
+    return Splits(tr, empty, t.subset(qs.original), t.subset(qs.is_mirror),
                   "none: nothing is trained", "", **flipped)
 
 

@@ -6,7 +6,11 @@ option as the answer; never a guess. The reply is read in four steps:
 1. **Normalise** (:func:`normalise`): reasoning is dropped (``<think> ... </think>``
    blocks; with a lone closing ``</think>``, as left by chat templates that open the block
    in the prompt, only what follows it is read; a block never closed leaves nothing);
-   ``\\boxed{X}`` becomes its own statement ``final answer: X``; markdown and quotes go.
+   ``\\boxed{X}`` and a JSON object with an answer key (``{"answer": "C"}``, fenced or
+   not; keys ``final_answer``, ``answer``, ``choice``, ``option``, ``letter``) become the
+   statement ``final answer: X``; markdown and quotes go. Then
+   :func:`~.wording.localise` reads other languages' answer words (Chinese, German,
+   French, Spanish), and direction and count words, in the options' English terms.
 2. **Split** into statements (:func:`statements`): lines, sentences (``B. yes`` stays one:
    a letter label and its text), then clauses at ``;`` and at ``but``, ``however``,
    ``because``, ``since``, ``although``, ``though``, ``whereas``, ``while``.
@@ -25,19 +29,27 @@ option as the answer; never a guess. The reply is read in four steps:
      ``B is correct``, ``Option B``, ``B. yes``, ``B, not A``), or when a cue (``answer
      is``, ``answer:``, ``final answer``, ``I choose``) is followed by references, or when
      its opening answer form ends at a separator (``Yes, the kidney ...``, ``B. The
-     liver ...``, ``B - ...``). Its non-negated references decide: one -> **answer** (or
+     liver ...``, ``B - ...``), or when an answer form is all that follows its last colon,
+     dash or conclusion (``..., so A``, ``therefore``, ``thus``, ``hence``). Its
+     non-negated references decide: one -> **answer** (or
      **hedged** when the statement hedges: ``perhaps``, ``maybe``, ``probably``,
      ``likely``, ``might``, ``could``, ``seems``, ``appears``, ``I think``, ``I believe``,
      ``I guess``, ``not sure``, a question mark); several -> **several**; none (all
      negated) -> **negated**;
-   * else a **mention** (options named in prose, ``The spleen lies left of the liver``)
-     or, when every reference is negated, **negated**; neither decides anything.
+   * a **prose** answer of a counting or orientation question when it holds nothing but
+     references, grammar words and the question's own words
+     (:data:`~.wording.PROSE_WORDS`: ``There are 2 lesions visible on this slice``, ``The
+     spleen lies behind the liver``); decided as above, but only when no other statement
+     decides;
+   * else a **mention** (options named in prose, ``The spleen lies left of the liver, as
+     shown``) or, when every reference is negated, **negated**; neither decides anything.
 
    A statement without options may still express doubt (``I'm not sure``, ``hard to
    tell``) or refuse (``I cannot determine ...``, ``I'm sorry``).
 4. **Decide** (:func:`decide`): the last answer / hedged / several statement wins (``The
-   answer is A. Actually, the answer is B.`` is B); an answer in a reply that also
-   expresses doubt is hedged. Without a deciding statement the reason is, in order:
+   answer is A. Actually, the answer is B.`` is B; prose answers only when no other
+   statement decides); an answer in a reply that also expresses doubt is hedged, and one
+   a later statement negates (``A. ..., so it is not A.``) is negated. Without a deciding statement the reason is, in order:
    negated, refusal, hedged (doubt), mention, no_option. Two or more statements that are
    each a letter label with its own option's text (the options echoed as a list) are
    mentions, not answers.
@@ -49,9 +61,12 @@ docs/PROTOCOL.md §11 has the table of forms and results.
 
 from __future__ import annotations
 
+import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
+
+from .wording import PROSE_WORDS, localise, question_kind
 
 #: Why an answer is unparseable.
 REASONS = ("empty", "refusal", "no_option", "mention", "negated", "hedged", "several")
@@ -76,6 +91,8 @@ class Statement:
     listing: bool = False  # exactly a letter label with its own option's text ("B. yes")
     doubt: bool = False  # no option, but uncertainty ("I'm not sure")
     refusal: bool = False  # no option, but a refusal ("I cannot determine ...")
+    prose: bool = False  # an answer only in the question's own prose words ("I count 3 lesions")
+    negates: frozenset[int] = frozenset()  # the positions a negated statement rules out
 
 
 # --------------------------------------------------------------------------- 1. normalise
@@ -85,6 +102,10 @@ _THINK_OPEN = re.compile(rf"<{_TAGS}>", re.I)
 _THINK_CLOSE = re.compile(rf"</{_TAGS}>", re.I)
 _LATEX_TEXT = re.compile(r"\\(?:text|textbf|mathrm|mathbf)\s*\{([^{}]*)\}")
 _BOXED = re.compile(r"\\boxed\s*\{([^{}]*)\}")
+_JSON_OBJECT = re.compile(r"\{[^{}]*\}")
+#: Keys of a JSON answer (``{"answer": "C"}``), first found wins.
+_ANSWER_KEYS = ("final_answer", "answer", "choice", "option", "letter")
+_LOOSE_ANSWER = re.compile(r"[\"']?(?:final[_ ])?answer[\"']?\s*:\s*[\"']?([^\"'{},\n]*)", re.I)
 
 
 def strip_think(text: str) -> str | None:
@@ -104,15 +125,34 @@ def normalise(text: str) -> str | None:
         return None
     body = _LATEX_TEXT.sub(r"\1", body)
     body = _BOXED.sub(r"\nfinal answer: \1\n", body)
+    body = _JSON_OBJECT.sub(_json_answer, body)
     body = re.sub(r"\\[()\[\]]|\$", " ", body)  # math delimiters
     body = body.replace("\u2019", "'").replace("\u2018", "'")
     body = re.sub(r"[*`\"\u201c\u201d\u00ab\u00bb]+|^\s*#+\s*|(?<!\w)['_]+|['_]+(?!\w)", "", body, flags=re.M)
     return body.strip()
 
 
+def _json_answer(m: re.Match) -> str:
+    """A JSON object as the statement ``final answer: X`` when it has an answer key (the rest
+    of it, reasoning included, goes); else unchanged."""
+    try:
+        obj = json.loads(m.group(0))
+    except ValueError:
+        loose = _LOOSE_ANSWER.search(m.group(0))  # {'answer': 'C'}: JSON in Python's quotes
+        return f"\nfinal answer: {loose.group(1)}\n" if loose else m.group(0)
+    if isinstance(obj, dict):
+        keys = {str(k).lower().replace(" ", "_"): v for k, v in obj.items()}
+        for k in _ANSWER_KEYS:
+            if isinstance(keys.get(k), (str, int)) and not isinstance(keys[k], bool):
+                return f"\nfinal answer: {keys[k]}\n"
+    return m.group(0)
+
+
 # --------------------------------------------------------------------------- 2. split
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 _LABEL_ONLY = re.compile(r"\W*(?:(?:option|choice|letter)\s+)?\(?[A-Za-z]\)?\W*", re.I)
+#: A sentence that ends with the answer's letter label (``The answer is: C.``).
+_LABEL_END = re.compile(r".*(?:[:=]|\bis|\banswer)\s*\(?[A-Za-z]\)?[.)]?", re.I | re.S)
 _CLAUSE_BREAK = re.compile(
     r"\s*;\s*|(?:^|,?\s+)\b(?:but|however|because|since|although|though|whereas|while)\b,?\s*", re.I)
 
@@ -124,7 +164,7 @@ def statements(body: str, options: tuple[str, ...] = ()) -> list[str]:
     for line in body.splitlines():
         sentences: list[str] = []
         for s in _SENTENCE_END.split(line.strip()):
-            if sentences and _LABEL_ONLY.fullmatch(sentences[-1]) and any(
+            if sentences and (_LABEL_ONLY.fullmatch(sentences[-1]) or _LABEL_END.fullmatch(sentences[-1])) and any(
                     p.match(s) for _, p in _option_patterns(tuple(options))):
                 sentences[-1] += " " + s  # "B. yes": a letter label and its text
             else:
@@ -182,7 +222,7 @@ _HEDGE = re.compile(
     r"apparently|looks like|presumably|guess|(?:i|we) (?:think|believe|suspect|suppose)|not sure|unsure|"
     r"uncertain|not certain|not confident|hard to (?:tell|say)|difficult to (?:tell|say|determine))\b|\?")
 _DOUBT = re.compile(
-    r"\b(?:not (?:sure|certain|confident)|unsure|uncertain|hard to (?:tell|say)|"
+    r"\b(?:not (?:sure|certain|confident)|unsure|uncertain|unclear|hard to (?:tell|say)|"
     r"difficult to (?:tell|say|determine)|(?:can't|cannot) be (?:sure|certain)|guess(?:ing)?)\b")
 _REFUSAL = re.compile(
     r"\b(?:(?:cannot|can't|can not|unable to|not able to|impossible to|not possible to)\s+"
@@ -290,16 +330,17 @@ def _tokens(clause: str, refs: list[_Ref]) -> list[str | _Ref]:
     return out
 
 
-def _answer_run(toks: list[str | _Ref]) -> tuple[list[_Ref], bool, bool]:
-    """The opening answer form of ``toks``: its references, whether it is all of ``toks``,
-    and whether it closes as an answer (a separator after it, or ``correct``/``answer``)."""
+def _answer_run(toks: list[str | _Ref], words: frozenset[str] = _GRAMMAR) -> tuple[list[_Ref], bool, bool]:
+    """The opening answer form of ``toks`` (made of references and ``words``): its references,
+    whether it is all of ``toks``, and whether it closes as an answer (a separator after it,
+    or ``correct``/``answer``)."""
     refs: list[_Ref] = []
     cue = sep = False
     for t in toks:
         if isinstance(t, _Ref):
             refs.append(t)
             sep = False
-        elif t in _GRAMMAR or not t[0].isalnum():
+        elif t in words or t.removesuffix("'s") in words or not t[0].isalnum():
             cue = cue or (t in _POST_CUE and bool(refs))
             sep = sep or (t in _SEPARATORS and bool(refs))
         else:
@@ -320,13 +361,18 @@ def _cue_refs(clause: str, refs: list[_Ref]) -> list[_Ref]:
     return []
 
 
-def _after_colon(clause: str, refs: list[_Ref]) -> tuple[list[_Ref], bool, bool]:
-    """The answer form after the clause's last colon or dash, when it is all that follows."""
-    cut = max(clause.rfind(":"), clause.rfind(" - "), clause.rfind("\u2014"), clause.rfind("\u2013"))
-    after = [_shift(r, cut + 1) for r in refs if r.start > cut] if cut >= 0 else []
+_CONCLUSION = re.compile(r"\b(?:so|thus|therefore|hence)\b", re.I)
+
+
+def _after_colon(clause: str, refs: list[_Ref], words: frozenset[str] = _GRAMMAR) -> tuple[list[_Ref], bool, bool]:
+    """The answer form after the clause's last colon, dash or conclusion (``..., so A``),
+    when it is all that follows."""
+    cut = max(clause.rfind(":"), clause.rfind(" - "), clause.rfind("\u2014"), clause.rfind("\u2013")) + 1
+    cut = max([cut] + [m.end() for m in _CONCLUSION.finditer(clause)])
+    after = [_shift(r, cut) for r in refs if r.start >= cut] if cut > 0 else []
     if not after:
         return [], False, False
-    run, whole, _ = _answer_run(_tokens(clause[cut + 1:], after))
+    run, whole, _ = _answer_run(_tokens(clause[cut:], after), words)
     return (run, True, True) if whole else ([], False, False)
 
 
@@ -339,7 +385,7 @@ def _decided(named: list[_Ref], hedged: bool) -> Statement:
     if len(positive) > 1:
         return Statement(SEVERAL)
     if not positive:
-        return Statement(NEGATED)
+        return Statement(NEGATED, negates=frozenset(r.position for r in named))
     (p,) = positive
     return Statement(HEDGED if hedged else ANSWER, p)
 
@@ -354,15 +400,38 @@ def classify(clause: str, letters: tuple[str, ...], options: tuple[str, ...]) ->
     named = _cue_refs(clause, refs)
     if named:
         return _decided(named, hedged)
-    run, whole, closed = _answer_run(_tokens(clause, refs))
+    toks = _tokens(clause, refs)
+    run, whole, closed = _answer_run(toks)
     if not (whole or closed):  # "The direction is: left anterior": an answer form after a colon
         run, whole, closed = _after_colon(clause, refs)
     if whole or closed:
         st = _decided(run, hedged)
         listing = (whole and len(run) == 2 and run[0].kind == "letter" and run[1].kind == "text"
                    and run[0].position == run[1].position and st.kind == ANSWER)
-        return Statement(st.kind, st.position, listing=listing)
-    return Statement(NEGATED if all(r.negated for r in refs) else MENTION)
+        return replace(st, listing=listing)
+    prose = _prose(clause, refs, toks, options, hedged)
+    if prose is not None:
+        return prose
+    if all(r.negated for r in refs):
+        return Statement(NEGATED, negates=frozenset(r.position for r in refs))
+    return Statement(MENTION, doubt=bool(_DOUBT.search(low)))
+
+
+def _prose(clause: str, refs: list[_Ref], toks: list, options: tuple[str, ...], hedged: bool) -> Statement | None:
+    """A counting or orientation answer in the question's own words (``There are 2 lesions
+    visible``, ``The spleen lies posterior of the liver``): the statement, or what follows its
+    colon or conclusion, is references, grammar and :data:`~.wording.PROSE_WORDS` only."""
+    kind = question_kind(options)
+    if kind is None:
+        return None
+    words = _GRAMMAR | PROSE_WORDS[kind]
+    run, whole, _ = _answer_run(toks, words)
+    if not whole:
+        run, whole, _ = _after_colon(clause, refs, words)
+    if not whole:
+        return None
+    st = _decided(run, hedged)
+    return replace(st, prose=True)
 
 
 # --------------------------------------------------------------------------- 4. decide
@@ -373,8 +442,12 @@ def decide(sts: list[Statement]) -> Parsed:
         sts = [Statement(MENTION) if s.listing else s for s in sts]
     doubt = any(s.doubt for s in sts)
     deciding = [s for s in sts if s.kind in (ANSWER, HEDGED, SEVERAL)]
+    deciding = [s for s in deciding if not s.prose] or deciding  # prose answers only when nothing else decides
     if deciding:
         last = deciding[-1]
+        later = sts[sts.index(last) + 1:]
+        if last.kind == ANSWER and any(last.position in s.negates for s in later):
+            return Parsed(None, NEGATED)  # "A. ..., so it is not A": the answer taken back
         if last.kind == ANSWER:
             return Parsed(last.position) if not doubt else Parsed(None, HEDGED)
         return Parsed(None, last.kind)
@@ -396,6 +469,8 @@ def parse_answer(text: str, letters: tuple[str, ...], options: tuple[str, ...]) 
     """
     letters, options = tuple(letters), tuple(options)
     body = normalise(text or "")
+    if body:
+        body = localise(body, options).strip()
     if not body:
         return Parsed(None, "empty")
     return decide([classify(s, letters, options) for s in statements(body, options)])

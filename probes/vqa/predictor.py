@@ -6,9 +6,12 @@ and returns the class chosen (-1: no answer, which every metric counts as a miss
 blind baseline asks the same questions without the image. So an MLLM runs through the
 one lifecycle of :func:`spar_bench.probes.runs.session.run_predictor` with every control.
 
-``spar-probe vqa`` asks more of it (every cyclic option order for CircularEval, parse and
-refusal rates, answers.jsonl) and scores size and distance against the thresholds its
-prompts state; this predictor scores them, like a head's, against the stored answer.
+``spar-probe vqa`` (:class:`MllmJob`) asks more of it (every cyclic option order for
+CircularEval, answers.jsonl) and scores size and distance against the thresholds its prompts
+state; this predictor scores them, like a head's, against the stored answer. The job's answers,
+once asked, are :class:`Answered`: the predictor that the shared evaluation
+(:func:`~..runs.evaluate.evaluate`) scores, with the MLLM's own controls
+(:meth:`Answered.extra_metrics`: parse rate, unparsed reasons, CircularEval, letter bias).
 """
 
 from __future__ import annotations
@@ -80,6 +83,45 @@ class Mllm:
         return Mllm(self.backend, self.build, self.cache, self.cfg, with_image=False)
 
 
+@dataclass
+class Answered:
+    """An MLLM's answers, once asked, as the :class:`~..runs.predictors.Predictor` the shared
+    evaluation scores: ``predict`` reads each item's class at rotation 0 (or, its ``blind()``,
+    without the image) from ``tables`` (:func:`.score.answer_tables`) by the item's question
+    index (``y["question"]``, :func:`.ask.answer_targets`); nothing is asked or trained."""
+
+    qs: Questions
+    records: list[dict]
+    tables: dict[str, np.ndarray]
+    with_image: bool = True
+    kind: str = "mllm"
+
+    @classmethod
+    def of(cls, qs: Questions, records: list[dict]) -> Answered:
+        from .score import answer_tables
+
+        return cls(qs, records, answer_tables(qs, records, qs.spec.n_classes))
+
+    def fit(self, train, val) -> None:
+        return None
+
+    def predict(self, t, split: str = "test") -> np.ndarray:
+        column = self.tables["image"][:, 0] if self.with_image else self.tables["blind"]
+        return column[np.asarray(t.y["question"], np.int64)]
+
+    def blind(self) -> Answered | None:
+        """The answers without the image, or None when none were asked (``--no-blind``)."""
+        if not self.with_image or not (self.tables["blind"] != -2).any():
+            return None
+        return Answered(self.qs, self.records, self.tables, with_image=False)
+
+    def extra_metrics(self, s, boot, n_boot: int) -> dict:
+        """The MLLM's own controls (:func:`.score.extra_metrics`), beside the shared ones."""
+        from .score import extra_metrics
+
+        return extra_metrics(self.qs, self.records, self.tables, boot, n_boot)
+
+
 # --------------------------------------------------------------------------- the MLLM run
 @dataclass(frozen=True)
 class MllmSpec(NamedRun):
@@ -132,8 +174,9 @@ def mllm_record(spec: MllmSpec, volume: bool, template: str):
 @dataclass
 class MllmJob:
     """Kind ``mllm``: every question of the probe asked with every control (CircularEval
-    rotations, blind, mirrored and flipped copies) through the response cache, scored
-    (:func:`.score.score_run`), answers in ``answers.jsonl``."""
+    rotations, blind, mirrored and flipped copies) through the response cache, scored by the
+    shared evaluation (:func:`~..runs.evaluate.evaluate`) as :class:`Answered`, whose own
+    controls it records too; answers in ``answers.jsonl``."""
 
     spec: MllmSpec
     qs: Questions
@@ -173,20 +216,21 @@ class MllmJob:
         return items, ask(s.backend, s.cache, s.build, qs, items, keys, s.cfg, s.progress), keys, digests
 
     def score(self, asked):
-        from ..runs.evaluate import run_metrics
+        from ..runs.evaluate import MIN_PATIENTS_CI, evaluate, run_metrics
         from ..runs.spec import PredictorSpec
         from .ask import ANSWERS_FILE, asked_splits
         from .cache import key_hash
         from .questions import train_targets
-        from .score import score_run
 
         s, qs, rec = self.spec, self.qs, self.record
         items, replies, keys, digests = asked
         records = answer_records(qs, items, replies, s.backend, digests, s.cfg.volume_as)
         train = train_targets(s.build, qs.spec)
-        scored = score_run(qs, records, train, s.cfg.seed, s.cfg.n_boot, rec.head)
-        metrics = run_metrics(PredictorSpec(s.probe, rec.head, s.cfg.seed, n_boot=s.cfg.n_boot),
-                              asked_splits(qs, train), scored, encoder=s.backend.name,
+        run = PredictorSpec(s.probe, rec.head, s.cfg.seed, n_boot=s.cfg.n_boot, ci_min_patients=MIN_PATIENTS_CI)
+        splits = asked_splits(qs, train)
+        prior = qs.spec.fit_prior(splits.tr) if len(splits.tr) else None
+        scored = evaluate(run, Answered.of(qs, records), splits, prior)
+        metrics = run_metrics(run, splits, scored, encoder=s.backend.name,
                               random_init=s.backend.random_init, variant=rec.variant, train=None, training=None,
                               manifest=s.build.manifest, track="vqa")  # fmt: skip
         distinct = len({key_hash(k) for k in keys})
