@@ -359,13 +359,11 @@ def oracle_predict(build_root: Path, probe: str):
 
 
 def _oracle_answer(q, i: int, label: np.ndarray, lesion: np.ndarray) -> int:
-    from spar_bench.probes.vqa.oracle import decide, measure_pixels
+    from spar_bench.builder.samples.pixels import pixel_class
 
-    a, b = int(q.organ_a[i]), int(q.organ_b[i])
-    if any(o >= 0 and not (label == o + 1).any() for o in (a, b)):
-        return -1
-    g = measure_pixels(label, lesion, a, b, float(q.mm_per_pixel[i]))
-    return decide(q.probe, int(q.axis[i]), g, stated_cuts(q, i))
+    cls = pixel_class(q.probe, int(q.axis[i]), label, lesion, (int(q.organ_a[i]), int(q.organ_b[i])),
+                      float(q.mm_per_pixel[i]), stated_cuts(q, i), q.min_pixels or 1)
+    return -1 if cls is None else cls
 
 
 def stated_cuts(q, i: int) -> tuple[float, ...]:
@@ -622,7 +620,7 @@ def readout_answers(q, probe: str, centre: np.ndarray, area: np.ndarray) -> np.n
     """The class of every question ``q`` (``load_questions``) from every slice's label centres
     ``(rows, labels, 2)`` and areas in pixels ``(rows, labels)`` (label = organ id + 1), by the
     oracle's rule with what each prompt states."""
-    from spar_bench.probes.vqa.oracle import Geometry, decide
+    from spar_bench.builder.samples.pixels import Geometry, decide
 
     kind, pred = probe.split(".", 1)[1], np.empty(len(q), dtype=np.int64)
     for i in range(len(q)):
