@@ -786,7 +786,7 @@ def unanswerable_record(tally: dict[str, dict[str, list[int]]], levels: tuple[st
             "per_probe": {p: entry(*totals[p]) for p in probes if totals[p][1]}, "per_source": per_source}
 
 
-def _print_summary(counts: dict, skipped: list[dict]) -> None:
+def _print_summary(counts: dict, skipped: list[dict], unanswerable: dict[str, Any] | None = None) -> None:
     import click
 
     click.echo(f"\n{'level':8} {'split':6} {'rows':>8} {'questions':>10}")
@@ -816,6 +816,10 @@ def _print_summary(counts: dict, skipped: list[dict]) -> None:
                     continue
                 fr = " ".join(f"{n}={h / sum(hist):.2f}" for n, h in zip(names, hist, strict=True))
                 click.echo(f"  {probe:18} {split:6} n={sum(hist):<6} {fr}")
+    if unanswerable:
+        click.echo("\nlevel3 questions dropped as not answerable from the 224 masks (docs/PROTOCOL.md 5):")
+        click.echo("  " + ", ".join(f"{p} {e['share']:.1%} ({e['dropped']}/{e['asked']})"
+                                    for p, e in unanswerable["per_probe"].items()))
     if skipped:
         click.echo(f"\nskipped {len(skipped)} case(s):")
         for s in skipped:
@@ -905,7 +909,7 @@ def write_outputs(config: BuildConfig, ordered: list[CaseRecord], sources_info: 
     _replace_build(out_dir, out)
     shutil.rmtree(work)
     if not quiet:
-        _print_summary(counts, skipped)
+        _print_summary(counts, skipped, manifest.get("unanswerable"))
     return out
 
 

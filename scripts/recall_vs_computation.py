@@ -368,7 +368,9 @@ def _oracle_answer(q, i: int, label: np.ndarray, lesion: np.ndarray) -> int:
 
 def stated_cuts(q, i: int) -> tuple[float, ...]:
     """What question ``i``'s prompt states: its size or distance cuts, or the symmetry band in %."""
-    return tuple(q.cuts[i]) if q.cuts is not None else ((100.0 * q.band,) if q.band is not None else ())
+    from spar_bench.builder.samples.pixels import stated_band
+
+    return tuple(q.cuts[i]) if q.cuts is not None else ((stated_band(q.band),) if q.band is not None else ())
 
 
 def score_model(t, pred: np.ndarray, canon_prior: dict, seed: int, n_boot: int) -> dict:

@@ -99,28 +99,62 @@ def count_components(lesion: np.ndarray, min_pixels: int) -> int:
     return int((np.bincount(labels.ravel())[1:] >= int(min_pixels)).sum())
 
 
-def measure(label: np.ndarray, lesion: np.ndarray, a: int, b: int, mpp: float, min_pixels: int) -> Geometry:
-    """:class:`Geometry` measured on one slice's 224 masks alone."""
+@dataclass(frozen=True)
+class SliceReading:
+    """What the pixel reader reads of one slice, once: per label id (0..K-1) its pixel count
+    ``n`` and centre ``(x, y)`` (NaN where absent), the counted lesion components, the pixel size."""
 
-    def organ(o: int) -> tuple[tuple[float, float], float]:
-        if o < 0:
-            return (math.nan, math.nan), math.nan
-        rows, cols = np.nonzero(label == o + 1)
-        return (float(cols.mean()), float(rows.mean())), float(rows.size) * mpp * mpp
+    n: np.ndarray
+    x: np.ndarray
+    y: np.ndarray
+    lesions: int
+    mm_per_pixel: float
 
-    (ca, area_a), (cb, area_b) = organ(a), organ(b)
+    def shows(self, organ: int) -> bool:
+        """Whether organ index ``organ`` (label id ``organ + 1``) has a pixel on the slice."""
+        return organ + 1 < len(self.n) and self.n[organ + 1] > 0
+
+    def geometry(self, a: int, b: int) -> Geometry:
+        """:class:`Geometry` of organs ``a`` and ``b`` (-1: none)."""
+        mpp = self.mm_per_pixel
+
+        def organ(o: int) -> tuple[tuple[float, float], float]:
+            if o < 0:
+                return (math.nan, math.nan), math.nan
+            return (float(self.x[o + 1]), float(self.y[o + 1])), float(self.n[o + 1]) * mpp * mpp
+
+        (ca, area_a), (cb, area_b) = organ(a), organ(b)
+        return Geometry(ca, cb, area_a, area_b, self.lesions, mpp)
+
+
+def read_slice(label: np.ndarray, lesion: np.ndarray | None, mpp: float, min_pixels: int) -> SliceReading:
+    """Read one slice's 224 masks: every organ's pixel count and centre (the mean column and
+    row of its pixels, exact: sums of integers), and the lesions of >= ``min_pixels`` pixels."""
+    lab = np.asarray(label).astype(np.int64)
+    rows, cols = np.indices(lab.shape)
+    k = int(lab.max()) + 1 if lab.size else 1
+    n = np.bincount(lab.ravel(), minlength=k)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        x = np.bincount(lab.ravel(), weights=cols.ravel().astype(np.float64), minlength=k) / n
+        y = np.bincount(lab.ravel(), weights=rows.ravel().astype(np.float64), minlength=k) / n
     count = count_components(lesion, min_pixels) if lesion is not None else 0
-    return Geometry(ca, cb, area_a, area_b, count, mpp)
+    return SliceReading(n, x, y, count, float(mpp))
+
+
+def answer(reading: SliceReading, probe: str, axis: int, organs: tuple[int, int],
+           numbers: tuple[float, ...]) -> int | None:
+    """The pixel reader's class of one question on a read slice, or None when an organ asked
+    about has no pixel there (no reader of the image could answer)."""
+    a, b = organs
+    if any(o >= 0 and not reading.shows(o) for o in (a, b)):
+        return None
+    return decide(probe, axis, reading.geometry(a, b), numbers)
 
 
 def pixel_class(probe: str, axis: int, label: np.ndarray, lesion: np.ndarray, organs: tuple[int, int],
                 mpp: float, numbers: tuple[float, ...], min_pixels: int) -> int | None:
-    """The pixel reader's class of one question, or None when an organ asked about has no
-    pixel in ``label`` (no reader of the image could answer)."""
-    a, b = organs
-    if any(o >= 0 and not (label == o + 1).any() for o in (a, b)):
-        return None
-    return decide(probe, axis, measure(label, lesion, a, b, float(mpp), min_pixels), numbers)
+    """:func:`answer` of one question on its slice's masks (``--model oracle:pixels``)."""
+    return answer(read_slice(label, lesion, mpp, min_pixels), probe, axis, organs, numbers)
 
 
 def stated_numbers(probe: str, a: int, b: int, thresholds: dict[str, Any] | None, band: float) -> tuple[float, ...]:
@@ -140,13 +174,14 @@ def pixel_answers(rows: dict[str, np.ndarray], questions: dict[str, np.ndarray],
     """``(Q,)`` int8: each question's pixel answer on its slice's stored masks (``rows``:
     the case's ``level3`` arrays, indexed by ``q_slice``); :data:`UNDECIDABLE` where none."""
     out = np.full(len(questions["q_key"]), UNDECIDABLE, dtype=np.int8)
+    read: dict[int, SliceReading] = {}
     for i in range(len(out)):
+        s = int(questions["q_slice"][i])
+        if s not in read:
+            read[s] = read_slice(rows["label"][s], rows["lesion"][s], float(rows["mm_per_pixel"][s]), min_pixels)
         probe = LEVEL3_PROBES[int(questions["q_probe"][i])]
         a, b = int(questions["q_organ_a"][i]), int(questions["q_organ_b"][i])
-        s = int(questions["q_slice"][i])
-        numbers = stated_numbers(probe, a, b, thresholds, band)
-        cls = pixel_class(probe, int(questions["q_axis"][i]), rows["label"][s], rows["lesion"][s], (a, b),
-                          float(rows["mm_per_pixel"][s]), numbers, min_pixels)
+        cls = answer(read[s], probe, int(questions["q_axis"][i]), (a, b), stated_numbers(probe, a, b, thresholds, band))
         out[i] = UNDECIDABLE if cls is None else cls
     return out
 
