@@ -114,7 +114,7 @@ def run_metrics(run, s: Splits, scored: dict[str, Any], *, encoder: str, train: 
                     **({} if s.te_flipped is None else {"test_flipped": len(s.te_flipped)})},
         "n_patients": {"train": int(np.unique(s.tr.patient).size), "test": int(np.unique(s.te.patient).size)},
         "train": train, **scored, "training": training, **protocol_versions(manifest),
-        **({"build_unanswerable": u} if (u := build_unanswerable(manifest, run.probe)) else {}),
+        "build_unanswerable": build_unanswerable(manifest, run.probe),
     }  # fmt: skip
 
 
