@@ -17,6 +17,7 @@ only for a measurement within 0.05 of a threshold.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -75,10 +76,11 @@ class Questions:
     def __len__(self) -> int:
         return len(self.t)
 
-    @property
+    @cached_property
     def answer(self) -> np.ndarray:
         """The answer the MLLM is scored against: size and distance by the stated thresholds
-        (see the module doc), every other probe the stored answer."""
+        (see the module doc), every other probe the stored answer. Computed once (it is read
+        per answer: recomputing it made scoring quadratic in the number of questions)."""
         if self.cuts is None:
             return self.t.y["answer"]
         return np.array([np.searchsorted(c, m, side="right") for c, m in zip(self.cuts, self.measure, strict=True)],
