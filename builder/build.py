@@ -716,12 +716,12 @@ def _write_shards(config, records, cases_dir: Path, out_dir: Path, levels, thres
     from tqdm.auto import tqdm
 
     from . import __version__
-    from .samples.levels import level_hooks
     from .writers.hdf5 import ShardSink
 
     splits = ordered_splits(r.split for r in records)
     shards: dict[str, dict[str, list]] = {}
     counts: dict[str, dict[str, dict]] = {}
+    unanswerable: dict[str, dict[str, list[int]]] = {}  # source -> probe -> [dropped, asked]
     for level in levels:
         spec = LEVEL_SPECS[level]
         shards[level], counts[level] = {}, {}
@@ -740,7 +740,7 @@ def _write_shards(config, records, cases_dir: Path, out_dir: Path, levels, thres
                 parts = (level, spec.questions) if spec.questions else (level,)
                 res = load_case_result(cases_dir, _case_stem(r.source, r.case_id), parts)
                 if spec.questions:
-                    q = level_hooks(level).finalise(res[spec.questions], thresholds)
+                    q = _screened(spec, level, res, thresholds, sample_cfg, unanswerable.setdefault(r.source, {}))
                     res[spec.questions] = q
                     n_q += _rows(q)
                     sink.add(res[level], q)
@@ -749,10 +749,46 @@ def _write_shards(config, records, cases_dir: Path, out_dir: Path, levels, thres
                 _class_counts(level, res, classes)
             shards[level][split] = sink.close()
             counts[level][split] = {spec.unit: n_rows, "questions": n_q, "classes": classes}
-    return shards, counts
+    return shards, counts, unanswerable
 
 
-def _print_summary(counts: dict, skipped: list[dict]) -> None:
+def _screened(spec: LevelSpec, level: str, res: dict, thresholds, sample_cfg: SampleConfig,
+              tally: dict[str, list[int]]) -> dict[str, np.ndarray]:
+    """One case's finished questions (the level's hooks), less those its hooks do not keep
+    (Level 3: the pixel reader's answer is not the label); ``tally[probe]`` += [dropped, asked]."""
+    from .samples.levels import level_hooks
+
+    hooks = level_hooks(level)
+    q = hooks.finalise(res[level], res[spec.questions], thresholds, sample_cfg)
+    if not q or not _rows(q):
+        return q
+    keep = hooks.answerable(q, thresholds)
+    for p, probe in enumerate(spec.probes):
+        mine = np.asarray(q["q_probe"]) == p
+        if mine.any():
+            prev = tally.setdefault(probe, [0, 0])
+            tally[probe] = [prev[0] + int((mine & ~keep).sum()), prev[1] + int(mine.sum())]
+    return q if keep.all() else {k: v[keep] for k, v in q.items()}
+
+
+def unanswerable_record(tally: dict[str, dict[str, list[int]]], levels: tuple[str, ...]) -> dict[str, Any] | None:
+    """The manifest's ``unanswerable``: questions dropped because the pixel reader (the stored
+    224 masks, docs/PROTOCOL.md §5) does not give their label, per probe and per source x probe."""
+    probes = [p for lv in levels for p in LEVEL_SPECS[lv].probes if LEVEL_SPECS[lv].questions
+              and not LEVEL_SPECS[lv].volume]
+    if not probes:
+        return None
+
+    def entry(dropped: int, asked: int) -> dict[str, Any]:
+        return {"dropped": dropped, "asked": asked, "share": round(dropped / asked, 6) if asked else 0.0}
+
+    per_source = {src: {p: entry(*t[p]) for p in probes if p in t} for src, t in sorted(tally.items())}
+    totals = {p: [sum(t.get(p, [0, 0])[i] for t in tally.values()) for i in (0, 1)] for p in probes}
+    return {"rule": "dropped: the pixel answer (q_pixel_answer, from the stored 224 masks) is not the label",
+            "per_probe": {p: entry(*totals[p]) for p in probes if totals[p][1]}, "per_source": per_source}
+
+
+def _print_summary(counts: dict, skipped: list[dict], unanswerable: dict[str, Any] | None = None) -> None:
     import click
 
     click.echo(f"\n{'level':8} {'split':6} {'rows':>8} {'questions':>10}")
@@ -782,6 +818,10 @@ def _print_summary(counts: dict, skipped: list[dict]) -> None:
                     continue
                 fr = " ".join(f"{n}={h / sum(hist):.2f}" for n, h in zip(names, hist, strict=True))
                 click.echo(f"  {probe:18} {split:6} n={sum(hist):<6} {fr}")
+    if unanswerable:
+        click.echo("\nlevel3 questions dropped as not answerable from the 224 masks (docs/PROTOCOL.md 5):")
+        click.echo("  " + ", ".join(f"{p} {e['share']:.1%} ({e['dropped']}/{e['asked']})"
+                                    for p, e in unanswerable["per_probe"].items()))
     if skipped:
         click.echo(f"\nskipped {len(skipped)} case(s):")
         for s in skipped:
@@ -854,7 +894,7 @@ def write_outputs(config: BuildConfig, ordered: list[CaseRecord], sources_info: 
                                             [r.rows for r in records if r.source == name])
     th, th_origin = _thresholds(config, records, cases_dir, levels)
     out_dir = work / "out"
-    shards, counts = _write_shards(config, records, cases_dir, out_dir, levels, th, sample_cfg)
+    shards, counts, dropped = _write_shards(config, records, cases_dir, out_dir, levels, th, sample_cfg)
     hf_info = None
     if config.hf:
         from .writers.hf import write_hf
@@ -864,14 +904,14 @@ def write_outputs(config: BuildConfig, ordered: list[CaseRecord], sources_info: 
     manifest = json_safe(_manifest(
         config, sample_cfg, levels, sources_info, {"values": th, "origin": th_origin},
         shards=shards, hf_info=hf_info, counts=counts, records=records, origins=origins,
-        skipped=skipped,
+        skipped=skipped, unanswerable=unanswerable_record(dropped, levels),
     ))
     _refuse_local_paths(config, manifest, out_dir)
     write_manifest(out_dir, manifest)
     _replace_build(out_dir, out)
     shutil.rmtree(work)
     if not quiet:
-        _print_summary(counts, skipped)
+        _print_summary(counts, skipped, manifest.get("unanswerable"))
     return out
 
 
@@ -885,7 +925,8 @@ def _skipped_cases(config: BuildConfig, ordered: list[CaseRecord]) -> list[dict[
 
 def _manifest(config: BuildConfig, sample_cfg: SampleConfig, levels: tuple[str, ...],
               sources_info: dict[str, Any], thresholds: dict[str, Any], *, shards, hf_info,
-              counts, records: list[CaseRecord], origins: dict, skipped: list[dict]) -> dict[str, Any]:
+              counts, records: list[CaseRecord], origins: dict, skipped: list[dict],
+              unanswerable: dict[str, Any] | None = None) -> dict[str, Any]:
     """The build's ``manifest.json`` record (before :func:`json_safe`)."""
     from spar_bench.provenance import BUILD_PACKAGES, package_versions
 
@@ -904,6 +945,7 @@ def _manifest(config: BuildConfig, sample_cfg: SampleConfig, levels: tuple[str, 
         "shards": shards,
         "hf": hf_info,
         "counts": counts,
+        **({"unanswerable": unanswerable} if unanswerable else {}),
         "cases": [{**{k: getattr(r, k) for k in ("source", "case_id", "split", "patient_id",
                                                  "image_synthesized", "rows", "provenance")},
                    "split_origin": origins[(r.source, r.case_id)]}

@@ -36,7 +36,7 @@ VQA_PACKAGES = ("spar-bench", "numpy", "torch", "transformers", "pillow")
 #: (``protocol_version``) and in every run's ``config.json`` and ``metrics.json``; the report
 #: says which version each run used. Bump it with every change of a rule in PROTOCOL.md
 #: (and list the change in its "Changes" section).
-PROTOCOL_VERSION = "1.3"
+PROTOCOL_VERSION = "1.4"
 
 
 def protocol_versions(manifest: dict[str, Any] | None) -> dict[str, str | None]:
@@ -45,6 +45,16 @@ def protocol_versions(manifest: dict[str, Any] | None) -> dict[str, str | None]:
     older than protocol 1.2, which did not record it)."""
     return {"protocol_version": PROTOCOL_VERSION,
             "build_protocol_version": (manifest or {}).get("protocol_version")}
+
+
+def build_unanswerable(manifest: dict[str, Any] | None, probe: str) -> dict[str, Any] | None:
+    """What the build dropped of ``probe`` (``level3.size``) because the pixel reader of its
+    stored 224 masks does not give the label (protocol 1.4, the manifest's ``unanswerable``):
+    ``{"dropped", "asked", "share"}`` over every source and split, or None (a build made
+    before, or a probe that is not screened)."""
+    level, _, name = probe.partition(".")
+    per_probe = ((manifest or {}).get("unanswerable") or {}).get("per_probe") or {}
+    return per_probe.get(name) if level == "level3" else None
 
 
 def package_version(dist: str) -> str | None:

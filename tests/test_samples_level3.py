@@ -39,7 +39,7 @@ def layout_case(lesion: bool = False) -> Case:
         les[0, 6:8, 6:8] = 1  # 4 voxels
         les[0, 8, 8] = 1  # diagonal neighbour: same component (8-connectivity)
         les[0, 10:12, 15:17] = 1  # second component
-        les[0, 13, 30] = 1  # one voxel: below lesion_min_voxels
+        les[0, 13, 30] = 1  # one voxel: about 7 pixels of the 224 frame (0.375 mm pixels), counted
         les[2, 6:9, 6:9] = 1
     return Case("synth", "l3", "train", mask, SPACING, image=image, lesion=les)
 
@@ -163,7 +163,13 @@ def test_counting_components():
     # eligibility per probe: slice 6 shows only the liver, so it carries counting alone
     assert out["level3"]["slice_index"].tolist() == [0, 2, 4, 6]
     assert len(cnt) == 4  # one per slice
-    assert q["q_count"][cnt].tolist() == [2, 1, 0, 0] and q["q_answer"][cnt].tolist() == [2, 1, 0, 0]
+    # counted on the stored 224 mask (protocol 1.4): the one-voxel lesion covers ~7 pixels there
+    assert q["q_count"][cnt].tolist() == [3, 1, 0, 0] and q["q_answer"][cnt].tolist() == [3, 1, 0, 0]
+    for j in cnt:  # the stored mask is what was counted
+        assert count_lesions(out["level3"]["lesion"][q["q_slice"][j]], CFG.lesion_min_pixels) == q["q_count"][j]
+    few = SampleConfig(levels=("level3",), l3_questions_per_probe=50, l3_min_area_mm2=20.0, lesion_min_pixels=8)
+    q8 = process_case(layout_case(lesion=True), few, 5)["level3_questions"]
+    assert q8["q_count"][by_probe(q8, "counting")].tolist() == [2, 1, 0, 0]  # the 7-pixel region: below 8
     assert (q["q_organ_a"][cnt] == -1).all()
     assert out["level3"]["lesion"][0].any() and not out["level3"]["lesion"][2].any()
     on_6 = q["q_slice"] == 3
@@ -182,7 +188,7 @@ def test_counting_slices_whatever_the_organ_count():
     q = out["level3_questions"]
     assert out["level3"]["slice_index"].tolist() == [0, 2, 4]
     assert set(q["q_probe"].tolist()) == {P["counting"]}
-    assert q["q_answer"].tolist() == [2, 1, 1]
+    assert q["q_answer"].tolist() == [3, 1, 1]  # the one-voxel lesion is ~7 pixels at 224: counted
     no_lesion = process_case(Case("synth", "one", "train", mask, SPACING, image=case.image), CFG, 5)
     assert len(no_lesion["level3"]["slice_index"]) == 0  # without lesions: the two-organ rule
 
@@ -296,5 +302,12 @@ def test_level_hooks_finish_only_the_open_answers():
     th = l3.fit(_training())
     assert th == fit_thresholds(_training())
     q = _training()[0]
-    assert plain.finalise(q, th) is q and l3.finalise(q, None) is q
-    assert np.bincount(l3.finalise(q, th)["q_answer"]).tolist() == [10, 10, 10]
+    assert plain.finalise({}, q, th, CFG) is q and plain.answerable(q, th).all()
+    out = process_case(layout_case(), CFG, 5)
+    rows, q3 = out["level3"], out["level3_questions"]
+    th3 = l3.fit([q3])
+    done = l3.finalise(rows, q3, th3, CFG)
+    assert (q3["q_answer"] == -1).any() and (done["q_answer"] >= 0).all()
+    np.testing.assert_array_equal(done["q_answer"], apply_thresholds(q3, th3)["q_answer"])
+    assert "q_pixel_answer" in done and "q_pixel_answer" not in q3  # pure: the input is untouched
+    assert l3.answerable(done, th3).dtype == bool and len(l3.answerable(done, th3)) == len(q3["q_key"])

@@ -14,10 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from spar_bench.builder.samples.pixels import Geometry, decide
 from spar_bench.builder.schema import LEVEL3_PROBES, ORGANS
 from spar_bench.errors import ConfigError
 from spar_bench.probes.cli import cli
-from spar_bench.probes.vqa.oracle import Geometry, decide, stated_numbers
+from spar_bench.probes.vqa.oracle import stated_numbers
 from spar_bench.probes.vqa.prompts import BLIND_NOTE, CONVENTION_HINT, PromptContext, render
 from spar_bench.provenance import PROTOCOL_VERSION
 
@@ -44,7 +45,7 @@ def test_oracle_scores_100_on_every_probe_original_and_mirrored(oracle_runs):
         assert m["mirror"]["accuracy"] == 1.0, probe
         assert m["controls"]["circular"]["strict"] == 1.0, probe  # whatever the order of the options
         assert m["protocol_version"] == PROTOCOL_VERSION and m["build_protocol_version"] == PROTOCOL_VERSION
-        assert m["template_version"] == f"{probe}@2"
+        assert m["template_version"] == f"{probe}@3"
 
 
 def test_oracle_recomputes_rather_than_reading_the_answer(oracle_runs):
@@ -82,12 +83,13 @@ def test_prompts_state_what_decides_them():
     assert stated_numbers("symmetry", sym.text) == (15.0,)
     with pytest.raises(ConfigError):
         render("size", 0, -1, -1, (0, 1, 2))  # a size prompt without its thresholds
-    count = render("counting", -1, -1, -1, (0, 1, 2, 3), context=PromptContext(min_voxels=3))
-    assert "fewer than 3 voxels" in count.text
+    count = render("counting", -1, -1, -1, (0, 1, 2, 3), context=PromptContext(min_pixels=3))
+    assert "fewer than 3 pixels of the image at 224 x 224 pixels" in count.text  # the image's terms
+    assert stated_numbers("counting", count.text) == (3.0,)
 
 
 def test_blind_prompt_does_not_describe_an_image():
-    ctx = PromptContext(mm_per_pixel=1.75, cuts=(10.0, 20.0), band=0.15, min_voxels=3)
+    ctx = PromptContext(mm_per_pixel=1.75, cuts=(10.0, 20.0), band=0.15, min_pixels=3)
     for probe, n in (("relative_position", 2), ("size", 3), ("distance", 3), ("counting", 4)):
         p = render(probe, 0, 1 if probe != "size" else -1, 0, tuple(range(n)), blind=True, context=ctx)
         assert "The image is" not in p.text and CONVENTION_HINT not in p.text
@@ -107,17 +109,20 @@ def test_mllm_truth_is_decided_by_the_stated_thresholds(pipeline):
         expect = [int(m >= c[0]) + int(m >= c[1]) for m, c in zip(qs.measure, qs.cuts, strict=True)]
         assert list(qs.answer) == expect
         assert np.all(qs.cuts == np.round(qs.cuts, 1))
-        # the encoders' stored answers: the same classes up to the one-decimal rounding
-        assert np.mean(qs.answer == qs.t.y["answer"]) > 0.99
+        # the encoders' stored answers: the same classes (protocol 1.4 drops items within
+        # 0.05 of a cut, where the one-decimal rounding would decide)
+        assert np.array_equal(qs.answer, qs.t.y["answer"])
 
 
 def test_pixel_oracle_reads_the_shown_masks(oracle_runs, pipeline):
-    """``oracle:pixels`` measures on the 224 masks: near 100 %, short only at boundaries."""
+    """``oracle:pixels`` measures on the 224 masks; the build kept only the items it answers
+    (protocol 1.4), so it is exact on every probe, original and mirrored."""
     assert run_cmd(cli, ["vqa", "--model", "oracle:pixels", "--data", pipeline["shards"], "--out", oracle_runs,
-                         "--bootstrap", 10, "--no-circular", "--no-blind", "--probe", "relative_position,size"]) == 0
-    for probe in ("relative_position", "size"):
+                         "--bootstrap", 10, "--no-circular", "--no-blind"]) == 0
+    for probe in LEVEL3_PROBES:
         m = _metrics(oracle_runs, "oracle-pixels", probe)
-        assert 0.9 <= m["test"]["accuracy"] <= 1.0, probe
+        assert m["n_items"]["test"] > 0, probe
+        assert m["test"]["accuracy"] == 1.0 and m["mirror"]["accuracy"] == 1.0, probe
 
 
 def test_oracle_needs_its_build(tmp_path):

@@ -70,13 +70,13 @@ def test_dummy_run_folder_scores_and_controls(env):
     circ = m["controls"]["circular"]  # the MLLM's own controls, beside the shared ones
     assert circ["n_rotations"] == 2 and circ["strict"] <= circ["mean"]
     assert not {"parse_rate", "unparsed", "circular"} & m.keys()
-    assert cfg["inputs"]["template_version"] == "relative_position@2" and cfg["options"]["convention_hint"] is True
+    assert cfg["inputs"]["template_version"] == "relative_position@3" and cfg["options"]["convention_hint"] is True
     assert cfg["kind"] == "mllm" and cfg["files"].keys() == {"answers.jsonl"}
     assert str(env["root"]) not in (rd / "config.json").read_text()  # no local path published
     recs = [json.loads(line) for line in (rd / "answers.jsonl").read_text().splitlines()]
     n, nm = m["n_items"]["test"], m["n_items"]["test_mirror"]
     assert len(recs) == 2 * n + nm + (n + nm)  # 2 rotations + mirrors + blind
-    assert all(r["template"] == "relative_position@2" for r in recs)
+    assert all(r["template"] == "relative_position@3" for r in recs)
     assert {r["variant"] for r in recs} == {"image", "blind"}
     assert (runs / "dummy" / "level3.counting").is_dir()  # every probe the build has
 

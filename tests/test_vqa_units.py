@@ -21,7 +21,7 @@ def test_prompts_name_organs_options_and_patient_frame():
     p = render("relative_position", liver, spleen, 0, (0, 1))
     assert "Is the centre of the liver to the patient's left of the centre of the spleen?" in p.text
     assert CONVENTION_HINT in p.text and "patient's left" in p.text and "centroid" in p.text
-    assert "A. no" in p.text and "B. yes" in p.text and p.version == "relative_position@2"
+    assert "A. no" in p.text and "B. yes" in p.text and p.version == "relative_position@3"
     ap = render("relative_position", liver, spleen, 1, (1, 0), hint=False)
     assert "anterior" in ap.text and CONVENTION_HINT not in ap.text
     assert ap.options == ("yes", "no") and ap.class_of(0) == 1 and ap.class_of(None) == -1
@@ -61,7 +61,7 @@ def test_cache_never_crosses_models_and_detects_tampering(tmp_path):
         c.put_many([(_key("model-a"), {"text": "A"})])
         assert c.get(_key("model-a")) == {"text": "A"}
         assert c.get(_key("model-b")) is None  # same question, another model: a miss
-        for field, value in [("template", "size@2"), ("order", [1, 2, 0]), ("image", None),
+        for field, value in [("template", "size@3"), ("order", [1, 2, 0]), ("image", None),
                              ("decoding", {"mode": "generate"}), ("tool", "0.3"), ("sample", "s/q001")]:
             assert c.get(_key("model-a", **{field: value})) is None, field
         c.put_many([(_key("model-b"), {"text": "B"})])

@@ -112,7 +112,11 @@ class SampleConfig:
         rel_margin_mm: relative-position pairs closer than this on the asked axis are
             skipped; orientation pairs whose centroids are closer than this are skipped.
         symmetry_band: ``|d| <= band`` is "similar", with ``d = (A - B) / mean(A, B)``.
-        lesion_min_voxels: lesion components smaller than this are not counted.
+        lesion_min_voxels: Level 4 counting: lesion components of fewer voxels of the stored
+            volume are not counted; a counting-only Level 3 slice needs a native lesion
+            component of at least this many voxels.
+        lesion_min_pixels: Level 3 counting (protocol 1.4): 8-connected components of the
+            slice's 224 x 224 lesion mask with fewer pixels are not counted.
         counterfactual: ``None``, ``"mirror"`` (append left-right mirrored copies) or
             ``"mirror+flip"`` (Levels 1-3 as ``"mirror"``; Level 4 also appends a
             superior-inferior flipped copy).
@@ -139,6 +143,7 @@ class SampleConfig:
     rel_margin_mm: float = 5.0
     symmetry_band: float = 0.15
     lesion_min_voxels: int = 3
+    lesion_min_pixels: int = 3
     counterfactual: str | None = None
     volume_size: int = 128
     l4_questions_per_probe: int = 16
@@ -168,6 +173,7 @@ class SampleConfig:
             "l3_min_organs",
             "l3_questions_per_probe",
             "lesion_min_voxels",
+            "lesion_min_pixels",
             "l4_questions_per_probe",
             "l4_min_voxels",
         )

@@ -41,9 +41,14 @@ for pair probes the A/B order is then swapped with probability 1/2):
   :func:`spar_bench.builder.samples.apply_thresholds` (tertiles fixed on the training split).
 * distance: a pair; ``q_distance_mm`` = centroid distance, ``q_answer`` = -1 until
   :func:`spar_bench.builder.samples.apply_thresholds`.
-* counting (only when the case has a lesion mask): connected components of the lesion
-  on the native slice (8-connectivity) with ``>= lesion_min_voxels`` voxels;
-  ``q_count`` = n, answer ``min(n, 3)``; organs -1; one question per slice.
+* counting (only when the case has a lesion mask): connected components (8-connectivity)
+  of the slice's STORED 224 x 224 lesion mask with ``>= lesion_min_pixels`` pixels (protocol
+  1.4: the image's terms; before, the native slice's components of ``>= lesion_min_voxels``
+  voxels); ``q_count`` = n, answer ``min(n, 3)``; organs -1; one question per slice.
+
+Every question is then answered again from the slice's stored 224 masks (:mod:`.pixels`,
+``q_pixel_answer``) when the build finishes the answers, and dropped where that answer is
+not its label (:mod:`.levels`).
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ from ..case import Case
 from ..schema import BILATERAL_PAIRS, LEVEL3_PROBES, organ_index
 from .config import SampleConfig
 from .frame224 import Frame224, ResampledSlices, SliceStats
+from .pixels import count_components
 
 PROBE_ID = {name: i for i, name in enumerate(LEVEL3_PROBES)}
 QUESTION_FIELDS = (
@@ -123,14 +129,8 @@ def orientation_sector(d_left: float, d_ant: float) -> int:
 
 
 def count_lesions(lesion_slice: np.ndarray, min_voxels: int) -> int:
-    """8-connected lesion components with ``>= min_voxels`` voxels on one native slice."""
-    from scipy import ndimage
-
-    labels, n = ndimage.label(lesion_slice > 0, structure=np.ones((3, 3), dtype=bool))
-    if n == 0:
-        return 0
-    sizes = np.bincount(labels.ravel())[1:]
-    return int((sizes >= min_voxels).sum())
+    """8-connected lesion components with ``>= min_voxels`` voxels (or pixels) on one slice."""
+    return count_components(lesion_slice, min_voxels)
 
 
 def pick_candidates(rng: np.random.Generator, n_candidates: int, k: int) -> np.ndarray:
@@ -263,6 +263,9 @@ def slice_questions(
 ) -> list[dict]:
     """The questions of slice ``z`` as dicts (fields of :data:`QUESTION_FIELDS` minus keys/slice/seed).
 
+    ``lesion``: the slice's 224 x 224 lesion mask as stored (None: the case has no lesion
+    channel, no counting question); counting is measured on it (protocol 1.4).
+
     The probes draw from ``rng`` in this order: relative position, orientation, size,
     distance (symmetry and counting draw nothing).
     """
@@ -278,7 +281,7 @@ def slice_questions(
     for a, b in pick_pairs(rng, pairs, k):
         out.append(g.q("distance", a, b, q_distance_mm=g.gap_mm(a, b)))
     if lesion is not None:
-        n = count_lesions(lesion[z], config.lesion_min_voxels)
+        n = count_lesions(lesion, config.lesion_min_pixels)
         out.append(g.q("counting", -1, -1, min(n, 3), q_count=n))
     return out
 
@@ -332,15 +335,16 @@ def build_level3(
     base_keys = [f"{case.source}/{case.case_id}/level3/{int(z):05d}" for z in zs]
     seeds = [derive_seed(global_seed, case.source, case.case_id, "level3", int(z)) for z in zs]
     rows, qkeys, qslice, qseed = [], [], [], []
+    r = slices.rows(zs) if n else np.empty(0, dtype=np.int64)
     for s, (z, seed) in enumerate(zip(zs, seeds, strict=True)):
         rng = np.random.default_rng(seed)
-        qs = slice_questions(int(z), stats, case.spacing, frame, case.lesion, config, rng)
+        lesion = None if case.lesion is None else slices.lesion[r[s]]
+        qs = slice_questions(int(z), stats, case.spacing, frame, lesion, config, rng)
         for j, rec in enumerate(qs):
             rows.append(rec)
             qkeys.append(f"{base_keys[s]}{suffix}/q{j:03d}")
             qslice.append(s)
             qseed.append(seed)
-    r = slices.rows(zs) if n else np.empty(0, dtype=np.int64)
     slice_arrays = {
         "key": np.array([k + suffix for k in base_keys], dtype=object),
         "source": np.full(n, case.source, dtype=object),

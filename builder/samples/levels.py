@@ -2,7 +2,8 @@
 
 The sampler (:func:`~spar_bench.builder.samples.process_case`) leaves some answers open:
 Level 3's size and distance answers are ``-1`` until thresholds fixed on the training
-split finish them (:mod:`.thresholds`). The build asks a level's hooks
+split finish them (:mod:`.thresholds`); each Level 3 question is then answered again from
+its slice's stored 224 masks (:mod:`.pixels`) and kept only where that answer is its label. The build asks a level's hooks
 (:func:`level_hooks`, keyed by :class:`~spar_bench.builder.schema.LevelSpec` name) whether
 its questions need thresholds, to fit them, and to finish the answers, so it names no probe.
 
@@ -17,6 +18,8 @@ from typing import Any
 import numpy as np
 
 from ..schema import LEVEL3_PROBES
+from .config import SampleConfig
+from .pixels import answerable, pixel_answers
 from .thresholds import apply_thresholds, fit_thresholds, original_questions
 
 Table = dict[str, np.ndarray]
@@ -42,9 +45,15 @@ class LevelHooks:
         """The thresholds fitted on :meth:`fit_input`'s tables (JSON-serialisable), or None."""
         return None
 
-    def finalise(self, questions: Table, thresholds: dict[str, Any] | None) -> Table:
-        """One case's questions with every answer the thresholds decide filled in."""
+    def finalise(self, rows: Table, questions: Table, thresholds: dict[str, Any] | None,
+                 config: SampleConfig) -> Table:
+        """One case's questions (``rows``: its level's rows) with every answer the thresholds
+        decide filled in, and whatever the level records of each answer."""
         return questions
+
+    def answerable(self, questions: Table, thresholds: dict[str, Any] | None) -> np.ndarray:
+        """Which of :meth:`finalise`'s questions the build keeps (all, unless a level screens)."""
+        return np.ones(len(questions.get("q_key", ())), dtype=bool)
 
 
 class TertileHooks(LevelHooks):
@@ -64,10 +73,22 @@ class TertileHooks(LevelHooks):
     def fit(self, tables: list[Table]) -> dict[str, Any]:
         return fit_thresholds(tables)
 
-    def finalise(self, questions: Table, thresholds: dict[str, Any] | None) -> Table:
-        if thresholds is None or not questions or not len(next(iter(questions.values()))):
+    def finalise(self, rows: Table, questions: Table, thresholds: dict[str, Any] | None,
+                 config: SampleConfig) -> Table:
+        """Thresholds applied, then ``q_pixel_answer``: each question answered again from its
+        slice's stored 224 masks (:mod:`.pixels`, protocol 1.4)."""
+        if not questions or not len(next(iter(questions.values()))):
             return questions
-        return apply_thresholds(questions, thresholds)
+        if thresholds is not None:
+            questions = apply_thresholds(questions, thresholds)
+        return {**questions, "q_pixel_answer": pixel_answers(rows, questions, thresholds, config.symmetry_band,
+                                                              config.lesion_min_pixels)}
+
+    def answerable(self, questions: Table, thresholds: dict[str, Any] | None) -> np.ndarray:
+        """The questions whose pixel answer is their label (:func:`.pixels.answerable`)."""
+        if not questions or not len(questions.get("q_key", ())):
+            return np.zeros(0, dtype=bool)
+        return answerable(questions, thresholds)
 
 
 #: The levels with hooks; every other level is complete as sampled (:class:`LevelHooks`).

@@ -32,8 +32,9 @@ def readout_answers(q, centre: np.ndarray, area: np.ndarray) -> np.ndarray:
     """The class of every question of ``q`` (:func:`~spar_bench.probes.vqa.questions.load_questions`)
     from every slice's label centres ``(rows, labels, 2)`` and areas in pixels ``(rows, labels)``
     (label = organ id + 1), by the oracle's rule with what each prompt states."""
+    from spar_bench.builder.samples.pixels import Geometry, decide
+
     from ..runs.slice_oracle import stated_cuts
-    from ..vqa.oracle import Geometry, decide
 
     pred = np.empty(len(q), dtype=np.int64)
     for i in range(len(q)):

@@ -119,8 +119,9 @@ def run_metrics(run, s: Splits, scored: dict[str, Any], *, encoder: str, train: 
     (probe, head, variant, seed, encoder, layer), on what (items and patients per split, where
     validation came from), how it trained (``train``; None: nothing was trained), the
     evaluation (``scored``: :func:`evaluate`'s test, mirror and controls), how its encoder was
-    trained (``training``), and the protocol versions of the build."""
-    from spar_bench.provenance import protocol_versions
+    trained (``training``), the protocol versions of the build and, from its manifest, the
+    share of the probe's questions it dropped as not answerable from their pixels."""
+    from spar_bench.provenance import build_unanswerable, protocol_versions
 
     spec = run.spec
     return {
@@ -132,6 +133,7 @@ def run_metrics(run, s: Splits, scored: dict[str, Any], *, encoder: str, train: 
                     **({} if s.te_flipped is None else {"test_flipped": len(s.te_flipped)})},
         "n_patients": {"train": int(np.unique(s.tr.patient).size), "test": int(np.unique(s.te.patient).size)},
         "train": train, **scored, "training": training, **protocol_versions(manifest),
+        "build_unanswerable": build_unanswerable(manifest, run.probe),
     }  # fmt: skip
 
 

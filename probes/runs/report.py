@@ -173,6 +173,7 @@ def _row(spec, enc: str, head: str, ms: list[dict]) -> dict[str, Any]:
         "training": next((_get(m, "training", "label") for m in ms if _get(m, "training", "label")), None),
         "seeds": sorted(m["seed"] for m in ms),
         "protocol": sorted({run_protocol(m) for m in ms}),
+        "unanswerable": next((m["build_unanswerable"] for m in ms if m.get("build_unanswerable")), None),
         "metric": key,
         **_summary(ms, "test", key),
     }
@@ -553,6 +554,17 @@ def _protocol_line(table: dict[str, list[dict]]) -> str:
             + (" Rows whose runs used another than the newest are marked [protocol X]." if len(have) > 1 else ""))
 
 
+def _unanswerable_line(rows: list[dict]) -> list[str]:
+    """What the builds of a probe's rows dropped as not answerable from the image's pixels."""
+    seen = {(u["dropped"], u["asked"]) for r in rows if (u := r.get("unanswerable"))}
+    if not seen:
+        return []
+    shares = "; ".join(f"{d / n:.2%} ({d} of {n})" if n else "0" for d, n in sorted(seen))
+    return [f"Dropped at build time as not answerable from the image's pixels (the pixel reader of the "
+            f"stored 224 masks does not give the label; docs/PROTOCOL.md 5): {shares} of the questions "
+            "asked, every split and source.", ""]
+
+
 def render_markdown(table: dict[str, list[dict]], any_random: bool) -> str:
     lines = ["# SPAR-Bench probe report", ""]
     if any_random:
@@ -594,7 +606,8 @@ def render_markdown(table: dict[str, list[dict]], any_random: bool) -> str:
     known = probe_names()
     for probe in [p for p in known if p in table] + sorted(set(table) - set(known)):
         spec, rows = get_probe(probe), table[probe]
-        lines += [f"## {probe}", "", f"Prior: {spec.prior_rule}.", "", f"![{probe}]({probe}.png)", ""]
+        lines += [f"## {probe}", "", f"Prior: {spec.prior_rule}.", ""] + _unanswerable_line(rows)
+        lines += [f"![{probe}]({probe}.png)", ""]
         if any(_on_test(r) for r in rows):
             lines += _main_table(spec, [r for r in rows if _on_test(r)]) + [""]
         if not all(_on_test(r) for r in rows):

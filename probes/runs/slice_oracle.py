@@ -30,7 +30,9 @@ from .predictors import ConstantPrior
 def stated_cuts(q, i: int) -> tuple[float, ...]:
     """What question ``i`` of ``q`` (:class:`~spar_bench.probes.vqa.questions.Questions`) states
     in its prompt: its size or distance cuts, or the symmetry band in %."""
-    return tuple(q.cuts[i]) if q.cuts is not None else ((100.0 * q.band,) if q.band is not None else ())
+    from spar_bench.builder.samples.pixels import stated_band
+
+    return tuple(q.cuts[i]) if q.cuts is not None else ((stated_band(q.band),) if q.band is not None else ())
 
 
 def item_keys(t) -> list[tuple[int, int, int, int]]:
@@ -58,14 +60,13 @@ def split_questions(build, spec, split: str):
 
 
 def pixel_answer(q, i: int, label: np.ndarray, lesion: np.ndarray) -> int:
-    """Question ``i``'s class measured on its slice's 224 masks; -1 when an organ asked about is absent."""
-    from ..vqa.oracle import decide, measure_pixels
+    """Question ``i``'s class measured on its slice's 224 masks (the build's pixel reader,
+    :func:`spar_bench.builder.samples.pixels.pixel_class`); -1 when it cannot be answered."""
+    from spar_bench.builder.samples.pixels import pixel_class
 
-    a, b = int(q.organ_a[i]), int(q.organ_b[i])
-    if any(o >= 0 and not (label == o + 1).any() for o in (a, b)):
-        return -1
-    g = measure_pixels(label, lesion, a, b, float(q.mm_per_pixel[i]))
-    return decide(q.probe, int(q.axis[i]), g, stated_cuts(q, i))
+    cls = pixel_class(q.probe, int(q.axis[i]), label, lesion, (int(q.organ_a[i]), int(q.organ_b[i])),
+                      float(q.mm_per_pixel[i]), stated_cuts(q, i), q.min_pixels or 1)
+    return -1 if cls is None else cls
 
 
 @dataclass

@@ -11,10 +11,13 @@ from the PROMPT's text, then recomputes the answer:
   abstains (no answer: a miss) when one is not. It must score 100 % on every probe,
   original and mirrored; anything less is a labelling or prompt bug.
 * ``oracle:pixels`` measures everything on the 224 x 224 masks themselves (centroids and
-  areas of the label map, 8-connected lesion components), as a perfect reader of the
-  image as shown would: the ceiling of a model that sees only those pixels. It falls short
-  of 100 % only on items whose measurement lies within the frame's resampling error of a
-  decision boundary.
+  areas of the label map, 8-connected lesion components of at least the stated number of
+  pixels), as a perfect reader of the image as shown would: the ceiling of a model that
+  sees only those pixels. It is the build's own pixel reader
+  (:func:`spar_bench.builder.samples.pixels.pixel_class`), which since protocol 1.4 drops
+  every question whose pixel answer is not its label, so it scores 100 % on every probe of
+  such a build (on older builds it falls short where a measurement lies within the frame's
+  resampling error of a decision boundary).
 
 Level 4 (volumes): both variants read the question's STORED label and lesion volumes
 (whatever ``--volume-as`` shows) and recompute the answer with the mask oracle's rules
@@ -28,14 +31,13 @@ identity holds :data:`ORACLE_VERSION` so a changed oracle never reuses cached an
 
 from __future__ import annotations
 
-import math
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from spar_bench.builder.samples.pixels import Geometry, decide, pixel_class
 from spar_bench.builder.schema import (
     LEVEL3_CLASS_NAMES,
     LEVEL3_PROBES,
@@ -53,7 +55,7 @@ _QLEVEL = next(spec.name for spec in LEVEL_SPECS.values() if spec.questions and 
 #: the levels whose questions are about volumes (Level 4)
 _VLEVELS = tuple(spec.name for spec in LEVEL_SPECS.values() if spec.questions and spec.volume)
 
-ORACLE_VERSION = "1"
+ORACLE_VERSION = "2"
 VARIANTS = ("geometry", "pixels")
 Q_FIELDS = ("q_key", "q_slice", "q_probe", "q_axis", "q_organ_a", "q_organ_b", "q_centroid_a",
             "q_centroid_b", "q_area_a_mm2", "q_area_b_mm2", "q_count")
@@ -66,6 +68,7 @@ STATED = {
     "size": (rf"small: below {_NUMBER} mm\^2", rf"large: {_NUMBER} mm\^2 or more"),
     "distance": (rf"near: below {_NUMBER} mm", rf"far: {_NUMBER} mm or more"),
     "symmetry": (rf"at most {_NUMBER}% of their mean",),
+    "counting": (rf"fewer than {_NUMBER} pixels of the image at 224 x 224",),
 }
 #: Level 4: the mask oracle's rule parameters a volume prompt states (symmetry: a percentage).
 STATED_VOLUME = {
@@ -98,67 +101,6 @@ def stated_numbers(probe: str, text: str) -> tuple[float, ...]:
             raise ConfigError(f"oracle: the {probe} prompt does not state {pattern!r}: {text!r}")
         out.append(float(m.group(1)))
     return tuple(out)
-
-
-@dataclass(frozen=True)
-class Geometry:
-    """One question's measurements: centres (x, y) in pixels of the 224 frame, areas in
-    mm^2, lesion count, and the slice's pixel size."""
-
-    a: tuple[float, float]
-    b: tuple[float, float]
-    area_a: float
-    area_b: float
-    count: int
-    mm_per_pixel: float
-
-
-def sector(d_left: float, d_ant: float) -> int:
-    """Compass sector 0..7 (0 left, 2 anterior, 4 right, 6 posterior) of a direction."""
-    return int(round(math.atan2(d_ant, d_left) / (math.pi / 4))) % 8
-
-
-def _tertile(value: float, cuts: tuple[float, ...]) -> int:
-    return int(value >= cuts[0]) + int(value >= cuts[1])
-
-
-def decide(probe: str, axis: int, g: Geometry, stated: tuple[float, ...]) -> int:
-    """The class of a question, from its geometry and what its prompt states.
-
-    Image x grows towards the patient's left, y towards the patient's back (the canonical
-    frame, docs/PROTOCOL.md §2).
-    """
-    (xa, ya), (xb, yb) = g.a, g.b
-    if probe == "relative_position":
-        return int(xa > xb) if axis == 0 else int(ya < yb)
-    if probe == "orientation":
-        return sector(xb - xa, ya - yb)
-    if probe == "symmetry":  # the organ whose centre lies further to the patient's left is "left"
-        left, right = (g.area_a, g.area_b) if xa > xb else (g.area_b, g.area_a)
-        d, band = (left - right) / ((left + right) / 2.0), stated[0] / 100.0
-        return 0 if d > band else (2 if d < -band else 1)
-    if probe == "size":
-        return _tertile(g.area_a, stated)
-    if probe == "distance":
-        return _tertile(math.hypot(xa - xb, ya - yb) * g.mm_per_pixel, stated)
-    if probe == "counting":
-        return min(int(g.count), 3)
-    raise ConfigError(f"oracle: no rule for probe {probe!r}")
-
-
-def measure_pixels(label: np.ndarray, lesion: np.ndarray, a: int, b: int, mpp: float) -> Geometry:
-    """:class:`Geometry` measured on the 224 masks alone (``oracle:pixels``)."""
-    from scipy import ndimage
-
-    def organ(o: int) -> tuple[tuple[float, float], float]:
-        if o < 0:
-            return (math.nan, math.nan), math.nan
-        rows, cols = np.nonzero(label == o + 1)
-        return (float(cols.mean()), float(rows.mean())), float(rows.size) * mpp * mpp
-
-    (ca, area_a), (cb, area_b) = organ(a), organ(b)
-    _, n = ndimage.label(lesion > 0, structure=np.ones((3, 3), dtype=bool))
-    return Geometry(ca, cb, area_a, area_b, int(n), mpp)
 
 
 class OracleBackend(Backend):
@@ -211,14 +153,15 @@ class OracleBackend(Backend):
         probe, axis = LEVEL3_PROBES[int(q["q_probe"])], int(q["q_axis"])
         a, b = int(q["q_organ_a"]), int(q["q_organ_b"])
         label, lesion, mpp = self._slice(split, int(q["q_slice"]))
+        numbers = stated_numbers(probe, r.text)
+        if self.variant == "pixels":  # the build's own pixel reader, with the prompt's numbers
+            min_pixels = int(numbers[0]) if probe == "counting" else 1
+            return probe, pixel_class(probe, axis, label, lesion, (a, b), mpp, numbers, min_pixels)
         if any(o >= 0 and not (label == o + 1).any() for o in (a, b)):
             return probe, None  # an organ the image does not show: no reader could answer
-        if self.variant == "pixels":
-            g = measure_pixels(label, lesion, a, b, mpp)
-        else:
-            g = Geometry(tuple(map(float, q["q_centroid_a"])), tuple(map(float, q["q_centroid_b"])),
-                         float(q["q_area_a_mm2"]), float(q["q_area_b_mm2"]), int(q["q_count"]), mpp)
-        return probe, decide(probe, axis, g, stated_numbers(probe, r.text))
+        g = Geometry(tuple(map(float, q["q_centroid_a"])), tuple(map(float, q["q_centroid_b"])),
+                     float(q["q_area_a_mm2"]), float(q["q_area_b_mm2"]), int(q["q_count"]), mpp)
+        return probe, decide(probe, axis, g, numbers)
 
     def _volume(self, level: str, split: str, row: int):
         """The stored label and lesion volumes of a Level 4 row (the few last read are kept)."""

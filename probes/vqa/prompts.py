@@ -8,8 +8,8 @@ PATIENT's; by default the prompt also states the display convention of the slice
 
 Every question can be answered by a perfect reader of the image (protocol 1.2): the
 prompt says what is compared (organ centres are the centroids of their cross-sections),
-states the symmetry band, and gives the size and distance thresholds in mm^2 and mm with
-the image's pixel size (:class:`PromptContext`, filled per question by
+states the symmetry band, the smallest lesion counted in pixels of the 224 image (protocol
+1.4), and gives the size and distance thresholds in mm^2 and mm with the image's pixel size (:class:`PromptContext`, filled per question by
 :meth:`spar_bench.probes.vqa.questions.Questions.context`). A blind prompt (no image sent)
 says that no image is shown instead of describing one.
 
@@ -23,10 +23,11 @@ from __future__ import annotations
 import string
 from dataclasses import dataclass
 
+from spar_bench.builder.samples.pixels import stated, stated_band
 from spar_bench.builder.schema import LEVEL3_PROBES, ORGANS
 from spar_bench.errors import ConfigError
 
-TEMPLATE_VERSION = "2"
+TEMPLATE_VERSION = "3"
 
 #: Organ names as a radiologist says them (left/right are the patient's).
 ORGAN_TEXT: dict[str, str] = {
@@ -81,8 +82,8 @@ QUESTIONS: dict[str, str] = {
     ),
     "counting": (
         "How many separate lesions (tumours) are visible on this slice? Lesion regions that "
-        "touch, even only at a corner, count as one; a region of fewer than {min_voxels} "
-        "voxels of the original scan is not counted."
+        "touch, even only at a corner, count as one; a region covering fewer than {min_pixels} "
+        "pixels of the image at 224 x 224 pixels is not counted."
     ),
 }
 #: Probes whose prompt compares organ centres (the :data:`CENTRE` sentence is added).
@@ -105,10 +106,6 @@ def option_text(class_name: str) -> str:
     return OPTION_TEXT.get(class_name, class_name)
 
 
-def stated(value: float) -> float:
-    """A threshold as the prompt states it (mm^2 or mm, one decimal): the MLLM's answer is
-    defined against this stated value, so the text decides it exactly."""
-    return round(float(value), 1)
 
 
 @dataclass(frozen=True)
@@ -121,14 +118,14 @@ class PromptContext:
         image_size: the side of the image as shown, in pixels (224, or an upscale).
         cuts: the two stated thresholds (mm^2 for size, mm for distance), or None.
         band: the symmetry band as a fraction (0.15), or None.
-        min_voxels: the smallest lesion component counted (voxels of the scan), or None.
+        min_pixels: the smallest lesion component counted (pixels of the 224 image), or None.
     """
 
     mm_per_pixel: float | None = None
     image_size: int = 224
     cuts: tuple[float, float] | None = None
     band: float | None = None
-    min_voxels: int | None = None
+    min_pixels: int | None = None
 
     def pixel_sentence(self) -> str:
         fov = float(self.mm_per_pixel) * 224
@@ -184,11 +181,11 @@ def question_text(probe: str, organ_a: int, organ_b: int, axis: int,
     if probe == "symmetry":
         if ctx.band is None:
             raise ConfigError("the symmetry prompt states its band: give PromptContext.band")
-        fill["band"] = f"{100 * ctx.band:g}"
+        fill["band"] = f"{stated_band(ctx.band):g}"
     if probe == "counting":
-        if ctx.min_voxels is None:
-            raise ConfigError("the counting prompt states the smallest lesion counted: give PromptContext.min_voxels")
-        fill["min_voxels"] = str(int(ctx.min_voxels))
+        if ctx.min_pixels is None:
+            raise ConfigError("the counting prompt states the smallest lesion counted: give PromptContext.min_pixels")
+        fill["min_pixels"] = str(int(ctx.min_pixels))
     return QUESTIONS[key].format(**fill)
 
 

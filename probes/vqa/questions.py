@@ -17,13 +17,15 @@ only for a measurement within 0.05 of a threshold.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
+from spar_bench.builder.samples.pixels import stated
 from spar_bench.errors import ConfigError
 
 from ..targets import Targets, concat
-from .prompts import THRESHOLD_PROBES, PromptContext, VolumeContext, stated
+from .prompts import THRESHOLD_PROBES, PromptContext, VolumeContext
 
 #: The stored measurement a size / distance question's stated thresholds class.
 MEASURE_FIELD = {"size": "q_area_a_mm2", "distance": "q_distance_mm"}
@@ -48,7 +50,7 @@ class Questions:
 
     ``mm_per_pixel`` (per question: its slice's), ``cuts`` (``(Q, 2)`` stated size /
     distance thresholds, or None), ``measure`` (the stored area / distance those classify),
-    ``band`` (symmetry) and ``min_voxels`` (counting) fill each prompt's :class:`PromptContext`.
+    ``band`` (symmetry) and ``min_pixels`` (counting) fill each prompt's :class:`PromptContext`.
     """
 
     t: Targets
@@ -58,7 +60,7 @@ class Questions:
     cuts: np.ndarray | None = None
     measure: np.ndarray | None = None
     band: float | None = None
-    min_voxels: int | None = None
+    min_pixels: int | None = None
     #: Level 4 (volumes): what the prompt states beside the organs, see :class:`VolumeFacts`
     volume: VolumeFacts | None = None
 
@@ -74,10 +76,11 @@ class Questions:
     def __len__(self) -> int:
         return len(self.t)
 
-    @property
+    @cached_property
     def answer(self) -> np.ndarray:
         """The answer the MLLM is scored against: size and distance by the stated thresholds
-        (see the module doc), every other probe the stored answer."""
+        (see the module doc), every other probe the stored answer. Computed once (it is read
+        per answer: recomputing it made scoring quadratic in the number of questions)."""
         if self.cuts is None:
             return self.t.y["answer"]
         return np.array([np.searchsorted(c, m, side="right") for c, m in zip(self.cuts, self.measure, strict=True)],
@@ -87,7 +90,7 @@ class Questions:
         """What the prompt of question ``i`` states beside its organs."""
         mpp = None if self.mm_per_pixel is None else float(self.mm_per_pixel[i])
         cuts = None if self.cuts is None else (float(self.cuts[i, 0]), float(self.cuts[i, 1]))
-        return PromptContext(mpp, int(image_size), cuts, self.band, self.min_voxels)
+        return PromptContext(mpp, int(image_size), cuts, self.band, self.min_pixels)
 
     @property
     def organ_a(self) -> np.ndarray:
@@ -238,9 +241,21 @@ def load_questions(build, spec, splits: list[str]) -> Questions:
     probe = spec.name.split(".", 1)[1]
     sample = build.manifest.get("sample_config") or {}
     band = sample.get("symmetry_band") if probe == "symmetry" else None
-    min_voxels = sample.get("lesion_min_voxels") if probe == "counting" else None
     return Questions(t, keys, split, mpp, _stated_cuts(build, probe, t), measure,
-                     None if band is None else float(band), None if min_voxels is None else int(min_voxels))
+                     None if band is None else float(band), _min_pixels(build, probe))
+
+
+def _min_pixels(build, probe: str) -> int | None:
+    """The smallest lesion the counting prompt states (pixels of the 224 image; protocol 1.4).
+    A build made before counted native voxels, which the image does not show: refused."""
+    if probe != "counting":
+        return None
+    value = (build.manifest.get("sample_config") or {}).get("lesion_min_pixels")
+    if value is None:
+        raise ConfigError(f"{build.root}: built under protocol {build.manifest.get('protocol_version') or '<1.2'}, "
+                          "whose counting labels count lesions of the original scan, not of the image shown; "
+                          "rebuild it with this version (protocol 1.4) to ask counting questions")
+    return int(value)
 
 
 def train_targets(build, spec) -> Targets | None:
