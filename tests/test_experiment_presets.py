@@ -55,8 +55,11 @@ def test_every_shipped_preset_loads_and_dry_runs(name, tmp_path, run):
     lines = result.output.strip().splitlines()
     steps = [ln for ln in lines if "\t" in ln]
     assert steps and all(ln.split("\t")[1] == "todo" for ln in steps)
-    assert lines[-2].startswith("total: ") and lines[-1].startswith("estimated time: ")
-    assert not (tmp_path / "out").exists()  # a dry run writes nothing
+    assert lines[-3].startswith("total: ") and lines[-2].startswith("estimated time: ")
+    assert lines[-1].startswith("reference leaderboard")
+    # a dry run writes nothing but the reference leaderboard (the planned rows, the paper's numbers)
+    written = sorted(p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out").rglob("*") if p.is_file())
+    assert written == [".plan/reference/leaderboard.csv", ".plan/reference/leaderboard.json"]
 
 
 def _rows(exp) -> int:
