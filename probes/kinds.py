@@ -21,6 +21,7 @@ PREDICTORS.register_lazy("finetune", "spar_bench.probes.finetune.predictor:Finet
 PREDICTORS.register_lazy("mllm", "spar_bench.probes.vqa.predictor:MllmJob")
 PREDICTORS.register_lazy("prior", "spar_bench.probes.runs.predictors:ConstantPrior")
 PREDICTORS.register_lazy("oracle", "spar_bench.probes.runs.mask_oracle:MaskOracle")
+PREDICTORS.register_lazy("organmaps3d", "spar_bench.probes.finetune.organmaps3d:OrganMaps3d")
 
 #: the entry-point group of run kinds that other packages provide
 ENTRY_POINT_GROUP = "spar_bench.run_kinds"

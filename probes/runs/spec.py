@@ -220,6 +220,8 @@ class PredictorSpec:
     train_mirrors: bool = False
     n_boot: int = 1000
     train: TrainConfig = field(default_factory=TrainConfig)
+    #: the kind's own options (``predictors.NAME.options``; e.g. ``organmaps3d``'s training)
+    options: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         from ..tasks import get_probe
@@ -245,7 +247,8 @@ class PredictorSpec:
     def to_dict(self) -> dict[str, Any]:
         return {"probe": self.probe, "head": self.head, "seed": self.seed, "features": Path(self.features).name,
                 "controls": self.controls, "train_mirrors": self.train_mirrors, "n_boot": self.n_boot,
-                "val_fraction": self.train.val_fraction}  # fmt: skip
+                "val_fraction": self.train.val_fraction,
+                **({"options": {k: v for k, v in self.options.items() if k not in ("device", "threads")}} if self.options else {})}  # fmt: skip
 
     def run_dir(self, out: str | Path, slug: str) -> Path:
         return run_folder(out, slug, self.probe, self.head, "", self.seed)
