@@ -48,7 +48,7 @@ SCHEMA: dict[str, Any] = {
               "scratch": {"encoders": [str], "heads": [str], "options": {"*": object}}},
     "probes": (str, [str]), "seeds": (int, [int]), "train_on": str, "transfer": [str],
     "mllms": {"*": {"model": str, "builds": [str], "options": {"*": object}, "stages": [str]}},
-    "predictors": {"*": {"kind": str, "builds": [str], "bootstrap": int}},
+    "predictors": {"*": {"kind": str, "builds": [str], "bootstrap": int, "options": {"*": object}}},
     "jobs": int, "report": {"title": str},
 }  # fmt: skip
 #: what each mode runs: heads on a cache of a frozen encoder, or the encoder trained end to end
@@ -159,6 +159,7 @@ class Predictor:
     kind: str
     builds: tuple[str, ...] = ()
     n_boot: int = 1000
+    options: dict[str, Any] = field(default_factory=dict)  # the kind's own (PredictorSpec.options)
 
 
 @dataclass(frozen=True)
@@ -389,11 +390,12 @@ def _check_names(exp_raw: dict[str, Any], builds: dict, encoders: dict, where: _
         _refs(tuple(d.get("builds") or ()), builds, "build", where, f"mllms.{n}.builds")
     for n, d in (exp_raw.get("predictors") or {}).items():
         _refs(tuple(d.get("builds") or ()), builds, "build", where, f"predictors.{n}.builds")
-        _check_kind(d.get("kind") or n, where, f"predictors.{n}")
+        _check_kind(d.get("kind") or n, where, f"predictors.{n}", d.get("options"))
 
 
-def _check_kind(kind: str, where: _Where, key: str) -> None:
-    """A registered run kind that reads a build (a plug-in's too), else one line with "did you mean"."""
+def _check_kind(kind: str, where: _Where, key: str, options: dict | None = None) -> None:
+    """A registered run kind that reads a build (a plug-in's too), else one line with "did you mean";
+    ``options`` checked by the kind's ``check_options`` (a kind without one takes none)."""
     from spar_bench.probes.kinds import run_kind
 
     try:
@@ -402,6 +404,14 @@ def _check_kind(kind: str, where: _Where, key: str) -> None:
         raise where.error(key, str(e)) from None
     if getattr(cls, "on_build", None) is None:
         raise where.error(key, f"run kind {kind} reads a feature cache or a model, not a build: use modes: or mllms:")
+    if options:
+        check = getattr(cls, "check_options", None)
+        if check is None:
+            raise where.error(f"{key}.options", f"run kind {kind} takes no options")
+        try:
+            check(options)
+        except ConfigError as e:
+            raise where.error(f"{key}.options", str(e)) from None
 
 
 def load_experiment(path: str | Path, overrides: dict[str, str] | None = None) -> Experiment:
@@ -433,7 +443,8 @@ def load_experiment(path: str | Path, overrides: dict[str, str] | None = None) -
         raise where.error(f"encoders.{clash[0]}", "this name is also an mllms: stage's encoder; rename it")
     modes = _modes(exp, encoders, stages)
     encoders = {**encoders, **stages}
-    predictors = {n: Predictor(n, d.get("kind") or n, tuple(d.get("builds") or (train_on,)), int(d.get("bootstrap", 1000)))
+    predictors = {n: Predictor(n, d.get("kind") or n, tuple(d.get("builds") or (train_on,)), int(d.get("bootstrap", 1000)),
+                               dict(d.get("options") or {}))
                   for n, d in (exp.get("predictors") or {}).items()}  # fmt: skip
     return Experiment(
         name=exp["experiment"], source=str(path), sha256=hashlib.sha256(data).hexdigest(), out=Path(exp["out"]),

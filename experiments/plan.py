@@ -582,7 +582,7 @@ def predict_step(exp: Experiment, name: str, b: str) -> Step:
     pr = exp.predictors[name]
     out = f"{{out}}/{RUNS}/predict-{name}" + ("" if b == exp.train_on else f"@{b}")
     record = {"kind": pr.kind, "data": build_dir(exp, b), "probes": list(exp.probes), "seeds": list(exp.seeds),
-              "n_boot": pr.n_boot, "out": out}  # fmt: skip
+              "n_boot": pr.n_boot, "out": out, **({"options": pr.options} if pr.options else {})}  # fmt: skip
     return Step(f"predict:{name}@{b}", "predict", (("predict", record),), _needs_build(exp, b), (out,),
                 cost=(("runs", float(len(exp.probes) * len(exp.seeds))),))
 

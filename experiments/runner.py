@@ -273,7 +273,8 @@ def _predict(spec: dict[str, Any], device: str | None) -> None:
     for p in probes:
         for s in spec["seeds"]:
             try:
-                run(PredictorSpec(p, spec["kind"], int(s), features=spec["data"], n_boot=int(spec["n_boot"])),
+                run(PredictorSpec(p, spec["kind"], int(s), features=spec["data"], n_boot=int(spec["n_boot"]),
+                                  options=spec.get("options") or {}),
                     spec["out"], progress=False)  # fmt: skip
             except ProbeUnavailable as e:
                 if not names_all(spec["probes"]):

@@ -23,6 +23,7 @@ PREDICTORS.register_lazy("prior", "spar_bench.probes.runs.predictors:ConstantPri
 PREDICTORS.register_lazy("oracle", "spar_bench.probes.runs.mask_oracle:MaskOracle")
 PREDICTORS.register_lazy("slice-oracle", "spar_bench.probes.runs.slice_oracle:SliceOracle")
 PREDICTORS.register_lazy("reader", "spar_bench.probes.runs.reader:AppearanceReader")
+PREDICTORS.register_lazy("organmaps3d", "spar_bench.probes.finetune.organmaps3d:OrganMaps3d")
 
 #: the entry-point group of run kinds that other packages provide
 ENTRY_POINT_GROUP = "spar_bench.run_kinds"

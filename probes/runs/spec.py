@@ -254,6 +254,8 @@ class PredictorSpec(NamedRun):
     n_boot: int = 1000
     train: TrainConfig = field(default_factory=TrainConfig)
     ci_min_patients: int = 1  # fewer patients: no interval (``null``; an MLLM's runs: 2)
+    #: the kind's own options (``predictors.NAME.options``; e.g. ``organmaps3d``'s training)
+    options: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         from ..tasks import get_probe
@@ -276,7 +278,8 @@ class PredictorSpec(NamedRun):
     def to_dict(self) -> dict[str, Any]:
         return {"probe": self.probe, "head": self.head, "seed": self.seed, "features": Path(self.features).name,
                 "controls": self.controls, "train_mirrors": self.train_mirrors, "n_boot": self.n_boot,
-                "val_fraction": self.train.val_fraction}  # fmt: skip
+                "val_fraction": self.train.val_fraction,
+                **({"options": {k: v for k, v in self.options.items() if k not in ("device", "threads")}} if self.options else {})}  # fmt: skip
 
 
 # ---------------------------------------------------------------------- options
