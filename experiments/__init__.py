@@ -9,7 +9,7 @@ and its report.
 * :mod:`.report`   - the experiment's report: the paper's tables with the provenance of each cell;
 * :mod:`.legacy`   - the step hashes of 0.2 (steps held argv), to keep the steps of older folders;
 * ``*.yaml``       - presets shipped with the package: ``demo`` (the main job), ``paper``,
-  ``recall-vs-computation``, ``volumes`` (Level 4).
+  ``recall-vs-computation``, ``volumes`` (Level 4), ``word-real-weights`` (real weights on WORD maps).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 from spar_bench.errors import ConfigError
 
 #: the experiment files shipped with the package
-PRESETS = ("demo", "paper", "recall-vs-computation", "volumes")
+PRESETS = ("demo", "paper", "recall-vs-computation", "volumes", "word-real-weights")
 
 
 def preset_path(name: str) -> Path:
