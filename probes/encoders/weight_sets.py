@@ -228,7 +228,7 @@ def pretrained_model(set_name: str, *, num_classes: int = 0) -> tuple[torch.nn.M
 
     ws: WeightSet = WEIGHT_SETS.get(set_name)
     path = weight_set_file(ws)
-    model = build_timm_model(ws.architecture, **({"num_classes": num_classes} if num_classes else {}))
+    model = build_timm_model(ws.architecture, num_classes=num_classes)
     report = apply_weight_set(ws, model, path)
     return model.eval(), report
 
