@@ -101,7 +101,6 @@ def test_encoder_records_origin_and_licence():
 def test_sha256_mismatch_is_one_line_and_loads_nothing(tmp_path, monkeypatch):
     import dataclasses
 
-    import torch
 
     ws = WEIGHT_SETS.get(SET)
     fake_pkg = tmp_path / "fakepkg"
