@@ -11,7 +11,7 @@ and its report.
 * :mod:`.sizes`    - a build's cases, images and questions before it exists (``sizes.json``: measured);
 * ``*.yaml``       - presets shipped with the package: ``demo`` (the main job), ``paper`` (the
   paper's 13 configurations), ``paper-extended`` (20 rows), ``recall-vs-computation``,
-  ``volumes`` (Level 4), ``mllm-stages`` (the paper's four MLLMs by stage; its dry run needs the
+  ``volumes`` (Level 4), ``word-real-weights`` (real weights on WORD maps), ``mllm-stages`` (the paper's four MLLMs by stage; its dry run needs the
   models' folders).
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 from spar_bench.errors import ConfigError
 
 #: the experiment files shipped with the package
-PRESETS = ("demo", "paper", "paper-extended", "recall-vs-computation", "volumes", "mllm-stages")
+PRESETS = ("demo", "paper", "paper-extended", "recall-vs-computation", "volumes", "word-real-weights", "mllm-stages")
 
 
 def preset_path(name: str) -> Path:

@@ -45,7 +45,7 @@ import numpy as np
 from spar_bench.builder.schema import LEVEL_SPECS
 from spar_bench.errors import ConfigError
 from spar_bench.probes.runs.record import RunRecord
-from spar_bench.probes.runs.report import collect, run_protocol
+from spar_bench.probes.runs.report import collect, random_init_banner, run_protocol
 from spar_bench.probes.tasks import METRICS, PROBE_SPECS, get_probe, probe_names
 from spar_bench.provenance import json_safe, local_paths, local_prefixes, portable_path
 
@@ -600,13 +600,6 @@ def provenance_table(doc: dict) -> list[str]:
 
 
 # --------------------------------------------------------------------------- the report
-RANDOM_BANNER = [
-    "> **WARNING: RANDOM-INIT FEATURES.** At least one run below used an encoder with",
-    "> randomly initialised weights (marked `random-init`). Its scores say nothing about a",
-    "> pretrained model; they only show that the pipeline runs.", "",
-]
-
-
 def _provenance_value(v: Any) -> str:
     return v if isinstance(v, str) else json.dumps(json_safe(v), sort_keys=True)
 
@@ -617,7 +610,8 @@ def header(title: str, provenance: dict | None, doc: dict) -> list[str]:
         rows = [[_cell_text(str(k)), _cell_text(_provenance_value(provenance[k]))] for k in sorted(provenance)]
         lines += _table(["experiment", "value"], rows) + [""]
     if doc["random_init_used"]:
-        lines += RANDOM_BANNER
+        rows = [r for r in doc["configurations"] if r["mode"] != "MLLM"]
+        lines += random_init_banner([r["encoder"] for r in rows if r["random_init"]], [r["encoder"] for r in rows])
     protocols = sorted({x["protocol_version"] for r in doc["configurations"] for c in r["cells"].values()
                         for x in c["runs"]})  # fmt: skip
     lines += [f"{doc['n_runs']} runs, {len(doc['configurations'])} configurations, {len(doc['probes'])} probes; "

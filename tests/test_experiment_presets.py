@@ -193,3 +193,25 @@ def test_an_undefined_variable_is_one_line(tmp_path, monkeypatch, run):
     # the environment defines it
     monkeypatch.setenv("SPAR_NO_SUCH_VAR", str(tmp_path / "o"))
     assert run(str(path), "--dry-run").exit_code == 0
+
+
+def test_word_real_weights_pits_imagenet_against_the_same_architecture_random(tmp_path, run):
+    exp = load_experiment(preset_path("word-real-weights"), {"OUT": str(tmp_path / "out")})
+    plan = make_plan(exp)
+    assert _kinds(plan) == Counter({"build": 2, "cache": 4, "heads": 2, "eval": 2, "report": 1})
+    enc = exp.encoders
+    assert enc["lite0-imagenet"].spec == "efficientnet-lite0" and not enc["lite0-imagenet"].random_init
+    assert enc["lite0-random"].spec == "timm:tf_efficientnet_lite0" and enc["lite0-random"].random_init
+    word = plan.step("build:word").specs[-1][1]
+    assert word["source"] == ["word"] and word["root"] == ["../shared/data/word-labels"]
+    assert word["options"]["images"] == "synthesize" and word["options"]["counterfactual"] == "mirror"
+    ts = plan.step("build:totalsegmentator").specs[-1][1]
+    assert ts["root"] == ["../shared/data/totalsegmentator-sample"]
+    assert "build:word" in plan.step("build:totalsegmentator").needs  # WORD's thresholds
+    for e in enc:
+        heads = plan.step(f"heads:{e}").specs[0][1]
+        assert heads["heads"] == ["mlp", "transformer"] and heads["probes"] == ["all"]
+        assert heads["seeds"] == [0, 1, 2]
+        assert f"eval:heads:{e}@totalsegmentator" in {s.id for s in plan.steps}
+    result = run("word-real-weights", "--dry-run", *_bare(tmp_path))
+    assert result.exit_code == 0, result.output

