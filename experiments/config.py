@@ -48,6 +48,7 @@ SCHEMA: dict[str, Any] = {
     "mllms": {"*": {"model": str, "builds": [str], "options": {"*": object}}},
     "predictors": {"*": {"kind": str, "builds": [str], "bootstrap": int}},
     "jobs": int, "report": {"title": str},
+    "resources": {"*": {"cpus": int, "mem": (str, int), "gpus": int, "time": (str, int)}},
 }  # fmt: skip
 #: what each mode runs: heads on a cache of a frozen encoder, or the encoder trained end to end
 MODES = ("frozen", "finetune", "scratch")
@@ -123,6 +124,7 @@ class Experiment:
     jobs: int = 1
     title: str = ""
     variables: dict[str, str] = field(default_factory=dict)
+    resources: dict[str, dict[str, Any]] = field(default_factory=dict)  # step kind -> SLURM resources
     where: Any = field(default=None, compare=False, repr=False)  # key -> file:line, for errors
 
 
@@ -380,7 +382,20 @@ def load_experiment(path: str | Path, overrides: dict[str, str] | None = None) -
         seeds=tuple(int(s) for s in _names(exp.get("seeds", 0))), train_on=train_on,
         transfer=tuple(exp.get("transfer") or ()), mllms=mllms, predictors=predictors, jobs=int(exp.get("jobs", 1)),
         title=(exp.get("report") or {}).get("title") or exp["experiment"], variables=variables, where=where,
+        resources=_resources(exp.get("resources") or {}, where),
     )  # fmt: skip
+
+
+def _resources(given: dict[str, Any], where: _Where) -> dict[str, dict[str, Any]]:
+    """``resources:`` by step kind (``default``: every kind), for ``--executor slurm``."""
+    from .slurm import KINDS
+
+    for kind in given:
+        if kind not in (*KINDS, "default"):
+            close = difflib.get_close_matches(kind, [*KINDS, "default"], n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; kinds: default, {', '.join(KINDS)}"
+            raise where.error(f"resources.{kind}", f"not a kind of step{hint}")
+    return {k: dict(v) for k, v in given.items()}
 
 
 def _missing(where: _Where, key: str, name: str):

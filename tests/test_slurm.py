@@ -1,0 +1,188 @@
+"""``spar-bench run --executor slurm`` against a real single-node SLURM (``slurm_cluster``), and
+the scripts it writes (``--dry-run``: no cluster needed).
+
+Through SLURM a small demo-like experiment gives the local executor's report byte for byte; a
+running step cancelled with ``scancel`` and the same command again runs every step exactly once; a
+second submission while the first is queued adds no job; a step failing on bad input leaves its
+dependants unstarted, ``status`` shows its log's last line and the command exits 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+EXPERIMENT = """
+experiment: tiny
+vars:
+  OUT: {out}
+out: ${{OUT}}
+builds:
+  b: {{phantom: {{n: 4, layout: canonical, in_plane: 96, slices: 16}}, options: {{samples_per_case: 2, hf: false}}}}
+encoders:
+  r10: {{spec: "timm:resnet10t", random_init: true{weights}}}
+modes:
+  frozen: {{encoders: [r10], heads: [mlp], options: {{max_epochs: 1, bootstrap: 20}}}}
+probes: [level1.localisation, level3.relative_position]
+seeds: [0]
+mllms:
+  dummy: {{model: dummy, options: {{bootstrap: 20, probe: relative_position}}}}
+resources:
+  default: {{cpus: 1, mem: 2G, time: "0:20:00"}}
+"""
+STEPS = ["build:b", "cache:r10@b", "heads:r10", "vqa:dummy@b", "report"]
+
+
+def _write(path: Path, out: Path, weights: str = "") -> Path:
+    path.write_text(EXPERIMENT.format(out=out, weights=f", weights: {weights}" if weights else ""))
+    return path
+
+
+def _bench(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "spar_bench.experiments.cli", *args], env=env, capture_output=True,
+                          encoding="utf-8", errors="replace", timeout=timeout)  # fmt: skip
+
+
+def _finished(out: Path) -> list[str]:
+    lines = [json.loads(x) for x in (out / ".plan" / "log.jsonl").read_text().splitlines()]
+    return sorted(x["step"] for x in lines if x["event"] == "finish")
+
+
+def _report(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted((out / "report").glob("*")) if p.suffix in (".md", ".json")}
+
+
+def _states(out: Path) -> dict[str, tuple[str, ...]]:
+    done = _bench("status", str(out), timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [ln.split() for ln in done.stdout.splitlines()[1:] if ln.strip()]
+    return {r[0]: tuple(r[1:]) for r in rows}
+
+
+def _queue() -> list[str]:
+    return subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=60).stdout.split()
+
+
+def _wait(until, what: str, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not until():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory) -> Path:
+    """The tiny experiment run by the local executor: the report SLURM's must equal."""
+    root = tmp_path_factory.mktemp("local")
+    done = _bench("run", str(_write(root / "tiny.yaml", root / "out")), timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return root / "out"
+
+
+# --------------------------------------------------------------------------- scripts (no cluster)
+def test_dry_run_scripts_carry_resources_and_dependencies(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")  # no SLURM command: a dry run reads nothing of a cluster
+    path = _write(tmp_path / "tiny.yaml", tmp_path / "out")
+    path.write_text(path.read_text() + '  cache: {gpus: 1, mem: 24G, time: "2:00:00"}\n')
+    done = _bench("run", str(path), "--executor", "slurm", "--dry-run", "--slurm-partition", "gpu",
+                  "--slurm-account", "lab", "--slurm-qos", "short", "--slurm-extra=--constraint=a100")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    scripts = {s.split("\n", 1)[0]: s for s in done.stdout.split("# ---- ")[1:]}
+    assert len(scripts) == len(STEPS) and not (tmp_path / "out").exists()  # printed, nothing written
+    cache = next(s for k, s in scripts.items() if k.endswith("cache_r10@b.sbatch"))
+    for line in ("--job-name=tiny:cache:r10@b", "--gres=gpu:1", "--mem=24G", "--time=2:00:00", "--cpus-per-task=1",
+                 "--partition=gpu", "--account=lab", "--qos=short", "#SBATCH --constraint=a100",
+                 "--dependency=afterok:{build:b}", "--kill-on-invalid-dep=yes", "--requeue",
+                 f"--output={tmp_path / 'out'}/.plan/logs/cache_r10@b.%j.log", " step "):  # fmt: skip
+        assert line in cache, line
+    report = next(s for k, s in scripts.items() if k.endswith("report.sbatch"))
+    assert "--dependency=afterok:{heads:r10}:{vqa:dummy@b}" in report and "--gres" not in report
+    build = next(s for k, s in scripts.items() if k.endswith("build_b.sbatch"))
+    assert "--dependency" not in build and "--mem=2G" in build
+
+
+def test_a_gpu_step_asks_for_one_gpu_by_default(tmp_path, monkeypatch):
+    """A step that takes a device gets ``--gres=gpu:1`` where the cluster has GPUs; no GPU needed here."""
+    from spar_bench.experiments import slurm
+    from spar_bench.experiments.config import load_experiment
+    from spar_bench.experiments.plan import make_plan
+
+    plan = make_plan(load_experiment(_write(tmp_path / "t.yaml", tmp_path / "out")))
+    monkeypatch.setattr(slurm, "cluster_has_gpus", lambda: True)
+    text = slurm.script(plan, plan.step("heads:r10"), slurm.resources(plan, plan.step("heads:r10"), True), ["7"],
+                        slurm.SlurmOptions())  # fmt: skip
+    assert "#SBATCH --gres=gpu:1\n" in text and "#SBATCH --dependency=afterok:7\n" in text
+    cpu = slurm.resources(plan, plan.step("heads:r10"), False)
+    assert cpu.gpus == 0 and slurm.resources(plan, plan.step("build:b"), True).gpus == 0
+
+
+def test_a_resources_key_that_is_no_step_kind_is_one_line(tmp_path):
+    from spar_bench.errors import ConfigError
+    from spar_bench.experiments.config import load_experiment
+
+    path = _write(tmp_path / "t.yaml", tmp_path / "out")
+    path.write_text(path.read_text() + "  cahce: {gpus: 1}\n")
+    with pytest.raises(ConfigError, match=r"t.yaml:\d+: resources.cahce: not a kind of step; did you mean 'cache'"):
+        load_experiment(path)
+
+
+# --------------------------------------------------------------------------- a real SLURM
+@pytest.mark.slow
+def test_through_slurm_the_report_equals_the_local_one(slurm_cluster, local, tmp_path):
+    out = tmp_path / "out"
+    done = _bench("run", str(_write(tmp_path / "tiny.yaml", out)), "--executor", "slurm", timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert _report(out) == _report(local) and _report(out)
+    assert _finished(out) == sorted(STEPS)
+    assert {k: v[0] for k, v in _states(out).items()} == dict.fromkeys(STEPS, "done")
+    assert sorted(p.name.split(".")[0] for p in (out / ".plan" / "logs").glob("*.log")) == sorted(
+        ["build_b", "cache_r10@b", "heads_r10", "vqa_dummy@b", "report"])
+
+
+@pytest.mark.slow
+def test_no_duplicate_while_queued_and_a_cancelled_step_is_run_again(slurm_cluster, local, tmp_path):
+    """Submitted (no follow), submitted again: no job added. The cache step cancelled while it runs,
+    then the same command: every step finishes exactly once, and the report is the local one."""
+    out = tmp_path / "out"
+    path = _write(tmp_path / "tiny.yaml", out)
+    first = _bench("run", str(path), "--executor", "slurm", "--no-follow")
+    assert first.returncode == 0, first.stderr[-2000:]
+    jobs = _queue()
+    again = _bench("run", str(path), "--executor", "slurm", "--no-follow")
+    assert again.returncode == 0 and " 0 job(s) submitted" in again.stdout, again.stdout + again.stderr[-2000:]
+    assert _queue() == jobs and len(jobs) == len(STEPS)
+    _wait(lambda: _states(out)["cache:r10@b"][0] == "running", "the cache step to run")
+    cache_job = _states(out)["cache:r10@b"][1]
+    subprocess.run(["scancel", cache_job], check=True, timeout=60)
+    _wait(lambda: not _queue(), "the cancelled step's dependants to leave the queue", timeout=600)
+    states = _states(out)
+    assert states["cache:r10@b"][0] == "cancelled" and states["heads:r10"][0] == "cancelled"
+    done = _bench("run", str(path), "--executor", "slurm", timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert _finished(out) == sorted(STEPS)  # each step finished once
+    assert _report(out) == _report(local)
+
+
+@pytest.mark.slow
+def test_a_failing_step_leaves_its_dependants_unstarted_and_exits_1(slurm_cluster, tmp_path):
+    out = tmp_path / "out"
+    (tmp_path / "broken.pt").write_text("not a checkpoint\n")
+    path = _write(tmp_path / "tiny.yaml", out, weights=str(tmp_path / "broken.pt"))
+    done = _bench("run", str(path), "--executor", "slurm", timeout=900)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "cache:r10@b failed" in done.stderr and "broken.pt" in done.stderr, done.stderr[-2000:]
+    states = _states(out)
+    assert states["build:b"][0] == "done" and states["vqa:dummy@b"][0] == "done"
+    assert states["cache:r10@b"][0] == "failed" and "broken.pt" in " ".join(states["cache:r10@b"])
+    assert states["heads:r10"][0] == "cancelled" and states["report"][0] == "cancelled"
+    started = [json.loads(x)["step"] for x in (out / ".plan" / "log.jsonl").read_text().splitlines()
+               if json.loads(x)["event"] == "start"]  # fmt: skip
+    assert "heads:r10" not in started and "report" not in started
+    assert not list((out / ".plan" / "logs").glob("heads_r10.*.log"))
