@@ -6,6 +6,7 @@
 #                                       # slurmctld and slurmd, waits until `sinfo` says idle
 #   export SLURM_CONF=DIR/slurm.conf    # then sbatch/squeue/sinfo/spar-bench use this cluster
 #   scripts/slurm-local.sh stop DIR     # stops the three daemons by the PIDs in DIR
+#   scripts/slurm-local.sh install DIR  # only the packages (.ci/run; apt's log in DIR)
 #
 # Everything (config, munge key and socket, state, spool, logs, PID files) lives in DIR; the
 # daemons listen on 127.0.0.1 only, on two free ports. Node CPUs and memory are detected
@@ -14,7 +15,7 @@
 # run here (not root, or the packages cannot be installed); the reason is the last line.
 set -euo pipefail
 
-usage() { echo "usage: $0 start|stop DIR" >&2; exit 2; }
+usage() { echo "usage: $0 start|stop|install DIR" >&2; exit 2; }
 [ $# -eq 2 ] || usage
 cmd=$1
 mkdir -p "$2"
@@ -129,5 +130,6 @@ stop() {
 case $cmd in
     start) start ;;
     stop) stop ;;
+    install) install_packages ;;
     *) usage ;;
 esac

@@ -186,3 +186,38 @@ def test_a_failing_step_leaves_its_dependants_unstarted_and_exits_1(slurm_cluste
                if json.loads(x)["event"] == "start"]  # fmt: skip
     assert "heads:r10" not in started and "report" not in started
     assert not list((out / ".plan" / "logs").glob("heads_r10.*.log"))
+
+
+# --------------------------------------------------------------------------- docs/slurm
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "slurm"
+
+
+def _generated(tmp_path: Path) -> dict[str, str]:
+    """``--dry-run`` of docs/slurm/example.yaml, run in ``tmp_path``: script name -> text, with the
+    interpreter, the working folder and each step's hash written as placeholders."""
+    import re
+
+    env = {**os.environ, "PATH": "/nonexistent"}
+    done = subprocess.run([sys.executable, "-m", "spar_bench.experiments.cli", "run", str(DOCS / "example.yaml"),
+                           "--executor", "slurm", "--dry-run"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = {}
+    for chunk in done.stdout.split("# ---- ")[1:]:
+        head, text = chunk.split("\n", 1)
+        text = text.replace(str(tmp_path), "/path/to/project").replace(sys.executable, "/path/to/venv/bin/python")
+        out[Path(head).name] = re.sub(r"--hash [0-9a-f]{64}", "--hash HASH", text).rstrip("\n") + "\n"
+    return out
+
+
+def test_the_scripts_in_docs_slurm_are_what_the_executor_writes(tmp_path):
+    """docs/slurm/*.sbatch = the dry run of docs/slurm/example.yaml (SPAR_WRITE_DOCS=1: rewrite them)."""
+    got = _generated(tmp_path)
+    if os.environ.get("SPAR_WRITE_DOCS"):
+        for p in DOCS.glob("*.sbatch"):
+            p.unlink()
+        for name, text in got.items():
+            (DOCS / name).write_text(text)
+    have = {p.name: p.read_text() for p in sorted(DOCS.glob("*.sbatch"))}
+    assert have == got, "docs/slurm/ is stale: SPAR_WRITE_DOCS=1 python -m pytest -n 0 tests/test_slurm.py -k docs"
+    assert "#SBATCH --gres=gpu:1" in got["cache_r18@ct.sbatch"]
