@@ -50,6 +50,8 @@ SCHEMA: dict[str, Any] = {
     "jobs": int, "report": {"title": str},
     "resources": {"*": {"cpus": int, "mem": (str, int), "gpus": int, "time": (str, int)}},
 }  # fmt: skip
+#: the kinds of step (:mod:`.plan`), as ``resources:`` names them (``default``: every kind)
+KINDS = ("build", "cache", "heads", "train", "eval", "vqa", "predict", "report")
 #: what each mode runs: heads on a cache of a frozen encoder, or the encoder trained end to end
 MODES = ("frozen", "finetune", "scratch")
 _VAR = re.compile(r"\$\{(env:)?([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -388,8 +390,6 @@ def load_experiment(path: str | Path, overrides: dict[str, str] | None = None) -
 
 def _resources(given: dict[str, Any], where: _Where) -> dict[str, dict[str, Any]]:
     """``resources:`` by step kind (``default``: every kind), for ``--executor slurm``."""
-    from .slurm import KINDS
-
     for kind in given:
         if kind not in (*KINDS, "default"):
             close = difflib.get_close_matches(kind, [*KINDS, "default"], n=1)

@@ -41,8 +41,6 @@ from .plan import PLAN, Plan, Step
 #: job states in which a job may still run (anything else has ended)
 LIVE = frozenset({"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
                   "RESIZING", "SUSPENDED", "STAGE_OUT", "SIGNALING"})  # fmt: skip
-#: the kinds of step a ``resources:`` entry may name (``default``: every kind)
-KINDS = ("build", "cache", "heads", "train", "eval", "vqa", "predict", "report")
 #: what the estimate's time is multiplied by (it is a mean; a job past its limit is killed)
 TIME_MARGIN, MIN_MINUTES = 3.0, 15
 
