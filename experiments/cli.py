@@ -87,8 +87,8 @@ def run_command(experiment, sets, dry_run, list_steps, only, partition, devices,
     if part is not None:
         ids = {s.id for s in part_of(plan, part[0] + 1, part[1])}
         chosen = [s for s in chosen if s.id in ids]
-    if executor == "slurm":
-        return _run_slurm(plan, chosen, experiment=str(path), sets=_overrides(sets), dry_run=dry_run or list_steps,
+    if executor == "slurm" and not list_steps:
+        return _run_slurm(plan, chosen, experiment=str(path), sets=_overrides(sets), dry_run=dry_run,
                           follow=follow, opts=slurm)  # fmt: skip
     if dry_run or list_steps:
         return _print_plan(plan, chosen, costs=dry_run)

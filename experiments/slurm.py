@@ -249,8 +249,9 @@ def submit(plan: Plan, chosen: list[Step], opts: SlurmOptions, dry_run: bool = F
 
     out = plan.experiment.out
     record = read_record(out)
-    todo = [s for s in chosen if status(plan, s) != "done"]
-    states = {} if dry_run and not record else job_states([record[s.id]["job"] for s in todo if s.id in record])
+    ids = [record[s.id]["job"] for s in chosen if s.id in record]
+    states = {} if dry_run and not record else job_states(ids)  # before the markers: a job ending in between
+    todo = [s for s in chosen if status(plan, s) != "done"]  # has written its marker, and is not submitted again
     gpus_here = cluster_has_gpus()
     sub = Submission()
     for s in todo:
