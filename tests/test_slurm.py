@@ -21,7 +21,7 @@ import pytest
 EXPERIMENT = """
 experiment: tiny
 vars:
-  OUT: {out}
+  OUT: out
 out: ${{OUT}}
 builds:
   b: {{phantom: {{n: 4, layout: canonical, in_plane: 96, slices: 16}}, options: {{samples_per_case: 2, hf: false}}}}
@@ -39,9 +39,14 @@ resources:
 STEPS = ["build:b", "cache:r10@b", "heads:r10", "vqa:dummy@b", "report"]
 
 
-def _write(path: Path, out: Path, weights: str = "") -> Path:
-    path.write_text(EXPERIMENT.format(out=out, weights=f", weights: {weights}" if weights else ""))
+def _write(path: Path, weights: str = "") -> Path:
+    """The experiment file (the same bytes wherever it runs: OUT is given with --set)."""
+    path.write_text(EXPERIMENT.format(weights=f", weights: {weights}" if weights else ""))
     return path
+
+
+def _run(path: Path, out: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return _bench("run", str(path), "--set", f"OUT={out}", *args, timeout=timeout)
 
 
 def _bench(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -81,7 +86,7 @@ def _wait(until, what: str, timeout: float = 300) -> None:
 def local(tmp_path_factory) -> Path:
     """The tiny experiment run by the local executor: the report SLURM's must equal."""
     root = tmp_path_factory.mktemp("local")
-    done = _bench("run", str(_write(root / "tiny.yaml", root / "out")), timeout=900)
+    done = _run(_write(root / "tiny.yaml"), root / "out")
     assert done.returncode == 0, done.stderr[-3000:]
     return root / "out"
 
@@ -89,9 +94,9 @@ def local(tmp_path_factory) -> Path:
 # --------------------------------------------------------------------------- scripts (no cluster)
 def test_dry_run_scripts_carry_resources_and_dependencies(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")  # no SLURM command: a dry run reads nothing of a cluster
-    path = _write(tmp_path / "tiny.yaml", tmp_path / "out")
+    path = _write(tmp_path / "tiny.yaml")
     path.write_text(path.read_text() + '  cache: {gpus: 1, mem: 24G, time: "2:00:00"}\n')
-    done = _bench("run", str(path), "--executor", "slurm", "--dry-run", "--slurm-partition", "gpu",
+    done = _run(path, tmp_path / "out", "--executor", "slurm", "--dry-run", "--slurm-partition", "gpu",
                   "--slurm-account", "lab", "--slurm-qos", "short", "--slurm-extra=--constraint=a100")  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     scripts = {s.split("\n", 1)[0]: s for s in done.stdout.split("# ---- ")[1:]}
@@ -114,7 +119,7 @@ def test_a_gpu_step_asks_for_one_gpu_by_default(tmp_path, monkeypatch):
     from spar_bench.experiments.config import load_experiment
     from spar_bench.experiments.plan import make_plan
 
-    plan = make_plan(load_experiment(_write(tmp_path / "t.yaml", tmp_path / "out")))
+    plan = make_plan(load_experiment(_write(tmp_path / "t.yaml"), {"OUT": str(tmp_path / "out")}))
     monkeypatch.setattr(slurm, "cluster_has_gpus", lambda: True)
     text = slurm.script(plan, plan.step("heads:r10"), slurm.resources(plan, plan.step("heads:r10"), True), ["7"],
                         slurm.SlurmOptions())  # fmt: skip
@@ -127,7 +132,7 @@ def test_a_resources_key_that_is_no_step_kind_is_one_line(tmp_path):
     from spar_bench.errors import ConfigError
     from spar_bench.experiments.config import load_experiment
 
-    path = _write(tmp_path / "t.yaml", tmp_path / "out")
+    path = _write(tmp_path / "t.yaml")
     path.write_text(path.read_text() + "  cahce: {gpus: 1}\n")
     with pytest.raises(ConfigError, match=r"t.yaml:\d+: resources.cahce: not a kind of step; did you mean 'cache'"):
         load_experiment(path)
@@ -137,7 +142,7 @@ def test_a_resources_key_that_is_no_step_kind_is_one_line(tmp_path):
 @pytest.mark.slow
 def test_through_slurm_the_report_equals_the_local_one(slurm_cluster, local, tmp_path):
     out = tmp_path / "out"
-    done = _bench("run", str(_write(tmp_path / "tiny.yaml", out)), "--executor", "slurm", timeout=900)
+    done = _run(_write(tmp_path / "tiny.yaml"), out, "--executor", "slurm")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert _report(out) == _report(local) and _report(out)
     assert _finished(out) == sorted(STEPS)
@@ -151,11 +156,11 @@ def test_no_duplicate_while_queued_and_a_cancelled_step_is_run_again(slurm_clust
     """Submitted (no follow), submitted again: no job added. The cache step cancelled while it runs,
     then the same command: every step finishes exactly once, and the report is the local one."""
     out = tmp_path / "out"
-    path = _write(tmp_path / "tiny.yaml", out)
-    first = _bench("run", str(path), "--executor", "slurm", "--no-follow")
+    path = _write(tmp_path / "tiny.yaml")
+    first = _run(path, out, "--executor", "slurm", "--no-follow")
     assert first.returncode == 0, first.stderr[-2000:]
     jobs = _queue()
-    again = _bench("run", str(path), "--executor", "slurm", "--no-follow")
+    again = _run(path, out, "--executor", "slurm", "--no-follow")
     assert again.returncode == 0 and " 0 job(s) submitted" in again.stdout, again.stdout + again.stderr[-2000:]
     assert _queue() == jobs and len(jobs) == len(STEPS)
     _wait(lambda: _states(out)["cache:r10@b"][0] == "running", "the cache step to run")
@@ -164,7 +169,7 @@ def test_no_duplicate_while_queued_and_a_cancelled_step_is_run_again(slurm_clust
     _wait(lambda: not _queue(), "the cancelled step's dependants to leave the queue", timeout=600)
     states = _states(out)
     assert states["cache:r10@b"][0] == "cancelled" and states["heads:r10"][0] == "cancelled"
-    done = _bench("run", str(path), "--executor", "slurm", timeout=900)
+    done = _run(path, out, "--executor", "slurm")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert _finished(out) == sorted(STEPS)  # each step finished once
     assert _report(out) == _report(local)
@@ -174,8 +179,8 @@ def test_no_duplicate_while_queued_and_a_cancelled_step_is_run_again(slurm_clust
 def test_a_failing_step_leaves_its_dependants_unstarted_and_exits_1(slurm_cluster, tmp_path):
     out = tmp_path / "out"
     (tmp_path / "broken.pt").write_text("not a checkpoint\n")
-    path = _write(tmp_path / "tiny.yaml", out, weights=str(tmp_path / "broken.pt"))
-    done = _bench("run", str(path), "--executor", "slurm", timeout=900)
+    path = _write(tmp_path / "tiny.yaml", weights=str(tmp_path / "broken.pt"))
+    done = _run(path, out, "--executor", "slurm")
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     assert "cache:r10@b failed" in done.stderr and "broken.pt" in done.stderr, done.stderr[-2000:]
     states = _states(out)
