@@ -75,11 +75,29 @@ def _queue() -> list[str]:
     return subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=60).stdout.split()
 
 
+def _job_state(job: str) -> str:
+    return subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, timeout=60).stdout.strip()
+
+
+def _started(out: Path) -> list[str]:
+    try:
+        lines = (out / ".plan" / "log.jsonl").read_text().splitlines()
+    except OSError:
+        return []
+    events = []
+    for x in lines:
+        try:
+            events.append(json.loads(x))
+        except ValueError:  # a line being written
+            continue
+    return [e["step"] for e in events if e["event"] == "start"]
+
+
 def _wait(until, what: str, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while not until():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.5)
+        time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +171,7 @@ def test_through_slurm_the_report_equals_the_local_one(slurm_cluster, local, tmp
 
 @pytest.mark.slow
 def test_no_duplicate_while_queued_and_a_cancelled_step_is_run_again(slurm_cluster, local, tmp_path):
-    """Submitted (no follow), submitted again: no job added. The cache step cancelled while it runs,
+    """Submitted (no follow), submitted again: no job added. The heads step cancelled while it runs,
     then the same command: every step finishes exactly once, and the report is the local one."""
     out = tmp_path / "out"
     path = _write(tmp_path / "tiny.yaml")
@@ -163,12 +181,13 @@ def test_no_duplicate_while_queued_and_a_cancelled_step_is_run_again(slurm_clust
     again = _run(path, out, "--executor", "slurm", "--no-follow")
     assert again.returncode == 0 and " 0 job(s) submitted" in again.stdout, again.stdout + again.stderr[-2000:]
     assert _queue() == jobs and len(jobs) == len(STEPS)
-    _wait(lambda: _states(out)["cache:r10@b"][0] == "running", "the cache step to run")
-    cache_job = _states(out)["cache:r10@b"][1]
-    subprocess.run(["scancel", cache_job], check=True, timeout=60)
+    heads = json.loads((out / ".plan" / "slurm" / "jobs.json").read_text())["steps"]["heads:r10"]["job"]
+    _wait(lambda: _job_state(heads) == "RUNNING", "the heads step to run", timeout=600)
+    _wait(lambda: "heads:r10" in _started(out), "the heads step to start", timeout=60)
+    subprocess.run(["scancel", heads], check=True, timeout=60)
     _wait(lambda: not _queue(), "the cancelled step's dependants to leave the queue", timeout=600)
     states = _states(out)
-    assert states["cache:r10@b"][0] == "cancelled" and states["heads:r10"][0] == "cancelled"
+    assert states["heads:r10"][0] == "cancelled" and states["report"][0] == "cancelled", states
     done = _run(path, out, "--executor", "slurm")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert _finished(out) == sorted(STEPS)  # each step finished once
@@ -187,9 +206,7 @@ def test_a_failing_step_leaves_its_dependants_unstarted_and_exits_1(slurm_cluste
     assert states["build:b"][0] == "done" and states["vqa:dummy@b"][0] == "done"
     assert states["cache:r10@b"][0] == "failed" and "broken.pt" in " ".join(states["cache:r10@b"])
     assert states["heads:r10"][0] == "cancelled" and states["report"][0] == "cancelled"
-    started = [json.loads(x)["step"] for x in (out / ".plan" / "log.jsonl").read_text().splitlines()
-               if json.loads(x)["event"] == "start"]  # fmt: skip
-    assert "heads:r10" not in started and "report" not in started
+    assert "heads:r10" not in _started(out) and "report" not in _started(out)
     assert not list((out / ".plan" / "logs").glob("heads_r10.*.log"))
 
 
