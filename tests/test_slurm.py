@@ -26,7 +26,7 @@ out: ${{OUT}}
 builds:
   b: {{phantom: {{n: 4, layout: canonical, in_plane: 96, slices: 16}}, options: {{samples_per_case: 2, hf: false}}}}
 encoders:
-  r10: {{spec: "timm:resnet10t", random_init: true{weights}}}
+  r10: {{spec: "timm:resnet10t", {init}}}
 modes:
   frozen: {{encoders: [r10], heads: [mlp], options: {{max_epochs: 1, bootstrap: 20}}}}
 probes: [level1.localisation, level3.relative_position]
@@ -41,7 +41,7 @@ STEPS = ["build:b", "cache:r10@b", "heads:r10", "vqa:dummy@b", "report"]
 
 def _write(path: Path, weights: str = "") -> Path:
     """The experiment file (the same bytes wherever it runs: OUT is given with --set)."""
-    path.write_text(EXPERIMENT.format(weights=f", weights: {weights}" if weights else ""))
+    path.write_text(EXPERIMENT.format(init=f"weights: {weights}" if weights else "random_init: true"))
     return path
 
 
@@ -71,8 +71,9 @@ def _states(out: Path) -> dict[str, tuple[str, ...]]:
     return {r[0]: tuple(r[1:]) for r in rows}
 
 
-def _queue() -> list[str]:
-    return subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=60).stdout.split()
+def _queue(states: str = "active") -> list[str]:
+    args = ["squeue", "-h", "-o", "%i", f"--states={states}"]
+    return subprocess.run(args, capture_output=True, text=True, timeout=60).stdout.split()
 
 
 def _job_state(job: str) -> str:
@@ -177,10 +178,13 @@ def test_no_duplicate_while_queued_and_a_cancelled_step_is_run_again(slurm_clust
     path = _write(tmp_path / "tiny.yaml")
     first = _run(path, out, "--executor", "slurm", "--no-follow")
     assert first.returncode == 0, first.stderr[-2000:]
-    jobs = _queue()
+    record = (out / ".plan" / "slurm" / "jobs.json").read_text()
+    jobs = {r["job"] for r in json.loads(record)["steps"].values()}
     again = _run(path, out, "--executor", "slurm", "--no-follow")
     assert again.returncode == 0 and " 0 job(s) submitted" in again.stdout, again.stdout + again.stderr[-2000:]
-    assert _queue() == jobs and len(jobs) == len(STEPS)
+    assert (out / ".plan" / "slurm" / "jobs.json").read_text() == record and len(jobs) == len(STEPS)
+    first = min(int(j) for j in jobs)  # job ids grow: one submitted since has a larger id
+    assert {j for j in _queue("all") if int(j) >= first} == jobs  # ended jobs too: none added
     heads = json.loads((out / ".plan" / "slurm" / "jobs.json").read_text())["steps"]["heads:r10"]["job"]
     _wait(lambda: _job_state(heads) == "RUNNING", "the heads step to run", timeout=600)
     _wait(lambda: "heads:r10" in _started(out), "the heads step to start", timeout=60)
