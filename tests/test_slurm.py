@@ -71,8 +71,9 @@ def _states(out: Path) -> dict[str, tuple[str, ...]]:
     return {r[0]: tuple(r[1:]) for r in rows}
 
 
-def _queue(states: str = "active") -> list[str]:
-    args = ["squeue", "-h", "-o", "%i", f"--states={states}"]
+def _queue(states: str | None = None) -> list[str]:
+    """Job ids in the queue (pending, running, completing); ``states="all"``: ended ones too."""
+    args = ["squeue", "-h", "-o", "%i", *([f"--states={states}"] if states else [])]
     return subprocess.run(args, capture_output=True, text=True, timeout=60).stdout.split()
 
 
