@@ -55,7 +55,17 @@ def _experiment_file(text: str) -> Path:
 @click.option("--devices", default=None, metavar="LIST",
               help="Devices to run steps on side by side, e.g. cuda:0,cuda:1 (default: one step at a time, "
                    "each command's own device default).")
-def run_command(experiment, sets, dry_run, list_steps, only, partition, devices):
+@click.option("--executor", type=click.Choice(["local", "slurm"]), default="local", show_default=True,
+              help="local: run the steps here; slurm: submit each step not done as one sbatch job (docs/USAGE.md).")
+@click.option("--slurm-partition", default=None, metavar="NAME", help="slurm: the partition of every job.")
+@click.option("--slurm-account", default=None, metavar="NAME", help="slurm: the account of every job.")
+@click.option("--slurm-qos", default=None, metavar="NAME", help="slurm: the QOS of every job.")
+@click.option("--slurm-extra", multiple=True, metavar="OPTION",
+              help="slurm: one more #SBATCH option for every job, e.g. --slurm-extra=--constraint=a100 (repeatable).")
+@click.option("--follow/--no-follow", default=True, show_default=True,
+              help="slurm: wait for the jobs, print the table and exit 1 when a step failed (--no-follow: "
+                   "submit and return; see spar-bench status OUT).")
+def run_command(experiment, sets, dry_run, list_steps, only, partition, devices, executor, follow, **slurm):
     """Run an experiment file: builds, caches, heads, finetuning, transfer, MLLMs, one report."""
     from spar_bench.locks import wait_seconds
     from spar_bench.partitions import parse_partition
@@ -77,6 +87,9 @@ def run_command(experiment, sets, dry_run, list_steps, only, partition, devices)
     if part is not None:
         ids = {s.id for s in part_of(plan, part[0] + 1, part[1])}
         chosen = [s for s in chosen if s.id in ids]
+    if executor == "slurm" and not list_steps:
+        return _run_slurm(plan, chosen, experiment=str(path), sets=_overrides(sets), dry_run=dry_run,
+                          follow=follow, opts=slurm)  # fmt: skip
     if dry_run or list_steps:
         _print_plan(plan, chosen, costs=dry_run)
         if dry_run:  # the rows the plan will fill, with the paper's numbers alone
@@ -91,6 +104,74 @@ def run_command(experiment, sets, dry_run, list_steps, only, partition, devices)
     counts = run_steps(plan, chosen, device_list)
     click.echo(f"{plan.experiment.name}: {counts['ran']} step(s) run, {counts['redone']} redone, "
                f"{counts['skipped']} already done -> {plan.experiment.out}")
+
+
+def _run_slurm(plan, chosen, experiment: str, sets: dict[str, str], dry_run: bool, follow: bool, opts: dict) -> None:
+    """``--executor slurm``: the steps not done submitted as jobs (:mod:`.slurm`); then followed."""
+    from spar_bench.locks import output_lock
+
+    from . import slurm
+    from .runner import check_inputs, migrate
+
+    o = slurm.SlurmOptions(opts["slurm_partition"], opts["slurm_account"], opts["slurm_qos"], tuple(opts["slurm_extra"]))
+    if dry_run:
+        slurm.submit(plan, chosen, o, dry_run=True)
+        return
+    check_inputs(plan, chosen, 0.0)
+    out = plan.experiment.out
+    _write_plan(plan)
+    migrate(plan, chosen)
+    slurm.write_invocation(out, experiment, sets)
+    with output_lock(slurm.slurm_dir(out) / "jobs.json", what="spar-bench run --executor slurm"):
+        sub = slurm.submit(plan, chosen, o)
+    click.echo(f"{plan.experiment.name}: {len(sub.new)} job(s) submitted, {len(sub.kept)} already queued or "
+               f"running, {len(chosen) - len(sub.jobs)} step(s) done -> {out} (spar-bench status {out})")
+    if follow and sub.jobs:
+        slurm.follow(out, sub)
+
+
+@cli.command("step")
+@click.argument("out", type=click.Path(path_type=Path))
+@click.argument("step_id")
+@click.option("--hash", "expected", default=None, help="The step's hash when submitted: refuse to run another.")
+def step_command(out, step_id, expected):
+    """Run one step of the experiment submitted to OUT (the worker of a SLURM job)."""
+    from . import slurm
+    from .config import load_experiment
+    from .plan import make_plan
+    from .runner import check_inputs, run_steps
+
+    inv = slurm.read_invocation(out)
+    plan = make_plan(load_experiment(inv["file"], inv["sets"]))
+    step = plan.step(step_id)
+    if expected and plan.hashes[step.id] != expected:
+        raise ConfigError(f"step {step_id} changed since it was submitted (the experiment file or its inputs): "
+                          f"submit again: spar-bench run {inv['file']} --executor slurm")  # fmt: skip
+    check_inputs(plan, [step], 0.0)
+    counts = run_steps(plan, [step], progress=False)
+    click.echo(f"step {step_id}: {'already done' if counts['skipped'] else 'finished'}")
+
+
+@cli.command("status")
+@click.argument("out", type=click.Path(path_type=Path))
+def status_command(out):
+    """One table of an experiment's steps: done, running (job, node), queued, failed (its log's last line), todo."""
+    from . import slurm
+
+    slurm.print_rows(slurm.step_rows(out))
+
+
+@cli.command("cancel")
+@click.argument("out", type=click.Path(path_type=Path))
+def cancel_command(out):
+    """Cancel the SLURM jobs of the experiment submitted to OUT (finished steps stay done)."""
+    from . import slurm
+
+    record = slurm.read_record(out)
+    jobs = slurm.job_states([r["job"] for r in record.values()])
+    live = sorted((j.id for j in jobs.values() if j.state in slurm.LIVE), key=int)
+    slurm.cancel_jobs(live)
+    click.echo(f"{out}: {len(live)} job(s) cancelled" + (f" ({', '.join(live)})" if live else ""))
 
 
 def _print_plan(plan, chosen, costs: bool) -> None:

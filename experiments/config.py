@@ -50,7 +50,10 @@ SCHEMA: dict[str, Any] = {
     "mllms": {"*": {"model": str, "builds": [str], "options": {"*": object}, "stages": [str]}},
     "predictors": {"*": {"kind": str, "builds": [str], "bootstrap": int, "options": {"*": object}}},
     "jobs": int, "report": {"title": str},
+    "resources": {"*": {"cpus": int, "mem": (str, int), "gpus": int, "time": (str, int)}},
 }  # fmt: skip
+#: the kinds of step (:mod:`.plan`), as ``resources:`` names them (``default``: every kind)
+KINDS = ("build", "cache", "heads", "train", "eval", "vqa", "predict", "report")
 #: what each mode runs: heads on a cache of a frozen encoder, or the encoder trained end to end
 MODES = ("frozen", "finetune", "scratch")
 _VAR = re.compile(r"\$\{(env:)?([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -182,6 +185,7 @@ class Experiment:
     jobs: int = 1
     title: str = ""
     variables: dict[str, str] = field(default_factory=dict)
+    resources: dict[str, dict[str, Any]] = field(default_factory=dict)  # step kind -> SLURM resources
     where: Any = field(default=None, compare=False, repr=False)  # key -> file:line, for errors
 
 
@@ -452,7 +456,18 @@ def load_experiment(path: str | Path, overrides: dict[str, str] | None = None) -
         seeds=tuple(int(s) for s in _names(exp.get("seeds", 0))), train_on=train_on,
         transfer=tuple(exp.get("transfer") or ()), mllms=mllms, predictors=predictors, jobs=int(exp.get("jobs", 1)),
         title=(exp.get("report") or {}).get("title") or exp["experiment"], variables=variables, where=where,
+        resources=_resources(exp.get("resources") or {}, where),
     )  # fmt: skip
+
+
+def _resources(given: dict[str, Any], where: _Where) -> dict[str, dict[str, Any]]:
+    """``resources:`` by step kind (``default``: every kind), for ``--executor slurm``."""
+    for kind in given:
+        if kind not in (*KINDS, "default"):
+            close = difflib.get_close_matches(kind, [*KINDS, "default"], n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; kinds: default, {', '.join(KINDS)}"
+            raise where.error(f"resources.{kind}", f"not a kind of step{hint}")
+    return {k: dict(v) for k, v in given.items()}
 
 
 def _missing(where: _Where, key: str, name: str):

@@ -106,3 +106,30 @@ def reference(rvc) -> dict:
     import json
 
     return json.loads(rvc.REFERENCE.read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """A real single-node SLURM (``scripts/slurm-local.sh start``) for the session, stopped after;
+    ``SLURM_CONF`` points at it. Skipped, with the reason, where it cannot run (not root, no
+    packages); under CI (env ``CI`` set) that is a failure, never a skip."""
+    import subprocess
+
+    script = REPO / "scripts" / "slurm-local.sh"
+    folder = tmp_path_factory.mktemp("slurm")
+    done = subprocess.run(["bash", str(script), "start", str(folder)], capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        reason = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        if done.returncode == 3 and not os.environ.get("CI"):
+            pytest.skip(f"no local SLURM: {reason}")
+        pytest.fail(f"scripts/slurm-local.sh start failed (exit {done.returncode}): {reason}")
+    old = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(folder / "slurm.conf")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["bash", str(script), "stop", str(folder)], capture_output=True, timeout=120)
+        if old is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = old
