@@ -666,6 +666,9 @@ def write_experiment_report(runs: Path, out: Path, *, title: str, provenance: di
     if leaked:  # a run's record held a local path: never publish it
         raise ConfigError(f"{runs}: a run records a local path ({leaked[0][:80]}); re-run it with this version")
     out.mkdir(parents=True, exist_ok=True)
+    from .html import write_html  # report.html (issue 36): its own module
+
+    write_html(doc, out, title=title, provenance=provenance, prefixes=prefixes)
     plot(doc, out / PNG_FILE)
     write_leaderboard(doc, out, provenance)
     write_bytes(out / JSON_FILE, json.dumps(meta, indent=2) + "\n")
