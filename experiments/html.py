@@ -28,9 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from spar_bench.errors import ConfigError
+from spar_bench.probes.tasks import METRICS, PROBE_SPECS, get_probe
 from spar_bench.provenance import json_safe, local_paths
 
-from .report import _distinct, _folders, _get, _metric_label, fmt
+# report.py calls write_html, so nothing here imports it (no import cycle): the few formatting
+# helpers below follow its ``fmt`` and provenance columns.
 
 HTML_FILE = "report.html"
 #: the controls' columns: label -> (cell key, always a rate in %)
@@ -61,6 +63,30 @@ r.hidden=q!==''&&!r.textContent.toLowerCase().includes(q);});});"""
 
 
 # --------------------------------------------------------------------------- cells
+def _get(d: Any, *path: str) -> Any:
+    for k in path:
+        if not isinstance(d, dict) or d.get(k) is None:
+            return None
+        d = d[k]
+    return d
+
+
+def fmt(v: float | None, pct: bool) -> str:
+    """As experiment.md: a rate in % with one decimal, any other metric with two."""
+    return "-" if v is None else (f"{100 * v:.1f}" if pct else f"{v:.2f}")
+
+
+def metric_label(probe: str) -> str:
+    key = get_probe(probe).headline if probe in PROBE_SPECS else ""
+    if key not in METRICS:
+        return "(headline)"
+    return METRICS[key].label + ("" if METRICS[key].higher_is_better else " (lower is better)")
+
+
+def _distinct(runs: list[dict], key: str) -> str:
+    return ", ".join(sorted({str(r[key]) for r in runs if r.get(key) is not None})) or "-"
+
+
 def _num(v: Any) -> str:
     """A float as experiment.json writes it (``repr``), "" for none."""
     return "" if v is None else json.dumps(float(v))
@@ -74,7 +100,7 @@ def _td(text: str, value: Any = None, title: str = "", numeric: bool = True) -> 
 def cell_provenance(cell: dict) -> str:
     """One cell's provenance in a few lines (the hover text)."""
     runs = cell.get("runs", [])
-    return "\n".join([f"runs: {_folders(runs)}", f"seeds: {', '.join(map(str, cell.get('seeds', [])))}",
+    return "\n".join([f"runs: {', '.join(r['run'] for r in runs)}", f"seeds: {', '.join(map(str, cell.get('seeds', [])))}",
                       f"build: {_distinct(runs, 'build')} ({_distinct(runs, 'build_fingerprint')})",
                       f"cache fingerprint: {_distinct(runs, 'cache_fingerprint')}",
                       f"weights: {_distinct(runs, 'weights')}",
@@ -116,7 +142,7 @@ def main_table(doc: dict) -> list[str]:
         cells = [_mean_td(r["cells"].get(p), "test", title=cell_provenance(r["cells"][p]), std=True)
                  if p in r["cells"] else _td("-") for p in probes]  # fmt: skip
         rows.append(f'<tr>{"".join(_key_tds(r))}{_td(str(len(r["seeds"])), len(r["seeds"]))}{"".join(cells)}</tr>')
-    head = ["configuration", "mode", "head", "seeds", *(f"{p} {_metric_label(p)}" for p in probes)]
+    head = ["configuration", "mode", "head", "seeds", *(f"{p} {metric_label(p)}" for p in probes)]
     return _table("main", "Main table: headline per probe, mean ± std over seeds (rates in %)", head, rows)
 
 
@@ -168,9 +194,9 @@ def _plot_values(rows: list[dict], probe: str, scale: float) -> list[float]:
 
 def _mark(x: float, y: float, key: str) -> str:
     label, colour = MARKS[key]
-    width = 3 if key == "blind" else 2
+    style = {"blind": 'stroke-width="3"', "chance": 'stroke-width="2" stroke-dasharray="3,2"'}.get(key, 'stroke-width="2"')
     return (f'<line class="mark-{key}" x1="{x:.1f}" x2="{x:.1f}" y1="{y - 2:.1f}" y2="{y + ROW_H - 4:.1f}" '
-            f'stroke="{colour}" stroke-width="{width}"><title>{label}</title></line>')
+            f'stroke="{colour}" {style}><title>{label}</title></line>')
 
 
 def _plot_row(i: int, row: dict, cell: dict, x) -> list[str]:
@@ -206,12 +232,12 @@ def plot_svg(doc: dict, probe: str) -> str:
         return LABEL_W + (W - LABEL_W) * (v - lo) / (hi - lo)
 
     height = TOP + ROW_H * len(rows) + 24
-    unit = _metric_label(probe) + (" (%)" if pct else "")
+    unit = metric_label(probe) + (" (%)" if pct else "")
     out = [f'<svg class="plot" data-probe="{escape(probe)}" width="{W + 70}" '
            f'height="{height}" font-family="sans-serif">',
            f'<text x="4" y="14" font-size="13" font-weight="bold">{escape(probe)}: {escape(unit)}</text>',
            f'<text x="4" y="28" font-size="10">bar: model (95% CI) | marks: <tspan fill="{MARKS["chance"][1]}">'
-           f'chance</tspan>, <tspan fill="{MARKS["prior"][1]}">prior</tspan>, blind (black) | right: '
+           f'chance (dashed)</tspan>, <tspan fill="{MARKS["prior"][1]}">prior</tspan>, blind (black) | right: '
            'model - blind</text>']  # fmt: skip
     for i, r in enumerate(rows):
         out += _plot_row(i, r, r["cells"][probe], x)

@@ -182,7 +182,7 @@ def test_same_doc_same_bytes_and_provenance_on_hover(tmp_path) -> None:
     b = write_html(tiny_doc(), tmp_path / "b", title="t", provenance=PROVENANCE, prefixes=[str(tmp_path)])
     assert a.read_bytes() == b.read_bytes()
     text = a.read_text()
-    assert 'title="runs: frozen-vit/level3.relative_position/{seed0, seed1}&#10;seeds: 0, 1' in text.replace(
+    assert 'title="runs: frozen-vit/level3.relative_position/seed0, frozen-vit/level3.relative_position/seed1&#10;seeds: 0, 1' in text.replace(
         "\n", "&#10;")
     assert "<details><summary>dummy MLLM vqa-loglik</summary>" in text
 
