@@ -23,6 +23,7 @@ absolute path: the text is checked with :func:`~spar_bench.provenance.local_path
 from __future__ import annotations
 
 import json
+import math
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,7 @@ CONTROLS: dict[str, tuple[str, bool]] = {"plain": ("test", False), "circular": (
                                          "mirror": ("mirror", False), "flipped": ("flipped", False),
                                          "blind": ("blind", False)}  # fmt: skip
 #: reference marks of the plots: cell key -> (label, colour)
-MARKS = {"chance": ("chance", "#777777"), "prior": ("prior", "#d95f02"), "blind": ("blind", "#000000")}
+MARKS = {"chance": ("chance", "#1f78b4"), "prior": ("prior", "#d95f02"), "blind": ("blind", "#000000")}
 MODE_COLOURS = {"frozen": "#1b9e77", "finetuned": "#7570b3", "scratch": "#e7298a", "MLLM": "#66a61e"}
 
 CSS = """body{font:14px/1.4 sans-serif;margin:1.5em;color:#222;max-width:1250px}
@@ -179,12 +180,18 @@ def provenance_details(doc: dict) -> list[str]:
 
 
 # --------------------------------------------------------------------------- plots
-W, LABEL_W, ROW_H, TOP = 560, 260, 22, 34
+BAR_W, ROW_H, TOP, CHAR_W = 320, 22, 34, 6.5  # CHAR_W: a generous width of an 11 px character
+
+
+def _nice(v: float) -> float:
+    """The smallest of 1, 2, 2.5, 5 x 10^k at or above ``v`` (> 0): a round axis end."""
+    e = 10.0 ** math.floor(math.log10(v))
+    return next(m * e for m in (1.0, 2.0, 2.5, 5.0, 10.0) if m * e >= v * (1 - 1e-12))
 
 
 def _scale(vals: list[float]) -> tuple[float, float]:
     lo, hi = min([0.0, *vals]), max([0.0, *vals])
-    return lo, (hi if hi > lo else lo + 1.0) * 1.08
+    return (-_nice(-lo) if lo < 0 else 0.0), _nice(hi) if hi > 0 else 1.0
 
 
 def _plot_values(rows: list[dict], probe: str, scale: float) -> list[float]:
@@ -194,15 +201,15 @@ def _plot_values(rows: list[dict], probe: str, scale: float) -> list[float]:
 
 def _mark(x: float, y: float, key: str) -> str:
     label, colour = MARKS[key]
-    style = {"blind": 'stroke-width="3"', "chance": 'stroke-width="2" stroke-dasharray="3,2"'}.get(key, 'stroke-width="2"')
+    style = {"blind": 'stroke-width="3"', "chance": 'stroke-width="2" stroke-dasharray="4,2"'}.get(key, 'stroke-width="2"')
     return (f'<line class="mark-{key}" x1="{x:.1f}" x2="{x:.1f}" y1="{y - 2:.1f}" y2="{y + ROW_H - 4:.1f}" '
             f'stroke="{colour}" {style}><title>{label}</title></line>')
 
 
-def _plot_row(i: int, row: dict, cell: dict, x) -> list[str]:
+def _plot_row(i: int, row: dict, cell: dict, x, left: int) -> list[str]:
     """One configuration's bar, CI whisker, reference marks and model - blind."""
     y, scale = TOP + i * ROW_H, 100.0 if cell["percent"] else 1.0
-    out = [f'<text x="{LABEL_W - 6}" y="{y + 14}" text-anchor="end" font-size="11">{escape(row_label(row))}</text>']
+    out = [f'<text x="{left - 6}" y="{y + 14}" text-anchor="end" font-size="11">{escape(row_label(row))}</text>']
     mean = _get(cell, "test", "mean")
     if mean is not None:
         colour = MODE_COLOURS.get(row["mode"].split(" ")[0], "#999999")
@@ -216,7 +223,7 @@ def _plot_row(i: int, row: dict, cell: dict, x) -> list[str]:
     blind = _get(cell, "blind", "mean")
     if mean is not None and blind is not None:
         gap = mean - blind
-        out.append(f'<text class="gap" x="{W + 6}" y="{y + 14}" font-size="11" data-value="{_num(gap)}">'
+        out.append(f'<text class="gap" x="{left + BAR_W + 6}" y="{y + 14}" font-size="11" data-value="{_num(gap)}">'
                    f'{"+" if gap >= 0 else ""}{fmt(gap, cell["percent"])}</text>')
     return out
 
@@ -228,21 +235,23 @@ def plot_svg(doc: dict, probe: str) -> str:
     pct = rows[0]["cells"][probe]["percent"]
     lo, hi = _scale(_plot_values(rows, probe, 100.0 if pct else 1.0))
 
+    left = int(max(120, CHAR_W * max(len(row_label(r)) for r in rows) + 12))
+
     def x(v: float) -> float:
-        return LABEL_W + (W - LABEL_W) * (v - lo) / (hi - lo)
+        return left + BAR_W * (v - lo) / (hi - lo)
 
     height = TOP + ROW_H * len(rows) + 24
     unit = metric_label(probe) + (" (%)" if pct else "")
-    out = [f'<svg class="plot" data-probe="{escape(probe)}" width="{W + 70}" '
+    out = [f'<svg class="plot" data-probe="{escape(probe)}" width="{left + BAR_W + 60}" '
            f'height="{height}" font-family="sans-serif">',
            f'<text x="4" y="14" font-size="13" font-weight="bold">{escape(probe)}: {escape(unit)}</text>',
            f'<text x="4" y="28" font-size="10">bar: model (95% CI) | marks: <tspan fill="{MARKS["chance"][1]}">'
            f'chance (dashed)</tspan>, <tspan fill="{MARKS["prior"][1]}">prior</tspan>, blind (black) | right: '
            'model - blind</text>']  # fmt: skip
     for i, r in enumerate(rows):
-        out += _plot_row(i, r, r["cells"][probe], x)
+        out += _plot_row(i, r, r["cells"][probe], x, left)
     base = TOP + ROW_H * len(rows)
-    out += [f'<line x1="{LABEL_W}" x2="{W}" y1="{base}" y2="{base}" stroke="#333"/>',
+    out += [f'<line x1="{left}" x2="{left + BAR_W}" y1="{base}" y2="{base}" stroke="#333"/>',
             f'<line x1="{x(0):.1f}" x2="{x(0):.1f}" y1="{TOP}" y2="{base}" stroke="#333"/>']
     out += [f'<text x="{x(v):.1f}" y="{base + 14}" font-size="10" text-anchor="middle">{v:.3g}</text>'
             for v in (lo, (lo + hi) / 2, hi)]  # fmt: skip

@@ -174,6 +174,7 @@ def test_plots_name_configurations_and_draw_reference_marks(report) -> None:
     for name in ("vit-tiny (random-init) frozen mlp", "vit-tiny scratch mlp", "dummy MLLM vqa-loglik"):
         assert f">{name}</text>" in rel  # configurations named on the axis
     assert rel.count('class="mark-blind"') == rel.count('class="mark-chance"') == rel.count('class="mark-prior"') == 3
+    assert rel.count('text-anchor="middle">100</text>') == 1  # a round axis end for rates
     assert '>+20.2</text>' in rel and '>-4.0</text>' in rel  # model - blind per row (81.2 - 61.0; 70.0 - 74.0)
 
 
