@@ -21,7 +21,7 @@ import pytest
 
 from spar_bench.errors import ConfigError
 from spar_bench.experiments import report as rep
-from spar_bench.experiments.html import HTML_FILE, render_html, write_html
+from spar_bench.experiments.html import HTML_FILE, render_html, row_label, write_html
 
 PROBES = ["level1.localisation", "level2.arrangement", "level3.relative_position"]
 PROVENANCE = {"experiment": "tiny", "file_sha256": "ab" * 32, "versions": {"spar-bench": "test"}}
@@ -133,25 +133,36 @@ def _value(cell: tuple[str, str | None]) -> float | None:
     return None if not cell[1] else float(cell[1])
 
 
-def check_values(dom: Cells, out: Path) -> None:
-    """The main table equals experiment.json, the controls' blind and gap leaderboard.json."""
+def check_json_values(dom: Cells, out: Path) -> None:
+    """Any report: the main table equals experiment.json; the controls equal leaderboard.json."""
     doc = json.loads((out / "experiment.json").read_text())
     board = json.loads((out / "leaderboard.json").read_text())
     main = dom.tables["main"]
-    assert [r[0][0] for r in main] == ["vit-tiny (random-init) frozen mlp", "vit-tiny scratch mlp",
-                                       "dummy MLLM vqa-loglik"]  # fmt: skip
+    assert [r[0][0] for r in main] == [row_label(c) for c in doc["configurations"]]
     for row, cfg in zip(main, doc["configurations"], strict=True):
         for j, p in enumerate(doc["probes"]):
             assert _value(row[4 + j]) == ((cfg["cells"].get(p) or {}).get("test") or {}).get("mean")
-    ctl, head = dom.tables["controls"], dom.heads["controls"]
-    assert head[4:] == ["plain", "circular", "mirror", "blind", "model - blind", "chance", "prior"]
-    by = {(r[0][0], r[3][0]): r for r in ctl}
+    head = dom.heads["controls"]
+    by = {(r[0][0], r[3][0]): dict(zip(head, r, strict=True)) for r in dom.tables["controls"]}
+    assert len(by) == sum(len(c["cells"]) for c in doc["configurations"])
+    cols = {"plain": "mean", "blind": "blind", "model - blind": "blind_gap", "mirror": "mirror",
+            "flipped": "flipped", "chance": "chance", "prior": "prior"}  # fmt: skip
     for cfg, lb in zip(doc["configurations"], board["rows"], strict=True):
         for p, e in lb["probes"].items():
-            r = by[(main[doc["configurations"].index(cfg)][0][0], p)]
-            assert (_value(r[4]), _value(r[7]), _value(r[8])) == (e["mean"], e["blind"], e["blind_gap"])
-            assert _value(r[6]) == e["mirror"] and _value(r[9]) == e["chance"] and _value(r[10]) == e["prior"]
-    assert by[("dummy MLLM vqa-loglik", PROBES[2])][5] == ("25.0", "0.25")  # circular (strict), in %
+            got = by[(row_label(cfg), p)]
+            assert {c: _value(got[c]) for c in cols if c in got} == {c: e[k] for c, k in cols.items() if c in got}
+            circular = (cfg["cells"][p].get("circular (strict)") or {}).get("mean")
+            assert "circular" not in got or _value(got["circular"]) == circular
+
+
+def check_values(dom: Cells, out: Path) -> None:
+    """The tiny doc's report: its rows, columns and the MLLM's CircularEval in %."""
+    check_json_values(dom, out)
+    assert [r[0][0] for r in dom.tables["main"]] == ["vit-tiny (random-init) frozen mlp", "vit-tiny scratch mlp",
+                                                     "dummy MLLM vqa-loglik"]  # fmt: skip
+    assert dom.heads["controls"][4:] == ["plain", "circular", "mirror", "blind", "model - blind", "chance", "prior"]
+    mllm = [r for r in dom.tables["controls"] if r[0][0] == "dummy MLLM vqa-loglik"]
+    assert mllm[0][5] == ("25.0", "0.25")  # circular (strict), in %
 
 
 # --------------------------------------------------------------------------- no browser
@@ -252,3 +263,21 @@ def test_chromium_screenshot_is_not_blank(report, tmp_path) -> None:
     assert 0.01 < ink < 0.6 and img.std() > 20, (ink, img.std())  # text, tables and bars, not a blank page
     if os.environ.get("SPAR_KEEP_SCREENSHOT"):  # to look at it: SPAR_KEEP_SCREENSHOT=path
         shutil.copy(shot, os.environ["SPAR_KEEP_SCREENSHOT"])
+
+
+def test_chromium_on_a_real_run(pipeline, tmp_path) -> None:
+    """A real ``spar-probe vqa`` run (the dummy MLLM: blind, mirror, CircularEval) through the
+    experiment report: Chromium's DOM equals experiment.json and leaderboard.json (a few seconds
+    past the session's ``pipeline``, which 30 test files share)."""
+    from spar_bench.probes.cli import cli
+
+    from helpers import run_cmd
+
+    runs = tmp_path / "runs"
+    assert run_cmd(cli, ["vqa", "--model", "dummy", "--data", pipeline["shards"], "--out", runs / "vqa",
+                         "--probe", "relative_position,symmetry", "--bootstrap", 20]) == 0  # fmt: skip
+    rep.write_experiment_report(runs, tmp_path / "report", title="vqa", provenance=PROVENANCE)
+    dom = parse(run_chromium(tmp_path / "report" / HTML_FILE, tmp_path, "--dump-dom"))
+    check_json_values(dom, tmp_path / "report")
+    assert "circular" in dom.heads["controls"] and "mirror" in dom.heads["controls"]
+    assert dom.svgs == ["level3.relative_position", "level3.symmetry"]
