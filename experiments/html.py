@@ -77,6 +77,11 @@ def fmt(v: float | None, pct: bool) -> str:
     return "-" if v is None else (f"{100 * v:.1f}" if pct else f"{v:.2f}")
 
 
+def signed(v: float | None, pct: bool) -> str:
+    """A difference (model - blind) with its sign."""
+    return "-" if v is None else ("+" if v >= 0 else "") + fmt(v, pct)
+
+
 def metric_label(probe: str) -> str:
     key = get_probe(probe).headline if probe in PROBE_SPECS else ""
     if key not in METRICS:
@@ -118,15 +123,21 @@ def _mean_td(cell: dict | None, key: str, pct: bool | None = None, title: str = 
     return _td(text, mean, title)
 
 
-def row_label(row: dict) -> str:
-    """A configuration in one line: encoder [tag] mode head (options)."""
+def row_label(row: dict, builds: bool = False) -> str:
+    """A configuration in one line: encoder [tag] mode head (options) [on build: ``builds``]."""
     enc = row["encoder"] + (f" [{row['tag']}]" if row.get("tag") else "")
     enc += " (random-init)" if row.get("random_init") and row["mode"] == "frozen" else ""
-    return " ".join([enc, row["mode"], row["head"]]) + (f" ({row['options']})" if row.get("options") else "")
+    text = " ".join([enc, row["mode"], row["head"]]) + (f" ({row['options']})" if row.get("options") else "")
+    return text + (f" on {row['build']}" if builds and row.get("build") else "")
 
 
-def _key_tds(row: dict) -> list[str]:
-    return [_td(row_label(row), numeric=False), _td(row["mode"], numeric=False), _td(row["head"], numeric=False)]
+def several_builds(doc: dict) -> bool:
+    """Whether the rows were trained on more than one build (then each label names its build)."""
+    return len({r.get("build") for r in doc["configurations"]}) > 1
+
+
+def _key_tds(row: dict, builds: bool) -> list[str]:
+    return [_td(row_label(row, builds), numeric=False), _td(row["mode"], numeric=False), _td(row["head"], numeric=False)]
 
 
 # --------------------------------------------------------------------------- tables
@@ -142,7 +153,7 @@ def main_table(doc: dict) -> list[str]:
     for r in doc["configurations"]:
         cells = [_mean_td(r["cells"].get(p), "test", title=cell_provenance(r["cells"][p]), std=True)
                  if p in r["cells"] else _td("-") for p in probes]  # fmt: skip
-        rows.append(f'<tr>{"".join(_key_tds(r))}{_td(str(len(r["seeds"])), len(r["seeds"]))}{"".join(cells)}</tr>')
+        rows.append(f'<tr>{"".join(_key_tds(r, several_builds(doc)))}{_td(str(len(r["seeds"])), len(r["seeds"]))}{"".join(cells)}</tr>')
     head = ["configuration", "mode", "head", "seeds", *(f"{p} {metric_label(p)}" for p in probes)]
     return _table("main", "Main table: headline per probe, mean ± std over seeds (rates in %)", head, rows)
 
@@ -161,9 +172,9 @@ def controls_table(doc: dict) -> list[str]:
             tds = [_mean_td(c, CONTROLS[k][0], True if CONTROLS[k][1] else None, title) for k in cols]
             gap = None if None in (_get(c, "test", "mean"), _get(c, "blind", "mean")) else (
                 c["test"]["mean"] - c["blind"]["mean"])
-            tds.append(_td("-" if gap is None else ("+" if gap >= 0 else "") + fmt(gap, c["percent"]), gap, title))
+            tds.append(_td(signed(gap, c["percent"]), gap, title))
             tds += [_mean_td(c, k, title=title) for k in ("chance", "prior")]
-            rows.append(f'<tr>{"".join(_key_tds(r))}{_td(p, numeric=False)}{"".join(tds)}</tr>')
+            rows.append(f'<tr>{"".join(_key_tds(r, several_builds(doc)))}{_td(p, numeric=False)}{"".join(tds)}</tr>')
     head = ["configuration", "mode", "head", "probe", *cols, "model - blind", "chance", "prior"]
     caption = "Controls side by side (circular: CircularEval strict, MLLM only; rates in %)"
     return _table("controls", caption, head, rows)
@@ -175,7 +186,7 @@ def provenance_details(doc: dict) -> list[str]:
     for r in doc["configurations"]:
         items = "".join(f"<li><b>{escape(p)}</b><pre>{escape(cell_provenance(c))}</pre></li>"
                         for p, c in r["cells"].items())  # fmt: skip
-        out.append(f"<details><summary>{escape(row_label(r))}</summary><ul>{items}</ul></details>")
+        out.append(f"<details><summary>{escape(row_label(r, several_builds(doc)))}</summary><ul>{items}</ul></details>")
     return out
 
 
@@ -206,10 +217,10 @@ def _mark(x: float, y: float, key: str) -> str:
             f'stroke="{colour}" {style}><title>{label}</title></line>')
 
 
-def _plot_row(i: int, row: dict, cell: dict, x, left: int) -> list[str]:
+def _plot_row(i: int, row: dict, cell: dict, x, left: int, label: str) -> list[str]:
     """One configuration's bar, CI whisker, reference marks and model - blind."""
     y, scale = TOP + i * ROW_H, 100.0 if cell["percent"] else 1.0
-    out = [f'<text x="{left - 6}" y="{y + 14}" text-anchor="end" font-size="11">{escape(row_label(row))}</text>']
+    out = [f'<text x="{left - 6}" y="{y + 14}" text-anchor="end" font-size="11">{escape(label)}</text>']
     mean = _get(cell, "test", "mean")
     if mean is not None:
         colour = MODE_COLOURS.get(row["mode"].split(" ")[0], "#999999")
@@ -224,7 +235,7 @@ def _plot_row(i: int, row: dict, cell: dict, x, left: int) -> list[str]:
     if mean is not None and blind is not None:
         gap = mean - blind
         out.append(f'<text class="gap" x="{left + BAR_W + 6}" y="{y + 14}" font-size="11" data-value="{_num(gap)}">'
-                   f'{"+" if gap >= 0 else ""}{fmt(gap, cell["percent"])}</text>')
+                   f'{signed(gap, cell["percent"])}</text>')
     return out
 
 
@@ -235,7 +246,8 @@ def plot_svg(doc: dict, probe: str) -> str:
     pct = rows[0]["cells"][probe]["percent"]
     lo, hi = _scale(_plot_values(rows, probe, 100.0 if pct else 1.0))
 
-    left = int(max(120, CHAR_W * max(len(row_label(r)) for r in rows) + 12))
+    labels = [row_label(r, several_builds(doc)) for r in rows]
+    left = int(max(120, CHAR_W * max(map(len, labels)) + 12))
 
     def x(v: float) -> float:
         return left + BAR_W * (v - lo) / (hi - lo)
@@ -249,7 +261,7 @@ def plot_svg(doc: dict, probe: str) -> str:
            f'chance (dashed)</tspan>, <tspan fill="{MARKS["prior"][1]}">prior</tspan>, blind (black) | right: '
            'model - blind</text>']  # fmt: skip
     for i, r in enumerate(rows):
-        out += _plot_row(i, r, r["cells"][probe], x, left)
+        out += _plot_row(i, r, r["cells"][probe], x, left, labels[i])
     base = TOP + ROW_H * len(rows)
     out += [f'<line x1="{left}" x2="{left + BAR_W}" y1="{base}" y2="{base}" stroke="#333"/>',
             f'<line x1="{x(0):.1f}" x2="{x(0):.1f}" y1="{TOP}" y2="{base}" stroke="#333"/>']

@@ -21,7 +21,13 @@ import pytest
 
 from spar_bench.errors import ConfigError
 from spar_bench.experiments import report as rep
-from spar_bench.experiments.html import HTML_FILE, render_html, row_label, write_html
+from spar_bench.experiments.html import (
+    HTML_FILE,
+    render_html,
+    row_label,
+    several_builds,
+    write_html,
+)
 
 PROBES = ["level1.localisation", "level2.arrangement", "level3.relative_position"]
 PROVENANCE = {"experiment": "tiny", "file_sha256": "ab" * 32, "versions": {"spar-bench": "test"}}
@@ -138,7 +144,7 @@ def check_json_values(dom: Cells, out: Path) -> None:
     doc = json.loads((out / "experiment.json").read_text())
     board = json.loads((out / "leaderboard.json").read_text())
     main = dom.tables["main"]
-    assert [r[0][0] for r in main] == [row_label(c) for c in doc["configurations"]]
+    assert [r[0][0] for r in main] == [row_label(c, several_builds(doc)) for c in doc["configurations"]]
     for row, cfg in zip(main, doc["configurations"], strict=True):
         for j, p in enumerate(doc["probes"]):
             assert _value(row[4 + j]) == ((cfg["cells"].get(p) or {}).get("test") or {}).get("mean")
@@ -149,7 +155,7 @@ def check_json_values(dom: Cells, out: Path) -> None:
             "flipped": "flipped", "chance": "chance", "prior": "prior"}  # fmt: skip
     for cfg, lb in zip(doc["configurations"], board["rows"], strict=True):
         for p, e in lb["probes"].items():
-            got = by[(row_label(cfg), p)]
+            got = by[(row_label(cfg, several_builds(doc)), p)]
             assert {c: _value(got[c]) for c in cols if c in got} == {c: e[k] for c, k in cols.items() if c in got}
             circular = (cfg["cells"][p].get("circular (strict)") or {}).get("mean")
             assert "circular" not in got or _value(got["circular"]) == circular
@@ -281,3 +287,11 @@ def test_chromium_on_a_real_run(pipeline, tmp_path) -> None:
     check_json_values(dom, tmp_path / "report")
     assert "circular" in dom.heads["controls"] and "mirror" in dom.heads["controls"]
     assert dom.svgs == ["level3.relative_position", "level3.symmetry"]
+
+
+def test_rows_of_two_builds_name_their_build() -> None:
+    doc = tiny_doc()
+    doc["configurations"][1]["build"] = "other (0123456789ab)"
+    dom = parse(render_html("t", None, doc))
+    assert [r[0][0] for r in dom.tables["main"]][:2] == ["vit-tiny (random-init) frozen mlp on demo (f00dcafe1234)",
+                                                         "vit-tiny scratch mlp on other (0123456789ab)"]  # fmt: skip
