@@ -50,7 +50,7 @@ th{background:#eef;cursor:pointer;user-select:none}td.num{text-align:right;font-
 td[title]{text-decoration:underline dotted #999}.banner{background:#fdd;border:1px solid #c00;padding:.5em}
 .plots{display:flex;flex-wrap:wrap;gap:12px}.plot{border:1px solid #ddd;padding:4px}
 #filter{font-size:14px;padding:4px;width:24em}caption{text-align:left;font-weight:bold}
-details{margin:.2em 0}small{color:#555}"""
+details{margin:.2em 0}small{color:#555}.scroll{overflow-x:auto}"""
 
 JS = """function sortBy(th){const t=th.closest('table'),b=t.tBodies[0],i=th.cellIndex,
 up=th.dataset.dir!=='asc';th.dataset.dir=up?'asc':'desc';const key=r=>{const c=r.cells[i];
@@ -143,8 +143,8 @@ def _key_tds(row: dict, builds: bool) -> list[str]:
 # --------------------------------------------------------------------------- tables
 def _table(tid: str, caption: str, head: list[str], rows: list[str]) -> list[str]:
     ths = "".join(f"<th>{escape(h)}</th>" for h in head)
-    return [f'<table class="data" id="{tid}"><caption>{escape(caption)}</caption>',
-            f"<thead><tr>{ths}</tr></thead><tbody>", *rows, "</tbody></table>"]  # fmt: skip
+    return [f'<div class="scroll"><table class="data" id="{tid}"><caption>{escape(caption)}</caption>',
+            f"<thead><tr>{ths}</tr></thead><tbody>", *rows, "</tbody></table></div>"]  # fmt: skip
 
 
 def main_table(doc: dict) -> list[str]:
