@@ -49,6 +49,7 @@ from spar_bench.probes.runs.report import collect, random_init_banner, run_proto
 from spar_bench.probes.tasks import METRICS, PROBE_SPECS, get_probe, probe_names
 from spar_bench.provenance import json_safe, local_paths, local_prefixes, portable_path
 
+from .html import HTML_FILE
 from .leaderboard import CSV_FILE as LEADERBOARD_CSV
 from .leaderboard import JSON_FILE as LEADERBOARD_JSON
 from .leaderboard import paper_refs, ref_text, write_leaderboard
@@ -761,7 +762,7 @@ def write_experiment_report(runs: Path, out: Path, *, title: str, provenance: di
                "rows": [_row_key(s["row"]) for s in m["stages"]], "vqa": [_row_key(r) for r in m["vqa"]]}
               for m in stage_summary(doc)]  # fmt: skip
     meta = json_safe({"generator": GENERATOR, "title": title, "provenance": provenance or {},
-                      "files": sorted([MD_FILE, JSON_FILE, PNG_FILE, LEADERBOARD_JSON, LEADERBOARD_CSV,
+                      "files": sorted([MD_FILE, JSON_FILE, PNG_FILE, HTML_FILE, LEADERBOARD_JSON, LEADERBOARD_CSV,
                                        *([STAGES_PNG] if stages else [])]), **doc,
                       **({"stages": stages} if stages else {})})  # fmt: skip
     text = render_markdown(title, provenance, doc)
@@ -769,6 +770,9 @@ def write_experiment_report(runs: Path, out: Path, *, title: str, provenance: di
     if leaked:  # a run's record held a local path: never publish it
         raise ConfigError(f"{runs}: a run records a local path ({leaked[0][:80]}); re-run it with this version")
     out.mkdir(parents=True, exist_ok=True)
+    from .html import write_html  # report.html (issue 36): its own module
+
+    write_html(doc, out, title=title, provenance=provenance, prefixes=prefixes)
     plot(doc, out / PNG_FILE)
     write_leaderboard(doc, out, provenance)
     if stages:
