@@ -38,15 +38,6 @@ def _read_tsv(path: Path) -> list[dict]:
 
 
 def _write_table(rows: list[dict], path: Path) -> Path:
-    if path.suffix == ".xlsx":
-        openpyxl = pytest.importorskip("openpyxl")
-        wb = openpyxl.Workbook()
-        ws = wb.active
-        ws.append(list(rows[0]))
-        for r in rows:
-            ws.append(list(r.values()))
-        wb.save(path)
-        return path
     with path.open("w", encoding="utf-8", newline="") as f:
         w = csv.DictWriter(f, list(rows[0]), delimiter="\t", lineterminator="\n")
         w.writeheader()
@@ -161,10 +152,27 @@ def test_tsv_images_decode_to_the_stored_slices(env):
     assert checked > 10
 
 
+def _vlmevalkit_xlsx(env, path: Path) -> Path:
+    """The prediction file as VLMEvalKit writes it: the TSV read by pandas (``sep='\\t'``),
+    the image column dropped, ``prediction`` added, saved with ``to_excel``."""
+    pd = pytest.importorskip("pandas")
+    pytest.importorskip("openpyxl")
+    data = pd.read_csv(env["vk"] / f"{PROBE}.tsv", sep="\t")
+    assert list(data["question"]) == [r["question"] for r in env["rows"]]  # pandas reads the quoting back
+    data = data.drop(columns=["image"])
+    data["prediction"] = [r["prediction"] for r in env["preds"]]
+    data.to_excel(path, index=False)
+    return path
+
+
 @pytest.mark.parametrize("suffix", [".tsv", ".xlsx"])
 def test_vlmevalkit_answers_score_as_vqa(env, suffix):
     name = f"dummy_vk_{suffix[1:]}"
-    path = _write_table(env["preds"], env["root"] / f"{name}{suffix}")
+    path = env["root"] / f"{name}{suffix}"
+    if suffix == ".xlsx":
+        _vlmevalkit_xlsx(env, path)
+    else:
+        _write_table(env["preds"], path)
     assert _answers(env, path) == 0
     got = _metrics(_run_dir(env, name))
     want = _metrics(env["runs"] / "dummy" / PROBE / "vqa-generate")
