@@ -288,3 +288,12 @@ def test_lmms_eval_log_samples_score_as_vqa(env):
 def test_export_refuses_a_used_folder(env, capsys):
     assert run_cmd(build_cli, ["export", env["shards"], "--format", "vlmevalkit", "--out", env["vk"]]) == 2
     assert "not empty" in capsys.readouterr().err
+
+
+def test_export_is_deterministic(env):
+    """Same build and options: byte-identical files (the provenance JSON's sha256s agree)."""
+    again = env["root"] / "vk-again"
+    assert run_cmd(build_cli, ["export", env["shards"], "--format", "vlmevalkit", "--out", again, "--probe", PROBE]) == 0
+    assert (again / f"{PROBE}.json").read_bytes() == (env["vk"] / f"{PROBE}.json").read_bytes()
+    assert (again / f"{PROBE}.tsv").read_bytes() == (env["vk"] / f"{PROBE}.tsv").read_bytes()
+    assert not (env["root"] / "vk-again.tmp").exists()

@@ -3,11 +3,7 @@ with every control, for another harness (the library call: :func:`spar_bench.pro
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
-
-from spar_bench.errors import ConfigError
 
 from ..vqa.export import FORMATS, export_build
 from ..vqa.options import VqaOptions
@@ -30,8 +26,6 @@ from .options import probe_option
 def export_command(build, fmt, out, probes, splits, no_convention_hint, no_circular, no_blind, image_size, volume_as):
     """Export a build's questions (every control) as VLMEvalKit TSVs or lmms-eval tasks;
     score the answers back with spar-probe vqa --answers FILE."""
-    if Path(out).exists() and any(Path(out).iterdir()):
-        raise ConfigError(f"--out {out}: exists and is not empty; export into a new folder")
     opts = VqaOptions(probes=probes, splits=splits, convention_hint=not no_convention_hint, circular=not no_circular,
                       blind=not no_blind, image_size=image_size, volume_as=volume_as)
     for probe, meta in export_build(build, out, fmt, opts):

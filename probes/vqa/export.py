@@ -15,7 +15,8 @@ the ``vqa`` command sends. So a score from the other harness, read back with ``s
 
 Beside each probe's files ``<name>.json`` records the protocol version, the build's
 fingerprint, the template version, the asking options, the rows per variant and the files'
-sha256 (no local path).
+sha256 (no local path). The export is written into ``DIR.tmp`` and renamed to ``DIR`` when
+whole; ``DIR`` must be new or empty.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import csv
 import hashlib
 import io
 import json
+import shutil
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from spar_bench.errors import ConfigError
+from spar_bench.outputs import check_target
 
 from .ask import AskConfig, Item, plan, shown_requests
 from .base import Request
@@ -131,9 +134,8 @@ def write_vlmevalkit(rows: Iterator[ExportRow], path: Path, n_options: int, prob
         w.writerow(vlmevalkit_header(n_options))
         for row in rows:
             r = row.request
-            if r.frames is not None:
-                raise ConfigError("--volume-as video: a VLMEvalKit TSV holds one image per question; "
-                                  "export Level 4 volumes as montage or views (--volume-as montage)")
+            if r.frames is not None:  # export_build refuses video before anything is written
+                raise ConfigError("a VLMEvalKit TSV holds one image per question, not video frames")
             image = "" if r.image is None else base64.b64encode(png_bytes(r.image)).decode("ascii")
             w.writerow([row.index, image, r.text, *r.options, row.answer, row.category, probe,
                         *(row.spar[c] for c in SPAR_COLUMNS)])
@@ -228,9 +230,22 @@ def export_build(data: str, out: str | Path, fmt: str, opts) -> list[tuple[str, 
     if fmt not in FORMATS:
         raise ConfigError(f"--format {fmt}: expected one of {', '.join(FORMATS)}")
     build, probes, splits = check_build(data, opts)
+    if fmt == "vlmevalkit" and opts.volume_as == "video":
+        raise ConfigError("--volume-as video: a VLMEvalKit TSV holds one image per question; export Level 4 "
+                          "volumes as montage or views (--volume-as montage), or as lmms-eval tasks")
     cfg = AskConfig(splits, opts.convention_hint, opts.circular, opts.blind,
                     resolve_image_size(str(opts.image_size), None), 0, opts.n_boot,
                     resolve_volume_as(opts.volume_as, None))  # fmt: skip
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    return [(p, export_probe(build, p, cfg, fmt, out)) for p in probes]
+    check_target(out, inputs=[data])
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(f"--out {out}: exists and is not empty; export into a new folder")
+    work = out.with_name(out.name + ".tmp")  # written whole, then renamed: no half export is left
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    done = [(p, export_probe(build, p, cfg, fmt, work)) for p in probes]
+    if out.exists():
+        out.rmdir()
+    work.rename(out)
+    return [(p, None if m is None else out / m.relative_to(work)) for p, m in done]
