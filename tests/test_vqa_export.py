@@ -90,8 +90,8 @@ def _scores(m: dict) -> dict:
     return {k: m[k] for k in ("test", "circular", "parse_rate", "controls", "mirror") if k in m}
 
 
-def _answers(env, path: Path, out: Path | None = None) -> int:
-    return run_cmd(probe_cli, ["vqa", "--answers", path, "--data", env["shards"], "--probe", PROBE,
+def _answers(env, path: Path, out: Path | None = None, probe: bool = True) -> int:
+    return run_cmd(probe_cli, ["vqa", "--answers", path, "--data", env["shards"], *(["--probe", PROBE] * probe),
                                "--out", out or env["root"] / "runs", "--bootstrap", 30])
 
 
@@ -297,3 +297,10 @@ def test_export_is_deterministic(env):
     assert (again / f"{PROBE}.json").read_bytes() == (env["vk"] / f"{PROBE}.json").read_bytes()
     assert (again / f"{PROBE}.tsv").read_bytes() == (env["vk"] / f"{PROBE}.tsv").read_bytes()
     assert not (env["root"] / "vk-again.tmp").exists()
+
+
+def test_answers_ask_the_probes_the_file_answers(env):
+    """Without --probe, --answers asks the probes its file has rows of (not every probe)."""
+    out = env["root"] / "runs-default"
+    assert _answers(env, _write_table(env["preds"], env["root"] / "onlysym.tsv"), out, probe=False) == 0
+    assert [p.name for p in (out / "answers-onlysym").iterdir()] == [PROBE]

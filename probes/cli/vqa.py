@@ -10,6 +10,7 @@ import click
 from spar_bench.clitools import declared_type, old_spelling, wait_option
 from spar_bench.locks import output_lock
 
+from ..names import names_all
 from ..vqa.options import (  # noqa: F401 - the CLI's parsers are the library's
     TORCH_DTYPES,
     VqaOptions,
@@ -75,6 +76,10 @@ def vqa_command(model, answers, data, probes, splits, out, revision, base_url, a
     """Ask a multimodal LLM every Level 3 (and Level 4) question; score it like a probe head
     (one run per probe x seed)."""
     model = _model_of(model, answers)
+    if answers is not None and names_all(probes):  # the probes the file answers, not every probe
+        from ..vqa.answers import probes_answered
+
+        probes = tuple(probes_answered(answers))
     opts = VqaOptions(probes=probes, splits=splits, revision=revision, base_url=base_url, api_key_env=api_key_env,
                       generate=generate, guided=guided, convention_hint=not no_convention_hint,
                       circular=not no_circular, blind=not no_blind, image_size=image_size, volume_as=volume_as,

@@ -85,6 +85,17 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def probes_answered(path: str | Path) -> list[str]:
+    """The probes ``path`` has answers for (``spar_probe``), in registry order: what
+    ``--answers`` asks when no ``--probe`` is given."""
+    from ..tasks import probe_names
+
+    got = {str(r["spar_probe"]) for r in read_rows(Path(path))}
+    if not got:
+        raise ConfigError(f"--answers {path}: no answer rows; pass the predictions of an exported file")
+    return [p for p in probe_names() if p in got]
+
+
 def _exported(build, probe: str, config: str) -> set[tuple[str, str, str]]:
     """The ids of every row ``spar-build export`` writes for ``probe`` asked as ``config``."""
     from ..tasks import get_probe
