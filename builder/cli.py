@@ -20,6 +20,7 @@ COMMANDS = {
     "verify": "spar_bench.builder.verify:verify_command",
     "merge": "spar_bench.builder.merge:merge_command",
     "push": "spar_bench.builder.writers.hf:push_command",
+    "export": "spar_bench.probes.cli.export:export_command",
 }
 
 

@@ -10,6 +10,7 @@ import click
 from spar_bench.clitools import declared_type, old_spelling, wait_option
 from spar_bench.locks import output_lock
 
+from ..names import names_all
 from ..vqa.options import (  # noqa: F401 - the CLI's parsers are the library's
     TORCH_DTYPES,
     VqaOptions,
@@ -27,7 +28,10 @@ from .options import bootstrap_option, compute_option, device_option, probe_opti
 
 
 @click.command("vqa")
-@click.option("--model", required=True, help="hf:PATH_OR_ID, openai:MODEL, dummy[:LETTER] or oracle[:pixels].")
+@click.option("--model", default=None, help="hf:PATH_OR_ID, openai:MODEL, dummy[:LETTER] or oracle[:pixels].")
+@click.option("--answers", default=None, type=click.Path(dir_okay=False),
+              help="Instead of --model: another harness's answers to spar-build export (VLMEvalKit's "
+                   "prediction .xlsx/.tsv/.csv, lmms-eval's --log_samples .jsonl).")
 @click.option("--data", required=True, type=click.Path(file_okay=False), help="Build folder.")
 @probe_option("Question probe(s) (size or level3.size; level4.volume) or 'all' (those of the build's levels).")
 @click.option("--splits", default="test", show_default=True, help="Splits whose questions are asked.")
@@ -66,11 +70,16 @@ from .options import bootstrap_option, compute_option, device_option, probe_opti
 @click.option("--cache", "cache_path", default=None, type=click.Path(dir_okay=False),
               help="Response cache (default OUT/.vqa-cache/<model>.sqlite).")
 @wait_option
-def vqa_command(model, data, probes, splits, out, revision, base_url, api_key_env, generate, guided,
+def vqa_command(model, answers, data, probes, splits, out, revision, base_url, api_key_env, generate, guided,
                 no_convention_hint, no_circular, no_blind, image_size, volume_as, batch_size, max_new_tokens,
                 device, compute, timeout, retries, concurrency, seeds, n_boot, cache_path):
     """Ask a multimodal LLM every Level 3 (and Level 4) question; score it like a probe head
     (one run per probe x seed)."""
+    model = _model_of(model, answers)
+    if answers is not None and names_all(probes):  # the probes the file answers, not every probe
+        from ..vqa.answers import probes_answered
+
+        probes = tuple(probes_answered(answers))
     opts = VqaOptions(probes=probes, splits=splits, revision=revision, base_url=base_url, api_key_env=api_key_env,
                       generate=generate, guided=guided, convention_hint=not no_convention_hint,
                       circular=not no_circular, blind=not no_blind, image_size=image_size, volume_as=volume_as,
@@ -86,6 +95,16 @@ def vqa_command(model, data, probes, splits, out, revision, base_url, api_key_en
         saved += _echo(p, rd)
     if saved:
         click.echo(f"byte-identical prompts asked once: {saved} requests saved")
+
+
+def _model_of(model: str | None, answers: str | None) -> str:
+    """``--model``, or ``answers:FILE`` for ``--answers FILE``; exactly one of them."""
+    from spar_bench.errors import ConfigError
+
+    if (model is None) == (answers is None):
+        raise ConfigError("spar-probe vqa: give --model (a model to ask) or --answers FILE (another harness's "
+                          "answers to spar-build export), exactly one")
+    return model if answers is None else f"answers:{answers}"
 
 
 class _Progress:
@@ -119,4 +138,8 @@ def _echo(probe: str, rd: Path) -> int:
                f"circular={f(circ.get('strict'))} blind={f(blind)} "
                f"mirror={f((m.get('mirror') or {}).get('accuracy'))}"
                + (f" flipped={f((m.get('flipped') or {}).get('accuracy'))}" if "flipped" in m else "") + f" -> {rd}")
+    missing = int((m.get("requests") or {}).get("missing", 0))
+    if missing:
+        click.echo(f"{probe}: {missing} of {m['requests']['answers']} answers missing from --answers: "
+                   "counted unanswered", err=True)
     return int((m.get("requests") or {}).get("deduplicated", 0))

@@ -11,6 +11,8 @@ imports neither torch nor transformers:
 * ``dummy`` / ``dummy:A`` - seeded or fixed answers, for tests and dry runs.
 * ``oracle`` / ``oracle:pixels`` - answers recomputed from the build's masks and geometry
   (needs ``--data``): proves every question answerable from its image.
+* ``answers:FILE`` (``--answers FILE``) - another harness's answers to ``spar-build export``
+  (:mod:`.answers`; the export: :mod:`.export`).
 
 Modules: :mod:`.prompts` (versioned templates), :mod:`.parse` (strict parser),
 :mod:`.cache` (response cache), :mod:`.questions` (questions from a build),
@@ -29,6 +31,7 @@ BACKENDS.register_lazy("dummy", "spar_bench.probes.vqa.dummy:load_dummy")
 BACKENDS.register_lazy("oracle", "spar_bench.probes.vqa.oracle:load_oracle")
 BACKENDS.register_lazy("hf", "spar_bench.probes.vqa.hf:load_hf", extra="transformers")
 BACKENDS.register_lazy("openai", "spar_bench.probes.vqa.openai:load_openai")
+BACKENDS.register_lazy("answers", "spar_bench.probes.vqa.answers:load_answers")
 
 
 def load_backend(spec: str, options: BackendOptions) -> Backend:

@@ -233,6 +233,13 @@ def _requests(build, qs: Questions, items: list[Item], cfg: AskConfig,
     return out
 
 
+def shown_requests(build, qs: Questions, items: list[Item], cfg: AskConfig,
+                   kept: dict[tuple[str, int], Shown] | None = None) -> list[Request]:
+    """The :class:`~.base.Request` of every item, with its image as the model is shown it (the
+    export writes these, so a harness sees exactly what ``spar-probe vqa`` sends)."""
+    return _requests(build, qs, items, cfg, kept)
+
+
 def ask(backend: Backend, cache: ResponseCache, build, qs: Questions, items: list[Item],
         keys: list[dict[str, Any]], cfg: AskConfig,
         progress: Callable[[int, int], None] | None = None) -> list[Reply]:
@@ -269,6 +276,8 @@ def ask(backend: Backend, cache: ResponseCache, build, qs: Questions, items: lis
 
 
 REFUSAL = "refusal"
+#: ``Reply.meta`` flag of a question another harness's answers file has no answer for (``--answers``)
+MISSING = "missing"
 
 
 def decide(backend: Backend, it: Item, reply: Reply) -> tuple[int | None, str | None]:
@@ -276,6 +285,8 @@ def decide(backend: Backend, it: Item, reply: Reply) -> tuple[int | None, str | 
     a model's refusal (the OpenAI ``refusal`` field) is never parsed: reason ``refusal``."""
     if reply.meta.get(REFUSAL):
         return None, REFUSAL
+    if reply.meta.get(MISSING):
+        return None, MISSING
     if backend.mode == "constrained" and reply.choice is not None:
         return int(reply.choice), None
     got = parse_answer(reply.text, it.prompt.letters, it.prompt.options)

@@ -205,6 +205,12 @@ def _checked(data: str, opts: VqaOptions):
     return build, probes, splits
 
 
+def check_build(data: str, opts: VqaOptions):
+    """``(build, probes, splits)`` of ``--data data`` as ``opts`` name them, each checked against
+    the build in one line (``spar-probe vqa`` and ``spar-build export`` check alike)."""
+    return _checked(data, opts)
+
+
 def _backends(model: str, data: str, opts: VqaOptions, seeds: list[int]) -> dict:
     from . import load_backend
 

@@ -171,6 +171,14 @@ def mllm_record(spec: MllmSpec, volume: bool, template: str):
                             "random_init": bool(b.random_init)})  # fmt: skip
 
 
+def _missing(records: list[dict]) -> dict[str, int]:
+    """``{"missing": n}`` when ``n`` answers were missing from an ``--answers`` file, else nothing."""
+    from .ask import MISSING
+
+    n = sum(r["reason"] == MISSING for r in records)
+    return {"missing": n} if n else {}
+
+
 @dataclass
 class MllmJob:
     """Kind ``mllm``: every question of the probe asked with every control (CircularEval
@@ -237,6 +245,6 @@ class MllmJob:
         metrics.update({"splits": sorted({str(x) for x in qs.split}), "mode": s.backend.mode,
                         "template_version": items[0].prompt.version,
                         "requests": {"answers": len(items), "distinct": distinct,
-                                     "deduplicated": len(items) - distinct}})  # fmt: skip
+                                     "deduplicated": len(items) - distinct, **_missing(records)}})  # fmt: skip
         text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in records)
         return metrics, rec, {ANSWERS_FILE: (lambda p: p.write_text(text, encoding="utf-8"), True)}

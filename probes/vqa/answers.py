@@ -1,0 +1,174 @@
+"""``answers:FILE`` (``spar-probe vqa --answers FILE``): a backend that answers from another
+harness's answers to a ``spar-build export``.
+
+It reads VLMEvalKit's prediction file (``.xlsx``, ``.tsv`` or ``.csv`` with the exported
+columns and ``prediction``) or lmms-eval's ``--log_samples`` JSONL (each sample's
+``spar_accuracy`` value, written by the export's ``process_results``). A request of the
+``vqa`` pipeline is answered by the row of its question key, variant (image or blind) and
+the sha256 of its prompt text; so the run, every control, CircularEval and the report are
+those of ``spar-probe vqa``, and the text is read by its parser (``generate`` mode).
+
+Refused in one line: a row of another build (fingerprint) or protocol, a row that matches no
+exported question (re-planned from the build and the row's ``spar_config``), two answers to
+one request. A request the file has no answer for is answered ``missing`` (unanswered; the
+run's ``metrics.json`` counts them under ``requests.missing``).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from spar_bench.errors import ConfigError
+
+from .ask import MISSING
+from .base import Backend, BackendOptions, Reply, Request
+
+ID = ("spar_key", "spar_variant", "spar_prompt_sha256")
+REQUIRED = (*ID, "spar_build", "spar_protocol", "spar_config", "spar_probe")
+#: the lmms-eval metric whose per-sample value carries the spar fields
+LMMS_METRIC = "spar_accuracy"
+
+
+def _table_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of a VLMEvalKit prediction file (``.xlsx``, ``.tsv``, ``.csv``) as dicts."""
+    if path.suffix == ".xlsx":
+        try:
+            import openpyxl
+        except ImportError:
+            raise ConfigError(f"--answers {path}: reading .xlsx needs openpyxl (pip install openpyxl), "
+                              "or save the predictions as .tsv") from None
+        sheet = openpyxl.load_workbook(path, read_only=True).worksheets[0]
+        values = list(sheet.iter_rows(values_only=True))
+        head = [str(h) for h in values[0]] if values else []
+        return [dict(zip(head, v, strict=False)) for v in values[1:]]
+    csv.field_size_limit(1 << 30)
+    with path.open(encoding="utf-8", newline="") as f:
+        return list(csv.DictReader(f, delimiter="\t" if path.suffix == ".tsv" else ","))
+
+
+def _jsonl_rows(path: Path) -> list[dict[str, Any]]:
+    """The spar fields and prediction of each lmms-eval ``--log_samples`` line."""
+    out = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            sample = json.loads(line)
+        except ValueError:
+            raise ConfigError(f"--answers {path}: line {n} is not JSON; pass lmms-eval's --log_samples JSONL") from None
+        got = sample.get(LMMS_METRIC) if isinstance(sample, dict) else None
+        if not isinstance(got, dict):
+            raise ConfigError(f"--answers {path}: line {n} has no {LMMS_METRIC} record; pass the samples of a "
+                              "task exported by spar-build export --format lmms-eval")
+        out.append(got)
+    return out
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """Every answer row of ``path`` with its spar fields and ``prediction`` (text)."""
+    if not path.is_file():
+        raise ConfigError(f"--answers {path}: no such file")
+    if path.suffix not in (".xlsx", ".tsv", ".csv", ".jsonl"):
+        raise ConfigError(f"--answers {path}: expected a VLMEvalKit prediction file (.xlsx, .tsv, .csv) "
+                          "or lmms-eval --log_samples (.jsonl)")
+    rows = _jsonl_rows(path) if path.suffix == ".jsonl" else _table_rows(path)
+    for n, r in enumerate(rows, 1):
+        lacking = [c for c in REQUIRED if r.get(c) in (None, "")] + ([] if "prediction" in r else ["prediction"])
+        if lacking:
+            raise ConfigError(f"--answers {path}: row {n} has no {', '.join(lacking)}; answer a file exported by "
+                              "spar-build export (its spar_* columns kept) and keep the prediction column")
+    return rows
+
+
+def probes_answered(path: str | Path) -> list[str]:
+    """The probes ``path`` has answers for (``spar_probe``), in registry order: what
+    ``--answers`` asks when no ``--probe`` is given."""
+    from ..tasks import probe_names
+
+    got = {str(r["spar_probe"]) for r in read_rows(Path(path))}
+    if not got:
+        raise ConfigError(f"--answers {path}: no answer rows; pass the predictions of an exported file")
+    return [p for p in probe_names() if p in got]
+
+
+def _exported(build, probe: str, config: str) -> set[tuple[str, str, str]]:
+    """The ids of every row ``spar-build export`` writes for ``probe`` asked as ``config``."""
+    from ..tasks import get_probe
+    from .ask import plan
+    from .export import config_of, prompt_sha256
+    from .questions import load_questions
+
+    cfg = config_of(config)
+    qs = load_questions(build, get_probe(probe), list(cfg.splits))
+    return {(str(qs.key[it.q]), it.variant, prompt_sha256(it.prompt.text)) for it in plan(qs, cfg)}
+
+
+def check_rows(path: Path, rows: list[dict[str, Any]], build) -> dict[tuple[str, str, str], str]:
+    """The prediction of each row id, after the one-line refusals (build, protocol, no such
+    exported question, duplicates)."""
+    from spar_bench.provenance import PROTOCOL_VERSION
+
+    plans: dict[tuple[str, str], set] = {}
+    got: dict[tuple[str, str, str], str] = {}
+    for n, r in enumerate(rows, 1):
+        if str(r["spar_build"]) != build.fingerprint:
+            raise ConfigError(f"--answers {path}: row {n} answers build {str(r['spar_build'])[:12]}, not --data's "
+                              f"{build.fingerprint[:12]}; export --data with spar-build export and answer that")
+        if str(r["spar_protocol"]) != PROTOCOL_VERSION:
+            raise ConfigError(f"--answers {path}: row {n} was exported under protocol {r['spar_protocol']}, this is "
+                              f"protocol {PROTOCOL_VERSION}; export the build again and answer that")
+        ident = tuple(str(r[c]) for c in ID)
+        where = (str(r["spar_probe"]), str(r["spar_config"]))
+        if where not in plans:
+            plans[where] = _exported(build, *where)
+        if ident not in plans[where]:
+            raise ConfigError(f"--answers {path}: row {n} ({ident[0]}, {ident[1]}) matches no exported question of "
+                              f"{where[0]}; answer the rows spar-build export wrote, unedited")
+        if ident in got:
+            raise ConfigError(f"--answers {path}: row {n} answers {ident[0]} ({ident[1]}) a second time; "
+                              "keep one answer per exported row")
+        p = r.get("prediction")
+        got[ident] = "" if p is None else str(p)
+    return got
+
+
+class AnswersBackend(Backend):
+    """Answers each request from a file of another harness's answers (see the module doc)."""
+
+    def __init__(self, path: str, data: str | None):
+        from spar_bench.builder.shards import Build
+
+        if not path:
+            raise ConfigError("--answers: name the answers file (--answers FILE)")
+        if not data:
+            raise ConfigError(f"--answers {path}: needs --data, the build that was exported")
+        p = Path(path)
+        self.answers = check_rows(p, read_rows(p), Build(data))
+        digest = hashlib.sha256(p.read_bytes()).hexdigest()
+        self.name = "answers-" + (re.sub(r"[^A-Za-z0-9._-]+", "-", p.stem).strip("-")[-60:] or "file")
+        self.mode = "generate"
+        self.identity = {"kind": "answers", "sha256": digest}
+        self.decoding = {"mode": "generate"}
+        self.batch_size = 256
+        self.missing = 0
+
+    def answer(self, requests: list[Request]) -> list[Reply]:
+        out = []
+        for r in requests:
+            ident = (r.key, "blind" if r.blind else "image", hashlib.sha256(r.text.encode("utf-8")).hexdigest())
+            text = self.answers.get(ident)
+            if text is None:
+                self.missing += 1
+                out.append(Reply(text="", meta={MISSING: True}))
+            else:
+                out.append(Reply(text=text))
+        return out
+
+
+def load_answers(rest: str, options: BackendOptions) -> AnswersBackend:
+    return AnswersBackend(rest, options.data)
