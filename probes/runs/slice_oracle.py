@@ -79,7 +79,9 @@ class SliceOracle:
     answers: dict[str, tuple[Any, np.ndarray]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        if self.spec.level not in ("level1", "level2", "level3"):
+        from spar_bench.builder.schema import LEVEL_SPECS
+
+        if LEVEL_SPECS[self.spec.level].volume:
             raise ConfigError(f"the slice oracle answers Levels 1-3, not {self.spec.name} (Level 4: the "
                               "mask oracle, kind 'oracle')")
 
@@ -106,9 +108,9 @@ class SliceOracle:
         return self.answers[split]
 
     def predict(self, t, split: str = "test") -> np.ndarray:
-        if self.spec.level == "level1":
+        if self.spec.output == "points":  # Level 1: the organ's own centroid
             return np.nan_to_num(t.y["centroid"], nan=0.5)
-        if self.spec.level == "level2":
+        if self.spec.output == "assignment":  # Level 2: the true arrangement
             return t.y["target_slot"].copy()
         q, pred = self.split_answers(split)
         return pred[question_index(q, t)]

@@ -294,7 +294,7 @@ class SweepConfig:
     only: tuple[str, ...] = ()
     partition: str | None = None
     batch_runs: str = limited("auto", choices=("auto", "on", "off"))
-    grid_prune: int = limited(0, lo=0)
+    grid_prune: int = 0  # checked with the grid (check_grid_prune: the epoch it prunes after)
     data: str | None = None
     n_boot: int = limited(1000, lo=1, flag="--bootstrap")
     controls: bool = True
