@@ -32,8 +32,8 @@ from spar_bench.errors import ConfigError
 from spar_bench.probes.tasks import METRICS, PROBE_SPECS, get_probe
 from spar_bench.provenance import json_safe, local_paths
 
-# report.py calls write_html, so nothing here imports it (no import cycle): the few formatting
-# helpers below follow its ``fmt`` and provenance columns.
+# report.py calls write_html, so nothing here imports it (no import cycle); the cell formatting
+# below (get_path, fmt, metric_label, distinct) is the one both pages use: report.py imports it.
 
 HTML_FILE = "report.html"
 #: the controls' columns: label -> (cell key, always a rate in %)
@@ -64,7 +64,8 @@ r.hidden=q!==''&&!r.textContent.toLowerCase().includes(q);});});"""
 
 
 # --------------------------------------------------------------------------- cells
-def _get(d: Any, *path: str) -> Any:
+def get_path(d: Any, *path: str) -> Any:
+    """``d[path[0]][path[1]]...``, None where a step is missing or None."""
     for k in path:
         if not isinstance(d, dict) or d.get(k) is None:
             return None
@@ -89,7 +90,7 @@ def metric_label(probe: str) -> str:
     return METRICS[key].label + ("" if METRICS[key].higher_is_better else " (lower is better)")
 
 
-def _distinct(runs: list[dict], key: str) -> str:
+def distinct(runs: list[dict], key: str) -> str:
     return ", ".join(sorted({str(r[key]) for r in runs if r.get(key) is not None})) or "-"
 
 
@@ -107,15 +108,15 @@ def cell_provenance(cell: dict) -> str:
     """One cell's provenance in a few lines (the hover text)."""
     runs = cell.get("runs", [])
     return "\n".join([f"runs: {', '.join(r['run'] for r in runs)}", f"seeds: {', '.join(map(str, cell.get('seeds', [])))}",
-                      f"build: {_distinct(runs, 'build')} ({_distinct(runs, 'build_fingerprint')})",
-                      f"cache fingerprint: {_distinct(runs, 'cache_fingerprint')}",
-                      f"weights: {_distinct(runs, 'weights')}",
-                      f"protocol: {_distinct(runs, 'protocol_version')}"])  # fmt: skip
+                      f"build: {distinct(runs, 'build')} ({distinct(runs, 'build_fingerprint')})",
+                      f"cache fingerprint: {distinct(runs, 'cache_fingerprint')}",
+                      f"weights: {distinct(runs, 'weights')}",
+                      f"protocol: {distinct(runs, 'protocol_version')}"])  # fmt: skip
 
 
 def _mean_td(cell: dict | None, key: str, pct: bool | None = None, title: str = "", std: bool = False) -> str:
     s = (cell or {}).get(key)
-    mean = _get(s, "mean")
+    mean = get_path(s, "mean")
     if mean is None:
         return _td("-", None, title)
     pct = cell["percent"] if pct is None else pct
@@ -170,7 +171,7 @@ def controls_table(doc: dict) -> list[str]:
         for p, c in r["cells"].items():
             title = cell_provenance(c)
             tds = [_mean_td(c, CONTROLS[k][0], True if CONTROLS[k][1] else None, title) for k in cols]
-            gap = None if None in (_get(c, "test", "mean"), _get(c, "blind", "mean")) else (
+            gap = None if None in (get_path(c, "test", "mean"), get_path(c, "blind", "mean")) else (
                 c["test"]["mean"] - c["blind"]["mean"])
             tds.append(_td(signed(gap, c["percent"]), gap, title))
             tds += [_mean_td(c, k, title=title) for k in ("chance", "prior")]
@@ -207,7 +208,7 @@ def _scale(vals: list[float]) -> tuple[float, float]:
 
 def _plot_values(rows: list[dict], probe: str, scale: float) -> list[float]:
     keys = [("test", "ci_high"), ("test", "mean"), *((k, "mean") for k in MARKS)]
-    return [scale * v for r in rows for k in keys if (v := _get(r["cells"].get(probe), *k)) is not None]
+    return [scale * v for r in rows for k in keys if (v := get_path(r["cells"].get(probe), *k)) is not None]
 
 
 def _mark(x: float, y: float, key: str) -> str:
@@ -221,17 +222,17 @@ def _plot_row(i: int, row: dict, cell: dict, x, left: int, label: str) -> list[s
     """One configuration's bar, CI whisker, reference marks and model - blind."""
     y, scale = TOP + i * ROW_H, 100.0 if cell["percent"] else 1.0
     out = [f'<text x="{left - 6}" y="{y + 14}" text-anchor="end" font-size="11">{escape(label)}</text>']
-    mean = _get(cell, "test", "mean")
+    mean = get_path(cell, "test", "mean")
     if mean is not None:
         colour = MODE_COLOURS.get(row["mode"].split(" ")[0], "#999999")
         out.append(f'<rect class="bar" x="{x(0):.1f}" y="{y + 3}" width="{max(x(scale * mean) - x(0), 0):.1f}" '
                    f'height="{ROW_H - 8}" fill="{colour}" data-value="{_num(mean)}"/>')  # fmt: skip
-        lo, hi = _get(cell, "test", "ci_low"), _get(cell, "test", "ci_high")
+        lo, hi = get_path(cell, "test", "ci_low"), get_path(cell, "test", "ci_high")
         if lo is not None and hi is not None:
             out.append(f'<line x1="{x(scale * lo):.1f}" x2="{x(scale * hi):.1f}" y1="{y + 9}" y2="{y + 9}" '
                        'stroke="#333"/>')
-    out += [_mark(x(scale * v), y, k) for k in MARKS if (v := _get(cell, k, "mean")) is not None]
-    blind = _get(cell, "blind", "mean")
+    out += [_mark(x(scale * v), y, k) for k in MARKS if (v := get_path(cell, k, "mean")) is not None]
+    blind = get_path(cell, "blind", "mean")
     if mean is not None and blind is not None:
         gap = mean - blind
         out.append(f'<text class="gap" x="{left + BAR_W + 6}" y="{y + 14}" font-size="11" data-value="{_num(gap)}">'
@@ -273,7 +274,7 @@ def plot_svg(doc: dict, probe: str) -> str:
 def plots(doc: dict) -> list[str]:
     out = ["<h2>Per probe</h2>", '<div class="plots">']
     for p in doc["probes"]:
-        if any(_get(r["cells"].get(p), "test", "mean") is not None for r in doc["configurations"]):
+        if any(get_path(r["cells"].get(p), "test", "mean") is not None for r in doc["configurations"]):
             out.append(plot_svg(doc, p))
         else:
             out.append(f'<p class="plot">{escape(p)}: no finished run with a score</p>')

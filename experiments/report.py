@@ -49,7 +49,9 @@ from spar_bench.probes.runs.report import collect, random_init_banner, run_proto
 from spar_bench.probes.tasks import METRICS, PROBE_SPECS, get_probe, probe_names
 from spar_bench.provenance import json_safe, local_paths, local_prefixes, portable_path
 
-from .html import HTML_FILE
+from .html import HTML_FILE, fmt, metric_label
+from .html import distinct as _distinct
+from .html import get_path as _get
 from .leaderboard import CSV_FILE as LEADERBOARD_CSV
 from .leaderboard import JSON_FILE as LEADERBOARD_JSON
 from .leaderboard import paper_refs, ref_text, write_leaderboard
@@ -98,14 +100,6 @@ class Run:
 
 
 # --------------------------------------------------------------------------- reading
-def _get(d: Any, *path: str) -> Any:
-    for k in path:
-        if not isinstance(d, dict) or d.get(k) is None:
-            return None
-        d = d[k]
-    return d
-
-
 def load_runs(runs: Path) -> list[Run]:
     """Every finished, unpruned run under ``runs`` with its config.json and eval files."""
     out = []
@@ -332,12 +326,6 @@ def run_provenance(r: Run) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- formatting
-def fmt(v: float | None, pct: bool) -> str:
-    if v is None:
-        return "-"
-    return f"{100 * v:.1f}" if pct else f"{v:.2f}"
-
-
 def fmt_summary(s: dict | None, pct: bool, *, ci: bool = True, n_row: int | None = None) -> str:
     """``mean +- std [low, high]`` (paper style); `` (n=k)`` when fewer seeds than the row."""
     if not s:
@@ -577,10 +565,6 @@ def _folders(runs: list[dict]) -> str:
     return ", ".join(rels)
 
 
-def _distinct(runs: list[dict], key: str) -> str:
-    return ", ".join(sorted({str(r[key]) for r in runs if r.get(key) is not None})) or "-"
-
-
 def provenance_table(doc: dict) -> list[str]:
     head = ["encoder", "mode", "head", "options", "probe", "run folders (relative to RUNS)", "build",
             "build fingerprint", "cache fingerprint", "weights", "protocol", "transfer evals"]
@@ -618,18 +602,11 @@ def header(title: str, provenance: dict | None, doc: dict) -> list[str]:
     lines += [f"{doc['n_runs']} runs, {len(doc['configurations'])} configurations, {len(doc['probes'])} probes; "
               f"protocol (docs/PROTOCOL.md) {', '.join(protocols)}. Rates in %; Level 1 errors in pixels of",
               "the 224 frame (lower is better).", "", "Headline metrics: " + "; ".join(
-                  f"{p} {_metric_label(p)}" for p in doc["probes"]) + ".", ""]  # fmt: skip
+                  f"{p} {metric_label(p)}" for p in doc["probes"]) + ".", ""]  # fmt: skip
     if any(is_volume(p) for p in doc["probes"]):
         lines += ["Level 4 (volumes): its probes are the columns after Level 3's; localisation errors in",
                   "voxels of the S^3 volume (SDR within 10 voxels) and mm.", ""]  # fmt: skip
     return lines
-
-
-def _metric_label(probe: str) -> str:
-    key = get_probe(probe).headline if probe in PROBE_SPECS else ""
-    if key not in METRICS:
-        return "(headline)"
-    return METRICS[key].label + ("" if METRICS[key].higher_is_better else " (lower is better)")
 
 
 def render_markdown(title: str, provenance: dict | None, doc: dict) -> str:
