@@ -101,6 +101,22 @@ def _init_worker(parent: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     die_with_parent(parent)
     _thread_lock_for_tqdm()
+    sys.excepthook = _quiet_lost_parent(sys.excepthook)
+
+
+def _quiet_lost_parent(previous):
+    """A worker's ``sys.excepthook`` that drops a helper thread's lost connection. A worker hands
+    its batches' shared memory to the parent through multiprocessing's fd sharer, a thread of
+    the *worker* the parent connects to; a parent that stops (SIGTERM) mid-handshake resets
+    that connection, and the worker, which ignores the signal, would print the sharer's
+    traceback after the run's one line. Whatever the parent lost, it reports itself."""
+
+    def hook(tp, value, tb) -> None:
+        if issubclass(tp, (ConnectionError, EOFError)) and threading.current_thread() is not threading.main_thread():
+            return
+        previous(tp, value, tb)
+
+    return hook
 
 
 def _terminate(pool: ProcessPoolExecutor) -> None:

@@ -451,3 +451,40 @@ def test_a_sigterm_a_finalizer_swallowed_still_exits_143(tmp_path):
     assert "Exception ignored" in r.stderr and "went on" in r.stdout  # swallowed, as Python does
     assert r.returncode == 128 + signal.SIGTERM, r.stderr
     assert r.stderr.rstrip().endswith("terminated (SIGTERM)")
+
+
+SHARER = """
+import os, socket, sys, threading, time
+from multiprocessing import resource_sharer
+import spar_bench.procs as procs
+
+procs._init_worker(os.getppid())  # as a DataLoader reader starts
+r, w = os.pipe()
+df = resource_sharer.DupFd(r)  # a batch's fd on offer: the sharer thread listens
+address = df._id[0]
+s = socket.socket(socket.AF_UNIX)
+s.connect(address)
+s.close()  # the parent stopped mid-handshake: the sharer loses its connection
+time.sleep(1)
+t = threading.Thread(target=lambda: sys.excepthook(*_raise()))
+def _raise():
+    try:
+        raise ValueError("a helper thread's real error")
+    except ValueError:
+        return sys.exc_info()
+t.start(); t.join()
+print("done", flush=True)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the fd sharer listens on a Unix socket")
+def test_a_reader_worker_keeps_quiet_when_its_parent_drops_the_fd_sharer(tmp_path):
+    """A reader worker hands batches to its parent through multiprocessing's fd sharer thread; a
+    parent stopped mid-handshake resets it and the worker would print the sharer's traceback
+    after the run's one line (CI saw it). A helper thread's other errors still print."""
+    script = tmp_path / "sharer.py"
+    script.write_text(SHARER, encoding="utf-8")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "done" in r.stdout, r.stderr
+    assert "resource_sharer" not in r.stderr and "EOFError" not in r.stderr, r.stderr
+    assert "a helper thread's real error" in r.stderr
