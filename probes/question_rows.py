@@ -14,7 +14,7 @@ image; :func:`spar_bench.probes.vqa.ask.plain_prompt`). The probe, the template 
 sha256 of every (key, text) pair are recorded in the encoder's spec (:meth:`QuestionRows.record`),
 so they are part of the cache's ``encoder_config`` and ``cache_args``: a cache made for one probe
 never resumes as another's, and ``spar-probe fit`` refuses it for any other probe
-(:func:`check_cache_probe`).
+(:meth:`~.features.FeatureCache.check_probe`).
 """
 
 from __future__ import annotations
@@ -86,17 +86,3 @@ def question_rows(build, probe: str, splits: list[str]) -> QuestionRows:
         raise ConfigError(f"{build.root}: no {spec.name} questions on {', '.join(splits)}; nothing to cache")
     return QuestionRows(spec.name, spec.level, template_version(qs.probe), keys, slices, texts)
 
-
-def cache_probe(encoder_config: dict[str, Any] | None) -> str | None:
-    """The probe a question cache was made for (its ``encoder_config``), or None for any other."""
-    return ((encoder_config or {}).get("extra") or {}).get("question_probe")
-
-
-def check_cache_probe(cache, probe: str) -> None:
-    """One line when ``cache`` (a :class:`~.features.FeatureCache`) holds the features of another
-    probe's questions than ``probe``'s."""
-    mine = cache_probe(cache.meta.get("encoder_config"))
-    if mine is not None and mine != probe:
-        raise ConfigError(f"{cache.path}: a question cache made for {mine} (its rows are {mine}'s questions, "
-                          f"each with its own prompt); it cannot train or score {probe}: make one with "
-                          f"`spar-probe cache --probe {probe}`")

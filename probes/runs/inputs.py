@@ -200,10 +200,8 @@ def split_targets(build, cache, run) -> Splits:
 
 def open_run(run):
     """The cache and build of ``run``, checked: the level, its splits and its shards' bytes."""
-    from ..question_rows import check_cache_probe
-
     cache = open_cache(run.features)
-    check_cache_probe(cache, run.spec.name)
+    cache.check_probe(run.spec.name)
     build = resolve_build(cache, run.data)
     level = run.spec.level
     if level not in cache.levels():

@@ -227,7 +227,6 @@ def run_eval(run: str | Path, features: str | Path, data: str | Path | None = No
              overwrite: bool = False) -> Path:
     """Score a trained run on another cache without retraining; write ``eval-<cache>.json``
     (kept when it holds this evaluation, refused when another, unless ``overwrite``)."""
-    from ..question_rows import check_cache_probe
     from ..targets import concat, load_targets
     from ..train import predict
 
@@ -237,7 +236,7 @@ def run_eval(run: str | Path, features: str | Path, data: str | Path | None = No
     trained = json.loads((rd / METRICS_FILE).read_text())
     majority = (trained.get("controls") or {}).get("majority_class")
     cache = open_cache(features)
-    check_cache_probe(cache, spec.name)
+    cache.check_probe(spec.name)
     out = rd / f"eval-{Path(features).stem}.json"
     inputs = {"features": Path(features).name, "cache_fingerprint": cache.fingerprint,
               "encoder": encoder_slug(cache), "n_bootstrap": n_boot}  # fmt: skip
