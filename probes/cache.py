@@ -767,7 +767,7 @@ def _question_plan(enc, build, plan: list[tuple[str, str]], probe: str | None, d
                           f"(levels: {', '.join(sorted({lv for lv, _ in plan}))})")
     rows = question_rows(build, probe, [sp for _, sp in kept])
     enc.ask(rows)
-    return rows, kept
+    return rows, [(lv, sp) for lv, sp in kept if sp in rows.keys]
 
 
 def _check_options(dtype: str, batch_size: int, loader_workers: int | None) -> None:

@@ -5,8 +5,8 @@ at the image tokens with the probe's question in the prompt) gives one feature s
 (slice, question), not per slice. Its cache (``spar-probe cache --probe PROBE``) is made for one
 Level 3 probe: each split holds one row per question of that probe (mirrored ones included), in
 the order :func:`spar_bench.probes.vqa.questions.load_questions` gives them, keyed by the
-question key (``q_key``); slices with no question of the probe, other probes and other levels
-are not cached (questions the build dropped as unanswerable are not in the build at all).
+question key (``q_key``); slices with no question of the probe, splits with none, other probes
+and other levels are not cached (questions the build dropped as unanswerable are not in the build at all).
 
 Each row's text is the user message ``spar-probe vqa`` sends with the image for that question:
 its plain prompt (options in class order, no rotation, not blind, the convention hint, the 224
@@ -70,7 +70,7 @@ def question_probe(probe: str):
 
 def question_rows(build, probe: str, splits: list[str]) -> QuestionRows:
     """The questions of ``probe`` (a full name, Level 3) on ``splits`` of ``build``, each with
-    the plain prompt ``spar-probe vqa`` asks it with."""
+    the plain prompt ``spar-probe vqa`` asks it with; a split without any is left out."""
     from .vqa.ask import plain_prompt
     from .vqa.prompts import template_version
     from .vqa.questions import load_questions
@@ -79,10 +79,12 @@ def question_rows(build, probe: str, splits: list[str]) -> QuestionRows:
     keys, slices, texts = {}, {}, {}
     for split in splits:
         qs = load_questions(build, spec, [split])
+        if not len(qs):  # a split without such questions is not cached (fit then holds out train patients)
+            continue
         keys[split] = np.asarray(qs.key, dtype=str)
         slices[split] = np.asarray(qs.row, dtype=np.int64)
         texts[split] = tuple(plain_prompt(qs, i).text for i in range(len(qs)))
-    if not any(len(k) for k in keys.values()):
+    if not keys:
         raise ConfigError(f"{build.root}: no {spec.name} questions on {', '.join(splits)}; nothing to cache")
     return QuestionRows(spec.name, spec.level, template_version(qs.probe), keys, slices, texts)
 

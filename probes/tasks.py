@@ -398,7 +398,9 @@ class QuestionSpec(ProbeSpec):
     def _item_rows(self, build, split, cache_keys, row_keys, keep, qs, where) -> np.ndarray:
         """Each question's cache row: its slice's (volume's) row, found by the row's key; in a
         question cache (keyed by question: ``mllm:DIR@llm:N+q``, :mod:`.question_rows`) its
-        own row, found by the question key."""
+        own row, found by the question key (a split without such questions may hold none)."""
+        if not keep.any():
+            return np.zeros(0, np.int64)
         if len(cache_keys) and str(cache_keys[0]) not in set(map(str, row_keys)):
             q_keys = read_fields(build, self.level, split, ["q_key"])["q_key"][keep].astype(str)
             if str(cache_keys[0]) in set(q_keys):

@@ -132,8 +132,11 @@ def test_the_probe_is_given_once_and_kept(models, build, tmp_path) -> None:
 def test_a_head_trains_on_a_question_cache_and_no_other_probe_does(models, build, tmp_path, capsys) -> None:
     from spar_bench.probes.cli import cli
 
-    cache = write_cache(f"mllm:{models['qwen']}@llm:1+q", build, tmp_path / "q.h5", _opts(probe="level3.symmetry"),
-                        progress=False)
+    # every split: val holds no symmetry question, so it is not cached (fit holds out train patients)
+    opts = CacheOptions(batch_size=4, dtype="fp32", compute="fp32", probe="level3.symmetry")
+    cache = write_cache(f"mllm:{models['qwen']}@llm:1+q", build, tmp_path / "q.h5", opts, progress=False)
+    with FeatureCache(cache) as fc:
+        assert fc.splits("level3") == ["test", "train"]
     args = ["--data", build, "--out", tmp_path / "runs", "--head", "linear", "--seeds", "0", "--max-epochs", 2,
             "--bootstrap", 20]
     assert run_cmd(cli, ["fit", "--features", cache, "--probe", "all", *args]) == 0  # all: the cache's one probe
