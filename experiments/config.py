@@ -17,7 +17,9 @@
 * ``probes``, ``seeds``, ``train_on`` (the build heads train on), ``transfer`` (builds every
   trained run is scored on, zero-shot), ``mllms`` (``spar-probe vqa`` models; with ``stages:``
   also the model's own features, one frozen encoder ``<name>-<stage>`` per stage: ``vision``,
-  ``projector``, ``llm:N``, and ``answer`` for its VQA run), ``report``.
+  ``projector``, ``llm:N``, ``answer`` for its VQA run, and ``llm:N+q`` (the question in the
+  prompt) one encoder ``<name>-llmNq-<probe>`` per Level 3 probe, cached for that probe's
+  questions), ``report``.
 
 Every error is one line naming the file, the line and the key, with "did you mean" for a
 misspelt key.
@@ -79,6 +81,8 @@ class Encoder:
     random_init: bool = False
     model_args: dict[str, Any] | None = None
     label: str | None = None
+    #: the one probe a question stage (``mllm:DIR@llm:N+q``) is cached and trained for
+    probe: str | None = None
 
 
 @dataclass(frozen=True)
@@ -110,15 +114,30 @@ class Mllm:
 ANSWER = "answer"
 
 
-def stage_encoder_name(mllm: str, stage: str) -> str:
-    """The encoder an MLLM's stage becomes: ``qwen`` + ``llm:16`` -> ``qwen-llm16`` (a file name)."""
-    return f"{mllm}-{stage.replace(':', '')}"
+def stage_encoder_name(mllm: str, stage: str, probe: str | None = None) -> str:
+    """The encoder an MLLM's stage becomes: ``qwen`` + ``llm:16`` -> ``qwen-llm16`` (a file name);
+    a question stage's, one per probe: ``qwen`` + ``llm:16+q`` + ``level3.size`` -> ``qwen-llm16q-size``."""
+    name = f"{mllm}-{stage.replace(':', '').replace('+', '')}"
+    return name if probe is None else f"{name}-{probe.split('.', 1)[-1]}"
 
 
-def _stage_encoders(mllms: dict[str, Any], where: _Where) -> dict[str, Encoder]:
+def _question_probes(probes: tuple[str, ...], key: str, where: _Where) -> tuple[str, ...]:
+    """The Level 3 probes of ``probes:`` (``all``: every one), which a question stage is cached for."""
+    from spar_bench.probes.tasks import get_probe, probe_names
+
+    names = probe_names() if "all" in probes else probes
+    found = tuple(p for p in names if get_probe(p).level == "level3")
+    if not found:
+        raise where.error(key, "a question stage (llm:N+q) reads Level 3 questions, and probes: has no level3 probe")
+    return found
+
+
+def _stage_encoders(mllms: dict[str, Any], probes: tuple[str, ...], where: _Where) -> dict[str, Encoder]:
     """One frozen encoder ``mllm:DIR@STAGE`` per stage of each ``mllms:`` entry with ``stages:``
-    (its model a local ``hf:DIR``; a folder not there is one line at plan time)."""
-    from spar_bench.probes.encoders.mllm_family import parse_stage
+    (its model a local ``hf:DIR``; a folder not there is one line at plan time); a question
+    stage ``llm:N+q`` one per Level 3 probe of ``probes`` (its cache is made for that probe's
+    questions)."""
+    from spar_bench.probes.encoders.mllm_family import asks_question, parse_stage
 
     out: dict[str, Encoder] = {}
     for n, m in mllms.items():
@@ -136,8 +155,10 @@ def _stage_encoders(mllms: dict[str, Any], where: _Where) -> dict[str, Encoder]:
                 parse_stage(st, n)
             except ConfigError as e:
                 raise where.error(f"mllms.{n}.stages[{i}]", f"{e} or {ANSWER}") from None
-            out[stage_encoder_name(n, st)] = Encoder(stage_encoder_name(n, st), f"mllm:{folder}@{st}",
-                                                     label=f"{n} @ {st}")
+            asked = _question_probes(probes, f"mllms.{n}.stages[{i}]", where) if asks_question(st) else (None,)
+            for p in asked:
+                name = stage_encoder_name(n, st, p)
+                out[name] = Encoder(name, f"mllm:{folder}@{st}", label=f"{n} @ {st}", probe=p)
     return out
 
 
@@ -441,7 +462,7 @@ def load_experiment(path: str | Path, overrides: dict[str, str] | None = None) -
     mllms = {n: Mllm(n, d["model"] if "model" in d else _missing(where, f"mllms.{n}", "model"),
                      tuple(d.get("builds") or (train_on,)), dict(d.get("options") or {}), tuple(d.get("stages") or ()))
              for n, d in (exp.get("mllms") or {}).items()}  # fmt: skip
-    stages = _stage_encoders(mllms, where)
+    stages = _stage_encoders(mllms, _names(exp.get("probes", "all")), where)
     clash = sorted(set(stages) & set(encoders))
     if clash:
         raise where.error(f"encoders.{clash[0]}", "this name is also an mllms: stage's encoder; rename it")

@@ -98,7 +98,7 @@ ALIASES: dict[str, dict[str, str]] = {
 }  # fmt: skip
 #: fields a step sets itself (from the file's other keys), never an option
 _OWN = {"phantom": {"out"}, "build": {"source", "root", "out", "resume", "overwrite"},
-        "cache": {"weights", "random_init", "revision", "model_args", "async_writes"},
+        "cache": {"weights", "random_init", "revision", "model_args", "async_writes", "probe"},
         "sweep": {"features", "heads", "probes", "seeds", "out", "only", "partition", "options"},
         "finetune": {"encoder", "data", "probe", "head", "seed", "cfg", "head_cfg", "model_kwargs", "resume"},
         "vqa": set()}  # fmt: skip
@@ -362,6 +362,8 @@ def encoder_probes(exp: Experiment, e: str) -> tuple[str, ...]:
     and for an encoder of unknown kind); an encoder left with none is one line."""
     from spar_bench.probes.tasks import probe_names
 
+    if exp.encoders[e].probe:  # a question stage: its cache holds one probe's questions
+        return (exp.encoders[e].probe,)
     kind = encoder_kind(exp.encoders[e].spec)
     if kind is None:
         return exp.probes
@@ -489,6 +491,8 @@ def cache_step(exp: Experiment, e: str, b: str) -> Step:
         record["random_init"] = True
     if enc.model_args:  # e.g. a monai: encoder's input_size
         record["model_args"] = enc.model_args
+    if enc.probe:  # a question stage: the cache of one probe's questions
+        record["probe"] = enc.probe
     record.update(data=build_dir(exp, b), out=cache_file(e, b),
                   options=options("cache", exp.modes["frozen"].cache, "modes.frozen.cache", exp))
     if exp.builds[b].path:

@@ -500,16 +500,17 @@ def mllm_table(doc: dict) -> list[str]:
 
 #: a stage encoder's name (``mllm:<folder>@<sha8>@<stage>``) and an ``hf:`` MLLM's run name
 #: (``hf-<folder>-<sha8>``): one local model, by its folder's name and content hash
-_STAGE_NAME = re.compile(r"mllm:(?P<model>.+@[0-9a-f]{8})@(?P<stage>vision|projector|llm:-?\d+)")
+_STAGE_NAME = re.compile(r"mllm:(?P<model>.+@[0-9a-f]{8})@(?P<stage>vision|projector|llm:-?\d+(?:\+q)?)")
 _HF_MODEL = re.compile(r"hf-(?P<base>.+)-(?P<sha>[0-9a-f]{8})")
 
 
-def _stage_order(stage: str) -> tuple[int, int]:
-    """vision, projector, then the LM's layers in depth order (``llm:-1``, the last, after the others)."""
+def _stage_order(stage: str) -> tuple[int, int, int]:
+    """vision, projector, then the LM's layers in depth order (``llm:-1``, the last, after the
+    others), each layer's question stage (``llm:N+q``) right after its neutral one."""
     if not stage.startswith("llm:"):
-        return (0 if stage == "vision" else 1, 0)
-    n = int(stage[4:])
-    return (2, n if n >= 0 else 10_000 + n)
+        return (0 if stage == "vision" else 1, 0, 0)
+    n = int(stage[4:].removesuffix("+q"))
+    return (2, n if n >= 0 else 10_000 + n, int(stage.endswith("+q")))
 
 
 def stage_summary(doc: dict) -> list[dict[str, Any]]:
@@ -548,7 +549,8 @@ def stage_tables(doc: dict) -> list[str]:
                                for c in cells)])  # fmt: skip
         out += [f"## Where the MLLM loses it: {model['model']} by stage", "",
                 "Frozen heads on the model's own features at each stage (`mllm:DIR@STAGE`: vision tower,",
-                "projector, language-model layer N at the image tokens), then the model's own answer",
+                "projector, language-model layer N at the image tokens with a neutral prompt; `llm:N+q`: with",
+                "the probe's question before the image), then the model's own answer",
                 "(`spar-probe vqa`). Each cell: the headline (mean over seeds) and, in parentheses, its blind",
                 "baseline (the head without image features; the question without the image).", "",
                 *_table(["probe", *cols], [[_cell_text(c) for c in line] for line in lines]), "",

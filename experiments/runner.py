@@ -166,7 +166,7 @@ def _build(spec: dict[str, Any], device: str | None) -> None:
 def _cache(spec: dict[str, Any], device: str | None) -> None:
     from spar_bench.probes.cache import cache_options, write_cache
 
-    fields = {k: spec[k] for k in ("weights", "random_init", "revision", "model_args") if k in spec}
+    fields = {k: spec[k] for k in ("weights", "random_init", "revision", "model_args", "probe") if k in spec}
     opts = {**fields, **spec["options"]}
     if device and "device" not in opts:
         opts["device"] = device

@@ -97,12 +97,13 @@ class _Batches:
     split: starting workers once per split cost more than the encoder on a GPU.
     """
 
-    def __init__(self, build, items: list[tuple[str, str, int, int]], timed: bool = False):
+    def __init__(self, build, items: list[tuple[str, str, int, int]], timed: bool = False, rows: Any = None):
         # a copy without open HDF5 handles (Build.__getstate__): forked DataLoader workers
         # must not share the parent's HDF5 file ids
         self.build = pickle.loads(pickle.dumps(build))
         self.items = items
         self.timed = timed  # items carry (read s, collate s) for a Stopwatch
+        self.rows = rows  # a question cache's rows (QuestionRows), or None: the level's rows
 
     def __len__(self) -> int:
         return len(self.items)
@@ -112,10 +113,28 @@ class _Batches:
 
         level, split, lo, hi = self.items[i]
         t0 = time.perf_counter()
-        _, images = next(self.build.iter_images(level, split, hi - lo, start=lo))
+        images = _images(self.build, self.rows, level, split, lo, hi)
         t1 = time.perf_counter()
         x = torch.from_numpy(np.ascontiguousarray(images))
         return (i, x, (t1 - t0, time.perf_counter() - t1)) if self.timed else (i, x)
+
+
+def _images(build, rows, level: str, split: str, lo: int, hi: int) -> np.ndarray:
+    """The images of cache rows ``lo..hi-1``: the level's rows, or a question cache's
+    (:class:`~.question_rows.QuestionRows`: each question's slice)."""
+    if rows is None:
+        return next(build.iter_images(level, split, hi - lo, start=lo))[1]
+    return build.images(level, split, rows.slices[split][lo:hi])
+
+
+def _count(build, rows, level: str, split: str) -> int:
+    """The cache rows of a split: the level's rows, or a question cache's questions."""
+    return build.count(level, split) if rows is None else rows.count(split)
+
+
+def _texts(rows, item: Item) -> tuple[str, ...] | None:
+    """A question cache's user messages of one batch (None for any other cache)."""
+    return None if rows is None else rows.texts[item[1]][item[2]:item[3]]
 
 
 def _attr(value: Any) -> Any:
@@ -235,7 +254,7 @@ def token_grid_record(spec, storage: TokenStorage, layers: list[int], plan) -> d
 
 
 def _pending_items(f, build, plan: list[tuple[str, str]], batch: int,
-                   ranks: Ranks = Ranks()) -> list[Item]:
+                   ranks: Ranks = Ranks(), rows: Any = None) -> list[Item]:
     """Create each split's ``key``/``done`` datasets once; this rank's batches still to encode.
 
     Batches are numbered over the whole plan, so which rank owns a batch never depends on
@@ -246,12 +265,12 @@ def _pending_items(f, build, plan: list[tuple[str, str]], batch: int,
     items: list[Item] = []
     index = 0
     for lv, sp in plan:
-        n = build.count(lv, sp)
+        n = _count(build, rows, lv, sp)
         g = f.require_group(f"{lv}/{sp}")
         if "done" not in g:  # ``done`` is made last: a ``key`` without it is a killed start's
             if "key" in g:
                 del g["key"]
-            keys = build.read(lv, sp, ["key"])["key"]
+            keys = build.read(lv, sp, ["key"])["key"] if rows is None else rows.keys[sp]
             g.create_dataset("key", data=np.asarray(keys, dtype=object), dtype=h5py.string_dtype())
             g.create_dataset("done", shape=(n,), dtype=bool, fillvalue=False)
         done = g["done"][()]
@@ -478,7 +497,7 @@ def _encode_items(f, job: _Job, items: list[Item], reduce: Reducer) -> None:
             item = items[int(got[0])]
             with timed(sw, "forward"):  # the encoder (under autocast) and the token reductions
                 with torch.autocast(dev.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
-                    res = _encode(job.enc, item[0], images, job.layers, job.tile_encoding)
+                    res = _encode(job.enc, item[0], images, job.layers, job.tile_encoding, _texts(job.rows, item))
                 res = reduce(item[0], res)
             if not seen:
                 check_space(Path(f.filename), res, item, sum(hi - lo for _, _, lo, hi in items), job.dtype)
@@ -501,14 +520,19 @@ def _loader(job: _Job, items: list[Item]):
     from spar_bench.procs import init_loader_worker
 
     return torch.utils.data.DataLoader(
-        _Batches(job.build, items, timed=job.stopwatch is not None), batch_size=None, shuffle=False,
+        _Batches(job.build, items, timed=job.stopwatch is not None, rows=job.rows), batch_size=None, shuffle=False,
         num_workers=job.workers, pin_memory=job.dev.type == "cuda", prefetch_factor=4 if job.workers else None,
         worker_init_fn=init_loader_worker,
     )
 
 
-def _encode(enc, level: str, images, layers: list[int], tile_encoding: str) -> dict:
-    """``{layer: (tokens, pooled)}`` of one batch; ``per-tile`` encodes Levels 1-2 tile by tile."""
+def _encode(enc, level: str, images, layers: list[int], tile_encoding: str,
+            texts: tuple[str, ...] | None = None) -> dict:
+    """``{layer: (tokens, pooled)}`` of one batch; ``per-tile`` encodes Levels 1-2 tile by tile;
+    ``texts``: a question cache's user messages, one per image (:meth:`MllmEncoder.asking`)."""
+    if texts is not None:
+        with enc.asking(texts):
+            return enc(images, layers)
     if tile_encoding == "per-tile" and level in TILED_LEVELS:
         from spar_bench.builder.schema import TILE_GRID
 
@@ -529,7 +553,9 @@ class CacheOptions:
     (:mod:`.token_storage`; None: full tokens). ``tile_encoding``: :data:`TILE_ENCODINGS`.
     ``async_writes``: batches stored by one writer thread while the next are encoded (default),
     or in the encoding loop; the file is the same byte for byte (not recorded, not in
-    ``cache_args``: a cache resumes either way).
+    ``cache_args``: a cache resumes either way). ``probe``: the one probe a question stage
+    (``mllm:DIR@llm:N+q``) is cached for, a row per question (:mod:`.question_rows`; recorded
+    through the encoder's spec); refused for any other encoder.
 
     ``weights``, ``random_init`` and ``revision`` are how :func:`~.encoders.load_encoder` loads
     the encoder (unused when the caller passes an ``encoder_obj``). They stay here rather than in
@@ -554,6 +580,7 @@ class CacheOptions:
     revision: str | None = None
     model_args: dict[str, Any] | None = None  # --model-args: the constructor's (timm:, monai:)
     async_writes: bool = True  # one writer thread; False: writes in the loop (the same bytes)
+    probe: str | None = None  # --probe: the probe whose questions a question stage (llm:N+q) reads
 
     def __post_init__(self) -> None:
         _check_options(self.dtype, self.batch_size, self.loader_workers)
@@ -611,6 +638,7 @@ class _Job:
     on_batch: Callable[[str, str, int, int], None] | None = None
     stopwatch: Stopwatch | None = None  # times the stages of the encoding loop (bench/cache.py)
     async_writes: bool = True  # CacheOptions.async_writes
+    rows: Any = None  # a question cache's rows (:class:`~.question_rows.QuestionRows`), else None
 
     @property
     def comp(self) -> str:
@@ -689,12 +717,17 @@ def _start(encoder: str, data: str | Path, out: Path, opts: CacheOptions, encode
 
     build = Build(data)
     plan = _plan(build, data, opts.levels, opts.splits)
+    if opts.probe is not None:  # named before the encoder loads
+        from .question_rows import question_probe
+
+        question_probe(opts.probe)
     if opts.model_args and encoder_obj is None and not encoder.startswith(("timm:", "monai:")):
         raise ConfigError(f"encoder {encoder}: --model-args apply to timm: and monai: encoders only")
     enc = encoder_obj if encoder_obj is not None else load_encoder(
         encoder, weights=opts.weights, random_init=opts.random_init, revision=opts.revision,
         **({"model_kwargs": dict(opts.model_args)} if opts.model_args else {}))
     plan = match_plan(plan, enc.spec, data, explicit=bool(opts.levels))
+    rows, plan = _question_plan(enc, build, plan, opts.probe, data)
     layers = enc.check_layers(list(opts.layers))
     ranks = Ranks.from_env()
     storage = opts.token_storage or TokenStorage()
@@ -710,7 +743,31 @@ def _start(encoder: str, data: str | Path, out: Path, opts: CacheOptions, encode
     return _Job(build=build, plan=plan, enc=enc, layers=layers, dev=dev, precision=precision,
                 dtype=opts.dtype, workers=workers, batch=opts.batch_size, tile_encoding=opts.tile_encoding,
                 storage=storage, ranks=ranks, target=target, progress=progress, on_batch=on_batch,
-                async_writes=opts.async_writes)
+                async_writes=opts.async_writes, rows=rows)
+
+
+def _question_plan(enc, build, plan: list[tuple[str, str]], probe: str | None, data) -> tuple[Any, list]:
+    """``(rows, plan)``: an encoder that reads each image's question (``mllm:DIR@llm:N+q``) is
+    cached for one probe (``--probe``), a row per question of its level's splits in ``plan``
+    (:mod:`.question_rows`; recorded in its spec); any other encoder ``(None, plan)``."""
+    if not getattr(enc, "asks", False):
+        if probe is not None:
+            raise ConfigError(f"encoder {enc.spec.name}: --probe applies to the question stages "
+                              "(mllm:DIR@llm:N+q) only; drop it")
+        return None, plan
+    if probe is None:
+        raise ConfigError(f"encoder {enc.spec.name}: a question stage is cached for one probe's questions; "
+                          "pass --probe (e.g. --probe level3.size)")
+    from .question_rows import question_probe, question_rows
+
+    level = question_probe(probe).level
+    kept = [(lv, sp) for lv, sp in plan if lv == level]
+    if not kept:
+        raise ConfigError(f"{data}: --probe {probe} asks about {level}, which this cache would not hold "
+                          f"(levels: {', '.join(sorted({lv for lv, _ in plan}))})")
+    rows = question_rows(build, probe, [sp for _, sp in kept])
+    enc.ask(rows)
+    return rows, [(lv, sp) for lv, sp in kept if sp in rows.keys]
 
 
 def _check_options(dtype: str, batch_size: int, loader_workers: int | None) -> None:
@@ -804,7 +861,7 @@ def _fill(job: _Job, args: dict[str, Any], meta: dict[str, Any]) -> None:
             return
         if not resumed:
             _write_header(f, meta)
-        items = _pending_items(f, job.build, job.plan, job.batch, job.ranks)
+        items = _pending_items(f, job.build, job.plan, job.batch, job.ranks, job.rows)
         if items:
             reducer = _reducer(job.enc, job.storage, job.tile_encoding)
             if job.storage.proj is not None:
@@ -886,24 +943,25 @@ def _fit_pca(job: _Job, reducer: Reducer) -> dict[int, Projection]:
     if not train:
         raise ConfigError("--token-proj pca: the cache's plan has no train split to fit it on; "
                           "add the train split (--splits) or use random:K")
-    items = _sample_blocks(build, train, job.batch, PCA_FIT_IMAGES // len(train))
+    counts = [_count(build, job.rows, lv, sp) for lv, sp in train]
+    items = _sample_blocks(train, counts, job.batch, PCA_FIT_IMAGES // len(train))
     amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(job.comp)
     moments: dict[int, Moments] = {v: Moments() for v in job.layers}
     for lv, sp, lo, hi in items:
-        _, images = next(build.iter_images(lv, sp, hi - lo, start=lo))
+        images = _images(build, job.rows, lv, sp, lo, hi)
         with torch.no_grad(), torch.autocast(dev.type, dtype=amp or torch.float32, enabled=amp is not None):
             res = _encode(job.enc, lv, torch.from_numpy(np.ascontiguousarray(images)).to(dev),
-                          job.layers, job.tile_encoding)
+                          job.layers, job.tile_encoding, _texts(job.rows, (lv, sp, lo, hi)))
         for v, (toks, _) in res.items():
             moments[v].update(reducer.pool(lv, toks))
     return {v: m.pca(reducer.storage.proj_dim) for v, m in moments.items()}
 
 
-def _sample_blocks(build, pairs: list[tuple[str, str]], batch: int, per_split: int) -> list[Item]:
-    """About ``per_split`` rows of each (level, split), as evenly spaced blocks of ``batch`` rows."""
+def _sample_blocks(pairs: list[tuple[str, str]], counts: list[int], batch: int, per_split: int) -> list[Item]:
+    """About ``per_split`` rows of each (level, split) (``counts``: its rows), as evenly spaced
+    blocks of ``batch`` rows."""
     items: list[Item] = []
-    for lv, sp in pairs:
-        n = build.count(lv, sp)
+    for (lv, sp), n in zip(pairs, counts, strict=True):
         blocks = max(1, min(n // max(batch, 1), -(-per_split // max(batch, 1))))
         starts = np.linspace(0, max(n - batch, 0), blocks).round().astype(int) if n else []
         items += [(lv, sp, int(lo), int(min(lo + batch, n))) for lo in sorted(set(starts))]

@@ -189,6 +189,20 @@ class FeatureCache:
 
         return TokenStorage.from_dict(self.meta.get("token_storage")).to_dict()
 
+    @property
+    def question_probe(self) -> str | None:
+        """The probe a question cache was made for (``mllm:DIR@llm:N+q``: a row per question of
+        that probe, :mod:`.question_rows`), or None for any other cache."""
+        return ((self.meta.get("encoder_config") or {}).get("extra") or {}).get("question_probe")
+
+    def check_probe(self, probe: str) -> None:
+        """One line when this is a question cache of another probe than ``probe``."""
+        mine = self.question_probe
+        if mine is not None and mine != probe:
+            raise ConfigError(f"{self.path}: a question cache made for {mine} (its rows are {mine}'s questions, "
+                              f"each with its own prompt); it cannot train or score {probe}: make one with "
+                              f"`spar-probe cache --probe {probe}`")
+
     def check_matches(self, build: Build) -> None:
         """Raise :class:`ConfigError` unless this cache was made from ``build``'s shards."""
         if build.fingerprint != self.fingerprint:

@@ -72,3 +72,18 @@ def cache_levels(features: str | Path) -> list[str] | None:
             return cache.levels()
     except Exception:  # noqa: BLE001 - the run's own checks say what is wrong with the file
         return None
+
+
+def cache_probes(text: Sequence[str] | str, features: str | Path) -> list[str]:
+    """:func:`parse_probes` for the cache ``features``: ``all`` is the probes of its levels, or
+    of a question cache (``mllm:DIR@llm:N+q``) the one probe it was made for."""
+    from .features import FeatureCache
+
+    if names_all(text):
+        try:
+            with FeatureCache(features) as cache:
+                if cache.question_probe:
+                    return [cache.question_probe]
+        except Exception:  # noqa: BLE001 - the run's own checks say what is wrong with the file
+            pass
+    return parse_probes(text, cache_levels(features))

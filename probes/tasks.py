@@ -377,7 +377,7 @@ class QuestionSpec(ProbeSpec):
         where = f"{build.root}/{self.level}/{split}"
         keep = q["q_probe"].astype(np.int64) == self.index
         qs = q[self.row_field][keep].astype(np.int64)
-        cache_row = cache_rows(cache_keys, s["key"], where)
+        item_row = self._item_rows(build, split, cache_keys, s["key"], keep, qs, where)
         is_mirror = _mirror_flags(build, self.level, split, len(s["key"]), s)
         flipped = _flip_flags(s)
         answer = q["q_answer"][keep].astype(np.int64)
@@ -392,8 +392,20 @@ class QuestionSpec(ProbeSpec):
             "probe": np.full(answer.shape, self.index, dtype=np.int64),
             self.scale_field: s[self.scale_field].astype(np.float32)[qs],
         }
-        return Targets(self, split, cache_row[qs], s["patient_id"].astype(str)[qs], is_mirror[qs], y,
+        return Targets(self, split, item_row, s["patient_id"].astype(str)[qs], is_mirror[qs], y,
                        None if flipped is None else flipped[qs])  # fmt: skip
+
+    def _item_rows(self, build, split, cache_keys, row_keys, keep, qs, where) -> np.ndarray:
+        """Each question's cache row: its slice's (volume's) row, found by the row's key; in a
+        question cache (keyed by question: ``mllm:DIR@llm:N+q``, :mod:`.question_rows`) its
+        own row, found by the question key (a split without such questions may hold none)."""
+        if not keep.any():
+            return np.zeros(0, np.int64)
+        if len(cache_keys) and str(cache_keys[0]) not in set(map(str, row_keys)):
+            q_keys = read_fields(build, self.level, split, ["q_key"])["q_key"][keep].astype(str)
+            if str(cache_keys[0]) in set(q_keys):
+                return cache_rows(cache_keys, q_keys, where)
+        return cache_rows(cache_keys, row_keys, where)[qs]
 
     def question(self, t, idx):
         return {k: t.y[k][idx] for k in self.question_keys}

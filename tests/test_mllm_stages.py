@@ -215,9 +215,10 @@ def test_the_preset_runs_the_four_mllms_by_stage_once_their_folders_are_given(tm
         (tmp_path / "w" / d).mkdir(parents=True)
     plan = make_plan(load_experiment(preset_path("mllm-stages"), bare))
     ids = [s.id for s in plan.steps]
-    assert sum(i.startswith("cache:") for i in ids) == sum(i.startswith("heads:") for i in ids) == 4 * 6
+    # 6 stages, and llm:N+q once per probe (6 probes)
+    assert sum(i.startswith("cache:") for i in ids) == sum(i.startswith("heads:") for i in ids) == 4 * (6 + 6)
     assert sum(i.startswith("vqa:") for i in ids) == 4 and ids[-1] == "report"
-    assert "cache:llava-1.5-7b-llm32@word" in ids
+    assert "cache:llava-1.5-7b-llm32@word" in ids and "cache:llava-1.5-7b-llm16q-counting@word" in ids
 
 
 # -- the other families of the paper's MLLMs: Qwen2.5-VL (attention windows), InternVL (pixel

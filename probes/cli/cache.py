@@ -24,6 +24,9 @@ from .options import compute_option, device_option, loader_workers_option
 @click.option("--levels", default=None, help="Comma-separated levels (default: all in the build).")
 @click.option("--splits", default=None, help="Comma-separated splits (default: all).")
 @click.option("--layers", default="-1", show_default=True, help="Comma-separated layer indices, e.g. -1,-4.")
+@click.option("--probe", default=None,
+              help="A question stage (mllm:DIR@llm:N+q) only: the Level 3 probe whose questions it reads, "
+                   "e.g. level3.size (the cache holds a row per question of that probe).")
 @device_option
 @click.option("--batch-size", default=64, show_default=True, type=click.IntRange(1), help="Images per batch.")
 @old_spelling("--batch", "--batch-size", "batch_size", type=click.IntRange(1))
@@ -45,13 +48,13 @@ from .options import compute_option, device_option, loader_workers_option
               help="Store tokens as int8 with one scale per row and channel (dequantised on read).")
 @wait_option  # the cache file's lock is taken by write_cache (spar_bench.locks)
 def cache_command(encoder, weights, random_init, revision, model_args, data, out, levels, splits, layers,
-                  device, batch_size, dtype, compute, workers, overwrite, tile_encoding,
+                  probe, device, batch_size, dtype, compute, workers, overwrite, tile_encoding,
                   token_grid, token_proj, token_int8) -> None:
     """Encode every image of a build and store tokens + pooled vectors (resumable)."""
     die_with_launcher()  # a torchrun rank ends with torchrun, however torchrun ends
     path = write_cache(encoder, data, out, cache_options(
         weights=weights, random_init=random_init, revision=revision, model_args=model_args, levels=levels,
-        splits=splits, layers=layers, device=device, batch_size=batch_size, dtype=dtype, compute=compute,
+        splits=splits, layers=layers, probe=probe, device=device, batch_size=batch_size, dtype=dtype, compute=compute,
         loader_workers=workers, overwrite=overwrite, tile_encoding=tile_encoding, token_grid=token_grid,
         token_proj=token_proj, token_int8=token_int8,
     ))

@@ -12,6 +12,7 @@ import click
 from spar_bench.clitools import wait_option
 from spar_bench.locks import output_lock
 
+from ..names import cache_probes
 from ..runs.inputs import ProbeUnavailable
 from ..runs.session import run_fit
 from ..runs.spec import make_run
@@ -20,12 +21,10 @@ from ..tasks import get_probe
 from .options import (
     apply_preset,
     bootstrap_option,
-    cache_levels,
     fmt,
     head_option,
     names_all,
     parse_heads,
-    parse_probes,
     parse_seeds,
     pop_run_options,
     probe_option,
@@ -60,7 +59,7 @@ def fit_command(features, head, probes, seeds, out, overwrite, data, n_boot, no_
     runs = [[with_preset(make_run(features, p, h, s, options, data=data, controls=not no_controls,
                                   n_boot=n_boot, device=device), preset)
              for h in heads for s in parse_seeds(seeds)]
-            for p in parse_probes(probes, cache_levels(features))]  # fmt: skip
+            for p in cache_probes(probes, features)]  # fmt: skip
     torch.set_num_threads(threads)
     click.get_current_context().with_resource(output_lock(out, what="spar-probe fit"))  # until the command ends
     for per_probe in runs:

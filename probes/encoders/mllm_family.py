@@ -11,7 +11,16 @@ controls as for any encoder, on the features of one model at each stage of its p
   ``pooler_output``: LLaVA's MLP, Qwen's patch merger, PaliGemma's linear map);
 * ``llm:N``: the language model's hidden state after layer ``N`` (``0``: its input
   embeddings; negative counts from the end) at the image-token positions, the image shown
-  with the neutral prompt :data:`NEUTRAL_PROMPT` through the model's own chat template.
+  with the neutral prompt :data:`NEUTRAL_PROMPT` through the model's own chat template;
+* ``llm:N+q``: the same with the probe's question in the prompt instead: the user message
+  ``spar-probe vqa`` sends with the image (options included), through the same chat template,
+  placed BEFORE the image in the user's turn. ``spar-probe vqa`` puts it after the image, but in
+  a causal LM no token after the image changes the image tokens' hidden states: asked that
+  way, every layer's image tokens are exactly the neutral stage's (a prefix-LM such as
+  PaliGemma, whose image and prompt attend to each other, is the exception). Its features
+  depend on (image, question), so its cache is made for one probe, a row per question
+  (``spar-probe cache --probe PROBE``; :mod:`spar_bench.probes.question_rows`); the texts of a
+  batch are given with :meth:`MllmEncoder.asking`.
 
 Images go through the model's own processor (as ``spar-probe vqa --model hf:DIR`` shows them):
 a 224 x 224 grey image, as RGB. Qwen's dynamic resolution therefore sees one fixed size and
@@ -25,6 +34,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,21 +48,29 @@ from .base import Encoder, EncoderSpec, WeightsGiven, local_name, require_extra,
 #: the prompt shown with the image for the ``llm:N`` stages (no question: what the LM holds of
 #: the image before it is asked anything)
 NEUTRAL_PROMPT = "Describe the image."
-#: the stages of ``mllm:DIR@STAGE`` (``llm:N`` with N a layer index)
-STAGES = ("vision", "projector", "llm:N")
-_STAGE = re.compile(r"(vision|projector)|llm:(-?\d+)")
+#: the stages of ``mllm:DIR@STAGE`` (``llm:N`` with N a layer index; ``+q``: the question in the prompt)
+STAGES = ("vision", "projector", "llm:N", "llm:N+q")
+#: the suffix of a stage that reads the probe's question with the image
+ASKS = "+q"
+_STAGE = re.compile(r"(vision|projector)|llm:(-?\d+)(?:\+q)?")
 #: processor outputs that are text, not pixels (kept from ``get_image_features``)
 _TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids", "labels")
 _WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth")
 
 
 def parse_stage(text: str, name: str = "mllm") -> tuple[str, int | None]:
-    """``"vision"`` -> ``("vision", None)``, ``"llm:8"`` -> ``("llm", 8)``; anything else one line."""
+    """``"vision"`` -> ``("vision", None)``, ``"llm:8"`` (and ``"llm:8+q"``) -> ``("llm", 8)``;
+    anything else one line (:func:`asks_question` tells ``+q``)."""
     m = _STAGE.fullmatch(text.strip())
     if not m:
         raise ConfigError(f"encoder {name}: unknown stage {text!r}; use one of {', '.join(STAGES)} "
-                          "(e.g. mllm:DIR@vision, mllm:DIR@llm:16)")
+                          "(e.g. mllm:DIR@vision, mllm:DIR@llm:16, mllm:DIR@llm:16+q)")
     return (m.group(1), None) if m.group(1) else ("llm", int(m.group(2)))
+
+
+def asks_question(stage: str) -> bool:
+    """Whether a stage (``llm:8+q``) reads the probe's question with the image."""
+    return stage.strip().endswith(ASKS)
 
 
 def split_name(rest: str) -> tuple[str, str]:
@@ -70,13 +90,44 @@ class MllmEncoder(Encoder):
         super().__init__(spec, model)
         self.processor, self.prompt = processor, prompt
         self.stage, self.llm_layer = parse_stage(spec.extra["stage"], spec.name)
+        self.asks = asks_question(spec.extra["stage"])
+        self.texts: tuple[str, ...] | None = None  # a ``+q`` stage's user messages of the batch
+
+    def ask(self, rows) -> None:
+        """Make this ``+q`` stage the encoder of one probe's questions (a
+        :class:`~spar_bench.probes.question_rows.QuestionRows`): recorded in its spec."""
+        if not self.asks:
+            raise ConfigError(f"encoder {self.spec.name}: --probe applies to the question stages "
+                              "(mllm:DIR@llm:N+q) only; drop it")
+        self.spec = replace(self.spec, extra={**self.spec.extra, **rows.record()})
+
+    @contextmanager
+    def asking(self, texts: Sequence[str]) -> Iterator[None]:
+        """Encode the next batch with these user messages, one per image (a ``+q`` stage)."""
+        self.texts = tuple(texts)
+        try:
+            yield
+        finally:
+            self.texts = None
+
+    def _prompts(self, n: int) -> list[str]:
+        if not self.asks:
+            return [self.prompt] * n
+        if self.texts is None or len(self.texts) != n:
+            raise ConfigError(f"encoder {self.spec.name}: the question stage needs the question of each of its "
+                              f"{n} images; make its cache with `spar-probe cache --probe PROBE`")
+        return [chat_prompt(self.processor, t, question_first=True) for t in self.texts]
 
     def preprocess(self, images):  # type: ignore[override] - a processor batch, not a tensor
         if images.dtype.is_floating_point or images.ndim != 3:
             raise ValueError(f"expected uint8 (B, H, W) images, got {images.dtype} {tuple(images.shape)}")
         rgb = images.cpu().unsqueeze(-1).expand(-1, -1, -1, 3).numpy()
+        tok = getattr(self.processor, "tokenizer", None)
+        if tok is not None:  # prompts of several lengths: right-padded, real tokens placed as unbatched
+            tok.padding_side = "right"
         # one image per prompt, nested: Gemma 3's processor counts images per sample
-        enc = self.processor(text=[self.prompt] * len(rgb), images=[[im] for im in rgb], return_tensors="pt")
+        enc = self.processor(text=self._prompts(len(rgb)), images=[[im] for im in rgb], return_tensors="pt",
+                             padding=True)
         enc.pop("labels", None)  # PaliGemma's processor adds them: no loss is wanted
         return enc.to(self.device)
 
@@ -154,12 +205,28 @@ def qwen_patches(model: Any, hidden, grid_thw):
 
 
 # --------------------------------------------------------------------------- loading
+def chat_prompt(processor: Any, text: str, *, question_first: bool = False) -> str:
+    """One image and ``text`` as the user's turn of the processor's chat template: the image
+    first (as ``spar-probe vqa --model hf:DIR`` sends it), or, ``question_first``, the text
+    first (the ``llm:N+q`` stage: the image tokens attend to it)."""
+    image, words = {"type": "image"}, {"type": "text", "text": text}
+    content = [words, image] if question_first else [image, words]
+    return processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
+                                         tokenize=False)
+
+
 def _chat_prompt(processor: Any, name: str) -> str:
     if getattr(processor, "chat_template", None) is None:
         raise ConfigError(f"encoder {name}: the processor has no chat template (save one with the model)")
-    content = [{"type": "image"}, {"type": "text", "text": NEUTRAL_PROMPT}]
-    return processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
-                                         tokenize=False)
+    return chat_prompt(processor, NEUTRAL_PROMPT)
+
+
+def _recorded_prompt(processor: Any, neutral: str, stage: str) -> str | None:
+    """The chat-templated prompt of an LM stage (``{question}`` where a ``+q`` stage puts each
+    row's question); None for the vision and projector stages, which read no text."""
+    if not stage.startswith("llm"):
+        return None
+    return chat_prompt(processor, "{question}", question_first=True) if asks_question(stage) else neutral
 
 
 def _load(folder: Path, name: str, random_init: bool) -> tuple[Any, Any, dict[str, Any]]:
@@ -248,7 +315,7 @@ def load_mllm(rest: str, *, weights: str | None = None, random_init: bool = Fals
         weights=record, random_init=record["kind"] == "random-init",
         extra={"stage": stage_text, "llm_layer": layer, "model_type": model.config.model_type,
                "config_sha256": sha256_file(folder / "config.json"),
-               "prompt": prompt if stage == "llm" else None, "image_tokens": layout["image_tokens"],
+               "prompt": _recorded_prompt(processor, prompt, stage_text), "image_tokens": layout["image_tokens"],
                "vision_grid": layout["vision_grid"], "lm_grid": layout["lm_grid"], "lm_layers": n_lm,
                "preprocessing": "the model's processor on the 224x224 grey image as RGB"},
     )

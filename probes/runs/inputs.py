@@ -201,6 +201,7 @@ def split_targets(build, cache, run) -> Splits:
 def open_run(run):
     """The cache and build of ``run``, checked: the level, its splits and its shards' bytes."""
     cache = open_cache(run.features)
+    cache.check_probe(run.spec.name)
     build = resolve_build(cache, run.data)
     level = run.spec.level
     if level not in cache.levels():

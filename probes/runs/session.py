@@ -236,6 +236,7 @@ def run_eval(run: str | Path, features: str | Path, data: str | Path | None = No
     trained = json.loads((rd / METRICS_FILE).read_text())
     majority = (trained.get("controls") or {}).get("majority_class")
     cache = open_cache(features)
+    cache.check_probe(spec.name)
     out = rd / f"eval-{Path(features).stem}.json"
     inputs = {"features": Path(features).name, "cache_fingerprint": cache.fingerprint,
               "encoder": encoder_slug(cache), "n_bootstrap": n_boot}  # fmt: skip

@@ -311,7 +311,7 @@ def sweep_jobs(cfg: SweepConfig, explicit: Collection[str] = ()) -> list[Job]:
     """Every job of ``cfg``, checked; the preset fills the ``seeds``, ``heads`` and run options
     not in ``explicit`` (the names given, as :func:`spar_bench.presets.apply_probe_preset`)."""
     from ..hardware import pick_device
-    from ..names import cache_levels, parse_heads, parse_probes, parse_seeds
+    from ..names import cache_probes, parse_heads, parse_seeds
     from .spec import OPTIONS, parse_grid, with_preset
 
     params: dict[str, Any] = {"seeds": cfg.seeds, "heads": cfg.heads, **{n: cfg.options.get(n) for n in OPTIONS}}
@@ -324,7 +324,7 @@ def sweep_jobs(cfg: SweepConfig, explicit: Collection[str] = ()) -> list[Job]:
     head_list = parse_heads(heads)
     device = str(pick_device(cfg.device))  # fail fast on an unusable --device; auto: cpu or cuda
     points = parse_grid(cfg.grid)
-    jobs = make_jobs(str(cfg.features), head_list, parse_probes(cfg.probes, cache_levels(cfg.features)),
+    jobs = make_jobs(str(cfg.features), head_list, cache_probes(cfg.probes, cfg.features),
                      parse_seeds(seeds), params, points, str(cfg.out), cfg.threads, data=cfg.data,
                      controls=cfg.controls, n_boot=cfg.n_boot, device=device)  # fmt: skip
     jobs = [Job(with_preset(j.run, preset), j.out, j.threads) for j in jobs]

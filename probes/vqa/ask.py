@@ -162,6 +162,13 @@ def prompt_of(qs: Questions, i: int, order: tuple[int, ...], cfg: AskConfig, bli
     return render(*args, order, cfg.hint, blind=blind, context=qs.context(i, cfg.image_size))
 
 
+def plain_prompt(qs: Questions, i: int) -> Prompt:
+    """Question ``i`` as it is asked with its image under the default :class:`AskConfig`: options
+    in class order (rotation 0), the convention hint, the 224 image (the ``llm:N+q`` stage's
+    prompt: :mod:`spar_bench.probes.question_rows`)."""
+    return prompt_of(qs, i, rotations(qs.spec.n_classes)[0], AskConfig())
+
+
 def image_digest(image: np.ndarray) -> str:
     """sha256 of a stored slice or volume: dtype, shape and bytes."""
     a = np.ascontiguousarray(image)
