@@ -1,7 +1,7 @@
 """lmms-eval itself runs a SPAR-Bench export, and its answers score as ``spar-probe vqa``'s.
 
 A small phantom build; a tiny random LLaVA (``letters_only``: its one-token answers are option
-letters, chosen by the input, so the scores are not all zero); ``spar-build export --format
+letters or nothing, so the scores are not all zero); ``spar-build export --format
 lmms-eval`` of ``level3.symmetry``; lmms-eval's own CLI (``--model llava_hf``, the chat class:
 it sends the ``[image, text]`` message ``vqa``'s ``hf:`` backend sends) runs every variant task
 of the group with ``--log_samples``; the joined samples go through ``spar-probe vqa --answers``,

@@ -67,11 +67,12 @@ def make_tiny_llava(path: str | Path, seed: int = 0, hidden: int = 32, image_siz
                     letters_only: str = "") -> Path:
     """Save a tiny random LLaVA (model, processor, tokenizer, chat template) into ``path``.
 
-    ``letters_only`` (e.g. ``"ABC"``): a one-token answer is one of these letters, chosen by the
-    input (answers that parse, for tests that compare scores, not only texts): the language head
-    scores only them (every other token's logit is 0), and the generation prompt's own tokens
-    (``assistant :``) embed to 0, so what the last position reads comes from the question and
-    the image."""
+    ``letters_only`` (e.g. ``"ABC"``): a greedy one-token answer is one of these letters or
+    nothing (answers that parse, for tests that compare scores, not only texts): the language
+    head scores only them (every other token's logit is 0), and the generation prompt's own
+    tokens (``assistant :``) embed to 0, so which letter comes from what the last position reads
+    of the question and the image (weakly, a random model: with and without an image often
+    differ, two images seldom)."""
     import torch
     from transformers import (
         CLIPImageProcessor,
