@@ -8,7 +8,8 @@
 #   scripts/lmms-eval-venv.sh [DIR]      # default ${TMPDIR:-/tmp}/spar-ci-lmms
 #
 # Prints the venv's lmms-eval executable (the last line of stdout; pip's output goes to stderr).
-# Quick when DIR already holds this venv for this checkout; a DIR it did not make is refused.
+# Quick when DIR already holds this venv for this checkout and the exported utils.py's import of
+# spar_bench works there (else it is made again); a DIR it did not make is refused.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${1:-${TMPDIR:-/tmp}/spar-ci-lmms}
@@ -18,7 +19,7 @@ MARK="$VENV/.spar-lmms-venv"  # written when the venv is made; holds what it was
 WANT="${REQUIREMENTS[*]} -e $REPO"
 
 if [ -f "$MARK" ] && [ "$(cat "$MARK")" = "$WANT" ] \
-   && "$VENV/bin/python" -c "import lmms_eval, spar_bench" 2>/dev/null; then
+   && "$VENV/bin/python" -c "import lmms_eval, spar_bench.probes.vqa.parse" 2>/dev/null; then
   echo "$VENV/bin/lmms-eval"
   exit 0
 fi
@@ -30,6 +31,6 @@ rm -rf "$VENV"
 "$PYTHON" -m venv "$VENV"
 : > "$MARK"
 "$VENV/bin/python" -m pip install --quiet "${REQUIREMENTS[@]}" -e "$REPO" >&2
-"$VENV/bin/python" -c "import lmms_eval, spar_bench, decord" >&2
+"$VENV/bin/python" -c "import lmms_eval, spar_bench.probes.vqa.parse, decord" >&2
 echo "$WANT" > "$MARK"
 echo "$VENV/bin/lmms-eval"
