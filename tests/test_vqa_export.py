@@ -236,11 +236,14 @@ def test_lmms_eval_tasks_load_and_score_with_the_parser(env):
 
     from spar_bench.probes.vqa.parse import parse_answer
 
-    folder = env["lm"] / "spar_level3_symmetry"
+    folder = env["lm"] / PROBE
     group = yaml.load((folder / "spar_level3_symmetry.yaml").read_text(), Loader=_function_loader())
     docs = [json.loads(x) for x in (folder / "docs.jsonl").read_text().splitlines()]
     cats = {d["category"] for d in docs}
     assert len(group["task"]) == len(cats)
+    # lmms-eval reads a --tasks name that is a folder of where it runs as that folder's YAMLs
+    # (every task twice, as plain-model tasks): the folder is not named like the group
+    assert group["group"] == "spar_level3_symmetry" and not (env["lm"] / group["group"]).exists()
     utils = _utils(folder)
     for name in group["task"]:
         task = yaml.load((folder / f"{name}.yaml").read_text(), Loader=_function_loader())
@@ -267,7 +270,7 @@ def test_lmms_eval_log_samples_score_as_vqa(env):
     from spar_bench.probes.vqa.base import Request
     from spar_bench.probes.vqa.dummy import DummyBackend
 
-    folder = env["lm"] / "spar_level3_symmetry"
+    folder = env["lm"] / PROBE
     utils = _utils(folder)
     d = DummyBackend(mode="generate", seed=0)
     lines = []

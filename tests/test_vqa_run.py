@@ -268,3 +268,37 @@ def test_http_failure_stops_in_one_line_and_the_rerun_resumes(env, capsys):
         asked_again = len(srv.seen)
     with ResponseCache(cache) as c:
         assert len(c) == kept + asked_again  # only the missing answers were asked
+
+
+
+def test_tiny_letters_only_answers_a_letter(tmp_path):
+    """``make_tiny_llava(letters_only=...)``: the head scores only the letters and the
+    generation prompt's own tokens embed to 0, so a greedy one-token answer is a letter or
+    nothing (tests/test_lmms_eval.py compares such answers across harnesses)."""
+    pytest.importorskip("transformers")
+    import numpy as np
+    import torch
+    from transformers import LlavaForConditionalGeneration
+
+    from spar_bench.probes.vqa import BackendOptions, load_backend
+    from spar_bench.probes.vqa.base import Request, to_pil
+    from spar_bench.probes.vqa.prompts import PromptContext, render
+    from spar_bench.probes.vqa.tiny import make_tiny_llava
+
+    path = make_tiny_llava(tmp_path / "tiny", seed=0, letters_only="ABC")
+    be = load_backend(f"hf:{path}", BackendOptions(mode="generate", max_new_tokens=1, batch_size=1))
+    vocab = be.tok.get_vocab()
+    rng = np.random.default_rng(0)
+    reqs = []
+    for i in range(4):
+        p = render("size", i, i + 2, -1, (0, 1, 2), context=PromptContext(1.5, 224, (900.0, 2000.0)))
+        img = to_pil(rng.integers(0, 255, (224, 224), dtype=np.uint8), 224)
+        reqs.append(Request(f"k{i}", p.text, p.letters, p.options, img if i % 2 else None))
+    texts = [r.text for r in be.answer(reqs)]
+    assert set(texts) <= {"A", "B", "C", ""} and set(texts) != {""}
+    model = LlavaForConditionalGeneration.from_pretrained(path)
+    head = model.get_output_embeddings().weight.detach()
+    scored = {int(i) for i in torch.nonzero(head.abs().sum(dim=1)).flatten()}
+    assert scored == {vocab[c] for c in "ABC"}
+    emb = model.get_input_embeddings().weight.detach()
+    assert not emb[[vocab["assistant"], vocab[":"]]].any() and emb[vocab["size"]].any()

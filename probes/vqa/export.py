@@ -9,9 +9,12 @@ the ``vqa`` command sends. So a score from the other harness, read back with ``s
 * ``vlmevalkit``: ``DIR/<probe>.tsv`` in VLMEvalKit's ``CustomMCQDataset`` format (``index``,
   ``image`` (base64 PNG), ``question``, ``A``.., ``answer``, ``category`` = the variant,
   ``l2-category`` = the probe) plus the ``spar_*`` columns that name each row's question;
-* ``lmms-eval``: ``DIR/spar_<level>_<probe>/`` -- a task per variant, a group over them,
-  ``docs.jsonl``, ``images/`` and a ``utils.py`` whose ``process_results`` reads the answer
-  with SPAR-Bench's own parser (``lmms-eval --include_path DIR``, run from ``DIR``).
+* ``lmms-eval``: ``DIR/<probe>/`` -- a task per variant (``spar_<level>_<probe>_<variant>``),
+  a group over them (``spar_<level>_<probe>``), ``docs.jsonl``, ``images/`` and a ``utils.py``
+  whose ``process_results`` reads the answer with SPAR-Bench's own parser (``lmms-eval
+  --include_path .``, run from ``DIR``). The folder is not named like the group: lmms-eval
+  reads a ``--tasks`` name that is a folder of the working directory as that folder's YAML
+  files, which loads every task twice and as a plain-model task.
 
 Beside each probe's files ``<name>.json`` records the protocol version, the build's
 fingerprint, the template version, the asking options, the rows per variant and the files'
@@ -171,15 +174,15 @@ def write_lmms_docs(rows: Iterator[ExportRow], folder: Path) -> Counter:
     return counts
 
 
-def write_lmms_tasks(folder: Path, counts: Counter, max_new_tokens: int = 64) -> list[str]:
-    """One task YAML per variant and the group YAML; returns the task names."""
+def write_lmms_tasks(folder: Path, base: str, counts: Counter, max_new_tokens: int = 64) -> list[str]:
+    """One task YAML per variant (``<base>_<variant>``) and the group YAML (``base``); returns
+    the task names."""
     from .lmms_template import group_yaml, task_yaml, utils_py
 
-    base = folder.name
     tasks = []
     for cat in sorted(counts):
         name = f"{base}_{cat.replace('-', '_')}"
-        (folder / f"{name}.yaml").write_text(task_yaml(name, base, cat, max_new_tokens), encoding="utf-8")
+        (folder / f"{name}.yaml").write_text(task_yaml(name, folder.name, cat, max_new_tokens), encoding="utf-8")
         tasks.append(name)
     (folder / f"{base}.yaml").write_text(group_yaml(base, tasks), encoding="utf-8")
     (folder / "utils.py").write_text(utils_py(sorted(counts)), encoding="utf-8")
@@ -212,9 +215,9 @@ def export_probe(build, probe: str, cfg: AskConfig, fmt: str, out: Path) -> Path
         counts = write_vlmevalkit(rows, tsv, qs.spec.n_classes, probe)
         files, meta = {tsv.name: sha256_file(tsv)}, out / f"{probe}.json"
     else:
-        folder = out / task_name(probe)
+        folder = out / probe
         counts = write_lmms_docs(rows, folder)
-        write_lmms_tasks(folder, counts)
+        write_lmms_tasks(folder, task_name(probe), counts)
         files = {p.relative_to(out).as_posix(): sha256_file(p) for p in sorted(folder.glob("*")) if p.is_file()}
         meta = folder / "export.json"
     meta.write_text(json.dumps(provenance(build, qs, cfg, fmt, counts, files), indent=2, sort_keys=True) + "\n",

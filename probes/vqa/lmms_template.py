@@ -1,8 +1,8 @@
 """The files of an lmms-eval task folder written by ``spar-build export --format lmms-eval``.
 
 A task per variant (``spar_level3_size_plain``, ``..._circular_1``, ``..._blind``, ``..._mirror``
-...), each reading the folder's ``docs.jsonl`` and keeping its own category; a group named
-after the folder runs them all. ``utils.py`` imports SPAR-Bench: ``process_results`` reads the
+...), each reading the folder's ``docs.jsonl`` and keeping its own category; a group
+(``spar_level3_size``) runs them all. ``utils.py`` imports SPAR-Bench: ``process_results`` reads the
 generated text with :func:`spar_bench.probes.vqa.parse.parse_answer` (the parser of ``spar-probe
 vqa``) and returns, per document, the fields ``spar-probe vqa --answers`` matches on, so the
 ``--log_samples`` JSONL scores back with every control.

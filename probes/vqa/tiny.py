@@ -51,8 +51,28 @@ def _word_tokenizer(words: list[str], extra: dict[str, str]):
                                    bos_token="<s>", eos_token="</s>", extra_special_tokens=extra)
 
 
-def make_tiny_llava(path: str | Path, seed: int = 0, hidden: int = 32, image_size: int = 32) -> Path:
-    """Save a tiny random LLaVA (model, processor, tokenizer, chat template) into ``path``."""
+def _letters_only(model, letters: list[int], silent: list[int]) -> None:
+    """Zero the language head but for ``letters`` and the input embeddings of ``silent``."""
+    import torch
+
+    head, emb = model.get_output_embeddings().weight, model.get_input_embeddings().weight
+    keep = torch.zeros(head.shape[0], 1)
+    keep[letters] = 1.0
+    with torch.no_grad():
+        head.mul_(keep)
+        emb[silent] = 0.0
+
+
+def make_tiny_llava(path: str | Path, seed: int = 0, hidden: int = 32, image_size: int = 32,
+                    letters_only: str = "") -> Path:
+    """Save a tiny random LLaVA (model, processor, tokenizer, chat template) into ``path``.
+
+    ``letters_only`` (e.g. ``"ABC"``): a greedy one-token answer is one of these letters or
+    nothing (answers that parse, for tests that compare scores, not only texts): the language
+    head scores only them (every other token's logit is 0), and the generation prompt's own
+    tokens (``assistant :``) embed to 0, so which letter comes from what the last position reads
+    of the question and the image (weakly, a random model: with and without an image often
+    differ, two images seldom)."""
     import torch
     from transformers import (
         CLIPImageProcessor,
@@ -81,6 +101,8 @@ def make_tiny_llava(path: str | Path, seed: int = 0, hidden: int = 32, image_siz
                       vision_feature_select_strategy="default", vision_feature_layer=-1)
     torch.manual_seed(seed)
     model = LlavaForConditionalGeneration(cfg).eval()
+    if letters_only:
+        _letters_only(model, [vocab[c] for c in letters_only], [vocab["assistant"], vocab[":"]])
     path = Path(path)
     model.save_pretrained(path)
     proc.save_pretrained(path)
