@@ -96,6 +96,7 @@ def load_with_mask(root: Path, data: np.ndarray, affine: np.ndarray):
     return src.load(src.find()[0])
 
 
+@pytest.mark.slow
 def test_all_48_axis_orders_give_the_same_canonical_labels(image_folder):
     root, kind = image_folder
     ref = load_with_mask(root, labelled_mask(), AFFINE)

@@ -12,6 +12,7 @@ from spar_bench.errors import CaseError, ConfigError
 from helpers import build_config, tree_hashes
 
 
+@pytest.mark.slow
 def test_build_end_to_end(fake_root: Path, tmp_path: Path) -> None:
     from spar_bench.builder.build import build
     from spar_bench.builder.shards import Build
@@ -56,6 +57,7 @@ def _check_level_specs(b) -> None:
             assert ("arrangement" in f.attrs) == spec.shuffled
 
 
+@pytest.mark.slow
 def test_build_is_byte_identical_across_runs_and_workers(fake_root: Path, tmp_path: Path) -> None:
     from spar_bench.builder.build import build
 
@@ -80,6 +82,7 @@ def test_refuses_non_empty_out(fake_root: Path, tmp_path: Path) -> None:
     assert (out / "notes.txt").read_text() == "mine"
 
 
+@pytest.mark.slow
 def test_resume_after_interruption_equals_clean_build(fake_root: Path, tmp_path: Path, monkeypatch) -> None:
     import spar_bench.builder.build as bb
 

@@ -63,6 +63,7 @@ def exact(**kw) -> CacheOptions:
     return CacheOptions(**dict(EXACT, **kw))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", list(MAKERS))
 def test_cache_is_aligned_with_shards(family: str, build: Path, models: Path, tmp_path: Path) -> None:
     if family in ("hf", "open_clip"):
@@ -215,6 +216,7 @@ def _kill_at(monkeypatch, k: int) -> list[int]:
     return count
 
 
+@pytest.mark.slow
 def test_a_cache_killed_at_any_write_resumes_to_the_same_bytes(tmp_path: Path, monkeypatch) -> None:
     """Kill a reduced (projected, int8) cache at every one of its HDF5 writes in turn; each
     rerun must finish to the features of an uninterrupted run, never call its own file foreign

@@ -39,6 +39,7 @@ def _writer_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("cache-writer")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("storage", [None, TokenStorage(grid=2, int8=True)], ids=["fp16", "grid2-int8"])
 def test_writer_on_and_off_give_the_same_bytes_whatever_the_workers(storage, build: Path, tmp_path: Path) -> None:
     files = {}

@@ -10,6 +10,8 @@ import json
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.slow  # trained reference models on a calibration build (~60 s fixture)
+
 pytest.importorskip("torch")
 
 
@@ -23,6 +25,7 @@ def _run(pipeline, tmp_path, probe: str, kind: str):
     return RunRecord.read(rd), json.loads((rd / "metrics.json").read_text())
 
 
+@pytest.mark.slow
 def test_the_slice_oracle_answers_level3_from_the_masks(pipeline, tmp_path):
     rec, m = _run(pipeline, tmp_path, "level3.relative_position", "slice-oracle")
     assert rec.kind == "slice-oracle" and m["track"] == "slice-oracle"
@@ -48,6 +51,7 @@ def test_the_slice_oracle_is_exact_on_level1_and_answers_any_subset_alike(pipeli
         SliceOracle(get_probe("level4.relative_position"), build)
 
 
+@pytest.mark.slow
 def test_the_reader_is_a_run_kind(pipeline, tmp_path):
     rec, m = _run(pipeline, tmp_path, "level3.relative_position", "reader")
     assert rec.kind == "reader" and m["train"] is None

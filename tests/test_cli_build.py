@@ -112,6 +112,7 @@ def test_phantom_build_end_to_end_and_verify(tmp_path: Path) -> None:
     assert hashlib.sha256((out / "manifest.json").read_bytes()).hexdigest() == first
 
 
+@pytest.mark.slow
 def test_workers_is_the_hidden_old_spelling_of_jobs(fake_root: Path, tmp_path: Path, capsys) -> None:
     """--workers (renamed --jobs in 0.2, removed in 0.3) still works, hidden; given with --jobs it is refused."""
     args = ["--source", "fake", "--root", str(fake_root), *SMALL, "--levels", "level1", "--no-hf"]

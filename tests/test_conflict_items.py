@@ -119,6 +119,7 @@ def test_report_shows_conflict_items_for_heads_and_mllms(runs, tmp_path):
     assert row["conflict"]["test"]["n"] == _metrics(runs, "mlp")["test"]["conflict"]["n"]
 
 
+@pytest.mark.slow
 def test_mask_oracle_scores_every_conflict_item(pipeline, tmp_path):
     """The mask oracle reads the answer from the stored geometry: 100 % on the conflict items
     of every probe, original and mirrored, and never the prior's answer there."""

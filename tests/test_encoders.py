@@ -156,6 +156,7 @@ def test_timm_vit_matches_forward_features(tmp_path: Path) -> None:
         enc(x, [5])
 
 
+@pytest.mark.slow
 def test_timm_resnet_flattens_feature_maps(tmp_path: Path) -> None:
     import timm
 
@@ -210,6 +211,7 @@ def test_hf_dinov2_local_dir(tmp_path: Path) -> None:
     torch.testing.assert_close(out[-1][1], r.last_hidden_state[:, 0])
 
 
+@pytest.mark.slow
 def test_open_clip_local_dir(tmp_path: Path) -> None:
     open_clip = pytest.importorskip("open_clip")
     name, kw = make_open_clip(tmp_path)
@@ -225,6 +227,7 @@ def test_open_clip_local_dir(tmp_path: Path) -> None:
     torch.testing.assert_close(enc(x)[-1][0], want)
 
 
+@pytest.mark.slow
 def test_open_clip_without_checkpoint_needs_random_init(tmp_path: Path) -> None:
     pytest.importorskip("open_clip")
     name, _ = make_open_clip(tmp_path)
@@ -234,6 +237,7 @@ def test_open_clip_without_checkpoint_needs_random_init(tmp_path: Path) -> None:
     assert load_encoder(name, random_init=True).spec.random_init
 
 
+@pytest.mark.slow
 def test_local_models_are_named_by_folder_name_and_content(tmp_path: Path) -> None:
     """No local path in a spec: base name + content hash; another location of the same
     content has the same name, another content in a folder of the same name another one."""

@@ -119,6 +119,7 @@ def test_monai_names_and_the_missing_extra(monkeypatch) -> None:
     ("swinunetr", {"input_size": 32, "feature_size": 12, "depths": [1, 1, 1, 1], "num_heads": [1, 1, 1, 1]},
      {"-1": [1, 1, 1], "0": [16, 16, 16], "4": [1, 1, 1]}),
 ])
+@pytest.mark.slow
 def test_monai_architectures_give_token_grids(arch: str, args: dict, grids: dict) -> None:
     pytest.importorskip("monai")
     pytest.importorskip("einops")
@@ -143,6 +144,7 @@ def test_monai_architectures_give_token_grids(arch: str, args: dict, grids: dict
     assert groups[first] == 0 and last >= 3 and len(set(groups.values())) == last + 1
 
 
+@pytest.mark.slow
 def test_monai_weights_from_a_folder_and_a_wrapped_checkpoint(tmp_path: Path) -> None:
     pytest.importorskip("monai")
     pytest.importorskip("einops")
@@ -212,6 +214,7 @@ def assert_same(a: Path, b: Path) -> None:
         np.testing.assert_array_equal(ca[k], cb[k], err_msg=k)
 
 
+@pytest.mark.slow
 def test_volume_cache_is_the_same_across_workers_ranks_and_resumes(build: Path, ts_model: Path, tmp_path: Path,
                                                                    monkeypatch) -> None:
     name = f"torchscript:{ts_model}"
@@ -301,6 +304,7 @@ def _metrics(runs: Path, probe: str, head: str) -> dict:
     return json.loads(path.read_text())
 
 
+@pytest.mark.slow
 def test_a_random_3d_encoder_sits_at_its_blind_baseline(phantom4: Path, ts_model: Path, tmp_path: Path) -> None:
     """Issue 24's done-when: heads on a random 3-D encoder's cache (pooled, and attnpool over the
     4x4x4 token grid of layer 0 with 3-D positions) score no better than the same head given the
@@ -322,6 +326,7 @@ def test_a_random_3d_encoder_sits_at_its_blind_baseline(phantom4: Path, ts_model
     assert_at_blind(found)
 
 
+@pytest.mark.slow
 def test_finetune_from_scratch_of_a_3d_encoder(phantom4: Path, tmp_path: Path) -> None:
     """``spar-probe finetune`` trains a monai: encoder from scratch with a token head on a Level 4
     probe; the head records the 3-D grid; the export is read back by ``spar-probe cache``; a 2-D

@@ -88,7 +88,8 @@ def test_first_epoch_matches_alone_without_dropout(name, tokens):
             torch.testing.assert_close(va, vb, rtol=1e-3, atol=1e-4, msg=k)
 
 
-@pytest.mark.parametrize("name,tokens", [("mlp", False), pytest.param("transformer", True, marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("name,tokens", [("mlp", False), ("transformer", True)])
 def test_members_agree_with_alone_in_distribution(name, tokens):
     """Five seeds trained alone and batched reach the same accuracy distribution, well above chance.
 
@@ -117,6 +118,7 @@ def test_members_agree_with_alone_in_distribution(name, tokens):
     assert all(r.best_epoch < r.epochs_run for r in results)
 
 
+@pytest.mark.slow
 def test_each_member_stops_on_its_own_and_keeps_its_best_epoch():
     """A member with a far too high learning rate stops early; the others go on; each
     restores the weights of its own best validation epoch."""
@@ -145,6 +147,7 @@ def test_members_may_differ_in_lr_and_weight_decay_only():
         train_heads(heads, ([feats] * 2, t), ([feats] * 2, t), [TrainConfig(), TrainConfig(batch_size=8)], [0, 1])
 
 
+@pytest.mark.slow
 def test_sweep_batch_runs_writes_the_same_run_folders_and_records_the_batch(pipeline, tmp_path):
     """``sweep --batch-runs on``: seeds x lr of one probe x head train as one batch; every run
     writes the folder a single run would, and records the runs it was trained with."""
@@ -171,6 +174,7 @@ def test_sweep_batch_runs_writes_the_same_run_folders_and_records_the_batch(pipe
         assert "batch" not in json.loads((tmp_path / "s" / rel / "metrics.json").read_text())
 
 
+@pytest.mark.slow
 def test_a_stopped_member_leaves_the_stack():
     """Once a member stops, later epochs compute only the others (the stack shrinks); the
     stopped member keeps its own best weights and history, and the result is deterministic."""
@@ -200,6 +204,7 @@ def test_a_stopped_member_leaves_the_stack():
             assert torch.equal(va_, vb)
 
 
+@pytest.mark.slow
 def test_prune_keeps_each_seeds_best_grid_point_after_epoch_k():
     """``Prune(at=K)``: after epoch K only the grid point of each seed with the lowest validation
     loss so far trains on; the others stop there, recorded as pruned at K."""

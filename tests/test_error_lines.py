@@ -8,6 +8,7 @@ import io
 import os
 from pathlib import Path
 
+import pytest
 from test_bad_input import make_case
 
 from spar_bench.builder.cli import cli as build_cli
@@ -64,6 +65,7 @@ def test_an_unreadable_input_file_is_one_line(tmp_path: Path, monkeypatch, capsy
     assert "b_bad" in manifest and "Permission denied" in manifest
 
 
+@pytest.mark.slow
 def test_resume_from_a_truncated_checkpoint_is_one_line(pipeline, tmp_path: Path, capsys) -> None:
     """Case (8): finetune --resume with a cut checkpoint.pt: RuntimeError: PytorchStreamReader failed."""
     import json

@@ -83,6 +83,7 @@ def test_builds_from_sources_are_priced_by_source(tmp_path):
     assert cpu == pytest.approx(expected / 2) and gpu == pytest.approx(expected / 2)  # 2 processes
 
 
+@pytest.mark.slow
 def test_the_estimate_of_a_phantom_build_holds_against_the_build(tmp_path):
     from spar_bench.experiments.runner import execute
 

@@ -85,6 +85,7 @@ CELL_PCT = re.compile(r"\d+\.\d \+- \d+\.\d \[\d+\.\d, \d+\.\d\]( \(n=\d\))?")
 CELL_PX = re.compile(r"\d+\.\d\d \+- \d+\.\d\d \[\d+\.\d\d, \d+\.\d\d\]( \(n=\d\))?")
 
 
+@pytest.mark.slow
 def test_main_table_has_a_row_per_configuration_and_a_column_per_probe(exp) -> None:
     table = _section(_md(exp), "## Main table")
     head, rows = table[0], table[1:]

@@ -19,6 +19,8 @@ import pytest
 
 from helpers import make_hf_dinov2
 
+pytestmark = pytest.mark.slow  # each test runs a whole experiment (its module fixture alone ~80 s)
+
 EXPERIMENT = """
 experiment: small
 vars:
@@ -72,6 +74,7 @@ def _report(out: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted((out / "report").glob("*")) if p.suffix in (".md", ".json")}
 
 
+@pytest.mark.slow
 def test_the_plan_has_every_kind_of_step(experiment):
     listed = subprocess.run(_cmd(str(experiment["file"]), "--list"), env=_env(), capture_output=True, encoding="utf-8", errors="replace")
     ids = [line.split("\t")[0] for line in listed.stdout.splitlines()]
@@ -87,6 +90,7 @@ def test_the_plan_has_every_kind_of_step(experiment):
     assert "finetuned" in kinds
 
 
+@pytest.mark.slow
 def test_killed_midway_then_rerun_runs_each_step_once_and_gives_the_same_report(experiment):
     out, path = experiment["root"] / "killed", str(experiment["file"])
     proc = subprocess.Popen(_cmd(path, "--set", f"OUT={out}"), env=_env(), stdout=subprocess.DEVNULL,
@@ -107,6 +111,7 @@ def test_killed_midway_then_rerun_runs_each_step_once_and_gives_the_same_report(
     assert _report(out) == _report(experiment["whole"])
 
 
+@pytest.mark.slow
 def test_partitions_one_after_another_give_the_same_report(experiment):
     out, path = experiment["root"] / "parts", str(experiment["file"])
     early = subprocess.run(_cmd(path, "--set", f"OUT={out}", "--partition", "2/3"), env=_env(), capture_output=True,
@@ -135,6 +140,7 @@ def test_a_changed_option_redoes_that_step_and_what_needs_it(experiment, tmp_pat
     assert state["build:train"] == state["cache:r10@train"] == state["finetune:tiny"] == "done"
 
 
+@pytest.mark.slow
 def test_steps_run_side_by_side_on_several_devices(tmp_path):
     """--devices cpu,cpu: two builds at once, then the MLLM on each, then the report."""
     path = tmp_path / "two.yaml"

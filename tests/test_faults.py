@@ -329,6 +329,7 @@ def test_full_disk_during_a_build_is_one_error_and_resume_continues(tmp_path, mo
     assert tree_hashes(out) == clean
 
 
+@pytest.mark.slow
 def test_full_disk_in_a_real_process_is_one_line_then_resume(tmp_path):
     import subprocess
     import sys

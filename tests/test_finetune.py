@@ -42,6 +42,7 @@ def _tensors(rd: Path) -> dict[str, torch.Tensor]:
     return {**load_file(str(rd / "encoder.safetensors")), **{f"head.{k}": v for k, v in head.items()}}
 
 
+@pytest.mark.slow
 def test_encoder_lr_0_keeps_the_encoder_as_loaded_batchnorm_statistics_included(pipeline, tmp_path: Path) -> None:
     """encoder_lr 0 trains the head only: the BatchNorm running statistics of a ResNet do not
     move either (the encoder stays in eval mode), so the export is the encoder as initialised

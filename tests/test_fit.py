@@ -125,6 +125,7 @@ def test_no_val_split_holds_out_patients_and_eval_transfers(pipeline, tmp_path, 
     assert e["test"]["n"] == m["test"]["n"]
 
 
+@pytest.mark.slow
 def test_fit_and_sweep_give_identical_metrics(pipeline, tmp_path):
     """One run, two ways (``fit`` in this process, ``sweep`` in a worker): same bytes."""
     from spar_bench.probes.cli import cli
@@ -138,6 +139,7 @@ def test_fit_and_sweep_give_identical_metrics(pipeline, tmp_path):
     assert a == b
 
 
+@pytest.mark.slow
 def test_sweep_grid_reproduces_fit_with_non_default_options_byte_for_byte(pipeline, tmp_path):
     """Every option of fit works in sweep; a --grid point equals the fit run with its options."""
     from spar_bench.probes.cli import cli

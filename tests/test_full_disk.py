@@ -250,6 +250,7 @@ def remove_tree(path: Path) -> None:
 
 
 # -- the build: spills, shards, parquet, card, manifest, renames ------------------------------
+@pytest.mark.slow
 def test_a_full_disk_at_every_build_write_is_one_line_and_resume_gives_the_same_build(
         fake_root, tmp_path, monkeypatch, capsys):
     from spar_bench.builder.cli import cli
@@ -295,6 +296,7 @@ def test_a_full_disk_at_every_cache_write_is_one_line_and_the_rerun_gives_the_sa
 
 
 # -- a sweep of probe heads: config.json, head.pt (torch.save), metrics.json and its rename -----
+@pytest.mark.slow
 def test_a_full_disk_at_every_sweep_write_is_one_line_and_the_rerun_gives_the_same_runs(
         fake_root, tmp_path, monkeypatch, capsys, one_torch_thread):
     from spar_bench.builder.build import build
@@ -320,6 +322,7 @@ def test_a_full_disk_at_every_sweep_write_is_one_line_and_the_rerun_gives_the_sa
 
 
 # -- a vqa run: the response cache (SQLite), config.json, answers.jsonl, metrics.json ------------
+@pytest.mark.slow
 def test_a_full_disk_at_every_vqa_write_is_one_line_and_the_rerun_gives_the_same_run(
         fake_root, tmp_path, monkeypatch, capsys):
     from spar_bench.builder.build import build
@@ -342,6 +345,7 @@ def test_a_full_disk_at_every_vqa_write_is_one_line_and_the_rerun_gives_the_same
 
 
 # -- a finetune run: checkpoints (torch.save), encoder.safetensors, head.pt, config, metrics -----
+@pytest.mark.slow
 def test_a_full_disk_at_every_finetune_write_is_one_line_and_resume_gives_the_same_run(
         fake_root, tmp_path, monkeypatch, capsys, one_torch_thread):
     import json

@@ -29,6 +29,7 @@ def grid_runs(pipeline, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_report_selects_each_seeds_grid_point_on_validation(grid_runs, tmp_path):
     ms = collect(grid_runs)
     assert len(ms) == 8
@@ -50,6 +51,7 @@ def test_report_selects_each_seeds_grid_point_on_validation(grid_runs, tmp_path)
     assert f"| 0 | {expect[0]['variant']} |" in md
 
 
+@pytest.mark.slow
 def test_selection_ignores_pruned_runs_and_breaks_ties_by_variant(grid_runs):
     ms = collect(grid_runs)
     seed0 = sorted((m for m in ms if m["seed"] == 0), key=lambda m: m["variant"])

@@ -129,6 +129,7 @@ def test_control_works_transformer_beats_pooled_mlp_on_learnable_level2():
     assert m_tr["perm_acc"] > m_mlp["perm_acc"]
 
 
+@pytest.mark.slow
 def test_level1_and_level3_heads_learn_a_simple_signal():
     from spar_bench.probes.metrics import level1_metrics, level3_metrics
 

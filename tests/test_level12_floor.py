@@ -67,6 +67,7 @@ def lits_root(tmp_path_factory) -> Path:
     return make_lits_folder(tmp_path_factory.mktemp("lits"), 2)
 
 
+@pytest.mark.slow
 def test_word_plus_liver_only_source_has_no_free_items(word_labels_dir, lits_root, tmp_path):
     out = tmp_path / "out"
     assert run_cmd(build_cli, ["--source", "word", "--root", word_labels_dir, "--source", "lits",

@@ -133,6 +133,7 @@ def _check_volumes(b: Build, split: str, side: int) -> dict[str, np.ndarray]:
     return rows
 
 
+@pytest.mark.slow
 def test_phantom_level4_build_verifies_and_reads_back(single: Path) -> None:
     b = Build(single)
     assert b.levels() == ["level4"] and b.manifest["sample_config"]["volume_size"] == 20
@@ -147,6 +148,7 @@ def test_phantom_level4_build_verifies_and_reads_back(single: Path) -> None:
     assert (x[:, liver] < x[:, spleen]).all()  # the liver on the patient's right: smaller x
 
 
+@pytest.mark.slow
 def test_phantom_level4_hf_folder_loads_with_datasets(single: Path) -> None:
     datasets = pytest.importorskip("datasets")
     ds = datasets.load_dataset(str(single / "hf"), "level4", split="test").with_format("numpy")
@@ -160,6 +162,7 @@ def test_phantom_level4_hf_folder_loads_with_datasets(single: Path) -> None:
     assert "## Columns" not in card  # a Level 4-only build: no 2-D column list
 
 
+@pytest.mark.slow
 def test_phantom_level4_identical_across_jobs_and_partitions(phantom: Path, single: Path) -> None:
     jobs2 = phantom.parent / "jobs2"
     assert run_cli(cli, ["--source", "phantom", "--root", str(phantom), "--out", str(jobs2), *OPTS,
@@ -212,6 +215,7 @@ def test_bad_level4_options_are_one_line(phantom: Path, argv: list[str], needle:
     assert not out.exists() or not any(out.iterdir())
 
 
+@pytest.mark.slow
 def test_real_word_masks_give_level4_shards(word_labels_dir: Path, tmp_path: Path) -> None:
     """Two real WORD label maps, pseudo-CT rendered from the masks: Level 4 shards that verify."""
     sub = tmp_path / "word" / "labelsTs"

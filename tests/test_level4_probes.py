@@ -155,6 +155,7 @@ def test_heads_read_organ_c_and_the_si_axis_and_level3_keeps_its_shapes(head, fa
 
 
 # ------------------------------------------------------------------ the mask oracle
+@pytest.mark.slow
 def test_mask_oracle_scores_100_on_every_level4_probe_original_mirrored_and_flipped(phantom4):
     from spar_bench.probes.runs.mask_oracle import MaskOracle
 
@@ -198,6 +199,7 @@ def _run(build_dir: Path, probe: str, predictor_of, head: str, out: Path) -> dic
     return json.loads((rd / "metrics.json").read_text())
 
 
+@pytest.mark.slow
 def test_prior_and_oracle_runs_report_flipped_beside_mirrored_in_level3s_schema(phantom4, tmp_path):
     from spar_bench.probes.runs.mask_oracle import MaskOracle
     from spar_bench.probes.runs.predictors import ConstantPrior

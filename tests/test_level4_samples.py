@@ -167,6 +167,7 @@ def _check_patient_left(out: dict, name: str) -> None:
         assert _x(rows, flip, left) > _x(rows, flip, right), (name, left, right)
 
 
+@pytest.mark.slow
 def test_word_patient_left_and_superior(word_l4):
     n_pelvis = 0
     for name, out in word_l4.items():
@@ -184,6 +185,7 @@ def test_word_patient_left_and_superior(word_l4):
     assert n_pelvis >= 40  # the pelvic organs are present in most WORD maps
 
 
+@pytest.mark.slow
 def test_word_questions_agree_with_real_anatomy(word_l4):
     """The relative_position questions asked about (spleen, liver) and the kidneys say 'left'."""
     n = 0
@@ -217,11 +219,13 @@ def _check_centroids_map_back(out: dict, name: str) -> None:
     assert err[present_native].max() < 2.5, (name, err.round(2))
 
 
+@pytest.mark.slow
 def test_word_stored_centroids_map_back_to_native(word_l4):
     for name, out in word_l4.items():
         _check_centroids_map_back(out, name)
 
 
+@pytest.mark.slow
 def test_word_mask_oracle_agrees_on_every_question(word_l4):
     total = {p: 0 for p in LEVEL4_PROBES}
     for name in sorted(word_l4)[:4]:
@@ -485,6 +489,7 @@ def test_level4_fields_recorded_only_with_level4():
     assert d["volume_size"] == 64 and d["l4_min_voxels"] == 8 and SampleConfig.from_dict(d) == l4
 
 
+@pytest.mark.slow
 def test_symmetry_uses_bilateral_pairs(word_l4):
     members = {organ_index(x) for pair in BILATERAL_PAIRS for x in pair}
     n = 0

@@ -65,6 +65,7 @@ def _racer(out: str, go, release, results) -> None:
         results.put(("refused", os.getpid(), str(e)))
 
 
+@pytest.mark.slow
 def test_two_writers_started_at_once_exactly_one_proceeds_20_times(tmp_path):
     ctx = multiprocessing.get_context("fork")
     for i in range(20):
@@ -239,6 +240,7 @@ def test_one_partition_or_named_run_of_a_sweep_is_written_by_one_sweep(pipeline,
     assert not list(out.rglob("metrics.json"))
 
 
+@pytest.mark.slow
 def test_a_report_reads_runs_while_they_are_written(pipeline, tmp_path):
     _, argv, out = _commands(pipeline, tmp_path)["fit"]
     assert run_cmd(_group("spar-probe"), argv) == 0

@@ -80,6 +80,7 @@ def _opts(**kw) -> CacheOptions:
     return CacheOptions(splits=("train", "test"), batch_size=4, dtype="fp32", compute="fp32", **kw)
 
 
+@pytest.mark.slow
 def test_a_question_cache_holds_one_probe_s_questions_and_resumes(models, build, tmp_path) -> None:
     from spar_bench.builder.shards import Build
     from spar_bench.probes.tasks import get_probe

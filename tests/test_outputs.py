@@ -27,6 +27,7 @@ def _build(root: Path, out: Path, *extra: str) -> int:
                          "--samples-per-case", "1", "--levels", "level3", "--no-hf", *extra])
 
 
+@pytest.mark.slow
 def test_out_equal_to_root_survives_overwrite(phantom_root: Path, capsys) -> None:
     before = tree_hashes(phantom_root)
     assert _build(phantom_root, phantom_root, "--overwrite") == 2
@@ -88,6 +89,7 @@ def test_foreign_work_folder_is_not_deleted(phantom_root: Path, tmp_path: Path, 
     assert (work / "data.csv").read_text() == "1,2"
 
 
+@pytest.mark.slow
 def test_phantom_overwrite_refuses_a_phantom_with_extra_files(tmp_path: Path, capsys) -> None:
     out = tmp_path / "ph"
     assert run_cli(cli, ["phantom", "--out", str(out), "--n", "2"]) == 0

@@ -38,6 +38,7 @@ def _expected_modules() -> set[str]:
     return found
 
 
+@pytest.mark.slow
 def test_wheel_holds_one_import_package_and_every_label_map(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}

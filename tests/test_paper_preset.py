@@ -79,6 +79,7 @@ def test_apply_fills_missing_options_and_records_overrides():
     assert prec["overridden"] == ["lr"] and prec["options"] == {"seeds": "0,1,2", "patience": 8}
 
 
+@pytest.mark.slow
 def test_build_and_runs_record_the_preset(tmp_path, pipeline):
     from spar_bench.builder.cli import cli as build_cli
     from spar_bench.probes.cli import cli as probe_cli

@@ -42,6 +42,7 @@ def _partitions(phantom: Path, n: int, tag: str) -> list[Path]:
     return parts
 
 
+@pytest.mark.slow
 def test_three_partitions_merge_to_the_single_build(phantom: Path, single: Path) -> None:
     parts = _partitions(phantom, 3, "p3")
     sizes = [len(json.loads((p / "partition.json").read_text())["records"]) for p in parts]
@@ -53,6 +54,7 @@ def test_three_partitions_merge_to_the_single_build(phantom: Path, single: Path)
     assert run_cli(cli, ["verify", str(merged)]) == 0
 
 
+@pytest.mark.slow
 def test_merge_refuses_missing_or_mismatched_partitions(phantom: Path, capsys) -> None:
     parts = _partitions(phantom, 2, "p2")
     out = phantom.parent / "bad"

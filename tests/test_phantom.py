@@ -80,6 +80,7 @@ def test_default_size_has_every_organ_and_plausible_geometry():
     assert z["bladder"] < z["liver"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(5))
 def test_canonical_layout_left_right(batch, seed):
     vol = batch[("canonical", seed)]

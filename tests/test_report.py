@@ -11,6 +11,7 @@ from spar_bench.probes.runs.report import aggregate, collect, render_markdown
 from helpers import run_cmd
 
 
+@pytest.mark.slow
 def test_sweep_two_jobs_skips_finished_and_report_writes_md_json_png(pipeline, tmp_path, capsys):
     from spar_bench.probes.cli import cli
 

@@ -188,6 +188,7 @@ def _plugin(tmp_path: Path) -> Path:
     return site
 
 
+@pytest.mark.slow
 def test_a_new_run_kind_is_one_class_and_one_registry_line(pipeline, tmp_path: Path) -> None:
     """A plug-in's 20-line predictor, registered by its entry point only, runs through
     ``spar-probe predict`` (session.run) with every control, and the report names its kind."""

@@ -64,6 +64,7 @@ def native_measures(case: Case, z: int, organ: int):
     return r * case.spacing[1], c * case.spacing[2], sl.sum() * case.spacing[1] * case.spacing[2]
 
 
+@pytest.mark.slow
 def test_level3_answers_match_independent_recomputation(real):
     n_checked = {p: 0 for p in LEVEL3_PROBES}
     for case, out in real.values():

@@ -214,6 +214,7 @@ def _resume_build(tmp_path: Path, phantom: Path, out: Path) -> None:
     assert (out / "manifest.json").is_file() and not Path(f"{out}.tmp").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig,group", STOPS, ids=STOP_IDS)
 def test_a_stopped_parallel_build_leaves_no_worker_and_resumes(phantom, tmp_path, sig, group):
     sig = getattr(signal, sig)
@@ -230,6 +231,7 @@ def test_a_stopped_parallel_build_leaves_no_worker_and_resumes(phantom, tmp_path
     _resume_build(tmp_path, phantom, out)
 
 
+@pytest.mark.slow
 def test_a_killed_parallel_build_takes_its_workers_along(phantom, tmp_path):
     out = tmp_path / "out"
     cmd = Command(tmp_path, _build_args(phantom, out), hang="case")
@@ -264,6 +266,7 @@ def _rerun_sweep(pipeline, out: Path) -> None:
     assert runs and all((p.parent / "metrics.json").is_file() for p in runs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig,group", STOPS[:3], ids=STOP_IDS[:3])  # a Ctrl-C reaches the group
 def test_a_stopped_sweep_stops_its_jobs_and_a_rerun_completes(pipeline, tmp_path, sig, group):
     sig = getattr(signal, sig)
@@ -279,6 +282,7 @@ def test_a_stopped_sweep_stops_its_jobs_and_a_rerun_completes(pipeline, tmp_path
     _rerun_sweep(pipeline, out)
 
 
+@pytest.mark.slow
 def test_a_killed_sweep_takes_its_jobs_along(pipeline, tmp_path):
     out = tmp_path / "runs"
     cmd = Command(tmp_path, _sweep_args(pipeline, out), hang="run")
@@ -343,6 +347,7 @@ def test_stopped_or_killed_torchrun_takes_its_ranks_along(pipeline, tmp_path, si
 
 
 # -- spar-probe cache --workers 2 (DataLoader reader workers) --------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
 def test_a_stopped_cache_stops_its_reader_workers_and_a_rerun_completes(pipeline, tmp_path, sig):
     """SIGTERM to the group (``scancel``) reaches the readers too: still one line and 143. A SIGKILL

@@ -112,6 +112,7 @@ def local(tmp_path_factory) -> Path:
 
 
 # --------------------------------------------------------------------------- scripts (no cluster)
+@pytest.mark.slow
 def test_dry_run_scripts_carry_resources_and_dependencies(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")  # no SLURM command: a dry run reads nothing of a cluster
     path = _write(tmp_path / "tiny.yaml")
@@ -237,6 +238,7 @@ def _generated(tmp_path: Path) -> dict[str, str]:
     return out
 
 
+@pytest.mark.slow
 def test_the_scripts_in_docs_slurm_are_what_the_executor_writes(tmp_path):
     """docs/slurm/*.sbatch = the dry run of docs/slurm/example.yaml (SPAR_WRITE_DOCS=1: rewrite them)."""
     got = _generated(tmp_path)

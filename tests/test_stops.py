@@ -153,6 +153,7 @@ def test_ensemble_training_stops_between_batches(swallow, monkeypatch):
 
 
 # -- finetuning, organ-map pretraining ---------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 def test_finetuning_stops_between_batches_and_resumes(pipeline, swallow, monkeypatch, tmp_path, workers):
     """Stopped after batch 2 of 3 (``checkpoint_every`` 1): the checkpoint is the one saved after
@@ -217,6 +218,7 @@ def test_asking_an_mllm_stops_between_batches(pipeline, swallow, monkeypatch, tm
     assert not list(tmp_path.rglob("metrics.json"))
 
 
+@pytest.mark.slow
 def test_building_stops_between_cases(swallow, monkeypatch, tmp_path):
     from spar_bench.builder.cli import cli
     from spar_bench.builder.sources.phantom import PhantomSource

@@ -104,6 +104,7 @@ def test_per_tile_cache_is_deterministic(pipeline, tiled, tmp_path) -> None:
             assert a.pooled("level2", split).tobytes() == b.pooled("level2", split).tobytes()
 
 
+@pytest.mark.slow
 def test_fit_report_over_a_per_tile_cache(pipeline, tiled, tmp_path, capsys) -> None:
     runs = tmp_path / "runs"
     args = ["sweep", "--features", tiled, "--out", runs, "--heads", "mlp,transformer", "--probes",

@@ -222,6 +222,7 @@ def test_pca_is_fitted_on_the_training_split_only(pipeline, reduced, tmp_path) -
         assert a["level3/train/layer-1/tokens"][()].tobytes() == b["level3/train/layer-1/tokens"][()].tobytes()
 
 
+@pytest.mark.slow
 def test_reduced_cache_is_deterministic_and_fits_end_to_end(pipeline, reduced, tmp_path) -> None:
     import hashlib
 

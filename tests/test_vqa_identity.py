@@ -55,6 +55,7 @@ def _records(rd: Path) -> list[dict]:
     return [json.loads(x) for x in (rd / "answers.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_cache_key_holds_the_image_so_another_builds_pixels_are_asked_again(pipeline, repainted, tmp_path,
                                                                             asked, capsys):
     from spar_bench.builder.shards import Build

@@ -114,6 +114,7 @@ def test_mllm_truth_is_decided_by_the_stated_thresholds(pipeline):
         assert np.array_equal(qs.answer, qs.t.y["answer"])
 
 
+@pytest.mark.slow
 def test_pixel_oracle_reads_the_shown_masks(oracle_runs, pipeline):
     """``oracle:pixels`` measures on the 224 masks; the build kept only the items it answers
     (protocol 1.4), so it is exact on every probe, original and mirrored."""

@@ -125,6 +125,7 @@ def oracle_runs(build4, tmp_path_factory) -> Path:
     return runs
 
 
+@pytest.mark.slow
 def test_oracle_scores_100_on_originals_mirrored_and_flipped(oracle_runs):
     for va in ("video", "montage", "views"):
         for p in LEVEL4_PROBES:
