@@ -134,11 +134,12 @@ def test_the_calibrated_preset_plans_the_computation_model_with_its_options(tmp_
     assert ids == ["build:random", "predict:organmaps3d@random", "predict:oracle@random", "report"]
     (spec,) = [d for _, d in plan.step("predict:organmaps3d@random").specs]
     assert spec["kind"] == "organmaps3d" and spec["options"]["device"] == "cuda"
-    assert spec["options"]["max_epochs"] == 60 and spec["options"]["layer"] == 0 and spec["options"]["flips"] is True
+    assert spec["options"]["max_epochs"] == 150 and spec["options"]["layer"] == 0 and spec["options"]["flips"] is True
     assert "options" not in dict(plan.step("predict:oracle@random").specs)["predict"]
     bad = tmp_path / "bad.yaml"
     text = PRESET.read_text()
-    bad.write_text(text.replace("patience: 10, lr: 0.003", "patience: 10, lr: 0.003, epochz: 3"))
+    assert text.count("lr: 0.003,") == 1
+    bad.write_text(text.replace("lr: 0.003,", "lr: 0.003, epochz: 3,"))
     with pytest.raises(ConfigError, match="predictors.organmaps3d.options.*epochz"):
         make_plan(load_experiment(bad, {"OUT": str(tmp_path / "o")}))
     bad.write_text(text.replace("oracle: {bootstrap: 200}", "oracle: {bootstrap: 200, options: {lr: 1}}"))
