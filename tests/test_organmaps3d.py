@@ -15,8 +15,8 @@ from spar_bench.errors import ConfigError
 SIZE = 16
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = ROOT / "experiments" / "recall-vs-computation-3d-calibrated.yaml"
-#: a tiny, fast model: the narrow ResNet-10 at an eighth of its width, 2 epochs
-TINY = {"max_epochs": 2, "batch_size": 2, "model_args": {"widen_factor": 0.125}, "threads": 1}
+#: a tiny, fast model: the narrow ResNet-10 at an eighth of its width, 2 epochs on flipped copies
+TINY = {"max_epochs": 2, "batch_size": 2, "flips": True, "model_args": {"widen_factor": 0.125}, "threads": 1}
 
 
 @pytest.fixture(scope="module")
@@ -134,12 +134,30 @@ def test_the_calibrated_preset_plans_the_computation_model_with_its_options(tmp_
     assert ids == ["build:random", "predict:organmaps3d@random", "predict:oracle@random", "report"]
     (spec,) = [d for _, d in plan.step("predict:organmaps3d@random").specs]
     assert spec["kind"] == "organmaps3d" and spec["options"]["device"] == "cuda"
-    assert spec["options"]["max_epochs"] == 30 and "options" not in dict(plan.step("predict:oracle@random").specs)["predict"]
+    assert spec["options"]["max_epochs"] == 150 and spec["options"]["layer"] == 0 and spec["options"]["flips"] is True
+    assert "options" not in dict(plan.step("predict:oracle@random").specs)["predict"]
     bad = tmp_path / "bad.yaml"
     text = PRESET.read_text()
-    bad.write_text(text.replace("patience: 5, lr: 0.003", "patience: 5, lr: 0.003, epochz: 3"))
+    assert text.count("lr: 0.003,") == 1
+    bad.write_text(text.replace("lr: 0.003,", "lr: 0.003, epochz: 3,"))
     with pytest.raises(ConfigError, match="predictors.organmaps3d.options.*epochz"):
         make_plan(load_experiment(bad, {"OUT": str(tmp_path / "o")}))
     bad.write_text(text.replace("oracle: {bootstrap: 200}", "oracle: {bootstrap: 200, options: {lr: 1}}"))
     with pytest.raises(ConfigError, match="takes no options"):
         load_experiment(bad, {"OUT": str(tmp_path / "o")})
+
+
+def test_flip_batch_flips_a_volume_and_its_organ_map_alike():
+    """The ``flips`` augmentation: the flipped map of a volume is the map of the flipped labels."""
+    import torch
+
+    from spar_bench.probes.finetune.organmaps3d import flip_batch, organ_shares3d
+
+    rng = np.random.default_rng(0)
+    lab = rng.integers(0, 17, (6, 8, 8, 8)).astype(np.uint8)
+    x, y = torch.from_numpy(lab), torch.from_numpy(organ_shares3d(lab, 4, 17))
+    fx, fy = flip_batch(x, y, 4, np.random.default_rng(3))
+    assert fy.shape == y.shape and not torch.equal(fx, x)  # some volume was flipped
+    assert np.allclose(fy.numpy(), organ_shares3d(fx.numpy(), 4, 17))
+    again = flip_batch(x, y, 4, np.random.default_rng(3))
+    assert torch.equal(again[0], fx) and torch.equal(again[1], fy)  # seeded

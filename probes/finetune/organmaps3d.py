@@ -7,8 +7,9 @@ cube cut into the encoder's ``g^3`` token grid of :attr:`OrganMap3dConfig.layer`
 each label (0 background, 1..16 the organs): the label volume area-pooled onto the token grid
 (:func:`organ_shares3d`). A linear map of each token is trained against those shares from
 scratch with :func:`~.organmaps.organ_map_loss` (BCE, plus a soft Dice term so a small organ's
-few cells count), stopped early on the validation volumes' loss. No question and no answer is
-seen: the encoder learns where each organ is from its appearance alone.
+few cells count), optionally on randomly flipped copies of the volumes and their maps
+(``flips``, :func:`flip_batch`), stopped early on the validation volumes' loss. No question and
+no answer is seen: the encoder learns where each organ is from its appearance alone.
 
 The answers are then a *geometric readout*, nothing fitted to answers: each organ's centre is
 the cells' centres weighted by its predicted share, its size the summed shares
@@ -58,7 +59,7 @@ class OrganMap3dConfig:
 
     encoder: str = "monai:resnet10"
     model_args: dict = field(default_factory=lambda: dict(DEFAULT_MODEL_ARGS))
-    #: the encoder layer whose tokens are mapped (ResNet-10 layer 1 at input 32: an 8^3 grid)
+    #: the encoder layer whose tokens are mapped (ResNet-10 at input 32: layer 0 a 16^3 grid, layer 1 8^3)
     layer: int = 1
     max_epochs: int = 30
     patience: int = 5
@@ -68,6 +69,8 @@ class OrganMap3dConfig:
     warmup_epochs: float = 1.0
     #: weight of the soft Dice term (:func:`~.organmaps.organ_map_loss`)
     dice: float = 1.0
+    #: train on randomly flipped copies (each axis, each volume, seeded), maps flipped alike
+    flips: bool = False
     device: str = "cpu"
     #: torch CPU threads while it trains and predicts (0: torch's default); one is fastest on a shared CPU
     threads: int = 1
@@ -233,6 +236,20 @@ class MapNet:
         return np.concatenate(out) if out else np.zeros((0, self.grid**3, 17), np.float32)
 
 
+def flip_batch(x, y, grid: int, rng: np.random.Generator):
+    """Volumes ``x (B, S, S, S)`` and their maps ``y (B, g^3, L)`` each flipped on a random
+    subset of its three axes (the same flips for a volume and its map)."""
+    import torch
+
+    y = y.reshape(len(y), grid, grid, grid, -1)
+    xs, ys = [], []
+    for i, axes in enumerate(rng.integers(0, 2, (len(x), 3)).astype(bool)):
+        dims = [d for d, f in enumerate(axes) if f]
+        xs.append(torch.flip(x[i], dims) if dims else x[i])
+        ys.append(torch.flip(y[i], dims) if dims else y[i])
+    return torch.stack(xs), torch.stack(ys).reshape(len(x), grid**3, -1)
+
+
 @dataclass
 class MapTraining:
     """The training record: epochs, the best epoch and its validation loss, why it stopped."""
@@ -254,12 +271,14 @@ def _epoch(m: MapNet, data: tuple, seed: int, epoch: int) -> float:
 
     x, y = data
     order = np.random.default_rng(derive_seed(seed, "organ-map-3d-order", epoch)).permutation(len(x))
+    flips = np.random.default_rng(derive_seed(seed, "organ-map-3d-flips", epoch))
     m.enc.module.train()
     total = 0.0
     for s in range(0, len(order), m.cfg.batch_size):
         check_stop()
         i = torch.from_numpy(np.sort(order[s : s + m.cfg.batch_size]))
-        loss = m.loss(x[i], y[i])
+        xb, yb = flip_batch(x[i], y[i], m.grid, flips) if m.cfg.flips else (x[i], y[i])
+        loss = m.loss(xb, yb)
         m.opt.zero_grad(set_to_none=True)
         loss.backward()
         m.opt.step()
@@ -379,6 +398,9 @@ class OrganMaps3d:
         torch.manual_seed(self.seed)
         steps = self.cfg.max_epochs * -(-len(rows) // self.cfg.batch_size)
         self.net = MapNet(self.cfg, size, self.seed, steps, pick_device(self.cfg.device))
+        if self.cfg.flips and size % self.net.grid:
+            raise ConfigError(f"organmaps3d: flips need the volume side ({size}) to be a multiple of the map grid "
+                              f"({self.net.grid}) so a flipped map is the flipped volume's; use flips: false")  # fmt: skip
         tr, va = self._data("train", rows, self.net.grid), self._data(val_split, vrows, self.net.grid)
         with torch_threads(self.cfg.threads):
             self.training = train_maps(self.net, tr, va, self.seed)
