@@ -101,6 +101,25 @@ def run_cmd(group, argv: list) -> int:
     return run_cli(group, [str(a) for a in argv])
 
 
+def interrupted_cache(name: str, data, out: Path, opts) -> None:
+    """``write_cache`` stopped (KeyboardInterrupt) after its second batch: a partial cache at ``out``."""
+    import h5py
+
+    from spar_bench.probes.cache import write_cache
+
+    calls = []
+
+    def stop(*_):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        write_cache(name, data, out, opts, progress=False, on_batch=stop)
+    with h5py.File(out) as f:
+        assert not f.attrs["complete"]
+
+
 def build_pipeline(tmp_path_factory) -> dict[str, Path]:
     """Build (once per session, shared by test modules) phantom, shards and a dummy cache."""
     from spar_bench.builder.cli import cli as build_cli

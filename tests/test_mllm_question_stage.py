@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import h5py
 import numpy as np
 import pytest
 import torch
@@ -19,7 +18,7 @@ from spar_bench.probes.encoders.mllm_family import chat_prompt
 from spar_bench.probes.features import FeatureCache
 from spar_bench.probes.vqa.tiny import make_tiny_llava, make_tiny_qwen2_vl
 
-from helpers import images, run_cmd
+from helpers import images, interrupted_cache, run_cmd
 
 pytest.importorskip("transformers")
 
@@ -88,18 +87,8 @@ def test_a_question_cache_holds_one_probe_s_questions_and_resumes(models, build,
 
     name = f"mllm:{models['llava']}@llm:2+q"
     full = write_cache(name, build, tmp_path / "full.h5", _opts(probe="level3.symmetry"), progress=False)
-    calls = []
-
-    def stop(*_):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-
     part = tmp_path / "part.h5"
-    with pytest.raises(KeyboardInterrupt):
-        write_cache(name, build, part, _opts(probe="level3.symmetry", async_writes=False), progress=False, on_batch=stop)
-    with h5py.File(part) as f:
-        assert not f.attrs["complete"]
+    interrupted_cache(name, build, part, _opts(probe="level3.symmetry", async_writes=False))
     with pytest.raises(ConfigError, match=r"part\.h5: a partial cache made with other arguments .*encoder_config"):
         write_cache(name, build, part, _opts(probe="level3.counting"), progress=False)
     write_cache(name, build, part, _opts(probe="level3.symmetry"), progress=False)
