@@ -235,6 +235,10 @@ def cell_stats(probe: str, rs: list[Run], targets: dict[str, str]) -> dict[str, 
                            "prior": summary([_get(m, "controls", "prior") for m in ms], key)}  # fmt: skip
     if any("flipped" in m for m in ms):  # Level 4: the superior-inferior flipped copies
         out["flipped"] = summary([m.get("flipped") for m in ms], key)
+    conflict = summary([_get(m, "test", "conflict") for m in ms], "accuracy")
+    if conflict:  # question probes: the items whose answer in the image is not the prior's
+        out["conflict"] = conflict
+        out["conflict_blind"] = summary([_get(m, "controls", "blind", "conflict") for m in ms], "accuracy")
     if any(m.get("track") == "vqa" for m in ms):
         out.update({label: rate([_get(m, *path) for m in ms]) for label, path in VQA_ROWS.items()})
     transfer: dict[str, Any] = {}
@@ -451,6 +455,20 @@ def mirror_table(doc: dict) -> list[str]:
             *_grid_table(doc, rows, doc["probes"], _headline("mirror")), ""]  # fmt: skip
 
 
+def conflict_table(doc: dict) -> list[str]:
+    """Accuracy on the conflict items (docs/PROTOCOL.md 9), laid out like the main table."""
+    probes = [p for p in doc["probes"] if any(r["cells"].get(p, {}).get("conflict") for r in doc["configurations"])]
+    rows = [r for r in doc["configurations"] if any(r["cells"].get(p, {}).get("conflict") for p in probes)]
+    if not rows:
+        return []
+    subrows = [("blind", lambda c: fmt_summary(c.get("conflict_blind"), c["percent"], ci=False))]
+    return ["## Conflict items", "",
+            "Accuracy on the test items whose answer in the image differs from the prior's (the answer",
+            "canonical anatomy gives; the prior scores 0 % there), with the blind head's under each row:",
+            "a model that recalls stays at or under blind, one that reads the image keeps its score.", "",
+            *_grid_table(doc, rows, probes, _headline("conflict"), subrows), ""]  # fmt: skip
+
+
 def flip_table(doc: dict) -> list[str]:
     """Level 4's superior-inferior flip, laid out like the mirror table (its probes only)."""
     probes = [p for p in doc["probes"] if any(r["cells"].get(p, {}).get("flipped") for r in doc["configurations"])]
@@ -613,7 +631,7 @@ def header(title: str, provenance: dict | None, doc: dict) -> list[str]:
 
 def render_markdown(title: str, provenance: dict | None, doc: dict) -> str:
     lines = header(title, provenance, doc) + [f"![headline per probe]({PNG_FILE})", ""]
-    for part in (main_table, controls_table, mirror_table, flip_table, transfer_tables, mllm_table, stage_tables,
+    for part in (main_table, controls_table, mirror_table, conflict_table, flip_table, transfer_tables, mllm_table, stage_tables,
                  provenance_table):
         lines += part(doc)
     return "\n".join(lines).rstrip("\n") + "\n"
