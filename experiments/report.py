@@ -455,10 +455,15 @@ def mirror_table(doc: dict) -> list[str]:
             *_grid_table(doc, rows, doc["probes"], _headline("mirror")), ""]  # fmt: skip
 
 
+def _holding(doc: dict, key: str) -> tuple[list[str], list[dict]]:
+    """The probes with a cell holding ``key``, and the configurations with such a cell."""
+    probes = [p for p in doc["probes"] if any(r["cells"].get(p, {}).get(key) for r in doc["configurations"])]
+    return probes, [r for r in doc["configurations"] if any(r["cells"].get(p, {}).get(key) for p in probes)]
+
+
 def conflict_table(doc: dict) -> list[str]:
     """Accuracy on the conflict items (docs/PROTOCOL.md 9), laid out like the main table."""
-    probes = [p for p in doc["probes"] if any(r["cells"].get(p, {}).get("conflict") for r in doc["configurations"])]
-    rows = [r for r in doc["configurations"] if any(r["cells"].get(p, {}).get("conflict") for p in probes)]
+    probes, rows = _holding(doc, "conflict")
     if not rows:
         return []
     subrows = [("blind", lambda c: fmt_summary(c.get("conflict_blind"), c["percent"], ci=False))]
@@ -471,8 +476,7 @@ def conflict_table(doc: dict) -> list[str]:
 
 def flip_table(doc: dict) -> list[str]:
     """Level 4's superior-inferior flip, laid out like the mirror table (its probes only)."""
-    probes = [p for p in doc["probes"] if any(r["cells"].get(p, {}).get("flipped") for r in doc["configurations"])]
-    rows = [r for r in doc["configurations"] if any(r["cells"].get(p, {}).get("flipped") for p in probes)]
+    probes, rows = _holding(doc, "flipped")
     if not rows:
         return []
     return ["## Flip counterfactual (Level 4)", "",
