@@ -61,8 +61,9 @@ def _experiment(name: str, tmp: Path):
 def compare(name: str, tmp: Path) -> list[tuple[str, float, float]]:
     """``(what, estimated, measured)`` rows of experiment ``name``'s (first) build."""
     from spar_bench.experiments.estimate import step_seconds
-    from spar_bench.experiments.plan import estimated_images, estimated_questions, make_plan
+    from spar_bench.experiments.plan import make_plan
     from spar_bench.experiments.runner import execute
+    from spar_bench.experiments.step_kinds import estimated_images, estimated_questions
 
     exp = _experiment(name, tmp)
     plan = make_plan(exp)

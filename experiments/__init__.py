@@ -4,6 +4,8 @@ and its report.
 * :mod:`.config`   - read and validate an experiment file (variables, one-line errors);
 * :mod:`.values`   - every value of the file and ``--devices`` checked before any step runs;
 * :mod:`.plan`     - the file as steps, each identified by the hash of its inputs and options;
+* :mod:`.steps`    - the registry of step kinds (:data:`~.steps.STEPS`), each declared once in
+  :mod:`.step_kinds`: its options, their checks, its steps and its library call;
 * :mod:`.runner`   - run a plan: skip what is done, redo what changed, resume, partitions, devices;
 * :mod:`.estimate` - what a plan costs (images, runs, questions; time on 2 CPU cores and one GPU);
 * :mod:`.report`   - the experiment's report: the paper's tables with the provenance of each cell;

@@ -493,3 +493,9 @@ def _resources(given: dict[str, Any], where: _Where) -> dict[str, dict[str, Any]
 
 def _missing(where: _Where, key: str, name: str):
     raise where.error(key, f"needs {name}:")
+
+
+def error_at(exp: Experiment, key: str, message: str) -> ConfigError:
+    """``FILE:LINE: KEY: message``: a problem of ``exp``'s value at ``key``."""
+    at = exp.where.at(key) if exp.where is not None else exp.source
+    return ConfigError(f"{at}: {key}: {message}")

@@ -16,10 +16,8 @@ an experiment write one OUT side by side. Each step's command locks its own outp
 folder, a cache file, a runs folder), files other than the step's: no lock is taken twice.
 
 
-Each spec of a step is one library call, made by the executor of its kind (:data:`EXECUTORS`);
-no step goes through a click command. Runs are made by :func:`spar_bench.probes.runs.session.run`
-(finetuning: :func:`train_run`; the MLLM track: :func:`ask_mllm`), transfer by
-:func:`~spar_bench.probes.runs.session.evaluate_on`.
+Each spec of a step is one library call, declared with its kind (:data:`~.steps.STEPS`,
+:mod:`.step_kinds`); no step goes through a click command.
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -40,6 +38,7 @@ from spar_bench.errors import ConfigError
 from spar_bench.procs import terminated
 
 from .plan import PLAN, Plan, Step
+from .steps import STEPS
 
 
 def marker(out: Path, step_id: str) -> Path:
@@ -121,190 +120,19 @@ RERUN = "rerun the same `spar-bench run` command (it resumes the step)"
 def execute(step: Step, out: Path, device: str | None) -> None:
     """Run ``step``'s specs, each one library call (in this process); ``device`` where a spec
     takes one and its options name none."""
-    if step.kind == "report":  # the step owns its folder whole: both reports are written afresh
+    if any(STEPS.get(kind).fresh for kind, _ in step.specs):  # it owns its folder whole: written afresh
         _remove_outputs(out, step)
     for kind, record in step.specs:
         call(kind, concrete(record, out), device if step.device else None)
 
 
 def call(kind: str, spec: dict[str, Any], device: str | None) -> None:
-    """One spec's library call, by the executor of its kind; a full disk inside it says how the
-    experiment goes on (:data:`RERUN`), not what the library's own command would."""
+    """One spec's library call, its kind's (:data:`~.steps.STEPS`); a full disk inside it says how
+    the experiment goes on (:data:`RERUN`), not what the library's own command would."""
     from spar_bench.outputs import rerun_as
 
     with rerun_as(RERUN):
-        EXECUTORS[kind](spec, device)
-
-
-# --------------------------------------------------------------------------- one executor per kind
-def _phantom(spec: dict[str, Any], device: str | None) -> None:
-    from spar_bench.builder.phantom.generate import PhantomOptions, write_phantom_dataset
-
-    fields = {k: v for k, v in spec.items() if k not in ("out", "n")}
-    write_phantom_dataset(spec["out"], int(spec["n"]), PhantomOptions(**fields), overwrite=True)
-
-
-def _build(spec: dict[str, Any], device: str | None) -> None:
-    """A build: resumed when half written (``OUT.tmp``), made again when whole without its marker
-    (killed after the build: it is deterministic)."""
-    from spar_bench.builder.build import build, config_from_options
-
-    opts = {k: tuple(v) if isinstance(v, list) else v for k, v in spec["options"].items()}
-    for k in ("cases", "limit", "split_ratio"):  # per-source options: one entry or a list
-        if isinstance(opts.get(k), str):
-            opts[k] = (opts[k],)
-    target = Path(spec["out"])
-    given = {"source": tuple(spec["source"]), "root": tuple(spec["root"]), "out": spec["out"],
-             "thresholds_from": spec.get("thresholds_from"), **opts}
-    if Path(f"{target}.tmp").exists():
-        given["resume"] = True
-    elif target.exists():
-        given["overwrite"] = True
-    build(config_from_options(given, {k for k, v in given.items() if v is not None}))
-
-
-def _cache(spec: dict[str, Any], device: str | None) -> None:
-    from spar_bench.probes.cache import cache_options, write_cache
-
-    fields = {k: spec[k] for k in ("weights", "random_init", "revision", "model_args", "probe") if k in spec}
-    opts = {**fields, **spec["options"]}
-    if device and "device" not in opts:
-        opts["device"] = device
-    write_cache(spec["encoder"], spec["data"], spec["out"], cache_options(**opts))
-
-
-def _sweep(spec: dict[str, Any], device: str | None) -> None:
-    """The frozen mode's heads; a preset fills what the file does not give (heads and seeds are given)."""
-    from spar_bench.probes.runs.spec import OPTIONS
-    from spar_bench.probes.runs.sweep import SweepConfig, sweep
-
-    given = spec["options"]
-    fields = {k: v for k, v in given.items() if k not in OPTIONS}
-    if device and "device" not in fields:
-        fields["device"] = device
-    fields.setdefault("jobs", spec["jobs"])
-    if spec.get("data"):  # a path: build read through its cache (plan._path_data)
-        fields["data"] = spec["data"]
-    cfg = SweepConfig(spec["features"], tuple(spec["heads"]), tuple(spec["probes"]), tuple(spec["seeds"]),
-                      spec["out"], **fields, options={k: v for k, v in given.items() if k in OPTIONS})  # fmt: skip
-    sweep(cfg, {"heads", "seeds", *given})
-
-
-def _finetune(spec: dict[str, Any], device: str | None) -> None:
-    """Encoder and head trained end to end, every probe x head x seed (resumed where interrupted)."""
-    from dataclasses import fields
-
-    from spar_bench.probes.finetune.config import FinetuneConfig, finetune_specs
-    from spar_bench.probes.names import names_all
-    from spar_bench.probes.runs.inputs import ProbeUnavailable
-
-    opts = dict(spec["options"])
-    if opts.get("threads"):
-        import torch
-
-        torch.set_num_threads(int(opts["threads"]))
-    opts.pop("threads", None)
-    if device and "device" not in opts:
-        opts["device"] = device
-    names = {f.name for f in fields(FinetuneConfig)}
-    cfg = FinetuneConfig(**{k: v for k, v in opts.items() if k in names})
-    rest = {k: v for k, v in opts.items() if k not in names}
-    kwargs = json.loads(json.dumps(spec["model_kwargs"], sort_keys=True)) if spec.get("model_kwargs") else None
-    own = {k: spec[k] for k in ("weights", "revision", "init") if k in spec}
-    grid = finetune_specs(spec["encoder"], spec["data"], spec["probes"], spec["heads"], spec["seeds"],
-                          **{**own, **rest}, model_kwargs=kwargs, cfg=cfg)  # fmt: skip
-    for per_probe in grid:
-        for fs in per_probe:
-            try:
-                train_run(fs, spec["out"])
-            except ProbeUnavailable as e:
-                if not names_all(spec["probes"]):
-                    raise
-                click.echo(f"{fs.probe}: not available on this build ({e}); skipped", err=True)
-                break
-
-
-def train_run(fs: Any, out: str) -> Path:
-    """One finetune/scratch run (a :class:`~spar_bench.probes.finetune.config.FinetuneSpec`), resumed
-    where interrupted: the one place the runner reaches the finetune lifecycle."""
-    from spar_bench.probes.runs.session import run
-
-    return run(fs, out, resume=True)
-
-
-def _evaluate(spec: dict[str, Any], device: str | None) -> None:
-    """Every finished run of the source step scored on the transfer target (again: ``overwrite``):
-    another cache (and, for a ``path:`` build, its folder), or a build a finetune run re-encodes
-    (:func:`~spar_bench.probes.runs.session.evaluate_on` chooses by the run's kind)."""
-    from spar_bench.probes.runs.session import EvalTarget, evaluate_on
-
-    target = EvalTarget(spec.get("features"), spec.get("data"), overwrite=True, encoder=spec.get("encoder"))
-    for m in sorted(Path(spec["runs"]).rglob("metrics.json")):
-        evaluate_on(m.parent, target)
-
-
-def _vqa(spec: dict[str, Any], device: str | None) -> None:
-    from spar_bench.probes.vqa.options import VqaOptions, why_skipped
-
-    opts = dict(spec["options"])
-    if device and "device" not in opts:
-        opts["device"] = device
-    for probe, rd in ask_mllm(spec["model"], spec["data"], spec["out"], VqaOptions(**opts)):
-        if rd is None:
-            click.echo(f"{probe}: {why_skipped(spec['data'], probe, opts.get('splits', 'test'))}; skipped", err=True)
-
-
-def ask_mllm(model: str, data: str, out: str, opts: Any) -> Iterator[tuple[str, Path | None]]:
-    """An MLLM asked every question probe of a build: the one place the runner reaches the vqa run."""
-    from spar_bench.probes.vqa.options import ask_build
-
-    yield from ask_build(model, data, out, opts)
-
-
-def _predict(spec: dict[str, Any], device: str | None) -> None:
-    """A build-reading run kind on every probe x seed (``all``: the probes of the build's levels)."""
-    from spar_bench.builder.shards import Build
-    from spar_bench.probes.names import names_all, parse_probes
-    from spar_bench.probes.runs.inputs import ProbeUnavailable
-    from spar_bench.probes.runs.session import run
-    from spar_bench.probes.runs.spec import PredictorSpec
-
-    probes = parse_probes(spec["probes"], Build(spec["data"]).levels())
-    for p in probes:
-        for s in spec["seeds"]:
-            try:
-                run(PredictorSpec(p, spec["kind"], int(s), features=spec["data"], n_boot=int(spec["n_boot"]),
-                                  options=spec.get("options") or {}),
-                    spec["out"], progress=False)  # fmt: skip
-            except ProbeUnavailable as e:
-                if not names_all(spec["probes"]):
-                    raise
-                click.echo(f"{p}: skipped ({e})", err=True)
-                break
-
-
-def _report(spec: dict[str, Any], device: str | None) -> None:
-    """``spar-probe report``'s tables and plots, then the experiment's report, over every run."""
-    from spar_bench.probes.runs.report import write_report
-
-    from .report import write_experiment_report
-
-    out = Path(spec["out"])
-    write_report(spec["runs"], out)
-    write_experiment_report(Path(spec["runs"]), out, title=spec.get("title", ""), provenance=_provenance(out.parent))
-
-
-#: the executor of each kind of spec
-EXECUTORS: dict[str, Callable[[dict[str, Any], str | None], None]] = {
-    "phantom": _phantom, "build": _build, "cache": _cache, "sweep": _sweep, "finetune": _finetune,
-    "eval": _evaluate, "vqa": _vqa, "predict": _predict, "report": _report}  # fmt: skip
-
-
-def _provenance(out: Path) -> dict[str, Any]:
-    try:
-        return json.loads((out / PLAN / "plan.json").read_text())["provenance"]
-    except (OSError, ValueError, KeyError):
-        return {}
+        STEPS.get(kind).call(spec, device)
 
 
 def check_inputs(plan: Plan, chosen: list[Step], wait_s: float) -> None:

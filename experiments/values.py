@@ -19,15 +19,13 @@ Each problem is one line naming the file, the line and the key. :func:`check_dev
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from spar_bench.errors import ConfigError
 
-from .config import Experiment
-from .plan import error_at, options  # error_at: "FILE:LINE: KEY: problem"
+from .config import Experiment, error_at  # error_at: "FILE:LINE: KEY: problem"
+from .steps import STEPS, kinds, options
 
 _DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?")
 
@@ -75,28 +73,6 @@ def check_devices(text: str | None, here: bool = True) -> tuple[str, ...]:
 
 
 # --------------------------------------------------------------------------- the file's values
-#: each mapping of options in the file: its step kind (:func:`.plan.spec_fields`)
-_KINDS = {("spar-build", "phantom"): "phantom", ("spar-build", None): "build", ("spar-probe", "sweep"): "sweep",
-          ("spar-probe", "finetune"): "finetune", ("spar-probe", "cache"): "cache",
-          ("spar-probe", "vqa"): "vqa"}  # fmt: skip
-#: the fields whose commands take ``auto`` as a device
-_AUTO_DEVICE = {"sweep", "finetune", "cache", "vqa"}
-
-
-def option_sets(exp: Experiment) -> Iterator[tuple[str, dict[str, Any], str]]:
-    """``(step kind, options, key)`` of every mapping of options in the file."""
-    for b, bd in exp.builds.items():
-        if bd.phantom is not None:
-            yield "phantom", bd.phantom, f"builds.{b}.phantom"
-        yield "build", bd.options, f"builds.{b}.options"
-    for m, mode in exp.modes.items():
-        yield "sweep" if m == "frozen" else "finetune", mode.options, f"modes.{m}.options"
-        if m == "frozen":
-            yield "cache", mode.cache, "modes.frozen.cache"
-    for n, mllm in exp.mllms.items():
-        yield "vqa", mllm.options, f"mllms.{n}.options"
-
-
 def check_values(exp: Experiment, here: bool = True) -> None:
     """Every value of ``exp`` as the library's settings classes check it when its step runs; the
     first problem as one line (``here``: devices must be on this machine)."""
@@ -109,10 +85,11 @@ def check_values(exp: Experiment, here: bool = True) -> None:
         if bd.path is not None and not (Path(bd.path) / "manifest.json").is_file():
             raise error_at(exp, f"builds.{b}.path", f"{bd.path} has no manifest.json: give a finished "
                                                   "build folder (or build it with phantom: or sources:)")  # fmt: skip
-    for kind, given, key in option_sets(exp):
-        for k, v in given.items():
-            ((name, value),) = options(kind, {k: v}, key, exp).items()  # its field, typed
-            _check_value(exp, kind, name, value, f"{key}.{k}", here)
+    for kind, declared in kinds():  # each mapping of options in the file, as its step kind reads it
+        for given, key in declared.given(exp):
+            for k, v in given.items():
+                ((name, value),) = options(kind, {k: v}, key, exp).items()  # its field, typed
+                _check_value(exp, kind, name, value, f"{key}.{k}", here)
     if here:  # a plan printed (--dry-run, --list) may leave the revisions to the run
         check_revisions(exp)
 
@@ -155,80 +132,15 @@ def _variable_of(exp: Experiment, key: str) -> str | None:
 def _check_value(exp: Experiment, kind: str, name: str, value: Any, key: str, here: bool) -> None:
     """One option's value: a device, then the settings classes its step makes of it."""
     if name == "device" and isinstance(value, str):
-        problem = device_problem(value, auto=kind in _AUTO_DEVICE, here=here)
+        problem = device_problem(value, auto=STEPS.get(kind).auto_device, here=here)
         if problem:
             raise error_at(exp, key, f"{value}: {problem}")
     if name in ("seed", "seeds") and isinstance(value, int) and value < 0:
         raise error_at(exp, key, f"a seed is an integer >= 0, got {value}")
     try:
-        for cls, given in _settings(exp, kind, name, value, key):
+        for cls, given in STEPS.get(kind).settings(exp, name, value, key):
             cls(**given)
     except ConfigError as e:
         raise error_at(exp, key, str(e)) from None
     except (TypeError, ValueError) as e:
         raise error_at(exp, key, f"{value!r}: {e}") from None
-
-
-def _settings(exp: Experiment, kind: str, option: str, value: Any, key: str) -> Iterator[tuple[type, dict[str, Any]]]:
-    """The settings classes a step of ``kind`` builds, with the keywords that hold ``option``
-    (each checks its declared limits: :mod:`spar_bench.fields`)."""
-    if kind == "phantom":
-        from spar_bench.builder.phantom.generate import PhantomOptions
-
-        if option == "n" and (not isinstance(value, int) or value < 1):
-            raise ConfigError(f"--n (cases) must be an integer >= 1, got {value!r}")
-        yield from _with(PhantomOptions, {}, option, value)
-    elif kind == "build":
-        yield from _build_settings(exp.builds[key.split(".")[1]], option, value)
-    elif kind == "sweep":
-        from spar_bench.probes.runs.spec import ALIASES, OPTIONS
-        from spar_bench.probes.runs.sweep import SweepConfig
-        from spar_bench.probes.train import TrainConfig
-
-        option = ALIASES.get(option, option)
-        if option in OPTIONS and OPTIONS[option].where == "train":
-            yield TrainConfig, {option: value}
-        yield from _with(SweepConfig, {"features": "-"}, option, value)
-    elif kind == "finetune":
-        from spar_bench.probes.finetune.config import FinetuneConfig, FinetuneSpec
-
-        yield from _with(FinetuneConfig, {}, option, value)
-        yield from _with(FinetuneSpec, {"encoder": "-", "data": "-", "probe": "-"}, option, value)
-    elif kind == "cache":
-        from spar_bench.probes.cache import CacheOptions
-
-        yield from _with(CacheOptions, {}, option, value)
-    else:
-        from spar_bench.probes.vqa.options import VqaOptions
-
-        yield from _with(VqaOptions, {}, option, value)
-
-
-def _with(cls: type, required: dict[str, Any], option: str, value: Any) -> Iterator[tuple[type, dict[str, Any]]]:
-    """``cls`` with ``option`` set, where it is one of its fields."""
-    if option in _names(cls) and option not in required:
-        yield cls, {**required, option: value}
-
-
-def _build_settings(bd, option: str, value: Any) -> Iterator[tuple[type, dict[str, Any]]]:
-    """A build's sample settings and build settings (``spar-build``'s own reading of its options)."""
-    from spar_bench.builder.build import BuildConfig, choice_options
-    from spar_bench.builder.samples.config import SampleConfig
-
-    if option in _names(SampleConfig):
-        given = value
-        if option == "levels" and not isinstance(value, (list, tuple)):
-            given = [s.strip() for s in str(value).split(",") if s.strip()]
-        yield SampleConfig, {option: given}
-    sources = ("phantom",) if bd.phantom is not None else bd.sources
-    base = {"sources": sources, "roots": (".",) * len(sources), "out": "."}
-    field_name = {"jobs": "workers"}.get(option, option)
-    if field_name in _names(BuildConfig) and field_name not in base and field_name not in ("cases", "limit",
-                                                                                            "split_ratio"):
-        yield BuildConfig, {**base, field_name: value}
-    if option in ("cases", "limit", "split_ratio"):
-        yield BuildConfig, {**base, **choice_options({option: value}, sources)}
-
-
-def _names(cls: type) -> set[str]:
-    return {f.name for f in fields(cls)}

@@ -13,12 +13,12 @@ import pytest
 from spar_bench.experiments import preset_path, sizes
 from spar_bench.experiments.config import load_experiment
 from spar_bench.experiments.estimate import step_seconds
-from spar_bench.experiments.plan import (
+from spar_bench.experiments.plan import make_plan
+from spar_bench.experiments.step_kinds import (
     build_choice,
     case_count,
     estimated_images,
     estimated_questions,
-    make_plan,
 )
 from spar_bench.probes.targets import no_lesions
 

@@ -9,6 +9,7 @@ the executors are replaced by a recorder, nothing is built or trained.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from spar_bench.errors import ConfigError
 from spar_bench.experiments import runner
 from spar_bench.experiments.config import load_experiment
 from spar_bench.experiments.plan import make_plan
+from spar_bench.experiments.steps import STEPS
 from spar_bench.hashing import sha256_json
 
 FILE = """
@@ -67,8 +69,9 @@ def _old_hashes() -> dict[str, str]:
 
 def _recorder(monkeypatch) -> list[str]:
     ran: list[str] = []
-    for kind in list(runner.EXECUTORS):
-        monkeypatch.setitem(runner.EXECUTORS, kind, lambda spec, device, kind=kind: ran.append(kind))
+    for kind in STEPS.names():
+        record = replace(STEPS.get(kind), call=lambda spec, device, kind=kind: ran.append(kind))
+        monkeypatch.setitem(STEPS._entries, kind, record)
     return ran
 
 
