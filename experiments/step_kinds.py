@@ -18,7 +18,7 @@ runs one spec:
 * ``predict``: a build-reading run kind on every probe x seed (``predict:<p>@<b>``);
 * ``report``: ``spar-probe report`` and the experiment's report over every run.
 
-Runs are made by :func:`spar_bench.probes.runs.session.run` (finetuning: :func:`train_run`; the
+Runs are made by :func:`spar_bench.probes.runs.session.run_all` (finetuning, the predictors; the
 MLLM track: :func:`ask_mllm`), transfer by :func:`~spar_bench.probes.runs.session.evaluate_on`.
 The library imports stay inside the calls: planning (``--dry-run``) imports no torch.
 """
@@ -542,7 +542,7 @@ def _finetune(spec: dict[str, Any], device: str | None) -> None:
 
     from spar_bench.probes.finetune.config import FinetuneConfig, finetune_specs
     from spar_bench.probes.names import names_all
-    from spar_bench.probes.runs.inputs import ProbeUnavailable
+    from spar_bench.probes.runs.session import run_all
 
     opts = dict(spec["options"])
     if opts.get("threads"):
@@ -559,23 +559,8 @@ def _finetune(spec: dict[str, Any], device: str | None) -> None:
     own = {k: spec[k] for k in ("weights", "revision", "init") if k in spec}
     grid = finetune_specs(spec["encoder"], spec["data"], spec["probes"], spec["heads"], spec["seeds"],
                           **{**own, **rest}, model_kwargs=kwargs, cfg=cfg)  # fmt: skip
-    for per_probe in grid:
-        for fs in per_probe:
-            try:
-                train_run(fs, spec["out"])
-            except ProbeUnavailable as e:
-                if not names_all(spec["probes"]):
-                    raise
-                click.echo(f"{fs.probe}: not available on this build ({e}); skipped", err=True)
-                break
-
-
-def train_run(fs: Any, out: str) -> Path:
-    """One finetune/scratch run (a :class:`~spar_bench.probes.finetune.config.FinetuneSpec`), resumed
-    where interrupted: the one place the runner reaches the finetune lifecycle."""
-    from spar_bench.probes.runs.session import run
-
-    return run(fs, out, resume=True)
+    for _ in run_all(grid, spec["out"], skip_unavailable=names_all(spec["probes"]), resume=True):
+        pass
 
 
 def _evaluate(spec: dict[str, Any], device: str | None) -> None:
@@ -611,22 +596,14 @@ def _predict(spec: dict[str, Any], device: str | None) -> None:
     """A build-reading run kind on every probe x seed (``all``: the probes of the build's levels)."""
     from spar_bench.builder.shards import Build
     from spar_bench.probes.names import names_all, parse_probes
-    from spar_bench.probes.runs.inputs import ProbeUnavailable
-    from spar_bench.probes.runs.session import run
+    from spar_bench.probes.runs.session import run_all
     from spar_bench.probes.runs.spec import PredictorSpec
 
     probes = parse_probes(spec["probes"], Build(spec["data"]).levels())
-    for p in probes:
-        for s in spec["seeds"]:
-            try:
-                run(PredictorSpec(p, spec["kind"], int(s), features=spec["data"], n_boot=int(spec["n_boot"]),
-                                  options=spec.get("options") or {}),
-                    spec["out"], progress=False)  # fmt: skip
-            except ProbeUnavailable as e:
-                if not names_all(spec["probes"]):
-                    raise
-                click.echo(f"{p}: skipped ({e})", err=True)
-                break
+    grid = [[PredictorSpec(p, spec["kind"], int(s), features=spec["data"], n_boot=int(spec["n_boot"]),
+                           options=spec.get("options") or {}) for s in spec["seeds"]] for p in probes]  # fmt: skip
+    for _ in run_all(grid, spec["out"], skip_unavailable=names_all(spec["probes"]), progress=False):
+        pass
 
 
 def _report(spec: dict[str, Any], device: str | None) -> None:

@@ -143,7 +143,7 @@ def test_vqa_seeds_and_the_hidden_seed(pipeline, tmp_path, capsys) -> None:
 
 # -- finetune: fit's head options -------------------------------------------------------------
 def test_finetune_takes_fits_head_options(monkeypatch, tmp_path, capsys) -> None:
-    import spar_bench.probes.cli.finetune as ft_cli
+    from spar_bench.probes.runs import session
 
     specs = []
 
@@ -154,7 +154,7 @@ def test_finetune_takes_fits_head_options(monkeypatch, tmp_path, capsys) -> None
         (rd / "metrics.json").write_text(json.dumps({"headline": "accuracy", "test": {"accuracy": 0.5}}))
         return rd
 
-    monkeypatch.setattr(ft_cli, "run_spec", fake_run)
+    monkeypatch.setattr(session, "run", fake_run)  # the one loop, session.run_all, calls it
     base = ["finetune", "--encoder", "dummy", "--data", tmp_path, "--probe", "level3.size", "--out", tmp_path / "o"]
     assert run_cmd(cli, [*base, "--head", "mlp,transformer", "--d-model", 32, "--hidden", 16,
                          "--proj-dim", "none"]) == 0  # fmt: skip

@@ -128,7 +128,7 @@ def test_cache_old_spellings_are_the_new_options(monkeypatch, tmp_path, capsys) 
 
 def test_finetune_runs_each_head_and_takes_the_old_workers(monkeypatch, tmp_path, capsys) -> None:
     """One run per probe x head x seed; ``--workers`` is ``--loader-workers`` (runs faked)."""
-    import spar_bench.probes.cli.finetune as ft_cli
+    from spar_bench.probes.runs import session
 
     specs = []
 
@@ -139,7 +139,7 @@ def test_finetune_runs_each_head_and_takes_the_old_workers(monkeypatch, tmp_path
         (rd / "metrics.json").write_text(json.dumps({"headline": "accuracy", "test": {"accuracy": 0.5}}))
         return rd
 
-    monkeypatch.setattr(ft_cli, "run_spec", fake_run)
+    monkeypatch.setattr(session, "run", fake_run)  # the one loop, session.run_all, calls it
     base = ["finetune", "--encoder", "dummy", "--data", tmp_path, "--probe", "level3.size", "--seeds", "0,1"]
     out = lambda name: ["--out", tmp_path / name]  # noqa: E731
     assert run_cmd(cli, [*base, *out("a"), "--head", "linear,mlp", "--loader-workers", 3]) == 0

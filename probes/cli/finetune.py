@@ -13,8 +13,7 @@ from spar_bench.locks import output_lock
 
 from ..finetune.config import FinetuneConfig, FinetuneSpec, finetune_specs
 from ..finetune.encoding import parse_model_args
-from ..runs.inputs import ProbeUnavailable
-from ..runs.session import run as run_spec
+from ..runs.session import run_all
 from .options import (
     bootstrap_option,
     compute_option,
@@ -83,15 +82,7 @@ def finetune_command(encoder, weights, init, model_args, revision, data, head, p
                           model_kwargs=parse_model_args(model_args), revision=revision, cfg=cfg, n_boot=n_boot,
                           controls=not no_controls, train_mirrors=train_mirrors, head_options=head_opts)  # fmt: skip
     click.get_current_context().with_resource(output_lock(out, what="spar-probe finetune"))
-    for per_probe in grid:
-        for fs in per_probe:
-            try:
-                rd = run_spec(fs, out, resume=resume, overwrite=overwrite)
-            except ProbeUnavailable as e:
-                if not names_all(probes):
-                    raise
-                click.echo(f"{fs.probe}: not available on this build ({e}); skipped", err=True)
-                break
-            m = json.loads((rd / "metrics.json").read_text())
-            key = m["headline"]
-            click.echo(f"{fs.probe} {fs.head} seed{fs.seed}: {key}={fmt(m['test'].get(key))} -> {rd}")
+    for fs, rd in run_all(grid, out, skip_unavailable=names_all(probes), resume=resume, overwrite=overwrite):
+        m = json.loads((rd / "metrics.json").read_text())
+        key = m["headline"]
+        click.echo(f"{fs.probe} {fs.head} seed{fs.seed}: {key}={fmt(m['test'].get(key))} -> {rd}")

@@ -13,8 +13,7 @@ from spar_bench.clitools import wait_option
 from spar_bench.locks import output_lock
 
 from ..names import cache_probes
-from ..runs.inputs import ProbeUnavailable
-from ..runs.session import run_fit
+from ..runs.session import run_all
 from ..runs.spec import make_run
 from ..runs.store import METRICS_FILE
 from ..tasks import get_probe
@@ -62,18 +61,10 @@ def fit_command(features, head, probes, seeds, out, overwrite, data, n_boot, no_
             for p in cache_probes(probes, features)]  # fmt: skip
     torch.set_num_threads(threads)
     click.get_current_context().with_resource(output_lock(out, what="spar-probe fit"))  # until the command ends
-    for per_probe in runs:
-        for run in per_probe:
-            try:
-                rd = run_fit(run, out, overwrite=overwrite)
-            except ProbeUnavailable as e:
-                if not names_all(probes):
-                    raise
-                click.echo(f"{run.probe}: not available on this build ({e}); skipped", err=True)
-                break
-            m = json.loads((rd / METRICS_FILE).read_text())
-            key = m["headline"]
-            click.echo(f"{run.probe} {run.head} seed{run.seed}: {key}={fmt(m['test'].get(key))} -> {rd}")
+    for run, rd in run_all(runs, out, skip_unavailable=names_all(probes), overwrite=overwrite):
+        m = json.loads((rd / METRICS_FILE).read_text())
+        key = m["headline"]
+        click.echo(f"{run.probe} {run.head} seed{run.seed}: {key}={fmt(m['test'].get(key))} -> {rd}")
 
 
 @click.command("eval")

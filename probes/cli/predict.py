@@ -38,8 +38,7 @@ def predict_command(kind, data, probes, seeds, out, overwrite, n_boot):
     from spar_bench.builder.shards import Build
 
     from ..kinds import run_kind
-    from ..runs.inputs import ProbeUnavailable
-    from ..runs.session import run
+    from ..runs.session import run_all
     from ..runs.spec import PredictorSpec
 
     cls = run_kind(kind)
@@ -51,13 +50,7 @@ def predict_command(kind, data, probes, seeds, out, overwrite, n_boot):
     build = Build(data)
     names = parse_probes(probes, build.levels())
     click.get_current_context().with_resource(output_lock(out, what="spar-probe predict"))
-    for p in names:
-        for s in parse_seeds(seeds):
-            try:
-                rd = run(PredictorSpec(p, kind, s, features=str(data), n_boot=n_boot), out, overwrite=overwrite)
-            except ProbeUnavailable as e:
-                if not names_all(probes):
-                    raise
-                click.echo(f"{p}: skipped ({e})", err=True)
-                continue
-            click.echo(f"{p} seed {s}: {rd}")
+    grid = [[PredictorSpec(p, kind, s, features=str(data), n_boot=n_boot) for s in parse_seeds(seeds)]
+            for p in names]  # fmt: skip
+    for spec, rd in run_all(grid, out, skip_unavailable=names_all(probes), overwrite=overwrite):
+        click.echo(f"{spec.probe} seed {spec.seed}: {rd}")

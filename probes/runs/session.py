@@ -29,10 +29,12 @@ image features replaced by zeros (one zero token for token heads).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
+import click
 import numpy as np
 
 from spar_bench.errors import ConfigError
@@ -40,6 +42,7 @@ from spar_bench.provenance import RUN_PACKAGES, package_versions, protocol_versi
 
 from .evaluate import evaluate, run_metrics, transfer
 from .inputs import (
+    ProbeUnavailable,
     Splits,
     check_shards,
     encoder_slug,
@@ -118,6 +121,28 @@ def run(spec, out: str | Path, *, overwrite: bool = False, resume: bool = False,
     options = RunOptions(overwrite=overwrite, resume=resume, progress=progress)
     job = open_job(spec, out, options)
     return None if job is None else execute(job, options)
+
+
+def run_all(groups: Iterable[Iterable[Any]], out: str | Path, *, skip_unavailable: bool = False,
+            **options: Any) -> Iterator[tuple[Any, Path | None]]:
+    """Every spec of ``groups`` (each the specs of one probe: its heads x seeds) through
+    :func:`run` (``options``: its keywords), in order, yielding ``(spec, run folder)``: the one
+    probe x seed loop of every command and experiment step.
+
+    A probe the build cannot ask (:class:`~.inputs.ProbeUnavailable`: no items of it) stops the
+    loop when it was named; asked for under ``all`` (``skip_unavailable``) it is skipped whole,
+    in one line on stderr. Whole: being unavailable is the probe's on that build, whatever the
+    head or seed, so its other specs are not tried (and not reported once each)."""
+    for group in groups:
+        for spec in group:
+            try:
+                rd = run(spec, out, **options)
+            except ProbeUnavailable as e:
+                if not skip_unavailable:
+                    raise
+                click.echo(f"{spec.probe}: not available on this build ({e}); skipped", err=True)
+                break
+            yield spec, rd
 
 
 def open_job(spec, out: str | Path, options: RunOptions = RunOptions()):
@@ -421,8 +446,6 @@ class BuildJob:
 
 def execute(job, options: RunOptions = RunOptions()) -> Path:
     """Carry out an opened job (see :func:`run`)."""
-    import click
-
     clear_staging(job.rd)
     if not options.overwrite and finished(job.rd, job.record, job.declared, "pass --overwrite"):
         click.echo(f"{job.rd}: finished earlier with these options; kept (--overwrite runs it again)", err=True)
