@@ -34,6 +34,7 @@ from typing import Any
 import click
 
 from spar_bench.errors import ConfigError
+from spar_bench.fields import field_types
 
 from . import sizes
 from .config import Experiment
@@ -54,7 +55,7 @@ from .plan import (
     path_digest,
     run_folder,
 )
-from .steps import STEPS, StepKind, field_types, options
+from .steps import STEPS, StepKind, options
 
 
 # --------------------------------------------------------------------------- sizes of a build
@@ -367,8 +368,10 @@ def _sweep_fields() -> dict[str, Any]:
 
 def _finetune_fields() -> dict[str, Any]:
     from spar_bench.probes.finetune.config import FinetuneConfig, FinetuneSpec
+    from spar_bench.probes.runs.spec import OPTIONS
 
-    return {**field_types(FinetuneConfig, FinetuneSpec), "threads": int}
+    head = {o.name: o.type for o in OPTIONS.values() if o.where == "head"}  # the head's (spar-probe finetune --d-model)
+    return {**field_types(FinetuneConfig, FinetuneSpec), "threads": int, **head}
 
 
 def _vqa_fields() -> dict[str, Any]:
@@ -543,6 +546,7 @@ def _finetune(spec: dict[str, Any], device: str | None) -> None:
     from spar_bench.probes.finetune.config import FinetuneConfig, finetune_specs
     from spar_bench.probes.names import names_all
     from spar_bench.probes.runs.session import run_all
+    from spar_bench.probes.runs.spec import OPTIONS
 
     opts = dict(spec["options"])
     if opts.get("threads"):
@@ -555,10 +559,11 @@ def _finetune(spec: dict[str, Any], device: str | None) -> None:
     names = {f.name for f in fields(FinetuneConfig)}
     cfg = FinetuneConfig(**{k: v for k, v in opts.items() if k in names})
     rest = {k: v for k, v in opts.items() if k not in names}
+    head = {k: rest.pop(k) for k in list(rest) if k in OPTIONS and OPTIONS[k].where == "head"}
     kwargs = json.loads(json.dumps(spec["model_kwargs"], sort_keys=True)) if spec.get("model_kwargs") else None
     own = {k: spec[k] for k in ("weights", "revision", "init") if k in spec}
     grid = finetune_specs(spec["encoder"], spec["data"], spec["probes"], spec["heads"], spec["seeds"],
-                          **{**own, **rest}, model_kwargs=kwargs, cfg=cfg)  # fmt: skip
+                          **{**own, **rest}, model_kwargs=kwargs, cfg=cfg, head_options=head or None)  # fmt: skip
     for _ in run_all(grid, spec["out"], skip_unavailable=names_all(spec["probes"]), resume=True):
         pass
 
@@ -634,7 +639,8 @@ BUILD_KIND = StepKind(_build, _build_fields, _build_settings_of, _build_given, _
                  own=frozenset({"source", "root", "out", "resume", "overwrite"}))  # fmt: skip
 CACHE_KIND = StepKind(_cache, _cache_fields, _cache_settings, _cache_given, _plan_caches, order=20,
                  aliases={"workers": "loader_workers", "batch": "batch_size"}, auto_device=True,
-                 own=frozenset({"weights", "random_init", "revision", "model_args", "async_writes", "probe"}))  # fmt: skip
+                 own=frozenset({"weights", "random_init", "revision", "model_args", "async_writes", "probe",
+                                "token_storage"}))  # fmt: skip
 SWEEP_KIND = StepKind(_sweep, _sweep_fields, _sweep_settings, _sweep_given, _plan_heads, order=30, runs=True,
                  aliases={"bootstrap": "n_boot", "no_controls": "!controls"}, auto_device=True,
                  own=frozenset({"features", "heads", "probes", "seeds", "out", "only", "partition", "options"}))  # fmt: skip

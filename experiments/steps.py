@@ -5,7 +5,7 @@ JSON-safe record of its config. :data:`STEPS` maps each kind to its declaration,
 everything the experiment machinery needs of it:
 
 * ``fields``: the options the kind takes and their types, read from the library's config
-  dataclasses (:func:`field_types`), never parsed from annotation text;
+  dataclasses (:func:`spar_bench.fields.field_types`), never parsed from annotation text;
 * ``aliases`` and ``own``: the spellings a file may use, and the fields the step sets itself;
 * ``given`` and ``settings``: the file's mappings of its options, and the settings classes its
   call builds of them (the plan-time value check, :mod:`.values`);
@@ -22,12 +22,11 @@ plugin or a test adds one with ``STEPS.register(name, StepKind(...))`` (or
 from __future__ import annotations
 
 import difflib
-import types
-import typing
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
+from spar_bench.fields import scalar
 from spar_bench.registry import Registry
 
 from .config import Experiment, error_at
@@ -82,26 +81,6 @@ def planned_kinds() -> list[tuple[str, StepKind]]:
 
 
 # --------------------------------------------------------------------------- options as spec fields
-def field_types(*classes: type) -> dict[str, Any]:
-    """Each field of the dataclasses ``classes`` and its type (the resolved annotation)."""
-    out: dict[str, Any] = {}
-    for cls in classes:
-        hints = typing.get_type_hints(cls)
-        out.update({f.name: hints[f.name] for f in fields(cls)})
-    return out
-
-
-def scalar(tp: Any) -> Any:
-    """What a value of annotation ``tp`` is read as: its first type (``int | None``: ``int``)
-    when that is bool, int, float or str, a converter (a callable that is no type) as it is,
-    else None (taken as given)."""
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        tp = typing.get_args(tp)[0]
-    if tp in (bool, int, float, str) or (callable(tp) and not isinstance(tp, type) and typing.get_origin(tp) is None):
-        return tp
-    return None
-
-
 def spec_fields(kind: str) -> dict[str, Any]:
     """The options a step of ``kind`` takes: each field of its library config and how a value is read."""
     k = STEPS.get(kind)

@@ -253,3 +253,40 @@ def declared_type(cls: type, name: str) -> click.ParamType:
     if all(float(x).is_integer() for x in numbers) and any(isinstance(x, int) for x in numbers):
         return click.IntRange(limit.lo, limit.hi)
     return click.FloatRange(limit.lo, limit.hi)
+
+
+def field_options(cls: type, *names: str, helps: Mapping[str, str] | None = None,
+                  types: Mapping[str, click.ParamType] | None = None) -> Callable[[Callable], Callable]:
+    """One click option per field ``names`` of dataclass ``cls`` (``--encoder-lr``), made from the
+    field: its default ``None`` (the dataclass fills in a value not given, :func:`given`), so no
+    default is written twice; its type from its limit (:func:`declared_type`) or its annotation;
+    its help from the field (:func:`spar_bench.fields.limited`), else ``helps``, with the
+    dataclass's default shown (``[default: 0.0001]``)."""
+    import dataclasses
+
+    from spar_bench.fields import field_types, help_of, limit_of, scalar
+
+    hints, by_name = field_types(cls), {f.name: f for f in dataclasses.fields(cls)}
+
+    def decorate(f: Callable) -> Callable:
+        for name in reversed(names):
+            limit = limit_of(cls, name)
+            bounded = limit is not None and (limit.choices is not None or limit.lo is not None or limit.hi is not None)
+            kind = (types or {}).get(name) or (declared_type(cls, name) if bounded else scalar(hints[name]))
+            text = help_of(cls, name) or (helps or {}).get(name) or ""
+            shown = _shown(by_name[name].default)
+            f = click.option(f"--{name.replace('_', '-')}", name, type=kind, default=None,
+                             help=f"{text}  [default: {shown}]".strip())(f)  # fmt: skip
+        return f
+
+    return decorate
+
+
+def _shown(default: Any) -> str:
+    """A dataclass default as ``--help`` shows it (a tuple as its comma list)."""
+    return ",".join(map(str, default)) if isinstance(default, tuple) else str(default)
+
+
+def given(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The values a command line gave (not None): the rest is the dataclass's default."""
+    return {k: v for k, v in values.items() if v is not None}

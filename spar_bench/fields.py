@@ -11,13 +11,15 @@ reading any command-line declaration.
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from spar_bench.errors import ConfigError
 
-_KEY = "spar_bench.limit"
+_KEY, _HELP = "spar_bench.limit", "spar_bench.help"
 
 
 @dataclass(frozen=True)
@@ -48,10 +50,39 @@ class Limit:
 
 
 def limited(default: Any = dataclasses.MISSING, *, lo: float | None = None, hi: float | None = None,
-            choices: Sequence[Any] | None = None, flag: str | None = None) -> Any:
-    """A dataclass field with its :class:`Limit` (``field(default=..., metadata=...)``)."""
-    limit = Limit(lo, hi, tuple(choices) if choices is not None else None, flag)
-    return dataclasses.field(default=default, metadata={_KEY: limit})
+            choices: Sequence[Any] | None = None, flag: str | None = None, help: str | None = None) -> Any:
+    """A dataclass field with its :class:`Limit` (``field(default=..., metadata=...)``) and its
+    help (the command line's, :func:`spar_bench.clitools.field_options`); given only ``help``,
+    the field has no limit."""
+    meta: dict[str, Any] = {_HELP: help} if help is not None else {}
+    if help is None or any(x is not None for x in (lo, hi, choices, flag)):
+        meta[_KEY] = Limit(lo, hi, tuple(choices) if choices is not None else None, flag)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def help_of(cls: type, name: str) -> str | None:
+    """The help field ``name`` of dataclass ``cls`` declares (:func:`limited`), or None."""
+    return next((f.metadata.get(_HELP) for f in dataclasses.fields(cls) if f.name == name), None)
+
+
+def scalar(tp: Any) -> Any:
+    """What a value of annotation ``tp`` is read as: its first type (``int | None``: ``int``)
+    when that is bool, int, float or str, a converter (a callable that is no type) as it is,
+    else None (taken as given)."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        tp = typing.get_args(tp)[0]
+    if tp in (bool, int, float, str) or (callable(tp) and not isinstance(tp, type) and typing.get_origin(tp) is None):
+        return tp
+    return None
+
+
+def field_types(*classes: type) -> dict[str, Any]:
+    """Each field of the dataclasses ``classes`` and its type (the resolved annotation)."""
+    out: dict[str, Any] = {}
+    for cls in classes:
+        hints = typing.get_type_hints(cls)
+        out.update({f.name: hints[f.name] for f in dataclasses.fields(cls)})
+    return out
 
 
 def limit_of(cls: type, name: str) -> Limit | None:

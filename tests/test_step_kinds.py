@@ -17,7 +17,8 @@ from spar_bench.clitools import run_cli
 from spar_bench.errors import ConfigError
 from spar_bench.experiments.cli import cli
 from spar_bench.experiments.plan import Step
-from spar_bench.experiments.steps import STEPS, StepKind, field_types, options, spec_fields
+from spar_bench.experiments.steps import STEPS, StepKind, options, spec_fields
+from spar_bench.fields import field_types
 
 ROOT = Path(__file__).resolve().parents[1] / "experiments"
 #: the names of the step kinds and of the specs' kinds

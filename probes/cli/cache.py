@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import click
 
-from spar_bench.clitools import old_spelling, wait_option
+from spar_bench.clitools import field_options, given, old_spelling, wait_option
 
-from ..cache import STORAGE_DTYPES, TILE_ENCODINGS, cache_options, write_cache
+from ..cache import STORAGE_DTYPES, TILE_ENCODINGS, CacheOptions, cache_options, write_cache
 from ..distributed import die_with_launcher
 from .options import compute_option, device_option, loader_workers_option
 
@@ -23,21 +23,22 @@ from .options import compute_option, device_option, loader_workers_option
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Cache file, e.g. cache/resnet50.h5.")
 @click.option("--levels", default=None, help="Comma-separated levels (default: all in the build).")
 @click.option("--splits", default=None, help="Comma-separated splits (default: all).")
-@click.option("--layers", default="-1", show_default=True, help="Comma-separated layer indices, e.g. -1,-4.")
+@field_options(CacheOptions, "layers", helps={"layers": "Comma-separated layer indices, e.g. -1,-4."},
+               types={"layers": click.STRING})
 @click.option("--probe", default=None,
               help="A question stage (mllm:DIR@llm:N+q) only: the Level 3 probe whose questions it reads, "
                    "e.g. level3.size (the cache holds a row per question of that probe).")
 @device_option
-@click.option("--batch-size", default=64, show_default=True, type=click.IntRange(1), help="Images per batch.")
+@field_options(CacheOptions, "batch_size", "dtype", helps={
+    "batch_size": "Images per batch.", "dtype": "Storage dtype of tokens and pooled vectors."},
+    types={"batch_size": click.IntRange(1), "dtype": click.Choice(sorted(STORAGE_DTYPES))})  # fmt: skip
 @old_spelling("--batch", "--batch-size", "batch_size", type=click.IntRange(1))
-@click.option("--dtype", type=click.Choice(sorted(STORAGE_DTYPES)), default="fp16", show_default=True,
-              help="Storage dtype of tokens and pooled vectors.")
 @compute_option
 @loader_workers_option("DataLoader workers reading shards (default: 2 on CUDA, 0 on CPU).")
 @click.option("--overwrite", is_flag=True, help="Delete an existing cache at --out first.")
-@click.option("--tile-encoding", type=click.Choice(TILE_ENCODINGS), default="mosaic", show_default=True,
-              help="Levels 1-2: encode each mosaic whole, or each 56-pixel tile resized to the encoder's "
-                   "input and encoded alone (the 16 token sets stacked; pooled: the 16 vectors side by side).")
+@field_options(CacheOptions, "tile_encoding", types={"tile_encoding": click.Choice(TILE_ENCODINGS)}, helps={
+    "tile_encoding": "Levels 1-2: encode each mosaic whole, or each 56-pixel tile resized to the encoder's input "
+                     "and encoded alone (the 16 token sets stacked; pooled: the 16 vectors side by side)."})  # fmt: skip
 @click.option("--token-grid", type=int, default=None,
               help="Pool each token grid to G x G by area averaging before storing (e.g. 37x37 -> 14); "
                    "prefix tokens are kept.")
@@ -54,8 +55,8 @@ def cache_command(encoder, weights, random_init, revision, model_args, data, out
     die_with_launcher()  # a torchrun rank ends with torchrun, however torchrun ends
     path = write_cache(encoder, data, out, cache_options(
         weights=weights, random_init=random_init, revision=revision, model_args=model_args, levels=levels,
-        splits=splits, layers=layers, probe=probe, device=device, batch_size=batch_size, dtype=dtype, compute=compute,
-        loader_workers=workers, overwrite=overwrite, tile_encoding=tile_encoding, token_grid=token_grid,
-        token_proj=token_proj, token_int8=token_int8,
+        splits=splits, probe=probe, device=device, compute=compute, loader_workers=workers, overwrite=overwrite,
+        token_grid=token_grid, token_proj=token_proj, token_int8=token_int8,
+        **given({"layers": layers, "batch_size": batch_size, "dtype": dtype, "tile_encoding": tile_encoding}),
     ))
     click.echo(str(path))

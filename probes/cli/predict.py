@@ -5,7 +5,9 @@ mask oracle, or a plug-in's kind) on every probe x seed, scored with every contr
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -32,8 +34,12 @@ from .options import (
 @click.option("--out", default="runs", show_default=True, type=click.Path(file_okay=False))
 @click.option("--overwrite", is_flag=True, help="Run a finished run again and replace it (else it is kept).")
 @bootstrap_option
+@click.option("--option", "options", multiple=True, metavar="KEY=VALUE",
+              help="One of the kind's own options, as an experiment's predictors.NAME.options gives it (e.g. "
+                   "organmaps3d's training); the value read as JSON (2, 0.5, true, [1,2]), else as text. "
+                   "Repeatable.")  # fmt: skip
 @wait_option
-def predict_command(kind, data, probes, seeds, out, overwrite, n_boot):
+def predict_command(kind, data, probes, seeds, out, overwrite, n_boot, options):
     """Score a build-reading predictor (one run per probe x seed) like a probe head."""
     from spar_bench.builder.shards import Build
 
@@ -50,7 +56,22 @@ def predict_command(kind, data, probes, seeds, out, overwrite, n_boot):
     build = Build(data)
     names = parse_probes(probes, build.levels())
     click.get_current_context().with_resource(output_lock(out, what="spar-probe predict"))
-    grid = [[PredictorSpec(p, kind, s, features=str(data), n_boot=n_boot) for s in parse_seeds(seeds)]
+    given = kind_options(options)
+    grid = [[PredictorSpec(p, kind, s, features=str(data), n_boot=n_boot, options=given) for s in parse_seeds(seeds)]
             for p in names]  # fmt: skip
     for spec, rd in run_all(grid, out, skip_unavailable=names_all(probes), overwrite=overwrite):
         click.echo(f"{spec.probe} seed {spec.seed}: {rd}")
+
+
+def kind_options(items: tuple[str, ...]) -> dict[str, Any]:
+    """``--option KEY=VALUE`` items as a kind's options (a value read as JSON, else as text)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--option {item!r}: expected KEY=VALUE, e.g. --option epochs=2")
+        try:
+            out[key.strip()] = json.loads(text)
+        except ValueError:
+            out[key.strip()] = text
+    return out

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from spar_bench.clitools import declared_type, wait_option
+from spar_bench.clitools import field_options, given, wait_option
 from spar_bench.locks import output_lock
 from spar_bench.partitions import parse_partition
 
@@ -22,10 +22,8 @@ from .options import head_option, pop_run_options, probe_option, run_options, se
 @head_option("mlp,transformer", param="heads", old=True)
 @probe_option(old=True)
 @seeds_option("0,1,2")
-@click.option("--out", default="runs", show_default=True, type=click.Path(file_okay=False))
-@click.option(
-    "--jobs", default=2, show_default=True, type=declared_type(SweepConfig, "jobs"), help="Worker processes."
-)
+@field_options(SweepConfig, "out", "jobs", helps={"out": "Runs folder.", "jobs": "Worker processes."},
+               types={"out": click.Path(file_okay=False)})
 @click.option("--grid", multiple=True, metavar="KEY=V1,V2",
               help="Sweep a run option over values (repeat for a cartesian product), "
                    "e.g. --grid lr=1e-3,3e-4 --grid wd=0,0.01.")  # fmt: skip
@@ -34,14 +32,12 @@ from .options import head_option, pop_run_options, probe_option, run_options, se
 @click.option("--only", multiple=True, metavar="RUN_ID", help="Run only this run (repeatable; ids from --list).")
 @click.option("--partition", default=None, metavar="I/N",
               help="Run only the runs whose id hashes to partition I of N (e.g. a SLURM array task).")
-@click.option("--batch-runs", type=declared_type(SweepConfig, "batch_runs"), default="auto", show_default=True,
-              help="Train the runs that differ only in seed, lr and weight decay as one vmapped batch "
-                   "(auto: on a GPU, where it is faster; results agree with single runs in "
-                   "distribution, not bit for bit).")
-@click.option("--grid-prune", default=0, show_default=True, type=int, metavar="K",
-              help="Successive halving of an lr/wd --grid: each seed's grid points train as one batch, "
-                   "and after epoch K only the point with the lowest validation loss so far trains on "
-                   "(the others are written as pruned). 0: off. Not with --only/--partition.")
+@field_options(SweepConfig, "batch_runs", "grid_prune", helps={
+    "batch_runs": "Train the runs that differ only in seed, lr and weight decay as one vmapped batch (auto: on a "
+                  "GPU, where it is faster; results agree with single runs in distribution, not bit for bit).",
+    "grid_prune": "Successive halving of an lr/wd --grid: each seed's grid points train as one batch, and after "
+                  "epoch K only the point with the lowest validation loss so far trains on (the others are "
+                  "written as pruned). 0: off. Not with --only/--partition."})  # fmt: skip
 @wait_option
 @run_options
 def sweep_command(features, heads, probes, seeds, out, jobs, grid, list_ids, only, partition, batch_runs,
@@ -49,12 +45,12 @@ def sweep_command(features, heads, probes, seeds, out, jobs, grid, list_ids, onl
     """Fit every probe x head x seed (x grid point) from one cache (skips finished runs)."""
     from spar_bench.presets import explicit_options
 
-    cfg = SweepConfig(features, heads, probes, seeds, out, jobs, grid=tuple(grid), only=tuple(only),
-                      partition=partition, batch_runs=batch_runs, grid_prune=grid_prune, data=data, n_boot=n_boot,
-                      controls=not no_controls, device=device, threads=threads, preset=kw.pop("preset", None),
-                      options=pop_run_options(kw))  # fmt: skip
+    cfg = SweepConfig(features, heads, probes, seeds, grid=tuple(grid), only=tuple(only), partition=partition,
+                      **given({"out": out, "jobs": jobs, "batch_runs": batch_runs, "grid_prune": grid_prune}),
+                      data=data, n_boot=n_boot, controls=not no_controls, device=device, threads=threads,
+                      preset=kw.pop("preset", None), options=pop_run_options(kw))  # fmt: skip
     if not list_ids:  # --list only reads: no lock
-        _hold_outputs(out, tuple(only), parse_partition(partition))
+        _hold_outputs(cfg.out, tuple(only), parse_partition(partition))
     sweep(cfg, explicit_options(click.get_current_context()), list_ids=list_ids)
 
 

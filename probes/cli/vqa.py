@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from spar_bench.clitools import declared_type, old_spelling, wait_option
+from spar_bench.clitools import field_options, given, old_spelling, wait_option
 from spar_bench.locks import output_lock
 
 from ..names import names_all
@@ -34,45 +34,37 @@ from .options import bootstrap_option, compute_option, device_option, probe_opti
                    "prediction .xlsx/.tsv/.csv, lmms-eval's --log_samples .jsonl).")
 @click.option("--data", required=True, type=click.Path(file_okay=False), help="Build folder.")
 @probe_option("Question probe(s) (size or level3.size; level4.volume) or 'all' (those of the build's levels).")
-@click.option("--splits", default="test", show_default=True, help="Splits whose questions are asked.")
+@field_options(VqaOptions, "splits", helps={"splits": "Splits whose questions are asked."})
 @click.option("--out", default="runs", show_default=True, type=click.Path(file_okay=False))
 @click.option("--revision", default=None, help="Hub revision (required for hf: hub ids).")
 @click.option("--base-url", default=None, help="OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1.")
-@click.option("--api-key-env", default="OPENAI_API_KEY", show_default=True,
-              help="Environment variable holding the API key (never stored).")
+@field_options(VqaOptions, "api_key_env", helps={"api_key_env": "Environment variable holding the API key (never stored)."})
 @click.option("--generate", is_flag=True, help="Generate and parse (default for hf: option log-likelihoods).")
-@click.option("--guided", type=declared_type(VqaOptions, "guided"), default="none", show_default=True,
-              help="openai: ask the server to decode one of the option letters.")
+@field_options(VqaOptions, "guided", helps={"guided": "openai: ask the server to decode one of the option letters."})
 @click.option("--no-convention-hint", is_flag=True, help="Drop the display-convention sentence.")
 @click.option("--no-circular", is_flag=True, help="Skip the option rotations (CircularEval).")
 @click.option("--no-blind", is_flag=True, help="Skip the blind (no image) control.")
-@click.option("--image-size", default="224", show_default=True,
-              help="Upscale the stored 224 slice to this size (bicubic) before the model sees it; "
-                   "'auto': the size the model's processor asks for, when larger than 224.")
-@click.option("--volume-as", default="auto", show_default=True,
-              help="Level 4: send each volume as a 'video' of 16 axial frames, a 'montage' (one grid image of "
-                   "them) or 'views' (axial, coronal, sagittal central slices in one image); 'auto': video where "
-                   "the model's processor takes video, else montage. --image-size is each slice's side.")
-@click.option("--batch-size", default=8, show_default=True, type=declared_type(VqaOptions, "batch_size"))
-@click.option("--max-new-tokens", default=64, show_default=True, type=declared_type(VqaOptions, "max_new_tokens"))
+@field_options(VqaOptions, "image_size", "volume_as", "batch_size", "max_new_tokens", helps={
+    "image_size": "Upscale the stored 224 slice to this size (bicubic) before the model sees it; 'auto': the size "
+                  "the model's processor asks for, when larger than 224.",
+    "volume_as": "Level 4: send each volume as a 'video' of 16 axial frames, a 'montage' (one grid image of them) "
+                 "or 'views' (axial, coronal, sagittal central slices in one image); 'auto': video where the "
+                 "model's processor takes video, else montage. --image-size is each slice's side."})  # fmt: skip
 @device_option
 @compute_option
 @old_spelling("--dtype", "--compute", "compute", note=True, type=click.Choice(sorted(TORCH_DTYPES.values())),
               convert={v: k for k, v in TORCH_DTYPES.items()}.get)
-@click.option("--timeout", default=120.0, show_default=True, type=float,
-              help="Seconds per HTTP request; the back-off waits of one question (Retry-After honoured, "
-                   "capped) count against it too.")
-@click.option("--retries", default=3, show_default=True, type=declared_type(VqaOptions, "retries"))
-@click.option("--concurrency", default=4, show_default=True, type=declared_type(VqaOptions, "concurrency"))
+@field_options(VqaOptions, "timeout", "retries", "concurrency", types={"timeout": click.FLOAT}, helps={
+    "timeout": "Seconds per HTTP request; the back-off waits of one question (Retry-After honoured, capped) count "
+               "against it too."})  # fmt: skip
 @seeds_option()
 @old_spelling("--seed", "--seeds", "seeds", note=True, type=int, convert=str)
 @bootstrap_option
 @click.option("--cache", "cache_path", default=None, type=click.Path(dir_okay=False),
               help="Response cache (default OUT/.vqa-cache/<model>.sqlite).")
 @wait_option
-def vqa_command(model, answers, data, probes, splits, out, revision, base_url, api_key_env, generate, guided,
-                no_convention_hint, no_circular, no_blind, image_size, volume_as, batch_size, max_new_tokens,
-                device, compute, timeout, retries, concurrency, seeds, n_boot, cache_path):
+def vqa_command(model, answers, data, probes, out, revision, base_url, generate, no_convention_hint, no_circular,
+                no_blind, device, compute, seeds, n_boot, cache_path, **kw):
     """Ask a multimodal LLM every Level 3 (and Level 4) question; score it like a probe head
     (one run per probe x seed)."""
     model = _model_of(model, answers)
@@ -80,17 +72,15 @@ def vqa_command(model, answers, data, probes, splits, out, revision, base_url, a
         from ..vqa.answers import probes_answered
 
         probes = tuple(probes_answered(answers))
-    opts = VqaOptions(probes=probes, splits=splits, revision=revision, base_url=base_url, api_key_env=api_key_env,
-                      generate=generate, guided=guided, convention_hint=not no_convention_hint,
-                      circular=not no_circular, blind=not no_blind, image_size=image_size, volume_as=volume_as,
-                      batch_size=batch_size, max_new_tokens=max_new_tokens, device=device, compute=compute,
-                      timeout=timeout, retries=retries, concurrency=concurrency, seeds=seeds, n_boot=n_boot,
-                      cache_path=cache_path)  # fmt: skip
+    opts = VqaOptions(probes=probes, revision=revision, base_url=base_url, generate=generate,
+                      convention_hint=not no_convention_hint, circular=not no_circular, blind=not no_blind,
+                      device=device, compute=compute, seeds=seeds, n_boot=n_boot, cache_path=cache_path,
+                      **given(kw))  # fmt: skip
     click.get_current_context().with_resource(output_lock(out, what="spar-probe vqa"))  # before a model loads
     saved = 0
     for p, rd in ask_build(model, data, out, opts, _Progress):
         if rd is None:
-            click.echo(f"{p}: {why_skipped(data, p, splits)}; skipped", err=True)
+            click.echo(f"{p}: {why_skipped(data, p, opts.splits)}; skipped", err=True)
             continue
         saved += _echo(p, rd)
     if saved:

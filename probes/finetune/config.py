@@ -29,23 +29,23 @@ class FinetuneConfig:
     may end a run sooner; the schedule does not depend on it).
     """
 
-    encoder_lr: float = 1e-4
-    head_lr: float = 1e-3
-    weight_decay: float = 0.05
-    batch_size: int = 32
-    accum: int = 1
-    max_epochs: int = 20
-    warmup_epochs: float = 1.0
-    patience: int = 5
-    freeze_blocks: int = 0
-    grad_clip: float = 1.0
-    sinkhorn_iters: int = 20
-    val_fraction: float = 0.15
-    layer: int = -1
+    encoder_lr: float = limited(1e-4, help="Encoder learning rate (AdamW; 0: a frozen encoder).")
+    head_lr: float = limited(1e-3, help="Head learning rate (AdamW).")
+    weight_decay: float = limited(0.05, help="Weight decay (AdamW).")
+    batch_size: int = limited(32, help="Images per batch.")
+    accum: int = limited(1, help="Batches per optimizer step.")
+    max_epochs: int = limited(20, help="Epochs of the cosine schedule (early stopping may end a run sooner).")
+    warmup_epochs: float = limited(1.0, help="Epochs of linear learning-rate warm-up.")
+    patience: int = limited(5, help="Early stopping on the validation loss.")
+    freeze_blocks: int = limited(0, help="Freeze the stem and the first N blocks.")
+    grad_clip: float = limited(1.0, help="Gradient-norm clip, 0 = none.")
+    sinkhorn_iters: int = limited(20, help="Sinkhorn iterations of the Level 2 loss.")
+    val_fraction: float = limited(0.15, help="Held-out share of train patients without a val split.")
+    layer: int = limited(-1, help="Encoder layer whose tokens the head reads.")
     device: str = "auto"
     compute: str = limited("auto", choices=COMPUTE_DTYPES)
     workers: int | None = limited(None, lo=0, flag="--loader-workers")
-    checkpoint_every: int = 0  # optimizer steps between mid-epoch checkpoints (0: epoch ends only)
+    checkpoint_every: int = limited(0, help="Also checkpoint every N optimizer steps (0: at epoch ends only).")
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "accum", "max_epochs"):
