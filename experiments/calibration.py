@@ -50,11 +50,11 @@ baseline: canonical anatomy answers most questions) and falls towards chance, or
 mirrored anatomy; the random-trained model, which cannot lean on recall, holds across layouts.
 
 The reference models are predictors of the package: the oracle is
-:class:`~spar_bench.probes.runs.slice_oracle.SliceOracle` (run kind ``slice-oracle``), the
+:class:`~spar_bench.probes.references.slice_oracle.SliceOracle` (run kind ``slice-oracle``), the
 trained encoders :class:`~spar_bench.probes.finetune.predictor.FinetunedEncoder` (re-encoding
 each layout's images) or frozen ``spar-probe fit`` heads of them, the organ-map readout
 :class:`~spar_bench.probes.finetune.readout.OrganMapReadout`; the tests' tiny reader is
-:class:`~spar_bench.probes.runs.reader.AppearanceReader` (run kind ``reader``). Tables and
+:class:`~spar_bench.probes.references.reader.AppearanceReader` (run kind ``reader``). Tables and
 plots: :mod:`.calibration_tables`.
 """
 
@@ -319,9 +319,9 @@ def predicted(predictor, build_root: Path, probe: str) -> tuple[Any, np.ndarray]
 
 
 def oracle_items(build_root: Path, probe: str) -> tuple[Any, np.ndarray]:
-    """The slice oracle (:class:`~spar_bench.probes.runs.slice_oracle.SliceOracle`) on a build's test items."""
+    """The slice oracle (:class:`~spar_bench.probes.references.slice_oracle.SliceOracle`) on a build's test items."""
     from spar_bench.builder.shards import Build
-    from spar_bench.probes.runs.slice_oracle import SliceOracle
+    from spar_bench.probes.references.slice_oracle import SliceOracle
     from spar_bench.probes.tasks import get_probe
 
     return predicted(SliceOracle(get_probe(probe), Build(build_root)), build_root, probe)

@@ -6,7 +6,9 @@ package is imported only when a run of it is made).
 :class:`~spar_bench.probes.runs.session.Job`) or is a predictor made from a build
 (``on_build(probe_spec, build)``) with ``fit``, ``predict`` and ``blind``
 (:class:`~spar_bench.probes.runs.predictors.Predictor`), run on the build's splits with every
-control. A new kind is one class and one line here; a plug-in package registers its own under
+control. A kind whose finished runs can be scored on another target without retraining says so
+itself: ``rescore(rd, target)`` (:func:`~spar_bench.probes.runs.session.evaluate_on` calls it).
+A new kind is one class and one line here; a plug-in package registers its own under
 the entry-point group :data:`ENTRY_POINT_GROUP` (``name = "module:Class"``), or calls
 ``PREDICTORS.register`` itself.
 """
@@ -17,12 +19,13 @@ from spar_bench.registry import Registry
 
 PREDICTORS: Registry = Registry("run kind")
 PREDICTORS.register_lazy("head", "spar_bench.probes.runs.session:HeadJob")
-PREDICTORS.register_lazy("finetune", "spar_bench.probes.finetune.predictor:FinetuneJob")
+#: marker: the file only a (damaged) run of the kind holds (finetune.model.EXPORT_FILE)
+PREDICTORS.register_lazy("finetune", "spar_bench.probes.finetune.predictor:FinetuneJob", marker="encoder.safetensors")
 PREDICTORS.register_lazy("mllm", "spar_bench.probes.vqa.predictor:MllmJob")
 PREDICTORS.register_lazy("prior", "spar_bench.probes.runs.predictors:ConstantPrior")
 PREDICTORS.register_lazy("oracle", "spar_bench.probes.runs.mask_oracle:MaskOracle")
-PREDICTORS.register_lazy("slice-oracle", "spar_bench.probes.runs.slice_oracle:SliceOracle")
-PREDICTORS.register_lazy("reader", "spar_bench.probes.runs.reader:AppearanceReader")
+PREDICTORS.register_lazy("slice-oracle", "spar_bench.probes.references.slice_oracle:SliceOracle")
+PREDICTORS.register_lazy("reader", "spar_bench.probes.references.reader:AppearanceReader")
 PREDICTORS.register_lazy("organmaps3d", "spar_bench.probes.finetune.organmaps3d:OrganMaps3d")
 
 #: the entry-point group of run kinds that other packages provide

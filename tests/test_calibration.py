@@ -4,9 +4,9 @@ Tiny versions of the three reference models of the calibration (``spar_bench.exp
 ``scripts/recall_vs_computation.py --calibrate``), on phantoms whose organs have distinct
 intensities, scored on Level 3 relative position:
 
-* recall: the appearance reader (``probes.runs.reader.AppearanceReader``) trained on canonical layouts;
+* recall: the appearance reader (``probes.references.reader.AppearanceReader``) trained on canonical layouts;
 * computation: the same reader, same training, on random layouts;
-* oracle: the slice oracle (``probes.runs.slice_oracle.SliceOracle``): the answers recomputed
+* oracle: the slice oracle (``probes.references.slice_oracle.SliceOracle``): the answers recomputed
   from the 224 masks (``vqa --model oracle:pixels``'s rule).
 
 The reader can find organs by their grey levels and compare their centres, or answer from
@@ -39,7 +39,7 @@ def scores(tmp_path_factory):
 
     from spar_bench.builder.shards import Build
     from spar_bench.experiments import calibration as cal
-    from spar_bench.probes.runs.reader import AppearanceReader
+    from spar_bench.probes.references.reader import AppearanceReader
     from spar_bench.probes.tasks import get_probe
 
     out = tmp_path_factory.mktemp("calibration")

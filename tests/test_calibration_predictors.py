@@ -36,7 +36,7 @@ def test_the_slice_oracle_answers_level3_from_the_masks(pipeline, tmp_path):
 def test_the_slice_oracle_is_exact_on_level1_and_answers_any_subset_alike(pipeline):
     from spar_bench.builder.shards import Build
     from spar_bench.experiments.calibration import split_items
-    from spar_bench.probes.runs.slice_oracle import SliceOracle
+    from spar_bench.probes.references.slice_oracle import SliceOracle
     from spar_bench.probes.tasks import get_probe
 
     build = Build(pipeline["shards"])

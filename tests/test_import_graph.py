@@ -388,6 +388,19 @@ def test_experiments_reach_the_library_not_the_command_lines(package):
     assert not found, "experiments/ reaches a CLI:\n" + "\n".join(found)
 
 
+def test_runs_import_no_kind_package(package):
+    """Issue 44: ``probes/runs/`` (the session, the store, the evaluation) stands below the kind
+    packages: it imports nothing from ``probes/finetune/`` or ``probes/vqa/`` (a kind says what it
+    can do itself, e.g. ``rescore``; reference predictors that need a kind package live in
+    ``probes/references/``)."""
+    runs, kinds = PREFIX + "probes.runs", (PREFIX + "probes.finetune", PREFIX + "probes.vqa")
+    found = sorted(f"{short(m.name)} imports {short(i)} (line {line})"
+                   for m in package.values() if m.name == runs or m.name.startswith(runs + ".")
+                   for i, line in {**m.imports, **m.typing_only}.items()
+                   if any(i == k or i.startswith(k + ".") for k in kinds))  # fmt: skip
+    assert not found, "probes/runs/ imports a kind package:\n" + "\n".join(found)
+
+
 def test_allowlists_are_not_stale(package):
     stale = sorted(KNOWN_CYCLES - find_cycles(package)) + sorted(KNOWN_PRIVATE - find_private(package))
     assert not stale, "fixed; delete from KNOWN_CYCLES / KNOWN_PRIVATE:\n" + "\n".join(stale)

@@ -55,3 +55,22 @@ def test_the_loop_is_written_once_outside_the_sweep():
              for _ in re.findall(r"except \(?[\w., ]*ProbeUnavailable", p.read_text())]  # fmt: skip
     rest = [f for f in found if f not in ("probes/runs/sweep.py", "experiments/calibration.py")]
     assert rest == ["probes/runs/session.py"], found
+
+
+def test_a_kind_says_itself_whether_its_runs_can_be_rescored(tmp_path):
+    """``evaluate_on`` asks the run's kind (``rescore``): ``runs/`` names no kind; a kind
+    without it is refused in one line naming those that have it."""
+    from spar_bench.errors import ConfigError
+    from spar_bench.probes.kinds import PREDICTORS
+    from spar_bench.probes.runs.record import RunRecord
+    from spar_bench.probes.runs.session import EvalTarget, HeadJob, _kind_of, evaluate_on
+
+    assert callable(HeadJob.rescore) and callable(PREDICTORS.get("finetune").rescore)
+    assert not hasattr(PREDICTORS.get("prior"), "rescore")
+    (tmp_path / "encoder.safetensors").write_bytes(b"")  # a damaged finetune run: its marker file
+    assert _kind_of(tmp_path) == "finetune"
+    rd = tmp_path / "prior"
+    rd.mkdir()
+    RunRecord(kind="prior", probe="level1.localisation", head="prior", seed=0).write(rd)
+    with pytest.raises(ConfigError, match="a run of kind prior has no trained head.*finetune or head can be"):
+        evaluate_on(rd, EvalTarget(features="x.h5"))

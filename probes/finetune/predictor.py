@@ -149,6 +149,20 @@ class FinetuneJob:
     options: Any
     declared: frozenset[str] = field(default_factory=finetune_files)
 
+    @staticmethod
+    def rescore(rd: Path, target) -> Path:
+        """The run scored on another cache (its head, as a head run's), or on a build its own
+        trained encoder re-encodes (``target.data`` alone:
+        :func:`~.encoding.run_eval_reencoded`)."""
+        from ..runs.session import NEEDS_FEATURES, run_eval
+        from .encoding import run_eval_reencoded
+
+        if target.features is not None:
+            return run_eval(rd, target.features, target.data, target.n_boot, overwrite=target.overwrite)
+        if target.data is None:
+            raise ConfigError(NEEDS_FEATURES)
+        return run_eval_reencoded(rd, target.data, target.n_boot, encoder=target.encoder, overwrite=target.overwrite)
+
     @classmethod
     def open(cls, fs, out, options) -> FinetuneJob:
         from spar_bench.builder.shards import Build

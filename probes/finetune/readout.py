@@ -34,7 +34,7 @@ def readout_answers(q, centre: np.ndarray, area: np.ndarray) -> np.ndarray:
     (label = organ id + 1), by the oracle's rule with what each prompt states."""
     from spar_bench.builder.samples.pixels import Geometry, decide
 
-    from ..runs.slice_oracle import stated_cuts
+    from ..references.slice_oracle import stated_cuts
 
     pred = np.empty(len(q), dtype=np.int64)
     for i in range(len(q)):
@@ -80,7 +80,7 @@ class OrganMapReadout:
         return ConstantPrior(self.spec)
 
     def predict(self, t, split: str = "test") -> np.ndarray:
-        from ..runs.slice_oracle import question_index, split_questions
+        from ..references.slice_oracle import question_index, split_questions
 
         if split != "test":
             raise ConfigError(f"the organ-map readout reads the test slices, not {split!r}")

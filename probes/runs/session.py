@@ -190,6 +190,13 @@ class HeadJob:
     def score(self, fitted, blind=None, batch: dict | None = None):
         return head_outputs(self.run, self.prepared, fitted, self.record, blind, batch)
 
+    @staticmethod
+    def rescore(rd: Path, target: EvalTarget) -> Path:
+        """The run's head scored on another cache (:func:`run_eval`)."""
+        if target.features is None:
+            raise ConfigError(NEEDS_FEATURES)
+        return run_eval(rd, target.features, target.data, target.n_boot, overwrite=target.overwrite)
+
 
 def run_fit(spec, out: str | Path, progress: bool = True, overwrite: bool = False) -> Path:
     """Train and score the head of ``spec`` (a :class:`~.spec.RunSpec`, through :func:`run`)."""
@@ -303,36 +310,37 @@ class EvalTarget:
     encoder: str | None = None
 
 
-#: run kinds whose runs can be scored on another target: head.pt holds a head
-RESCORABLE = ("head", "finetune")
+#: what scoring a run on a build without its cache needs
+NEEDS_FEATURES = ("--features is required (re-encoding with --data alone needs a `spar-probe finetune` run, "
+                  "whose trained encoder re-encodes the build)")  # fmt: skip
 
 
 def _kind_of(rd: Path) -> str:
-    """A run folder's kind: its record's; without one (a damaged run), by the files it holds (a
-    trained encoder: a finetune run), so the loader of its head names what is wrong."""
+    """A run folder's kind: its record's; without one (a damaged run), the kind whose marker file
+    it holds (:data:`~spar_bench.probes.kinds.PREDICTORS` metadata: a trained encoder is a
+    finetune run's), else a head's, so the loader of its head names what is wrong."""
     if (rd / "config.json").is_file():
         return RunRecord.read(rd).kind
-    from ..finetune.model import EXPORT_FILE
+    from ..kinds import PREDICTORS
 
-    return "finetune" if (rd / EXPORT_FILE).is_file() else "head"
+    marked = (k for k in PREDICTORS.names() if (m := PREDICTORS.meta(k).get("marker")) and (rd / m).is_file())
+    return next(marked, "head")
 
 
 def evaluate_on(rd: str | Path, target: EvalTarget) -> Path:
-    """Transfer evaluation of any run kind that can be re-scored: ``eval-<target>.json`` in ``rd``
-    (kept when it holds this evaluation, refused when another, unless ``target.overwrite``)."""
+    """Transfer evaluation of any run kind that can be re-scored (its class's ``rescore``):
+    ``eval-<target>.json`` in ``rd`` (kept when it holds this evaluation, refused when another,
+    unless ``target.overwrite``)."""
+    from ..kinds import PREDICTORS, run_kind
+
     rd = Path(rd)
     kind = _kind_of(rd)
-    if kind not in RESCORABLE:
+    rescore = getattr(run_kind(kind), "rescore", None)
+    if rescore is None:
+        can = [k for k in PREDICTORS.names() if hasattr(run_kind(k), "rescore")]
         raise ConfigError(f"{rd}: a run of kind {kind} has no trained head to score on another target; "
-                          f"runs of kind {' or '.join(RESCORABLE)} can be")  # fmt: skip
-    if target.features is not None:
-        return run_eval(rd, target.features, target.data, target.n_boot, overwrite=target.overwrite)
-    if target.data is None or kind != "finetune":
-        raise ConfigError("--features is required (re-encoding with --data alone needs a `spar-probe finetune` "
-                          "run, whose trained encoder re-encodes the build)")  # fmt: skip
-    from ..finetune.encoding import run_eval_reencoded
-
-    return run_eval_reencoded(rd, target.data, target.n_boot, encoder=target.encoder, overwrite=target.overwrite)
+                          f"runs of kind {' or '.join(can)} can be")  # fmt: skip
+    return rescore(rd, target)
 
 
 # --------------------------------------------------------------------------- runs trained as one batch

@@ -24,7 +24,7 @@ import numpy as np
 
 from spar_bench.errors import ConfigError
 
-from .predictors import ConstantPrior
+from ..runs.predictors import ConstantPrior
 
 
 def stated_cuts(q, i: int) -> tuple[float, ...]:

@@ -20,7 +20,7 @@ import numpy as np
 
 from spar_bench.errors import ConfigError
 
-from .predictors import ConstantPrior
+from ..runs.predictors import ConstantPrior
 
 READER_BINS, READER_GRID, READER_L2 = 24, 16, 0.1
 
