@@ -1,19 +1,22 @@
-"""The runner: one run, or a batch of runs, from spec to finished folder.
+"""The session: every run of every kind, from spec to finished folder, by one lifecycle.
 
-:func:`run_fit` is the lifecycle of a head on cached features: the finished-run check of
-the store, the inputs (:func:`~.inputs.open_run`, :func:`~.inputs.split_targets`), the
-predictor's ``fit``, the one evaluation (:func:`~.evaluate.evaluate`) and the store's
-write, ``metrics.json`` last. :func:`run_predictor` is the same lifecycle for any
-:class:`~.predictors.Predictor` on a build (a reference predictor, an MLLM): a new run
-kind is one predictor class. :func:`run_fit_batch` trains the runs of one batch key as one
-vmapped batch (:mod:`spar_bench.probes.ensemble`) and writes each as :func:`run_fit` does.
+:func:`run` is the one way a run happens: :func:`open_job` opens the job of ``spec.kind``
+(:data:`spar_bench.probes.kinds.PREDICTORS`: :class:`HeadJob` for a head on cached features, a
+kind's own job class, or :class:`BuildJob` for a predictor made from a build), and
+:func:`execute` keeps a finished run of the same identity, else starts, fits, scores (the one
+evaluation, :func:`~.evaluate.evaluate`) and writes the folder whole
+(:func:`~.store.write_run`: declared files, the record, ``metrics.json`` last).
+:func:`run_all` is the one probe x seed loop of every command and experiment step (an
+unavailable probe skipped under ``all``); :func:`run_fit_batch` trains the runs of one batch key
+as one vmapped batch (:mod:`spar_bench.probes.ensemble`) and writes each as :func:`run` does;
+:func:`evaluate_on` scores a finished run on another target through its kind's ``rescore``.
 
-One run = one :class:`~.spec.RunSpec` (cache, probe, head and its options, train config,
-seed). Its directory ``OUT/<encoder>[-random-init]/<probe>/<head>[,<options>]/seed<k>/`` holds:
+A head run's directory ``OUT/<encoder>[-random-init]/<probe>/<head>[,<options>]/seed<k>/``
+holds (docs/FORMATS.md):
 
-* ``config.json``  - the run spec (``"run"``), the resolved head and train configs, seeds,
-  package versions, cache file name + fingerprint, build folder name + fingerprint
-  (never an absolute path), ``random_init``;
+* ``config.json``  - the run record (:class:`~.record.RunRecord`, kind ``head``): the run spec
+  as ``options``, the resolved head and train configs, seeds, package versions, cache file
+  name + fingerprint, build folder name + fingerprint (never an absolute path);
 * ``metrics.json`` - every metric the probe spec declares, on ORIGINAL test samples with
   95 % patient-bootstrap CIs, controls (chance, majority, the prior, the blind baseline),
   the same metrics on the mirrored counterfactual test samples (when the build has them),

@@ -238,7 +238,7 @@ class RunSpec(NamedRun):
 @dataclass(frozen=True)
 class PredictorSpec(NamedRun):
     """A run of a predictor that reads a build, not a feature cache (a reference predictor such
-    as the constant prior, or an MLLM through :func:`~.session.run_predictor`).
+    as the constant prior, the oracles, 3-D organ maps; run by :func:`~.session.run`).
 
     It has what the evaluation and the split rule read of a :class:`RunSpec` (``probe``,
     ``seed``, ``controls``, ``n_boot``, ``train_mirrors``, ``train.val_fraction``); ``head``
