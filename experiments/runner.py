@@ -28,6 +28,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, wait
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -35,8 +36,11 @@ from typing import Any
 import click
 
 from spar_bench.errors import ConfigError
-from spar_bench.procs import terminated
+from spar_bench.locks import output_lock
+from spar_bench.outputs import remove, rerun_as
+from spar_bench.procs import process_pool, terminated
 
+from .legacy import old_hashes
 from .plan import PLAN, Plan, Step
 from .steps import STEPS
 
@@ -56,8 +60,6 @@ def _recorded(plan: Plan, step: Step) -> str | None:
 def legacy_hashes(plan: Plan) -> dict[str, str]:
     """The hashes 0.2 gave the plan's steps (:mod:`.legacy`), computed once."""
     if plan.legacy is None:
-        from .legacy import old_hashes
-
         plan.legacy = old_hashes(plan.experiment, plan.steps)
     return plan.legacy
 
@@ -106,8 +108,6 @@ def concrete(value: Any, out: Path) -> Any:
 
 def _remove_outputs(out: Path, step: Step) -> None:
     """A changed step's outputs go before it is redone: only paths inside ``out``."""
-    from spar_bench.outputs import remove
-
     for rel in step.outputs:
         if rel.startswith("{out}/"):
             remove(Path(concrete(rel, out)))
@@ -129,8 +129,6 @@ def execute(step: Step, out: Path, device: str | None) -> None:
 def call(kind: str, spec: dict[str, Any], device: str | None) -> None:
     """One spec's library call, its kind's (:data:`~.steps.STEPS`); a full disk inside it says how
     the experiment goes on (:data:`RERUN`), not what the library's own command would."""
-    from spar_bench.outputs import rerun_as
-
     with rerun_as(RERUN):
         STEPS.get(kind).call(spec, device)
 
@@ -213,8 +211,6 @@ def _signals_held() -> Iterator[None]:
 def _claim(plan: Plan, s: Step, counts: dict[str, int]) -> ExitStack | None:
     """The step's lock, held by the returned stack until it closes; None (the lock let go) when
     another run of the experiment finished the step while this one waited for it."""
-    from spar_bench.locks import output_lock
-
     out, held = plan.experiment.out, ExitStack()
     held.enter_context(output_lock(marker(out, s.id), what="spar-bench run", name=f"step {s.id} of {out}"))
     if status(plan, s) == "done":
@@ -238,10 +234,6 @@ def _run_one(plan: Plan, s: Step, device: str | None, counts: dict[str, int]) ->
 
 def _run_parallel(plan: Plan, todo: list[Step], devices: tuple[str, ...], counts: dict[str, int]) -> None:
     """Steps whose inputs are finished run side by side, one per device."""
-    from concurrent.futures import FIRST_COMPLETED, wait
-
-    from spar_bench.procs import process_pool
-
     pending, running, free = list(todo), {}, list(devices)
     with process_pool(len(devices)) as pool, ExitStack() as every:
         while pending or running:
