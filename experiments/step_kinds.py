@@ -630,28 +630,31 @@ def _provenance(out: Path) -> dict[str, Any]:
         return {}
 
 
-
 # --------------------------------------------------------------------------- the declarations
-PHANTOM_KIND = StepKind(_phantom, _phantom_fields, _phantom_settings, _phantom_given, order=5,
-                   aliases={"slices": "n_slices"}, own=frozenset({"out"}))  # fmt: skip
-BUILD_KIND = StepKind(_build, _build_fields, _build_settings_of, _build_given, _plan_builds, order=10,
-                 aliases={"workers": "jobs", "hf": "!no_hf"},
-                 own=frozenset({"source", "root", "out", "resume", "overwrite"}))  # fmt: skip
-CACHE_KIND = StepKind(_cache, _cache_fields, _cache_settings, _cache_given, _plan_caches, order=20,
-                 aliases={"workers": "loader_workers", "batch": "batch_size"}, auto_device=True,
-                 own=frozenset({"weights", "random_init", "revision", "model_args", "async_writes", "probe",
-                                "token_storage"}))  # fmt: skip
-SWEEP_KIND = StepKind(_sweep, _sweep_fields, _sweep_settings, _sweep_given, _plan_heads, order=30, runs=True,
-                 aliases={"bootstrap": "n_boot", "no_controls": "!controls"}, auto_device=True,
-                 own=frozenset({"features", "heads", "probes", "seeds", "out", "only", "partition", "options"}))  # fmt: skip
-FINETUNE_KIND = StepKind(_finetune, _finetune_fields, _finetune_settings, _finetune_given, _plan_trained, order=40,
-                    runs=True, auto_device=True,
-                    aliases={"bootstrap": "n_boot", "no_controls": "!controls", "loader_workers": "workers"},
-                    own=frozenset({"encoder", "data", "probe", "head", "seed", "cfg", "head_cfg", "model_kwargs",
-                                   "resume"}))  # fmt: skip
-EVAL_KIND = StepKind(_evaluate, plan=_plan_evals, order=50, runs=True)
-VQA_KIND = StepKind(_vqa, _vqa_fields, _vqa_settings, _vqa_given, _plan_vqa, order=60, runs=True, auto_device=True,
-               aliases={"bootstrap": "n_boot", "probe": "probes", "cache": "cache_path", "seed": "seeds",
-                        "no_convention_hint": "!convention_hint", "no_circular": "!circular", "no_blind": "!blind"})  # fmt: skip
-PREDICT_KIND = StepKind(_predict, plan=_plan_predict, order=70, runs=True)
-REPORT_KIND = StepKind(_report, plan=_plan_report, order=90, fresh=True)
+PHANTOM_KIND = StepKind(
+    call=_phantom, fields=_phantom_fields, settings=_phantom_settings, given=_phantom_given, order=5,
+    aliases={"slices": "n_slices"}, own=frozenset({"out"}))  # fmt: skip
+BUILD_KIND = StepKind(
+    call=_build, fields=_build_fields, settings=_build_settings_of, given=_build_given, plan=_plan_builds, order=10,
+    aliases={"workers": "jobs", "hf": "!no_hf"}, own=frozenset({"source", "root", "out", "resume", "overwrite"}))  # fmt: skip
+CACHE_KIND = StepKind(
+    call=_cache, fields=_cache_fields, settings=_cache_settings, given=_cache_given, plan=_plan_caches, order=20,
+    auto_device=True, aliases={"workers": "loader_workers", "batch": "batch_size"},
+    own=frozenset({"weights", "random_init", "revision", "model_args", "async_writes", "probe", "token_storage"}))  # fmt: skip
+SWEEP_KIND = StepKind(
+    call=_sweep, fields=_sweep_fields, settings=_sweep_settings, given=_sweep_given, plan=_plan_heads, order=30,
+    runs=True, auto_device=True, aliases={"bootstrap": "n_boot", "no_controls": "!controls"},
+    own=frozenset({"features", "heads", "probes", "seeds", "out", "only", "partition", "options"}))  # fmt: skip
+FINETUNE_KIND = StepKind(
+    call=_finetune, fields=_finetune_fields, settings=_finetune_settings, given=_finetune_given, plan=_plan_trained,
+    order=40, runs=True, auto_device=True,
+    aliases={"bootstrap": "n_boot", "no_controls": "!controls", "loader_workers": "workers"},
+    own=frozenset({"encoder", "data", "probe", "head", "seed", "cfg", "head_cfg", "model_kwargs", "resume"}))  # fmt: skip
+EVAL_KIND = StepKind(call=_evaluate, plan=_plan_evals, order=50, runs=True)
+VQA_KIND = StepKind(
+    call=_vqa, fields=_vqa_fields, settings=_vqa_settings, given=_vqa_given, plan=_plan_vqa, order=60, runs=True,
+    auto_device=True, aliases={"bootstrap": "n_boot", "probe": "probes", "cache": "cache_path", "seed": "seeds",
+                               "no_convention_hint": "!convention_hint", "no_circular": "!circular",
+                               "no_blind": "!blind"})  # fmt: skip
+PREDICT_KIND = StepKind(call=_predict, plan=_plan_predict, order=70, runs=True)
+REPORT_KIND = StepKind(call=_report, plan=_plan_report, order=90, fresh=True)
