@@ -13,7 +13,7 @@ from spar_bench.clitools import wait_option
 from spar_bench.locks import output_lock
 
 from ..names import cache_probes
-from ..runs.session import run_all
+from ..runs.session import EvalTarget, evaluate_on, run_all
 from ..runs.spec import make_run
 from ..runs.store import METRICS_FILE
 from ..tasks import get_probe
@@ -99,8 +99,6 @@ def eval_command(run, features, data, n_boot, encoder, overwrite):
     """
     if Path(run).is_dir():  # it adds its evaluation to the run (the runs' --out lock is not taken: a reader)
         click.get_current_context().with_resource(output_lock(run, what="spar-probe eval"))
-    from ..runs.session import EvalTarget, evaluate_on
-
     out = evaluate_on(run, EvalTarget(features, data, n_boot, overwrite, encoder))
     m = json.loads(out.read_text())
     key = get_probe(m["probe"]).headline

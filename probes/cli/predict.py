@@ -11,10 +11,14 @@ from typing import Any
 
 import click
 
+from spar_bench.builder.shards import Build
 from spar_bench.clitools import wait_option
 from spar_bench.errors import ConfigError
 from spar_bench.locks import output_lock
 
+from ..kinds import run_kind
+from ..runs.session import run_all
+from ..runs.spec import PredictorSpec
 from .options import (
     bootstrap_option,
     names_all,
@@ -41,12 +45,6 @@ from .options import (
 @wait_option
 def predict_command(kind, data, probes, seeds, out, overwrite, n_boot, options):
     """Score a build-reading predictor (one run per probe x seed) like a probe head."""
-    from spar_bench.builder.shards import Build
-
-    from ..kinds import run_kind
-    from ..runs.session import run_all
-    from ..runs.spec import PredictorSpec
-
     cls = run_kind(kind)
     if getattr(cls, "on_build", None) is None:
         raise ConfigError(f"--kind {kind}: its runs read a feature cache or a model, not a build; use the "
