@@ -57,18 +57,20 @@ def test_the_loop_is_written_once_outside_the_sweep():
     assert rest == ["probes/runs/session.py"], found
 
 
-def test_a_kind_says_itself_whether_its_runs_can_be_rescored(tmp_path):
+def test_a_kind_says_itself_whether_its_runs_can_be_rescored(tmp_path, monkeypatch):
     """``evaluate_on`` asks the run's kind (``rescore``): ``runs/`` names no kind; a kind
     without it is refused in one line naming those that have it."""
     from spar_bench.errors import ConfigError
     from spar_bench.probes.kinds import PREDICTORS
     from spar_bench.probes.runs.record import RunRecord
-    from spar_bench.probes.runs.session import EvalTarget, HeadJob, _kind_of, evaluate_on
+    from spar_bench.probes.runs.session import EvalTarget, HeadJob, evaluate_on
 
     assert callable(HeadJob.rescore) and callable(PREDICTORS.get("finetune").rescore)
     assert not hasattr(PREDICTORS.get("prior"), "rescore")
+    finetune = PREDICTORS.get("finetune")
+    monkeypatch.setattr(finetune, "rescore", staticmethod(lambda rd, target: f"finetune {rd.name}"))
     (tmp_path / "encoder.safetensors").write_bytes(b"")  # a damaged finetune run: its marker file
-    assert _kind_of(tmp_path) == "finetune"
+    assert evaluate_on(tmp_path, EvalTarget(features="x.h5")) == f"finetune {tmp_path.name}"
     rd = tmp_path / "prior"
     rd.mkdir()
     RunRecord(kind="prior", probe="level1.localisation", head="prior", seed=0).write(rd)
