@@ -1,4 +1,4 @@
-"""``--check`` of the calibration experiment (:mod:`.calibration`): does a rerun's
+"""``spar-bench check``: does a calibration rerun's
 ``calibration.json`` (another machine, the reference's command) reproduce the reference table
 (``docs/calibration.json``, the tables of docs/RESULTS.md)?
 
@@ -28,7 +28,13 @@ from typing import Any
 
 import numpy as np
 
+from spar_bench.errors import ConfigError
+
 from .calibration_tables import BLINDS, LAYOUTS, MODELS, value_scale
+
+#: the reference table of docs/RESULTS.md (``spar-bench check``'s default ``--against``): the
+#: source tree's ``docs/calibration.json`` (an installed wheel has none: give ``--against``)
+REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "calibration.json"
 
 #: the rows trained per seed (their cells vary with training); the others are computed
 TRAINED = ("recall", "computation")
@@ -86,7 +92,7 @@ def shape_problem(doc: Any) -> str | None:
     """What makes a parsed ``calibration.json`` unusable for ``--check``, in words (None: usable):
     ``{"conditions": {...}, "rows": [row, ...]}`` with every row as :func:`_row_problem` wants."""
     if not isinstance(doc, dict) or not {"conditions", "rows"} <= set(doc):
-        return "not a calibration.json (needs 'conditions' and 'rows'): the --calibrate output"
+        return "not a calibration.json (needs 'conditions' and 'rows'): the output of recall-vs-computation's calibration step"
     if not isinstance(doc["conditions"], dict):
         return "conditions is not an object"
     if not isinstance(doc["rows"], list):
@@ -222,15 +228,15 @@ def check_rerun(reference: dict, rerun: dict) -> tuple[list[str], list[str]]:
     :func:`shape_problem`'s shape."""
     for name, doc in (("the reference", reference), ("the rerun", rerun)):
         if (problem := shape_problem(doc)) is not None:
-            raise SystemExit(f"error: {name}: {problem}")
+            raise ConfigError(f"{name}: {problem}")
     had, got = (dict(d["conditions"]) for d in (reference, rerun))
     diff = sorted(k for k in set(had) | set(got) if k not in MACHINE_CONDITIONS and had.get(k) != got.get(k))
     if diff:
-        raise SystemExit(f"error: the rerun was made with other conditions than the reference ({', '.join(diff)}); "
+        raise ConfigError(f"the rerun was made with other conditions than the reference ({', '.join(diff)}); "
                          "rerun with the reference's command (its conditions are in its JSON)")
     problems = coverage_problems(reference, rerun)
     if problems:
-        raise SystemExit("\n".join(f"error: {p}" for p in problems))
+        raise ConfigError("; ".join(problems))
     means = cell_means(reference, rerun)
     lines, misses = check_cells(means)
     n, changed = conclusions(means)
@@ -238,17 +244,17 @@ def check_rerun(reference: dict, rerun: dict) -> tuple[list[str], list[str]]:
     return lines, misses + [f"conclusion changed: {c}" for c in changed]
 
 
-def check_command(path: Path, reference: Path) -> int:
-    """``--check``: print the comparison of a rerun's ``calibration.json`` with ``reference``;
+def check_command(path: Path, reference: Path = REFERENCE) -> int:
+    """``spar-bench check``: print the comparison of a rerun's ``calibration.json`` with ``reference``;
     exit status 1 when a cell is outside its interval or a conclusion changed."""
     docs = []
     for f in (reference, path):
         try:
             docs.append(json.loads(Path(f).read_text(encoding="utf-8")))
         except (OSError, ValueError) as e:
-            raise SystemExit(f"error: {f}: not a readable calibration.json ({e})") from None
+            raise ConfigError(f"{f}: not a readable calibration.json ({e})") from None
         if (problem := shape_problem(docs[-1])) is not None:
-            raise SystemExit(f"error: {f}: {problem}")
+            raise ConfigError(f"{f}: {problem}")
     lines, misses = check_rerun(*docs)
     print("\n".join(lines))
     n = sum(1 for line in lines if line.startswith("| ") and not line.startswith("| probe "))

@@ -228,6 +228,25 @@ def compare_command(a: str, b: str) -> None:
     click.echo(compare(read_leaderboard(a), read_leaderboard(b)), nl=False)
 
 
+@cli.command("check")
+@click.argument("rerun", type=click.Path(path_type=Path))
+@click.option("--against", type=click.Path(path_type=Path), default=None, metavar="JSON",
+              help="The reference (default: docs/calibration.json, the calibration table of docs/RESULTS.md).")
+def check_command(rerun: Path, against: Path | None) -> None:
+    """Compare a calibration rerun's calibration.json with the reference table.
+
+    Untrained cells must be the same, trained cells within the cross-machine tolerance (seeds
+    and bootstrap), and every conclusion of the reference must hold; exit 1 if not, 2 when a
+    file is unreadable or of other conditions."""
+    from spar_bench.errors import RunFailed
+
+    from .calibration_check import REFERENCE
+    from .calibration_check import check_command as check_files
+
+    if check_files(rerun, against or REFERENCE):
+        raise RunFailed(f"{rerun}: the rerun does not reproduce the reference (the lines above)")
+
+
 def main(argv: list[str] | None = None) -> None:
     run_main(cli, argv)
 

@@ -85,8 +85,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="module")
 def rvc():
-    """The calibration script (``scripts/recall_vs_computation.py``: the command line over
-    ``spar_bench.experiments.calibration``), loaded as a module."""
+    """The calibration script (``scripts/recall_vs_computation.py``), loaded as a module."""
     from helpers import load_script
 
     return load_script(REPO / "scripts" / "recall_vs_computation.py", "recall_vs_computation")
@@ -94,18 +93,32 @@ def rvc():
 
 @pytest.fixture(scope="module")
 def check():
-    """The calibration's ``--check`` (``spar_bench.experiments.calibration_check``)."""
+    """The calibration's ``spar-bench check`` (``spar_bench.experiments.calibration_check``)."""
     from spar_bench.experiments import calibration_check
 
     return calibration_check
 
 
+@pytest.fixture
+def bench_check(capsys):
+    """``spar-bench check ARGS...``: ``(exit status, stdout, stderr)``."""
+    from spar_bench.clitools import run_cli
+    from spar_bench.experiments.cli import cli
+
+    def run(*args) -> tuple[int, str, str]:
+        code = run_cli(cli, ["check", *map(str, args)], prog_name="spar-bench")
+        got = capsys.readouterr()
+        return code, got.out, got.err
+
+    return run
+
+
 @pytest.fixture(scope="module")
-def reference(rvc) -> dict:
+def reference(check) -> dict:
     """The calibration table's reference rows (``docs/calibration.json``)."""
     import json
 
-    return json.loads(rvc.REFERENCE.read_text(encoding="utf-8"))
+    return json.loads(check.REFERENCE.read_text(encoding="utf-8"))
 
 
 @pytest.fixture(scope="session")

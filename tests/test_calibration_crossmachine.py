@@ -45,10 +45,9 @@ def test_the_tolerance_is_the_two_sample_t_interval_and_the_bootstrap(check) -> 
     assert check.tolerance([2.0, 2.0], [2.0, 2.0], [[1.5, 2.5], [1.5, 2.5]]) == pytest.approx(0.5)  # seeds agree
 
 
-def test_the_real_rerun_on_another_cpu_passes(rvc, check, reference, capsys) -> None:
-    rerun = _rerun_file()
-    assert rvc.main(["--check", str(rerun)]) == 0
-    out = capsys.readouterr().out
+def test_the_real_rerun_on_another_cpu_passes(bench_check) -> None:
+    code, out, _ = bench_check(_rerun_file())  # spar-bench check against docs/calibration.json
+    assert code == 0
     assert "120 of 120 cells as the reference\n" in out
     assert "118 of 118 conclusions of the reference hold" in out
     # the seven cells the old rule (within the mean of the reference seeds' intervals) failed are in
@@ -99,6 +98,14 @@ def test_an_order_flipped_within_the_cells_tolerances_fails(check, reference) ->
     _, misses = check.check_rerun(reference, rerun)
     assert misses == [next(m for m in misses if m.startswith(
         "conclusion changed: level3.counting random: recall < computation in the reference"))]
+
+
+def test_an_unreadable_rerun_is_one_line_and_exit_2(bench_check, tmp_path) -> None:
+    (tmp_path / "torn.json").write_text('{"conditions": {', encoding="utf-8")
+    for path in (tmp_path / "torn.json", tmp_path / "absent.json"):
+        code, out, err = bench_check(path)
+        assert (code, out) == (2, "") and err.count("\n") == 1, (code, out, err)
+        assert err.startswith(f"error: {path}: not a readable calibration.json ("), err
 
 
 def test_every_trained_cell_moved_within_its_tolerance_passes(check, reference) -> None:

@@ -1,5 +1,5 @@
 """The calibration tables of docs/RESULTS.md and their reference (``docs/calibration.json``), and
-``scripts/recall_vs_computation.py --check``, which tells whether a rerun on another machine
+``spar-bench check``, which tells whether a rerun on another machine
 reproduces them (fast: no training; the cross-machine criterion itself:
 tests/test_calibration_crossmachine.py)."""
 
@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 
 import pytest
+
+from spar_bench.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -47,26 +49,26 @@ def test_check_passes_the_reference_and_names_a_cell_that_moved(check, reference
     assert misses == [next(m for m in misses if m.startswith("level3.orientation oracle mirrored"))]
 
 
-def test_check_refuses_a_rerun_of_other_conditions_and_reports_by_exit_status(rvc, check, reference, tmp_path,
-                                                                              capsys) -> None:
+def test_check_refuses_a_rerun_of_other_conditions_and_reports_by_exit_status(bench_check, check, reference,
+                                                                              tmp_path) -> None:
     other = copy.deepcopy(reference)
     other["conditions"]["seeds"] = [0]
-    with pytest.raises(SystemExit, match=r"other conditions than the reference \(seeds\)"):
+    with pytest.raises(ConfigError, match=r"other conditions than the reference \(seeds\)"):
         check.check_rerun(reference, other)
     same, moved = tmp_path / "same.json", tmp_path / "moved.json"
     same.write_text(json.dumps(reference))
-    assert rvc.main(["--check", str(same)]) == 0
-    out = capsys.readouterr().out
+    code, out, _ = bench_check(same)
+    assert code == 0
     assert "120 of 120 cells as the reference" in out and "118 of 118 conclusions of the reference hold" in out
     for r in (m := copy.deepcopy(reference))["rows"]:
         if r["model"] == "recall" and r["probe"] == "level3.orientation":
             r["cells"]["canonical"]["value"] = 0.5
     moved.write_text(json.dumps(m))
-    assert rvc.main(["--check", str(moved), "--against", str(same)]) == 1
-    out = capsys.readouterr().out
+    code, out, _ = bench_check(moved, "--against", same)
+    assert code == 1
     assert "outside: level3.orientation recall canonical: 50.0 against 80.8 [79.9, 81.7]" in out
     assert ("conclusion changed: level3.orientation canonical: recall > computation in the reference (80.8 > 69.2), "
             "not in the rerun (50.0 against 69.2)") in out
     (tmp_path / "bad.json").write_text("[]")
-    with pytest.raises(SystemExit, match="bad.json: not a calibration.json"):
-        rvc.main(["--check", str(tmp_path / "bad.json")])
+    code, out, err = bench_check(tmp_path / "bad.json")
+    assert (code, out) == (2, "") and err.startswith(f"error: {tmp_path / 'bad.json'}: not a calibration.json (") and err.count("\n") == 1, err
