@@ -69,6 +69,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from spar_bench.errors import ConfigError
+from spar_bench.fields import check_fields, limited
 from spar_bench.probes.finetune.readout import READOUT_PROBES
 
 from .calibration_tables import (
@@ -76,9 +78,7 @@ from .calibration_tables import (
     LAYOUTS,
     TRAIN_ON,
     calibration_plots,
-    calibration_table,
-    plot,
-    table,
+    calibration_section,
     table_metric,
 )
 
@@ -190,6 +190,54 @@ class Training:
     device: str = "cpu"  # where encoders train and encode (fp32); heads and the readout stay on the CPU
 
 
+@dataclass(frozen=True)
+class CalibrationConfig:
+    """The calibration step's settings (``calibration:`` of an experiment file, e.g. the preset
+    ``recall-vs-computation``): the phantom builds', the trained models' and the scoring's."""
+
+    out: str = "runs/rvc-cal"
+    cases: int = limited(100, lo=1, help="phantom cases of each training layout (canonical, random)")
+    eval_cases: int = limited(24, lo=1, help="phantom cases of the mirrored layout")
+    in_plane: int | None = limited(None, lo=16, help="phantom in-plane voxels (default: 160, 'small')")
+    slices: int | None = limited(None, lo=1, help="phantom slices per case (default: 40-60, 'small')")
+    l3_stride: int = limited(L3_STRIDE, lo=1, help="Level 3 on every Nth slice")
+    samples: int = limited(4, lo=1, help="Level 1 mosaics per case")
+    questions: int = limited(16, lo=1, help="Level 3 questions per probe and slice")
+    seed: int = limited(0, help="the phantoms' seed")
+    jobs: int = limited(1, lo=1, help="processes that render and build the phantoms (the bytes do not depend on it)")
+    probes: tuple[str, ...] = limited(("level3.relative_position",),
+                                      help="the probes the encoders train end to end on (the first: every other probe "
+                                           "is a frozen probe of its encoder)")
+    score: tuple[str, ...] = limited(("all",), help="the probes scored (all: the eight of Levels 1-3)")
+    model_args: dict[str, Any] = field(default_factory=dict)  # merged into MODEL_ARGS (the encoder's timm args)
+    head: str = limited(HEAD, help="the head of the end-to-end and the frozen probes")
+    train_mirrors: bool = limited(False, help="the computation model trains on the mirrored counterfactuals too")
+    lr: float = limited(2e-3, lo=0, help="learning rate")
+    epochs: int = limited(14, lo=1, help="end-to-end training epochs at most")
+    patience: int = limited(5, lo=1, help="early-stopping patience (epochs)")
+    seeds: tuple[int, ...] = limited((0,), help="training seeds (the table: mean +- std over them)")
+    bootstrap: int = limited(200, lo=0, help="patient-bootstrap resamples of each interval")
+    device: str = limited("cpu", help="where the encoders train and encode, in fp32 (heads and readout: the CPU)")
+    threads: int = limited(1, lo=1, help="torch threads (1: on a shared 2-core machine more threads only contend)")
+    organ_maps: int = limited(0, lo=0, help="the computation encoder learns organ maps for this many epochs "
+                                            "(0: it trains end to end like recall)")
+    organ_map_dice: float = limited(0.0, lo=0, help="weight of the organ-map loss's soft Dice term")
+
+    def __post_init__(self) -> None:
+        for name in ("probes", "score", "seeds"):  # a file's list, a string: a tuple
+            v = getattr(self, name)
+            object.__setattr__(self, name, tuple(v.split(",")) if isinstance(v, str) else tuple(v))
+        object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
+        object.__setattr__(self, "model_args", dict(self.model_args or {}))
+        check_fields(self)
+        if not self.probes or not self.seeds:
+            raise ConfigError("calibration: probes and seeds must not be empty")
+
+    def layout_cases(self) -> dict[str, int]:
+        """Phantom cases per layout: ``cases`` for the training layouts, ``eval_cases`` for the mirrored."""
+        return {lay: self.cases if lay in TRAIN_ON else self.eval_cases for lay in LAYOUTS}
+
+
 def runs_root(out: Path, tr: Training) -> Path:
     """``OUT/runs``, or for other encoder model args ``OUT/runs-<hash>`` (run folders do not name them)."""
     if tr.model_args == MODEL_ARGS:
@@ -213,35 +261,6 @@ def train_run(builds: dict[str, Path], out: Path, tr: Training, train_on: str, p
                       model_kwargs=tr.model_args, cfg=cfg, n_boot=n_boot,
                       train_mirrors=tr.train_mirrors and train_on != "canonical")
     return run_finetune(fs, runs_root(out, tr), resume=True, progress=False)
-
-
-def train_and_score(builds: dict[str, Path], out: Path, tr: Training, n_boot: int) -> list[dict]:
-    from spar_bench.probes.finetune.encoding import run_eval_reencoded
-    from spar_bench.probes.tasks import get_probe
-
-    rows = []
-    for train_on in tr.train_on:
-        for probe in tr.probes:
-            t0 = time.perf_counter()
-            rd = train_run(builds, out, tr, train_on, probe, n_boot)
-            m = json.loads((rd / "metrics.json").read_text())
-            key = get_probe(probe).headline
-            row = {"probe": probe, "trained_on": train_on, "metric": key, "run": str(rd.relative_to(out)),
-                   "epochs": m["train"]["epochs_run"], "img_s": json.loads((rd / "timing.json").read_text())["images_per_s"],
-                   "seed": tr.seed, "chance": m["controls"].get("chance"), "cells": {}}
-            for layout in LAYOUTS:
-                if layout == train_on:
-                    r = m
-                else:
-                    r = json.loads(run_eval_reencoded(rd, builds[layout], n_boot, device=tr.device,
-                                                      compute="fp32").read_text())
-                row["cells"][layout] = {"model": r["test"].get(key), "ci": (r["test"].get("ci") or {}).get(key),
-                                        "mirror_cf": (r.get("mirror") or {}).get(key),
-                                        "blind": blind(builds[train_on], builds[layout], probe)}
-            row["seconds"] = round(time.perf_counter() - t0, 1)
-            print(json.dumps(row), flush=True)
-            rows.append(row)
-    return rows
 
 
 # ------------------------------------------------------------------ calibration (issue 26)
@@ -488,98 +507,61 @@ def calibration_rows(builds: dict[str, Path], out: Path, trainings: list[Trainin
     return rows
 
 
-def configs(args: Any) -> tuple[Data, list[Training]]:
-    """The builds' and trainings' settings of the command line's options (``args``: an
-    ``argparse.Namespace`` of ``scripts/recall_vs_computation.py``, or any object with its fields)."""
-    train_on, probes = tuple(args.train_on.split(",")), tuple(args.probes.split(","))
-    n = {lay: args.cases if lay in train_on else args.eval_cases for lay in LAYOUTS}
-    score: tuple[str, ...] = ()
-    if getattr(args, "calibrate", False):
-        from spar_bench.probes.tasks import get_probe, probe_names
+def configs(cfg: CalibrationConfig) -> tuple[Data, list[Training]]:
+    """The builds' and trainings' settings of a calibration step's config."""
+    from spar_bench.probes.tasks import get_probe, probe_names
 
-        score = tuple(p for p in probe_names() if p.split(".")[0] in ("level1", "level2", "level3")) \
-            if args.score == "all" else tuple(get_probe(p).name for p in args.score.split(","))
-        train_on = TRAIN_ON
-    levels = tuple(lv for lv in ("level1", "level2", "level3") if any(p.startswith(lv) for p in probes + score))
-    data = Data(n, args.samples, args.questions, args.l3_stride, args.in_plane, args.slices, levels)
-    model_args = {**MODEL_ARGS, **json.loads(args.model_args or "{}")}
-    trainings = [Training(model_args, args.head, args.epochs, args.patience, args.lr, int(s), train_on, probes,
-                          args.train_mirrors, score, getattr(args, "organ_maps", 0), getattr(args, "organ_map_dice", 0.0),
-                          getattr(args, "device", "cpu"))
-                 for s in args.seeds.split(",")]
+    score = tuple(p for p in probe_names() if p.split(".")[0] in ("level1", "level2", "level3")) \
+        if cfg.score == ("all",) else tuple(get_probe(p).name for p in cfg.score)
+    levels = tuple(lv for lv in ("level1", "level2", "level3") if any(p.startswith(lv) for p in cfg.probes + score))
+    data = Data(cfg.layout_cases(), cfg.samples, cfg.questions, cfg.l3_stride, cfg.in_plane, cfg.slices, levels)
+    model_args = {**MODEL_ARGS, **cfg.model_args}
+    trainings = [Training(model_args, cfg.head, cfg.epochs, cfg.patience, cfg.lr, s, TRAIN_ON, cfg.probes,
+                          cfg.train_mirrors, score, cfg.organ_maps, cfg.organ_map_dice, cfg.device)
+                 for s in cfg.seeds]
     return data, trainings
 
 
-def write_calibration(out: Path, builds: dict[str, Path], trainings: list[Training], args: Any,
-                      t0: float, t_build: float) -> int:
-    """Train and score the reference models; write ``calibration.md``/``.json``/``.png`` and ``plots/``."""
-    rows = calibration_rows(builds, out, trainings, args.bootstrap)
-    tr = trainings[0]
-    conditions = {"cases": {lay: n for lay, n in zip(LAYOUTS, [args.cases if lay in TRAIN_ON else args.eval_cases
-                                                               for lay in LAYOUTS], strict=True)},
-                  "grid (in-plane, slices)": [args.in_plane, args.slices], "intensities": INTENSITIES,
-                  "samples_per_case": args.samples, "l3_questions_per_probe": args.questions,
-                  "l3_stride": args.l3_stride, "trained_end_to_end_on": list(tr.probes), "head": tr.head,
-                  "max_epochs": tr.epochs, "patience": tr.patience, "lr": tr.lr,
-                  "train_mirrors (computation only)": tr.train_mirrors, "seeds": [t.seed for t in trainings],
-                  "computation encoder": (f"organ maps, {tr.organ_maps} epochs, Dice weight {tr.organ_map_dice:g}, "
-                                          f"model_args {ORGAN_MAP_MODEL_ARGS}"
-                                          if tr.organ_maps else "end to end, like recall"),
-                  "encoder": ENCODER, "model_args": tr.model_args, "device": tr.device, "jobs": args.jobs,
-                  "threads": args.threads,
-                  "cpu_count": os.cpu_count(), "load_average_at_end": os.getloadavg(),
-                  "build_seconds": round(t_build, 1), "wall_seconds": round(time.perf_counter() - t0, 1)}
-    (out / "calibration.json").write_text(json.dumps({"conditions": conditions, "rows": rows}, indent=1) + "\n")
+def conditions(cfg: CalibrationConfig, tr: Training, t0: float, t_build: float) -> dict[str, Any]:
+    """What the table was made under (``spar-bench check`` compares all but :data:`~.calibration_check.MACHINE_CONDITIONS`)."""
+    return {"cases": cfg.layout_cases(), "grid (in-plane, slices)": [cfg.in_plane, cfg.slices],
+            "intensities": INTENSITIES, "samples_per_case": cfg.samples, "l3_questions_per_probe": cfg.questions,
+            "l3_stride": cfg.l3_stride, "trained_end_to_end_on": list(tr.probes), "head": tr.head,
+            "max_epochs": tr.epochs, "patience": tr.patience, "lr": tr.lr,
+            "train_mirrors (computation only)": tr.train_mirrors, "seeds": list(cfg.seeds),
+            "computation encoder": (f"organ maps, {tr.organ_maps} epochs, Dice weight {tr.organ_map_dice:g}, "
+                                    f"model_args {ORGAN_MAP_MODEL_ARGS}" if tr.organ_maps else "end to end, like recall"),
+            "encoder": ENCODER, "model_args": tr.model_args, "device": tr.device, "jobs": cfg.jobs,
+            "threads": cfg.threads, "cpu_count": os.cpu_count(), "load_average_at_end": os.getloadavg(),
+            "build_seconds": round(t_build, 1), "wall_seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
+
+
+def write_calibration(out: Path, rows: list[dict], conds: dict[str, Any]) -> None:
+    """``calibration.json`` (the rows and their conditions), ``calibration.md`` (the tables of
+    docs/RESULTS.md), ``calibration.png`` and ``plots/``."""
+    (out / "calibration.json").write_text(json.dumps({"conditions": conds, "rows": rows}, indent=1) + "\n")
     md = ["# The benchmark calibrated: recall, computation and the oracle on every probe", "",
-          "Each cell: mean +- std over training seeds [mean of the seeds' 95% patient-bootstrap intervals]; "
-          "conflict items: those the canonical prior (canonical anatomy's answer) gets wrong.", ""]
-    md += [calibration_table(rows, p) for p in dict.fromkeys(r["probe"] for r in rows)]
-    md += [f"Conditions: {json.dumps(conditions)}", ""]
+          *calibration_section(rows), f"Conditions: {json.dumps(conds)}", ""]
     (out / "calibration.md").write_text("\n".join(md))
     calibration_plots(rows, out)
-    print("\n".join(md))
-    return 0
 
 
-
-
-def write_results(out: Path, data: Data, trainings: list[Training], rows: list[dict], args: Any,
-                  t0: float, t_build: float) -> int:
-    """The recall-versus-computation runs' ``results.md``/``.json``/``.png`` (no ``--calibrate``)."""
-    wall = time.perf_counter() - t0
-    tr = trainings[0]
-    conditions = {"cases": data.cases, "grid (in-plane, slices)": [data.in_plane, data.slices],
-                  "intensities": INTENSITIES, "samples_per_case": data.samples,
-                  "l3_questions_per_probe": data.questions, "l3_stride": data.l3_stride, "max_epochs": tr.epochs,
-                  "patience": tr.patience, "lr": tr.lr, "train_mirrors": tr.train_mirrors, "seeds": [t.seed for t in trainings],
-                  "encoder": ENCODER, "model_args": tr.model_args, "head": tr.head, "threads": args.threads,
-                  "cpu_count": os.cpu_count(), "load_average_at_end": os.getloadavg(),
-                  "build_seconds": round(t_build, 1), "wall_seconds": round(wall, 1)}
-    (out / "results.json").write_text(json.dumps({"conditions": conditions, "rows": rows}, indent=1) + "\n")
-    md = ["# Recall versus computation", "",
-          "Each cell: **model** (blind baseline, the question-only optimum fitted on the training build), "
-          "test split of the layout named; relative position and orientation in % accuracy, Level 1 in "
-          "MED pixels. Encoder trained from scratch; several seeds: mean +- std.", "", table(rows), "",
-          f"Conditions: {json.dumps(conditions)}", ""]
-    (out / "results.md").write_text("\n".join(md))
-    plot(rows, out / "results.png")
-    print("\n".join(md))
-    return 0
-
-
-def run_experiment(args: Any) -> int:
-    """Build the phantoms and train and score the models of ``args`` (see :func:`configs`):
-    the calibration (``args.calibrate``) or the recall-versus-computation runs."""
+def run_calibration(cfg: CalibrationConfig) -> Path:
+    """The calibration step: build the phantoms, train and score recall, computation, the oracle
+    and the blind rows (:func:`calibration_rows`) and write them (:func:`write_calibration`) to
+    ``cfg.out``; returns it. A run stopped part way keeps its finished builds and runs."""
     import torch
 
-    torch.set_num_threads(args.threads)
-    out = Path(args.out)
+    from spar_bench.probes.hardware import pick_device
+
+    pick_device(cfg.device)  # a bad or absent device fails here, not after the phantoms are built
+    torch.set_num_threads(cfg.threads)
+    out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    data, trainings = configs(args)
+    data, trainings = configs(cfg)
     t0 = time.perf_counter()
-    builds = build_all(out, data, args.seed, args.jobs)
+    builds = build_all(out, data, cfg.seed, cfg.jobs)
     t_build = time.perf_counter() - t0
-    if args.calibrate:
-        return write_calibration(out, builds, trainings, args, t0, t_build)
-    rows = [r for tr in trainings for r in train_and_score(builds, out, tr, args.bootstrap)]
-    return write_results(out, data, trainings, rows, args, t0, t_build)
+    rows = calibration_rows(builds, out, trainings, cfg.bootstrap)
+    write_calibration(out, rows, conditions(cfg, trainings[0], t0, t_build))
+    return out

@@ -119,71 +119,8 @@ def calibration_plots(rows: list[dict], out: Path) -> None:
     plt.close(fig)
 
 
-def fmt(v, level1: bool) -> str:
-    if v is None:
-        return "-"
-    return f"{v:.1f}" if level1 else f"{100 * v:.1f}"
-
-
-def fmt_seeds(vals: list, level1: bool) -> str:
-    """One value, or mean +- std (sample std) over seeds."""
-    import numpy as np
-
-    vals = [v for v in vals if v is not None]
-    if len(vals) < 2:
-        return fmt(vals[0] if vals else None, level1)
-    k = 1.0 if level1 else 100.0
-    return f"{k * np.mean(vals):.1f} +- {k * np.std(vals, ddof=1):.1f}"
-
-
-def table(rows: list[dict]) -> str:
-    """Markdown: per probe and training layout, model (blind) on each layout's test split;
-    several seeds: mean +- std over them (the blind baseline does not depend on the seed)."""
-    lines = ["| probe | trained on | seeds | " + " | ".join(f"test: {lay}" for lay in LAYOUTS)
-             + " | mirrored counterfactual (in domain) | chance |", "|---" * (len(LAYOUTS) + 5) + "|"]
-    groups: dict[tuple[str, str], list[dict]] = {}
-    for r in rows:
-        groups.setdefault((r["probe"], r["trained_on"]), []).append(r)
-    for (probe, train_on), rs in groups.items():
-        l1 = probe.startswith("level1")
-        cells = [f"**{fmt_seeds([r['cells'][x]['model'] for r in rs], l1)}** ({fmt(rs[0]['cells'][x]['blind'], l1)})"
-                 for x in LAYOUTS]
-        cf = fmt_seeds([r["cells"][train_on]["mirror_cf"] for r in rs], l1)
-        lines.append(f"| {probe} ({'MED px, lower is better' if l1 else 'accuracy %'}) | {train_on} | {len(rs)} | "
-                     + " | ".join(cells) + f" | {cf} | {fmt(rs[0]['chance'], l1)} |")
-    return "\n".join(lines) + "\n"
-
-
-def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    probes = list(dict.fromkeys(r["probe"] for r in rows))
-    fig, axes = plt.subplots(1, len(probes), figsize=(4.2 * len(probes), 3.4), squeeze=False)
-    for ax, probe in zip(axes[0], probes, strict=True):
-        l1 = probe.startswith("level1")
-        x = np.arange(len(LAYOUTS))
-        for k, train_on in enumerate(TRAIN_ON):
-            r = next((r for r in rows if r["probe"] == probe and r["trained_on"] == train_on), None)
-            if r is None:
-                continue
-            scale = 1.0 if l1 else 100.0
-            vals = [(r["cells"][lay]["model"] or np.nan) * scale for lay in LAYOUTS]
-            bl = [(r["cells"][lay]["blind"] or np.nan) * scale for lay in LAYOUTS]
-            ax.bar(x + (k - 0.5) * 0.38, vals, 0.38, label=f"trained on {train_on}")
-            ax.scatter(x + (k - 0.5) * 0.38, bl, marker="_", s=400, color="k", zorder=3,
-                       label="blind" if k == 0 else None)
-            if not l1 and r.get("chance"):
-                ax.axhline(100 * r["chance"], ls=":", color="gray")
-        ax.set_xticks(x, [f"test: {lay}" for lay in LAYOUTS], fontsize=8)
-        ax.set_title(probe, fontsize=9)
-        ax.set_ylabel("MED (px, lower is better)" if l1 else "accuracy (%)")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
+def calibration_section(rows: list[dict]) -> list[str]:
+    """The calibration tables of docs/RESULTS.md, one per probe, with their legend (markdown lines)."""
+    return ["Each cell: mean +- std over training seeds [mean of the seeds' 95% patient-bootstrap intervals]; "
+            "conflict items: those the canonical prior (canonical anatomy's answer) gets wrong.", "",
+            *(calibration_table(rows, p) for p in dict.fromkeys(r["probe"] for r in rows))]

@@ -51,11 +51,12 @@ SCHEMA: dict[str, Any] = {
     "probes": (str, [str]), "seeds": (int, [int]), "train_on": str, "transfer": [str],
     "mllms": {"*": {"model": str, "builds": [str], "options": {"*": object}, "stages": [str]}},
     "predictors": {"*": {"kind": str, "builds": [str], "bootstrap": int, "options": {"*": object}}},
+    "calibration": {"*": object},  # the calibration step's options (experiments/calibration.py:CalibrationConfig)
     "jobs": int, "report": {"title": str},
     "resources": {"*": {"cpus": int, "mem": (str, int), "gpus": int, "time": (str, int)}},
 }  # fmt: skip
 #: the kinds of step (:mod:`.plan`), as ``resources:`` names them (``default``: every kind)
-KINDS = ("build", "cache", "heads", "train", "eval", "vqa", "predict", "report")
+KINDS = ("build", "cache", "heads", "train", "eval", "vqa", "predict", "calibration", "report")
 #: what each mode runs: heads on a cache of a frozen encoder, or the encoder trained end to end
 MODES = ("frozen", "finetune", "scratch")
 _VAR = re.compile(r"\$\{(env:)?([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -203,6 +204,7 @@ class Experiment:
     transfer: tuple[str, ...]
     mllms: dict[str, Mllm]
     predictors: dict[str, Predictor] = field(default_factory=dict)
+    calibration: dict[str, Any] | None = None  # ``calibration:``: its step's options (None: no such step)
     jobs: int = 1
     title: str = ""
     variables: dict[str, str] = field(default_factory=dict)
@@ -476,6 +478,7 @@ def load_experiment(path: str | Path, overrides: dict[str, str] | None = None) -
         builds=builds, encoders=encoders, modes=modes, probes=_names(exp.get("probes", "all")),
         seeds=tuple(int(s) for s in _names(exp.get("seeds", 0))), train_on=train_on,
         transfer=tuple(exp.get("transfer") or ()), mllms=mllms, predictors=predictors, jobs=int(exp.get("jobs", 1)),
+        calibration=None if "calibration" not in exp else dict(exp["calibration"] or {}),
         title=(exp.get("report") or {}).get("title") or exp["experiment"], variables=variables, where=where,
         resources=_resources(exp.get("resources") or {}, where),
     )  # fmt: skip

@@ -16,6 +16,8 @@ runs one spec:
   retraining (``eval:<step>@<b>``);
 * ``vqa``: an MLLM asked a build's Level 3 (and Level 4) questions (``vqa:<m>@<b>``);
 * ``predict``: a build-reading run kind on every probe x seed (``predict:<p>@<b>``);
+* ``calibration``: the 2-D calibration (``calibration:``, :mod:`.calibration`): recall,
+  computation, the oracle and the blind rows on every probe of Levels 1-3 (``calibration``);
 * ``report``: ``spar-probe report`` and the experiment's report over every run.
 
 Runs are made by :func:`spar_bench.probes.runs.session.run_all` (finetuning, the predictors; the
@@ -56,6 +58,9 @@ from .plan import (
     run_folder,
 )
 from .steps import STEPS, StepKind, options
+
+#: the calibration step's folder under the experiment's ``out``
+CALIBRATION = "calibration"
 
 
 # --------------------------------------------------------------------------- sizes of a build
@@ -272,8 +277,20 @@ def predict_step(exp: Experiment, name: str, b: str) -> Step:
                 cost=(("runs", float(len(exp.probes) * len(exp.seeds))),))
 
 
+def calibration_step(exp: Experiment) -> Step:
+    """The 2-D calibration (``calibration:``): recall, computation, the oracle and the blind rows
+    on every probe of Levels 1-3, in ``OUT/calibration``."""
+    given = options("calibration", exp.calibration or {}, "calibration", exp)
+    record = {"out": f"{{out}}/{CALIBRATION}", **given}
+    runs = 2 * len(given.get("seeds") or (0,)) * (len(given.get("probes") or ()) or 1)
+    return Step("calibration", "calibration", (("calibration", record),), (), (f"{{out}}/{CALIBRATION}",),
+                cost=(("runs", float(runs)),), device=True)
+
+
 def report_step(exp: Experiment, needs: tuple[str, ...]) -> Step:
     record = {"runs": f"{{out}}/{RUNS}", "out": f"{{out}}/{REPORT}", "title": exp.title}
+    if "calibration" in needs:  # its tables: a section of the report
+        record["calibration"] = f"{{out}}/{CALIBRATION}/calibration.json"
     return Step("report", "report", (("report", record),), needs, (f"{{out}}/{REPORT}",))
 
 
@@ -331,8 +348,13 @@ def _plan_predict(exp: Experiment, steps: list[Step]) -> list[Step]:
     return [predict_step(exp, n, b) for n, p in exp.predictors.items() for b in p.builds]
 
 
+def _plan_calibration(exp: Experiment, steps: list[Step]) -> list[Step]:
+    return [calibration_step(exp)] if exp.calibration is not None else []
+
+
 def _plan_report(exp: Experiment, steps: list[Step]) -> list[Step]:
     runs = tuple(s.id for s in steps if any(STEPS.get(k).runs for k, _ in s.specs))
+    runs += tuple(s.id for s in steps if s.kind == "calibration")
     return [report_step(exp, runs)] if runs else []
 
 
@@ -405,6 +427,23 @@ def _finetune_given(exp: Experiment) -> Iterator[tuple[dict[str, Any], str]]:
 def _cache_given(exp: Experiment) -> Iterator[tuple[dict[str, Any], str]]:
     if "frozen" in exp.modes:
         yield exp.modes["frozen"].cache, "modes.frozen.cache"
+
+
+def _calibration_fields() -> dict[str, Any]:
+    from .calibration import CalibrationConfig
+
+    return field_types(CalibrationConfig)
+
+
+def _calibration_given(exp: Experiment) -> Iterator[tuple[dict[str, Any], str]]:
+    if exp.calibration is not None:
+        yield exp.calibration, "calibration"
+
+
+def _calibration_settings(exp: Experiment, option: str, value: Any, key: str) -> Iterator[tuple[type, dict[str, Any]]]:
+    from .calibration import CalibrationConfig
+
+    yield from _with(CalibrationConfig, {}, option, value)
 
 
 def _vqa_given(exp: Experiment) -> Iterator[tuple[dict[str, Any], str]]:
@@ -620,7 +659,30 @@ def _report(spec: dict[str, Any], device: str | None) -> None:
     out = Path(spec["out"])
     write_report(spec["runs"], out)
     write_experiment_report(Path(spec["runs"]), out, title=spec.get("title", ""), provenance=_provenance(out.parent))
+    if spec.get("calibration"):
+        _calibration_report(Path(spec["calibration"]), out)
 
+
+
+def _calibration(spec: dict[str, Any], device: str | None) -> None:
+    """The 2-D calibration (:func:`~.calibration.run_calibration`); ``--devices`` overrides its device."""
+    from .calibration import CalibrationConfig, run_calibration
+
+    run_calibration(CalibrationConfig(**({**spec, "device": device} if device else spec)))
+
+
+def _calibration_report(path: Path, out: Path) -> None:
+    """The calibration's tables (docs/RESULTS.md's layout) as the report's ``calibration.md`` and
+    a section of ``experiment.md``."""
+    from .calibration_tables import calibration_section
+    from .report import MD_FILE
+
+    rows = json.loads(path.read_text(encoding="utf-8"))["rows"]
+    section = "\n".join(["## Calibration: recall, computation and the oracle on every probe", "",
+                         *calibration_section(rows)])
+    (out / "calibration.md").write_text(section, encoding="utf-8")
+    md = out / MD_FILE
+    md.write_text(md.read_text(encoding="utf-8").rstrip("\n") + "\n\n" + section, encoding="utf-8")
 
 
 def _provenance(out: Path) -> dict[str, Any]:
@@ -657,4 +719,7 @@ VQA_KIND = StepKind(
                                "no_convention_hint": "!convention_hint", "no_circular": "!circular",
                                "no_blind": "!blind"})  # fmt: skip
 PREDICT_KIND = StepKind(call=_predict, plan=_plan_predict, order=70, runs=True)
+CALIBRATION_KIND = StepKind(
+    call=_calibration, fields=_calibration_fields, settings=_calibration_settings, given=_calibration_given,
+    plan=_plan_calibration, order=80, own=frozenset({"out"}))  # fmt: skip
 REPORT_KIND = StepKind(call=_report, plan=_plan_report, order=90, fresh=True)

@@ -14,7 +14,7 @@ everything the experiment machinery needs of it:
 * ``runs``: whether its steps make runs the report reads; ``fresh``: its outputs are written
   afresh (removed first) every time; ``auto_device``: its call takes ``device: auto``.
 
-The nine kinds of SPAR-Bench are declared in :mod:`.step_kinds` and registered here lazily; a
+The ten kinds of SPAR-Bench are declared in :mod:`.step_kinds` and registered here lazily; a
 plugin or a test adds one with ``STEPS.register(name, StepKind(...))`` (or
 ``STEPS.registered`` for a ``with`` block) and touches no other file.
 """
@@ -67,6 +67,7 @@ STEPS.register_lazy("finetune", "spar_bench.experiments.step_kinds:FINETUNE_KIND
 STEPS.register_lazy("eval", "spar_bench.experiments.step_kinds:EVAL_KIND")
 STEPS.register_lazy("vqa", "spar_bench.experiments.step_kinds:VQA_KIND")
 STEPS.register_lazy("predict", "spar_bench.experiments.step_kinds:PREDICT_KIND")
+STEPS.register_lazy("calibration", "spar_bench.experiments.step_kinds:CALIBRATION_KIND")
 STEPS.register_lazy("report", "spar_bench.experiments.step_kinds:REPORT_KIND")
 
 

@@ -1,7 +1,7 @@
 """The controls judged on models of known behaviour (issue 26, deliverable 4).
 
 Tiny versions of the three reference models of the calibration (``spar_bench.experiments.calibration``,
-``scripts/recall_vs_computation.py --calibrate``), on phantoms whose organs have distinct
+the ``calibration`` step of ``spar-bench run recall-vs-computation``), on phantoms whose organs have distinct
 intensities, scored on Level 3 relative position:
 
 * recall: the appearance reader (``probes.references.reader.AppearanceReader``) trained on canonical layouts;
@@ -98,24 +98,21 @@ def test_recall_is_at_its_blind_baseline_on_mirrored(scores):
     assert _conflicts(scores, "blind")[0] == 0.0  # the blind baseline is the canonical prior: wrong on every one
 
 
-def test_the_organ_map_options_reach_the_training_and_bad_ones_are_refused(rvc, capsys):
-    _, trainings = rvc.configs(rvc.parse_args(["--calibrate", "--organ-maps", "10", "--organ-map-dice", "1",
-                                               "--seeds", "0,1"]))
+def test_the_organ_map_options_reach_the_training_and_bad_ones_are_refused():
+    from spar_bench.errors import ConfigError
+    from spar_bench.experiments.calibration import CalibrationConfig, configs, run_calibration
+
+    _, trainings = configs(CalibrationConfig(organ_maps=10, organ_map_dice=1, seeds=[0, 1]))
     assert [(t.organ_maps, t.organ_map_dice, t.seed) for t in trainings] == [(10, 1.0, 0), (10, 1.0, 1)]
     assert trainings[0].device == "cpu"  # the default: the tables of docs/RESULTS.md were made on the CPU
     dev = "cuda:0" if torch.cuda.is_available() else "auto"  # a device this machine has
-    _, (other,) = rvc.configs(rvc.parse_args(["--calibrate", "--organ-maps", "10", "--device", dev]))
+    _, (other,) = configs(CalibrationConfig(organ_maps=10, device=dev))
     assert other.device == dev
     if not torch.cuda.is_available():  # refused at once, not after the phantoms are built
-        with pytest.raises(SystemExit):
-            rvc.parse_args(["--calibrate", "--device", "cuda:0"])
-        assert "CUDA is not available on this machine" in capsys.readouterr().err
-    assert rvc.parse_args(["--jobs", "16"]).jobs == 16
-    for bad, why in ((["--organ-maps", "-1"], "--organ-maps and --organ-map-dice must be >= 0"),
-                     (["--organ-map-dice", "-0.5"], "--organ-maps and --organ-map-dice must be >= 0"),
-                     (["--jobs", "0"], "--jobs must be >= 1"),
-                     (["--device", "tpu"], "--device must be auto, cpu or cuda[:N]; got 'tpu'")):
-        with pytest.raises(SystemExit) as e:
-            rvc.parse_args(["--calibrate", *bad])
-        assert e.value.code == 2
-        assert why in capsys.readouterr().err
+        with pytest.raises(ConfigError, match="CUDA is not available on this machine"):
+            run_calibration(CalibrationConfig(out="/nonexistent/never-made", device="cuda:0"))
+    assert CalibrationConfig(jobs=16).jobs == 16
+    for bad, why in (({"organ_maps": -1}, "organ_maps"), ({"organ_map_dice": -0.5}, "organ_map_dice"),
+                     ({"jobs": 0}, "jobs")):
+        with pytest.raises(ConfigError, match=why):
+            CalibrationConfig(**bad)

@@ -72,3 +72,21 @@ def test_check_refuses_a_rerun_of_other_conditions_and_reports_by_exit_status(be
     (tmp_path / "bad.json").write_text("[]")
     code, out, err = bench_check(tmp_path / "bad.json")
     assert (code, out) == (2, "") and err.startswith(f"error: {tmp_path / 'bad.json'}: not a calibration.json (") and err.count("\n") == 1, err
+
+
+def test_the_preset_reproduces_the_reference_conditions(check, reference, tmp_path) -> None:
+    """``spar-bench run recall-vs-computation`` plans the calibration step with the reference's
+    conditions (all but the machine's): its rerun is what ``spar-bench check`` compares."""
+    from spar_bench.experiments import preset_path
+    from spar_bench.experiments.calibration import CalibrationConfig, conditions, configs
+    from spar_bench.experiments.config import load_experiment
+    from spar_bench.experiments.plan import make_plan
+
+    plan = make_plan(load_experiment(preset_path("recall-vs-computation"), {"OUT": str(tmp_path)}))
+    ((kind, record),) = plan.step("calibration").specs
+    cfg = CalibrationConfig(**record)
+    assert kind == "calibration" and cfg.out == "{out}/calibration"
+    got = conditions(cfg, configs(cfg)[1][0], 0.0, 0.0)
+    want = reference["conditions"]
+    assert {k: v for k, v in got.items() if k not in check.MACHINE_CONDITIONS} == \
+        {k: v for k, v in want.items() if k not in check.MACHINE_CONDITIONS}

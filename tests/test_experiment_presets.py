@@ -144,12 +144,14 @@ def test_the_paper_dry_run_lists_the_grid_with_costs_without_data_or_weights(tmp
 def test_recall_vs_computation_has_its_builds_training_and_transfer(tmp_path):
     plan = make_plan(load_experiment(preset_path("recall-vs-computation"), {"OUT": str(tmp_path)}))
     assert [s.id for s in plan.steps] == ["build:canonical", "build:mirrored", "build:random", "scratch:rn10t",
-                                          "eval:scratch:rn10t@mirrored", "eval:scratch:rn10t@random", "report"]  # fmt: skip
+                                          "eval:scratch:rn10t@mirrored", "eval:scratch:rn10t@random", "calibration",
+                                          "report"]  # fmt: skip
     phantom = plan.step("build:random").specs[0][1]
     assert phantom["layout"] == "random" and phantom["intensities"] == "distinct"
     train = plan.step("scratch:rn10t").specs[0][1]
     assert train["init"] == "scratch" and train["heads"] == ["attnpool"]
     assert train["data"] == "{out}/builds/canonical"
+    assert "calibration" in plan.step("report").needs  # its tables: a section of the report
     other = make_plan(
         load_experiment(
             preset_path("recall-vs-computation"),
@@ -215,3 +217,32 @@ def test_word_real_weights_pits_imagenet_against_the_same_architecture_random(tm
         assert f"eval:heads:{e}@totalsegmentator" in {s.id for s in plan.steps}
     result = run("word-real-weights", "--dry-run", *_bare(tmp_path))
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.slow  # ~15 s CPU: three tiny phantoms twice, a 1-epoch finetune, organ maps and the scoring
+def test_recall_vs_computation_runs_tiny_and_its_report_has_the_calibration_tables(tmp_path, capsys):
+    """The preset end to end at a tiny size: the calibration step writes docs/RESULTS.md's table
+    layout (``calibration.json`` + ``.md``), the report carries it as a section, and
+    ``spar-bench check`` of the output against itself passes."""
+    import json
+
+    from spar_bench.clitools import run_cli
+    from spar_bench.experiments.calibration_tables import calibration_section
+    from spar_bench.experiments.cli import cli
+
+    out = tmp_path / "rvc"
+    sets = {"OUT": out, "CASES": 3, "EVAL_CASES": 2, "EPOCHS": 1, "CAL_CASES": 4, "CAL_EVAL_CASES": 3,
+            "CAL_IN_PLANE": 64, "CAL_SLICES": 8, "CAL_EPOCHS": 1, "CAL_ORGAN_MAPS": 1, "CAL_SEEDS": "[0]",
+            "CAL_SCORE": "level3.relative_position", "CAL_BOOTSTRAP": 5, "CAL_THREADS": 1}
+    argv = ["run", "recall-vs-computation", *(a for k, v in sets.items() for a in ("--set", f"{k}={v}"))]
+    assert run_cli(cli, argv) == 0, capsys.readouterr().err
+    rows = json.loads((out / "calibration" / "calibration.json").read_text())["rows"]
+    assert [r["model"] for r in rows] == ["oracle", "blind (canonical prior)", "blind (random prior)",
+                                          "recall", "computation"]
+    section = "\n".join(calibration_section(rows))
+    assert section in (out / "report" / "experiment.md").read_text()
+    assert section in (out / "report" / "calibration.md").read_text()
+    capsys.readouterr()
+    own = out / "calibration" / "calibration.json"
+    assert run_cli(cli, ["check", str(own), "--against", str(own)]) == 0
+    assert "conclusions of the reference hold" in capsys.readouterr().out
