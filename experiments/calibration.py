@@ -1,53 +1,35 @@
-"""Recall versus computation, end to end: does the benchmark tell a model that remembers
-canonical anatomy from one that reads the image? (``scripts/recall_vs_computation.py`` is the
-command line over this module; :mod:`.calibration_check` compares a rerun with the reference.)
+"""The 2-D calibration: does the benchmark tell a model that remembers canonical anatomy from one
+that reads the image? It is the ``calibration`` step of ``spar-bench run`` (its config:
+:class:`CalibrationConfig`, an experiment file's ``calibration:``); the preset
+``recall-vs-computation`` holds docs/RESULTS.md's run, and ``spar-bench check`` compares a rerun
+with the reference (:mod:`.calibration_check`).
 
-    python scripts/recall_vs_computation.py --out runs/rvc            # the docs/RESULTS.md table (~30 min on 2 busy cores)
-    python scripts/recall_vs_computation.py --out /tmp/rvc --quick    # a smoke run (minutes)
-    # the computation model of issue 26 (docs/RESULTS.md): 600 random layouts on a 96x16 grid, mirrors as training data
-    python scripts/recall_vs_computation.py --out runs/rvc26 --train-on random --seeds 0,1 \
-        --probes level3.relative_position,level3.orientation --cases 600 --eval-cases 40 \
-        --in-plane 96 --slices 16 --l3-stride 2 --train-mirrors
+    spar-bench run recall-vs-computation --only calibration   # docs/RESULTS.md's table alone (~104 min, 2 cores)
+    spar-bench check runs/rvc/calibration/calibration.json    # a rerun against docs/calibration.json
 
-    # issue 26: the three reference models on the eight probes of Levels 1-3 (docs/RESULTS.md, "calibrated")
-    python scripts/recall_vs_computation.py --out runs/rvc-cal --calibrate --seeds 0,1 --cases 1000 \
-        --eval-cases 40 --in-plane 96 --slices 16 --l3-stride 2 --samples 1 --train-mirrors \
-        --epochs 16 --patience 5 --head coordpool --organ-maps 10 --organ-map-dice 1 --threads 2
+Recall (the encoder trained on canonical layouts), computation (trained on random layouts)
+and the oracle (answers from the masks), each scored on every probe of ``score`` on the three
+layouts' test splits, with the blind rows (the question-only optimum fitted on canonical and
+on random layouts), the mirrored counterfactuals of the canonical test slices and the conflict
+items (those whose canonical-anatomy answer is wrong). The encoders train end to end on
+``probes`` (default relative position) with ``head``; every other probe is a frozen probe
+with the same head (``spar-probe fit``) of the trained encoder's feature caches.
+``organ_maps: N``: the computation model's encoder instead learns organ maps of the random
+layouts' slices for N epochs (``probes.finetune.organmaps``: which organs each token covers; no
+question seen; 128 px input), and answers the geometric Level 3 probes by reading its maps
+(:class:`~spar_bench.probes.finetune.readout.OrganMapReadout`: each organ's centre and area,
+then the oracle's rule: nothing fitted to answers); Levels 1-2 and counting are frozen ``head``
+probes of it. ``organ_map_dice: W`` adds a soft Dice term to its loss (small organs heard as
+much as large ones) and a BCE share head for areas: centres from the organ head's maps, areas
+from the share head's. Writes ``OUT/calibration.md``, ``.json``, ``.png`` and
+``OUT/plots/<probe>.png``; the experiment's report carries the tables as a section.
 
-``--calibrate``: recall (the encoder trained on canonical layouts), computation (trained on
-random layouts) and the oracle (answers from the masks), each scored on every probe of
-``--score`` on the three layouts' test splits, with the blind rows (the question-only optimum
-fitted on canonical and on random layouts), the mirrored counterfactuals of the canonical
-test slices and the conflict items (those whose canonical-anatomy answer is wrong). The
-encoders train end to end on ``--probes`` (default relative position) with ``--head``; every
-other probe is a frozen probe with the same head (``spar-probe fit``) of the trained encoder's
-feature caches. ``--organ-maps N``: the computation model's encoder instead learns organ maps
-of the random layouts' slices for N epochs (``probes.finetune.organmaps``: which organs each
-token covers; no question seen; 128 px input), and answers the geometric Level 3 probes by
-reading its maps (:class:`~spar_bench.probes.finetune.readout.OrganMapReadout`: each organ's
-centre and area, then the oracle's rule: nothing fitted to answers); Levels 1-2 and counting are frozen ``--head`` probes of it. ``--organ-map-dice W``
-adds a soft Dice term to its loss (small organs heard as much as large ones) and a BCE share
-head for areas: centres from the organ head's maps, areas from the share head's.
-Writes ``OUT/calibration.md``, ``.json``, ``.png`` and ``OUT/plots/<probe>.png``.
-
-1. Three phantom datasets (``spar-build phantom --layout canonical|random|mirrored
-   --intensities distinct``: every organ its own mean HU, so that an organ can be found by
-   its appearance in any layout), each built into shards with Levels 1 and 3 and mirrored
-   counterfactuals, 16 Level 3 questions per probe and slice, every 4th slice.
-2. The same small encoder (a narrow ResNet-10-T, channels 16-32-64-128, output stride 8,
-   64 x 64 input: 8 x 8 tokens) trained FROM SCRATCH with an ``attnpool`` head
-   (``spar-probe finetune --init scratch``) on the canonical build and, separately, on the
-   random-layout build, for Level 3 relative position and orientation and Level 1.
-3. Every run scored in domain and, re-encoding their images with its own encoder
-   (``spar-probe eval --run RUN --data BUILD``), on the test split of the other layouts.
-   Beside every number: the blind baseline, the best question-only answer fitted on the
-   training build (majority answer per question type; Level 1: the mean training centroid)
-   and scored on the same test items.
-
-Writes ``OUT/results.md`` (the table), ``OUT/results.json`` and ``OUT/results.png``.
-Expected: the canonical-trained model is near its ceiling in domain (as is its blind
-baseline: canonical anatomy answers most questions) and falls towards chance, or below, on
-mirrored anatomy; the random-trained model, which cannot lean on recall, holds across layouts.
+The phantoms: three datasets (``spar-build phantom --layout canonical|random|mirrored
+--intensities distinct``: every organ its own mean HU, so that an organ can be found by its
+appearance in any layout), each built into shards with mirrored counterfactuals, ``questions``
+Level 3 questions per probe and slice on every ``l3_stride``-th slice. The encoder: a narrow
+ResNet-10-T (channels 16-32-64-128, output stride 8, 64 x 64 input: 8 x 8 tokens) trained FROM
+SCRATCH (``spar-probe finetune --init scratch``).
 
 The reference models are predictors of the package: the oracle is
 :class:`~spar_bench.probes.references.slice_oracle.SliceOracle` (run kind ``slice-oracle``), the

@@ -84,14 +84,6 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="module")
-def rvc():
-    """The calibration script (``scripts/recall_vs_computation.py``), loaded as a module."""
-    from helpers import load_script
-
-    return load_script(REPO / "scripts" / "recall_vs_computation.py", "recall_vs_computation")
-
-
-@pytest.fixture(scope="module")
 def check():
     """The calibration's ``spar-bench check`` (``spar_bench.experiments.calibration_check``)."""
     from spar_bench.experiments import calibration_check

@@ -15,8 +15,8 @@ question and no answer is seen: the encoder learns where each organ is from its 
 alone, and a probe head trained on its frozen features (``spar-probe fit``) then has
 organ maps to compute from.
 
-It is the encoder of the calibration's *computation* model (``scripts/recall_vs_computation.py
---calibrate``, docs/RESULTS.md "calibrated"): trained on random layouts, whose organs have distinct
+It is the encoder of the calibration's *computation* model (the ``calibration`` step of
+``spar-bench run recall-vs-computation``, docs/RESULTS.md "calibrated"): trained on random layouts, whose organs have distinct
 intensities, it can only find an organ by its appearance, never by where organs usually lie.
 
 One run = (encoder, model args, build, :class:`OrganMapConfig`). Its folder holds
