@@ -211,6 +211,8 @@ class CalibrationConfig:
             object.__setattr__(self, name, tuple(v.split(",")) if isinstance(v, str) else tuple(v))
         object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
         object.__setattr__(self, "model_args", dict(self.model_args or {}))
+        for name in ("lr", "organ_map_dice"):  # 1 and 1.0 are one run (the organ maps' identity)
+            object.__setattr__(self, name, float(getattr(self, name)))
         check_fields(self)
         if not self.probes or not self.seeds:
             raise ConfigError("calibration: probes and seeds must not be empty")

@@ -112,7 +112,7 @@ def test_the_organ_map_options_reach_the_training_and_bad_ones_are_refused():
         with pytest.raises(ConfigError, match="CUDA is not available on this machine"):
             run_calibration(CalibrationConfig(out="/nonexistent/never-made", device="cuda:0"))
     assert CalibrationConfig(jobs=16).jobs == 16
-    for bad, why in (({"organ_maps": -1}, "organ_maps"), ({"organ_map_dice": -0.5}, "organ_map_dice"),
-                     ({"jobs": 0}, "jobs")):
+    for bad, why in (({"organ_maps": -1}, "--organ-maps must be >= 0"),
+                     ({"organ_map_dice": -0.5}, "--organ-map-dice must be >= 0"), ({"jobs": 0}, "--jobs must be >= 1")):
         with pytest.raises(ConfigError, match=why):
             CalibrationConfig(**bad)

@@ -250,23 +250,22 @@ def organ_map_record(encoder: str, model_args: dict | None, build, cfg: OrganMap
                      versions=package_versions(CACHE_PACKAGES), protocol=protocol_versions(build.manifest))
 
 
-def _finished(rd: Path, ident: dict, record) -> bool:
-    """Whether ``rd`` holds a finished run of this identity (kept); one of another is refused in
-    one line. A run written before the record (its ``config.json`` has no ``kind``) is compared
-    by its old identity: a config field it lacks counts at its default."""
-    from ..runs.store import finished
-
+def _legacy_finished(rd: Path, ident: dict) -> bool:
+    """Whether ``rd`` holds a finished run written before the run record (its ``config.json`` has
+    no ``kind``) of this identity, compared by its old identity (a config field it lacks counts
+    at its default); one of other settings is refused in one line. A run with a record is the
+    session's to judge (:func:`~spar_bench.probes.runs.session.execute`)."""
     if not (rd / "metrics.json").is_file() or not (rd / EXPORT_FILE).is_file():
         return False
     try:
         kept = json.loads((rd / "config.json").read_text())
     except (OSError, ValueError):
         return False
-    if isinstance(kept, dict) and "kind" not in kept:
-        if not _same_identity(kept, ident):
-            raise ConfigError(f"organ maps: {rd} holds a finished run of other settings; use another folder")
-        return True
-    return finished(rd, record, frozenset(), "use another folder")
+    if not isinstance(kept, dict) or "kind" in kept:
+        return False
+    if not _same_identity(kept, ident):
+        raise ConfigError(f"organ maps: {rd} holds a finished run of other settings; use another folder")
+    return True
 
 
 def _run_files(m: _Model, meta: dict, share: tuple | None, timing: dict) -> dict:
@@ -311,46 +310,81 @@ def _train(m: _Model, ckpt: Path, ident: dict, cfg: OrganMapConfig, data: tuple,
     return history, start, time.perf_counter() - t0
 
 
+class OrganMapJob:
+    """The organ-map pretraining of one encoder on one build as a job of the session
+    (:func:`~spar_bench.probes.runs.session.execute`: kept when finished with this identity,
+    refused in one line when finished with another, else started, fitted, scored and written
+    whole by :func:`~spar_bench.probes.runs.store.write_run`). An interrupted run resumes from
+    its checkpoint in ``rd``."""
+
+    declared = frozenset({EXPORT_FILE, HEAD_FILE, SHARE_HEAD_FILE, "timing.json", CHECKPOINT_FILE})
+
+    def __init__(self, encoder: str, model_args: dict | None, build, cfg: OrganMapConfig, rd: Path,
+                 device: str = "cpu", progress: bool = True):
+        self.encoder, self.model_args, self.build, self.cfg, self.rd = encoder, model_args, build, cfg, Path(rd)
+        self.device, self.progress = device, progress
+        self.ident = _identity(encoder, model_args, build, cfg)
+        self.record = organ_map_record(encoder, model_args, build, cfg)
+        self.model: _Model | None = None
+        self.dev: Any = None
+
+    def start(self) -> None:
+        """No slices, or a bad device: an error, and no folder."""
+        import torch
+
+        from ..hardware import pick_device
+        from ..runs.store import check_run_dir
+
+        steps = self.cfg.epochs * -(-slice_count(self.build, "train") // self.cfg.batch_size)
+        slice_count(self.build, "val")
+        self.dev = dev = pick_device(self.device)
+        check_run_dir(self.rd, self.declared, what="organ-map run folder")
+        self.rd.mkdir(parents=True, exist_ok=True)
+        torch.manual_seed(self.cfg.seed)
+        self.model = _Model(self.encoder, self.model_args, self.cfg, N_LABELS, steps, dev)
+
+    def fit(self) -> dict[str, Any]:
+        """Train the organ maps (resumed from the checkpoint), then the share head (a Dice term)."""
+        m, cfg = self.model, self.cfg
+        x, y = _split_data(self.build, "train", m.grid, N_LABELS)
+        data = (x, y, *_split_data(self.build, "val", m.grid, N_LABELS))
+        history, start, seconds = _train(m, self.rd / CHECKPOINT_FILE, self.ident, cfg, data, self.progress)
+        share = fit_share_head(m.enc, m.head, x, y, cfg.seed) if cfg.dice > 0 else None
+        timing = {"seconds": seconds, "epochs": cfg.epochs - start, "device": self.dev.type,
+                  "images_per_s": (cfg.epochs - start) * len(x) / max(seconds, 1e-9)}
+        return {"history": history, "share": share, "timing": timing}
+
+    def score(self, fitted: dict[str, Any]):
+        """The training's metrics (losses per epoch), the record with the grid, the run's files."""
+        m, build, cfg = self.model, self.build, self.cfg
+        training = {"mode": "organ-maps", "build": build.root.name, "build_fingerprint": build.fingerprint,
+                    "label": f"trained from scratch on the organ maps of build {build.root.name}",
+                    "init_weights": {"kind": "random-init"}, "organ_map_config": asdict(cfg)}
+        meta = {"encoder": self.encoder, "model_args": self.model_args or {}, "training": training,
+                "encoder_config": m.enc.spec.to_dict()}
+        history, share = fitted["history"], fitted["share"]
+        record = self.record.replace(extra={"grid": m.grid, "n_tokens": m.n_tokens, "device": self.dev.type})
+        metrics = {"history": history, "final_val_loss": history[-1]["val_loss"],
+                   "share_head_train_loss": None if share is None else share[1]}
+        return metrics, record, _run_files(m, meta, share, fitted["timing"])  # the checkpoint goes with the old folder
+
+
 def pretrain_organ_maps(encoder: str, build_root: str | Path, out: str | Path, cfg: OrganMapConfig,
                         model_args: dict | None = None, progress: bool = True, device: str = "cpu") -> Path:
     """Train ``encoder`` from scratch on the organ maps of a build's Level 3 slices (see the
-    module doc); returns the run folder ``out`` (a finished run there is kept). ``device``
-    (``cpu``, ``cuda[:N]``, ``auto``) is where the encoder trains, in fp32; the slices stay in
-    host memory and go over a batch at a time. The device is not part of the run's identity (a
-    run finished on another device is kept); ``config.json`` records it."""
-    import torch
-
+    module doc) through the session (:class:`OrganMapJob`); returns the run folder ``out`` (a
+    finished run there is kept). ``device`` (``cpu``, ``cuda[:N]``, ``auto``) is where the
+    encoder trains, in fp32; the slices stay in host memory and go over a batch at a time. The
+    device is not part of the run's identity (a run finished on another device is kept);
+    ``config.json`` records it."""
     from spar_bench.builder.shards import Build
 
-    from ..hardware import pick_device
-    from ..runs.store import write_run
+    from ..runs.session import RunOptions, execute
 
-    rd, build = Path(out), Build(build_root)
-    ident, record = _identity(encoder, model_args, build, cfg), organ_map_record(encoder, model_args, build, cfg)
-    if _finished(rd, ident, record):
-        return rd
-    steps = cfg.epochs * -(-slice_count(build, "train") // cfg.batch_size)  # no slices: an error, no folder
-    slice_count(build, "val")
-    dev = pick_device(device)  # a bad device: an error, no folder
-    rd.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(cfg.seed)
-    m = _Model(encoder, model_args, cfg, N_LABELS, steps, dev)
-    x, y = _split_data(build, "train", m.grid, N_LABELS)
-    data = (x, y, *_split_data(build, "val", m.grid, N_LABELS))
-    history, start, seconds = _train(m, rd / CHECKPOINT_FILE, ident, cfg, data, progress)
-    training = {"mode": "organ-maps", "build": build.root.name, "build_fingerprint": build.fingerprint,
-                "label": f"trained from scratch on the organ maps of build {build.root.name}",
-                "init_weights": {"kind": "random-init"}, "organ_map_config": asdict(cfg)}
-    meta = {"encoder": encoder, "model_args": model_args or {}, "training": training,
-            "encoder_config": m.enc.spec.to_dict()}
-    share = fit_share_head(m.enc, m.head, x, y, cfg.seed) if cfg.dice > 0 else None
-    timing = {"seconds": seconds, "epochs": cfg.epochs - start, "device": dev.type,
-              "images_per_s": (cfg.epochs - start) * len(x) / max(seconds, 1e-9)}
-    record = record.replace(extra={"grid": m.grid, "n_tokens": m.n_tokens, "device": dev.type})
-    metrics = {"history": history, "final_val_loss": history[-1]["val_loss"],
-               "share_head_train_loss": None if share is None else share[1]}
-    write_run(rd, record, metrics, _run_files(m, meta, share, timing))  # the checkpoint goes with the old folder
-    return rd
+    job = OrganMapJob(encoder, model_args, Build(build_root), cfg, Path(out), device, progress)
+    if _legacy_finished(job.rd, job.ident):
+        return job.rd
+    return execute(job, RunOptions(progress=progress))
 
 
 def run_settings(rd: Path) -> tuple[str, dict[str, Any]]:
