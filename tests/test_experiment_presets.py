@@ -184,6 +184,22 @@ def test_a_misspelt_key_is_one_line_naming_file_line_and_the_right_key(tmp_path,
     assert "did you mean 'heads'" in lines[0] and "Traceback" not in result.output
 
 
+@pytest.mark.parametrize(("old", "new", "words"), [
+    ("  organ_maps: ${CAL_ORGAN_MAPS}", "  organ_map: 3", ("calibration.organ_map", "did you mean 'organ_maps'")),
+    ("  epochs: ${CAL_EPOCHS}", "  epochs: many", ("calibration.epochs", "expected an integer, got 'many'")),
+    ("  organ_map_dice: 1", "  organ_map_dice: -1", ("--organ-map-dice must be >= 0",)),
+])
+def test_a_bad_calibration_option_is_one_line_at_plan_time(tmp_path, run, old, new, words):
+    text = preset_path("recall-vs-computation").read_text()
+    assert old in text
+    path = tmp_path / "rvc.yaml"
+    path.write_text(text.replace(old, new, 1))
+    result = run(str(path), "--dry-run", "--set", f"OUT={tmp_path / 'out'}")
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and all(w in lines[0] for w in words), result.output
+
+
 def test_an_undefined_variable_is_one_line(tmp_path, monkeypatch, run):
     monkeypatch.delenv("SPAR_NO_SUCH_VAR", raising=False)
     path, line = _demo_copy(tmp_path, "out: ${OUT}", "out: ${SPAR_NO_SUCH_VAR}")
