@@ -240,10 +240,12 @@ def check_command(rerun: Path, against: Path | None) -> None:
     file is unreadable or of other conditions."""
     from spar_bench.errors import RunFailed
 
-    from .calibration_check import REFERENCE
-    from .calibration_check import check_command as check_files
+    from . import calibration_check
 
-    if check_files(rerun, against or REFERENCE):
+    if against is None and not calibration_check.REFERENCE.is_file():
+        raise ConfigError("no docs/calibration.json beside this installation (an installed wheel has none); "
+                          "give the reference with --against JSON")
+    if calibration_check.check_command(rerun, against or calibration_check.REFERENCE):
         raise RunFailed(f"{rerun}: the rerun does not reproduce the reference (the lines above)")
 
 

@@ -108,6 +108,12 @@ def test_an_unreadable_rerun_is_one_line_and_exit_2(bench_check, tmp_path) -> No
         assert err.startswith(f"error: {path}: not a readable calibration.json ("), err
 
 
+def test_without_the_source_trees_reference_it_asks_for_against(bench_check, check, monkeypatch, tmp_path) -> None:
+    monkeypatch.setattr(check, "REFERENCE", tmp_path / "docs" / "calibration.json")  # an installed wheel
+    code, out, err = bench_check(_rerun_file())
+    assert (code, out) == (2, "") and err.count("\n") == 1 and "give the reference with --against JSON" in err, err
+
+
 def test_every_trained_cell_moved_within_its_tolerance_passes(check, reference) -> None:
     rerun = copy.deepcopy(reference)
     means = check.cell_means(reference, reference)
