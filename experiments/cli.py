@@ -71,6 +71,7 @@ def run_command(experiment, sets, dry_run, list_steps, only, partition, devices,
     from spar_bench.partitions import parse_partition
 
     from .config import load_experiment
+    from .confine import check_confined
     from .plan import make_plan
     from .plan import partition as part_of
     from .runner import check_inputs, run_steps
@@ -82,6 +83,7 @@ def run_command(experiment, sets, dry_run, list_steps, only, partition, devices,
     exp = load_experiment(path, _overrides(sets))
     check_values(exp, here)
     plan = make_plan(exp)
+    check_confined(exp.out, plan.steps)  # nothing written outside out: (a symlinked folder inside it)
     part = parse_partition(partition)
     chosen = [plan.step(s) for s in only] if only else plan.steps
     if part is not None:

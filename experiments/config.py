@@ -451,6 +451,7 @@ def load_experiment(path: str | Path, overrides: dict[str, str] | None = None) -
     for key in ("experiment", "out", "builds"):
         if key not in exp:
             raise ConfigError(f"{path}: missing {key}: (see docs/EXPERIMENTS.md)")
+    _check_declared_names(exp, raw, where)
     builds = {n: _build(n, d, where) for n, d in exp["builds"].items()}
     encoders = {n: Encoder(n, d["spec"] if "spec" in d else _missing(where, f"encoders.{n}", "spec"),
                            d.get("weights"), d.get("revision"), bool(d.get("random_init", False)),
@@ -479,6 +480,23 @@ def load_experiment(path: str | Path, overrides: dict[str, str] | None = None) -
         title=(exp.get("report") or {}).get("title") or exp["experiment"], variables=variables, where=where,
         resources=_resources(exp.get("resources") or {}, where),
     )  # fmt: skip
+
+
+#: the sections whose entries' names become file and folder names (``builds/<b>``, ``cache/<e>@<b>.h5`` ...)
+NAMED = ("builds", "encoders", "mllms", "predictors")
+
+
+def _check_declared_names(exp: dict[str, Any], raw: dict[str, Any], where: _Where) -> None:
+    """Every name that becomes a path, where it is declared (:func:`spar_bench.names.check_name`):
+    the experiment's (a ``${VARIABLE}``'s value too: ``--set``) and each entry's of :data:`NAMED`."""
+    from spar_bench.names import check_name
+
+    given = raw.get("experiment")
+    via = f" (the value of {given})" if isinstance(given, str) and _VAR.search(given) else ""
+    check_name(exp["experiment"], f"{where.at('experiment')}: experiment{via}")
+    for section in NAMED:
+        for n in exp.get(section) or {}:
+            check_name(n, f"{where.at(f'{section}.{n}')}: {section}.{n}")
 
 
 def _resources(given: dict[str, Any], where: _Where) -> dict[str, dict[str, Any]]:

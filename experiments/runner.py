@@ -109,6 +109,9 @@ def _remove_outputs(out: Path, step: Step) -> None:
     """A changed step's outputs go before it is redone: only paths inside ``out``."""
     from spar_bench.outputs import remove
 
+    from .confine import check_confined
+
+    check_confined(out, [step])  # never removes through a symlink or a name that climbs out
     for rel in step.outputs:
         if rel.startswith("{out}/"):
             remove(Path(concrete(rel, out)))
@@ -326,7 +329,10 @@ def check_inputs(plan: Plan, chosen: list[Step], wait_s: float) -> None:
 def run_steps(plan: Plan, chosen: list[Step], devices: tuple[str, ...] = (), progress: bool = True) -> dict[str, int]:
     """Run the steps of ``chosen`` that are not done, in order (one device) or side by side as
     their inputs finish (several devices); returns how many steps were done, run and redone."""
+    from .confine import check_confined
+
     out = plan.experiment.out
+    check_confined(out, chosen)
     migrate(plan, chosen)
     todo = [s for s in chosen if status(plan, s) != "done"]
     counts = {"skipped": len(chosen) - len(todo), "ran": 0, "redone": 0}
