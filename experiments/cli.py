@@ -169,7 +169,10 @@ def cancel_command(out):
     """Cancel the SLURM jobs of the experiment submitted to OUT (finished steps stay done)."""
     from . import slurm
 
-    record = slurm.read_record(out)
+    record = slurm.submitted(out)
+    if not record:
+        click.echo(f"{out}: no SLURM job was submitted (no {slurm.slurm_dir(out) / 'jobs.json'}); nothing to cancel")
+        return
     jobs = slurm.job_states([r["job"] for r in record.values()])
     live = sorted((j.id for j in jobs.values() if j.state in slurm.LIVE), key=int)
     slurm.cancel_jobs(live)

@@ -339,7 +339,10 @@ def substitute(value: Any, variables: dict[str, str], where: _Where, key: str = 
             known = sorted(variables)
             close = difflib.get_close_matches(name, known, n=1)
             hint = f"; did you mean ${{{close[0]}}}?" if close else ""
-            raise where.error(key, f"${{{m.group(1) or ''}{name}}} is not defined: add it under vars:, pass "
+            if env:  # read from the environment only: vars: and --set do not reach it
+                raise where.error(key, f"${{env:{name}}} is not set: set the environment variable {name} "
+                                       f"(export {name}=VALUE), or write ${{{name}}} to take vars: or --set too")
+            raise where.error(key, f"${{{name}}} is not defined: add it under vars:, pass "
                                    f"--set {name}=VALUE, or set the environment variable{hint}")  # fmt: skip
         return str(got)
 

@@ -20,6 +20,7 @@ usage errors, every other :class:`~spar_bench.errors.SparError`, a full disk); 1
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import signal
@@ -130,7 +131,12 @@ def _run(group: click.Command, argv: list[str] | None,
         from spar_bench.outputs import disk_full_error, is_disk_full
 
         if not is_disk_full(e):
-            raise
+            err = unwritable_error(e)
+            if err is None:
+                raise
+            _end_progress_bars()
+            click.echo(error_line(err), err=True)
+            return EXIT_USAGE, err
         err = disk_full_error(e, _out_option(argv))
         _end_progress_bars()
         click.echo(error_line(err), err=True)
@@ -141,6 +147,18 @@ def _run(group: click.Command, argv: list[str] | None,
             click.echo("terminated (SIGTERM)", err=True)
         raise
     return 0, None
+
+
+#: what a write refused by the file system is (a read-only mount, no permission)
+_UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def unwritable_error(e: BaseException) -> ConfigError | None:
+    """A write refused by the file system (read-only, no permission) as one line naming the file;
+    None for any other error (a bug's traceback stays one)."""
+    if isinstance(e, OSError) and e.errno in _UNWRITABLE and e.filename:
+        return ConfigError(f"{e.filename}: cannot be written ({e.strerror}); write elsewhere")
+    return None
 
 
 def run_main(group: click.Command, argv: list[str] | None = None) -> NoReturn:
