@@ -89,6 +89,10 @@ def run_command(experiment, sets, dry_run, list_steps, only, partition, devices,
     if part is not None:
         ids = {s.id for s in part_of(plan, part[0] + 1, part[1])}
         chosen = [s for s in chosen if s.id in ids]
+        if not chosen:  # more partitions than steps (or --only outside this one): said, not silent
+            click.echo(f"--partition {partition}: no step in this partition (the plan has {len(plan.steps)} "
+                       f"step(s) for {part[1]} partitions); nothing to run", err=True)  # fmt: skip
+            return None
     if executor == "slurm" and not list_steps:
         return _run_slurm(plan, chosen, experiment=str(path), sets=_overrides(sets), dry_run=dry_run,
                           follow=follow, opts=slurm)  # fmt: skip

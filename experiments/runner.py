@@ -37,7 +37,7 @@ from typing import Any
 import click
 
 from spar_bench.errors import ConfigError
-from spar_bench.procs import terminated
+from spar_bench.procs import check_stop
 
 from .plan import PLAN, Plan, Step
 
@@ -343,8 +343,7 @@ def run_steps(plan: Plan, chosen: list[Step], devices: tuple[str, ...] = (), pro
         _run_parallel(plan, todo, devices, counts)
     else:
         for i, s in enumerate(todo, 1):
-            if terminated():  # a SIGTERM whose SystemExit a finalizer swallowed: stop before the next step
-                raise SystemExit(128 + signal.SIGTERM)
+            check_stop()  # a SIGTERM/SIGINT a finalizer swallowed: stop before the next step
             if progress:
                 click.echo(f"[{i}/{len(todo)}] {s.id}", err=True)
             _run_one(plan, s, devices[0] if devices else None, counts)
@@ -423,8 +422,7 @@ def _run_parallel(plan: Plan, todo: list[Step], devices: tuple[str, ...], counts
     pending, running, free = list(todo), {}, list(devices)
     with process_pool(len(devices)) as pool, ExitStack() as every:
         while pending or running:
-            if terminated():  # a swallowed SIGTERM (see run_steps): the pool's workers are killed
-                raise SystemExit(128 + signal.SIGTERM)
+            check_stop()  # a swallowed SIGTERM/SIGINT (see run_steps): the pool's workers are killed
             for s in [s for s in pending if _ready(plan, s, pending, running)]:
                 if not free:
                     break

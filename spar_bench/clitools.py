@@ -168,7 +168,7 @@ def run_main(group: click.Command, argv: list[str] | None = None) -> NoReturn:
     at interpreter exit closing a file whose last write failed, after the error was shown.
     """
     from spar_bench.outputs import DiskFullError
-    from spar_bench.procs import exit_on_sigterm, terminated
+    from spar_bench.procs import exit_on_sigterm, interrupted, terminated
 
     exit_on_sigterm()
     code, err = _run(group, argv)
@@ -176,6 +176,10 @@ def run_main(group: click.Command, argv: list[str] | None = None) -> NoReturn:
         _end_progress_bars()
         click.echo("terminated (SIGTERM)", err=True)
         code = 128 + signal.SIGTERM
+    elif code == 0 and interrupted():  # a SIGINT whose KeyboardInterrupt a finalizer swallowed
+        _end_progress_bars()
+        click.echo("aborted", err=True)
+        code = 128 + signal.SIGINT
     if isinstance(err, DiskFullError):
         sys.stdout.flush()
         sys.stderr.flush()

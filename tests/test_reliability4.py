@@ -16,6 +16,7 @@ import errno
 import json
 import os
 import re
+import signal
 import subprocess
 from importlib import metadata as md
 from pathlib import Path
@@ -35,7 +36,7 @@ PROGRESS = re.compile(r"\[\d+/\d+\] \S+$")
 
 def one_line(capsys) -> str:
     err = capsys.readouterr().err
-    lines = [ln for ln in err.splitlines() if ln.strip() and "\r" not in ln and not PROGRESS.match(ln)]
+    lines = [ln for ln in err.replace("\r", "\n").splitlines() if ln.strip() and "%|" not in ln and not PROGRESS.match(ln)]
     assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
     return lines[0]
 
@@ -98,7 +99,8 @@ def _read_only(monkeypatch, folder: Path) -> None:
 
 def _three_tools(tmp_path: Path, build: Path, where: Path) -> list[tuple]:
     return [(build_cli, ["phantom", "--out", where / "ph", "--n", 2]),
-            (probe_cli, ["predict", "--kind", "prior", "--data", build, "--out", where / "runs", "--bootstrap", 10]),
+            (probe_cli, ["predict", "--kind", "prior", "--data", build, "--out", where / "runs", "--bootstrap", 10,
+                         "--probe", "level1.localisation"]),
             (bench_cli, ["run", experiment(tmp_path, where / "exp")]),
             (bench_cli, ["run", experiment(tmp_path, where / "exp"), "--dry-run"])]  # fmt: skip
 
@@ -255,3 +257,136 @@ def test_an_unset_env_variable_says_to_set_it(tmp_path: Path, monkeypatch, capsy
     line = one_line(capsys)
     assert f"{path}:2: out:" in line and "set the environment variable SPAR_R4_UNSET" in line, line
     assert "--set SPAR_R4_UNSET" not in line, line
+
+
+# -- handled cases made clean (issue 47.3) ---------------------------------------------------
+def test_an_empty_partition_says_so_in_one_line(tmp_path: Path, capsys) -> None:
+    path = experiment(tmp_path)
+    assert run_cmd(bench_cli, ["run", path, "--list"]) == 0
+    n = len(capsys.readouterr().out.splitlines())
+    for args in ([], ["--list"], ["--dry-run"]):
+        assert run_cmd(bench_cli, ["run", path, "--partition", f"0/{4 * n}", *args]) == 0  # step 1 lies in 1/4n
+        err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+        assert len(err) == 1 and "no step in this partition" in err[0] and f"{n} step(s)" in err[0], err
+    assert not (tmp_path / "out").exists()
+
+
+def test_mirror_flip_without_level4_is_noted(tmp_path: Path, capsys) -> None:
+    ph = tmp_path / "ph"
+    assert run_cmd(build_cli, ["phantom", "--out", ph, "--n", 2, "--in-plane", 64, "--slices", 16]) == 0
+    capsys.readouterr()
+    assert run_cmd(build_cli, ["--source", "phantom", "--root", ph, "--out", tmp_path / "b", "--levels", "level3",
+                               "--counterfactual", "mirror+flip", "--no-hf", "--compression", "gzip"]) == 0
+    notes = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("note: ")]
+    assert len(notes) == 1 and "mirror+flip" in notes[0] and "mirrored copies only" in notes[0], notes
+
+
+def test_probe_all_on_a_2d_input_names_the_skipped_level4_probes(capsys) -> None:
+    from spar_bench.probes.names import parse_probes
+    from spar_bench.probes.tasks import get_probe, probe_names
+
+    got = parse_probes(("all",), ["level1", "level2", "level3"])
+    assert got and all(get_probe(p).level != "level4" for p in got)
+    n4 = sum(get_probe(p).level == "level4" for p in probe_names())
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"--probe all: {n4} probe(s) of level4 skipped; this input holds level1, level2, level3"], err
+    parse_probes(("all",), ["level1", "level2", "level3", "level4"])  # nothing skipped: nothing said
+    assert capsys.readouterr().err == ""
+
+
+def test_calibration_check_exits_2_on_unreadable_input(rvc, tmp_path: Path, capsys) -> None:
+    for bad in (tmp_path / "missing.json", tmp_path):  # no such file; a folder
+        with pytest.raises(SystemExit) as e:
+            rvc.main(["--check", str(bad), "--against", str(rvc.REFERENCE)])
+        assert e.value.code == 2, e.value.code  # was 1, the status of a failed comparison
+        assert rvc.entry(["--check", str(bad), "--against", str(rvc.REFERENCE)]) == 2
+        line = one_line(capsys)
+        assert str(bad) in line and "not a readable calibration.json" in line, line
+
+
+def test_after_a_failed_build_its_hint_is_a_command_that_works(tmp_path: Path, capsys) -> None:
+    """The failed case's line names the command that finishes the build; it is not refused."""
+    from test_bad_input import make_case
+
+    root = tmp_path / "word"
+    make_case(root, "a_good")
+    _, bad = make_case(root, "b_bad")
+    bad.write_bytes(b"not a NIfTI file")
+    args = ["--source", "word", "--root", root, "--levels", "level1", "--no-hf", "--out", tmp_path / "out"]
+    assert run_cmd(build_cli, args) == 2
+    hint = re.search(r"rerun with ((?:--\S+ ?(?:skip)? ?)+)to leave", one_line(capsys))
+    assert hint, "the line names no command"
+    assert run_cmd(build_cli, [*args, *hint.group(1).split()]) == 0  # was: refused (other options)
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert [s["case_id"] for s in manifest["skipped"]] == ["b_bad"]
+
+
+# -- a SIGINT that lands in a finalizer ---------------------------------------------------
+class _SigintWhenCollected:
+    """Sends SIGINT to this process from its ``__del__``: Python runs the handler at the next
+    bytecode, inside the finalizer, whose KeyboardInterrupt is printed and swallowed (the window
+    where a Ctrl-C had no effect: garbage collected objects, h5py, tqdm, a pool's weakrefs)."""
+
+    def __del__(self) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(100_000):  # the handler runs here, in the finalizer
+            pass
+
+
+@pytest.fixture()
+def cli_signals(monkeypatch):
+    """The console script's signal handling (run_main installs it), undone after the test."""
+    import sys
+
+    from spar_bench import procs
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)
+    for name in ("_INTERRUPTED", "_TERMINATED", "_HANDLER_PID"):
+        monkeypatch.setattr(procs, name, [], raising=False)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as a terminal gives it (xdist may not)
+    yield procs
+    for s, h in saved.items():
+        signal.signal(s, h)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the swallowed interrupt
+def test_a_sigint_swallowed_by_a_finalizer_still_stops_the_sweep(cli_signals, monkeypatch) -> None:
+    from spar_bench.probes.runs import sweep
+
+    ran: list[int] = []
+
+    def run_batch(unit, prune_at=0):
+        ran.append(unit[0])
+        if unit[0] == 1:
+            _SigintWhenCollected()  # collected at once: the signal lands in its finalizer
+        return []
+
+    class Bar:
+        n = 0
+
+        def update(self, k: int) -> None:
+            self.n += k
+
+    monkeypatch.setattr(sweep, "run_batch", run_batch)
+    cli_signals.exit_on_sigterm()
+    with pytest.raises(KeyboardInterrupt):
+        sweep._run_units([[1], [2], [3]], 1, 0, [], Bar())
+    assert ran == [1]  # was [1, 2, 3]: every run made, exit 0
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_sigint_swallowed_by_a_finalizer_exits_130(cli_signals, capsys) -> None:
+    import click
+
+    from spar_bench.clitools import run_main
+
+    @click.command()
+    def finishes() -> None:
+        _SigintWhenCollected()
+        click.echo("finished")
+
+    with pytest.raises(SystemExit) as e:
+        run_main(finishes, [])
+    assert e.value.code == 130  # was 0
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "aborted"
