@@ -242,7 +242,12 @@ def _to_python(node, where: _Where, key: str = "") -> Any:
         return out
     if isinstance(node, yaml.SequenceNode):
         return [_to_python(v, where, f"{key}[{i}]") for i, v in enumerate(node.value)]
-    return _scalar(node)
+    try:
+        return _scalar(node)
+    except Exception as e:  # noqa: BLE001 (an unknown tag !spec, a bad !!binary or !!timestamp: yaml raises anything)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{where.path}:{node.start_mark.line + 1}: {key or 'the file'}: not valid YAML "
+                          f"({problem})") from None
 
 
 def _scalar(node) -> Any:

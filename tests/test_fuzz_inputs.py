@@ -228,3 +228,15 @@ def test_answers_files_are_scored_or_refused_in_one_line(answered, ops) -> None:
 @given(LINE_OPS)
 def test_answers_files_are_scored_or_refused_in_one_line_many(answered, ops) -> None:
     _check_answers(answered, ops)
+
+
+# -- what the fuzz found -------------------------------------------------------------------
+@pytest.mark.parametrize("value", ["!spec: dummy", '!!binary "@"', "!!float abc", "!!timestamp x"])
+def test_a_tagged_yaml_value_is_one_line(tmp_path: Path, value: str) -> None:
+    """Found by the experiment-file property: an unknown or failing tag (``spec: !spec: dummy``)
+    passed YAML's parse and raised in its construction, a traceback."""
+    path = tmp_path / "e.yaml"
+    text = experiment_text(tmp_path / "out", [], None).replace("spec: dummy", f"spec: {value}")
+    path.write_text(text, encoding="utf-8")
+    code, lines = outcome(bench_cli, ["run", path, "--dry-run"])
+    assert code == 2 and len(lines) == 1 and "encoders.e.spec" in lines[0], lines
