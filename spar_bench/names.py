@@ -59,6 +59,16 @@ def check_name(value: object, where: str) -> str:
     return value  # type: ignore[return-value]
 
 
+def component_problem(part: object) -> str | None:
+    """What keeps ``part`` from being one folder name inside another (None: it is one): a run
+    folder's parts (``<model>/<probe>/<head>[,variant]/seed<k>``) are made of names a plug-in
+    or an option may give, so none may be empty, ``.``/``..`` or hold a separator."""
+    if not isinstance(part, str) or part in ("", ".", ".."):
+        return f"{part!r} is not a folder name"
+    bad = next((c for c in part if c in "/\\\x00"), None)
+    return f"{part!r} holds {bad!r}" if bad else None
+
+
 def inside(path: str | Path, root: str | Path) -> bool:
     """Whether ``path``, resolved (symlinks followed, ``..`` removed), lies under ``root`` resolved."""
     p, r = Path(os.path.realpath(path)), Path(os.path.realpath(root))

@@ -194,3 +194,14 @@ def test_a_symlinked_folder_inside_out_is_not_written_through(around, capsys, fo
         line = _one_line(capsys)
         assert "lies outside" in line and "symbolic link" in line, line
     assert unchanged()
+
+
+@pytest.mark.parametrize("parts", [("..", "level3.size", "mlp"), ("enc", "level3.size", "../../x"),
+                                   ("a/b", "level3.size", "mlp"), ("enc", "", "mlp"), ("enc", "p", "h\\x")])
+def test_a_run_folder_stays_inside_out(tmp_path: Path, parts) -> None:
+    """A run folder's parts come from a plug-in's or a cache's names: none climbs out of OUT."""
+    from spar_bench.probes.runs.store import run_folder
+
+    assert run_folder(tmp_path, "enc", "level3.size", "mlp", "lr=0.1", 0) == tmp_path / "enc/level3.size/mlp,lr=0.1/seed0"
+    with pytest.raises(ConfigError, match="a run folder's"):
+        run_folder(tmp_path, *parts, "", 0)
