@@ -240,3 +240,17 @@ def test_a_tagged_yaml_value_is_one_line(tmp_path: Path, value: str) -> None:
     path.write_text(text, encoding="utf-8")
     code, lines = outcome(bench_cli, ["run", path, "--dry-run"])
     assert code == 2 and len(lines) == 1 and "encoders.e.spec" in lines[0], lines
+
+
+@pytest.mark.parametrize("config", ["{x", "[]", "{}", '{"splits": 3}', "null", "no-such-probe"])
+def test_an_edited_spar_config_or_probe_is_one_line(answered, config: str) -> None:
+    """Found by the answers property: a row's ``spar_config`` that is no export's (not JSON,
+    not an object, a key missing) reached ``json``/``KeyError``/``TypeError`` raw."""
+    field = "spar_probe" if config == "no-such-probe" else "spar_config"
+    ops = [(0, "set", field, config, b"")]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "samples.jsonl"
+        path.write_bytes(answers_bytes(answered["samples"], ops))
+        code, lines = outcome(probe_cli, ["vqa", "--answers", path, "--data", answered["build"], "--out",
+                                          Path(tmp) / "runs", "--bootstrap", 10])  # fmt: skip
+    assert code == 2 and len(lines) == 1 and "row 1" in lines[0] and field.split("_")[1] in lines[0], lines

@@ -139,6 +139,22 @@ def _exported(build, probe: str, config: str) -> set[tuple[str, str, str]]:
     return {(str(qs.key[it.q]), it.variant, prompt_sha256(it.prompt.text)) for it in plan(qs, cfg)}
 
 
+def _check_config(path: Path, n: int, probe: str, config: str) -> None:
+    """Row ``n``'s ``spar_probe`` and ``spar_config`` as an export writes them, else one line."""
+    from ..tasks import get_probe
+    from .export import config_of
+
+    try:
+        get_probe(probe)
+    except ConfigError as e:
+        raise ConfigError(f"--answers {path}: row {n}: {e}") from None
+    try:
+        config_of(config)
+    except (ConfigError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ConfigError(f"--answers {path}: row {n}'s spar_config {config[:80]!r} is not one spar-build export "
+                          f"writes ({type(e).__name__}: {e}); answer the exported rows, unedited") from None
+
+
 def check_rows(path: Path, rows: list[dict[str, Any]], build) -> dict[tuple[str, str, str], str]:
     """The prediction of each row id, after the one-line refusals (build, protocol, no such
     exported question, duplicates)."""
@@ -156,6 +172,7 @@ def check_rows(path: Path, rows: list[dict[str, Any]], build) -> dict[tuple[str,
         ident = tuple(str(r[c]) for c in ID)
         where = (str(r["spar_probe"]), str(r["spar_config"]))
         if where not in plans:
+            _check_config(path, n, *where)
             plans[where] = _exported(build, *where)
         if ident not in plans[where]:
             raise ConfigError(f"--answers {path}: row {n} ({ident[0]}, {ident[1]}) matches no exported question of "
