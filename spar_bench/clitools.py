@@ -154,11 +154,13 @@ _UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
 def unwritable_error(e: BaseException) -> ConfigError | None:
-    """A write refused by the file system (read-only, no permission) as one line naming the file;
-    None for any other error (a bug's traceback stays one)."""
-    if isinstance(e, OSError) and e.errno in _UNWRITABLE and e.filename:
+    """A file the file system refuses (read-only, no permission) as one line naming it; None for
+    any other error (a bug's traceback stays one)."""
+    if not (isinstance(e, OSError) and e.errno in _UNWRITABLE and e.filename):
+        return None
+    if e.errno == errno.EROFS:
         return ConfigError(f"{e.filename}: cannot be written ({e.strerror}); write elsewhere")
-    return None
+    return ConfigError(f"{e.filename}: {e.strerror}; check its permissions (and its folder's), or use another path")
 
 
 def run_main(group: click.Command, argv: list[str] | None = None) -> NoReturn:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from spar_bench.experiments.cli import cli as bench_cli
@@ -28,7 +28,7 @@ from spar_bench.probes.cli import cli as probe_cli
 
 from helpers import run_cmd
 
-FAST = settings(derandomize=True, max_examples=40, deadline=None, database=None,
+FAST = settings(derandomize=True, max_examples=60, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])  # fmt: skip
 SLOW = settings(FAST, max_examples=400)
 PROGRESS = re.compile(r"\[\d+/\d+\] \S+$")
@@ -44,7 +44,9 @@ def outcome(group, argv: list) -> tuple[int, list[str]]:
     return code, lines
 
 
-def assert_clean(code: int, lines: list[str], what: str) -> None:
+def assert_clean(code: int, lines: list[str], what) -> None:
+    """Success, or exit 2 and one line; the outcome is a Hypothesis event (``--hypothesis-show-statistics``)."""
+    event(f"exit {code}" + (f": {re.sub(r'[^a-z ]', '', lines[0].split(': ')[-1])[:40]}" if code and lines else ""))
     assert code == 0 or (code == 2 and len(lines) == 1 and lines[0].startswith("error: ")), (code, lines, what)
 
 
@@ -217,7 +219,7 @@ def test_the_unmutated_answers_score(answered) -> None:
         assert code == 0, lines
 
 
-@settings(FAST, max_examples=25)
+@settings(FAST, max_examples=40)
 @given(LINE_OPS)
 def test_answers_files_are_scored_or_refused_in_one_line(answered, ops) -> None:
     _check_answers(answered, ops)

@@ -205,3 +205,25 @@ def test_a_run_folder_stays_inside_out(tmp_path: Path, parts) -> None:
     assert run_folder(tmp_path, "enc", "level3.size", "mlp", "lr=0.1", 0) == tmp_path / "enc/level3.size/mlp,lr=0.1/seed0"
     with pytest.raises(ConfigError, match="a run folder's"):
         run_folder(tmp_path, *parts, "", 0)
+
+
+@pytest.mark.slow
+def test_dotted_names_run_end_to_end(tmp_path: Path) -> None:
+    """``b.v2``/``e.1`` through every step kind the file has: build, cache, heads, report."""
+    path = tmp_path / "d.yaml"
+    path.write_text(f"""experiment: dotted.v1
+out: {tmp_path / 'out'}
+builds:
+  b.v2: {{phantom: {{n: 4, in_plane: 64, slices: 16}}, options: {{levels: level1, samples_per_case: 2}}}}
+encoders:
+  e.1: {{spec: dummy}}
+modes:
+  frozen: {{encoders: [e.1], heads: [linear]}}
+probes: [level1.localisation]
+seeds: [0]
+""")
+    assert run_cmd(bench_cli, ["run", path]) == 0
+    out = tmp_path / "out"
+    assert (out / "cache" / "e.1@b.v2.h5").is_file() and (out / "builds" / "b.v2" / "manifest.json").is_file()
+    assert list((out / "runs" / "frozen-e.1").rglob("metrics.json")) and (out / "report").is_dir()
+    assert run_cmd(bench_cli, ["run", path]) == 0  # and a rerun finds every step done

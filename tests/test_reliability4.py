@@ -66,8 +66,9 @@ def build(tmp_path_factory) -> Path:
 
 
 # -- read-only output folders and broken lock files ------------------------------------------
-def _read_only(monkeypatch, folder: Path) -> None:
-    """Writes under ``folder`` fail as on a read-only mount (EROFS): os.open, os.mkdir, open()."""
+def _read_only(monkeypatch, folder: Path, code: int = errno.EROFS) -> None:
+    """Writes under ``folder`` fail as on a read-only mount (EROFS; or ``code``: EACCES, a folder
+    without write permission, which root never meets): os.open, os.mkdir, open()."""
     real_open, real_mkdir, real_builtin = os.open, os.mkdir, builtins.open
     root = str(folder)
 
@@ -75,7 +76,7 @@ def _read_only(monkeypatch, folder: Path) -> None:
         return isinstance(path, (str, bytes, os.PathLike)) and os.path.abspath(os.fsdecode(path)).startswith(root)
 
     def refuse(path):
-        raise OSError(errno.EROFS, os.strerror(errno.EROFS), os.fsdecode(path))
+        raise OSError(code, os.strerror(code), os.fsdecode(path))
 
     def fake_open(path, flags, mode=0o777, *, dir_fd=None):
         if under(path) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
@@ -115,6 +116,18 @@ def test_a_read_only_output_folder_is_one_line_in_every_tool(tmp_path: Path, bui
         line = one_line(capsys)
         assert "Read-only file system" in line and "write elsewhere" in line and str(ro) in line, line
     assert not any(ro.iterdir())
+
+
+def test_a_folder_without_write_permission_is_one_line_in_every_tool(tmp_path: Path, build: Path, monkeypatch,
+                                                                     capsys) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    calls = _three_tools(tmp_path, build, locked)
+    _read_only(monkeypatch, locked, errno.EACCES)
+    for group, argv in calls:
+        assert run_cmd(group, argv) == 2, argv
+        line = one_line(capsys)
+        assert "Permission denied" in line and str(locked) in line, line
 
 
 def test_a_read_only_mount_is_one_line_in_every_tool(tmp_path: Path, build: Path, capsys) -> None:
