@@ -179,9 +179,9 @@ def _settings(exp: Experiment, kind: str, option: str, value: Any, key: str) -> 
             raise ConfigError(f"--n (cases) must be an integer >= 1, got {value!r}")
         yield from _with(PhantomOptions, {}, option, value)
     elif kind == "build":
-        # the build of key builds.<b>.options.<k> (a name may hold dots: b.v2)
-        yield from _build_settings(next(bd for b, bd in exp.builds.items() if key.startswith(f"builds.{b}.options.")),
-                                   option, value)  # fmt: skip
+        # the build of key builds.<b>.options.<k> (a name may hold dots: b.v2; the longest that fits)
+        b = max((b for b in exp.builds if key.startswith(f"builds.{b}.options.")), key=len)
+        yield from _build_settings(exp.builds[b], option, value)
     elif kind == "sweep":
         from spar_bench.probes.runs.spec import ALIASES, OPTIONS
         from spar_bench.probes.runs.sweep import SweepConfig
