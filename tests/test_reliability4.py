@@ -224,6 +224,15 @@ def test_answers_that_are_not_utf8_are_one_line(tmp_path: Path, build: Path, cap
     assert "not UTF-8" in line and str(path) in line, line
 
 
+def test_a_damaged_xlsx_is_one_line(tmp_path: Path, build: Path, capsys) -> None:
+    pytest.importorskip("openpyxl")
+    path = tmp_path / "a.xlsx"
+    path.write_bytes(b"PK\x03\x04 not a whole workbook")
+    assert _answers(tmp_path, build, path) == 2
+    line = one_line(capsys)
+    assert "not a readable .xlsx workbook" in line and str(path) in line, line
+
+
 def test_an_oversized_answer_is_refused_at_the_stated_limit(tmp_path: Path, build: Path, capsys) -> None:
     from spar_bench.probes.vqa.answers import MAX_ANSWER_CHARS, REQUIRED
 
