@@ -124,6 +124,9 @@ RERUN = "rerun the same `spar-bench run` command (it resumes the step)"
 def execute(step: Step, out: Path, device: str | None) -> None:
     """Run ``step``'s specs, each one library call (in this process); ``device`` where a spec
     takes one and its options name none."""
+    from .confine import check_confined
+
+    check_confined(out, [step], deep=True)  # no symbolic link inside its folders points out of out
     if step.kind == "report":  # the step owns its folder whole: both reports are written afresh
         _remove_outputs(out, step)
     for kind, record in step.specs:

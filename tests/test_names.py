@@ -227,3 +227,35 @@ seeds: [0]
     assert (out / "cache" / "e.1@b.v2.h5").is_file() and (out / "builds" / "b.v2" / "manifest.json").is_file()
     assert list((out / "runs" / "frozen-e.1").rglob("metrics.json")) and (out / "report").is_dir()
     assert run_cmd(bench_cli, ["run", path]) == 0  # and a rerun finds every step done
+
+
+def test_a_symlink_inside_a_step_folder_is_not_written_through(tmp_path: Path, capsys) -> None:
+    """Before a step runs, a link already inside its folders (``runs/predict-p/prior -> elsewhere``,
+    where the runs of kind prior go) is refused: the runs are not written through it."""
+    from spar_bench.builder.cli import cli as build_cli
+
+    build = tmp_path / "b"
+    assert run_cmd(build_cli, ["phantom", "--out", tmp_path / "ph", "--n", 4, "--in-plane", 64, "--slices", 16]) == 0
+    assert run_cmd(build_cli, ["--source", "phantom", "--root", tmp_path / "ph", "--out", build, "--levels", "level1",
+                               "--samples-per-case", 2, "--no-hf", "--compression", "gzip"]) == 0  # fmt: skip
+    capsys.readouterr()
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    path = tmp_path / "e.yaml"
+    path.write_text(f"""experiment: x
+out: {tmp_path / 'out'}
+builds:
+  b: {{path: "{build}"}}
+predictors:
+  p: {{kind: prior, bootstrap: 10}}
+probes: [level1.localisation]
+seeds: [0]
+""")
+    runs = tmp_path / "out" / "runs" / "predict-p"
+    runs.mkdir(parents=True)
+    (runs / "prior").symlink_to(victim, target_is_directory=True)
+    assert run_cmd(bench_cli, ["run", path, "--only", "predict:p@b"]) == 2
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip() and ln != "[1/1] predict:p@b"]
+    assert len(lines) == 1 and "lies outside" in lines[0] and "prior" in lines[0] and "Traceback" not in err, err
+    assert not any(victim.iterdir())
