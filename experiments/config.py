@@ -461,6 +461,8 @@ def load_experiment(path: str | Path, overrides: dict[str, str] | None = None) -
             raise ConfigError(f"{path}: missing {key}: (see docs/EXPERIMENTS.md)")
     _check_declared_names(exp, raw, where)
     builds = {n: _build(n, d, where) for n, d in exp["builds"].items()}
+    if not builds:
+        raise where.error("builds", "no build defined; give one (phantom:, sources: with roots:, or path:)")
     encoders = {n: Encoder(n, d["spec"] if "spec" in d else _missing(where, f"encoders.{n}", "spec"),
                            d.get("weights"), d.get("revision"), bool(d.get("random_init", False)),
                            d.get("model_args"), d.get("label"))

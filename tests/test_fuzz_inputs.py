@@ -256,3 +256,11 @@ def test_an_edited_spar_config_or_probe_is_one_line(answered, config: str) -> No
         code, lines = outcome(probe_cli, ["vqa", "--answers", path, "--data", answered["build"], "--out",
                                           Path(tmp) / "runs", "--bootstrap", 10])  # fmt: skip
     assert code == 2 and len(lines) == 1 and "row 1" in lines[0] and field.split("_")[1] in lines[0], lines
+
+
+def test_an_experiment_without_builds_is_one_line(tmp_path: Path) -> None:
+    """Found by the experiment-file property: ``builds: {}`` raised StopIteration (train_on's default)."""
+    path = tmp_path / "e.yaml"
+    path.write_text(experiment_text(tmp_path / "out", [("builds.b", "drop", None, "b")], None), encoding="utf-8")
+    code, lines = outcome(bench_cli, ["run", path, "--dry-run"])
+    assert code == 2 and len(lines) == 1 and "builds: no build defined" in lines[0], lines
