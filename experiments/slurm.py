@@ -326,7 +326,7 @@ def step_rows(out: Path) -> list[tuple[str, str, str, str]]:
     failed, changed, todo), job id, and the node, the reason it waits, or the log's last line."""
     from .runner import marker
 
-    steps, record = _plan_steps(out), read_record(out)
+    steps, record = _plan_steps(out), submitted(out)  # a damaged jobs.json: one line, not "todo"
     jobs = job_states([r["job"] for r in record.values()]) if record else {}
     rows = []
     for s in steps:

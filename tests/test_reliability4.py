@@ -259,9 +259,10 @@ def test_cancel_on_what_is_not_a_submitted_experiment(tmp_path: Path, capsys) ->
     (plan / "slurm").mkdir()
     for damaged in ("{not json", '{"steps": [1, 2]}', '{"steps": {"report": {"job": "rm -rf"}}}', "[]"):
         (plan / "slurm" / "jobs.json").write_text(damaged)
-        assert run_cmd(bench_cli, ["cancel", tmp_path]) == 2, damaged
-        line = one_line(capsys)
-        assert "jobs.json: damaged" in line and "scancel" in line, line
+        for command in ("cancel", "status"):  # status said every step "todo"
+            assert run_cmd(bench_cli, [command, tmp_path]) == 2, (command, damaged)
+            line = one_line(capsys)
+            assert "jobs.json: damaged" in line and "scancel" in line, line
 
 
 # -- messages that name the cause --------------------------------------------------------
