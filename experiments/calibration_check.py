@@ -214,6 +214,16 @@ def conclusions(means: dict) -> tuple[int, list[str]]:
     return n, changed
 
 
+class Refused(SystemExit):
+    """Input that cannot be compared (unreadable, malformed, of other conditions, other rows):
+    its line(s) as ``str``, exit status 2 (an input error), not 1 (a comparison that failed);
+    ``scripts/recall_vs_computation.py`` prints it."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.code = 2
+
+
 def check_rerun(reference: dict, rerun: dict) -> tuple[list[str], list[str]]:
     """``(table lines, misses)``: every cell of the rerun against the reference (untrained: the
     same; trained: within :func:`tolerance`), then every conclusion of the reference that the
@@ -222,15 +232,15 @@ def check_rerun(reference: dict, rerun: dict) -> tuple[list[str], list[str]]:
     :func:`shape_problem`'s shape."""
     for name, doc in (("the reference", reference), ("the rerun", rerun)):
         if (problem := shape_problem(doc)) is not None:
-            raise SystemExit(f"error: {name}: {problem}")
+            raise Refused(f"error: {name}: {problem}")
     had, got = (dict(d["conditions"]) for d in (reference, rerun))
     diff = sorted(k for k in set(had) | set(got) if k not in MACHINE_CONDITIONS and had.get(k) != got.get(k))
     if diff:
-        raise SystemExit(f"error: the rerun was made with other conditions than the reference ({', '.join(diff)}); "
+        raise Refused(f"error: the rerun was made with other conditions than the reference ({', '.join(diff)}); "
                          "rerun with the reference's command (its conditions are in its JSON)")
     problems = coverage_problems(reference, rerun)
     if problems:
-        raise SystemExit("\n".join(f"error: {p}" for p in problems))
+        raise Refused("\n".join(f"error: {p}" for p in problems))
     means = cell_means(reference, rerun)
     lines, misses = check_cells(means)
     n, changed = conclusions(means)
@@ -246,9 +256,9 @@ def check_command(path: Path, reference: Path) -> int:
         try:
             docs.append(json.loads(Path(f).read_text(encoding="utf-8")))
         except (OSError, ValueError) as e:
-            raise SystemExit(f"error: {f}: not a readable calibration.json ({e})") from None
+            raise Refused(f"error: {f}: not a readable calibration.json ({e})") from None
         if (problem := shape_problem(docs[-1])) is not None:
-            raise SystemExit(f"error: {f}: {problem}")
+            raise Refused(f"error: {f}: {problem}")
     lines, misses = check_rerun(*docs)
     print("\n".join(lines))
     n = sum(1 for line in lines if line.startswith("| ") and not line.startswith("| probe "))

@@ -27,7 +27,7 @@ from spar_bench.experiments.calibration import (
     configs,
     run_experiment,
 )
-from spar_bench.experiments.calibration_check import check_command
+from spar_bench.experiments.calibration_check import Refused, check_command
 
 #: the reference table of docs/RESULTS.md, as written by ``--calibrate`` (``--check`` compares a rerun with it)
 REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "calibration.json"
@@ -129,5 +129,15 @@ def main(argv: list[str] | None = None) -> int:
     return run_experiment(args)
 
 
+def entry(argv: list[str] | None = None) -> int:
+    """The script's exit status: an input ``--check`` cannot compare is its line on stderr and 2
+    (an input error), a comparison that failed 1."""
+    try:
+        return main(argv)
+    except Refused as e:
+        print(e, file=sys.stderr)
+        return 2
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

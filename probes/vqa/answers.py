@@ -8,9 +8,9 @@ columns and ``prediction``) or lmms-eval's ``--log_samples`` JSONL (each sample'
 the sha256 of its prompt text; so the run, every control, CircularEval and the report are
 those of ``spar-probe vqa``, and the text is read by its parser (``generate`` mode).
 
-Refused in one line: a row of another build (fingerprint) or protocol, a row that matches no
-exported question (re-planned from the build and the row's ``spar_config``), two answers to
-one request. A request the file has no answer for is answered ``missing`` (unanswered; the
+Refused in one line: a file that is not UTF-8, a row of another build (fingerprint) or protocol,
+a row that matches no exported question (re-planned from the build and the row's ``spar_config``),
+two answers to one request, a prediction over :data:`MAX_ANSWER_CHARS` characters. A request the file has no answer for is answered ``missing`` (unanswered; the
 run's ``metrics.json`` counts them under ``requests.missing``).
 """
 
@@ -42,24 +42,50 @@ def _table_rows(path: Path) -> list[dict[str, Any]]:
         except ImportError:
             raise ConfigError(f"--answers {path}: reading .xlsx needs openpyxl (pip install openpyxl), "
                               "or save the predictions as .tsv") from None
-        sheet = openpyxl.load_workbook(path, read_only=True).worksheets[0]
+        try:
+            sheet = openpyxl.load_workbook(path, read_only=True).worksheets[0]
+        except Exception as e:  # noqa: BLE001 (a damaged workbook raises zip, XML or key errors)
+            raise ConfigError(f"--answers {path}: not a readable .xlsx workbook ({type(e).__name__}: {e}); "
+                              "save the predictions again, or as .tsv") from None  # fmt: skip
         values = list(sheet.iter_rows(values_only=True))
         head = [str(h) for h in values[0]] if values else []
         return [dict(zip(head, v, strict=False)) for v in values[1:]]
     csv.field_size_limit(1 << 30)
-    with path.open(encoding="utf-8", newline="") as f:
-        return list(csv.DictReader(f, delimiter="\t" if path.suffix == ".tsv" else ","))
+    try:
+        with path.open(encoding="utf-8", newline="") as f:
+            return list(csv.DictReader(f, delimiter="\t" if path.suffix == ".tsv" else ","))
+    except UnicodeDecodeError as e:
+        raise _not_utf8(path, e) from None
+    except csv.Error as e:
+        raise ConfigError(f"--answers {path}: not a readable {path.suffix[1:]} table ({e})") from None
+
+
+def _not_utf8(path: Path, e: UnicodeDecodeError) -> ConfigError:
+    return ConfigError(f"--answers {path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
+                       "save the predictions as UTF-8")
+
+
+#: the longest prediction read (characters): an answer to one question, reasoning included, is far
+#: shorter; a longer one is refused in one line (the parser's time grows with an answer's length)
+MAX_ANSWER_CHARS = 100_000
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _not_utf8(path, e) from None
 
 
 def _jsonl_rows(path: Path) -> list[dict[str, Any]]:
     """The spar fields and prediction of each lmms-eval ``--log_samples`` line."""
     out = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(_text(path).splitlines(), 1):
         if not line.strip():
             continue
         try:
             sample = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested beyond what json reads
             raise ConfigError(f"--answers {path}: line {n} is not JSON; pass lmms-eval's --log_samples JSONL") from None
         got = sample.get(LMMS_METRIC) if isinstance(sample, dict) else None
         if not isinstance(got, dict):
@@ -82,6 +108,11 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
         if lacking:
             raise ConfigError(f"--answers {path}: row {n} has no {', '.join(lacking)}; answer a file exported by "
                               "spar-build export (its spar_* columns kept) and keep the prediction column")
+        size = len(str(r["prediction"])) if r["prediction"] is not None else 0
+        if size > MAX_ANSWER_CHARS:
+            raise ConfigError(f"--answers {path}: row {n}'s prediction is {size:,} characters, over the limit of "
+                              f"{MAX_ANSWER_CHARS:,} (an answer to one question); check the harness's output, "
+                              "or cut that answer")  # fmt: skip
     return rows
 
 
@@ -108,6 +139,22 @@ def _exported(build, probe: str, config: str) -> set[tuple[str, str, str]]:
     return {(str(qs.key[it.q]), it.variant, prompt_sha256(it.prompt.text)) for it in plan(qs, cfg)}
 
 
+def _check_config(path: Path, n: int, probe: str, config: str) -> None:
+    """Row ``n``'s ``spar_probe`` and ``spar_config`` as an export writes them, else one line."""
+    from ..tasks import get_probe
+    from .export import config_of
+
+    try:
+        get_probe(probe)
+    except ConfigError as e:
+        raise ConfigError(f"--answers {path}: row {n}: {e}") from None
+    try:
+        config_of(config)
+    except (ConfigError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ConfigError(f"--answers {path}: row {n}'s spar_config {config[:80]!r} is not one spar-build export "
+                          f"writes ({type(e).__name__}: {e}); answer the exported rows, unedited") from None
+
+
 def check_rows(path: Path, rows: list[dict[str, Any]], build) -> dict[tuple[str, str, str], str]:
     """The prediction of each row id, after the one-line refusals (build, protocol, no such
     exported question, duplicates)."""
@@ -125,6 +172,7 @@ def check_rows(path: Path, rows: list[dict[str, Any]], build) -> dict[tuple[str,
         ident = tuple(str(r[c]) for c in ID)
         where = (str(r["spar_probe"]), str(r["spar_config"]))
         if where not in plans:
+            _check_config(path, n, *where)
             plans[where] = _exported(build, *where)
         if ident not in plans[where]:
             raise ConfigError(f"--answers {path}: row {n} ({ident[0]}, {ident[1]}) matches no exported question of "
