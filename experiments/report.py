@@ -47,6 +47,8 @@ from spar_bench.errors import ConfigError
 from spar_bench.probes.runs.record import RunRecord
 from spar_bench.probes.runs.report import collect, random_init_banner, run_protocol
 from spar_bench.probes.tasks import METRICS, PROBE_SPECS, get_probe, probe_names
+from spar_bench.probes.vqa.answers import HARNESS_PROMPT
+from spar_bench.probes.vqa.measured import MAX_MISSING_SHARE, NOT_MEASURED, unmeasured_of
 from spar_bench.provenance import json_safe, local_paths, local_prefixes, portable_path
 
 from .html import HTML_FILE, fmt, metric_label
@@ -249,9 +251,29 @@ def cell_stats(probe: str, rs: list[Run], targets: dict[str, str]) -> dict[str, 
                              "chance": rate([_get(e, "controls", "chance") for e in evs]),
                              "prior": summary([_get(e, "controls", "prior") for e in evs], key)}  # fmt: skip
     out["transfer"] = transfer
+    mark_cells(out, ms)
     out["runs"] = [run_provenance(r) for r in rs]
     out["paper"] = paper_refs(rs[0].rel.split("/")[0], str(ms[0]["head"]), probe, "test")
     return out
+
+
+#: cell key -> the MLLM variant whose answers it scores (:mod:`spar_bench.probes.vqa.measured`)
+CELL_VARIANTS = {"test": "plain", "conflict": "plain", "blind": "blind", "conflict_blind": "blind",
+                 "mirror": "mirror", "flipped": "flipped", "circular (strict)": "circular"}  # fmt: skip
+
+
+def mark_cells(out: dict[str, Any], ms: list[dict]) -> None:
+    """Each cell of a variant some seed did not measure (answers missing from an ``--answers``
+    file) becomes ``{"not_measured": True}``, printed "not measured", never a number; a cell of
+    answers asked with another harness's prompt gets ``harness_prompt``."""
+    gone = unmeasured_of(ms)
+    for key, variant in CELL_VARIANTS.items():
+        if variant in gone and key in out:
+            out[key] = {"not_measured": True}
+    if gone:
+        out["not_measured"] = sorted(gone)
+    if any(m.get("prompt") == "harness" for m in ms):
+        out["harness_prompt"] = True
 
 
 def target_id(e: dict) -> str:
@@ -334,6 +356,8 @@ def fmt_summary(s: dict | None, pct: bool, *, ci: bool = True, n_row: int | None
     """``mean +- std [low, high]`` (paper style); `` (n=k)`` when fewer seeds than the row."""
     if not s:
         return "-"
+    if s.get("not_measured"):
+        return NOT_MEASURED
     text = f"{fmt(s['mean'], pct)} +- {fmt(s['std'], pct)}"
     if ci and s.get("ci_low") is not None:
         text += f" [{fmt(s['ci_low'], pct)}, {fmt(s['ci_high'], pct)}]"
@@ -513,11 +537,17 @@ def mllm_table(doc: dict) -> list[str]:
     subrows = [("blind (no image)", lambda c: fmt_summary(c.get("blind"), c["percent"], ci=False))]
     subrows += [(label, lambda c, label=label: fmt_summary(c.get(label), True, ci=False)) for label in VQA_ROWS]
     levels = "Levels 3-4" if any(is_volume(p) for p in probes) else "Level 3"
+
+    def value(c: dict, n: int | None = None) -> str:
+        return _headline("test")(c, n) + (f" ({HARNESS_PROMPT})" if c.get("harness_prompt") else "")
+
     return [f"## Multimodal LLMs ({levels})", "",
             f"Models asked the {levels} questions directly (`spar-probe vqa`): accuracy, mean +- std over",
             "seeds [mean 95% CI]; blind: the same question without the image; circular (strict): right",
             "under every rotation of the options (CircularEval); parse rate: answers naming exactly one",
-            "option.", "", *_grid_table(doc, rows, probes, _headline("test"), subrows), ""]  # fmt: skip
+            f"option. `{NOT_MEASURED}`: more than {100 * MAX_MISSING_SHARE:.0f} % of those answers were missing from",
+            f"the `--answers` files. `({HARNESS_PROMPT})`: answers another harness asked with its own prompt",
+            "(VLMEvalKit's), not `vqa`'s.", "", *_grid_table(doc, rows, probes, value, subrows), ""]  # fmt: skip
 
 
 #: a stage encoder's name (``mllm:<folder>@<sha8>@<stage>``) and an ``hf:`` MLLM's run name

@@ -43,6 +43,7 @@ from typing import Any
 from spar_bench.errors import ConfigError
 from spar_bench.hashing import sha256_file
 
+from ..vqa.chat import add_special_tokens, render, tokenizer_of
 from .base import Encoder, EncoderSpec, WeightsGiven, local_name, require_extra, weights_record
 
 #: the prompt shown with the image for the ``llm:N`` stages (no question: what the LM holds of
@@ -126,8 +127,9 @@ class MllmEncoder(Encoder):
         if tok is not None:  # prompts of several lengths: right-padded, real tokens placed as unbatched
             tok.padding_side = "right"
         # one image per prompt, nested: Gemma 3's processor counts images per sample
-        enc = self.processor(text=self._prompts(len(rgb)), images=[[im] for im in rgb], return_tensors="pt",
-                             padding=True)
+        texts = self._prompts(len(rgb))
+        enc = self.processor(text=texts, images=[[im] for im in rgb], return_tensors="pt", padding=True,
+                             add_special_tokens=add_special_tokens(self.processor, texts))
         enc.pop("labels", None)  # PaliGemma's processor adds them: no loss is wanted
         return enc.to(self.device)
 
@@ -208,11 +210,55 @@ def qwen_patches(model: Any, hidden, grid_thw):
 def chat_prompt(processor: Any, text: str, *, question_first: bool = False) -> str:
     """One image and ``text`` as the user's turn of the processor's chat template: the image
     first (as ``spar-probe vqa --model hf:DIR`` sends it), or, ``question_first``, the text
-    first (the ``llm:N+q`` stage: the image tokens attend to it)."""
-    image, words = {"type": "image"}, {"type": "text", "text": text}
-    content = [words, image] if question_first else [image, words]
-    return processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
-                                         tokenize=False)
+    first (the ``llm:N+q`` stage: the image tokens attend to it; :func:`question_first_prompt`)."""
+    if question_first:
+        return question_first_prompt(processor, text)[0]
+    return render(processor, [{"type": "image"}, {"type": "text", "text": text}])
+
+
+#: a word no template writes: where the user's text goes while the image's place is found
+_SLOT = "SPARQUESTIONSLOT"
+
+
+def question_first_prompt(processor: Any, text: str) -> tuple[str, str]:
+    """``(prompt, how)``: the user's turn with ``text`` BEFORE the image, whatever the chat
+    template does with the content's order. ``how``: ``template`` (the template keeps the order
+    given) or ``spliced``: a template that writes every image first (LLaVA-1.5's: "Render all
+    images first") is rendered with the text alone and the image's own rendering (the text the
+    template writes for an image part, e.g. ``<image>\\n``) is put after the question. A
+    ConfigError (one line) when neither puts the image token after the question."""
+    token = _image_token(processor)
+    asked = render(processor, [{"type": "text", "text": _SLOT}, {"type": "image"}])
+    if _question_first(asked, token):
+        return asked.replace(_SLOT, text), "template"
+    alone = render(processor, [{"type": "text", "text": _SLOT}])
+    shown = render(processor, [{"type": "image"}, {"type": "text", "text": _SLOT}])
+    head = len(_common_prefix(alone, shown))
+    tail = len(_common_prefix(alone[head:][::-1], shown[head:][::-1]))
+    image = shown[head:len(shown) - tail]
+    spliced = alone.replace(_SLOT, _SLOT + "\n" + image.strip(), 1) if image.strip() else alone
+    if _SLOT in alone and _question_first(spliced, token):
+        return spliced.replace(_SLOT, text), "spliced"
+    raise ConfigError(f"the chat template cannot put the question before the image (it writes {token!r} "
+                      "elsewhere): this model has no llm:N+q stage; probe llm:N")
+
+
+def _image_token(processor: Any) -> str:
+    token = getattr(processor, "image_token", None) or getattr(tokenizer_of(processor), "image_token", None)
+    if not token:
+        raise ConfigError("the processor names no image token: the question stage cannot find the image")
+    return str(token)
+
+
+def _question_first(prompt: str, token: str) -> bool:
+    return _SLOT in prompt and token in prompt and prompt.index(_SLOT) < prompt.index(token)
+
+
+def _common_prefix(a: str, b: str) -> str:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return a[:n]
 
 
 def _chat_prompt(processor: Any, name: str) -> str:
@@ -221,12 +267,20 @@ def _chat_prompt(processor: Any, name: str) -> str:
     return chat_prompt(processor, NEUTRAL_PROMPT)
 
 
-def _recorded_prompt(processor: Any, neutral: str, stage: str) -> str | None:
+def _recorded_prompt(processor: Any, neutral: str, stage: str, name: str) -> dict[str, Any]:
     """The chat-templated prompt of an LM stage (``{question}`` where a ``+q`` stage puts each
-    row's question); None for the vision and projector stages, which read no text."""
+    row's question; None for the vision and projector stages, which read no text) and, for a
+    ``+q`` stage, whether the question precedes the image tokens (so a causal LM's image tokens
+    can attend to it) and how (:func:`question_first_prompt`)."""
     if not stage.startswith("llm"):
-        return None
-    return chat_prompt(processor, "{question}", question_first=True) if asks_question(stage) else neutral
+        return {"prompt": None}
+    if not asks_question(stage):
+        return {"prompt": neutral}
+    try:
+        prompt, how = question_first_prompt(processor, "{question}")
+    except ConfigError as e:
+        raise ConfigError(f"encoder {name}: {e}") from None
+    return {"prompt": prompt, "question_before_image": True, "question_placement": how}
 
 
 def _load(folder: Path, name: str, random_init: bool) -> tuple[Any, Any, dict[str, Any]]:
@@ -261,7 +315,8 @@ def _token_layout(model: Any, processor: Any, prompt: str, stage: str) -> dict[s
     import numpy as np
     import torch
 
-    enc = processor(text=[prompt], images=[[np.zeros((224, 224, 3), np.uint8)]], return_tensors="pt")
+    enc = processor(text=[prompt], images=[[np.zeros((224, 224, 3), np.uint8)]], return_tensors="pt",
+                    add_special_tokens=add_special_tokens(processor, [prompt]))
     n_img = int((enc["input_ids"] == image_token_id(model.config)).sum())
     cfg = model.config
     n_prefix = int(getattr(cfg, "vision_feature_select_strategy", "default") == "full")
@@ -315,7 +370,7 @@ def load_mllm(rest: str, *, weights: str | None = None, random_init: bool = Fals
         weights=record, random_init=record["kind"] == "random-init",
         extra={"stage": stage_text, "llm_layer": layer, "model_type": model.config.model_type,
                "config_sha256": sha256_file(folder / "config.json"),
-               "prompt": _recorded_prompt(processor, prompt, stage_text), "image_tokens": layout["image_tokens"],
+               **_recorded_prompt(processor, prompt, stage_text, name), "image_tokens": layout["image_tokens"],
                "vision_grid": layout["vision_grid"], "lm_grid": layout["lm_grid"], "lm_layers": n_lm,
                "preprocessing": "the model's processor on the 224x224 grey image as RGB"},
     )

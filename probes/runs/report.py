@@ -46,6 +46,8 @@ from spar_bench.errors import ConfigError
 from spar_bench.provenance import json_safe
 
 from ..tasks import METRICS, get_probe, probe_names
+from ..vqa.answers import HARNESS_PROMPT
+from ..vqa.measured import shown, unmeasured_of
 
 #: Columns added to a probe's table when a row is an MLLM run (``spar-probe vqa``):
 #: row key -> (column label, path in metrics.json: the MLLM's own controls).
@@ -188,6 +190,8 @@ def _row(spec, enc: str, head: str, ms: list[dict]) -> dict[str, Any]:
         for name in FLIPPED_CONTROLS:
             row[name], _ = _stat([_get(m, "controls", name, key) for m in ms])
     row["track"] = ms[0].get("track", "probe")  # "vqa": a multimodal LLM asked directly
+    row["not_measured"] = sorted(unmeasured_of(ms))  # MLLM variants whose answers an --answers file lacked
+    row["harness_prompt"] = any(m.get("prompt") == "harness" for m in ms)
     # the splits scored as "test" (an MLLM run may ask other splits: never in the headline table)
     row["splits"] = sorted({str(s) for m in ms for s in (m.get("splits") or ["test"])})
     for name, path in VQA_COLUMNS.items():
@@ -372,7 +376,7 @@ def _label(r: dict) -> str:
     trained = f" ({r['training']})" if r.get("training") else ""
     return r["encoder"] + trained + (
         " **(random-init)**" if r["random_init"] and "random-init" not in r["encoder"] else ""
-    ) + r.get("protocol_note", "")
+    ) + (f" ({HARNESS_PROMPT})" if r.get("harness_prompt") else "") + r.get("protocol_note", "")
 
 
 def _main_table(spec, rows: list[dict]) -> list[str]:
@@ -396,15 +400,16 @@ def _main_table(spec, rows: list[dict]) -> list[str]:
         ci = "-" if r["mean"] is None else "n/a" if r["ci_low"] is None else \
             f"[{_f(r['ci_low'], pct)}, {_f(r['ci_high'], pct)}]"
         seeds = f"{len(r['seeds'])} (cap: {r['capped']})" if r.get("capped") else str(len(r["seeds"]))
-        cells = [_label(r), r["head"], seeds, score, ci]
-        cells += [_f(r["metrics"]["test"][k]["mean"], METRICS[k].percent) for k in others]
-        cells += [_f(r[c], pct) for c in ("chance", "majority", "prior", "blind", "mirror",
-                                          "prior_mirror", "blind_mirror")]  # fmt: skip
+        nm = r.get("not_measured") or set()
+        cells = [_label(r), r["head"], seeds, shown(score, "test", nm), shown(ci, "test", nm)]
+        cells += [shown(_f(r["metrics"]["test"][k]["mean"], METRICS[k].percent), "test", nm) for k in others]
+        cells += [shown(_f(r[c], pct), c, nm) for c in ("chance", "majority", "prior", "blind", "mirror",
+                                                        "prior_mirror", "blind_mirror")]  # fmt: skip
         if r["blind_below_prior"]:
             cells[-4] += " (!)"
-        cells += [_f(r.get(c), pct) for c in ("flipped", *FLIPPED_CONTROLS)] if flips else []
+        cells += [shown(_f(r.get(c), pct), c, nm) for c in ("flipped", *FLIPPED_CONTROLS)] if flips else []
         cells += [_fs(r["transfer"][t], pct) if t in r["transfer"] else "-" for t in transfer]
-        cells += [_f(r.get(c), True) for c in vqa]
+        cells += [shown(_f(r.get(c), True), c, nm) for c in vqa]
         cells += [_unparsed_cell(r.get("unparsed"))] if why else []
         lines.append("| " + " | ".join(cells) + " |")
     if any(r["blind_below_prior"] for r in rows):

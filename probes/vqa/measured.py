@@ -17,8 +17,6 @@ from typing import Any
 
 from spar_bench.errors import ConfigError
 
-from .ask import MISSING
-
 #: the share of a variant's answers that may be missing before its score is not measured
 MAX_MISSING_SHARE = 0.05
 NOT_MEASURED = "not measured"
@@ -41,6 +39,8 @@ def variant_of_record(r: dict) -> str:
 
 def missing_by_variant(records: list[dict]) -> dict[str, tuple[int, int]]:
     """Variant -> (missing answers, answers) over the records that have any missing."""
+    from .ask import MISSING
+
     counts: dict[str, list[int]] = {}
     for r in records:
         c = counts.setdefault(variant_of_record(r), [0, 0])
@@ -80,3 +80,19 @@ def mark_unmeasured(metrics: dict[str, Any], why: dict[str, str]) -> None:
 def is_unmeasured(score: Any) -> bool:
     """Whether a metrics.json score is a not-measured marker (:func:`mark_unmeasured`)."""
     return isinstance(score, dict) and "not_measured" in score
+
+
+#: report column (a row key of the reports) -> the variant whose answers it scores
+COLUMNS = {"test": "plain", "mean": "plain", "circular": "circular", "circular_mean": "circular",
+           "blind": "blind", "mirror": "mirror", "blind_mirror": "blind_mirror", "flipped": "flipped",
+           "blind_flipped": "blind_flipped"}  # fmt: skip
+
+
+def unmeasured_of(ms: list[dict]) -> set[str]:
+    """The variants some run of ``ms`` (metrics.json dicts, one per seed) did not measure."""
+    return {v for m in ms for v in (m.get("not_measured") or {})}
+
+
+def shown(text: str, column: str, unmeasured) -> str:
+    """``text``, or "not measured" when ``column`` scores a variant in ``unmeasured``."""
+    return NOT_MEASURED if COLUMNS.get(column) in unmeasured else text

@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..runs.spec import NamedRun
+from .answers import is_harness_prompt
 from .ask import AskConfig, Item, answer_records, ask, cache_key, image_digests, prompt_of
 from .base import Backend
 from .cache import ResponseCache
@@ -247,6 +248,8 @@ class MllmJob:
                         "template_version": items[0].prompt.version,
                         "requests": {"answers": len(items), "distinct": distinct,
                                      "deduplicated": len(items) - distinct, **_missing(records)}})  # fmt: skip
+        if is_harness_prompt(s.backend.identity):  # another harness's prompt asked them (reports say so)
+            metrics["prompt"] = "harness"
         mark_unmeasured(metrics, unmeasured(records, getattr(s.backend, "source", s.backend.name),
                                             bool(getattr(s.backend, "accept_missing", False))))
         text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in records)
