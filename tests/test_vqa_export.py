@@ -315,7 +315,7 @@ def test_lmms_eval_tasks_load_and_score_with_the_parser(env):
         fn = task["process_docs"][1].split(".", 1)[1]
         kept = [d for d in docs if d["category"] == task["metadata"]["category"]]
         assert kept and callable(getattr(utils, fn))
-        assert (folder.parent / task["dataset_kwargs"]["data_files"]["test"]).is_file()
+        assert (folder / task["dataset_kwargs"]["data_files"]["test"]).is_file()  # beside the YAML
     doc = next(d for d in docs if d["category"] == "plain")
     assert len(utils.doc_to_visual(doc)) == 1 and utils.doc_to_text(doc) == doc["question"]
     for text in (f"The answer is ({doc['answer']}).", "B", "I cannot tell", "A or B"):
@@ -325,6 +325,23 @@ def test_lmms_eval_tasks_load_and_score_with_the_parser(env):
         assert got["correct"] == (want is not None and doc["letters"][want] == doc["answer"])
     blind = next(d for d in docs if d["category"] == "blind")
     assert utils.doc_to_visual(blind) == []
+
+
+def test_lmms_eval_utils_fail_at_import_without_spar_bench(env):
+    """lmms-eval imports utils.py when it loads the task: without spar_bench installed that
+    import fails, before any generation (not at scoring time, after all of them)."""
+    import subprocess
+    import sys
+
+    code = ("import importlib.util, sys; s = importlib.util.spec_from_file_location('u', sys.argv[1]); "
+            "m = importlib.util.module_from_spec(s); s.loader.exec_module(m); print(m.process_results)")
+    utils = str(env["lm"] / PROBE / "utils.py")
+    bare = subprocess.run([sys.executable, "-S", "-c", code, utils], capture_output=True, text=True, timeout=120,
+                          cwd=env["root"])  # -S: no site-packages, so no spar_bench
+    assert bare.returncode != 0 and "pip install spar-bench" in bare.stderr
+    full = subprocess.run([sys.executable, "-c", code, utils], capture_output=True, text=True, timeout=120,
+                          cwd=env["root"])
+    assert full.returncode == 0, full.stderr[-500:]
 
 
 def test_lmms_eval_log_samples_score_as_vqa(env):

@@ -19,9 +19,9 @@ the ``vqa`` command sends. So a score from the other harness, read back with ``s
 * ``lmms-eval``: ``DIR/<probe>/`` -- a task per variant (``spar_<level>_<probe>_<variant>``),
   a group over them (``spar_<level>_<probe>``), ``docs.jsonl``, ``images/`` and a ``utils.py``
   whose ``process_results`` reads the answer with SPAR-Bench's own parser (``lmms-eval
-  --include_path .``, run from ``DIR``). The folder is not named like the group: lmms-eval
-  reads a ``--tasks`` name that is a folder of the working directory as that folder's YAML
-  files, which loads every task twice and as a plain-model task.
+  --include_path DIR``, from any working folder: :mod:`.lmms_template`). The folder is not named
+  like the group: lmms-eval reads a ``--tasks`` name that is a folder of the working directory
+  as that folder's YAML files, which loads every task twice and as a plain-model task.
 
 Beside each probe's files ``<name>.json`` records the protocol version, the build's
 fingerprint, the template version, the asking options, the rows per variant and the files'
@@ -204,7 +204,7 @@ def write_lmms_tasks(folder: Path, base: str, counts: Counter, max_new_tokens: i
     tasks = []
     for cat in sorted(counts):
         name = f"{base}_{cat.replace('-', '_')}"
-        (folder / f"{name}.yaml").write_text(task_yaml(name, folder.name, cat, max_new_tokens), encoding="utf-8")
+        (folder / f"{name}.yaml").write_text(task_yaml(name, cat, max_new_tokens), encoding="utf-8")
         tasks.append(name)
     (folder / f"{base}.yaml").write_text(group_yaml(base, tasks), encoding="utf-8")
     (folder / "utils.py").write_text(utils_py(sorted(counts)), encoding="utf-8")
