@@ -251,10 +251,40 @@ def cell_stats(probe: str, rs: list[Run], targets: dict[str, str]) -> dict[str, 
                              "chance": rate([_get(e, "controls", "chance") for e in evs]),
                              "prior": summary([_get(e, "controls", "prior") for e in evs], key)}  # fmt: skip
     out["transfer"] = transfer
+    patients = [_get(m, "n_patients", "test") for m in ms]
+    if all(isinstance(n, int) for n in patients) and patients:
+        out["patients"] = min(patients)  # the test patients each interval is bootstrapped over
+    out["flags"] = quality_flags(probe, ms, out)
     mark_cells(out, ms)
     out["runs"] = [run_provenance(r) for r in rs]
     out["paper"] = paper_refs(rs[0].rel.split("/")[0], str(ms[0]["head"]), probe, "test")
     return out
+
+
+def quality_flags(probe: str, ms: list[dict], cell: dict[str, Any]) -> list[str]:
+    """What makes a cell's numbers weaker than they look (report.md's marks, per cell): a
+    trained blind head below the prior, seeds stopped by the epoch cap, random-init features,
+    answers missing or asked with another harness's prompt, few test patients."""
+    flags = []
+    spec = get_probe(probe) if probe in PROBE_SPECS else None
+    blind, prior = (_get(cell, k, "mean") for k in ("blind", "prior"))
+    if spec is not None and spec.prior_bounds_blind and ms[0].get("track", "probe") == "probe" \
+            and spec.worse(blind, prior):
+        flags.append("blind head below the prior: under-trained, image scores flattered")
+    capped = sum(_get(m, "train", "stopped_by") == "max_epochs" for m in ms)
+    if capped:
+        flags.append(f"{capped} of {len(ms)} seeds stopped by the epoch cap while still improving")
+    if any(m.get("random_init") for m in ms):
+        flags.append("random-init features: shows only that the pipeline runs")
+    gone = unmeasured_of(ms)
+    if gone:
+        flags.append(f"{NOT_MEASURED}: {', '.join(sorted(gone))} (answers missing)")
+    if any(m.get("prompt") == "harness" for m in ms):
+        flags.append(f"{HARNESS_PROMPT}: asked with another harness's prompt, not vqa's")
+    n = [_get(m, "n_patients", "test") for m in ms]
+    if n and all(isinstance(x, int) for x in n) and min(n) < 10:
+        flags.append(f"intervals over {min(n)} test patients only")
+    return flags
 
 
 #: cell key -> the MLLM variant whose answers it scores (:mod:`spar_bench.probes.vqa.measured`)
@@ -803,7 +833,7 @@ def write_experiment_report(runs: Path, out: Path, *, title: str, provenance: di
     out.mkdir(parents=True, exist_ok=True)
     from .html import write_html  # report.html (issue 36): its own module
 
-    write_html(doc, out, title=title, provenance=provenance, prefixes=prefixes)
+    write_html({**doc, "stage_view": stage_summary(doc)}, out, title=title, provenance=provenance, prefixes=prefixes)
     plot(doc, out / PNG_FILE)
     write_leaderboard(doc, out, provenance)
     if stages:

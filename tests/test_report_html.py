@@ -99,7 +99,7 @@ class Cells(HTMLParser):
     def handle_starttag(self, tag: str, attrs: list) -> None:
         a = dict(attrs)
         if tag == "table":
-            self._table = a.get("id") if a.get("class") == "data" else None
+            self._table = a.get("id") if "data" in str(a.get("class", "")).split() else None
             if self._table is None:
                 return
             self.tables[self._table], self.heads[self._table], self.hidden[self._table] = [], [], []
@@ -166,7 +166,8 @@ def check_values(dom: Cells, out: Path) -> None:
     check_json_values(dom, out)
     assert [r[0][0] for r in dom.tables["main"]] == ["vit-tiny (random-init) frozen mlp", "vit-tiny scratch mlp",
                                                      "dummy MLLM vqa-loglik"]  # fmt: skip
-    assert dom.heads["controls"][4:] == ["plain", "circular", "mirror", "blind", "model - blind", "chance", "prior"]
+    assert dom.heads["controls"][4:] == ["plain", "circular", "mirror", "blind", "model - blind", "parse", "chance",
+                                         "prior"]
     mllm = [r for r in dom.tables["controls"] if r[0][0] == "dummy MLLM vqa-loglik"]
     assert mllm[0][5] == ("25.0", "0.25")  # circular (strict), in %
 
@@ -187,12 +188,13 @@ def test_plots_name_configurations_and_draw_reference_marks(report) -> None:
     dom = parse(text)
     assert dom.svgs == ["level1.localisation", "level3.relative_position"]  # level2: no score, no empty axis
     assert "level2.arrangement: no finished run with a score" in text
-    rel = text.split('data-probe="level3.relative_position"', 1)[1].split("</svg>", 1)[0]
+    rel = text.split('<svg class="plot" data-probe="level3.relative_position"', 1)[1].split("</svg>", 1)[0]
     for name in ("vit-tiny (random-init) frozen mlp", "vit-tiny scratch mlp", "dummy MLLM vqa-loglik"):
         assert f">{name}</text>" in rel  # configurations named on the axis
     assert rel.count('class="mark-blind"') == rel.count('class="mark-chance"') == rel.count('class="mark-prior"') == 3
     assert rel.count('text-anchor="middle">100</text>') == 1  # a round axis end for rates
-    assert '>+20.2</text>' in rel and '>-4.0</text>' in rel  # model - blind per row (81.2 - 61.0; 70.0 - 74.0)
+    # model - blind per row (81.2 - 61.0; 70.0 - 74.0), marked by whether its interval excludes 0
+    assert '>+20.2▲</text>' in rel and '>-4.0≈</text>' in rel
 
 
 def test_same_doc_same_bytes_and_provenance_on_hover(tmp_path) -> None:
