@@ -60,7 +60,8 @@ details{margin:.2em 0}small{color:#555}ul.flags li{margin:.1em 0}
 @media (max-width:700px){table.cards thead{display:none}table.cards,table.cards tbody,table.cards tr,
 table.cards td{display:block;width:auto}table.cards tr{border:1px solid #99a;margin:0 0 .6em}
 table.cards td{border:0;border-bottom:1px solid #eee;text-align:left}
-table.cards td::before{content:attr(data-label);display:block;font-weight:bold;color:#334}}"""
+table.cards td::before{content:attr(data-label);display:block;font-weight:bold;color:#334}
+table.cards caption{display:block;width:auto}}"""
 
 #: sorting: within each <tbody> (one unit: a probe), by the clicked column's data-value; the
 #: filter: a query naming probes keeps those probes' columns (every row), any other text keeps
