@@ -714,6 +714,8 @@ def _bars(ax, probe: str, rows: list[dict], colors: dict[str, str]) -> None:
         lo.append(0.0 if m is None or s.get("ci_low") is None else scale * max(m - s["ci_low"], 0.0))
         hi.append(0.0 if m is None or s.get("ci_high") is None else scale * max(s["ci_high"] - m, 0.0))
     ax.bar(np.arange(len(rows)), ys, yerr=[lo, hi], color=[colors.get(r["mode"], "gray") for r in rows], capsize=2)
+    blind = [_mean(c, "blind") for c in cells]  # each configuration's blind baseline, a black mark on its bar
+    ax.scatter(np.arange(len(rows)), blind, marker="_", s=300, color="k", zorder=3, label="blind")
     ax.set_xticks(np.arange(len(rows)), [str(i + 1) for i in range(len(rows))], fontsize=7)
     ax.set_title(probe, fontsize=8)
     if some and some["metric"] in METRICS:
@@ -737,7 +739,7 @@ def plot(doc: dict, path: Path) -> None:
     for ax in list(axes.flat)[len(probes):]:
         ax.axis("off")
     legend = "; ".join(f"{i + 1}: {r['encoder']} {r['mode']} {r['head']}" for i, r in enumerate(rows))
-    fig.text(0.01, 0.01, legend, fontsize=6, wrap=True)
+    fig.text(0.01, 0.01, legend + " | black mark: blind baseline", fontsize=6, wrap=True)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     fig.savefig(path, dpi=90, metadata={"Software": None})
     plt.close(fig)

@@ -685,8 +685,9 @@ def plot(table: dict[str, list[dict]], out: Path) -> list[Path]:
         ax.set_xticks(x, labels, fontsize=7)
         ax.set_ylabel(METRICS[spec.headline].label)
         ax.set_title(probe)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never on them
         fig.tight_layout()
+        separate_labels(fig, ax)
         p = out / f"{probe}.png"
         fig.savefig(p, dpi=100)
         plt.close(fig)
@@ -694,6 +695,21 @@ def plot(table: dict[str, list[dict]], out: Path) -> list[Path]:
         if spec.per_organ:
             written.append(_plot_per_organ(plt, spec, probe, rows, out))
     return written
+
+
+def overlapping(boxes: list) -> bool:
+    """Whether any two of ``boxes`` (matplotlib window extents, in order along x) overlap."""
+    return any(a.x1 > b.x0 + 0.5 for a, b in zip(boxes, boxes[1:], strict=False))
+
+
+def separate_labels(fig, ax) -> None:
+    """Turn the x tick labels upright (90 degrees) where they overlap side by side, and lay the
+    figure out again (in place)."""
+    fig.canvas.draw()
+    if overlapping([t.get_window_extent() for t in ax.get_xticklabels()]):
+        for t in ax.get_xticklabels():
+            t.set_rotation(90)
+        fig.tight_layout()
 
 
 def _plot_per_organ(plt, spec, probe: str, rows: list[dict], out: Path) -> Path:
