@@ -240,6 +240,28 @@ def test_blind_rows_dropped_are_refused_not_zero(env, capsys):
     assert set(m["not_measured"]) == {"blind", "blind_mirror"}
     assert m["test"]["accuracy"] == _metrics(env["runs"] / "dummy" / PROBE / "vqa-generate")["test"]["accuracy"]
     assert '"prompt": "harness' in (_run_dir(env, "noblind", out) / "config.json").read_text()
+    _reports_say_not_measured(out, env["root"] / "reports-noblind")
+
+
+def _reports_say_not_measured(runs: Path, where: Path) -> None:
+    """report.md, experiment.md and report.html print the blind baseline as not measured (and
+    the answers as asked with the harness prompt), never as 0.0."""
+    import re
+
+    from spar_bench.experiments.report import write_experiment_report
+    from spar_bench.probes.runs.report import write_report
+
+    md = write_report(runs, where / "probe").read_text(encoding="utf-8")
+    row = next(line for line in md.splitlines() if line.startswith("| answers-noblind"))
+    cols = [c.strip() for c in md.splitlines()[md.splitlines().index(row) - 2].split("|")]
+    cells = [c.strip() for c in row.split("|")]
+    assert cells[cols.index("blind")] == "not measured" and "(harness prompt)" in row
+    write_experiment_report(runs, where / "exp", title="t")
+    exp = (where / "exp" / "experiment.md").read_text(encoding="utf-8")
+    assert re.search(r"\| blind \(no image\) (\| *)+\| not measured \|", exp)  # the MLLM table's blind row
+    assert re.search(r"\| \d+\.\d \+- [\d.]+ \[[\d., ]+\] \(harness prompt\) \|", exp)
+    html = (where / "exp" / "report.html").read_text(encoding="utf-8")
+    assert "blind not measured" in html and "harness prompt" in html
 
 
 def test_missing_answers_count_unanswered(env, capsys):
