@@ -47,8 +47,12 @@ from spar_bench.errors import ConfigError
 from spar_bench.probes.runs.record import RunRecord
 from spar_bench.probes.runs.report import collect, random_init_banner, run_protocol
 from spar_bench.probes.tasks import METRICS, PROBE_SPECS, get_probe, probe_names
-from spar_bench.probes.vqa.answers import HARNESS_PROMPT
-from spar_bench.probes.vqa.measured import MAX_MISSING_SHARE, NOT_MEASURED, unmeasured_of
+from spar_bench.probes.vqa.measured import (
+    HARNESS_PROMPT,
+    MAX_MISSING_SHARE,
+    NOT_MEASURED,
+    unmeasured_of,
+)
 from spar_bench.provenance import json_safe, local_paths, local_prefixes, portable_path
 
 from .html import HTML_FILE, fmt, metric_label

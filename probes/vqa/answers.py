@@ -49,7 +49,6 @@ REQUIRED = (*ID, "spar_build", "spar_protocol", "spar_config", "spar_probe")
 LMMS_METRIC = "spar_accuracy"
 #: how the answers of each file kind were asked (recorded in the run's model identity)
 PROMPTS = {"table": "harness (VLMEvalKit build_prompt wraps the exported question)", "jsonl": "exact"}
-HARNESS_PROMPT = "harness prompt"
 
 
 def _table_rows(path: Path) -> list[dict[str, Any]]:
@@ -162,11 +161,6 @@ def prompt_of(paths: list[Path]) -> str:
         raise ConfigError(f"--answers {paths[0]}: mixes lmms-eval samples and VLMEvalKit predictions, which were "
                           "asked with different prompts; score each harness's answers on their own")
     return PROMPTS[kinds.pop()]
-
-
-def is_harness_prompt(identity: dict | None) -> bool:
-    """Whether a run's model identity records answers asked with another harness's prompt."""
-    return isinstance(identity, dict) and str(identity.get("prompt", "")).startswith("harness")
 
 
 class AnswersBackend(Backend):

@@ -20,6 +20,8 @@ from spar_bench.errors import ConfigError
 #: the share of a variant's answers that may be missing before its score is not measured
 MAX_MISSING_SHARE = 0.05
 NOT_MEASURED = "not measured"
+#: how the reports mark answers another harness asked with its own prompt (:mod:`.answers`)
+HARNESS_PROMPT = "harness prompt"
 #: variant -> where its score sits in metrics.json
 PLACES: dict[str, tuple[str, ...]] = {
     "plain": ("test",), "circular": ("controls", "circular"), "blind": ("controls", "blind"),
@@ -96,3 +98,8 @@ def unmeasured_of(ms: list[dict]) -> set[str]:
 def shown(text: str, column: str, unmeasured) -> str:
     """``text``, or "not measured" when ``column`` scores a variant in ``unmeasured``."""
     return NOT_MEASURED if COLUMNS.get(column) in unmeasured else text
+
+
+def is_harness_prompt(identity: dict | None) -> bool:
+    """Whether a run's model identity records answers asked with another harness's prompt."""
+    return isinstance(identity, dict) and str(identity.get("prompt", "")).startswith("harness")

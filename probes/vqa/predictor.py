@@ -24,11 +24,10 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..runs.spec import NamedRun
-from .answers import is_harness_prompt
 from .ask import AskConfig, Item, answer_records, ask, cache_key, image_digests, prompt_of
 from .base import Backend
 from .cache import ResponseCache
-from .measured import mark_unmeasured, unmeasured
+from .measured import is_harness_prompt, mark_unmeasured, unmeasured
 from .prompts import rotations
 from .questions import Questions, load_questions
 
