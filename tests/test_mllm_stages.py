@@ -376,3 +376,19 @@ def test_the_dry_run_refuses_empty_or_wrong_weight_folders(tmp_path) -> None:
     (tmp_path / "w" / "llava-1.5-7b-hf" / "model.safetensors").write_bytes(b"\0" * 8)
     with pytest.raises(ConfigError, match="not an image-text model"):
         step_seconds(plan, step)
+
+
+def test_stage_weights_are_bf16_on_a_gpu_and_fp32_on_the_cpu(models, monkeypatch) -> None:
+    """On a GPU a stage encoder holds bf16 weights (a 7-8 B model in 14-16 GB, as vqa loads it),
+    recorded as weights_dtype; on the CPU fp32 and nothing recorded. The GPU rule is run here
+    on the CPU (stage_dtype patched) to check the bf16 path end to end."""
+    from spar_bench.probes.encoders import mllm_family
+
+    assert mllm_family.stage_dtype("cuda:0") == torch.bfloat16 and mllm_family.stage_dtype("cpu") == torch.float32
+    enc = load_encoder(f"mllm:{models['llava']}@llm:2").to("cpu")
+    assert next(enc.module.parameters()).dtype == torch.float32 and "weights_dtype" not in enc.spec.extra
+    monkeypatch.setattr(mllm_family, "stage_dtype", lambda device: torch.bfloat16)
+    enc.to("cpu")
+    assert next(enc.module.parameters()).dtype == torch.bfloat16 and enc.spec.extra["weights_dtype"] == "bfloat16"
+    toks = enc(images(2))[-1][0]
+    assert toks.shape == (2, enc.spec.n_tokens, 32) and torch.isfinite(toks.float()).all()

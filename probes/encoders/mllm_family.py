@@ -94,6 +94,18 @@ class MllmEncoder(Encoder):
         self.asks = asks_question(spec.extra["stage"])
         self.texts: tuple[str, ...] | None = None  # a ``+q`` stage's user messages of the batch
 
+    def to(self, device) -> MllmEncoder:
+        """Move to ``device`` in :func:`stage_dtype`'s precision: bf16 weights on a GPU (a 7-8 B
+        model in 14-16 GB, as ``spar-probe vqa`` loads it; recorded as ``weights_dtype`` in the
+        spec), fp32 on the CPU (nothing recorded: the spec of a CPU cache is as before)."""
+        import torch
+
+        dtype = stage_dtype(device)
+        self.module.to(device=torch.device(device), dtype=dtype)
+        extra = {k: v for k, v in self.spec.extra.items() if k != "weights_dtype"}
+        self.spec = replace(self.spec, extra={**extra, **({"weights_dtype": "bfloat16"} if dtype == torch.bfloat16 else {})})
+        return self
+
     def ask(self, rows) -> None:
         """Make this ``+q`` stage the encoder of one probe's questions (a
         :class:`~spar_bench.probes.question_rows.QuestionRows`): recorded in its spec."""
@@ -131,7 +143,12 @@ class MllmEncoder(Encoder):
         enc = self.processor(text=texts, images=[[im] for im in rgb], return_tensors="pt", padding=True,
                              add_special_tokens=add_special_tokens(self.processor, texts))
         enc.pop("labels", None)  # PaliGemma's processor adds them: no loss is wanted
-        return enc.to(self.device)
+        enc = enc.to(self.device)
+        dtype = next(self.module.parameters()).dtype
+        for k, v in enc.items():  # pixels in the weights' precision (bf16 on a GPU)
+            if v.is_floating_point():
+                enc[k] = v.to(dtype)
+        return enc
 
     def _layer_tokens(self, x, layers):
         if self.stage == "llm":
@@ -146,6 +163,13 @@ class MllmEncoder(Encoder):
             feats = torch.stack(list(feats)) if isinstance(feats, (list, tuple)) else feats
             return {-1: feats.reshape(b, -1, feats.shape[-1])}
         return {-1: vision_tokens(self.module, out, pix, b)}
+
+
+def stage_dtype(device):
+    """The precision a stage encoder's weights take on ``device``: bf16 on CUDA, fp32 elsewhere."""
+    import torch
+
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
 
 
 def llm_tokens(model: Any, enc: Any, layer: int):
@@ -292,20 +316,24 @@ def _load(folder: Path, name: str, random_init: bool) -> tuple[Any, Any, dict[st
     if not random_init and not has_weights:
         raise ConfigError(f"encoder {name}: {folder} holds no weights (*.safetensors, *.bin); point at a "
                           "save_pretrained folder, or pass --random-init to probe a random network on purpose")
+    import torch
+
     auto = getattr(tf, "AutoModelForImageTextToText", None) or tf.AutoModelForVision2Seq
     kw = {"local_files_only": True}
+    # bf16 where a GPU will run it (half the host memory of fp32); MllmEncoder.to sets the device's precision
+    dtype = stage_dtype("cuda" if torch.cuda.is_available() else "cpu")
     try:
         processor = tf.AutoProcessor.from_pretrained(str(folder), **kw)
         if random_init:
             model = auto.from_config(tf.AutoConfig.from_pretrained(str(folder), **kw))
             record = {"kind": "random-init", "config_from": weights_record(folder, False, name)}
         else:
-            model = auto.from_pretrained(str(folder), **kw)
+            model = auto.from_pretrained(str(folder), dtype=dtype, **kw)
             record = weights_record(folder, False, name)
     except (OSError, ValueError, KeyError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ConfigError(f"encoder {name}: cannot load {folder} as an image-text model: {first}") from None
-    return model.float().eval(), processor, record
+    return model.to(dtype).eval(), processor, record
 
 
 def _token_layout(model: Any, processor: Any, prompt: str, stage: str) -> dict[str, Any]:
