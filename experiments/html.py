@@ -56,6 +56,8 @@ td span{display:block;white-space:normal}.blind,.n{color:#555;font-size:90%}.bet
 .plot{border:1px solid #ddd;padding:4px;max-width:100%}svg.plot{width:100%;height:auto;display:block}
 #filter{font-size:14px;padding:4px;width:min(24em,90%)}caption{text-align:left;font-weight:bold}
 details{margin:.2em 0}small{color:#555}ul.flags li{margin:.1em 0}
+#main td:nth-child(-n+3),#main th:nth-child(-n+3){overflow-wrap:normal;min-width:3.5em}
+#main td:first-child{min-width:9em}
 @media (max-width:700px){table.cards thead{display:none}table.cards,table.cards tbody,table.cards tr,
 table.cards td{display:block;width:auto}table.cards tr{border:1px solid #99a;margin:0 0 .6em}
 table.cards td{border:0;border-bottom:1px solid #eee;text-align:left}
@@ -183,7 +185,7 @@ def gap(cell: dict) -> dict[str, Any] | None:
     return {"mean": d, "interval": interval, "mark": mark}
 
 
-MARK_TEXT = {"better": "▲ beats blind", "worse": "▼ below blind", "same": "≈ not apart from blind"}
+MARK_TEXT = {"better": "▲ beats blind", "worse": "▼ below blind", "same": "≈ tied with blind"}
 
 
 def gap_html(cell: dict) -> str:

@@ -406,18 +406,36 @@ class DevTools:
         self.proc.wait(timeout=60)
 
 
+def wide_doc() -> dict:
+    """16 probes x 9 configurations (the tiny doc's Level 3 cells copied): a full paper table."""
+    import copy
+
+    from spar_bench.probes.tasks import probe_names
+
+    doc = tiny_doc()
+    probes = probe_names()[:16]
+    for r in doc["configurations"]:
+        base = r["cells"][PROBES[2]]
+        r["cells"] = {p: copy.deepcopy(base) for p in probes}
+    doc["probes"], doc["configurations"] = probes, copy.deepcopy(doc["configurations"] * 3)
+    return doc
+
+
 @pytest.mark.slow
 def test_chromium_nothing_overflows_at_1920_and_390_px(report, tmp_path) -> None:
-    """At both widths: the main table within the viewport (no horizontal scroll), every plot and
-    every bar inside it; each screenshot is the viewport's width and not blank."""
+    """At both widths, for the tiny report and a 16-probe one: the main table within the
+    viewport (no horizontal scroll), every plot and every bar inside it; each screenshot is the
+    viewport's width and not blank."""
     from PIL import Image
 
     chromium()
+    wide = write_html(wide_doc(), tmp_path / "wide", title="wide", provenance=None, prefixes=[])
     browser = DevTools(tmp_path)
     try:
-        for width in WIDTHS:
-            shot = tmp_path / f"report-{width}px.png"
-            got = browser.page((report / HTML_FILE).as_uri(), width, 3000, MEASURE, shot)
+        for (name, page), width in ((pg, w) for pg in (("report", report / HTML_FILE), ("wide", wide))
+                                    for w in WIDTHS):
+            shot = tmp_path / f"{name}-{width}px.png"
+            got = browser.page(page.as_uri(), width, 3000, MEASURE, shot)
             assert got["w"] == width
             assert got["page"] <= width and got["main"] <= width + 0.5, (width, got)
             assert got["plots"] and all(right <= width + 0.5 for right in got["plots"]), (width, got)
