@@ -105,10 +105,11 @@ class HFBackend(Backend):
         self.device = options.device
         self.batch_size = options.batch_size
         self.max_new_tokens = options.max_new_tokens
-        self.decoding = {"mode": self.mode, "dtype": options.dtype, "scoring": "letter-loglik"}
+        # "bos": the tokenization rule (chat.py); answers cached before it (no BOS) are not reused
+        self.decoding = {"mode": self.mode, "dtype": options.dtype, "scoring": "letter-loglik", "bos": "once"}
         if self.mode == "generate":
             self.decoding = {"mode": self.mode, "dtype": options.dtype, "greedy": True,
-                             "max_new_tokens": self.max_new_tokens}
+                             "max_new_tokens": self.max_new_tokens, "bos": "once"}
 
     # -- inputs ------------------------------------------------------------------------
     def prompt_text(self, r: Request) -> str:
