@@ -95,4 +95,6 @@ def test_a_template_that_writes_bos_gets_it_once(folders) -> None:
     assert _stage_ids(folder, "llm:1", QUESTION) == vqa
     for stage in ("llm:1", "llm:1+q"):
         assert _stage_ids(folder, stage).count(bos) == 1, stage
+    assert load_encoder(f"mllm:{folder}@llm:1").spec.extra["bos"] == "template"  # an older cache won't resume
+    assert "bos" not in load_encoder(f"mllm:{folders['llava15']}@llm:1").spec.extra
     assert _lmms_eval_ids(folder)[:2] == [bos, bos]  # why vqa does not copy that call blindly

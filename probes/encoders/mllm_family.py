@@ -400,6 +400,8 @@ def load_mllm(rest: str, *, weights: str | None = None, random_init: bool = Fals
                "config_sha256": sha256_file(folder / "config.json"),
                **_recorded_prompt(processor, prompt, stage_text, name), "image_tokens": layout["image_tokens"],
                "vision_grid": layout["vision_grid"], "lm_grid": layout["lm_grid"], "lm_layers": n_lm,
-               "preprocessing": "the model's processor on the 224x224 grey image as RGB"},
+               "preprocessing": "the model's processor on the 224x224 grey image as RGB",
+               # the template writes BOS itself: none is added (before, a second one was)
+               **({} if add_special_tokens(processor, [prompt]) else {"bos": "template"})},
     )
     return MllmEncoder(spec, model, processor, prompt)
