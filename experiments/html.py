@@ -237,8 +237,8 @@ def _table(tid: str, caption: str, head: list[str], bodies: list[list[str]], pro
     """A sortable table; ``bodies``: one <tbody> of rows each (a unit: sorting stays inside it);
     ``probes``: column index -> the probe it shows (the filter keeps those columns)."""
     probes = probes or {}
-    ths = "".join(f'<th{f" data-probe={chr(34)}{escape(probes[i])}{chr(34)}" if i in probes else ""}>{escape(h)}</th>'
-                  for i, h in enumerate(head))
+    named = {i: f' data-probe="{escape(p)}"' for i, p in probes.items()}
+    ths = "".join(f"<th{named.get(i, '')}>{escape(h)}</th>" for i, h in enumerate(head))
     tbodies = [f'<tbody class="unit">{"".join(rows)}</tbody>' for rows in bodies if rows]
     cls = "data cards" if cards else "data"
     return [f'<div class="scroll"><table class="{cls}" id="{tid}"><caption>{escape(caption)}</caption>',
