@@ -8,10 +8,25 @@ columns and ``prediction``) or lmms-eval's ``--log_samples`` JSONL (each sample'
 the sha256 of its prompt text; so the run, every control, CircularEval and the report are
 those of ``spar-probe vqa``, and the text is read by its parser (``generate`` mode).
 
-Refused in one line: a file that is not UTF-8, a row of another build (fingerprint) or protocol,
-a row that matches no exported question (re-planned from the build and the row's ``spar_config``),
-two answers to one request, a prediction over :data:`MAX_ANSWER_CHARS` characters. A request the file has no answer for is answered ``missing`` (unanswered; the
-run's ``metrics.json`` counts them under ``requests.missing``).
+Refused in one line: a file that is not UTF-8, a prediction over :data:`MAX_ANSWER_CHARS`
+characters, a row of another build (fingerprint) or protocol, a row that matches no
+exported question (re-planned from the build and the row's ``spar_config``), two answers to
+one request. A request the file has no answer for is answered ``missing`` (unanswered; the
+run's ``metrics.json`` counts them under ``requests.missing``); a variant with more than a
+stated share missing is not measured, one with all missing is refused unless accepted
+(:mod:`.measured`).
+
+Several files answer one run (``--answers A --answers B``; ``answers:A<os.pathsep>B``):
+VLMEvalKit answers the export's ``<probe>.tsv`` and ``<probe>.blind.tsv`` as two datasets.
+
+The prompt: lmms-eval's exported task sends ``doc_to_text`` = the exported question, ``vqa``'s
+exact prompt (``prompt: exact``). VLMEvalKit wraps the question in its own prompt
+(``ImageMCQDataset.build_prompt`` in ``vlmeval/dataset/image_mcq.py`` and
+``TextMCQDataset.build_prompt`` in ``text_mcq.py``: "Question: ..", the options listed again,
+"Please select the correct answer from the options above."; a model class may use its own), so
+answers read from a table file are recorded as asked with the harness's prompt (``prompt:
+harness (VLMEvalKit ...)`` in the run's model identity) and the reports mark them "harness
+prompt".
 """
 
 from __future__ import annotations
@@ -19,6 +34,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -32,6 +48,8 @@ ID = ("spar_key", "spar_variant", "spar_prompt_sha256")
 REQUIRED = (*ID, "spar_build", "spar_protocol", "spar_config", "spar_probe")
 #: the lmms-eval metric whose per-sample value carries the spar fields
 LMMS_METRIC = "spar_accuracy"
+#: how the answers of each file kind were asked (recorded in the run's model identity)
+PROMPTS = {"table": "harness (VLMEvalKit build_prompt wraps the exported question)", "jsonl": "exact"}
 
 
 def _table_rows(path: Path) -> list[dict[str, Any]]:
@@ -117,11 +135,11 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 
 
 def probes_answered(path: str | Path) -> list[str]:
-    """The probes ``path`` has answers for (``spar_probe``), in registry order: what
-    ``--answers`` asks when no ``--probe`` is given."""
+    """The probes ``path`` (files joined by ``os.pathsep``) has answers for (``spar_probe``), in
+    registry order: what ``--answers`` asks when no ``--probe`` is given."""
     from ..tasks import probe_names
 
-    got = {str(r["spar_probe"]) for r in read_rows(Path(path))}
+    got = {str(r["spar_probe"]) for x in str(path).split(os.pathsep) if x for r in read_rows(Path(x))}
     if not got:
         raise ConfigError(f"--answers {path}: no answer rows; pass the predictions of an exported file")
     return [p for p in probe_names() if p in got]
@@ -185,25 +203,45 @@ def check_rows(path: Path, rows: list[dict[str, Any]], build) -> dict[tuple[str,
     return got
 
 
-class AnswersBackend(Backend):
-    """Answers each request from a file of another harness's answers (see the module doc)."""
+def prompt_of(paths: list[Path]) -> str:
+    """How the answers of ``paths`` were asked (:data:`PROMPTS`); one kind per run."""
+    kinds = {"jsonl" if p.suffix == ".jsonl" else "table" for p in paths}
+    if len(kinds) > 1:
+        raise ConfigError(f"--answers {paths[0]}: mixes lmms-eval samples and VLMEvalKit predictions, which were "
+                          "asked with different prompts; score each harness's answers on their own")
+    return PROMPTS[kinds.pop()]
 
-    def __init__(self, path: str, data: str | None):
+
+class AnswersBackend(Backend):
+    """Answers each request from files of another harness's answers (see the module doc)."""
+
+    def __init__(self, path: str, data: str | None, accept_missing: bool = False):
         from spar_bench.builder.shards import Build
 
-        if not path:
+        paths = [Path(x) for x in path.split(os.pathsep) if x]
+        if not paths:
             raise ConfigError("--answers: name the answers file (--answers FILE)")
+        self.source = "--answers " + " ".join(map(str, paths))
         if not data:
-            raise ConfigError(f"--answers {path}: needs --data, the build that was exported")
-        p = Path(path)
-        self.answers = check_rows(p, read_rows(p), Build(data))
-        digest = hashlib.sha256(p.read_bytes()).hexdigest()
-        self.name = "answers-" + (re.sub(r"[^A-Za-z0-9._-]+", "-", p.stem).strip("-")[-60:] or "file")
+            raise ConfigError(f"--answers {paths[0]}: needs --data, the build that was exported")
+        rows = [(p, read_rows(p)) for p in paths]
+        build = Build(data)
+        self.answers: dict = {}
+        for p, rs in rows:
+            got = check_rows(p, rs, build)
+            if set(got) & set(self.answers):
+                raise ConfigError(f"--answers {p}: answers rows another --answers file answers; keep one answer "
+                                  "per exported row")
+            self.answers.update(got)
+        digests = [hashlib.sha256(p.read_bytes()).hexdigest() for p in paths]
+        digest = digests[0] if len(paths) == 1 else hashlib.sha256(" ".join(digests).encode()).hexdigest()
+        self.name = "answers-" + (re.sub(r"[^A-Za-z0-9._-]+", "-", paths[0].stem).strip("-")[-60:] or "file")
         self.mode = "generate"
-        self.identity = {"kind": "answers", "sha256": digest}
+        self.identity = {"kind": "answers", "sha256": digest, "prompt": prompt_of(paths)}
         self.decoding = {"mode": "generate"}
         self.batch_size = 256
         self.missing = 0
+        self.accept_missing = accept_missing
 
     def answer(self, requests: list[Request]) -> list[Reply]:
         out = []
@@ -219,4 +257,4 @@ class AnswersBackend(Backend):
 
 
 def load_answers(rest: str, options: BackendOptions) -> AnswersBackend:
-    return AnswersBackend(rest, options.data)
+    return AnswersBackend(rest, options.data, options.accept_missing)
