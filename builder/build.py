@@ -524,7 +524,7 @@ def _prepare_dirs(config: BuildConfig) -> tuple[Path, Path]:
         rec["partition"] = list(config.partition)
     recorded = json.dumps(rec, sort_keys=True, indent=2)
     cfg = work / "config.json"
-    if cfg.exists() and cfg.read_text(encoding="utf-8") != recorded:
+    if cfg.exists() and _resume_record(cfg.read_text(encoding="utf-8")) != _resume_record(recorded):
         raise ConfigError(
             f"{cfg}: the unfinished build used other options; resume with the same options "
             "or pass --overwrite to start over"
@@ -536,6 +536,20 @@ def _prepare_dirs(config: BuildConfig) -> tuple[Path, Path]:
     if (work / "out").exists():
         shutil.rmtree(work / "out")  # outputs are always rewritten from the spilled cases
     return work, out
+
+
+#: options a resume may change: how a bad case is met (a failed build is resumed with
+#: ``--on-error skip``, as its error line says), not what a finished case holds
+RESUME_FREE = ("on_error",)
+
+
+def _resume_record(text: str) -> Any:
+    """A recorded config as a resume compares it (:data:`RESUME_FREE` left out)."""
+    try:
+        d = json.loads(text)
+    except ValueError:
+        return text
+    return {k: v for k, v in d.items() if k not in RESUME_FREE} if isinstance(d, dict) else d
 
 
 def _unfinished(work: Path) -> str:
@@ -654,7 +668,7 @@ def _run_cases(config: BuildConfig, refs, cases_dir: Path, sample: dict) -> dict
     def accept(rec: CaseRecord) -> None:
         if not rec.ok and config.on_error == "fail":
             raise CaseError(rec.case_id, None, rec.reason.removeprefix(f"case {rec.case_id}: ")
-                            + " (pass --on-error skip to leave bad cases out)")
+                            + " (rerun with --resume --on-error skip to leave bad cases out)")
         done[(rec.source, rec.case_id)] = rec
         bar.update(1)
 
@@ -838,6 +852,12 @@ def build(config: BuildConfig, *, quiet: bool = False) -> Path:
     from spar_bench.outputs import disk_full_is_an_error
 
     sample_cfg = _sample_config(config)
+    if sample_cfg.counterfactual == "mirror+flip" and "level4" not in sample_cfg.levels and not quiet:
+        import click
+
+        click.echo(f"note: --counterfactual mirror+flip: the flipped copies are of Level 4 volumes, and the levels "
+                   f"are {','.join(sample_cfg.levels)}; this build adds the mirrored copies only (as mirror)",
+                   err=True)  # fmt: skip
     if "level4" in sample_cfg.levels:  # memory now, before anything is written
         from .samples.config import check_volume_size
 

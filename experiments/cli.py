@@ -71,6 +71,7 @@ def run_command(experiment, sets, dry_run, list_steps, only, partition, devices,
     from spar_bench.partitions import parse_partition
 
     from .config import load_experiment
+    from .confine import check_confined
     from .plan import make_plan
     from .plan import partition as part_of
     from .runner import check_inputs, run_steps
@@ -82,11 +83,16 @@ def run_command(experiment, sets, dry_run, list_steps, only, partition, devices,
     exp = load_experiment(path, _overrides(sets))
     check_values(exp, here)
     plan = make_plan(exp)
+    check_confined(exp.out, plan.steps)  # nothing written outside out: (a symlinked folder inside it)
     part = parse_partition(partition)
     chosen = [plan.step(s) for s in only] if only else plan.steps
     if part is not None:
         ids = {s.id for s in part_of(plan, part[0] + 1, part[1])}
         chosen = [s for s in chosen if s.id in ids]
+        if not chosen:  # more partitions than steps (or --only outside this one): said, not silent
+            click.echo(f"--partition {partition}: no step in this partition (the plan has {len(plan.steps)} "
+                       f"step(s) for {part[1]} partitions); nothing to run", err=True)  # fmt: skip
+            return None
     if executor == "slurm" and not list_steps:
         return _run_slurm(plan, chosen, experiment=str(path), sets=_overrides(sets), dry_run=dry_run,
                           follow=follow, opts=slurm)  # fmt: skip
@@ -167,7 +173,10 @@ def cancel_command(out):
     """Cancel the SLURM jobs of the experiment submitted to OUT (finished steps stay done)."""
     from . import slurm
 
-    record = slurm.read_record(out)
+    record = slurm.submitted(out)
+    if not record:
+        click.echo(f"{out}: no SLURM job was submitted (no {slurm.slurm_dir(out) / 'jobs.json'}); nothing to cancel")
+        return
     jobs = slurm.job_states([r["job"] for r in record.values()])
     live = sorted((j.id for j in jobs.values() if j.state in slurm.LIVE), key=int)
     slurm.cancel_jobs(live)

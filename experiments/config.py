@@ -244,7 +244,12 @@ def _to_python(node, where: _Where, key: str = "") -> Any:
         return out
     if isinstance(node, yaml.SequenceNode):
         return [_to_python(v, where, f"{key}[{i}]") for i, v in enumerate(node.value)]
-    return _scalar(node)
+    try:
+        return _scalar(node)
+    except Exception as e:  # noqa: BLE001 (an unknown tag !spec, a bad !!binary or !!timestamp: yaml raises anything)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{where.path}:{node.start_mark.line + 1}: {key or 'the file'}: not valid YAML "
+                          f"({problem})") from None
 
 
 def _scalar(node) -> Any:
@@ -341,7 +346,10 @@ def substitute(value: Any, variables: dict[str, str], where: _Where, key: str = 
             known = sorted(variables)
             close = difflib.get_close_matches(name, known, n=1)
             hint = f"; did you mean ${{{close[0]}}}?" if close else ""
-            raise where.error(key, f"${{{m.group(1) or ''}{name}}} is not defined: add it under vars:, pass "
+            if env:  # read from the environment only: vars: and --set do not reach it
+                raise where.error(key, f"${{env:{name}}} is not set: set the environment variable {name} "
+                                       f"(export {name}=VALUE), or write ${{{name}}} to take vars: or --set too")
+            raise where.error(key, f"${{{name}}} is not defined: add it under vars:, pass "
                                    f"--set {name}=VALUE, or set the environment variable{hint}")  # fmt: skip
         return str(got)
 
@@ -453,7 +461,10 @@ def load_experiment(path: str | Path, overrides: dict[str, str] | None = None) -
     for key in ("experiment", "out", "builds"):
         if key not in exp:
             raise ConfigError(f"{path}: missing {key}: (see docs/EXPERIMENTS.md)")
+    _check_declared_names(exp, raw, where)
     builds = {n: _build(n, d, where) for n, d in exp["builds"].items()}
+    if not builds:
+        raise where.error("builds", "no build defined; give one (phantom:, sources: with roots:, or path:)")
     encoders = {n: Encoder(n, d["spec"] if "spec" in d else _missing(where, f"encoders.{n}", "spec"),
                            d.get("weights"), d.get("revision"), bool(d.get("random_init", False)),
                            d.get("model_args"), d.get("label"))
@@ -482,6 +493,23 @@ def load_experiment(path: str | Path, overrides: dict[str, str] | None = None) -
         title=(exp.get("report") or {}).get("title") or exp["experiment"], variables=variables, where=where,
         resources=_resources(exp.get("resources") or {}, where),
     )  # fmt: skip
+
+
+#: the sections whose entries' names become file and folder names (``builds/<b>``, ``cache/<e>@<b>.h5`` ...)
+NAMED = ("builds", "encoders", "mllms", "predictors")
+
+
+def _check_declared_names(exp: dict[str, Any], raw: dict[str, Any], where: _Where) -> None:
+    """Every name that becomes a path, where it is declared (:func:`spar_bench.names.check_name`):
+    the experiment's (a ``${VARIABLE}``'s value too: ``--set``) and each entry's of :data:`NAMED`."""
+    from spar_bench.names import check_name
+
+    given = raw.get("experiment")
+    via = f" (the value of {given})" if isinstance(given, str) and _VAR.search(given) else ""
+    check_name(exp["experiment"], f"{where.at('experiment')}: experiment{via}")
+    for section in NAMED:
+        for n in exp.get(section) or {}:
+            check_name(n, f"{where.at(f'{section}.{n}')}: {section}.{n}")
 
 
 def _resources(given: dict[str, Any], where: _Where) -> dict[str, dict[str, Any]]:

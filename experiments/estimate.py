@@ -9,6 +9,8 @@ row of its family.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from .plan import Plan, Step
 
 #: images/s of a feature cache, by a substring of the encoder spec: (2 CPU cores fp32, one GPU bf16)
@@ -59,8 +61,66 @@ def cache_rate(spec: str, model_args: dict | None = None) -> tuple[float, float]
     return CACHE_RATES[-1][1:]
 
 
+#: FLOP/s an MLLM stage cache reaches: 2 CPU cores fp32 (about 25 GFLOP/s a core) and one H200
+#: in bf16 (a sixth of its dense peak: batch 8-32 of a 7-8 B model, attention included)
+MLLM_FLOPS = (5e10, 1.5e14)
+#: the LM tokens of an ``llm:N`` prompt beside the image (``+q``: the question, its options and
+#: instruction, about 150 more)
+MLLM_PROMPT_TOKENS = {False: 16, True: 170}
+
+
+def mllm_cache_rate(spec: str) -> tuple[float, float]:
+    """``(images/s on 2 CPU cores, images/s on one GPU)`` of an
+    ``mllm:DIR@STAGE`` cache, priced by the model's parameter count (the safetensors headers of
+    DIR) and the tokens each image runs through: the vision tower's parameters over its patches,
+    and for ``llm:N`` also N/L of the language model's over the image and prompt tokens
+    (2 FLOP a parameter a token). A folder without a config or weights is refused in one line,
+    so ``--dry-run`` stops on it."""
+    import json
+
+    from spar_bench.errors import ConfigError
+    from spar_bench.probes.encoders.mllm_family import parse_stage, split_name
+
+    folder_text, stage_text = split_name(spec.removeprefix("mllm:"))
+    stage, layer = parse_stage(stage_text, spec)
+    folder = Path(folder_text)
+    files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
+    if not (folder / "config.json").is_file() or not files:
+        raise ConfigError(f"encoder {spec}: {folder} holds no config.json and *.safetensors weights; point it at "
+                          "the model's save_pretrained folder (download it first)")
+    cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    text, vision = cfg.get("text_config") or {}, cfg.get("vision_config") or {}
+    if not text or not vision:
+        raise ConfigError(f"encoder {spec}: {folder}/config.json is not an image-text model's (no text_config and "
+                          "vision_config); point it at a vision-language model's folder")
+    params = sum(_safetensors_params(f) for f in files)
+    d, n_lm = int(text.get("hidden_size", 4096)), int(text.get("num_hidden_layers", 32))
+    lm = min(params, 12 * n_lm * d * d + 2 * int(text.get("vocab_size", 32000)) * d)
+    side = int(vision.get("image_size", 336)) // max(int(vision.get("patch_size", 14)), 1)
+    patches = max(side * side, 64)
+    flops = 2.0 * (params - lm) * patches
+    if stage == "llm":
+        depth = (layer if layer >= 0 else n_lm + 1 + layer) / max(n_lm, 1)
+        flops += 2.0 * lm * depth * (patches + MLLM_PROMPT_TOKENS[stage_text.endswith("+q")])
+    return MLLM_FLOPS[0] / flops, MLLM_FLOPS[1] / flops
+
+
+def _safetensors_params(path: Path) -> int:
+    """Parameters in one safetensors file, from its JSON header (no tensor is read)."""
+    import json
+    import math
+    import struct
+
+    with path.open("rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        head = json.loads(f.read(n))
+    return sum(math.prod(v["shape"]) for k, v in head.items() if k != "__metadata__")
+
+
 def _rate(plan: Plan, enc: str) -> tuple[float, float]:
     e = plan.experiment.encoders.get(enc)
+    if e is not None and e.spec.startswith("mllm:"):
+        return mllm_cache_rate(e.spec)
     return cache_rate(e.spec, e.model_args) if e is not None else cache_rate("")
 
 

@@ -30,6 +30,7 @@ from typing import Any
 
 from spar_bench.errors import ConfigError
 from spar_bench.probes.tasks import METRICS, PROBE_SPECS, get_probe
+from spar_bench.probes.vqa.measured import HARNESS_PROMPT, NOT_MEASURED
 from spar_bench.provenance import json_safe, local_paths
 
 # report.py calls write_html, so nothing here imports it (no import cycle); the cell formatting
@@ -44,23 +45,41 @@ CONTROLS: dict[str, tuple[str, bool]] = {"plain": ("test", False), "circular": (
 MARKS = {"chance": ("chance", "#1f78b4"), "prior": ("prior", "#d95f02"), "blind": ("blind", "#000000")}
 MODE_COLOURS = {"frozen": "#1b9e77", "finetuned": "#7570b3", "scratch": "#e7298a", "MLLM": "#66a61e"}
 
-CSS = """body{font:14px/1.4 sans-serif;margin:1.5em;color:#222;max-width:1250px}
-table{border-collapse:collapse;margin:.5em 0 1.5em}th,td{border:1px solid #ccc;padding:3px 6px}
+CSS = """body{font:14px/1.4 sans-serif;margin:1em;color:#222}
+.scroll{overflow-x:auto;max-width:100%}table{border-collapse:collapse;margin:.5em 0 1.5em}
+table.data{width:100%}th,td{border:1px solid #ccc;padding:3px 5px;overflow-wrap:anywhere;vertical-align:top}
 th{background:#eef;cursor:pointer;user-select:none}td.num{text-align:right;font-variant-numeric:tabular-nums}
 td[title]{text-decoration:underline dotted #999}.banner{background:#fdd;border:1px solid #c00;padding:.5em}
-.plots{display:flex;flex-wrap:wrap;gap:12px}.plot{border:1px solid #ddd;padding:4px}
-#filter{font-size:14px;padding:4px;width:24em}caption{text-align:left;font-weight:bold}
-details{margin:.2em 0}small{color:#555}.scroll{overflow-x:auto}"""
+td span{display:block;white-space:normal}.blind,.n{color:#555;font-size:90%}.better{color:#1a7f37}
+.worse{color:#b42318}.same{color:#555}.nm{color:#b42318;font-style:italic}tbody.unit{border-top:3px solid #99a}
+.plots{display:grid;grid-template-columns:repeat(auto-fill,minmax(min(100%,560px),1fr));gap:12px}
+.plot{border:1px solid #ddd;padding:4px;max-width:100%}svg.plot{width:100%;height:auto;display:block}
+#filter{font-size:14px;padding:4px;width:min(24em,90%)}caption{text-align:left;font-weight:bold}
+details{margin:.2em 0}small{color:#555}ul.flags li{margin:.1em 0}
+#main td:nth-child(-n+3),#main th:nth-child(-n+3){overflow-wrap:normal;min-width:3.5em}
+#main td:first-child{min-width:9em}
+@media (max-width:700px){table.cards thead{display:none}table.cards,table.cards tbody,table.cards tr,
+table.cards td{display:block;width:auto}table.cards tr{border:1px solid #99a;margin:0 0 .6em}
+table.cards td{border:0;border-bottom:1px solid #eee;text-align:left}
+table.cards td::before{content:attr(data-label);display:block;font-weight:bold;color:#334}
+table.cards caption{display:block;width:auto}}"""
 
-JS = """function sortBy(th){const t=th.closest('table'),b=t.tBodies[0],i=th.cellIndex,
-up=th.dataset.dir!=='asc';th.dataset.dir=up?'asc':'desc';const key=r=>{const c=r.cells[i];
-if(!c)return '';const v=c.dataset.value;return v===undefined?c.textContent:(v===''?null:parseFloat(v));};
-const rows=[...b.rows];rows.sort((a,c)=>{const x=key(a),y=key(c);if(x===y)return 0;if(x===null)return 1;
-if(y===null)return -1;return (x<y?-1:1)*(up?1:-1);});rows.forEach(r=>b.appendChild(r));}
+#: sorting: within each <tbody> (one unit: a probe), by the clicked column's data-value; the
+#: filter: a query naming probes keeps those probes' columns (every row), any other text keeps
+#: the rows holding it
+JS = """function sortBy(th){const t=th.closest('table'),i=th.cellIndex,up=th.dataset.dir!=='asc';
+th.dataset.dir=up?'asc':'desc';const key=r=>{const c=r.cells[i];if(!c)return '';const v=c.dataset.value;
+return v===undefined?c.textContent:(v===''?null:parseFloat(v));};
+for(const b of t.tBodies){const rows=[...b.rows];rows.sort((a,c)=>{const x=key(a),y=key(c);if(x===y)return 0;
+if(x===null)return 1;if(y===null)return -1;return (x<y?-1:1)*(up?1:-1);});rows.forEach(r=>b.appendChild(r));}}
 document.querySelectorAll('table.data th').forEach(th=>th.addEventListener('click',()=>sortBy(th)));
-document.getElementById('filter').addEventListener('input',e=>{const q=e.target.value.toLowerCase();
-document.querySelectorAll('table.data tbody tr').forEach(r=>{
-r.hidden=q!==''&&!r.textContent.toLowerCase().includes(q);});});"""
+function filterBy(q){document.querySelectorAll('table.data').forEach(t=>{
+const heads=[...t.tHead.rows[0].cells],probes=heads.filter(h=>h.dataset.probe!==undefined);
+const hit=q!==''&&probes.some(h=>h.dataset.probe.toLowerCase().includes(q));
+heads.forEach((h,i)=>{const show=!hit||h.dataset.probe===undefined||h.dataset.probe.toLowerCase().includes(q);
+h.hidden=!show;for(const b of t.tBodies)for(const r of b.rows)if(r.cells[i])r.cells[i].hidden=!show;});
+for(const b of t.tBodies)for(const r of b.rows)r.hidden=!hit&&q!==''&&!r.textContent.toLowerCase().includes(q);});}
+document.getElementById('filter').addEventListener('input',e=>filterBy(e.target.value.toLowerCase()));"""
 
 
 # --------------------------------------------------------------------------- cells
@@ -99,9 +118,16 @@ def _num(v: Any) -> str:
     return "" if v is None else json.dumps(float(v))
 
 
-def _td(text: str, value: Any = None, title: str = "", numeric: bool = True) -> str:
+def _td(text: str, value: Any = None, title: str = "", numeric: bool = True, label: str = "") -> str:
     attrs = (f' data-value="{_num(value)}"' if numeric else "") + (f' title="{escape(title)}"' if title else "")
+    attrs += f' data-label="{escape(label)}"' if label else ""
     return f'<td{" class=num" if numeric else ""}{attrs}>{escape(text)}</td>'
+
+
+def _html_td(spans: list[str], value: Any, title: str, label: str) -> str:
+    """A number cell of several lines (``spans``: escaped HTML), sorted by ``value``."""
+    return (f'<td class=num data-value="{_num(value)}" data-label="{escape(label)}"'
+            + (f' title="{escape(title)}"' if title else "") + f">{''.join(spans)}</td>")
 
 
 def cell_provenance(cell: dict) -> str:
@@ -114,14 +140,77 @@ def cell_provenance(cell: dict) -> str:
                       f"protocol: {distinct(runs, 'protocol_version')}"])  # fmt: skip
 
 
-def _mean_td(cell: dict | None, key: str, pct: bool | None = None, title: str = "", std: bool = False) -> str:
-    s = (cell or {}).get(key)
+def _unmeasured(s: Any) -> bool:
+    return isinstance(s, dict) and bool(s.get("not_measured"))
+
+
+def mean_text(s: dict | None, pct: bool, std: bool = True) -> str:
+    """``mean ± std`` over seeds (the mean alone for one seed: no ``± 0.00``; ``std=False``: the
+    mean alone), ``not measured``, ``-``."""
+    if _unmeasured(s):
+        return NOT_MEASURED
     mean = get_path(s, "mean")
     if mean is None:
-        return _td("-", None, title)
-    pct = cell["percent"] if pct is None else pct
-    text = fmt(mean, pct) + (f" ± {fmt(s['std'], pct)}" if std and s.get("std") is not None else "")
-    return _td(text, mean, title)
+        return "-"
+    spread = std and (s.get("n") or 1) > 1 and s.get("std") is not None
+    return fmt(mean, pct) + (f" ± {fmt(s['std'], pct)}" if spread else "")
+
+
+def _mean_td(cell: dict | None, key: str, pct: bool | None = None, title: str = "", label: str = "") -> str:
+    s = (cell or {}).get(key)
+    pct = (cell or {}).get("percent", False) if pct is None else pct
+    return _td(mean_text(s, pct, std=False), get_path(s, "mean"), title, label=label)
+
+
+def higher_is_better(cell: dict) -> bool:
+    return METRICS[cell["metric"]].higher_is_better if cell.get("metric") in METRICS else True
+
+
+def gap(cell: dict) -> dict[str, Any] | None:
+    """model - blind: ``mean`` (of the seed means), a conservative ``interval`` (the model's
+    mean 95 % CI less the blind one's; the blind mean where it has none) and ``mark``:
+    ``better`` / ``worse`` than blind in the metric's own direction when the interval excludes
+    0, else ``same``. None when either side is missing or not measured."""
+    t, b = cell.get("test"), cell.get("blind")
+    if _unmeasured(t) or _unmeasured(b) or get_path(t, "mean") is None or get_path(b, "mean") is None:
+        return None
+    d = t["mean"] - b["mean"]
+    lo, hi = t.get("ci_low"), t.get("ci_high")
+    blo, bhi = (b.get("ci_low"), b.get("ci_high")) if b.get("ci_low") is not None else (b["mean"], b["mean"])
+    interval = None if lo is None or hi is None else (lo - bhi, hi - blo)
+    up = higher_is_better(cell)
+    mark = "same"
+    if interval is not None and (interval[0] > 0 or interval[1] < 0):
+        mark = "better" if (interval[0] > 0) == up else "worse"
+    return {"mean": d, "interval": interval, "mark": mark}
+
+
+MARK_TEXT = {"better": "▲ beats blind", "worse": "▼ below blind", "same": "≈ tied with blind"}
+
+
+def gap_html(cell: dict) -> str:
+    """model - blind as a line: the difference, its interval, the test patients, the mark."""
+    g = gap(cell)
+    if g is None:
+        return ""
+    pct = cell["percent"]
+    iv = "" if g["interval"] is None else f" [{signed(g['interval'][0], pct)}, {signed(g['interval'][1], pct)}]"
+    n = f", {cell['patients']} test patients" if cell.get("patients") is not None else ""
+    return (f'<span class="d {g["mark"]}">Δ {escape(signed(g["mean"], pct))}{escape(iv)}{escape(n)} '
+            f'{MARK_TEXT[g["mark"]]}</span>')
+
+
+def main_cell(cell: dict, probe: str) -> str:
+    """Model (mean ± std over seeds), blind, model - blind with its interval and mark."""
+    pct, t = cell["percent"], cell.get("test")
+    spans = [f'<span class="{"nm" if _unmeasured(t) else "m"}">{escape(mean_text(t, pct))}</span>']
+    if cell.get("blind") is not None:
+        b = cell["blind"]
+        spans.append(f'<span class="{"nm" if _unmeasured(b) else "blind"}">blind {escape(mean_text(b, pct))}</span>')
+    spans.append(gap_html(cell))
+    if cell.get("harness_prompt"):
+        spans.append(f'<span class="n">({HARNESS_PROMPT})</span>')
+    return _html_td(spans, get_path(t, "mean"), cell_provenance(cell), probe)
 
 
 def row_label(row: dict, builds: bool = False) -> str:
@@ -138,25 +227,36 @@ def several_builds(doc: dict) -> bool:
 
 
 def _key_tds(row: dict, builds: bool) -> list[str]:
-    return [_td(row_label(row, builds), numeric=False), _td(row["mode"], numeric=False), _td(row["head"], numeric=False)]
+    return [_td(row_label(row, builds), numeric=False, label="configuration"),
+            _td(row["mode"], numeric=False, label="mode"), _td(row["head"], numeric=False, label="head")]
 
 
 # --------------------------------------------------------------------------- tables
-def _table(tid: str, caption: str, head: list[str], rows: list[str]) -> list[str]:
-    ths = "".join(f"<th>{escape(h)}</th>" for h in head)
-    return [f'<div class="scroll"><table class="data" id="{tid}"><caption>{escape(caption)}</caption>',
-            f"<thead><tr>{ths}</tr></thead><tbody>", *rows, "</tbody></table></div>"]  # fmt: skip
+def _table(tid: str, caption: str, head: list[str], bodies: list[list[str]], probes: dict[int, str] | None = None,
+           cards: bool = True) -> list[str]:
+    """A sortable table; ``bodies``: one <tbody> of rows each (a unit: sorting stays inside it);
+    ``probes``: column index -> the probe it shows (the filter keeps those columns)."""
+    probes = probes or {}
+    named = {i: f' data-probe="{escape(p)}"' for i, p in probes.items()}
+    ths = "".join(f"<th{named.get(i, '')}>{escape(h)}</th>" for i, h in enumerate(head))
+    tbodies = [f'<tbody class="unit">{"".join(rows)}</tbody>' for rows in bodies if rows]
+    cls = "data cards" if cards else "data"
+    return [f'<div class="scroll"><table class="{cls}" id="{tid}"><caption>{escape(caption)}</caption>',
+            f"<thead><tr>{ths}</tr></thead>", *tbodies, "</table></div>"]  # fmt: skip
 
 
 def main_table(doc: dict) -> list[str]:
-    """Configurations x probes: the headline, mean +- std over seeds; provenance on hover."""
+    """Configurations x probes: each cell the model, its blind baseline and model - blind with
+    its interval and mark; provenance on hover."""
     probes, rows = doc["probes"], []
     for r in doc["configurations"]:
-        cells = [_mean_td(r["cells"].get(p), "test", title=cell_provenance(r["cells"][p]), std=True)
-                 if p in r["cells"] else _td("-") for p in probes]  # fmt: skip
-        rows.append(f'<tr>{"".join(_key_tds(r, several_builds(doc)))}{_td(str(len(r["seeds"])), len(r["seeds"]))}{"".join(cells)}</tr>')
+        cells = [main_cell(r["cells"][p], p) if p in r["cells"] else _td("-", label=p) for p in probes]
+        seeds = _td(str(len(r["seeds"])), len(r["seeds"]), label="seeds")
+        rows.append(f'<tr>{"".join(_key_tds(r, several_builds(doc)))}{seeds}{"".join(cells)}</tr>')
     head = ["configuration", "mode", "head", "seeds", *(f"{p} {metric_label(p)}" for p in probes)]
-    return _table("main", "Main table: headline per probe, mean ± std over seeds (rates in %)", head, rows)
+    caption = ("Main table: per probe the model (mean ± std over seeds), its blind baseline, and Δ = model - "
+               "blind with a conservative 95 % interval (rates in %)")
+    return _table("main", caption, head, [rows], {4 + j: p for j, p in enumerate(probes)})
 
 
 def _controls(doc: dict) -> list[str]:
@@ -164,21 +264,80 @@ def _controls(doc: dict) -> list[str]:
     return [k for k, (key, _) in CONTROLS.items() if k in ("plain", "blind") or any(c.get(key) for c in cells)]
 
 
+def _control_row(doc: dict, r: dict, p: str, cols: list[str], parse: bool) -> str:
+    c = r["cells"][p]
+    title = cell_provenance(c)
+    tds = [_mean_td(c, CONTROLS[k][0], True if CONTROLS[k][1] else None, title, k) for k in cols]
+    g = gap(c)
+    tds.append(_html_td([gap_html(c) or "-"], None if g is None else g["mean"], title, "model - blind"))
+    tds += [_mean_td(c, "parse rate", True, title, "parse")] if parse else []
+    tds += [_mean_td(c, k, title=title, label=k) for k in ("chance", "prior")]
+    return f'<tr>{"".join(_key_tds(r, several_builds(doc)))}{_td(p, numeric=False, label="probe")}{"".join(tds)}</tr>'
+
+
 def controls_table(doc: dict) -> list[str]:
-    """One row per configuration x probe, the controls side by side as columns."""
-    cols, rows = _controls(doc), []
+    """One row per configuration x probe, the controls side by side as columns; one table body
+    per probe (its unit), so sorting never mixes pixels and rates."""
+    cols = _controls(doc)
+    parse = any(c.get("parse rate") for r in doc["configurations"] for c in r["cells"].values())
+    bodies = [[_control_row(doc, r, p, cols, parse) for r in doc["configurations"] if p in r["cells"]]
+              for p in doc["probes"]]
+    head = ["configuration", "mode", "head", "probe", *cols, "model - blind", *(["parse"] if parse else []),
+            "chance", "prior"]
+    caption = "Controls side by side, one block per probe (circular: CircularEval strict, MLLM only; rates in %)"
+    return _table("controls", caption, head, bodies)
+
+
+def conflict_table(doc: dict) -> list[str]:
+    """Accuracy on the conflict items (the answer in the image is not the prior's), the blind
+    head's under it: the README's headline comparison."""
+    probes = [p for p in doc["probes"] if any(get_path(r["cells"].get(p), "conflict") for r in doc["configurations"])]
+    if not probes:
+        return []
+    rows = []
     for r in doc["configurations"]:
-        for p, c in r["cells"].items():
-            title = cell_provenance(c)
-            tds = [_mean_td(c, CONTROLS[k][0], True if CONTROLS[k][1] else None, title) for k in cols]
-            gap = None if None in (get_path(c, "test", "mean"), get_path(c, "blind", "mean")) else (
-                c["test"]["mean"] - c["blind"]["mean"])
-            tds.append(_td(signed(gap, c["percent"]), gap, title))
-            tds += [_mean_td(c, k, title=title) for k in ("chance", "prior")]
-            rows.append(f'<tr>{"".join(_key_tds(r, several_builds(doc)))}{_td(p, numeric=False)}{"".join(tds)}</tr>')
-    head = ["configuration", "mode", "head", "probe", *cols, "model - blind", "chance", "prior"]
-    caption = "Controls side by side (circular: CircularEval strict, MLLM only; rates in %)"
-    return _table("controls", caption, head, rows)
+        if not any(get_path(r["cells"].get(p), "conflict") for p in probes):
+            continue
+        tds = []
+        for p in probes:
+            c = r["cells"].get(p) or {}
+            spans = [f'<span class="m">{escape(mean_text(c.get("conflict"), True))}</span>',
+                     f'<span class="blind">blind {escape(mean_text(c.get("conflict_blind"), True))}</span>']
+            tds.append(_html_td(spans, get_path(c, "conflict", "mean"), "", p))
+        rows.append(f'<tr>{"".join(_key_tds(r, several_builds(doc)))}{"".join(tds)}</tr>')
+    caption = ("Conflict items: accuracy where the answer in the image differs from the prior's (the prior "
+               "scores 0 % there), the blind head's under it (%)")
+    return ["<h2>Conflict items</h2>", *_table("conflict", caption, ["configuration", "mode", "head", *probes],
+                                               [rows], {3 + j: p for j, p in enumerate(probes)})]
+
+
+def flags_list(doc: dict) -> list[str]:
+    """report.md's quality flags, per configuration and probe."""
+    items = [f"<li><b>{escape(row_label(r, several_builds(doc)))}</b>, {escape(p)}: {escape(f)}</li>"
+             for r in doc["configurations"] for p, c in r["cells"].items() for f in c.get("flags", [])]
+    return ["<h2>Quality flags</h2>", f'<ul class="flags">{"".join(items)}</ul>' if items else "<p>None.</p>"]
+
+
+def stage_table(doc: dict) -> list[str]:
+    """Per MLLM probed by stage (``doc["stage_view"]``, experiment.md's stage tables): per probe
+    the heads' headline at each stage with its blind baseline, then the model's own answer."""
+    out = []
+    for k, model in enumerate(doc.get("stage_view") or []):
+        stages, vqa = model["stages"], model["vqa"]
+        head = ["probe", *(s["stage"] for s in stages), *("answer" for _ in vqa)]
+        probes = [p for p in doc["probes"] if any(p in s["row"]["cells"] for s in stages)]
+        rows = []
+        for p in probes:
+            cells = [s["row"]["cells"].get(p) for s in stages] + [r["cells"].get(p) for r in vqa]
+            tds = [_html_td(["-"] if c is None else [
+                f'<span class="m">{escape(mean_text(c.get("test"), c["percent"]))}</span>',
+                f'<span class="blind">blind {escape(mean_text(c.get("blind"), c["percent"]))}</span>'],
+                get_path(c, "test", "mean"), "", h) for c, h in zip(cells, head[1:], strict=True)]
+            rows.append(f'<tr>{_td(p, numeric=False, label="probe")}{"".join(tds)}</tr>')
+        out += [f"<h2>By stage: {escape(model['model'])}</h2>",
+                *_table(f"stages{k}", "Frozen heads on the model's features at each stage, its own answer last",
+                        head, [rows])]
+    return out
 
 
 def provenance_details(doc: dict) -> list[str]:
@@ -232,11 +391,11 @@ def _plot_row(i: int, row: dict, cell: dict, x, left: int, label: str) -> list[s
             out.append(f'<line x1="{x(scale * lo):.1f}" x2="{x(scale * hi):.1f}" y1="{y + 9}" y2="{y + 9}" '
                        'stroke="#333"/>')
     out += [_mark(x(scale * v), y, k) for k in MARKS if (v := get_path(cell, k, "mean")) is not None]
-    blind = get_path(cell, "blind", "mean")
-    if mean is not None and blind is not None:
-        gap = mean - blind
-        out.append(f'<text class="gap" x="{left + BAR_W + 6}" y="{y + 14}" font-size="11" data-value="{_num(gap)}">'
-                   f'{signed(gap, cell["percent"])}</text>')
+    g = gap(cell)
+    if g is not None:
+        arrow = {"better": "▲", "worse": "▼", "same": "≈"}[g["mark"]]
+        out.append(f'<text class="gap {g["mark"]}" x="{left + BAR_W + 6}" y="{y + 14}" font-size="11" '
+                   f'data-value="{_num(g["mean"])}">{signed(g["mean"], cell["percent"])}{arrow}</text>')
     return out
 
 
@@ -255,8 +414,9 @@ def plot_svg(doc: dict, probe: str) -> str:
 
     height = TOP + ROW_H * len(rows) + 24
     unit = metric_label(probe) + (" (%)" if pct else "")
-    out = [f'<svg class="plot" data-probe="{escape(probe)}" width="{left + BAR_W + 60}" '
-           f'height="{height}" font-family="sans-serif">',
+    width = left + BAR_W + 60
+    out = [f'<svg class="plot" data-probe="{escape(probe)}" viewBox="0 0 {width} {height}" '
+           f'preserveAspectRatio="xMinYMin meet" style="max-width:{width}px" font-family="sans-serif">',
            f'<text x="4" y="14" font-size="13" font-weight="bold">{escape(probe)}: {escape(unit)}</text>',
            f'<text x="4" y="28" font-size="10">bar: model (95% CI) | marks: <tspan fill="{MARKS["chance"][1]}">'
            f'chance (dashed)</tspan>, <tspan fill="{MARKS["prior"][1]}">prior</tspan>, blind (black) | right: '
@@ -297,6 +457,16 @@ def _header(title: str, provenance: dict | None, doc: dict) -> list[str]:
     return out
 
 
+def legend(doc: dict) -> list[str]:
+    """How to read a main-table cell."""
+    return ["<p><small>Each cell: the model (mean ± std over seeds; the mean alone for one seed), its blind "
+            "baseline (the same head or question without the image), and Δ = model - blind with a conservative "
+            "95 % interval (the model's mean patient-bootstrap CI less the blind one's) over the stated number of "
+            f"test patients: {MARK_TEXT['better']} / {MARK_TEXT['worse']} when the interval excludes 0 in the "
+            "metric's own direction (Level 1 pixel errors: lower is better), else "
+            f"{MARK_TEXT['same']}. <i>{NOT_MEASURED}</i>: the answers were missing (--answers), never 0.</small></p>"]
+
+
 def _value(v: Any) -> str:
     return v if isinstance(v, str) else json.dumps(json_safe(v), sort_keys=True)
 
@@ -306,7 +476,8 @@ def render_html(title: str, provenance: dict | None, doc: dict) -> str:
     body = [*_header(title, provenance, doc),
             '<p><label>Filter rows: <input id="filter" type="search" placeholder="encoder, mode, head, probe">'
             "</label> <small>(click a column header to sort)</small></p>",
-            *main_table(doc), *plots(doc), "<h2>Controls</h2>", *controls_table(doc), *provenance_details(doc)]
+            *legend(doc), *main_table(doc), *plots(doc), "<h2>Controls</h2>", *controls_table(doc),
+            *conflict_table(doc), *flags_list(doc), *stage_table(doc), *provenance_details(doc)]
     head = f'<meta charset="utf-8"><title>{escape(title)}</title><style>{CSS}</style>'
     return "\n".join(["<!DOCTYPE html>", f'<html lang="en"><head>{head}</head><body>', *body,
                       f"<script>{JS}</script>", "</body></html>"]) + "\n"  # fmt: skip

@@ -47,6 +47,12 @@ from spar_bench.errors import ConfigError
 from spar_bench.probes.runs.record import RunRecord
 from spar_bench.probes.runs.report import collect, random_init_banner, run_protocol
 from spar_bench.probes.tasks import METRICS, PROBE_SPECS, get_probe, probe_names
+from spar_bench.probes.vqa.measured import (
+    HARNESS_PROMPT,
+    MAX_MISSING_SHARE,
+    NOT_MEASURED,
+    unmeasured_of,
+)
 from spar_bench.provenance import json_safe, local_paths, local_prefixes, portable_path
 
 from .html import HTML_FILE, fmt, metric_label
@@ -249,9 +255,59 @@ def cell_stats(probe: str, rs: list[Run], targets: dict[str, str]) -> dict[str, 
                              "chance": rate([_get(e, "controls", "chance") for e in evs]),
                              "prior": summary([_get(e, "controls", "prior") for e in evs], key)}  # fmt: skip
     out["transfer"] = transfer
+    patients = [_get(m, "n_patients", "test") for m in ms]
+    if all(isinstance(n, int) for n in patients) and patients:
+        out["patients"] = min(patients)  # the test patients each interval is bootstrapped over
+    out["flags"] = quality_flags(probe, ms, out)
+    mark_cells(out, ms)
     out["runs"] = [run_provenance(r) for r in rs]
     out["paper"] = paper_refs(rs[0].rel.split("/")[0], str(ms[0]["head"]), probe, "test")
     return out
+
+
+def quality_flags(probe: str, ms: list[dict], cell: dict[str, Any]) -> list[str]:
+    """What makes a cell's numbers weaker than they look (report.md's marks, per cell): a
+    trained blind head below the prior, seeds stopped by the epoch cap, random-init features,
+    answers missing or asked with another harness's prompt, few test patients."""
+    flags = []
+    spec = get_probe(probe) if probe in PROBE_SPECS else None
+    blind, prior = (_get(cell, k, "mean") for k in ("blind", "prior"))
+    if spec is not None and spec.prior_bounds_blind and ms[0].get("track", "probe") == "probe" \
+            and spec.worse(blind, prior):
+        flags.append("blind head below the prior: under-trained, image scores flattered")
+    capped = sum(_get(m, "train", "stopped_by") == "max_epochs" for m in ms)
+    if capped:
+        flags.append(f"{capped} of {len(ms)} seeds stopped by the epoch cap while still improving")
+    if any(m.get("random_init") for m in ms):
+        flags.append("random-init features: shows only that the pipeline runs")
+    gone = unmeasured_of(ms)
+    if gone:
+        flags.append(f"{NOT_MEASURED}: {', '.join(sorted(gone))} (answers missing)")
+    if any(m.get("prompt") == "harness" for m in ms):
+        flags.append(f"{HARNESS_PROMPT}: asked with another harness's prompt, not vqa's")
+    n = [_get(m, "n_patients", "test") for m in ms]
+    if n and all(isinstance(x, int) for x in n) and min(n) < 10:
+        flags.append(f"intervals over {min(n)} test patients only")
+    return flags
+
+
+#: cell key -> the MLLM variant whose answers it scores (:mod:`spar_bench.probes.vqa.measured`)
+CELL_VARIANTS = {"test": "plain", "conflict": "plain", "blind": "blind", "conflict_blind": "blind",
+                 "mirror": "mirror", "flipped": "flipped", "circular (strict)": "circular"}  # fmt: skip
+
+
+def mark_cells(out: dict[str, Any], ms: list[dict]) -> None:
+    """Each cell of a variant some seed did not measure (answers missing from an ``--answers``
+    file) becomes ``{"not_measured": True}``, printed "not measured", never a number; a cell of
+    answers asked with another harness's prompt gets ``harness_prompt``."""
+    gone = unmeasured_of(ms)
+    for key, variant in CELL_VARIANTS.items():
+        if variant in gone and key in out:
+            out[key] = {"not_measured": True}
+    if gone:
+        out["not_measured"] = sorted(gone)
+    if any(m.get("prompt") == "harness" for m in ms):
+        out["harness_prompt"] = True
 
 
 def target_id(e: dict) -> str:
@@ -334,6 +390,8 @@ def fmt_summary(s: dict | None, pct: bool, *, ci: bool = True, n_row: int | None
     """``mean +- std [low, high]`` (paper style); `` (n=k)`` when fewer seeds than the row."""
     if not s:
         return "-"
+    if s.get("not_measured"):
+        return NOT_MEASURED
     text = f"{fmt(s['mean'], pct)} +- {fmt(s['std'], pct)}"
     if ci and s.get("ci_low") is not None:
         text += f" [{fmt(s['ci_low'], pct)}, {fmt(s['ci_high'], pct)}]"
@@ -513,11 +571,17 @@ def mllm_table(doc: dict) -> list[str]:
     subrows = [("blind (no image)", lambda c: fmt_summary(c.get("blind"), c["percent"], ci=False))]
     subrows += [(label, lambda c, label=label: fmt_summary(c.get(label), True, ci=False)) for label in VQA_ROWS]
     levels = "Levels 3-4" if any(is_volume(p) for p in probes) else "Level 3"
+
+    def value(c: dict, n: int | None = None) -> str:
+        return _headline("test")(c, n) + (f" ({HARNESS_PROMPT})" if c.get("harness_prompt") else "")
+
     return [f"## Multimodal LLMs ({levels})", "",
             f"Models asked the {levels} questions directly (`spar-probe vqa`): accuracy, mean +- std over",
             "seeds [mean 95% CI]; blind: the same question without the image; circular (strict): right",
             "under every rotation of the options (CircularEval); parse rate: answers naming exactly one",
-            "option.", "", *_grid_table(doc, rows, probes, _headline("test"), subrows), ""]  # fmt: skip
+            f"option. `{NOT_MEASURED}`: more than {100 * MAX_MISSING_SHARE:.0f} % of those answers were missing from",
+            f"the `--answers` files. `({HARNESS_PROMPT})`: answers another harness asked with its own prompt",
+            "(VLMEvalKit's), not `vqa`'s.", "", *_grid_table(doc, rows, probes, value, subrows), ""]  # fmt: skip
 
 
 #: a stage encoder's name (``mllm:<folder>@<sha8>@<stage>``) and an ``hf:`` MLLM's run name
@@ -654,6 +718,8 @@ def _bars(ax, probe: str, rows: list[dict], colors: dict[str, str]) -> None:
         lo.append(0.0 if m is None or s.get("ci_low") is None else scale * max(m - s["ci_low"], 0.0))
         hi.append(0.0 if m is None or s.get("ci_high") is None else scale * max(s["ci_high"] - m, 0.0))
     ax.bar(np.arange(len(rows)), ys, yerr=[lo, hi], color=[colors.get(r["mode"], "gray") for r in rows], capsize=2)
+    blind = [_mean(c, "blind") for c in cells]  # each configuration's blind baseline, a black mark on its bar
+    ax.scatter(np.arange(len(rows)), blind, marker="_", s=300, color="k", zorder=3, label="blind")
     ax.set_xticks(np.arange(len(rows)), [str(i + 1) for i in range(len(rows))], fontsize=7)
     ax.set_title(probe, fontsize=8)
     if some and some["metric"] in METRICS:
@@ -677,7 +743,7 @@ def plot(doc: dict, path: Path) -> None:
     for ax in list(axes.flat)[len(probes):]:
         ax.axis("off")
     legend = "; ".join(f"{i + 1}: {r['encoder']} {r['mode']} {r['head']}" for i, r in enumerate(rows))
-    fig.text(0.01, 0.01, legend, fontsize=6, wrap=True)
+    fig.text(0.01, 0.01, legend + " | black mark: blind baseline", fontsize=6, wrap=True)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     fig.savefig(path, dpi=90, metadata={"Software": None})
     plt.close(fig)
@@ -773,7 +839,7 @@ def write_experiment_report(runs: Path, out: Path, *, title: str, provenance: di
     out.mkdir(parents=True, exist_ok=True)
     from .html import write_html  # report.html (issue 36): its own module
 
-    write_html(doc, out, title=title, provenance=provenance, prefixes=prefixes)
+    write_html({**doc, "stage_view": stage_summary(doc)}, out, title=title, provenance=provenance, prefixes=prefixes)
     plot(doc, out / PNG_FILE)
     write_leaderboard(doc, out, provenance)
     if stages:

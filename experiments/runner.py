@@ -38,8 +38,9 @@ import click
 from spar_bench.errors import ConfigError
 from spar_bench.locks import output_lock
 from spar_bench.outputs import remove, rerun_as
-from spar_bench.procs import process_pool, terminated
+from spar_bench.procs import check_stop, process_pool
 
+from .confine import check_confined
 from .legacy import old_hashes
 from .plan import PLAN, Plan, Step
 from .steps import STEPS
@@ -108,6 +109,7 @@ def concrete(value: Any, out: Path) -> Any:
 
 def _remove_outputs(out: Path, step: Step) -> None:
     """A changed step's outputs go before it is redone: only paths inside ``out``."""
+    check_confined(out, [step])  # never removes through a symlink or a name that climbs out
     for rel in step.outputs:
         if rel.startswith("{out}/"):
             remove(Path(concrete(rel, out)))
@@ -120,6 +122,7 @@ RERUN = "rerun the same `spar-bench run` command (it resumes the step)"
 def execute(step: Step, out: Path, device: str | None) -> None:
     """Run ``step``'s specs, each one library call (in this process); ``device`` where a spec
     takes one and its options name none."""
+    check_confined(out, [step], deep=True)  # no symbolic link inside its folders points out of out
     if any(STEPS.get(kind).fresh for kind, _ in step.specs):  # it owns its folder whole: written afresh
         _remove_outputs(out, step)
     for kind, record in step.specs:
@@ -153,6 +156,7 @@ def run_steps(plan: Plan, chosen: list[Step], devices: tuple[str, ...] = (), pro
     """Run the steps of ``chosen`` that are not done, in order (one device) or side by side as
     their inputs finish (several devices); returns how many steps were done, run and redone."""
     out = plan.experiment.out
+    check_confined(out, chosen)
     migrate(plan, chosen)
     todo = [s for s in chosen if status(plan, s) != "done"]
     counts = {"skipped": len(chosen) - len(todo), "ran": 0, "redone": 0}
@@ -163,8 +167,7 @@ def run_steps(plan: Plan, chosen: list[Step], devices: tuple[str, ...] = (), pro
         _run_parallel(plan, todo, devices, counts)
     else:
         for i, s in enumerate(todo, 1):
-            if terminated():  # a SIGTERM whose SystemExit a finalizer swallowed: stop before the next step
-                raise SystemExit(128 + signal.SIGTERM)
+            check_stop()  # a SIGTERM/SIGINT a finalizer swallowed: stop before the next step
             if progress:
                 click.echo(f"[{i}/{len(todo)}] {s.id}", err=True)
             _run_one(plan, s, devices[0] if devices else None, counts)
@@ -237,8 +240,7 @@ def _run_parallel(plan: Plan, todo: list[Step], devices: tuple[str, ...], counts
     pending, running, free = list(todo), {}, list(devices)
     with process_pool(len(devices)) as pool, ExitStack() as every:
         while pending or running:
-            if terminated():  # a swallowed SIGTERM (see run_steps): the pool's workers are killed
-                raise SystemExit(128 + signal.SIGTERM)
+            check_stop()  # a swallowed SIGTERM/SIGINT (see run_steps): the pool's workers are killed
             for s in [s for s in pending if _ready(plan, s, pending, running)]:
                 if not free:
                     break

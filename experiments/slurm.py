@@ -102,11 +102,29 @@ def safe(step_id: str) -> str:
 
 
 def read_record(out: Path) -> dict[str, dict[str, str]]:
-    """The submission record: step id -> ``{"job": id, "hash": h}``."""
-    try:
-        return dict(json.loads((slurm_dir(out) / "jobs.json").read_text())["steps"])
-    except (OSError, ValueError, KeyError, TypeError):
+    """The submission record: step id -> ``{"job": id, "hash": h}``; none before the first
+    submission, one line when ``jobs.json`` is damaged (its jobs cannot be known, so submitting
+    every step again could run each twice)."""
+    p = slurm_dir(out) / "jobs.json"
+    if not p.exists():
         return {}
+    try:
+        steps = json.loads(p.read_text(encoding="utf-8"))["steps"]
+        if not all(isinstance(r, dict) and str(r["job"]).isdigit() for r in steps.values()):
+            raise TypeError("a step without a job id")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ConfigError(f"{p}: damaged ({type(e).__name__}: {e}); its jobs cannot be read: list yours with "
+                          "squeue --me and cancel them with scancel") from None  # fmt: skip
+    return {k: {**r, "job": str(r["job"])} for k, r in steps.items()}
+
+
+def submitted(out: Path) -> dict[str, dict[str, str]]:
+    """The submission record, for ``spar-bench cancel``: one line when ``out`` is no experiment's
+    folder (mistyped, or never run) or its ``jobs.json`` is damaged (its jobs cannot be known)."""
+    if not out.is_dir():
+        raise ConfigError(f"{out}: no such folder; give the out: folder of an experiment run with --executor slurm")
+    _plan_steps(out)
+    return read_record(out)
 
 
 def _write_json(path: Path, record: dict[str, Any]) -> None:
@@ -307,7 +325,7 @@ def step_rows(out: Path) -> list[tuple[str, str, str, str]]:
     failed, changed, todo), job id, and the node, the reason it waits, or the log's last line."""
     from .runner import marker
 
-    steps, record = _plan_steps(out), read_record(out)
+    steps, record = _plan_steps(out), submitted(out)  # a damaged jobs.json: one line, not "todo"
     jobs = job_states([r["job"] for r in record.values()]) if record else {}
     rows = []
     for s in steps:

@@ -460,7 +460,9 @@ def _phantom_settings(exp: Experiment, option: str, value: Any, key: str) -> Ite
 
 
 def _build_settings_of(exp: Experiment, option: str, value: Any, key: str) -> Iterator[tuple[type, dict[str, Any]]]:
-    yield from _build_settings(exp.builds[key.split(".")[1]], option, value)
+    # the build of key builds.<b>.options.<k> (a name may hold dots: b.v2; the longest that fits)
+    b = max((b for b in exp.builds if key.startswith(f"builds.{b}.options.")), key=len)
+    yield from _build_settings(exp.builds[b], option, value)
 
 
 def _sweep_settings(exp: Experiment, option: str, value: Any, key: str) -> Iterator[tuple[type, dict[str, Any]]]:

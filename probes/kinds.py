@@ -44,4 +44,27 @@ def run_kind(name: str):
         for ep in entry_points(group=ENTRY_POINT_GROUP):
             if ep.name not in PREDICTORS:
                 PREDICTORS.register_lazy(ep.name, ep.value, source=f"entry point {ep.value}")
-    return PREDICTORS.get(name)
+    source = PREDICTORS.meta(name).get("source")  # an unknown name: one line with "did you mean"
+    return PREDICTORS.get(name) if source is None else _plugin(name, source)
+
+
+def _plugin(name: str, source: str):
+    """A plug-in's run kind, loaded; what keeps it from running (its import raises, its module
+    is missing, its class has neither ``open`` nor ``on_build`` with ``fit`` and ``predict``, its
+    name cannot be a folder's) is one line naming the kind, its entry point and the error."""
+    from spar_bench.errors import ConfigError
+    from spar_bench.names import name_problem
+
+    where = f"run kind {name!r} (a plug-in's, {source})"
+    try:
+        cls = PREDICTORS.get(name)
+    except Exception as e:  # noqa: BLE001 (a plug-in's import may raise anything)
+        raise ConfigError(f"{where} cannot be loaded: {type(e).__name__}: {e}; fix or uninstall the plug-in") from None
+    problem = name_problem(name)
+    if problem:
+        raise ConfigError(f"{where}: its name {problem}, and a run kind names its runs' folder; rename it")
+    missing = [m for m in ("on_build", "fit", "predict") if getattr(cls, m, None) is None]
+    if getattr(cls, "open", None) is None and missing:
+        raise ConfigError(f"{where}: {getattr(cls, '__name__', cls)!s} has no {', '.join(missing)}; a run kind "
+                          "opens its own job (open) or is a predictor made on_build with fit and predict")
+    return cls

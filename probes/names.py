@@ -30,7 +30,16 @@ def parse_probes(text: Sequence[str] | str, levels: list[str] | None = None) -> 
     probes only (a 2-D cache is not offered the opt-in Level 4 probes, nor a 3-D one Levels 1-3).
     """
     if names_all(text):
-        return [p for p in probe_names() if levels is None or get_probe(p).level in levels]
+        if levels is None:
+            return probe_names()
+        skipped = [p for p in probe_names() if get_probe(p).level not in levels]
+        if skipped:  # said in one line (README: "skipped with one line"), never silently
+            import click
+
+            lost = sorted({get_probe(p).level for p in skipped})
+            click.echo(f"--probe all: {len(skipped)} probe(s) of {', '.join(lost)} skipped; this input holds "
+                       f"{', '.join(levels) or 'no level'}", err=True)  # fmt: skip
+        return [p for p in probe_names() if get_probe(p).level in levels]
     names = list(dict.fromkeys(split_list(text)))
     for n in names:
         get_probe(n)

@@ -20,6 +20,7 @@ usage errors, every other :class:`~spar_bench.errors.SparError`, a full disk); 1
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import signal
@@ -130,7 +131,12 @@ def _run(group: click.Command, argv: list[str] | None,
         from spar_bench.outputs import disk_full_error, is_disk_full
 
         if not is_disk_full(e):
-            raise
+            err = unwritable_error(e)
+            if err is None:
+                raise
+            _end_progress_bars()
+            click.echo(error_line(err), err=True)
+            return EXIT_USAGE, err
         err = disk_full_error(e, _out_option(argv))
         _end_progress_bars()
         click.echo(error_line(err), err=True)
@@ -143,6 +149,20 @@ def _run(group: click.Command, argv: list[str] | None,
     return 0, None
 
 
+#: what a write refused by the file system is (a read-only mount, no permission)
+_UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def unwritable_error(e: BaseException) -> ConfigError | None:
+    """A file the file system refuses (read-only, no permission) as one line naming it; None for
+    any other error (a bug's traceback stays one)."""
+    if not (isinstance(e, OSError) and e.errno in _UNWRITABLE and e.filename):
+        return None
+    if e.errno == errno.EROFS:
+        return ConfigError(f"{e.filename}: cannot be written ({e.strerror}); write elsewhere")
+    return ConfigError(f"{e.filename}: {e.strerror}; check its permissions (and its folder's), or use another path")
+
+
 def run_main(group: click.Command, argv: list[str] | None = None) -> NoReturn:
     """The console-script entry: :func:`run_cli` with SIGTERM as a clean exit, then exit.
 
@@ -150,7 +170,7 @@ def run_main(group: click.Command, argv: list[str] | None = None) -> NoReturn:
     at interpreter exit closing a file whose last write failed, after the error was shown.
     """
     from spar_bench.outputs import DiskFullError
-    from spar_bench.procs import exit_on_sigterm, terminated
+    from spar_bench.procs import exit_on_sigterm, interrupted, terminated
 
     exit_on_sigterm()
     code, err = _run(group, argv)
@@ -158,6 +178,10 @@ def run_main(group: click.Command, argv: list[str] | None = None) -> NoReturn:
         _end_progress_bars()
         click.echo("terminated (SIGTERM)", err=True)
         code = 128 + signal.SIGTERM
+    elif code == 0 and interrupted():  # a SIGINT whose KeyboardInterrupt a finalizer swallowed
+        _end_progress_bars()
+        click.echo("aborted", err=True)
+        code = 128 + signal.SIGINT
     if isinstance(err, DiskFullError):
         sys.stdout.flush()
         sys.stderr.flush()

@@ -165,12 +165,15 @@ def _refuse(label: str, lock: Path, what: str, waited: float) -> OutputBusy:
 
 def _open(output: Path, lock: Path, flags: int) -> int:
     """``os.open`` of the lock file; a folder (or anything else) in its place is one line."""
+    if lock.is_symlink():  # a broken one would be followed (created where it points) or fail
+        raise ConfigError(f"{lock}, the lock file of {output}, is a symbolic link (to {os.readlink(lock)}); "
+                          "remove it (SPAR-Bench writes none), or write elsewhere")  # fmt: skip
     try:
-        return os.open(lock, flags | os.O_APPEND, 0o644)
-    except (IsADirectoryError, PermissionError, NotADirectoryError) as e:
-        what = "is a folder" if lock.is_dir() else f"cannot be created ({e.strerror})"
-        raise ConfigError(f"{lock}, the lock file of {output}, {what}; move it away (it is not "
-                          "SPAR-Bench's), or write elsewhere") from None  # fmt: skip
+        return os.open(lock, flags | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except OSError as e:  # a folder in its place, a read-only file system, no permission ...
+        what = "is a folder" if lock.is_dir() else f"cannot be created ({e.strerror or e})"
+        away = "move it away (it is not SPAR-Bench's), or " if lock.exists() or lock.is_symlink() else ""
+        raise ConfigError(f"{lock}, the lock file of {output}, {what}; {away}write elsewhere") from None
 
 
 def _try_flock(output: Path, lock: Path, shared: bool) -> int | None:
@@ -238,7 +241,7 @@ def _release(fd: int, lock: Path, shared: bool) -> None:
 def _check_parent(output: Path, lock: Path) -> None:
     try:
         lock.parent.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError, PermissionError) as e:
+    except OSError as e:  # a file in the way, a read-only file system, no permission
         raise ConfigError(f"{lock.parent}: cannot hold {output} and its lock file ({e.strerror}); write elsewhere") from None
 
 

@@ -18,6 +18,8 @@ gave it to.
 leaving its workers hung under PID 1. Python may run that handler inside a finalizer, which
 swallows the SystemExit: the handler also records the signal, and every long loop calls
 :func:`check_stop` between its steps (:func:`completed` while it waits), which raises it again.
+A SIGINT's ``KeyboardInterrupt`` is recorded and raised again the same way (it once went
+unnoticed: a sweep run to the end and exit 0 after a Ctrl-C).
 """
 
 from __future__ import annotations
@@ -189,13 +191,29 @@ def _quiet_after_stop(previous):
     return hook
 
 
+_INTERRUPTED: list[int] = []  # the SIGINTs received (see interrupted())
+
+
+def _raise_interrupt(signum: int, _frame) -> None:
+    """Python's own SIGINT handler, which also records the signal: a KeyboardInterrupt raised
+    inside a finalizer (``__del__``, a weakref callback) is printed and swallowed, and the run
+    would go on to exit 0 as if never stopped; :func:`check_stop` raises it again."""
+    if _HANDLER_PID and os.getpid() != _HANDLER_PID[-1]:
+        return  # a forked child (a DataLoader reader) before its worker_init_fn: the parent decides
+    _INTERRUPTED.append(signum)
+    raise KeyboardInterrupt
+
+
 def exit_on_sigterm() -> None:
-    """SIGTERM -> ``SystemExit(143)`` (main thread only; elsewhere a no-op). A child forked
-    with the handler in place (a DataLoader's reader worker, before its ``worker_init_fn``)
-    ignores the signal: the parent alone decides, as in :func:`process_pool`."""
+    """SIGTERM -> ``SystemExit(143)``, and SIGINT (where it is not ignored, as in a job started
+    in the background) recorded before its ``KeyboardInterrupt`` (main thread only; elsewhere a
+    no-op). A child forked with the handlers in place (a DataLoader's reader worker, before its
+    ``worker_init_fn``) ignores the signals: the parent alone decides, as in :func:`process_pool`."""
     if threading.current_thread() is threading.main_thread():
         _HANDLER_PID.append(os.getpid())
         signal.signal(signal.SIGTERM, _raise_exit)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, _raise_interrupt)
         if not getattr(sys.excepthook, "spar_quiet", False):
             sys.excepthook = _quiet_after_stop(sys.excepthook)
 
@@ -209,10 +227,18 @@ def terminated() -> bool:
     return bool(_TERMINATED)
 
 
+def interrupted() -> bool:
+    """Whether a SIGINT reached :func:`exit_on_sigterm`'s handler (see :func:`terminated`)."""
+    return bool(_INTERRUPTED)
+
+
 def check_stop() -> None:
-    """Raise the SIGTERM's ``SystemExit(143)`` again when one was received: every long loop
-    (training batches and epochs, cache batches, MLLM question batches, build cases) calls
-    this between two of its steps, so a SystemExit a finalizer swallowed still stops the run
-    within a step, where a stop is safe (no checkpoint half written)."""
+    """Raise the SIGTERM's ``SystemExit(143)`` (or the SIGINT's ``KeyboardInterrupt``) again when
+    one was received: every long loop (training batches and epochs, cache batches, MLLM question
+    batches, build cases, a sweep's runs, an experiment's steps) calls this between two of its
+    steps, so a stop a finalizer swallowed still stops the run within a step, where a stop is
+    safe (no checkpoint half written)."""
     if _TERMINATED:
         raise SystemExit(128 + _TERMINATED[0])
+    if _INTERRUPTED:
+        raise KeyboardInterrupt

@@ -330,3 +330,65 @@ def test_the_stage_table_orders_stages_and_finds_the_models_own_answer() -> None
     text = "\n".join(stage_tables(doc))
     assert "| probe | vision | projector | llm:2 | llm:10 | llm:-1 | answer |" in text
     assert "| level3.size | 90.0 +- 0.0 (50.0 +- 0.0) |" in text and "| 30.0 +- 0.0 (25.0 +- 0.0) |" in text
+
+
+def _header_only_model(folder: Path, params: int) -> Path:
+    """A LLaVA-1.5-7B-shaped folder: its config and a safetensors file whose header declares
+    ``params`` parameters (no tensor data: the estimate reads headers only)."""
+    import struct
+
+    folder.mkdir(parents=True)
+    cfg = {"model_type": "llava", "text_config": {"hidden_size": 4096, "num_hidden_layers": 32, "vocab_size": 32064},
+           "vision_config": {"image_size": 336, "patch_size": 14}}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    head = json.dumps({"w": {"dtype": "BF16", "shape": [params], "data_offsets": [0, 2 * params]}}).encode()
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(head)) + head)
+    return folder
+
+
+def test_a_7b_stage_cache_is_priced_by_its_parameters_and_tokens(tmp_path) -> None:
+    """A 7 B LLaVA's llm:16 cache: tens of images/s on one GPU, not a small CNN's thousands;
+    deeper and asking stages cost more; the vision stage reads the tower only."""
+    from spar_bench.experiments.estimate import cache_rate, mllm_cache_rate
+
+    folder = _header_only_model(tmp_path / "llava-1.5-7b-hf", 7_063_427_072)
+    cpu, gpu = mllm_cache_rate(f"mllm:{folder}@llm:16")
+    assert 10 < gpu < 100 and cpu < 0.05 and gpu < cache_rate("")[1] / 20
+    assert mllm_cache_rate(f"mllm:{folder}@llm:32")[1] < gpu and mllm_cache_rate(f"mllm:{folder}@llm:16+q")[1] < gpu
+    assert mllm_cache_rate(f"mllm:{folder}@vision")[1] > 5 * gpu
+
+
+def test_the_dry_run_refuses_empty_or_wrong_weight_folders(tmp_path) -> None:
+    from spar_bench.experiments import preset_path
+    from spar_bench.experiments.config import load_experiment
+    from spar_bench.experiments.estimate import step_seconds
+    from spar_bench.experiments.plan import make_plan
+
+    bare = {"OUT": str(tmp_path / "out"), "DATA": str(tmp_path / "data"), "WEIGHTS": str(tmp_path / "w")}
+    for d in ("Qwen2.5-VL-7B-Instruct", "llava-1.5-7b-hf", "InternVL3-8B-hf", "medgemma-4b-it"):
+        (tmp_path / "w" / d).mkdir(parents=True)
+    plan = make_plan(load_experiment(preset_path("mllm-stages"), bare))
+    step = next(s for s in plan.steps if s.id.startswith("cache:llava"))
+    with pytest.raises(ConfigError, match=r"holds no config\.json and \*\.safetensors weights") as e:
+        step_seconds(plan, step)
+    assert "\n" not in str(e.value)
+    (tmp_path / "w" / "llava-1.5-7b-hf" / "config.json").write_text(json.dumps({"model_type": "resnet"}))
+    (tmp_path / "w" / "llava-1.5-7b-hf" / "model.safetensors").write_bytes(b"\0" * 8)
+    with pytest.raises(ConfigError, match="not an image-text model"):
+        step_seconds(plan, step)
+
+
+def test_stage_weights_are_bf16_on_a_gpu_and_fp32_on_the_cpu(models, monkeypatch) -> None:
+    """On a GPU a stage encoder holds bf16 weights (a 7-8 B model in 14-16 GB, as vqa loads it),
+    recorded as weights_dtype; on the CPU fp32 and nothing recorded. The GPU rule is run here
+    on the CPU (stage_dtype patched) to check the bf16 path end to end."""
+    from spar_bench.probes.encoders import mllm_family
+
+    assert mllm_family.stage_dtype("cuda:0") == torch.bfloat16 and mllm_family.stage_dtype("cpu") == torch.float32
+    enc = load_encoder(f"mllm:{models['llava']}@llm:2").to("cpu")
+    assert next(enc.module.parameters()).dtype == torch.float32 and "weights_dtype" not in enc.spec.extra
+    monkeypatch.setattr(mllm_family, "stage_dtype", lambda device: torch.bfloat16)
+    enc.to("cpu")
+    assert next(enc.module.parameters()).dtype == torch.bfloat16 and enc.spec.extra["weights_dtype"] == "bfloat16"
+    toks = enc(images(2))[-1][0]
+    assert toks.shape == (2, enc.spec.n_tokens, 32) and torch.isfinite(toks.float()).all()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from html.parser import HTMLParser
@@ -99,7 +100,7 @@ class Cells(HTMLParser):
     def handle_starttag(self, tag: str, attrs: list) -> None:
         a = dict(attrs)
         if tag == "table":
-            self._table = a.get("id") if a.get("class") == "data" else None
+            self._table = a.get("id") if "data" in str(a.get("class", "")).split() else None
             if self._table is None:
                 return
             self.tables[self._table], self.heads[self._table], self.hidden[self._table] = [], [], []
@@ -166,7 +167,8 @@ def check_values(dom: Cells, out: Path) -> None:
     check_json_values(dom, out)
     assert [r[0][0] for r in dom.tables["main"]] == ["vit-tiny (random-init) frozen mlp", "vit-tiny scratch mlp",
                                                      "dummy MLLM vqa-loglik"]  # fmt: skip
-    assert dom.heads["controls"][4:] == ["plain", "circular", "mirror", "blind", "model - blind", "chance", "prior"]
+    assert dom.heads["controls"][4:] == ["plain", "circular", "mirror", "blind", "model - blind", "parse", "chance",
+                                         "prior"]
     mllm = [r for r in dom.tables["controls"] if r[0][0] == "dummy MLLM vqa-loglik"]
     assert mllm[0][5] == ("25.0", "0.25")  # circular (strict), in %
 
@@ -187,12 +189,13 @@ def test_plots_name_configurations_and_draw_reference_marks(report) -> None:
     dom = parse(text)
     assert dom.svgs == ["level1.localisation", "level3.relative_position"]  # level2: no score, no empty axis
     assert "level2.arrangement: no finished run with a score" in text
-    rel = text.split('data-probe="level3.relative_position"', 1)[1].split("</svg>", 1)[0]
+    rel = text.split('<svg class="plot" data-probe="level3.relative_position"', 1)[1].split("</svg>", 1)[0]
     for name in ("vit-tiny (random-init) frozen mlp", "vit-tiny scratch mlp", "dummy MLLM vqa-loglik"):
         assert f">{name}</text>" in rel  # configurations named on the axis
     assert rel.count('class="mark-blind"') == rel.count('class="mark-chance"') == rel.count('class="mark-prior"') == 3
     assert rel.count('text-anchor="middle">100</text>') == 1  # a round axis end for rates
-    assert '>+20.2</text>' in rel and '>-4.0</text>' in rel  # model - blind per row (81.2 - 61.0; 70.0 - 74.0)
+    # model - blind per row (81.2 - 61.0; 70.0 - 74.0), marked by whether its interval excludes 0
+    assert '>+20.2▲</text>' in rel and '>-4.0≈</text>' in rel
 
 
 def test_same_doc_same_bytes_and_provenance_on_hover(tmp_path) -> None:
@@ -295,3 +298,183 @@ def test_rows_of_two_builds_name_their_build() -> None:
     dom = parse(render_html("t", None, doc))
     assert [r[0][0] for r in dom.tables["main"]][:2] == ["vit-tiny (random-init) frozen mlp on demo (f00dcafe1234)",
                                                          "vit-tiny scratch mlp on other (0123456789ab)"]  # fmt: skip
+
+
+# --------------------------------------------------------------------------- issue 46: the page at a glance
+def test_cells_hold_model_blind_and_a_directed_gap(tmp_path) -> None:
+    """Level 1 (pixels, lower is better): 12.3 px against blind 20.5 px beats blind; a rate
+    probe's interval across 0 is not apart; one seed shows no ``± 0.00``; missing answers read
+    "not measured", never 0."""
+    doc = tiny_doc()
+    l1, _, l3 = PROBES
+    worse = doc["configurations"][1]["cells"][l3]
+    worse.update(test=_s(0.5, n=1, std=0.0), blind=_s(0.74, ci=(0.7, 0.78), n=1, std=0.0), patients=2)
+    doc["configurations"][2]["cells"][l3]["blind"] = {"not_measured": True}
+    dom = parse(render_html("t", None, doc))
+    main = {r[0][0]: r for r in dom.tables["main"]}
+    px = main["vit-tiny (random-init) frozen mlp"][4][0]
+    assert px.startswith("12.35 ± 0.01blind 20.50 ± 0.01Δ -8.15 [-8.20, -8.10]") and "beats blind" in px
+    rate = main["vit-tiny scratch mlp"][6][0]
+    assert rate == "50.0blind 74.0Δ -24.0 [-33.0, -15.0], 2 test patients ▼ below blind"  # no "± 0.0"
+    assert "±" not in rate
+    mllm = main["dummy MLLM vqa-loglik"][6][0]
+    assert "blind not measured" in mllm and "Δ" not in mllm and "0.0" not in mllm.split("blind")[1]
+
+
+def test_the_page_shows_conflicts_flags_parse_rate_and_stages() -> None:
+    doc = tiny_doc()
+    l3 = PROBES[2]
+    cell = doc["configurations"][0]["cells"][l3]
+    cell.update(conflict=_s(0.56), conflict_blind=_s(0.29), flags=["intervals over 2 test patients only"])
+    doc["stage_view"] = [{"model": "llava@12345678", "stages": [{"stage": "vision", "row": doc["configurations"][0]}],
+                          "vqa": [doc["configurations"][2]]}]
+    text = render_html("t", None, doc)
+    dom = parse(text)
+    assert dom.tables["conflict"][0][3][0] == "56.0 ± 1.0blind 29.0 ± 1.0"
+    assert "intervals over 2 test patients only" in text and "<h2>Quality flags</h2>" in text
+    assert "parse" in dom.heads["controls"] and dom.heads["stages0"] == ["probe", "vision", "answer"]
+    assert [r[0][0] for r in dom.tables["stages0"]] == PROBES
+
+
+WIDTHS = (1920, 390)
+#: what overflows the viewport, measured in the page
+MEASURE = """(() => {const w=window.innerWidth,r=e=>e.getBoundingClientRect();return {w,
+page:document.documentElement.scrollWidth,main:r(document.getElementById('main')).right,
+plots:[...document.querySelectorAll('svg.plot')].map(s=>r(s).right),
+bars:[...document.querySelectorAll('svg.plot rect.bar')].map(b=>[r(b).left,r(b).right])};})()"""
+
+
+class DevTools:
+    """Headless Chromium driven through the DevTools protocol over a pipe (``--remote-debugging-pipe``:
+    no port is opened), for what flags cannot do: a 390 px viewport (headless windows are at
+    least 500 px wide), evaluating a script and a screenshot of that viewport."""
+
+    def __init__(self, tmp: Path):
+        read_here, write_there = os.pipe()
+        read_there, write_here = os.pipe()
+        argv = [chromium(), "--headless", "--disable-gpu", "--no-sandbox", "--remote-debugging-pipe",
+                "--hide-scrollbars", "--no-first-run", f"--user-data-dir={tmp / 'cdp-profile'}", "about:blank"]
+
+        def fds() -> None:  # Chromium reads commands on fd 3 and writes replies on fd 4
+            os.dup2(read_there, 3)
+            os.dup2(write_there, 4)
+
+        self.proc = subprocess.Popen(argv, pass_fds=(3, 4), preexec_fn=fds, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        os.close(read_there)
+        os.close(write_there)
+        self.out, self.inp = os.fdopen(write_here, "wb", buffering=0), os.fdopen(read_here, "rb", buffering=0)
+        self.buf, self.n = b"", 0
+
+    def call(self, method: str, params: dict | None = None, session: str | None = None) -> dict:
+        self.n += 1
+        msg = {"id": self.n, "method": method, "params": params or {}, **({"sessionId": session} if session else {})}
+        self.out.write(json.dumps(msg).encode() + b"\0")
+        while True:
+            while b"\0" not in self.buf:
+                chunk = self.inp.read(1 << 16)
+                assert chunk, "chromium closed the DevTools pipe"
+                self.buf += chunk
+            raw, self.buf = self.buf.split(b"\0", 1)
+            reply = json.loads(raw)
+            if reply.get("id") == self.n:
+                assert "error" not in reply, reply["error"]
+                return reply["result"]
+
+    def page(self, url: str, width: int, height: int, expression: str, shot: Path):
+        """Open ``url`` in a ``width`` x ``height`` viewport: the value of ``expression`` once it has
+        loaded; its screenshot into ``shot``."""
+        import base64
+        import time
+
+        target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
+        s = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        self.call("Emulation.setDeviceMetricsOverride",
+                  {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False}, s)
+        self.call("Page.navigate", {"url": url}, s)
+        for _ in range(400):
+            got = self.call("Runtime.evaluate", {"expression": "document.readyState", "returnByValue": True}, s)
+            if got["result"]["value"] == "complete":
+                break
+            time.sleep(0.05)
+        value = self.call("Runtime.evaluate", {"expression": expression, "returnByValue": True}, s)["result"]["value"]
+        shot.write_bytes(base64.b64decode(self.call("Page.captureScreenshot", {"format": "png"}, s)["data"]))
+        return value
+
+    def close(self) -> None:
+        self.out.write(json.dumps({"id": self.n + 1, "method": "Browser.close"}).encode() + b"\0")
+        self.proc.wait(timeout=60)
+
+
+def wide_doc() -> dict:
+    """16 probes x 9 configurations (the tiny doc's Level 3 cells copied): a full paper table."""
+    import copy
+
+    from spar_bench.probes.tasks import probe_names
+
+    doc = tiny_doc()
+    probes = probe_names()[:16]
+    for r in doc["configurations"]:
+        base = r["cells"][PROBES[2]]
+        r["cells"] = {p: copy.deepcopy(base) for p in probes}
+    doc["probes"], doc["configurations"] = probes, copy.deepcopy(doc["configurations"] * 3)
+    return doc
+
+
+@pytest.mark.slow
+def test_chromium_nothing_overflows_at_1920_and_390_px(report, tmp_path) -> None:
+    """At both widths, for the tiny report and a 16-probe one: the main table within the
+    viewport (no horizontal scroll), every plot and every bar inside it; each screenshot is the
+    viewport's width and not blank."""
+    from PIL import Image
+
+    chromium()
+    wide = write_html(wide_doc(), tmp_path / "wide", title="wide", provenance=None, prefixes=[])
+    browser = DevTools(tmp_path)
+    try:
+        for (name, page), width in ((pg, w) for pg in (("report", report / HTML_FILE), ("wide", wide))
+                                    for w in WIDTHS):
+            shot = tmp_path / f"{name}-{width}px.png"
+            got = browser.page(page.as_uri(), width, 3000, MEASURE, shot)
+            assert got["w"] == width
+            assert got["page"] <= width and got["main"] <= width + 0.5, (width, got)
+            assert got["plots"] and all(right <= width + 0.5 for right in got["plots"]), (width, got)
+            assert got["bars"] and all(0 <= lo and hi <= width + 0.5 for lo, hi in got["bars"]), (width, got)
+            img = np.asarray(Image.open(shot).convert("L"), dtype=np.float64)
+            assert img.shape == (3000, width) and 0.005 < float((img < 200).mean()) < 0.6, width
+            if os.environ.get("SPAR_KEEP_SCREENSHOT"):  # a folder: the screenshots are kept there
+                shutil.copy(shot, Path(os.environ["SPAR_KEEP_SCREENSHOT"]) / shot.name)
+    finally:
+        browser.close()
+
+
+def test_chromium_filters_on_a_probe_name_and_sorts_within_a_unit(report, tmp_path) -> None:
+    filt = with_script(report / HTML_FILE, "const f=document.getElementById('filter');f.value='relative_pos';"
+                       "f.dispatchEvent(new Event('input'));", "p.html")  # fmt: skip
+    text = run_chromium(filt, tmp_path, "--dump-dom")
+    dom = parse(text)
+    assert not any(dom.hidden["main"])  # every configuration stays
+    head = text.split('id="main"', 1)[1].split("</thead>", 1)[0]
+    shown = [a for a in re.findall(r"<th(?=[ >])([^>]*)>", head) if "hidden" not in a]
+    assert len(shown) == 4 + 1 and "level3.relative_position" in shown[-1]  # the keys and that probe
+    col = 4 + 6  # controls: configuration, mode, head, probe, plain, circular, mirror, blind, Δ -> 9th (1-based 9)
+    assert dom.heads["controls"][col - 2] == "model - blind"
+    sort = with_script(report / HTML_FILE, f"document.querySelector('#controls th:nth-child({col - 1})').click();",
+                       "c.html")
+    text = run_chromium(sort, tmp_path, "--dump-dom")
+    blocks = text.split('id="controls"', 1)[1].split("</table>", 1)[0].split('<tbody class="unit">')[1:]
+    for block in blocks:  # each probe's rows sorted on their own: pixels never among rates
+        values = [float(v) for v in re_values(block, col - 2)]
+        assert values == sorted(values)
+    assert len(blocks) == len(PROBES)  # one block per probe
+
+
+def re_values(block: str, index: int) -> list[str]:
+    """The data-value of cell ``index`` of each row of a <tbody>'s HTML (rows with one)."""
+    out = []
+    for row in block.split("<tr>")[1:]:
+        cells = row.split("<td")[1:]
+        v = cells[index].split('data-value="', 1)[1].split('"', 1)[0] if 'data-value="' in cells[index] else ""
+        if v:
+            out.append(v)
+    return out

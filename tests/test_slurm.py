@@ -112,6 +112,20 @@ def local(tmp_path_factory) -> Path:
 
 
 # --------------------------------------------------------------------------- scripts (no cluster)
+def test_a_damaged_jobs_json_is_refused_before_anything_is_submitted_again(tmp_path, monkeypatch):
+    """Submitting over a damaged jobs.json would send every step again (its running jobs twice):
+    one line that says how to find them, exit 2, no script written."""
+    monkeypatch.setenv("PATH", "/nonexistent")  # nothing may reach a cluster
+    slurm = tmp_path / "out" / ".plan" / "slurm"
+    slurm.mkdir(parents=True)
+    (slurm / "jobs.json").write_text("{not json")
+    done = _run(_write(tmp_path / "tiny.yaml"), tmp_path / "out", "--executor", "slurm", "--dry-run")
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "jobs.json: damaged" in lines[0] and "squeue" in lines[0], lines
+    assert not list(slurm.glob("*.sbatch"))
+
+
 @pytest.mark.slow
 def test_dry_run_scripts_carry_resources_and_dependencies(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")  # no SLURM command: a dry run reads nothing of a cluster

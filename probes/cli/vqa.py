@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import click
@@ -29,9 +30,13 @@ from .options import bootstrap_option, compute_option, device_option, probe_opti
 
 @click.command("vqa")
 @click.option("--model", default=None, help="hf:PATH_OR_ID, openai:MODEL, dummy[:LETTER] or oracle[:pixels].")
-@click.option("--answers", default=None, type=click.Path(dir_okay=False),
+@click.option("--answers", multiple=True, type=click.Path(dir_okay=False),
               help="Instead of --model: another harness's answers to spar-build export (VLMEvalKit's "
-                   "prediction .xlsx/.tsv/.csv, lmms-eval's --log_samples .jsonl).")
+                   "prediction .xlsx/.tsv/.csv, lmms-eval's --log_samples .jsonl); repeat it for several files "
+                   "(VLMEvalKit's answers to <probe>.tsv and <probe>.blind.tsv).")
+@click.option("--accept-missing", is_flag=True,
+              help="--answers: report a variant the files have no answers for as not measured instead of "
+                   "refusing the run.")
 @click.option("--data", required=True, type=click.Path(file_okay=False), help="Build folder.")
 @probe_option("Question probe(s) (size or level3.size; level4.volume) or 'all' (those of the build's levels).")
 @field_options(VqaOptions, "splits", helps={"splits": "Splits whose questions are asked."})
@@ -63,10 +68,11 @@ from .options import bootstrap_option, compute_option, device_option, probe_opti
 @click.option("--cache", "cache_path", default=None, type=click.Path(dir_okay=False),
               help="Response cache (default OUT/.vqa-cache/<model>.sqlite).")
 @wait_option
-def vqa_command(model, answers, data, probes, out, revision, base_url, generate, no_convention_hint, no_circular,
-                no_blind, device, compute, seeds, n_boot, cache_path, **kw):
+def vqa_command(model, answers, accept_missing, data, probes, out, revision, base_url, generate, no_convention_hint,
+                no_circular, no_blind, device, compute, seeds, n_boot, cache_path, **kw):
     """Ask a multimodal LLM every Level 3 (and Level 4) question; score it like a probe head
     (one run per probe x seed)."""
+    answers = os.pathsep.join(answers) if answers else None
     model = _model_of(model, answers)
     if answers is not None and names_all(probes):  # the probes the file answers, not every probe
         from ..vqa.answers import probes_answered
@@ -75,7 +81,7 @@ def vqa_command(model, answers, data, probes, out, revision, base_url, generate,
     opts = VqaOptions(probes=probes, revision=revision, base_url=base_url, generate=generate,
                       convention_hint=not no_convention_hint, circular=not no_circular, blind=not no_blind,
                       device=device, compute=compute, seeds=seeds, n_boot=n_boot, cache_path=cache_path,
-                      **given(kw))  # fmt: skip
+                      accept_missing=accept_missing, **given(kw))  # fmt: skip
     click.get_current_context().with_resource(output_lock(out, what="spar-probe vqa"))  # before a model loads
     saved = 0
     for p, rd in ask_build(model, data, out, opts, _Progress):
@@ -118,16 +124,26 @@ class _Progress:
             self.bar.close()
 
 
+def _pct(score, key: str = "accuracy") -> str:
+    """A score's ``key`` in %, ``n/a`` when absent, ``not measured`` for answers missing (:mod:`..vqa.measured`)."""
+    from ..vqa.measured import NOT_MEASURED, is_unmeasured
+
+    if is_unmeasured(score):
+        return NOT_MEASURED
+    v = score.get(key) if isinstance(score, dict) else None
+    return "n/a" if v is None else f"{100 * v:.1f}%"
+
+
 def _echo(probe: str, rd: Path) -> int:
     """Print a probe's scores; return the requests its deduplication saved."""
     m = json.loads((rd / "metrics.json").read_text())
-    f = lambda v: "n/a" if v is None else f"{100 * v:.1f}%"  # noqa: E731
-    circ = m["controls"].get("circular") or {}
-    blind = (m["controls"].get("blind") or {}).get("accuracy")
-    click.echo(f"{probe}: accuracy={f(m['test']['accuracy'])} parse={f(m['controls'].get('parse_rate'))} "
-               f"circular={f(circ.get('strict'))} blind={f(blind)} "
-               f"mirror={f((m.get('mirror') or {}).get('accuracy'))}"
-               + (f" flipped={f((m.get('flipped') or {}).get('accuracy'))}" if "flipped" in m else "") + f" -> {rd}")
+    c = m["controls"]
+    click.echo(f"{probe}: accuracy={_pct(m['test'])} parse={_pct(c, 'parse_rate')} "
+               f"circular={_pct(c.get('circular'), 'strict')} blind={_pct(c.get('blind'))} "
+               f"mirror={_pct(m.get('mirror'))}"
+               + (f" flipped={_pct(m.get('flipped'))}" if "flipped" in m else "") + f" -> {rd}")
+    for v, why in (m.get("not_measured") or {}).items():
+        click.echo(f"{probe}: {v} not measured ({why})", err=True)
     missing = int((m.get("requests") or {}).get("missing", 0))
     if missing:
         click.echo(f"{probe}: {missing} of {m['requests']['answers']} answers missing from --answers: "

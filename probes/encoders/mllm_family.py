@@ -43,6 +43,7 @@ from typing import Any
 from spar_bench.errors import ConfigError
 from spar_bench.hashing import sha256_file
 
+from ..vqa.chat import add_special_tokens, render, tokenizer_of
 from .base import Encoder, EncoderSpec, WeightsGiven, local_name, require_extra, weights_record
 
 #: the prompt shown with the image for the ``llm:N`` stages (no question: what the LM holds of
@@ -93,6 +94,18 @@ class MllmEncoder(Encoder):
         self.asks = asks_question(spec.extra["stage"])
         self.texts: tuple[str, ...] | None = None  # a ``+q`` stage's user messages of the batch
 
+    def to(self, device) -> MllmEncoder:
+        """Move to ``device`` in :func:`stage_dtype`'s precision: bf16 weights on a GPU (a 7-8 B
+        model in 14-16 GB, as ``spar-probe vqa`` loads it; recorded as ``weights_dtype`` in the
+        spec), fp32 on the CPU (nothing recorded: the spec of a CPU cache is as before)."""
+        import torch
+
+        dtype = stage_dtype(device)
+        self.module.to(device=torch.device(device), dtype=dtype)
+        extra = {k: v for k, v in self.spec.extra.items() if k != "weights_dtype"}
+        self.spec = replace(self.spec, extra={**extra, **({"weights_dtype": "bfloat16"} if dtype == torch.bfloat16 else {})})
+        return self
+
     def ask(self, rows) -> None:
         """Make this ``+q`` stage the encoder of one probe's questions (a
         :class:`~spar_bench.probes.question_rows.QuestionRows`): recorded in its spec."""
@@ -126,10 +139,16 @@ class MllmEncoder(Encoder):
         if tok is not None:  # prompts of several lengths: right-padded, real tokens placed as unbatched
             tok.padding_side = "right"
         # one image per prompt, nested: Gemma 3's processor counts images per sample
-        enc = self.processor(text=self._prompts(len(rgb)), images=[[im] for im in rgb], return_tensors="pt",
-                             padding=True)
+        texts = self._prompts(len(rgb))
+        enc = self.processor(text=texts, images=[[im] for im in rgb], return_tensors="pt", padding=True,
+                             add_special_tokens=add_special_tokens(self.processor, texts))
         enc.pop("labels", None)  # PaliGemma's processor adds them: no loss is wanted
-        return enc.to(self.device)
+        enc = enc.to(self.device)
+        dtype = next(self.module.parameters()).dtype
+        for k, v in enc.items():  # pixels in the weights' precision (bf16 on a GPU)
+            if v.is_floating_point():
+                enc[k] = v.to(dtype)
+        return enc
 
     def _layer_tokens(self, x, layers):
         if self.stage == "llm":
@@ -144,6 +163,13 @@ class MllmEncoder(Encoder):
             feats = torch.stack(list(feats)) if isinstance(feats, (list, tuple)) else feats
             return {-1: feats.reshape(b, -1, feats.shape[-1])}
         return {-1: vision_tokens(self.module, out, pix, b)}
+
+
+def stage_dtype(device):
+    """The precision a stage encoder's weights take on ``device``: bf16 on CUDA, fp32 elsewhere."""
+    import torch
+
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
 
 
 def llm_tokens(model: Any, enc: Any, layer: int):
@@ -208,11 +234,55 @@ def qwen_patches(model: Any, hidden, grid_thw):
 def chat_prompt(processor: Any, text: str, *, question_first: bool = False) -> str:
     """One image and ``text`` as the user's turn of the processor's chat template: the image
     first (as ``spar-probe vqa --model hf:DIR`` sends it), or, ``question_first``, the text
-    first (the ``llm:N+q`` stage: the image tokens attend to it)."""
-    image, words = {"type": "image"}, {"type": "text", "text": text}
-    content = [words, image] if question_first else [image, words]
-    return processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
-                                         tokenize=False)
+    first (the ``llm:N+q`` stage: the image tokens attend to it; :func:`question_first_prompt`)."""
+    if question_first:
+        return question_first_prompt(processor, text)[0]
+    return render(processor, [{"type": "image"}, {"type": "text", "text": text}])
+
+
+#: a word no template writes: where the user's text goes while the image's place is found
+_SLOT = "SPARQUESTIONSLOT"
+
+
+def question_first_prompt(processor: Any, text: str) -> tuple[str, str]:
+    """``(prompt, how)``: the user's turn with ``text`` BEFORE the image, whatever the chat
+    template does with the content's order. ``how``: ``template`` (the template keeps the order
+    given) or ``spliced``: a template that writes every image first (LLaVA-1.5's: "Render all
+    images first") is rendered with the text alone and the image's own rendering (the text the
+    template writes for an image part, e.g. ``<image>\\n``) is put after the question. A
+    ConfigError (one line) when neither puts the image token after the question."""
+    token = _image_token(processor)
+    asked = render(processor, [{"type": "text", "text": _SLOT}, {"type": "image"}])
+    if _question_first(asked, token):
+        return asked.replace(_SLOT, text), "template"
+    alone = render(processor, [{"type": "text", "text": _SLOT}])
+    shown = render(processor, [{"type": "image"}, {"type": "text", "text": _SLOT}])
+    head = len(_common_prefix(alone, shown))
+    tail = len(_common_prefix(alone[head:][::-1], shown[head:][::-1]))
+    image = shown[head:len(shown) - tail]
+    spliced = alone.replace(_SLOT, _SLOT + "\n" + image.strip(), 1) if image.strip() else alone
+    if _SLOT in alone and _question_first(spliced, token):
+        return spliced.replace(_SLOT, text), "spliced"
+    raise ConfigError(f"the chat template cannot put the question before the image (it writes {token!r} "
+                      "elsewhere): this model has no llm:N+q stage; probe llm:N")
+
+
+def _image_token(processor: Any) -> str:
+    token = getattr(processor, "image_token", None) or getattr(tokenizer_of(processor), "image_token", None)
+    if not token:
+        raise ConfigError("the processor names no image token: the question stage cannot find the image")
+    return str(token)
+
+
+def _question_first(prompt: str, token: str) -> bool:
+    return _SLOT in prompt and token in prompt and prompt.index(_SLOT) < prompt.index(token)
+
+
+def _common_prefix(a: str, b: str) -> str:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return a[:n]
 
 
 def _chat_prompt(processor: Any, name: str) -> str:
@@ -221,12 +291,20 @@ def _chat_prompt(processor: Any, name: str) -> str:
     return chat_prompt(processor, NEUTRAL_PROMPT)
 
 
-def _recorded_prompt(processor: Any, neutral: str, stage: str) -> str | None:
+def _recorded_prompt(processor: Any, neutral: str, stage: str, name: str) -> dict[str, Any]:
     """The chat-templated prompt of an LM stage (``{question}`` where a ``+q`` stage puts each
-    row's question); None for the vision and projector stages, which read no text."""
+    row's question; None for the vision and projector stages, which read no text) and, for a
+    ``+q`` stage, whether the question precedes the image tokens (so a causal LM's image tokens
+    can attend to it) and how (:func:`question_first_prompt`)."""
     if not stage.startswith("llm"):
-        return None
-    return chat_prompt(processor, "{question}", question_first=True) if asks_question(stage) else neutral
+        return {"prompt": None}
+    if not asks_question(stage):
+        return {"prompt": neutral}
+    try:
+        prompt, how = question_first_prompt(processor, "{question}")
+    except ConfigError as e:
+        raise ConfigError(f"encoder {name}: {e}") from None
+    return {"prompt": prompt, "question_before_image": True, "question_placement": how}
 
 
 def _load(folder: Path, name: str, random_init: bool) -> tuple[Any, Any, dict[str, Any]]:
@@ -238,20 +316,24 @@ def _load(folder: Path, name: str, random_init: bool) -> tuple[Any, Any, dict[st
     if not random_init and not has_weights:
         raise ConfigError(f"encoder {name}: {folder} holds no weights (*.safetensors, *.bin); point at a "
                           "save_pretrained folder, or pass --random-init to probe a random network on purpose")
+    import torch
+
     auto = getattr(tf, "AutoModelForImageTextToText", None) or tf.AutoModelForVision2Seq
     kw = {"local_files_only": True}
+    # bf16 where a GPU will run it (half the host memory of fp32); MllmEncoder.to sets the device's precision
+    dtype = stage_dtype("cuda" if torch.cuda.is_available() else "cpu")
     try:
         processor = tf.AutoProcessor.from_pretrained(str(folder), **kw)
         if random_init:
             model = auto.from_config(tf.AutoConfig.from_pretrained(str(folder), **kw))
             record = {"kind": "random-init", "config_from": weights_record(folder, False, name)}
         else:
-            model = auto.from_pretrained(str(folder), **kw)
+            model = auto.from_pretrained(str(folder), dtype=dtype, **kw)
             record = weights_record(folder, False, name)
     except (OSError, ValueError, KeyError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ConfigError(f"encoder {name}: cannot load {folder} as an image-text model: {first}") from None
-    return model.float().eval(), processor, record
+    return model.to(dtype).eval(), processor, record
 
 
 def _token_layout(model: Any, processor: Any, prompt: str, stage: str) -> dict[str, Any]:
@@ -261,7 +343,8 @@ def _token_layout(model: Any, processor: Any, prompt: str, stage: str) -> dict[s
     import numpy as np
     import torch
 
-    enc = processor(text=[prompt], images=[[np.zeros((224, 224, 3), np.uint8)]], return_tensors="pt")
+    enc = processor(text=[prompt], images=[[np.zeros((224, 224, 3), np.uint8)]], return_tensors="pt",
+                    add_special_tokens=add_special_tokens(processor, [prompt]))
     n_img = int((enc["input_ids"] == image_token_id(model.config)).sum())
     cfg = model.config
     n_prefix = int(getattr(cfg, "vision_feature_select_strategy", "default") == "full")
@@ -315,8 +398,10 @@ def load_mllm(rest: str, *, weights: str | None = None, random_init: bool = Fals
         weights=record, random_init=record["kind"] == "random-init",
         extra={"stage": stage_text, "llm_layer": layer, "model_type": model.config.model_type,
                "config_sha256": sha256_file(folder / "config.json"),
-               "prompt": _recorded_prompt(processor, prompt, stage_text), "image_tokens": layout["image_tokens"],
+               **_recorded_prompt(processor, prompt, stage_text, name), "image_tokens": layout["image_tokens"],
                "vision_grid": layout["vision_grid"], "lm_grid": layout["lm_grid"], "lm_layers": n_lm,
-               "preprocessing": "the model's processor on the 224x224 grey image as RGB"},
+               "preprocessing": "the model's processor on the 224x224 grey image as RGB",
+               # the template writes BOS itself: none is added (before, a second one was)
+               **({} if add_special_tokens(processor, [prompt]) else {"bos": "template"})},
     )
     return MllmEncoder(spec, model, processor, prompt)

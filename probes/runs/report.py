@@ -46,6 +46,7 @@ from spar_bench.errors import ConfigError
 from spar_bench.provenance import json_safe
 
 from ..tasks import METRICS, get_probe, probe_names
+from ..vqa.measured import HARNESS_PROMPT, shown, unmeasured_of
 
 #: Columns added to a probe's table when a row is an MLLM run (``spar-probe vqa``):
 #: row key -> (column label, path in metrics.json: the MLLM's own controls).
@@ -188,6 +189,8 @@ def _row(spec, enc: str, head: str, ms: list[dict]) -> dict[str, Any]:
         for name in FLIPPED_CONTROLS:
             row[name], _ = _stat([_get(m, "controls", name, key) for m in ms])
     row["track"] = ms[0].get("track", "probe")  # "vqa": a multimodal LLM asked directly
+    row["not_measured"] = sorted(unmeasured_of(ms))  # MLLM variants whose answers an --answers file lacked
+    row["harness_prompt"] = any(m.get("prompt") == "harness" for m in ms)
     # the splits scored as "test" (an MLLM run may ask other splits: never in the headline table)
     row["splits"] = sorted({str(s) for m in ms for s in (m.get("splits") or ["test"])})
     for name, path in VQA_COLUMNS.items():
@@ -372,7 +375,7 @@ def _label(r: dict) -> str:
     trained = f" ({r['training']})" if r.get("training") else ""
     return r["encoder"] + trained + (
         " **(random-init)**" if r["random_init"] and "random-init" not in r["encoder"] else ""
-    ) + r.get("protocol_note", "")
+    ) + (f" ({HARNESS_PROMPT})" if r.get("harness_prompt") else "") + r.get("protocol_note", "")
 
 
 def _main_table(spec, rows: list[dict]) -> list[str]:
@@ -396,15 +399,16 @@ def _main_table(spec, rows: list[dict]) -> list[str]:
         ci = "-" if r["mean"] is None else "n/a" if r["ci_low"] is None else \
             f"[{_f(r['ci_low'], pct)}, {_f(r['ci_high'], pct)}]"
         seeds = f"{len(r['seeds'])} (cap: {r['capped']})" if r.get("capped") else str(len(r["seeds"]))
-        cells = [_label(r), r["head"], seeds, score, ci]
-        cells += [_f(r["metrics"]["test"][k]["mean"], METRICS[k].percent) for k in others]
-        cells += [_f(r[c], pct) for c in ("chance", "majority", "prior", "blind", "mirror",
-                                          "prior_mirror", "blind_mirror")]  # fmt: skip
+        nm = r.get("not_measured") or set()
+        cells = [_label(r), r["head"], seeds, shown(score, "test", nm), shown(ci, "test", nm)]
+        cells += [shown(_f(r["metrics"]["test"][k]["mean"], METRICS[k].percent), "test", nm) for k in others]
+        cells += [shown(_f(r[c], pct), c, nm) for c in ("chance", "majority", "prior", "blind", "mirror",
+                                                        "prior_mirror", "blind_mirror")]  # fmt: skip
         if r["blind_below_prior"]:
             cells[-4] += " (!)"
-        cells += [_f(r.get(c), pct) for c in ("flipped", *FLIPPED_CONTROLS)] if flips else []
+        cells += [shown(_f(r.get(c), pct), c, nm) for c in ("flipped", *FLIPPED_CONTROLS)] if flips else []
         cells += [_fs(r["transfer"][t], pct) if t in r["transfer"] else "-" for t in transfer]
-        cells += [_f(r.get(c), True) for c in vqa]
+        cells += [shown(_f(r.get(c), True), c, nm) for c in vqa]
         cells += [_unparsed_cell(r.get("unparsed"))] if why else []
         lines.append("| " + " | ".join(cells) + " |")
     if any(r["blind_below_prior"] for r in rows):
@@ -680,8 +684,9 @@ def plot(table: dict[str, list[dict]], out: Path) -> list[Path]:
         ax.set_xticks(x, labels, fontsize=7)
         ax.set_ylabel(METRICS[spec.headline].label)
         ax.set_title(probe)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never on them
         fig.tight_layout()
+        separate_labels(fig, ax)
         p = out / f"{probe}.png"
         fig.savefig(p, dpi=100)
         plt.close(fig)
@@ -689,6 +694,21 @@ def plot(table: dict[str, list[dict]], out: Path) -> list[Path]:
         if spec.per_organ:
             written.append(_plot_per_organ(plt, spec, probe, rows, out))
     return written
+
+
+def overlapping(boxes: list) -> bool:
+    """Whether any two of ``boxes`` (matplotlib window extents, in order along x) overlap."""
+    return any(a.x1 > b.x0 + 0.5 for a, b in zip(boxes, boxes[1:], strict=False))
+
+
+def separate_labels(fig, ax) -> None:
+    """Turn the x tick labels upright (90 degrees) where they overlap side by side, and lay the
+    figure out again (in place)."""
+    fig.canvas.draw()
+    if overlapping([t.get_window_extent() for t in ax.get_xticklabels()]):
+        for t in ax.get_xticklabels():
+            t.set_rotation(90)
+        fig.tight_layout()
 
 
 def _plot_per_organ(plt, spec, probe: str, rows: list[dict], out: Path) -> Path:

@@ -44,7 +44,12 @@ def variant_text(changed: dict[str, Any]) -> str:
 
 def run_folder(out: str | Path, slug: str, probe: str, head: str, variant: str, seed: int) -> Path:
     """``OUT/<slug>/<probe>/<head>[,variant]/seed<k>``: the folder of every kind of run."""
+    from spar_bench.names import component_problem
+
     name = f"{head},{variant}" if variant else head
+    for what, part in (("model", slug), ("probe", probe), ("head", name)):
+        if (problem := component_problem(part)) is not None:  # a plug-in's name, an option's value
+            raise ConfigError(f"a run folder's {what} part {problem}; a run is written inside {out} only")
     return Path(out) / slug / probe / name / f"seed{seed}"
 
 

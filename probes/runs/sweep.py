@@ -173,12 +173,14 @@ def run_sweep(jobs: list[Job], n_jobs: int = 2, batched: bool = False, prune_at:
 def _run_units(units: list[list[Job]], n_jobs: int, prune_at: int, results: list[JobResult], bar) -> None:
     """Run ``units`` here (``n_jobs`` 1) or in :func:`spar_bench.procs.process_pool`, whose workers
     die with this process and are killed by a signal or an error (nothing queued runs after)."""
+    from spar_bench.procs import check_stop, completed, process_pool
+
     if n_jobs <= 1 or len(units) <= 1:
         for u in units:
+            check_stop()  # a SIGINT/SIGTERM a finalizer swallowed: no further run starts
             results.extend(run_batch(u, prune_at))
             bar.update(len(u))
         return
-    from spar_bench.procs import completed, process_pool
 
     with process_pool(n_jobs) as ex:
         futures = [ex.submit(run_batch, u, prune_at) for u in units]

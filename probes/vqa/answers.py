@@ -8,10 +8,25 @@ columns and ``prediction``) or lmms-eval's ``--log_samples`` JSONL (each sample'
 the sha256 of its prompt text; so the run, every control, CircularEval and the report are
 those of ``spar-probe vqa``, and the text is read by its parser (``generate`` mode).
 
-Refused in one line: a row of another build (fingerprint) or protocol, a row that matches no
+Refused in one line: a file that is not UTF-8, a prediction over :data:`MAX_ANSWER_CHARS`
+characters, a row of another build (fingerprint) or protocol, a row that matches no
 exported question (re-planned from the build and the row's ``spar_config``), two answers to
 one request. A request the file has no answer for is answered ``missing`` (unanswered; the
-run's ``metrics.json`` counts them under ``requests.missing``).
+run's ``metrics.json`` counts them under ``requests.missing``); a variant with more than a
+stated share missing is not measured, one with all missing is refused unless accepted
+(:mod:`.measured`).
+
+Several files answer one run (``--answers A --answers B``; ``answers:A<os.pathsep>B``):
+VLMEvalKit answers the export's ``<probe>.tsv`` and ``<probe>.blind.tsv`` as two datasets.
+
+The prompt: lmms-eval's exported task sends ``doc_to_text`` = the exported question, ``vqa``'s
+exact prompt (``prompt: exact``). VLMEvalKit wraps the question in its own prompt
+(``ImageMCQDataset.build_prompt`` in ``vlmeval/dataset/image_mcq.py`` and
+``TextMCQDataset.build_prompt`` in ``text_mcq.py``: "Question: ..", the options listed again,
+"Please select the correct answer from the options above."; a model class may use its own), so
+answers read from a table file are recorded as asked with the harness's prompt (``prompt:
+harness (VLMEvalKit ...)`` in the run's model identity) and the reports mark them "harness
+prompt".
 """
 
 from __future__ import annotations
@@ -19,6 +34,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -32,6 +48,8 @@ ID = ("spar_key", "spar_variant", "spar_prompt_sha256")
 REQUIRED = (*ID, "spar_build", "spar_protocol", "spar_config", "spar_probe")
 #: the lmms-eval metric whose per-sample value carries the spar fields
 LMMS_METRIC = "spar_accuracy"
+#: how the answers of each file kind were asked (recorded in the run's model identity)
+PROMPTS = {"table": "harness (VLMEvalKit build_prompt wraps the exported question)", "jsonl": "exact"}
 
 
 def _table_rows(path: Path) -> list[dict[str, Any]]:
@@ -42,24 +60,50 @@ def _table_rows(path: Path) -> list[dict[str, Any]]:
         except ImportError:
             raise ConfigError(f"--answers {path}: reading .xlsx needs openpyxl (pip install openpyxl), "
                               "or save the predictions as .tsv") from None
-        sheet = openpyxl.load_workbook(path, read_only=True).worksheets[0]
+        try:
+            sheet = openpyxl.load_workbook(path, read_only=True).worksheets[0]
+        except Exception as e:  # noqa: BLE001 (a damaged workbook raises zip, XML or key errors)
+            raise ConfigError(f"--answers {path}: not a readable .xlsx workbook ({type(e).__name__}: {e}); "
+                              "save the predictions again, or as .tsv") from None  # fmt: skip
         values = list(sheet.iter_rows(values_only=True))
         head = [str(h) for h in values[0]] if values else []
         return [dict(zip(head, v, strict=False)) for v in values[1:]]
     csv.field_size_limit(1 << 30)
-    with path.open(encoding="utf-8", newline="") as f:
-        return list(csv.DictReader(f, delimiter="\t" if path.suffix == ".tsv" else ","))
+    try:
+        with path.open(encoding="utf-8", newline="") as f:
+            return list(csv.DictReader(f, delimiter="\t" if path.suffix == ".tsv" else ","))
+    except UnicodeDecodeError as e:
+        raise _not_utf8(path, e) from None
+    except csv.Error as e:
+        raise ConfigError(f"--answers {path}: not a readable {path.suffix[1:]} table ({e})") from None
+
+
+def _not_utf8(path: Path, e: UnicodeDecodeError) -> ConfigError:
+    return ConfigError(f"--answers {path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
+                       "save the predictions as UTF-8")
+
+
+#: the longest prediction read (characters): an answer to one question, reasoning included, is far
+#: shorter; a longer one is refused in one line (the parser's time grows with an answer's length)
+MAX_ANSWER_CHARS = 100_000
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _not_utf8(path, e) from None
 
 
 def _jsonl_rows(path: Path) -> list[dict[str, Any]]:
     """The spar fields and prediction of each lmms-eval ``--log_samples`` line."""
     out = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(_text(path).splitlines(), 1):
         if not line.strip():
             continue
         try:
             sample = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested beyond what json reads
             raise ConfigError(f"--answers {path}: line {n} is not JSON; pass lmms-eval's --log_samples JSONL") from None
         got = sample.get(LMMS_METRIC) if isinstance(sample, dict) else None
         if not isinstance(got, dict):
@@ -82,15 +126,20 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
         if lacking:
             raise ConfigError(f"--answers {path}: row {n} has no {', '.join(lacking)}; answer a file exported by "
                               "spar-build export (its spar_* columns kept) and keep the prediction column")
+        size = len(str(r["prediction"])) if r["prediction"] is not None else 0
+        if size > MAX_ANSWER_CHARS:
+            raise ConfigError(f"--answers {path}: row {n}'s prediction is {size:,} characters, over the limit of "
+                              f"{MAX_ANSWER_CHARS:,} (an answer to one question); check the harness's output, "
+                              "or cut that answer")  # fmt: skip
     return rows
 
 
 def probes_answered(path: str | Path) -> list[str]:
-    """The probes ``path`` has answers for (``spar_probe``), in registry order: what
-    ``--answers`` asks when no ``--probe`` is given."""
+    """The probes ``path`` (files joined by ``os.pathsep``) has answers for (``spar_probe``), in
+    registry order: what ``--answers`` asks when no ``--probe`` is given."""
     from ..tasks import probe_names
 
-    got = {str(r["spar_probe"]) for r in read_rows(Path(path))}
+    got = {str(r["spar_probe"]) for x in str(path).split(os.pathsep) if x for r in read_rows(Path(x))}
     if not got:
         raise ConfigError(f"--answers {path}: no answer rows; pass the predictions of an exported file")
     return [p for p in probe_names() if p in got]
@@ -106,6 +155,22 @@ def _exported(build, probe: str, config: str) -> set[tuple[str, str, str]]:
     cfg = config_of(config)
     qs = load_questions(build, get_probe(probe), list(cfg.splits))
     return {(str(qs.key[it.q]), it.variant, prompt_sha256(it.prompt.text)) for it in plan(qs, cfg)}
+
+
+def _check_config(path: Path, n: int, probe: str, config: str) -> None:
+    """Row ``n``'s ``spar_probe`` and ``spar_config`` as an export writes them, else one line."""
+    from ..tasks import get_probe
+    from .export import config_of
+
+    try:
+        get_probe(probe)
+    except ConfigError as e:
+        raise ConfigError(f"--answers {path}: row {n}: {e}") from None
+    try:
+        config_of(config)
+    except (ConfigError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ConfigError(f"--answers {path}: row {n}'s spar_config {config[:80]!r} is not one spar-build export "
+                          f"writes ({type(e).__name__}: {e}); answer the exported rows, unedited") from None
 
 
 def check_rows(path: Path, rows: list[dict[str, Any]], build) -> dict[tuple[str, str, str], str]:
@@ -125,6 +190,7 @@ def check_rows(path: Path, rows: list[dict[str, Any]], build) -> dict[tuple[str,
         ident = tuple(str(r[c]) for c in ID)
         where = (str(r["spar_probe"]), str(r["spar_config"]))
         if where not in plans:
+            _check_config(path, n, *where)
             plans[where] = _exported(build, *where)
         if ident not in plans[where]:
             raise ConfigError(f"--answers {path}: row {n} ({ident[0]}, {ident[1]}) matches no exported question of "
@@ -137,25 +203,45 @@ def check_rows(path: Path, rows: list[dict[str, Any]], build) -> dict[tuple[str,
     return got
 
 
-class AnswersBackend(Backend):
-    """Answers each request from a file of another harness's answers (see the module doc)."""
+def prompt_of(paths: list[Path]) -> str:
+    """How the answers of ``paths`` were asked (:data:`PROMPTS`); one kind per run."""
+    kinds = {"jsonl" if p.suffix == ".jsonl" else "table" for p in paths}
+    if len(kinds) > 1:
+        raise ConfigError(f"--answers {paths[0]}: mixes lmms-eval samples and VLMEvalKit predictions, which were "
+                          "asked with different prompts; score each harness's answers on their own")
+    return PROMPTS[kinds.pop()]
 
-    def __init__(self, path: str, data: str | None):
+
+class AnswersBackend(Backend):
+    """Answers each request from files of another harness's answers (see the module doc)."""
+
+    def __init__(self, path: str, data: str | None, accept_missing: bool = False):
         from spar_bench.builder.shards import Build
 
-        if not path:
+        paths = [Path(x) for x in path.split(os.pathsep) if x]
+        if not paths:
             raise ConfigError("--answers: name the answers file (--answers FILE)")
+        self.source = "--answers " + " ".join(map(str, paths))
         if not data:
-            raise ConfigError(f"--answers {path}: needs --data, the build that was exported")
-        p = Path(path)
-        self.answers = check_rows(p, read_rows(p), Build(data))
-        digest = hashlib.sha256(p.read_bytes()).hexdigest()
-        self.name = "answers-" + (re.sub(r"[^A-Za-z0-9._-]+", "-", p.stem).strip("-")[-60:] or "file")
+            raise ConfigError(f"--answers {paths[0]}: needs --data, the build that was exported")
+        rows = [(p, read_rows(p)) for p in paths]
+        build = Build(data)
+        self.answers: dict = {}
+        for p, rs in rows:
+            got = check_rows(p, rs, build)
+            if set(got) & set(self.answers):
+                raise ConfigError(f"--answers {p}: answers rows another --answers file answers; keep one answer "
+                                  "per exported row")
+            self.answers.update(got)
+        digests = [hashlib.sha256(p.read_bytes()).hexdigest() for p in paths]
+        digest = digests[0] if len(paths) == 1 else hashlib.sha256(" ".join(digests).encode()).hexdigest()
+        self.name = "answers-" + (re.sub(r"[^A-Za-z0-9._-]+", "-", paths[0].stem).strip("-")[-60:] or "file")
         self.mode = "generate"
-        self.identity = {"kind": "answers", "sha256": digest}
+        self.identity = {"kind": "answers", "sha256": digest, "prompt": prompt_of(paths)}
         self.decoding = {"mode": "generate"}
         self.batch_size = 256
         self.missing = 0
+        self.accept_missing = accept_missing
 
     def answer(self, requests: list[Request]) -> list[Reply]:
         out = []
@@ -171,4 +257,4 @@ class AnswersBackend(Backend):
 
 
 def load_answers(rest: str, options: BackendOptions) -> AnswersBackend:
-    return AnswersBackend(rest, options.data)
+    return AnswersBackend(rest, options.data, options.accept_missing)

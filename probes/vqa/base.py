@@ -150,6 +150,8 @@ class BackendOptions:
             ``structured_outputs`` (current vLLM: ``{"choice": [...]}``).
         timeout, retries, backoff, concurrency: HTTP bounds (``openai:``).
         data: the build folder the questions come from (``oracle`` reads its masks).
+        accept_missing: ``answers:`` reports a variant whose answers are all missing as not
+            measured instead of refusing the run.
     """
 
     mode: str = "constrained"
@@ -167,3 +169,4 @@ class BackendOptions:
     backoff: float = 1.0
     concurrency: int = 4
     data: str | None = None
+    accept_missing: bool = False

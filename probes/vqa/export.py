@@ -8,13 +8,20 @@ the ``vqa`` command sends. So a score from the other harness, read back with ``s
 
 * ``vlmevalkit``: ``DIR/<probe>.tsv`` in VLMEvalKit's ``CustomMCQDataset`` format (``index``,
   ``image`` (base64 PNG), ``question``, ``A``.., ``answer``, ``category`` = the variant,
-  ``l2-category`` = the probe) plus the ``spar_*`` columns that name each row's question;
+  ``l2-category`` = the probe) plus the ``spar_*`` columns that name each row's question; the
+  rows without an image (blind, mirror-blind, flipped-blind) go to ``DIR/<probe>.blind.tsv``,
+  the same columns but no ``image`` column. VLMEvalKit drops a row whose ``image`` is empty:
+  ``ImageBaseDataset.__init__`` (``vlmeval/dataset/image_base.py``) keeps
+  ``data[~pd.isna(data['image'])]`` under its default ``skip_noimg=True``, and pandas reads an
+  empty TSV field as NaN. A TSV with options but neither ``image`` nor ``image_path`` is built
+  by ``build_dataset`` (``vlmeval/dataset/__init__.py``) as a ``CustomTextMCQDataset``
+  (``vlmeval/dataset/text_mcq.py``), which keeps every row and asks the text alone;
 * ``lmms-eval``: ``DIR/<probe>/`` -- a task per variant (``spar_<level>_<probe>_<variant>``),
   a group over them (``spar_<level>_<probe>``), ``docs.jsonl``, ``images/`` and a ``utils.py``
   whose ``process_results`` reads the answer with SPAR-Bench's own parser (``lmms-eval
-  --include_path .``, run from ``DIR``). The folder is not named like the group: lmms-eval
-  reads a ``--tasks`` name that is a folder of the working directory as that folder's YAML
-  files, which loads every task twice and as a plain-model task.
+  --include_path DIR``, from any working folder: :mod:`.lmms_template`). The folder is not named
+  like the group: lmms-eval reads a ``--tasks`` name that is a folder of the working directory
+  as that folder's YAML files, which loads every task twice and as a plain-model task.
 
 Beside each probe's files ``<name>.json`` records the protocol version, the build's
 fingerprint, the template version, the asking options, the rows per variant and the files'
@@ -129,20 +136,35 @@ def vlmevalkit_header(n_options: int) -> list[str]:
     return ["index", "image", "question", *letters, "answer", "category", "l2-category", *SPAR_COLUMNS]
 
 
+def blind_tsv(path: Path) -> Path:
+    """``<probe>.blind.tsv`` beside ``<probe>.tsv``: the rows asked without an image."""
+    return path.with_name(path.stem + ".blind.tsv")
+
+
 def write_vlmevalkit(rows: Iterator[ExportRow], path: Path, n_options: int, probe: str) -> Counter:
-    """``path``: VLMEvalKit's MCQ TSV (a blind row's ``image`` is empty); the rows per category."""
+    """``path``: VLMEvalKit's MCQ TSV of the rows with an image; :func:`blind_tsv`: the rows
+    without one, with no ``image`` column (VLMEvalKit's text MCQ dataset, which keeps them: see
+    the module doc); the rows per category. The blind file is written only when it has rows."""
     counts: Counter = Counter()
-    with path.open("w", encoding="utf-8", newline="") as f:
+    head = vlmevalkit_header(n_options)
+    blind = blind_tsv(path)
+    with path.open("w", encoding="utf-8", newline="") as f, blind.open("w", encoding="utf-8", newline="") as fb:
         w = csv.writer(f, delimiter="\t", lineterminator="\n")
-        w.writerow(vlmevalkit_header(n_options))
+        wb = csv.writer(fb, delimiter="\t", lineterminator="\n")
+        w.writerow(head)
+        wb.writerow([c for c in head if c != "image"])
         for row in rows:
             r = row.request
             if r.frames is not None:  # export_build refuses video before anything is written
                 raise ConfigError("a VLMEvalKit TSV holds one image per question, not video frames")
-            image = "" if r.image is None else base64.b64encode(png_bytes(r.image)).decode("ascii")
-            w.writerow([row.index, image, r.text, *r.options, row.answer, row.category, probe,
-                        *(row.spar[c] for c in SPAR_COLUMNS)])
+            tail = [r.text, *r.options, row.answer, row.category, probe, *(row.spar[c] for c in SPAR_COLUMNS)]
+            if r.image is None:
+                wb.writerow([row.index, *tail])
+            else:
+                w.writerow([row.index, base64.b64encode(png_bytes(r.image)).decode("ascii"), *tail])
             counts[row.category] += 1
+    if not any(c.endswith("blind") for c in counts):
+        blind.unlink()
     return counts
 
 
@@ -182,7 +204,7 @@ def write_lmms_tasks(folder: Path, base: str, counts: Counter, max_new_tokens: i
     tasks = []
     for cat in sorted(counts):
         name = f"{base}_{cat.replace('-', '_')}"
-        (folder / f"{name}.yaml").write_text(task_yaml(name, folder.name, cat, max_new_tokens), encoding="utf-8")
+        (folder / f"{name}.yaml").write_text(task_yaml(name, cat, max_new_tokens), encoding="utf-8")
         tasks.append(name)
     (folder / f"{base}.yaml").write_text(group_yaml(base, tasks), encoding="utf-8")
     (folder / "utils.py").write_text(utils_py(sorted(counts)), encoding="utf-8")
@@ -213,7 +235,8 @@ def export_probe(build, probe: str, cfg: AskConfig, fmt: str, out: Path) -> Path
     if fmt == "vlmevalkit":
         tsv = out / f"{probe}.tsv"
         counts = write_vlmevalkit(rows, tsv, qs.spec.n_classes, probe)
-        files, meta = {tsv.name: sha256_file(tsv)}, out / f"{probe}.json"
+        files = {p.name: sha256_file(p) for p in (tsv, blind_tsv(tsv)) if p.is_file()}
+        meta = out / f"{probe}.json"
     else:
         folder = out / probe
         counts = write_lmms_docs(rows, folder)

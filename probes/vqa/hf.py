@@ -10,6 +10,8 @@
   scored. Batches are right-padded, so positions and causal attention of real tokens are
   those of an unbatched pass.
 * ``--generate``: greedy decoding (left-padded batches), the text is parsed strictly.
+* Tokenization: the chat template applied once, BOS exactly once (:mod:`.chat`: as lmms-eval's
+  ``llava_hf`` does for a template without BOS).
 * Level 4 volumes: a processor with a ``video_processor`` (Qwen2-VL style) takes a
   ``--volume-as video`` request as ``videos=`` (its frames in order, a ``{"type": "video"}``
   chat part); any other processor refuses a video in one line (``montage``/``views`` are
@@ -26,6 +28,7 @@ from spar_bench.errors import ConfigError
 from spar_bench.hashing import sha256_file
 
 from .base import Backend, BackendOptions, Reply, Request
+from .chat import add_special_tokens, render
 
 
 def _transformers():
@@ -102,25 +105,23 @@ class HFBackend(Backend):
         self.device = options.device
         self.batch_size = options.batch_size
         self.max_new_tokens = options.max_new_tokens
-        self.decoding = {"mode": self.mode, "dtype": options.dtype, "scoring": "letter-loglik"}
+        # "bos": the tokenization rule (chat.py); answers cached before it (no BOS) are not reused
+        self.decoding = {"mode": self.mode, "dtype": options.dtype, "scoring": "letter-loglik", "bos": "once"}
         if self.mode == "generate":
             self.decoding = {"mode": self.mode, "dtype": options.dtype, "greedy": True,
-                             "max_new_tokens": self.max_new_tokens}
+                             "max_new_tokens": self.max_new_tokens, "bos": "once"}
 
     # -- inputs ------------------------------------------------------------------------
     def prompt_text(self, r: Request) -> str:
         shown = [{"type": "video"}] if r.frames is not None else [{"type": "image"}] if r.image is not None else []
-        content = shown + [{"type": "text", "text": r.text}]
-        return self.processor.apply_chat_template(
-            [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
-        )
+        return render(self.processor, shown + [{"type": "text", "text": r.text}])
 
     def encode(self, texts: list[str], reqs: list[Request], padding_side: str):
         """Processor outputs for a batch (``reqs``: each text's request; all with an image,
         all with a video, or all with neither)."""
         self.tok.padding_side = padding_side
         kw: dict[str, Any] = {"text": texts, "return_tensors": "pt", "padding": True,
-                              "add_special_tokens": False}
+                              "add_special_tokens": add_special_tokens(self.processor, texts)}
         if any(r.frames is not None for r in reqs):
             kw["videos"] = [list(r.frames) for r in reqs]
         elif any(r.image is not None for r in reqs):

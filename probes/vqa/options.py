@@ -177,6 +177,7 @@ class VqaOptions:
     seeds: str | Sequence[int] = "0"
     n_boot: int = limited(1000, lo=1, flag="--bootstrap")
     cache_path: str | None = None
+    accept_missing: bool = False
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -217,7 +218,7 @@ def _backends(model: str, data: str, opts: VqaOptions, seeds: list[int]) -> dict
     kw = dict(revision=opts.revision, base_url=opts.base_url, api_key_env=opts.api_key_env,
               batch_size=opts.batch_size, max_new_tokens=opts.max_new_tokens, guided=opts.guided,
               timeout=opts.timeout, retries=opts.retries, concurrency=opts.concurrency, data=str(data),
-              **model_placement(model, opts.device, opts.compute))  # fmt: skip
+              accept_missing=opts.accept_missing, **model_placement(model, opts.device, opts.compute))  # fmt: skip
     return backends_by_seed(lambda seed: load_backend(model, options_from(opts.generate, seed=seed, **kw)), seeds)
 
 

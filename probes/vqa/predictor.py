@@ -27,6 +27,7 @@ from ..runs.spec import NamedRun
 from .ask import AskConfig, Item, answer_records, ask, cache_key, image_digests, prompt_of
 from .base import Backend
 from .cache import ResponseCache
+from .measured import is_harness_prompt, mark_unmeasured, unmeasured
 from .prompts import rotations
 from .questions import Questions, load_questions
 
@@ -246,5 +247,9 @@ class MllmJob:
                         "template_version": items[0].prompt.version,
                         "requests": {"answers": len(items), "distinct": distinct,
                                      "deduplicated": len(items) - distinct, **_missing(records)}})  # fmt: skip
+        if is_harness_prompt(s.backend.identity):  # another harness's prompt asked them (reports say so)
+            metrics["prompt"] = "harness"
+        mark_unmeasured(metrics, unmeasured(records, getattr(s.backend, "source", s.backend.name),
+                                            bool(getattr(s.backend, "accept_missing", False))))
         text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in records)
         return metrics, rec, {ANSWERS_FILE: (lambda p: p.write_text(text, encoding="utf-8"), True)}

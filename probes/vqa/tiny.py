@@ -21,6 +21,20 @@ CHAT_TEMPLATE = (
 )
 
 
+#: llava-hf/llava-1.5-7b-hf's chat template, as its chat_template.json ships it (the same text is
+#: the LLaVA processor's template in transformers' tests/models/llava/test_processing_llava.py,
+#: prepare_processor_dict): every image of a turn is written before its text.
+LLAVA_15_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] != 'system' %}{{ message['role'].upper() + ': '}}"
+    "{% endif %}{# Render all images first #}{% for content in message['content'] | selectattr('type', "
+    "'equalto', 'image') %}{{ '<image>\\n' }}{% endfor %}{# Render all text next #}{% if message['role'] != "
+    "'assistant' %}{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
+    "{{ content['text'] + ' '}}{% endfor %}{% else %}{% for content in message['content'] | selectattr('type', "
+    "'equalto', 'text') %}{% generation %}{{ content['text'] + ' '}}{% endgeneration %}{% endfor %}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"
+)
+
+
 def _vocabulary(volume: bool = False, special: tuple[str, ...] = ("<image>",)) -> list[str]:
     """Special tokens, then the prompts' words (``volume``: the Level 4 prompts' too)."""
     from spar_bench.builder.schema import LEVEL3_CLASS_NAMES, ORGANS
@@ -38,15 +52,19 @@ def _vocabulary(volume: bool = False, special: tuple[str, ...] = ("<image>",)) -
     return ["<pad>", "<unk>", "<s>", "</s>", *special, *sorted(words)]
 
 
-def _word_tokenizer(words: list[str], extra: dict[str, str]):
-    """A fast word-level tokenizer over ``words`` (``extra``: the processor's named special tokens)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+def _word_tokenizer(words: list[str], extra: dict[str, str], bos: bool = False):
+    """A fast word-level tokenizer over ``words`` (``extra``: the processor's named special
+    tokens); ``bos``: it adds ``<s>`` in front of every text, as Llama's does."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
     tok.decoder = decoders.WordPiece(prefix="##")
+    if bos:
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
+                                                           special_tokens=[("<s>", words.index("<s>"))])
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>",
                                    bos_token="<s>", eos_token="</s>", extra_special_tokens=extra)
 
@@ -64,7 +82,7 @@ def _letters_only(model, letters: list[int], silent: list[int]) -> None:
 
 
 def make_tiny_llava(path: str | Path, seed: int = 0, hidden: int = 32, image_size: int = 32,
-                    letters_only: str = "") -> Path:
+                    letters_only: str = "", chat_template: str = CHAT_TEMPLATE, bos: bool = False) -> Path:
     """Save a tiny random LLaVA (model, processor, tokenizer, chat template) into ``path``.
 
     ``letters_only`` (e.g. ``"ABC"``): a greedy one-token answer is one of these letters or
@@ -72,7 +90,8 @@ def make_tiny_llava(path: str | Path, seed: int = 0, hidden: int = 32, image_siz
     head scores only them (every other token's logit is 0), and the generation prompt's own
     tokens (``assistant :``) embed to 0, so which letter comes from what the last position reads
     of the question and the image (weakly, a random model: with and without an image often
-    differ, two images seldom)."""
+    differ, two images seldom). ``chat_template``: another template (LLaVA-1.5's real one, in
+    tests); ``bos``: the tokenizer adds ``<s>`` (as Llama's does)."""
     import torch
     from transformers import (
         CLIPImageProcessor,
@@ -85,13 +104,13 @@ def make_tiny_llava(path: str | Path, seed: int = 0, hidden: int = 32, image_siz
 
     words = _vocabulary()
     vocab = {w: i for i, w in enumerate(words)}
-    fast = _word_tokenizer(words, {"image_token": "<image>"})
+    fast = _word_tokenizer(words, {"image_token": "<image>"}, bos)
     patch = image_size // 4
     proc = LlavaProcessor(
         image_processor=CLIPImageProcessor(size={"shortest_edge": image_size},
                                            crop_size={"height": image_size, "width": image_size}),
         tokenizer=fast, patch_size=patch, vision_feature_select_strategy="default",
-        num_additional_image_tokens=1, chat_template=CHAT_TEMPLATE)
+        num_additional_image_tokens=1, chat_template=chat_template)
     vision = CLIPVisionConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
                               num_attention_heads=2, image_size=image_size, patch_size=patch)
     text = LlamaConfig(vocab_size=len(words), hidden_size=hidden, intermediate_size=2 * hidden,
