@@ -723,5 +723,5 @@ VQA_KIND = StepKind(
 PREDICT_KIND = StepKind(call=_predict, plan=_plan_predict, order=70, runs=True)
 CALIBRATION_KIND = StepKind(
     call=_calibration, fields=_calibration_fields, settings=_calibration_settings, given=_calibration_given,
-    plan=_plan_calibration, order=80, own=frozenset({"out"}))  # fmt: skip
+    plan=_plan_calibration, order=80, auto_device=True, own=frozenset({"out"}))  # fmt: skip
 REPORT_KIND = StepKind(call=_report, plan=_plan_report, order=90, fresh=True)

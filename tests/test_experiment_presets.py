@@ -200,6 +200,16 @@ def test_a_bad_calibration_option_is_one_line_at_plan_time(tmp_path, run, old, n
     assert len(lines) == 1 and all(w in lines[0] for w in words), result.output
 
 
+def test_the_calibration_takes_device_auto_and_refuses_a_bad_one(tmp_path, run):
+    """``device: auto`` (CUDA when visible) is the calibration's as the finetune's; ``tpu`` is one line."""
+    text = preset_path("recall-vs-computation").read_text().replace("  device: ${DEVICE}\n", "  device: ${CAL_DEVICE}\n")
+    path = tmp_path / "rvc.yaml"
+    path.write_text(text.replace("vars:\n", "vars:\n  CAL_DEVICE: auto\n", 1))
+    assert run(str(path), "--list", "--set", f"OUT={tmp_path / 'out'}").exit_code == 0
+    result = run(str(path), "--list", "--set", f"OUT={tmp_path / 'out'}", "--set", "CAL_DEVICE=tpu")
+    assert result.exit_code == 2 and "calibration.device: tpu: not a device" in result.output, result.output
+
+
 def test_an_undefined_variable_is_one_line(tmp_path, monkeypatch, run):
     monkeypatch.delenv("SPAR_NO_SUCH_VAR", raising=False)
     path, line = _demo_copy(tmp_path, "out: ${OUT}", "out: ${SPAR_NO_SUCH_VAR}")
