@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from spar_bench.errors import ConfigError
+from spar_bench.probes.measured import HARNESS_PROMPT, NOT_MEASURED
 from spar_bench.probes.tasks import METRICS, PROBE_SPECS, get_probe
-from spar_bench.probes.vqa.measured import HARNESS_PROMPT, NOT_MEASURED
 from spar_bench.provenance import json_safe, local_paths
 
 # report.py calls write_html, so nothing here imports it (no import cycle); the cell formatting

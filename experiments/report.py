@@ -44,15 +44,15 @@ import numpy as np
 
 from spar_bench.builder.schema import LEVEL_SPECS
 from spar_bench.errors import ConfigError
-from spar_bench.probes.runs.record import RunRecord
-from spar_bench.probes.runs.report import collect, random_init_banner, run_protocol
-from spar_bench.probes.tasks import METRICS, PROBE_SPECS, get_probe, probe_names
-from spar_bench.probes.vqa.measured import (
+from spar_bench.probes.measured import (
     HARNESS_PROMPT,
     MAX_MISSING_SHARE,
     NOT_MEASURED,
     unmeasured_of,
 )
+from spar_bench.probes.runs.record import RunRecord
+from spar_bench.probes.runs.report import collect, random_init_banner, run_protocol
+from spar_bench.probes.tasks import METRICS, PROBE_SPECS, get_probe, probe_names
 from spar_bench.provenance import json_safe, local_paths, local_prefixes, portable_path
 
 from .html import HTML_FILE, fmt, metric_label
@@ -291,7 +291,7 @@ def quality_flags(probe: str, ms: list[dict], cell: dict[str, Any]) -> list[str]
     return flags
 
 
-#: cell key -> the MLLM variant whose answers it scores (:mod:`spar_bench.probes.vqa.measured`)
+#: cell key -> the MLLM variant whose answers it scores (:mod:`spar_bench.probes.measured`)
 CELL_VARIANTS = {"test": "plain", "conflict": "plain", "blind": "blind", "conflict_blind": "blind",
                  "mirror": "mirror", "flipped": "flipped", "circular (strict)": "circular"}  # fmt: skip
 

@@ -125,8 +125,8 @@ class _Progress:
 
 
 def _pct(score, key: str = "accuracy") -> str:
-    """A score's ``key`` in %, ``n/a`` when absent, ``not measured`` for answers missing (:mod:`..vqa.measured`)."""
-    from ..vqa.measured import NOT_MEASURED, is_unmeasured
+    """A score's ``key`` in %, ``n/a`` when absent, ``not measured`` for answers missing (:mod:`..measured`)."""
+    from ..measured import NOT_MEASURED, is_unmeasured
 
     if is_unmeasured(score):
         return NOT_MEASURED

@@ -45,8 +45,8 @@ from spar_bench.builder.schema import ORGANS
 from spar_bench.errors import ConfigError
 from spar_bench.provenance import json_safe
 
+from ..measured import HARNESS_PROMPT, shown, unmeasured_of
 from ..tasks import METRICS, get_probe, probe_names
-from ..vqa.measured import HARNESS_PROMPT, shown, unmeasured_of
 
 #: Columns added to a probe's table when a row is an MLLM run (``spar-probe vqa``):
 #: row key -> (column label, path in metrics.json: the MLLM's own controls).

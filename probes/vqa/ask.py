@@ -45,6 +45,7 @@ import numpy as np
 from spar_bench.errors import ConfigError
 from spar_bench.procs import check_stop
 
+from ..measured import MISSING
 from ..runs.inputs import Splits
 from ..runs.store import variant_text
 from .base import Backend, BackendOptions, PartialAnswers, Reply, Request, to_pil
@@ -284,7 +285,6 @@ def ask(backend: Backend, cache: ResponseCache, build, qs: Questions, items: lis
 
 REFUSAL = "refusal"
 #: ``Reply.meta`` flag of a question another harness's answers file has no answer for (``--answers``)
-MISSING = "missing"
 
 
 def decide(backend: Backend, it: Item, reply: Reply) -> tuple[int | None, str | None]:

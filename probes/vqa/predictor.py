@@ -23,11 +23,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ..measured import is_harness_prompt, mark_unmeasured, unmeasured
 from ..runs.spec import NamedRun
 from .ask import AskConfig, Item, answer_records, ask, cache_key, image_digests, prompt_of
 from .base import Backend
 from .cache import ResponseCache
-from .measured import is_harness_prompt, mark_unmeasured, unmeasured
 from .prompts import rotations
 from .questions import Questions, load_questions
 

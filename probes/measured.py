@@ -19,6 +19,8 @@ from spar_bench.errors import ConfigError
 
 #: the share of a variant's answers that may be missing before its score is not measured
 MAX_MISSING_SHARE = 0.05
+#: the reason of a request that a file of answers has no answer for
+MISSING = "missing"
 NOT_MEASURED = "not measured"
 #: how the reports mark answers another harness asked with its own prompt (:mod:`.answers`)
 HARNESS_PROMPT = "harness prompt"
@@ -41,8 +43,6 @@ def variant_of_record(r: dict) -> str:
 
 def missing_by_variant(records: list[dict]) -> dict[str, tuple[int, int]]:
     """Variant -> (missing answers, answers) over the records that have any missing."""
-    from .ask import MISSING
-
     counts: dict[str, list[int]] = {}
     for r in records:
         c = counts.setdefault(variant_of_record(r), [0, 0])
