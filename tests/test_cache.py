@@ -351,9 +351,10 @@ def test_overwrite_chooses_the_precision_afresh(build: Path, tmp_path: Path, mon
         assert fc.meta["compute_dtype"] == "fp32"
 
 
-def test_cpu_precision_selection_logic() -> None:
-    from spar_bench.probes.hardware import cpu_precision
+def test_cpu_precision_selection_logic(monkeypatch) -> None:
+    from spar_bench.probes.hardware import FORCE_ENV, cpu_precision
 
+    monkeypatch.delenv(FORCE_ENV, raising=False)  # the probes decide here, not the environment
     assert cpu_precision(lambda: {"AMX": True, "AVX512-BF16": False}).dtype == "bf16"
     p = cpu_precision(lambda: {"AMX": False, "AVX512-BF16": False})
     assert p.dtype == "fp32" and "AMX and AVX512-BF16" in p.reason
@@ -365,6 +366,26 @@ def test_cpu_precision_selection_logic() -> None:
     assert p.dtype == "bf16" and "bf16 0.40 ms, fp32 1.00 ms" in p.reason
     close = {"bf16": 0.0009, "fp32": 0.001}
     assert cpu_precision(lambda: None, close.__getitem__).dtype == "fp32"
+
+
+@pytest.mark.parametrize("stated, dtype", [("native", "bf16"), ("none", "fp32")])
+def test_auto_on_either_kind_of_cpu(monkeypatch, stated, dtype) -> None:
+    """``SPAR_CPU_BF16`` fakes the CPU's bf16 (AMX/AVX512-BF16 or AVX2 only) for ``--compute
+    auto``, whatever this CPU has: its probes and its timing are not asked."""
+    import torch
+
+    from spar_bench.probes.hardware import FORCE_ENV, cpu_precision, pick_compute
+
+    def ask(*_):
+        raise AssertionError("the CPU was asked")
+
+    monkeypatch.setenv(FORCE_ENV, stated)
+    p = pick_compute("auto", torch.device("cpu"))
+    assert p == cpu_precision(ask, ask) and p.dtype == dtype and p.reason == f"stated by {FORCE_ENV}={stated}"
+    assert pick_compute("fp32", torch.device("cpu")).dtype == "fp32"  # an explicit choice is kept
+    monkeypatch.setenv(FORCE_ENV, "amx")
+    with pytest.raises(ConfigError, match=f"^{FORCE_ENV}=amx: must be native or none"):
+        pick_compute("auto", torch.device("cpu"))
 
 
 def test_cli(build: Path, tmp_path: Path) -> None:
