@@ -298,13 +298,22 @@ def test_cache_options_are_checked_when_made() -> None:
         CacheOptions().batch_size = 1  # type: ignore[misc]
 
 
+def fake_cpu(monkeypatch, avx512_bf16: bool) -> None:
+    """torch's CPU probes report AVX512-BF16 (or not) and no AMX; ``SPAR_CPU_BF16`` unset, so
+    the probes are what ``--compute auto`` asks."""
+    import torch
+
+    from spar_bench.probes.hardware import FORCE_ENV
+
+    monkeypatch.delenv(FORCE_ENV, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16, raising=False)
+
+
 @pytest.mark.parametrize("native", [True, False])
 def test_auto_compute_follows_the_cpu_and_is_recorded(build: Path, tmp_path: Path, monkeypatch,
                                                       native: bool) -> None:
-    import torch
-
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
-    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native, raising=False)
+    fake_cpu(monkeypatch, avx512_bf16=native)
     out = write_cache("dummy", build, tmp_path / "auto.h5", exact(compute="auto"), progress=False)
     want = "bf16" if native else "fp32"
     with FeatureCache(out) as fc:
@@ -317,17 +326,14 @@ def test_auto_compute_follows_the_cpu_and_is_recorded(build: Path, tmp_path: Pat
 def _interrupted_bf16_cache(build: Path, out: Path, monkeypatch) -> None:
     """A ``--compute auto`` cache started where the CPU reports native bf16 and interrupted after
     its first batch; the CPU then reports neither AVX512-BF16 nor AMX."""
-    import torch
-
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
-    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True, raising=False)
+    fake_cpu(monkeypatch, avx512_bf16=True)
 
     def stop(level, split, lo, hi):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
         write_cache("dummy", build, out, exact(compute="auto"), progress=False, on_batch=stop)
-    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
+    fake_cpu(monkeypatch, avx512_bf16=False)
 
 
 def test_auto_compute_resumes_with_the_recorded_choice(build: Path, tmp_path: Path,
