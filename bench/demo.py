@@ -54,6 +54,10 @@ def timed_run(cmd: list[str], env: dict | None = None) -> dict:
             "output": out.decode(errors="replace")}
 
 
+#: ``spar-bench`` of this interpreter's spar_bench (a venv's entry point may be another's)
+SPAR_BENCH = [sys.executable, "-m", "spar_bench.experiments.cli"]
+
+
 def run_args(exp: Path, out: Path, sets: list[str]) -> list[str]:
     return [str(exp), "--set", f"OUT={out}", *[x for s in sets for x in ("--set", s)]]
 
@@ -209,13 +213,13 @@ def main(argv: list[str] | None = None) -> int:
         est = estimates(plan)
         rows = []
         for step in [s.id for s in plan.steps]:
-            r = timed_run(["spar-bench", "run", *run_args(exp, out, a.sets), "--only", step])
+            r = timed_run([*SPAR_BENCH, "run", *run_args(exp, out, a.sets), "--only", step])
             rows.append({"step": step, "estimate_s": est[step], **{k: v for k, v in r.items() if k != "output"}})
             print(f"{step}: {r['wall_s']:.1f} s wall, {r['cpu_s']:.1f} CPU-s", flush=True)
         logged = logged_seconds(out)
         for r in rows:
             r["log_s"] = logged.get(r["step"], float("nan"))
-        rerun = timed_run(["spar-bench", "run", *run_args(exp, out, a.sets)])
+        rerun = timed_run([*SPAR_BENCH, "run", *run_args(exp, out, a.sets)])
         report = {"cores": cores, "compute": {"dtype": compute.dtype, "reason": compute.reason},
                   "steps": rows, "rerun": {k: v for k, v in rerun.items() if k != "output"},
                   "estimate_s": sum(est.values()), "caches": []}
