@@ -89,8 +89,9 @@ def estimates(plan) -> dict[str, float]:
 
 # -- the bare forward ------------------------------------------------------------------
 def bare_worker(spec: str, random_init: bool, layout: str, threads: int, compute: str, batch: int,
-                seconds: float) -> float:
-    """Images/s of the encoder's forward alone in this process (``threads`` torch threads)."""
+                seconds: float) -> tuple[float, float]:
+    """Images per second and per CPU-second of the encoder's forward alone in this process
+    (``threads`` torch threads)."""
     import torch
 
     from spar_bench.probes.encoders import load_encoder
@@ -104,15 +105,16 @@ def bare_worker(spec: str, random_init: bool, layout: str, threads: int, compute
     with torch.no_grad(), torch.autocast("cpu", dtype=amp or torch.float32, enabled=amp is not None):
         for _ in range(2):
             enc(x, [-1])
-        n, t0 = 0, time.perf_counter()
+        n, t0, c0 = 0, time.perf_counter(), time.process_time()
         while time.perf_counter() - t0 < seconds or n < 2:
             enc(x, [-1])[-1][0].float()
             n += 1
-    return n * batch / (time.perf_counter() - t0)
+    return n * batch / (time.perf_counter() - t0), n * batch / (time.process_time() - c0)
 
 
-def bare(spec: str, random_init: bool, compute: str, batch: int, seconds: float, cores: int) -> dict[str, float]:
-    """The bare forward in fresh processes, several ways; images/s of each."""
+def bare(spec: str, random_init: bool, compute: str, batch: int, seconds: float, cores: int) -> dict[str, list]:
+    """The bare forward in fresh processes, several ways: ``[images/s, images per CPU-s]`` of each
+    (side by side: summed)."""
     base = [sys.executable, __file__, "--bare-worker", spec, "--random-init", str(int(random_init)),
             "--compute", compute, "--batch", str(batch), "--seconds", str(seconds)]
 
@@ -120,8 +122,9 @@ def bare(spec: str, random_init: bool, compute: str, batch: int, seconds: float,
         return subprocess.Popen([*base, "--layout", layout, "--threads", str(threads)], stdout=subprocess.PIPE,
                                 stderr=subprocess.DEVNULL, text=True)
 
-    def rate(procs: list[subprocess.Popen]) -> float:
-        return sum(float(p.communicate()[0].strip().splitlines()[-1]) for p in procs)
+    def rate(procs: list[subprocess.Popen]) -> list[float]:
+        each = [[float(v) for v in p.communicate()[0].strip().splitlines()[-1].split()] for p in procs]
+        return [sum(e[0] for e in each), sum(e[1] for e in each) / len(each)]
 
     ways = {"1 proc x 1 thread, contiguous": ("contiguous", 1, 1),
             "1 proc x 1 thread, channels_last": ("channels_last", 1, 1),
@@ -198,7 +201,7 @@ def parse_args(argv: list[str] | None):
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     if a.bare_worker:
-        print(bare_worker(a.bare_worker, a.random_init == "1", a.layout, a.threads, a.compute, a.batch, a.seconds))
+        print(*bare_worker(a.bare_worker, a.random_init == "1", a.layout, a.threads, a.compute, a.batch, a.seconds))
         return 0
     import torch
 
@@ -226,11 +229,15 @@ def main(argv: list[str] | None = None) -> int:
         for step, enc, random_init, images, batch in cache_steps(plan):
             r = next(x for x in rows if x["step"] == step)
             c = {"step": step, "encoder": enc, "random_init": random_init, "images": images,
-                 "cache_img_s": images / r["log_s"] if r["log_s"] == r["log_s"] and r["log_s"] else None}
+                 "cache_img_s": images / r["log_s"] if r["log_s"] == r["log_s"] and r["log_s"] else None,
+                 # per CPU-s of the step less a `spar-bench run` that does nothing (the rerun's)
+                 "cache_img_cpu_s": images / max(r["cpu_s"] - rerun["cpu_s"], 1e-9)}
             if a.bare:
-                c["bare_img_s"] = bare(enc, random_init, compute.dtype, batch, a.bare_seconds, cores)
-                best = max(c["bare_img_s"].values())
-                c["best_bare_img_s"], c["ratio"] = best, (c["cache_img_s"] or 0.0) / best
+                c["bare"] = bare(enc, random_init, compute.dtype, batch, a.bare_seconds, cores)
+                best = max(v[0] for v in c["bare"].values())
+                best_cpu = max(v[1] for v in c["bare"].values())
+                c.update(best_bare_img_s=best, ratio=(c["cache_img_s"] or 0.0) / best,
+                         best_bare_img_cpu_s=best_cpu, ratio_cpu=c["cache_img_cpu_s"] / best_cpu)
             report["caches"].append(c)
         if a.identity and report["caches"]:
             c = report["caches"][0]
@@ -248,11 +255,13 @@ def print_report(rep: dict) -> None:
     print(f"\nplan estimate (2 CPU cores): {rep['estimate_s']:.0f} s; measured {total_wall:.0f} s wall "
           f"(estimate / measured {rep['estimate_s'] / total_wall:.2f})")
     for c in rep["caches"]:
-        print(f"\n{c['step']}: {c['images']} images, cache {c['cache_img_s'] or float('nan'):.1f} img/s (its step)")
-        for way, v in c.get("bare_img_s", {}).items():
-            print(f"  bare forward, {way}: {v:.1f} img/s")
+        print(f"\n{c['step']}: {c['images']} images, cache {c['cache_img_s'] or float('nan'):.1f} img/s "
+              f"(its step), {c['cache_img_cpu_s']:.1f} img per CPU-s")
+        for way, (v, cpu) in c.get("bare", {}).items():
+            print(f"  bare forward, {way}: {v:.1f} img/s, {cpu:.1f} img per CPU-s")
         if "ratio" in c:
-            print(f"  cache / best bare forward: {c['ratio']:.2f}")
+            print(f"  cache / best bare forward: {c['ratio']:.2f} in wall time (an idle machine's only), "
+                  f"{c['ratio_cpu']:.2f} per CPU-s")
     if "identity" in rep:
         i = rep["identity"]
         print(f"\ncache with 1 vs 2 processes: {'byte-identical' if i['identical'] else 'DIFFERENT'} "
