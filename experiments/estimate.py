@@ -20,6 +20,10 @@ CACHE_RATES: tuple[tuple[str, float, float], ...] = (
     ("resnet10t", 60.0, 8000.0),
     ("vit_base_patch32", 22.0, 6789.0),
     ("vit_small", 22.0, 6000.0),
+    # EfficientNet-Lite0 (the demo's): 27-31 images per CPU-s at one thread (bf16 on an AMX CPU,
+    # bench/demo.py; fp32 channels-last on AVX2 about 24), one process per core (issue 45); the GPU
+    # figure is a guess until bench/gpu.py measures it
+    ("efficientnet", 45.0, 3000.0),
     ("dinov2", 4.5, 1500.0),
     ("rad-dino", 4.5, 1500.0),
     ("", 20.0, 2500.0),
@@ -32,11 +36,12 @@ CACHE_RATES_3D: tuple[tuple[str, float, float], ...] = (
     ("monai:resnet", 0.3, 100.0),
     ("", 0.2, 50.0),
 )
-#: per unit, (2 CPU cores, one GPU): seconds per head run (its set-up) and per image it trains on
-#: (a WORD-sized build of 26,558 images: about 20 s a run on the CPU, 4 s on the GPU, with early
-#: stopping), per image trained end to end, per MLLM question (all its asks)
+#: per unit, (2 CPU cores, one GPU): seconds per head run (its set-up, its blind control and its
+#: bootstrap: the demo's 16 runs of 964 images took 85 CPU-s a sweep, issue 45) and per image it
+#: trains on (a WORD-sized build of 26,558 images: about 20 s a run on the CPU, 4 s on the GPU, with
+#: early stopping), per image trained end to end, per MLLM question (all its asks)
 UNIT_SECONDS = {
-    "runs": (1.5, 0.5),
+    "runs": (2.0, 0.5),
     "run_images": (20.0 / 26558, 4.0 / 26558),
     "questions": (2.0, 0.05),
 }

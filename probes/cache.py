@@ -466,13 +466,11 @@ def _encode_items(f, job: _Job, items: list[Item], reduce: Reducer) -> None:
     the features come back on another (:mod:`.streams`). One writer thread stores batch k
     while batch k+1 is encoded (``job.async_writes``; off: in this thread, the same bytes).
     """
-    import torch
     from tqdm.auto import tqdm
 
-    from .streams import HostCopy, device_batches, side_stream
+    from .streams import HostCopy, side_stream
 
     dev, sw = job.dev, job.stopwatch
-    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(job.comp)
     down = side_stream(dev)
 
     def store(item: Item, payload: tuple[dict, HostCopy]) -> None:
@@ -488,17 +486,10 @@ def _encode_items(f, job: _Job, items: list[Item], reduce: Reducer) -> None:
                disable=not job.progress, dynamic_ncols=True)
     t0, seen = time.perf_counter(), 0
     writer = _Writer(store, job.async_writes, sw)
+    n_procs = cpu_processes(job, items)
     try:
-        for got, images in device_batches(_loader(job, items), dev, sw):
+        for item, res in (_pooled(job, items, reduce, n_procs) if n_procs > 1 else _here(job, items, reduce)):
             check_stop()  # a swallowed SIGTERM: the file keeps the batches written (a rerun resumes)
-            if sw is not None:
-                sw.add("read", got[2][0])
-                sw.add("collate", got[2][1])
-            item = items[int(got[0])]
-            with timed(sw, "forward"):  # the encoder (under autocast) and the token reductions
-                with torch.autocast(dev.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
-                    res = _encode(job.enc, item[0], images, job.layers, job.tile_encoding, _texts(job.rows, item))
-                res = reduce(item[0], res)
             if not seen:
                 check_space(Path(f.filename), res, item, sum(hi - lo for _, _, lo, hi in items), job.dtype)
             with timed(sw if down is not None else None, "d2h"):  # CUDA: the cast; the copy queued
@@ -511,6 +502,129 @@ def _encode_items(f, job: _Job, items: list[Item], reduce: Reducer) -> None:
     finally:
         writer.close()
         bar.close()
+
+
+def _here(job: _Job, items: list[Item], reduce: Reducer) -> Iterator[tuple[Item, dict]]:
+    """``(item, features)`` of each batch, encoded in this process (on the CPU at one thread:
+    the bits of a CPU cache do not depend on the machine's thread count)."""
+    import torch
+
+    from .streams import device_batches
+
+    dev, sw = job.dev, job.stopwatch
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(job.comp)
+    with _one_thread(dev):
+        for got, images in device_batches(_loader(job, items), dev, sw):
+            if sw is not None:
+                sw.add("read", got[2][0])
+                sw.add("collate", got[2][1])
+            item = items[int(got[0])]
+            with timed(sw, "forward"):  # the encoder (under autocast) and the token reductions
+                with torch.autocast(dev.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+                    res = _encode(job.enc, item[0], images, job.layers, job.tile_encoding, _texts(job.rows, item))
+                res = reduce(item[0], res)
+            yield item, res
+
+
+@contextmanager
+def _one_thread(dev) -> Iterator[None]:
+    """On the CPU, torch at one thread for the block (its thread count restored after)."""
+    import torch
+
+    if getattr(dev, "type", "cpu") != "cpu":
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+#: a CPU cache is split over processes only when each gets at least this many batches and
+#: images (a process costs about 5 CPU-s to start: importing torch and unpickling the encoder,
+#: the forward of ~150 images of a small CNN at one thread)
+MIN_BATCHES_PER_PROCESS = 4
+MIN_IMAGES_PER_PROCESS = 256
+#: batches handed to the processes ahead of the one being written, per process
+AHEAD_PER_PROCESS = 2
+
+
+def usable_cores() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def cpu_processes(job: _Job, items: list[Item]) -> int:
+    """How many 1-thread processes encode this CPU cache: ``CacheOptions.processes`` (None: one
+    per usable core), at most one per :data:`MIN_BATCHES_PER_PROCESS` batches and
+    :data:`MIN_IMAGES_PER_PROCESS` images; 1 (this process)
+    on CUDA, under torchrun and for a question cache (its encoder holds the questions)."""
+    if job.dev.type != "cpu" or job.ranks.distributed or job.rows is not None:
+        return 1
+    asked = job.processes if job.processes is not None else usable_cores()
+    images = sum(hi - lo for _, _, lo, hi in items)
+    return max(1, min(asked, len(items) // MIN_BATCHES_PER_PROCESS, images // max(MIN_IMAGES_PER_PROCESS, 1)))
+
+
+def _pooled(job: _Job, items: list[Item], reduce: Reducer, n_procs: int) -> Iterator[tuple[Item, dict]]:
+    """``(item, features)`` of each batch in order, encoded by ``n_procs`` processes at one
+    thread each: this one (batches ``0, n, 2n ...``) and ``n_procs - 1`` spawned ones (the
+    others; each reads its own batches, so reading overlaps the other processes' forwards). The
+    features are the same bits as :func:`_here`'s alone, so the file is the same bytes."""
+    import os
+    import tempfile
+
+    from spar_bench.procs import process_pool
+
+    here = _here(job, items[::n_procs], reduce)
+    theirs = iter(item for i, item in enumerate(items) if i % n_procs)
+    fd, payload = tempfile.mkstemp(prefix="spar-cache-", suffix=".pkl")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            pickle.dump((job.enc, job.build, job.layers, job.tile_encoding, reduce, job.comp), fh)
+        with process_pool(n_procs - 1) as pool:
+            ahead: deque = deque()
+
+            def submit(n: int) -> None:
+                for item in (next(theirs, None) for _ in range(n)):
+                    if item is not None:
+                        ahead.append(pool.submit(_encode_in_worker, payload, item))
+
+            submit(AHEAD_PER_PROCESS * (n_procs - 1))
+            for i, item in enumerate(items):
+                if i % n_procs == 0:
+                    yield next(here)
+                    continue
+                with timed(job.stopwatch, "forward"):  # the wait for another process
+                    res = ahead.popleft().result()
+                submit(1)
+                yield item, res
+    finally:
+        here.close()
+        os.unlink(payload)
+
+
+_WORKER: dict[str, Any] = {}  # a pool process's encoder and build, loaded once from the payload
+
+
+def _encode_in_worker(payload: str, item: Item) -> dict:
+    """One batch's reduced features in a pool process (:func:`_pooled`), at one thread."""
+    import torch
+
+    if _WORKER.get("payload") != payload:
+        torch.set_num_threads(1)
+        with open(payload, "rb") as fh:
+            _WORKER.update(payload=payload, job=pickle.load(fh))
+    enc, build, layers, tile_encoding, reduce, comp = _WORKER["job"]
+    lv, sp, lo, hi = item
+    images = torch.from_numpy(np.ascontiguousarray(_images(build, None, lv, sp, lo, hi)))
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(comp)
+    with torch.no_grad(), torch.autocast("cpu", dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+        res = _encode(enc, lv, images, layers, tile_encoding)
+        return reduce(lv, res)
 
 
 def _loader(job: _Job, items: list[Item]):
@@ -581,6 +695,7 @@ class CacheOptions:
     model_args: dict[str, Any] | None = None  # --model-args: the constructor's (timm:, monai:)
     async_writes: bool = True  # one writer thread; False: writes in the loop (the same bytes)
     probe: str | None = None  # --probe: the probe whose questions a question stage (llm:N+q) reads
+    processes: int | None = limited(None, lo=1, flag="processes")  # CPU: 1-thread processes (None: a core each)
 
     def __post_init__(self) -> None:
         _check_options(self.dtype, self.batch_size, self.loader_workers)
@@ -639,6 +754,7 @@ class _Job:
     stopwatch: Stopwatch | None = None  # times the stages of the encoding loop (bench/cache.py)
     async_writes: bool = True  # CacheOptions.async_writes
     rows: Any = None  # a question cache's rows (:class:`~.question_rows.QuestionRows`), else None
+    processes: int | None = None  # CacheOptions.processes
 
     @property
     def comp(self) -> str:
@@ -743,7 +859,7 @@ def _start(encoder: str, data: str | Path, out: Path, opts: CacheOptions, encode
     return _Job(build=build, plan=plan, enc=enc, layers=layers, dev=dev, precision=precision,
                 dtype=opts.dtype, workers=workers, batch=opts.batch_size, tile_encoding=opts.tile_encoding,
                 storage=storage, ranks=ranks, target=target, progress=progress, on_batch=on_batch,
-                async_writes=opts.async_writes, rows=rows)
+                async_writes=opts.async_writes, rows=rows, processes=opts.processes)
 
 
 def _question_plan(enc, build, plan: list[tuple[str, str]], probe: str | None, data) -> tuple[Any, list]:
@@ -947,6 +1063,15 @@ def _fit_pca(job: _Job, reducer: Reducer) -> dict[int, Projection]:
     items = _sample_blocks(train, counts, job.batch, PCA_FIT_IMAGES // len(train))
     amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(job.comp)
     moments: dict[int, Moments] = {v: Moments() for v in job.layers}
+    with _one_thread(dev):
+        _pca_moments(job, reducer, items, amp, moments)
+    return {v: m.pca(reducer.storage.proj_dim) for v, m in moments.items()}
+
+
+def _pca_moments(job: _Job, reducer: Reducer, items: list[Item], amp, moments: dict[int, Moments]) -> None:
+    import torch
+
+    build, dev = job.build, job.dev
     for lv, sp, lo, hi in items:
         images = _images(build, job.rows, lv, sp, lo, hi)
         with torch.no_grad(), torch.autocast(dev.type, dtype=amp or torch.float32, enabled=amp is not None):
@@ -954,7 +1079,6 @@ def _fit_pca(job: _Job, reducer: Reducer) -> dict[int, Projection]:
                           job.layers, job.tile_encoding, _texts(job.rows, (lv, sp, lo, hi)))
         for v, (toks, _) in res.items():
             moments[v].update(reducer.pool(lv, toks))
-    return {v: m.pca(reducer.storage.proj_dim) for v, m in moments.items()}
 
 
 def _sample_blocks(pairs: list[tuple[str, str]], counts: list[int], batch: int, per_split: int) -> list[Item]:

@@ -7,10 +7,15 @@ APIs and may move), times one small bf16 and fp32 matmul and takes bf16 only whe
 clearly faster. The choice and its reason are recorded with every output (a cache's
 ``compute_dtype`` and ``compute_reason`` attributes). Caches made either way stay
 interchangeable: features are stored in ``--dtype`` whatever the compute precision.
+
+``SPAR_CPU_BF16=native|none`` replaces the CPU's answer (the feature probes and the timing) with
+a stated one: tests fake either kind of CPU with it, and the fast subset runs with bf16 forced on
+(``SPAR_CPU_BF16=native``) on a CPU without it to find code that silently assumes fp32.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +27,9 @@ COMPUTE_DTYPES = ("auto", "fp32", "bf16", "fp16")
 CPU_BF16_PROBES = (("AMX", "_is_amx_tile_supported"), ("AVX512-BF16", "_is_avx512_bf16_supported"))
 #: bf16 must beat fp32 by this factor in the timing fallback.
 TIMED_MARGIN = 1.2
+#: the environment variable that states the CPU's bf16 instead of asking it (tests, CI)
+FORCE_ENV = "SPAR_CPU_BF16"
+FORCE_VALUES = {"native": True, "none": False}
 
 
 @dataclass(frozen=True)
@@ -43,6 +51,16 @@ def pick_device(device: str):
     if device not in ("cpu",) and not device.startswith("cuda"):
         raise ConfigError(f"--device must be auto, cpu or cuda[:N]; got {device!r}")
     return torch.device(device)
+
+
+def forced_precision() -> Precision | None:
+    """The CPU precision ``SPAR_CPU_BF16`` states (``native``: bf16, ``none``: fp32), else None."""
+    value = os.environ.get(FORCE_ENV, "").strip()
+    if not value:
+        return None
+    if value not in FORCE_VALUES:
+        raise ConfigError(f"{FORCE_ENV}={value}: must be {' or '.join(FORCE_VALUES)} (or unset)")
+    return Precision("bf16" if FORCE_VALUES[value] else "fp32", f"stated by {FORCE_ENV}={value}")
 
 
 def cpu_bf16_features() -> dict[str, bool] | None:
@@ -78,7 +96,11 @@ def cpu_precision(
     features: Callable[[], dict[str, bool] | None] = cpu_bf16_features,
     timer: Callable[[str], float] = time_matmul,
 ) -> Precision:
-    """bf16 where this CPU has it natively, else fp32 (``features``/``timer`` for tests)."""
+    """bf16 where this CPU has it natively, else fp32 (``features``/``timer`` for tests); what
+    ``SPAR_CPU_BF16`` states, when set, instead of either."""
+    forced = forced_precision()
+    if forced is not None:
+        return forced
     found = features()
     if found is not None:
         native = [name for name, ok in found.items() if ok]

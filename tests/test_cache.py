@@ -298,13 +298,22 @@ def test_cache_options_are_checked_when_made() -> None:
         CacheOptions().batch_size = 1  # type: ignore[misc]
 
 
+def fake_cpu(monkeypatch, avx512_bf16: bool) -> None:
+    """torch's CPU probes report AVX512-BF16 (or not) and no AMX; ``SPAR_CPU_BF16`` unset, so
+    the probes are what ``--compute auto`` asks."""
+    import torch
+
+    from spar_bench.probes.hardware import FORCE_ENV
+
+    monkeypatch.delenv(FORCE_ENV, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16, raising=False)
+
+
 @pytest.mark.parametrize("native", [True, False])
 def test_auto_compute_follows_the_cpu_and_is_recorded(build: Path, tmp_path: Path, monkeypatch,
                                                       native: bool) -> None:
-    import torch
-
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
-    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native, raising=False)
+    fake_cpu(monkeypatch, avx512_bf16=native)
     out = write_cache("dummy", build, tmp_path / "auto.h5", exact(compute="auto"), progress=False)
     want = "bf16" if native else "fp32"
     with FeatureCache(out) as fc:
@@ -317,17 +326,14 @@ def test_auto_compute_follows_the_cpu_and_is_recorded(build: Path, tmp_path: Pat
 def _interrupted_bf16_cache(build: Path, out: Path, monkeypatch) -> None:
     """A ``--compute auto`` cache started where the CPU reports native bf16 and interrupted after
     its first batch; the CPU then reports neither AVX512-BF16 nor AMX."""
-    import torch
-
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
-    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True, raising=False)
+    fake_cpu(monkeypatch, avx512_bf16=True)
 
     def stop(level, split, lo, hi):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
         write_cache("dummy", build, out, exact(compute="auto"), progress=False, on_batch=stop)
-    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
+    fake_cpu(monkeypatch, avx512_bf16=False)
 
 
 def test_auto_compute_resumes_with_the_recorded_choice(build: Path, tmp_path: Path,
@@ -351,9 +357,10 @@ def test_overwrite_chooses_the_precision_afresh(build: Path, tmp_path: Path, mon
         assert fc.meta["compute_dtype"] == "fp32"
 
 
-def test_cpu_precision_selection_logic() -> None:
-    from spar_bench.probes.hardware import cpu_precision
+def test_cpu_precision_selection_logic(monkeypatch) -> None:
+    from spar_bench.probes.hardware import FORCE_ENV, cpu_precision
 
+    monkeypatch.delenv(FORCE_ENV, raising=False)  # the probes decide here, not the environment
     assert cpu_precision(lambda: {"AMX": True, "AVX512-BF16": False}).dtype == "bf16"
     p = cpu_precision(lambda: {"AMX": False, "AVX512-BF16": False})
     assert p.dtype == "fp32" and "AMX and AVX512-BF16" in p.reason
@@ -365,6 +372,26 @@ def test_cpu_precision_selection_logic() -> None:
     assert p.dtype == "bf16" and "bf16 0.40 ms, fp32 1.00 ms" in p.reason
     close = {"bf16": 0.0009, "fp32": 0.001}
     assert cpu_precision(lambda: None, close.__getitem__).dtype == "fp32"
+
+
+@pytest.mark.parametrize("stated, dtype", [("native", "bf16"), ("none", "fp32")])
+def test_auto_on_either_kind_of_cpu(monkeypatch, stated, dtype) -> None:
+    """``SPAR_CPU_BF16`` fakes the CPU's bf16 (AMX/AVX512-BF16 or AVX2 only) for ``--compute
+    auto``, whatever this CPU has: its probes and its timing are not asked."""
+    import torch
+
+    from spar_bench.probes.hardware import FORCE_ENV, cpu_precision, pick_compute
+
+    def ask(*_):
+        raise AssertionError("the CPU was asked")
+
+    monkeypatch.setenv(FORCE_ENV, stated)
+    p = pick_compute("auto", torch.device("cpu"))
+    assert p == cpu_precision(ask, ask) and p.dtype == dtype and p.reason == f"stated by {FORCE_ENV}={stated}"
+    assert pick_compute("fp32", torch.device("cpu")).dtype == "fp32"  # an explicit choice is kept
+    monkeypatch.setenv(FORCE_ENV, "amx")
+    with pytest.raises(ConfigError, match=f"^{FORCE_ENV}=amx: must be native or none"):
+        pick_compute("auto", torch.device("cpu"))
 
 
 def test_cli(build: Path, tmp_path: Path) -> None:

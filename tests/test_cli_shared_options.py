@@ -118,6 +118,10 @@ def test_vqa_compute_is_the_old_dtype(monkeypatch, pipeline, capsys) -> None:
     dev = pick_device("auto")
     names = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
     assert (options.device, options.dtype) == (str(dev), names[pick_compute("auto", dev).dtype])
+    for stated, dtype in (("native", "bfloat16"), ("none", "float32")):  # auto on either kind of CPU
+        monkeypatch.setenv("SPAR_CPU_BF16", stated)
+        options, _ = _vqa_options(monkeypatch, pipeline, capsys, "--device", "cpu")
+        assert options.dtype == dtype
     capsys.readouterr()
     rc = run_cmd(cli, ["vqa", "--model", "dummy", "--data", pipeline["shards"], "--dtype", "float32",
                        "--compute", "fp32"])

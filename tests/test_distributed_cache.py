@@ -130,3 +130,49 @@ def test_torchrun_two_cpu_processes(build, single, tmp_path) -> None:
     r = subprocess.run(cmd, capture_output=True, encoding="utf-8", errors="replace", timeout=300, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     assert_same(out, single)
+
+
+# -- one process per core on the CPU (CacheOptions.processes) -------------------------------
+@pytest.mark.slow
+def test_a_cpu_cache_is_the_same_bytes_from_one_or_two_processes(build, tmp_path, monkeypatch) -> None:
+    """Two 1-thread processes (this one and a spawned one, alternate batches, written in order
+    here) make the file of one process byte for byte; so does one process whatever torch's
+    thread count (the forward runs at one thread)."""
+    import hashlib
+
+    import torch
+
+    monkeypatch.setattr(cache_mod, "MIN_IMAGES_PER_PROCESS", 1)  # a small build: split it anyway
+    seen = []
+    monkeypatch.setattr(cache_mod, "_pooled", lambda *a, real=cache_mod._pooled: seen.append(a[3]) or real(*a))
+    sums, before = {}, torch.get_num_threads()
+    try:
+        for n, threads in ((1, 2), (2, 2), (1, 1)):
+            torch.set_num_threads(threads)
+            out = write_cache("timm:resnet10t", build, tmp_path / f"p{n}t{threads}.h5",
+                              CacheOptions(dtype="fp32", compute="fp32", batch_size=3, device="cpu", processes=n,
+                                           random_init=True), progress=False)
+            sums[n, threads] = hashlib.sha256(out.read_bytes()).hexdigest()
+            assert torch.get_num_threads() == threads  # restored after the cache
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [2]  # the 2-process run took the pooled path
+    assert len(set(sums.values())) == 1, sums
+
+
+def test_how_many_processes_a_cpu_cache_takes(monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    import torch
+
+    from spar_bench.probes.cache import cpu_processes
+
+    monkeypatch.setattr(cache_mod, "usable_cores", lambda: 4)
+    cpu = SimpleNamespace(dev=torch.device("cpu"), ranks=Ranks(), rows=None, processes=None)
+    items = [("level1", "train", lo, lo + 64) for lo in range(0, 64 * 16, 64)]  # 16 batches, 1,024 images
+    assert cpu_processes(cpu, items) == 4  # a core each
+    assert cpu_processes(cpu, items[:8]) == 2  # 512 images: 256 a process at least
+    assert cpu_processes(cpu, items[:3]) == 1
+    assert cpu_processes(SimpleNamespace(**{**vars(cpu), "processes": 1}), items) == 1
+    assert cpu_processes(SimpleNamespace(**{**vars(cpu), "ranks": Ranks(0, 2, 0)}), items) == 1  # torchrun: its ranks
+    assert cpu_processes(SimpleNamespace(**{**vars(cpu), "dev": torch.device("cuda")}), items) == 1

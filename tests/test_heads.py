@@ -92,6 +92,36 @@ def test_token_projection_is_fixed_pca_and_saved_in_state_dict():
     assert "proj_w" in head.state_dict()
 
 
+def test_a_projection_fitted_on_the_same_sample_is_kept_in_the_process(monkeypatch):
+    """A second head fitted on the same sample (a sweep's token heads on one level) gets the
+    same buffers without fitting again; another sample, width or dtype is fitted anew."""
+    import torch
+
+    from spar_bench.probes.heads import base
+
+    monkeypatch.setattr(base, "PROJECTIONS", {})
+    fits = []
+    real = base.TokenHead._fitted_projection
+    monkeypatch.setattr(base.TokenHead, "_fitted_projection", lambda self, t: fits.append(t.shape) or real(self, t))
+    rng = np.random.default_rng(0)
+    sample = (rng.normal(size=(400, 32)) @ rng.normal(size=(32, 32))).astype(np.float32)
+    heads = [build_head("transformer", get_probe("level3.size"), 32, 5, proj_dim=8) for _ in range(2)]
+    for h in heads:
+        h.fit_projection(sample)
+    assert len(fits) == 1
+    a, b = heads[0].state_dict(), heads[1].state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in ("proj_mean", "proj_w", "proj_scale"))
+    heads[0].proj_w.mul_(2)  # a head's buffers are its own
+    monkeypatch.setattr(base, "PROJECTIONS", {})
+    fresh = build_head("transformer", get_probe("level3.size"), 32, 5, proj_dim=8)
+    fresh.fit_projection(sample)
+    assert torch.equal(fresh.proj_w, b["proj_w"])  # the kept fit is the fit
+    for other in (sample[:200], sample.astype(np.float64)):
+        fresh.fit_projection(other)
+    build_head("transformer", get_probe("level3.size"), 32, 5, proj_dim=4).fit_projection(sample)
+    assert len(fits) == 5
+
+
 def _fit(name, feats, t, seed, epochs=30):
     head = seeded(
         lambda: build_head(name, t.spec, feats.shape[-1], feats.shape[1] if feats.ndim == 3 else 1),

@@ -20,7 +20,9 @@ from helpers import run_cmd
 
 
 def _vqa(*args) -> int:
-    return run_cmd(cli, ["vqa", "--bootstrap", 30, *args])
+    """``spar-probe vqa`` in fp32: ``--compute auto`` takes bf16 on a CPU with native bf16, and a
+    bf16 run's folder is ``vqa-loglik,dtype=bfloat16`` (the folders read here are fp32's)."""
+    return run_cmd(cli, ["vqa", "--bootstrap", 30, "--compute", "fp32", *args])
 
 
 @pytest.fixture(scope="module")

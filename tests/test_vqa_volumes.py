@@ -186,7 +186,8 @@ def test_hf_video_path_with_a_tiny_qwen2_vl(build4, tmp_path, capsys):
     qwen = make_tiny_qwen2_vl(tmp_path / "qwen", seed=0)
     runs = tmp_path / "runs"
     assert _vqa("--model", f"hf:{qwen}", "--data", build4, "--out", runs, "--probe", "level4.symmetry",
-                "--splits", SPLITS, "--no-circular", "--image-size", 56) == 0  # auto: the processor takes video
+                "--splits", SPLITS, "--no-circular", "--image-size", 56,
+                "--compute", "fp32") == 0  # volume-as auto: the processor takes video; fp32 names no dtype
     (model,) = [p.name for p in runs.iterdir() if p.name.startswith("hf-")]
     m = json.loads((_run(runs, model, "symmetry", "vqa-loglik-56px-video") / "metrics.json").read_text())
     assert m["controls"]["parse_rate"] == 1.0 and m["test"]["n"] > 0 and m["flipped"]["n"] > 0

@@ -34,6 +34,9 @@ from .options import compute_option, device_option, loader_workers_option
     types={"batch_size": click.IntRange(1), "dtype": click.Choice(sorted(STORAGE_DTYPES))})  # fmt: skip
 @old_spelling("--batch", "--batch-size", "batch_size", type=click.IntRange(1))
 @compute_option
+@field_options(CacheOptions, "processes", helps={
+    "processes": "CPU only: 1-thread processes encoding alternate batches, written in order (the file is the "
+                 "same for any number; default: one per usable core)."}, types={"processes": click.IntRange(1)})
 @loader_workers_option("DataLoader workers reading shards (default: 2 on CUDA, 0 on CPU).")
 @click.option("--overwrite", is_flag=True, help="Delete an existing cache at --out first.")
 @field_options(CacheOptions, "tile_encoding", types={"tile_encoding": click.Choice(TILE_ENCODINGS)}, helps={
@@ -49,7 +52,7 @@ from .options import compute_option, device_option, loader_workers_option
               help="Store tokens as int8 with one scale per row and channel (dequantised on read).")
 @wait_option  # the cache file's lock is taken by write_cache (spar_bench.locks)
 def cache_command(encoder, weights, random_init, revision, model_args, data, out, levels, splits, layers,
-                  probe, device, batch_size, dtype, compute, workers, overwrite, tile_encoding,
+                  probe, device, batch_size, dtype, compute, processes, workers, overwrite, tile_encoding,
                   token_grid, token_proj, token_int8) -> None:
     """Encode every image of a build and store tokens + pooled vectors (resumable)."""
     die_with_launcher()  # a torchrun rank ends with torchrun, however torchrun ends
@@ -57,6 +60,7 @@ def cache_command(encoder, weights, random_init, revision, model_args, data, out
         weights=weights, random_init=random_init, revision=revision, model_args=model_args, levels=levels,
         splits=splits, probe=probe, device=device, compute=compute, loader_workers=workers, overwrite=overwrite,
         token_grid=token_grid, token_proj=token_proj, token_int8=token_int8,
-        **given({"layers": layers, "batch_size": batch_size, "dtype": dtype, "tile_encoding": tile_encoding}),
+        **given({"layers": layers, "batch_size": batch_size, "dtype": dtype, "tile_encoding": tile_encoding,
+                 "processes": processes}),
     ))
     click.echo(str(path))

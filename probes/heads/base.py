@@ -33,6 +33,7 @@ or the logits of the question's answer).
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import numpy as np
@@ -41,6 +42,11 @@ from torch import nn
 
 from .pooled import QuestionEmbedding
 from .positions import GridPositions
+
+#: projections fitted in this process, by (sample shape and dtype, width, no PCA, sample digest): the
+#: last :data:`MAX_PROJECTIONS` (:meth:`TokenHead.fit_projection`)
+PROJECTIONS: dict[tuple, dict[str, torch.Tensor]] = {}
+MAX_PROJECTIONS = 4
 
 
 def no_projection(proj_dim) -> bool:
@@ -85,14 +91,30 @@ class TokenHead(nn.Module):
     @torch.no_grad()
     def fit_projection(self, tokens: np.ndarray) -> None:
         """Fit the fixed PCA projection on a sample of training tokens ``(M, D)``
-        (``proj_dim="none"``: centring and one global scale, no PCA)."""
+        (``proj_dim="none"``: centring and one global scale, no PCA).
+
+        The fit of the same sample to the same width is kept in this process
+        (:data:`PROJECTIONS`): a sweep's token heads on one level often fit on the same rows
+        (every training row, when the level has fewer than ``50000 / n_tokens``), and an
+        fp64 covariance and eigendecomposition of 1280-wide tokens costs seconds a run."""
+        tokens = np.ascontiguousarray(tokens)
+        key = (tokens.shape, tokens.dtype.str, self.proj_dim, self.no_pca,
+               hashlib.blake2b(tokens.data, digest_size=20).digest())
+        if key not in PROJECTIONS:
+            while len(PROJECTIONS) >= MAX_PROJECTIONS:
+                PROJECTIONS.pop(next(iter(PROJECTIONS)))
+            PROJECTIONS[key] = self._fitted_projection(tokens)
+        for name, value in PROJECTIONS[key].items():
+            getattr(self, name).copy_(value)
+
+    def _fitted_projection(self, tokens: np.ndarray) -> dict[str, torch.Tensor]:
+        """``{buffer name: value}`` of the projection fitted on ``tokens``."""
         x = torch.as_tensor(np.asarray(tokens, dtype=np.float64))
         mean = x.mean(dim=0)
         xc = x - mean
         if self.no_pca:
-            self.proj_mean.copy_(mean.float())
-            self.proj_scale.fill_(float(1.0 / xc.std().clamp(min=1e-6)))
-            return
+            scale = torch.full_like(self.proj_scale, float(1.0 / xc.std().clamp(min=1e-6)))
+            return {"proj_mean": mean.float(), "proj_scale": scale}
         cov = xc.T @ xc / max(x.shape[0] - 1, 1)
         evals, evecs = torch.linalg.eigh(cov)
         order = torch.argsort(evals, descending=True)[: self.proj_dim]
@@ -101,9 +123,7 @@ class TokenHead(nn.Module):
         sign = torch.sign(w.gather(0, w.abs().argmax(dim=0, keepdim=True)))
         w = w * torch.where(sign == 0, torch.ones_like(sign), sign)
         std = (xc @ w).std(dim=0).clamp(min=1e-6)
-        self.proj_mean.copy_(mean.float())
-        self.proj_w.copy_(w.float())
-        self.proj_scale.copy_((1.0 / std).float())
+        return {"proj_mean": mean.float(), "proj_w": w.float(), "proj_scale": (1.0 / std).float()}
 
     @torch.no_grad()
     def preproject(self, tokens: np.ndarray) -> np.ndarray:

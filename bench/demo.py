@@ -1,0 +1,273 @@
+"""The demo's stage table: where ``spar-bench run experiments/demo.yaml`` spends its time.
+
+    python bench/demo.py                        # the demo into a temp folder, every stage timed
+    python bench/demo.py --json demo-stages.json --keep /tmp/demo
+    python bench/demo.py --set N_CASES=4 --no-bare   # smaller, without the bare forward
+
+Each step of the plan (``--list``) runs as its own ``spar-bench run EXP --only STEP`` process,
+timed with ``os.wait4``: wall seconds, CPU seconds (user + system, the process and its
+workers) and peak RSS; beside them the step's own seconds from the run's log
+(``OUT/.plan/log.jsonl``, the runner's record; the process's wall also counts Python's
+imports). Then the whole job is run again (every step done: the rerun's time), and
+``--dry-run``'s estimate is compared with the measured total.
+
+Beside each cache: the encoder's bare forward on this machine (random uint8 batches of 224 px,
+the cache's batch size and compute precision, the encoder as the cache loads it), in fresh
+processes: 1 process x 1 thread contiguous and channels-last, 1 process x all threads,
+and one 1-thread process per core side by side (summed). ``cache / bare`` is the cache's
+images per second of its own step (the log's seconds) over the best bare one.
+Then the cache's exactness: the same cache written with 1 and with 2 processes (CPU), compared
+byte for byte (sha256).
+
+On a shared machine only the CPU seconds mean much; the wall times are an idle machine's only
+when nothing else runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "experiments" / "demo.yaml"
+
+
+def timed_run(cmd: list[str], env: dict | None = None) -> dict:
+    """Run ``cmd``; its wall and CPU seconds and peak RSS (MiB) from ``os.wait4``."""
+    t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    out = p.stdout.read()
+    _, status, ru = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.perf_counter() - t0
+    if p.returncode:
+        sys.stderr.write(out.decode(errors="replace")[-3000:])
+        raise SystemExit(f"failed ({p.returncode}): {' '.join(cmd)}")
+    return {"wall_s": wall, "cpu_s": ru.ru_utime + ru.ru_stime, "peak_rss_mib": ru.ru_maxrss / 1024,
+            "output": out.decode(errors="replace")}
+
+
+#: ``spar-bench`` of this interpreter's spar_bench (a venv's entry point may be another's)
+SPAR_BENCH = [sys.executable, "-m", "spar_bench.experiments.cli"]
+
+
+def run_args(exp: Path, out: Path, sets: list[str]) -> list[str]:
+    return [str(exp), "--set", f"OUT={out}", *[x for s in sets for x in ("--set", s)]]
+
+
+def logged_seconds(out: Path) -> dict[str, float]:
+    """Each finished step's seconds as the runner logged them."""
+    found = {}
+    for line in (out / ".plan" / "log.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("event") == "finish":
+            found[rec["step"]] = rec["seconds"]
+    return found
+
+
+def load_plan(exp: Path, out: Path, sets: list[str]):
+    """The experiment's plan, as ``spar-bench run`` makes it."""
+    from spar_bench.experiments.config import load_experiment
+    from spar_bench.experiments.plan import make_plan
+
+    return make_plan(load_experiment(exp, {"OUT": str(out), **dict(s.split("=", 1) for s in sets)}))
+
+
+def estimates(plan) -> dict[str, float]:
+    """Each step's estimated seconds on 2 CPU cores (what ``--dry-run`` prints)."""
+    from spar_bench.experiments.estimate import step_seconds
+
+    return {s.id: step_seconds(plan, s)[0] for s in plan.steps}
+
+
+# -- the bare forward ------------------------------------------------------------------
+def bare_worker(spec: str, random_init: bool, layout: str, threads: int, compute: str, batch: int,
+                seconds: float) -> tuple[float, float]:
+    """Images per second and per CPU-second of the encoder's forward alone in this process
+    (``threads`` torch threads)."""
+    import torch
+
+    from spar_bench.probes.encoders import load_encoder
+
+    torch.set_num_threads(threads)
+    enc = load_encoder(spec, random_init=random_init)
+    if layout == "channels_last":
+        enc.prefer_channels_last()
+    amp = {"bf16": torch.bfloat16}.get(compute)
+    x = torch.randint(0, 256, (batch, 224, 224), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    with torch.no_grad(), torch.autocast("cpu", dtype=amp or torch.float32, enabled=amp is not None):
+        for _ in range(2):
+            enc(x, [-1])
+        n, t0, c0 = 0, time.perf_counter(), time.process_time()
+        while time.perf_counter() - t0 < seconds or n < 2:
+            enc(x, [-1])[-1][0].float()
+            n += 1
+    return n * batch / (time.perf_counter() - t0), n * batch / (time.process_time() - c0)
+
+
+def bare(spec: str, random_init: bool, compute: str, batch: int, seconds: float, cores: int) -> dict[str, list]:
+    """The bare forward in fresh processes, several ways: ``[images/s, images per CPU-s]`` of each
+    (side by side: summed)."""
+    base = [sys.executable, __file__, "--bare-worker", spec, "--random-init", str(int(random_init)),
+            "--compute", compute, "--batch", str(batch), "--seconds", str(seconds)]
+
+    def start(layout: str, threads: int) -> subprocess.Popen:
+        return subprocess.Popen([*base, "--layout", layout, "--threads", str(threads)], stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True)
+
+    def rate(procs: list[subprocess.Popen]) -> list[float]:
+        each = [[float(v) for v in p.communicate()[0].strip().splitlines()[-1].split()] for p in procs]
+        return [sum(e[0] for e in each), sum(e[1] for e in each) / len(each)]
+
+    ways = {"1 proc x 1 thread, contiguous": ("contiguous", 1, 1),
+            "1 proc x 1 thread, channels_last": ("channels_last", 1, 1),
+            f"1 proc x {cores} threads, channels_last": ("channels_last", cores, 1),
+            f"{cores} procs x 1 thread, channels_last": ("channels_last", 1, cores)}
+    return {name: rate([start(layout, t) for _ in range(n)]) for name, (layout, t, n) in ways.items()}
+
+
+# -- byte identity of the cache across processes ------------------------------------------
+def identity(build: Path, spec: str, random_init: bool, tmp: Path) -> dict:
+    """sha256 of the same cache written with 1 and with 2 CPU processes."""
+    from spar_bench.probes.cache import CacheOptions, write_cache
+
+    sums, secs = {}, {}
+    for n in (1, 2):
+        out = tmp / f"identity-{n}.h5"
+        t0 = time.perf_counter()
+        write_cache(spec, build, out, CacheOptions(device="cpu", batch_size=32, processes=n,
+                                                   random_init=random_init), progress=False)
+        secs[n] = time.perf_counter() - t0
+        sums[n] = hashlib.sha256(out.read_bytes()).hexdigest()
+    return {"sha256": sums, "seconds": secs, "identical": sums[1] == sums[2]}
+
+
+# -- the table ---------------------------------------------------------------------------
+def table(rows: list[dict], total: dict) -> str:
+    lines = ["| stage | wall s | CPU s | CPU share | step s (log) | estimate s | peak RSS MiB |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    cpu_all = sum(r["cpu_s"] for r in rows) or 1.0
+    for r in rows:
+        lines.append(f"| {r['step']} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | {100 * r['cpu_s'] / cpu_all:.0f} % | "
+                     f"{r.get('log_s', float('nan')):.1f} | {r.get('estimate_s', float('nan')):.0f} | "
+                     f"{r['peak_rss_mib']:.0f} |")
+    lines.append(f"| **all steps** | {sum(r['wall_s'] for r in rows):.1f} | {cpu_all:.1f} | 100 % | "
+                 f"{sum(r.get('log_s', 0.0) for r in rows):.1f} | {sum(r.get('estimate_s', 0.0) for r in rows):.0f} | "
+                 f"{max(r['peak_rss_mib'] for r in rows):.0f} |")
+    lines.append(f"| rerun (all done) | {total['wall_s']:.1f} | {total['cpu_s']:.1f} | | | | {total['peak_rss_mib']:.0f} |")
+    return "\n".join(lines)
+
+
+def cache_steps(plan) -> list[tuple[str, str, bool, int, int]]:
+    """(step, encoder spec, random_init, images, batch) of each cache step of ``plan``."""
+    from spar_bench.probes.cache import CacheOptions
+
+    out = []
+    for s in plan.steps:
+        if s.kind == "cache":
+            spec = s.specs[-1][1]
+            batch = int(spec["options"].get("batch_size", CacheOptions.batch_size))
+            out.append((s.id, spec["encoder"], bool(spec.get("random_init")), int(dict(s.cost)["images"]), batch))
+    return out
+
+
+def parse_args(argv: list[str] | None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--experiment", default=str(DEMO))
+    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="NAME=VALUE")
+    ap.add_argument("--keep", default=None, help="run into this folder (kept) instead of a temp one")
+    ap.add_argument("--no-bare", dest="bare", action="store_false", help="skip the bare forward")
+    ap.add_argument("--no-identity", dest="identity", action="store_false",
+                    help="skip the 1- vs 2-process cache comparison")
+    ap.add_argument("--bare-seconds", type=float, default=8.0)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--bare-worker", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--random-init", default="0", help=argparse.SUPPRESS)
+    ap.add_argument("--layout", default="channels_last", help=argparse.SUPPRESS)
+    ap.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--compute", default="fp32", help=argparse.SUPPRESS)
+    ap.add_argument("--batch", type=int, default=32, help=argparse.SUPPRESS)
+    ap.add_argument("--seconds", type=float, default=8.0, help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    if a.bare_worker:
+        print(*bare_worker(a.bare_worker, a.random_init == "1", a.layout, a.threads, a.compute, a.batch, a.seconds))
+        return 0
+    import torch
+
+    from spar_bench.probes.hardware import pick_compute
+
+    exp = Path(a.experiment)
+    cores = len(os.sched_getaffinity(0))
+    compute = pick_compute("auto", torch.device("cpu"))
+    with tempfile.TemporaryDirectory(prefix="spar-bench-demo-") as tmp:
+        out = Path(a.keep) if a.keep else Path(tmp) / "demo"
+        plan = load_plan(exp, out, a.sets)
+        est = estimates(plan)
+        rows = []
+        for step in [s.id for s in plan.steps]:
+            r = timed_run([*SPAR_BENCH, "run", *run_args(exp, out, a.sets), "--only", step])
+            rows.append({"step": step, "estimate_s": est[step], **{k: v for k, v in r.items() if k != "output"}})
+            print(f"{step}: {r['wall_s']:.1f} s wall, {r['cpu_s']:.1f} CPU-s", flush=True)
+        logged = logged_seconds(out)
+        for r in rows:
+            r["log_s"] = logged.get(r["step"], float("nan"))
+        rerun = timed_run([*SPAR_BENCH, "run", *run_args(exp, out, a.sets)])
+        report = {"cores": cores, "compute": {"dtype": compute.dtype, "reason": compute.reason},
+                  "steps": rows, "rerun": {k: v for k, v in rerun.items() if k != "output"},
+                  "estimate_s": sum(est.values()), "caches": []}
+        for step, enc, random_init, images, batch in cache_steps(plan):
+            r = next(x for x in rows if x["step"] == step)
+            c = {"step": step, "encoder": enc, "random_init": random_init, "images": images,
+                 "cache_img_s": images / r["log_s"] if r["log_s"] == r["log_s"] and r["log_s"] else None,
+                 # per CPU-s of the step less a `spar-bench run` that does nothing (the rerun's)
+                 "cache_img_cpu_s": images / max(r["cpu_s"] - rerun["cpu_s"], 1e-9)}
+            if a.bare:
+                c["bare"] = bare(enc, random_init, compute.dtype, batch, a.bare_seconds, cores)
+                best = max(v[0] for v in c["bare"].values())
+                best_cpu = max(v[1] for v in c["bare"].values())
+                c.update(best_bare_img_s=best, ratio=(c["cache_img_s"] or 0.0) / best,
+                         best_bare_img_cpu_s=best_cpu, ratio_cpu=c["cache_img_cpu_s"] / best_cpu)
+            report["caches"].append(c)
+        if a.identity and report["caches"]:
+            c = report["caches"][0]
+            report["identity"] = identity(out / "builds" / "shards", c["encoder"], c["random_init"], Path(tmp))
+    print_report(report)
+    if a.json:
+        Path(a.json).write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+def print_report(rep: dict) -> None:
+    print(f"\n{rep['cores']} cores; --compute auto: {rep['compute']['dtype']} ({rep['compute']['reason']})\n")
+    print(table(rep["steps"], rep["rerun"]))
+    total_wall = sum(r["wall_s"] for r in rep["steps"])
+    print(f"\nplan estimate (2 CPU cores): {rep['estimate_s']:.0f} s; measured {total_wall:.0f} s wall "
+          f"(estimate / measured {rep['estimate_s'] / total_wall:.2f})")
+    for c in rep["caches"]:
+        print(f"\n{c['step']}: {c['images']} images, cache {c['cache_img_s'] or float('nan'):.1f} img/s "
+              f"(its step), {c['cache_img_cpu_s']:.1f} img per CPU-s")
+        for way, (v, cpu) in c.get("bare", {}).items():
+            print(f"  bare forward, {way}: {v:.1f} img/s, {cpu:.1f} img per CPU-s")
+        if "ratio" in c:
+            print(f"  cache / best bare forward: {c['ratio']:.2f} in wall time (an idle machine's only), "
+                  f"{c['ratio_cpu']:.2f} per CPU-s")
+    if "identity" in rep:
+        i = rep["identity"]
+        print(f"\ncache with 1 vs 2 processes: {'byte-identical' if i['identical'] else 'DIFFERENT'} "
+              f"(sha256 {i['sha256'][1][:12]} / {i['sha256'][2][:12]}; "
+              f"{i['seconds'][1]:.1f} s vs {i['seconds'][2]:.1f} s)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
