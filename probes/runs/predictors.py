@@ -11,7 +11,7 @@ kind is one class:
 * :class:`ConstantPrior`: the probe's input-free optimum, fitted on train (a reference
   predictor: every score it gets comes from the label distribution alone);
 * the finetuned encoder + head (:class:`spar_bench.probes.finetune.predictor.FinetunedEncoder`)
-  and the MLLM (:class:`spar_bench.probes.vqa.predictor.Mllm`) implement it in their packages.
+  and the MLLM's answers (:class:`spar_bench.probes.vqa.predictor.Answered`) implement it in their packages.
 """
 
 from __future__ import annotations

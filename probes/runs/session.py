@@ -466,8 +466,3 @@ def execute(job, options: RunOptions = RunOptions()) -> Path:
     write_run(job.rd, record, metrics, files)
     return job.rd
 
-
-def run_predictor(run, predictor, build, out: str | Path, slug: str, overwrite: bool = False) -> Path:
-    """A given :class:`~.predictors.Predictor` instance on a build (``run``: a
-    :class:`~.spec.PredictorSpec`) through the one lifecycle (:func:`execute`)."""
-    return execute(BuildJob.of(run, predictor, build, out, slug), RunOptions(overwrite=overwrite))
