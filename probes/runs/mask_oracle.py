@@ -36,6 +36,8 @@ import numpy as np
 from spar_bench.builder.schema import BILATERAL_PAIRS, LEVEL4_PROBES, LEVEL_SPECS, N_ORGANS, ORGANS
 from spar_bench.errors import ConfigError
 
+from .build_job import OnBuild
+
 #: the rules' parameters and their defaults (docs/PROTOCOL.md "Level 4"), read from the build
 RULES = {"symmetry_band": 0.15, "adjacency_mm": 3.0, "lesion_min_voxels": 3}
 
@@ -126,7 +128,7 @@ def answer(probe: str, v: Volume, a: int, b: int, c: int, axis: int) -> int:
 
 
 @dataclass
-class MaskOracle:
+class MaskOracle(OnBuild):
     """The mask oracle of one Level 4 probe on ``build`` (see the module doc); ``sees`` False: its
     blind baseline, which abstains."""
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from spar_bench.errors import ConfigError
 
+from .build_job import OnBuild
 from .inputs import Splits, finite, load_features
 from .store import HEAD_FILE, HEAD_FILES, METRICS_FILE
 
@@ -276,7 +277,7 @@ def finished_run(run, rd: Path, cache, grid_prune: int = 0, replace: str = "dele
 
 # --------------------------------------------------------------------------- reference predictors
 @dataclass
-class ConstantPrior:
+class ConstantPrior(OnBuild):
     """The probe's prior (its input-free optimum, fitted on the training items) as a predictor.
 
     It never looks at an image, so it is its own blind baseline; a run of it reports what
