@@ -62,6 +62,7 @@ from .store import (
     HEAD_FILE,
     HEAD_FILES,
     METRICS_FILE,
+    TransferEval,
     Writer,
     check_run_dir,
     clear_staging,
@@ -283,14 +284,11 @@ def run_eval(run: str | Path, features: str | Path, data: str | Path | None = No
         tests.append(t)
         preds.append(predict(model, _transfer_features(cache, c, spec_run, model, rd, features, split, level), t))
     scored = transfer(concat(tests), np.concatenate(preds), spec_run.seed, n_boot, prior, majority)
-    result: dict[str, Any] = {
-        "run": run_path(rd),  # <encoder>/<probe>/<head>/seed<k>
-        "features": Path(features).name, "cache_fingerprint": cache.fingerprint,
-        "encoder": encoder_slug(cache), "random_init": bool(cache.random_init), "splits": splits,
-        "probe": spec.name, "head": spec_run.head, "variant": spec_run.variant(), "seed": spec_run.seed,
-        "n_bootstrap": n_boot, **scored,
-    }  # fmt: skip
-    return write_eval(out, result)
+    evaluation = TransferEval(run=run_path(rd), features=Path(features).name, cache_fingerprint=cache.fingerprint,
+                              encoder=encoder_slug(cache), random_init=bool(cache.random_init),
+                              training=trained.get("training"), splits=splits, probe=spec.name, head=spec_run.head,
+                              variant=spec_run.variant(), seed=spec_run.seed, n_bootstrap=n_boot)  # fmt: skip
+    return write_eval(out, evaluation, scored)
 
 
 @dataclass(frozen=True)
