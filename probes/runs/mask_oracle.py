@@ -22,7 +22,7 @@ The MLLM track's ``oracle`` (:mod:`spar_bench.probes.vqa.oracle`) uses :class:`V
 
 Its blind baseline abstains: -1 (no answer: a miss) for a question, the volume's centre for
 localisation. The items must have been loaded on the build's own rows
-(:class:`~.inputs.BuildKeys`: :class:`~.session.BuildJob` does).
+(:class:`~.inputs.BuildKeys`: :class:`~.build_job.BuildJob` does).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The session: every run of every kind, from spec to finished folder, by one lifecycle.
 
 :func:`run` is the one way a run happens: :func:`open_job` opens the job of ``spec.kind``
-(:data:`spar_bench.probes.kinds.PREDICTORS`: :class:`HeadJob` for a head on cached features, a
-kind's own job class, or :class:`BuildJob` for a predictor made from a build), and
+(:data:`spar_bench.probes.kinds.PREDICTORS`, every kind's ``open``: :class:`HeadJob` for a head on
+cached features, a kind's own job class, or :class:`~.build_job.BuildJob` for a predictor made
+from a build), and
 :func:`execute` keeps a finished run of the same identity, else starts, fits, scores (the one
 evaluation, :func:`~.evaluate.evaluate`) and writes the folder whole
 (:func:`~.store.write_run`: declared files, the record, ``metrics.json`` last).
