@@ -91,7 +91,9 @@ class RunOptions:
 
     overwrite: bool = False  # replace a finished run of the same spec
     resume: bool = False  # continue an interrupted run from its checkpoint (finetune)
-    progress: bool = True
+    #: show progress; an MLLM run's job also takes a factory ``progress(probe)`` of a context whose
+    #: ``(done, total)`` calls report its answers (``spar-probe vqa``'s bars)
+    progress: Any = True
 
 
 class Job(Protocol):
@@ -114,7 +116,7 @@ class Job(Protocol):
         identity of ``record``, with what running resolved (``extra``, the build's name)."""
 
 
-def run(spec, out: str | Path, *, overwrite: bool = False, resume: bool = False, progress: bool = True) -> Path | None:
+def run(spec, out: str | Path, *, overwrite: bool = False, resume: bool = False, progress: Any = True) -> Path | None:
     """The one way any run happens: open the kind's job from ``spec`` (``spec.kind`` names it in
     :data:`~spar_bench.probes.kinds.PREDICTORS`), keep a finished run of the same identity
     (refuse one of another, redo a damaged one), else start, fit, score and write the run folder
