@@ -145,15 +145,16 @@ def main() -> None:
 
 def run(args, work: Path) -> None:
     from spar_bench.builder.shards import Build
-    from spar_bench.probes.vqa import BackendOptions, load_backend
+    from spar_bench.probes.vqa import BackendOptions
+    from spar_bench.probes.vqa.predictor import backend_of
     from spar_bench.probes.vqa.tiny import make_tiny_llava
 
     build = Build(prepare(work, args.n_cases))
     model = Path(args.model) if args.model else work / f"tiny-llava-{args.hidden}"
     if not args.model and not (model / "config.json").is_file():
         make_tiny_llava(model, hidden=args.hidden)
-    opts = BackendOptions(batch_size=args.batch_size, device=args.device, dtype=args.dtype)
-    be = load_backend(f"hf:{model}", opts)
+    opts = BackendOptions(batch_size=args.batch_size, device=args.device, dtype=args.dtype, data=str(build.root))
+    be = backend_of(f"hf:{model}", opts)  # the one the run of rescore() asks, loaded once
     bs = args.batch_size
     reqs = requests_for(build, "relative_position", args.questions, args.image_size)
     n = len(reqs)
@@ -167,7 +168,7 @@ def run(args, work: Path) -> None:
     print(f"  bare     {n / t_bare:8.1f} q/s   ({t_bare:.2f} s)   backend/bare time ratio {t_backend / t_bare:.2f}")
     print(f"  forward  {n / t_fwd:8.1f} q/s   ({t_fwd:.2f} s)   backend/forward time ratio {t_backend / t_fwd:.2f}")
     circular(be, build, args)
-    rescore(be, build, work)
+    rescore(f"hf:{model}", opts, work)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS {rss:.0f} MiB")
 
@@ -184,7 +185,7 @@ def circular(be, build, args) -> None:
               f"rotations {tn:.2f} s: x{tn / t1:.2f} the cost")
 
 
-def rescore(be, build, work: Path) -> None:
+def rescore(model: str, opts, work: Path) -> None:
     """A run on the val split asking the model, then the same run from the response cache."""
     from spar_bench.probes.runs.session import run
     from spar_bench.probes.vqa.ask import AskConfig
@@ -194,10 +195,10 @@ def rescore(be, build, work: Path) -> None:
     cfg = AskConfig(splits=("val",), n_boot=200)
     cache_path = work / "bench-cache.sqlite"
     cache_path.unlink(missing_ok=True)
+    spec = MllmSpec(model, opts.data, "level3.relative_position", cfg, opts, str(cache_path))
+    t_first = timed(run, spec, work / "runs", overwrite=True)
+    t_again = timed(run, spec, work / "runs", overwrite=True)
     with ResponseCache(cache_path) as cache:
-        spec = MllmSpec(be, build, "level3.relative_position", cfg, cache)
-        t_first = timed(run, spec, work / "runs", overwrite=True)
-        t_again = timed(run, spec, work / "runs", overwrite=True)
         n = len(cache)
     print(f"  rescore  session.run val ({n} answers incl. rotations, blind, mirrors): "
           f"first {t_first:.2f} s, from cache {t_again:.2f} s (x{t_first / t_again:.1f} faster)")

@@ -30,6 +30,7 @@ from typing import Any
 
 from spar_bench.errors import ConfigError
 from spar_bench.probes.measured import HARNESS_PROMPT, NOT_MEASURED
+from spar_bench.probes.runs.report import with_spread
 from spar_bench.probes.tasks import METRICS, PROBE_SPECS, get_probe
 from spar_bench.provenance import json_safe, local_paths
 
@@ -152,8 +153,9 @@ def mean_text(s: dict | None, pct: bool, std: bool = True) -> str:
     mean = get_path(s, "mean")
     if mean is None:
         return "-"
-    spread = std and (s.get("n") or 1) > 1 and s.get("std") is not None
-    return fmt(mean, pct) + (f" ± {fmt(s['std'], pct)}" if spread else "")
+    if not std or s.get("std") is None:
+        return fmt(mean, pct)
+    return with_spread(fmt(mean, pct), fmt(s["std"], pct), s.get("n") or 1, "±")
 
 
 def _mean_td(cell: dict | None, key: str, pct: bool | None = None, title: str = "", label: str = "") -> str:

@@ -51,7 +51,7 @@ from spar_bench.probes.measured import (
     unmeasured_of,
 )
 from spar_bench.probes.runs.record import RunRecord
-from spar_bench.probes.runs.report import collect, random_init_banner, run_protocol
+from spar_bench.probes.runs.report import collect, random_init_banner, run_protocol, with_spread
 from spar_bench.probes.tasks import METRICS, PROBE_SPECS, get_probe, probe_names
 from spar_bench.provenance import json_safe, local_paths, local_prefixes, portable_path
 
@@ -387,12 +387,13 @@ def run_provenance(r: Run) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- formatting
 def fmt_summary(s: dict | None, pct: bool, *, ci: bool = True, n_row: int | None = None) -> str:
-    """``mean +- std [low, high]`` (paper style); `` (n=k)`` when fewer seeds than the row."""
+    """``mean +- std [low, high]`` (paper style; one seed: its value, no spread); `` (n=k)`` when
+    fewer seeds than the row."""
     if not s:
         return "-"
     if s.get("not_measured"):
         return NOT_MEASURED
-    text = f"{fmt(s['mean'], pct)} +- {fmt(s['std'], pct)}"
+    text = with_spread(fmt(s["mean"], pct), fmt(s["std"], pct), s.get("n") or 1)
     if ci and s.get("ci_low") is not None:
         text += f" [{fmt(s['ci_low'], pct)}, {fmt(s['ci_high'], pct)}]"
     return text + (f" (n={s['n']})" if n_row is not None and s.get("n", n_row) < n_row else "")

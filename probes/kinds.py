@@ -2,11 +2,13 @@
 package is imported only when a run of it is made).
 
 :func:`spar_bench.probes.runs.session.run` makes every run from its spec through this registry
-(``spec.kind``). A kind's class either opens its own job (``open(spec, out, options)``: see
-:class:`~spar_bench.probes.runs.session.Job`) or is a predictor made from a build
+(``spec.kind``). Every kind's class opens its job the same way (``open(spec, out, options)``:
+see :class:`~spar_bench.probes.runs.session.Job`). A predictor made from a build
 (``on_build(probe_spec, build)``) with ``fit``, ``predict`` and ``blind``
-(:class:`~spar_bench.probes.runs.predictors.Predictor`), run on the build's splits with every
-control. A kind whose finished runs can be scored on another target without retraining says so
+(:class:`~spar_bench.probes.runs.predictors.Predictor`) gets that ``open`` from
+:class:`~spar_bench.probes.runs.build_job.OnBuild` (its job, a ``BuildJob``, runs it on the
+build's splits with every control); a class registered with ``on_build`` alone is given it
+(:func:`run_kind`). A kind whose finished runs can be scored on another target without retraining says so
 itself: ``rescore(rd, target)`` (:func:`~spar_bench.probes.runs.session.evaluate_on` calls it).
 A new kind is one class and one line here; a plug-in package registers its own under
 the entry-point group :data:`ENTRY_POINT_GROUP` (``name = "module:Class"``), or calls
@@ -45,7 +47,17 @@ def run_kind(name: str):
             if ep.name not in PREDICTORS:
                 PREDICTORS.register_lazy(ep.name, ep.value, source=f"entry point {ep.value}")
     source = PREDICTORS.meta(name).get("source")  # an unknown name: one line with "did you mean"
-    return PREDICTORS.get(name) if source is None else _plugin(name, source)
+    return opens(PREDICTORS.get(name) if source is None else _plugin(name, source))
+
+
+def opens(cls):
+    """``cls`` as every run kind is: answering ``open``; a predictor class with ``on_build`` alone
+    (a plug-in's, or one registered by hand) gets :class:`~.runs.build_job.OnBuild`'s."""
+    if getattr(cls, "open", None) is not None:
+        return cls
+    from .runs.build_job import OnBuild
+
+    return type(cls.__name__, (cls, OnBuild), {"__module__": cls.__module__, "__doc__": cls.__doc__})
 
 
 def _plugin(name: str, source: str):

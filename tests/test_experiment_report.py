@@ -81,8 +81,9 @@ def _section(text: str, title: str) -> list[list[str]]:
     return [[c.strip() for c in re.split(r"(?<!\\)\|", r)[1:-1]] for r in rows]
 
 
-CELL_PCT = re.compile(r"\d+\.\d \+- \d+\.\d \[\d+\.\d, \d+\.\d\]( \(n=\d\))?")
-CELL_PX = re.compile(r"\d+\.\d\d \+- \d+\.\d\d \[\d+\.\d\d, \d+\.\d\d\]( \(n=\d\))?")
+#: a cell: mean [+- std: several seeds only] [mean 95 % CI] [(n=k)]
+CELL_PCT = re.compile(r"\d+\.\d( \+- \d+\.\d)? \[\d+\.\d, \d+\.\d\]( \(n=\d\))?")
+CELL_PX = re.compile(r"\d+\.\d\d( \+- \d+\.\d\d)? \[\d+\.\d\d, \d+\.\d\d\]( \(n=\d\))?")
 
 
 @pytest.mark.slow
@@ -97,6 +98,7 @@ def test_main_table_has_a_row_per_configuration_and_a_column_per_probe(exp) -> N
     assert [r[2] for r in rows if not r[0]] == ["blind"] * 4  # a blind sub-row under every configuration
     frozen_mlp = rows[2]
     assert frozen_mlp[4] == "2" and CELL_PX.fullmatch(frozen_mlp[5]) and CELL_PCT.fullmatch(frozen_mlp[6])
+    assert " +- " in frozen_mlp[5]  # two seeds: a spread
     assert frozen_mlp[7] == "-"  # no symmetry runs of frozen heads
     assert re.fullmatch(r"\d+\.\d \+- \d+\.\d", rows[3][6])  # the blind sub-row: mean +- std
     doc = _doc(exp)
@@ -130,7 +132,21 @@ def test_mllm_rows_show_level3_with_blind_circular_and_parse_rate(exp) -> None:
     assert table[0][5:] == ["level3.relative_position", "level3.symmetry"]
     assert table[1][:3] == ["dummy", "MLLM", "vqa-loglik"] and CELL_PCT.fullmatch(table[1][5])
     assert [r[2] for r in table[2:]] == ["blind (no image)", "circular (strict)", "parse rate"]
-    assert table[4][5] == "100.0 +- 0.0"
+    assert table[4][5] == "100.0"  # one seed: its value, no spread
+
+
+def test_a_cell_of_one_seed_shows_no_spread_in_md_and_html() -> None:
+    """experiment.md and report.html show a cell of one seed as its value (never ``+- 0.0``),
+    of several as mean +- std (one rule: ``with_spread``)."""
+    from spar_bench.experiments.html import mean_text
+    from spar_bench.experiments.report import fmt_summary, summary
+
+    one = summary([{"x": 0.5, "ci": {"x": [0.4, 0.6]}}], "x")
+    two = summary([{"x": 0.5}, {"x": 0.7}], "x")
+    assert one["std"] == 0.0 and fmt_summary(one, True) == "50.0 [40.0, 60.0]"
+    assert fmt_summary(one, True, n_row=2) == "50.0 [40.0, 60.0] (n=1)"
+    assert fmt_summary(two, False) == "0.60 +- 0.14" and fmt_summary(two, True, ci=False) == "60.0 +- 14.1"
+    assert mean_text(one, True) == "50.0" and mean_text(two, True) == "60.0 ± 14.1"
 
 
 def test_provenance_names_every_run_relative_to_runs_and_no_local_path(exp) -> None:

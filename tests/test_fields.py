@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 import click
 import pytest
@@ -68,17 +67,18 @@ def test_every_run_kind_spec_names_its_folder_one_way(tmp_path: Path) -> None:
     from spar_bench.probes.runs.spec import NamedRun, PredictorSpec, RunSpec
     from spar_bench.probes.train import TrainConfig
     from spar_bench.probes.vqa.ask import AskConfig
+    from spar_bench.probes.vqa.base import BackendOptions
     from spar_bench.probes.vqa.predictor import MllmSpec
 
-    backend = SimpleNamespace(name="m", mode="generate", decoding={"mode": "generate"})
+    generate = BackendOptions(mode="generate")  # an MLLM spec is data: the model named, its backend the job's
     specs = {
         "head": (RunSpec("f.h5", "level3.size", "mlp", 1), RunSpec("f.h5", "level3.size", "mlp", 1,
                                                                    train=TrainConfig(lr=0.5))),
         "oracle": (PredictorSpec("level3.size", "oracle", 1), None),
         "finetune": (FinetuneSpec("timm:x", "b", "level3.size", "mlp", 1),
                      FinetuneSpec("timm:x", "b", "level3.size", "mlp", 1, cfg=FinetuneConfig(max_epochs=2))),
-        "mllm": (MllmSpec(backend, None, "level3.size", AskConfig(seed=1), None),
-                 MllmSpec(backend, None, "level3.size", AskConfig(seed=1, splits=("val",)), None)),
+        "mllm": (MllmSpec("dummy", "", "level3.size", AskConfig(seed=1), generate),
+                 MllmSpec("dummy", "", "level3.size", AskConfig(seed=1, splits=("val",)), generate)),
     }
     for kind, (plain, changed) in specs.items():
         assert isinstance(plain, NamedRun) and plain.kind == kind

@@ -88,6 +88,10 @@ def test_vit_from_scratch_learns_exports_and_recaches(pipeline, tmp_path: Path) 
     recached = json.loads(run_eval(rd, cache, n_boot=20).read_text())
     reencoded = json.loads(run_eval_reencoded(rd, pipeline["shards"], n_boot=20, device="cpu",
                                               compute="fp32").read_text())
+    assert list(recached) == list(reencoded)  # one writer of eval-*.json, one set of keys
+    assert recached["data"] is None and recached["cache_fingerprint"] and recached["training"] == m["training"]
+    assert reencoded["cache_fingerprint"] is None and reencoded["data"] == "shards"
+    assert reencoded["variant"] == json.loads((rd / "config.json").read_text())["variant"] != ""
     for other in (recached, reencoded):
         assert other["test"]["med_px"] == pytest.approx(m["test"]["med_px"], rel=1e-4)
         assert other["mirror"]["med_px"] == pytest.approx(m["mirror"]["med_px"], rel=1e-4)

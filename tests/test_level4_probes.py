@@ -190,12 +190,12 @@ def test_mask_oracle_scores_100_on_every_level4_probe_original_mirrored_and_flip
 
 def _run(build_dir: Path, probe: str, predictor_of, head: str, out: Path) -> dict:
     from spar_bench.builder.shards import Build
-    from spar_bench.probes.runs.session import run_predictor
+    from spar_bench.probes.runs.session import BuildJob, execute
     from spar_bench.probes.runs.spec import PredictorSpec
 
     b = Build(build_dir)
     run = PredictorSpec(probe, head, seed=0, features=str(build_dir), n_boot=20)
-    rd = run_predictor(run, predictor_of(b, run.spec), b, out, head)
+    rd = execute(BuildJob.of(run, predictor_of(b, run.spec), b, out, head))
     return json.loads((rd / "metrics.json").read_text())
 
 

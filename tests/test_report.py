@@ -91,6 +91,27 @@ def test_report_transfer_shows_mean_std_and_ci_for_every_metric(tmp_path):
     assert "| enc | mlp | transfer: ts | 50.0 +- 0.0 [49.0, 51.0] | 40.0 +- 0.0 [39.0, 41.0] |" in md
 
 
+def test_one_seed_shows_no_spread_two_seeds_show_mean_std(tmp_path):
+    """A cell of one seed is its value (never ``+- 0.0``: one seed has no spread), in the main
+    table, the transfer column and the metrics table; a cell of two seeds is mean +- std."""
+    for seed in (0, 1):
+        d = tmp_path / "enc" / "level3.size" / "mlp" / f"seed{seed}"
+        d.mkdir(parents=True)
+        m = {"probe": "level3.size", "head": "mlp", "seed": seed, "encoder": "enc", "random_init": False,
+             "test": {"accuracy": 0.7 + 0.1 * seed, "macro_f1": 0.6, "ci": {"accuracy": [0.6, 0.8]}},
+             "controls": {"prior": {"accuracy": 0.6}, "blind": {"accuracy": 0.61}}, "mirror": None}  # fmt: skip
+        (d / "metrics.json").write_text(json.dumps(m))
+        (d / "eval-ts.json").write_text(json.dumps({"features": "ts.h5", "test": {"accuracy": 0.5, "macro_f1": 0.4}}))
+        rows = aggregate(collect(tmp_path))["level3.size"]
+        md = render_markdown({"level3.size": rows}, any_random=False)
+        if seed == 0:
+            assert " +- 0." not in md and "| enc | mlp | 1 | 70.0 | [60.0, 80.0] |" in md
+            assert "| enc | mlp | transfer: ts | 50.0 | 40.0 |" in md
+        else:
+            assert "| enc | mlp | 2 | 75.0 +- 7.1 | [60.0, 80.0] |" in md
+            assert "| enc | mlp | transfer: ts | 50.0 +- 0.0 | 40.0 +- 0.0 |" in md
+
+
 def test_report_on_empty_folder_is_a_clear_error(tmp_path, capsys):
     from spar_bench.probes.cli import cli
 

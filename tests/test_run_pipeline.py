@@ -1,9 +1,9 @@
 """One run lifecycle for every run kind (issue 22): a new kind is one Predictor class.
 
-The constant prior, the dummy MLLM and the mask oracle run through
-``spar_bench.probes.runs.session.run_predictor``: the same split by patient, the same
-evaluation with every control, the same store and the same metrics schema as a head on
-cached features (``spar-probe fit``), and the report reads them side by side.
+The constant prior and the MLLMs (the oracle, the dummy) run through
+``spar_bench.probes.runs.session.run``: the same split by patient, the same evaluation with
+every control, the same store and the same metrics schema as a head on cached features
+(``spar-probe fit``), and the report reads them side by side.
 """
 
 from __future__ import annotations
@@ -17,14 +17,15 @@ import pytest
 PROBE = "level3.relative_position"
 
 
-def _run(pipeline, tmp_path: Path, predictor_of, head: str, **kw):
+def _run(pipeline, tmp_path: Path, predictor_of, head: str):
+    """A given predictor instance (``predictor_of(build)``) run by the one lifecycle in folder ``head``."""
     from spar_bench.builder.shards import Build
-    from spar_bench.probes.runs.session import run_predictor
+    from spar_bench.probes.runs.session import BuildJob, execute
     from spar_bench.probes.runs.spec import PredictorSpec
 
     build = Build(pipeline["shards"])
     run = PredictorSpec(PROBE, head, seed=0, features=str(pipeline["shards"]), n_boot=50)
-    rd = run_predictor(run, predictor_of(build), build, tmp_path / "runs", head, **kw)
+    rd = execute(BuildJob.of(run, predictor_of(build), build, tmp_path / "runs", head))
     return rd, json.loads((rd / "metrics.json").read_text())
 
 
@@ -41,18 +42,22 @@ def test_constant_prior_scores_what_the_prior_control_scores(pipeline, tmp_path)
     assert m["n_items"]["test"] > 0 and m["n_patients"]["test"] >= 2
 
 
-def _oracle(build):
-    from spar_bench.probes.vqa import BackendOptions, load_backend
-    from spar_bench.probes.vqa.cache import ResponseCache
-    from spar_bench.probes.vqa.predictor import Mllm
-
-    backend = load_backend("oracle", BackendOptions(data=str(build.root)))
-    return Mllm(backend, build, ResponseCache(Path(str(build.root)).parent / "oracle-answers.sqlite"))
-
-
 def test_mllm_oracle_through_the_same_path_reads_the_image(pipeline, tmp_path):
-    _, m = _run(pipeline, tmp_path, _oracle, "oracle")
-    assert m["track"] == "mllm"
+    """An MLLM spec is data (the model named, not loaded): ``session.run`` opens its job, which
+    loads the backend and opens the response cache."""
+    from spar_bench.probes.runs.session import run
+    from spar_bench.probes.vqa.ask import AskConfig
+    from spar_bench.probes.vqa.predictor import MllmSpec, close_backends
+
+    spec = MllmSpec("oracle", str(pipeline["shards"]), PROBE, AskConfig(n_boot=50, circular=False))
+    try:
+        rd = run(spec, tmp_path / "runs")
+    finally:
+        close_backends()
+    m = json.loads((rd / "metrics.json").read_text())
+    assert rd == tmp_path / "runs" / "oracle" / PROBE / "vqa-loglik" / "seed0"
+    assert (tmp_path / "runs" / ".vqa-cache" / "oracle.sqlite").is_file()  # the default response cache
+    assert m["track"] == "vqa"
     assert m["test"]["accuracy"] == 1.0 and m["mirror"]["accuracy"] == 1.0
     assert m["controls"]["blind"]["accuracy"] == 0.0  # the oracle abstains without the slice
     conflict = m["test"].get("conflict")
@@ -64,17 +69,9 @@ def test_dummy_mllm_and_every_kind_share_one_metrics_schema(pipeline, tmp_path):
     from spar_bench.probes.runs.predictors import ConstantPrior
     from spar_bench.probes.runs.report import write_report
     from spar_bench.probes.tasks import get_probe
-    from spar_bench.probes.vqa import BackendOptions, load_backend
-    from spar_bench.probes.vqa.cache import ResponseCache
-    from spar_bench.probes.vqa.predictor import Mllm
 
     from helpers import run_cmd
 
-    def dummy(build):
-        backend = load_backend("dummy", BackendOptions())
-        return Mllm(backend, build, ResponseCache(tmp_path / "dummy.sqlite"))
-
-    _, md = _run(pipeline, tmp_path, dummy, "dummy")
     _, mp = _run(pipeline, tmp_path, lambda b: ConstantPrior(get_probe(PROBE)), "prior")
     assert run_cmd(cli, ["fit", "--features", pipeline["cache"], "--probe", PROBE, "--head", "linear",
                          "--max-epochs", 2, "--bootstrap", 50, "--out", tmp_path / "runs"]) == 0  # fmt: skip
@@ -83,11 +80,11 @@ def test_dummy_mllm_and_every_kind_share_one_metrics_schema(pipeline, tmp_path):
                          "--bootstrap", 50, "--out", tmp_path / "runs"]) == 0  # fmt: skip
     asked = json.loads(next((tmp_path / "runs").glob(f"dummy/{PROBE}/vqa-loglik/seed0/metrics.json")).read_text())
     assert asked["track"] == "vqa" and asked["train"] is None and "circular" in asked["controls"]
-    for m in (md, mp, asked):
+    for m in (mp, asked):
         assert set(fitted) <= set(m), set(fitted) - set(m)
         assert set(fitted["controls"]) <= set(m["controls"])
         assert {"accuracy", "macro_f1", "ci", "conflict"} <= set(m["test"])
-    assert 0.0 <= md["test"]["accuracy"] <= 1.0 and "blind" in md["controls"]
+    assert 0.0 <= asked["test"]["accuracy"] <= 1.0 and "blind" in asked["controls"]
     report = write_report(tmp_path / "runs", tmp_path / "report")
     text = (report / "report.md").read_text() if report.is_dir() else Path(report).read_text()
     for name in ("dummy", "prior", "linear"):
@@ -112,9 +109,9 @@ def test_predictors_satisfy_the_protocol():
     from spar_bench.probes.finetune.predictor import FinetunedEncoder
     from spar_bench.probes.runs.predictors import BlindHead, CachedHead, ConstantPrior, Predictor
     from spar_bench.probes.tasks import get_probe
-    from spar_bench.probes.vqa.predictor import Mllm
+    from spar_bench.probes.vqa.predictor import Answered
 
     assert isinstance(ConstantPrior(get_probe(PROBE)), Predictor)
-    for cls in (CachedHead, BlindHead, FinetunedEncoder, Mllm):
+    for cls in (CachedHead, BlindHead, FinetunedEncoder, Answered):
         assert all(callable(getattr(cls, name, None)) for name in ("fit", "predict", "blind")), cls
     assert np.array_equal(ConstantPrior(get_probe(PROBE)).blind().spec.class_names, get_probe(PROBE).class_names)

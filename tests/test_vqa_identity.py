@@ -162,19 +162,19 @@ def test_options_that_change_answers_name_the_folder(pipeline, tmp_path, asked, 
 
 
 def test_server_guided_variant_tokens_and_dtype_name_the_folder():
-    from spar_bench.probes.vqa.ask import AskConfig
+    from spar_bench.probes.vqa.ask import AskConfig, head_name, variant_of
     from spar_bench.probes.vqa.base import BackendOptions
-    from spar_bench.probes.vqa.openai import OpenAIBackend
     from spar_bench.probes.vqa.predictor import MllmSpec
 
     cfg = AskConfig()
 
-    def run_dir(backend, probe: str, out: str, cfg: AskConfig) -> Path:  # the run's folder, as its spec names it
-        return MllmSpec(backend, None, probe, cfg, None).run_dir(out, backend.name)
+    def run_dir(options: BackendOptions, probe: str, out: str, cfg: AskConfig) -> Path:  # as its spec names it
+        spec = MllmSpec("openai:m", "", probe, cfg, options)
+        return spec.run_dir(out, spec.backend().name)
 
     def folder(**kw) -> str:
         kw.setdefault("base_url", "http://127.0.0.1:8000/v1")
-        rd = run_dir(OpenAIBackend("m", BackendOptions(**kw)), "level3.size", "runs", cfg)
+        rd = run_dir(BackendOptions(**kw), "level3.size", "runs", cfg)
         return "/".join(rd.parts[-4:])
 
     one, two = folder(), folder(base_url="http://10.0.0.2:8000/v1")
@@ -184,9 +184,9 @@ def test_server_guided_variant_tokens_and_dtype_name_the_folder():
     assert len(guided) == 3 and any("vqa-guided,guided=structured_outputs" in g for g in guided)
     assert "max_new_tokens=8" in folder(max_new_tokens=8) and folder(max_new_tokens=64) == one
     hf_like = SimpleNamespace(name="hf-x", mode="constrained", decoding={"mode": "constrained", "dtype": "bfloat16"})
-    assert run_dir(hf_like, "level3.size", "runs", cfg).parts[-2] == "vqa-loglik,dtype=bfloat16"
-    assert run_dir(hf_like, "level3.size", "runs", AskConfig(splits=("val",))).parts[-2] == \
-        "vqa-loglik,dtype=bfloat16,splits=val"
+    named = lambda c: f"{head_name(hf_like, c)},{variant_of(hf_like, c)}"  # noqa: E731 (what the spec names)
+    assert named(cfg) == "vqa-loglik,dtype=bfloat16"
+    assert named(AskConfig(splits=("val",))) == "vqa-loglik,dtype=bfloat16,splits=val"
 
 
 def test_dummy_letters(pipeline, tmp_path, capsys):
@@ -239,7 +239,7 @@ def test_confidence_interval_over_one_patient_is_n_a(tmp_path):
     (d / "metrics.json").write_text(json.dumps(m))
     md = render_markdown(aggregate(collect(tmp_path / "runs")), True)
     row = next(ln for ln in md.splitlines() if ln.startswith("| dummy"))
-    assert "| 50.0 +- 0.0 | n/a |" in row and "50.0, 50.0" not in md
+    assert "| 50.0 | n/a |" in row and "50.0, 50.0" not in md
 
 
 def test_report_reads_an_older_mllm_runs_own_controls_at_the_top_level(tmp_path):

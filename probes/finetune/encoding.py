@@ -181,7 +181,8 @@ def run_eval_reencoded(run: str | Path, data: str | Path, n_boot: int = 1000, de
 
     from ..runs.evaluate import transfer
     from ..runs.inputs import BuildKeys
-    from ..runs.store import kept_eval, run_path, write_eval
+    from ..runs.record import RunRecord
+    from ..runs.store import TransferEval, kept_eval, run_path, write_eval
     from ..targets import concat, load_targets
     from ..tasks import get_probe
     from ..train import predict
@@ -210,11 +211,12 @@ def run_eval_reencoded(run: str | Path, data: str | Path, n_boot: int = 1000, de
         preds.append(predict(head, feats, remap(t, rows)))
         tests.append(t)
     scored = transfer(concat(tests), np.concatenate(preds), c["seed"], n_boot, saved.get("prior"), majority)
-    result = {"run": run_path(rd), "features": f"{name} (re-encoded)", "data": name,
-              "dataset_fingerprint": build.fingerprint, "encoder": rd.parent.parent.parent.name,
-              "random_init": False, "training": run_metrics.get("training"), "splits": splits,
-              "probe": spec.name, "head": c["head"], "seed": c["seed"], "n_bootstrap": n_boot, **scored}
-    return write_eval(out, result)
+    evaluation = TransferEval(run=run_path(rd), features=f"{name} (re-encoded)", data=name,
+                              dataset_fingerprint=build.fingerprint, encoder=rd.parent.parent.parent.name,
+                              random_init=False, training=run_metrics.get("training"), splits=splits,
+                              probe=spec.name, head=c["head"], variant=RunRecord.read(rd).variant, seed=c["seed"],
+                              n_bootstrap=n_boot)  # fmt: skip
+    return write_eval(out, evaluation, scored)
 
 
 def load_finetuned(rd: Path, build, device: str = "auto", compute: str = "auto", encoder: str | None = None):

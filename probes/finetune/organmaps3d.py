@@ -42,6 +42,7 @@ from spar_bench.errors import ConfigError
 from spar_bench.procs import check_stop
 from spar_bench.seeding import derive_seed
 
+from ..runs.build_job import BuildJob
 from .config import lr_factor
 from .organmaps import organ_map_loss
 
@@ -437,26 +438,19 @@ class OrganMaps3d:
                 **({"history": tr.history} if tr else {})}  # fmt: skip
 
 
-class OrganMapJob:
-    """A :class:`~spar_bench.probes.runs.session.BuildJob` of :class:`OrganMaps3d` whose metrics and
+@dataclass
+class OrganMapJob(BuildJob):
+    """A :class:`~spar_bench.probes.runs.build_job.BuildJob` of :class:`OrganMaps3d` whose metrics and
     record also hold its training (``training``; the config in the record's ``extra``)."""
-
-    def __init__(self, job):
-        self.job = job
 
     @classmethod
     def of(cls, run, predictor: OrganMaps3d, build, out, slug: str) -> OrganMapJob:
-        from ..runs.session import BuildJob
-
-        job = BuildJob.of(run, predictor, build, out, slug)
+        job = super().of(run, predictor, build, out, slug)
         job.record = job.record.replace(inputs={"organ_maps_3d": predictor.cfg.identity()})  # resolved defaults too
-        return cls(job)
-
-    def __getattr__(self, name: str):
-        return getattr(self.job, name)
+        return job
 
     def score(self, fitted):
-        metrics, record, files = self.job.score(fitted)
-        training = self.job.predictor.record()
+        metrics, record, files = super().score(fitted)
+        training = self.predictor.record()
         metrics["training"] = training
         return metrics, record.replace(extra={**record.extra, "training": training}), files

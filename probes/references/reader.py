@@ -20,6 +20,7 @@ import numpy as np
 
 from spar_bench.errors import ConfigError
 
+from ..runs.build_job import OnBuild
 from ..runs.predictors import ConstantPrior
 
 READER_BINS, READER_GRID, READER_L2 = 24, 16, 0.1
@@ -75,7 +76,7 @@ def reader_inputs(build, t, split: str):
 
 
 @dataclass
-class AppearanceReader:
+class AppearanceReader(OnBuild):
     """The reader of one Level 3 probe on ``build``, trained by :meth:`fit` (full batch, Adam,
     ``steps``; ``l2`` penalises the organ bins' weights: finding organs has to pay for itself)."""
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from spar_bench.errors import ConfigError
 
+from ..runs.build_job import OnBuild
 from ..runs.predictors import ConstantPrior
 
 
@@ -70,7 +71,7 @@ def pixel_answer(q, i: int, label: np.ndarray, lesion: np.ndarray) -> int:
 
 
 @dataclass
-class SliceOracle:
+class SliceOracle(OnBuild):
     """The slice oracle of one Level 1-3 probe on ``build`` (see the module doc)."""
 
     spec: Any

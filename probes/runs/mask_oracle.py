@@ -22,7 +22,7 @@ The MLLM track's ``oracle`` (:mod:`spar_bench.probes.vqa.oracle`) uses :class:`V
 
 Its blind baseline abstains: -1 (no answer: a miss) for a question, the volume's centre for
 localisation. The items must have been loaded on the build's own rows
-(:class:`~.inputs.BuildKeys`: :class:`~.session.BuildJob` does).
+(:class:`~.inputs.BuildKeys`: :class:`~.build_job.BuildJob` does).
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ import numpy as np
 
 from spar_bench.builder.schema import BILATERAL_PAIRS, LEVEL4_PROBES, LEVEL_SPECS, N_ORGANS, ORGANS
 from spar_bench.errors import ConfigError
+
+from .build_job import OnBuild
 
 #: the rules' parameters and their defaults (docs/PROTOCOL.md "Level 4"), read from the build
 RULES = {"symmetry_band": 0.15, "adjacency_mm": 3.0, "lesion_min_voxels": 3}
@@ -126,7 +128,7 @@ def answer(probe: str, v: Volume, a: int, b: int, c: int, axis: int) -> int:
 
 
 @dataclass
-class MaskOracle:
+class MaskOracle(OnBuild):
     """The mask oracle of one Level 4 probe on ``build`` (see the module doc); ``sees`` False: its
     blind baseline, which abstains."""
 

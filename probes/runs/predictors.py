@@ -11,7 +11,7 @@ kind is one class:
 * :class:`ConstantPrior`: the probe's input-free optimum, fitted on train (a reference
   predictor: every score it gets comes from the label distribution alone);
 * the finetuned encoder + head (:class:`spar_bench.probes.finetune.predictor.FinetunedEncoder`)
-  and the MLLM (:class:`spar_bench.probes.vqa.predictor.Mllm`) implement it in their packages.
+  and the MLLM's answers (:class:`spar_bench.probes.vqa.predictor.Answered`) implement it in their packages.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import numpy as np
 
 from spar_bench.errors import ConfigError
 
+from .build_job import OnBuild
 from .inputs import Splits, finite, load_features
 from .store import HEAD_FILE, HEAD_FILES, METRICS_FILE
 
@@ -276,7 +277,7 @@ def finished_run(run, rd: Path, cache, grid_prune: int = 0, replace: str = "dele
 
 # --------------------------------------------------------------------------- reference predictors
 @dataclass
-class ConstantPrior:
+class ConstantPrior(OnBuild):
     """The probe's prior (its input-free optimum, fitted on the training items) as a predictor.
 
     It never looks at an image, so it is its own blind baseline; a run of it reports what

@@ -324,11 +324,18 @@ def _f(v, pct: bool) -> str:
     return f"{100 * v:.1f}" if pct else f"{v:.2f}"
 
 
-def _fs(s: dict, pct: bool, ci: bool = True) -> str:
-    """``mean +- std [low, high]`` of a summary (paper style)."""
+def with_spread(mean: str, std: str | None, n: int, sign: str = "+-") -> str:
+    """``mean +- std`` over ``n`` seeds; the mean alone for one seed (one seed has no spread:
+    never ``+- 0.00``) or without a std. Every report's cells (report.md, experiment.md,
+    report.html) show a spread by this rule."""
+    return mean if n <= 1 or std is None else f"{mean} {sign} {std}"
+
+
+def _fs(s: dict, pct: bool, ci: bool = True, n: int = 2) -> str:
+    """``mean +- std [low, high]`` of a summary over ``n`` seeds (paper style; one seed: no spread)."""
     if s.get("mean") is None:
         return "-"
-    text = f"{_f(s['mean'], pct)} +- {_f(s['std'], pct)}"
+    text = with_spread(_f(s["mean"], pct), _f(s["std"], pct), n)
     if ci and s.get("ci_low") is not None:
         text += f" [{_f(s['ci_low'], pct)}, {_f(s['ci_high'], pct)}]"
     return text
@@ -395,7 +402,7 @@ def _main_table(spec, rows: list[dict]) -> list[str]:
     cols += ["unparsed (why)"] if why else []
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
-        score = "-" if r["mean"] is None else f"{_f(r['mean'], pct)} +- {_f(r['std'], pct)}"
+        score = "-" if r["mean"] is None else with_spread(_f(r["mean"], pct), _f(r["std"], pct), len(r["seeds"]))
         ci = "-" if r["mean"] is None else "n/a" if r["ci_low"] is None else \
             f"[{_f(r['ci_low'], pct)}, {_f(r['ci_high'], pct)}]"
         seeds = f"{len(r['seeds'])} (cap: {r['capped']})" if r.get("capped") else str(len(r["seeds"]))
@@ -407,7 +414,7 @@ def _main_table(spec, rows: list[dict]) -> list[str]:
         if r["blind_below_prior"]:
             cells[-4] += " (!)"
         cells += [shown(_f(r.get(c), pct), c, nm) for c in ("flipped", *FLIPPED_CONTROLS)] if flips else []
-        cells += [_fs(r["transfer"][t], pct) if t in r["transfer"] else "-" for t in transfer]
+        cells += [_fs(r["transfer"][t], pct, n=len(r["seeds"])) if t in r["transfer"] else "-" for t in transfer]
         cells += [shown(_f(r.get(c), True), c, nm) for c in vqa]
         cells += [_unparsed_cell(r.get("unparsed"))] if why else []
         lines.append("| " + " | ".join(cells) + " |")
@@ -428,7 +435,7 @@ def _metrics_table(spec, rows: list[dict]) -> list[str]:
     for r in rows:
         for ev, ms in r["metrics"].items():
             cells = [_label(r), r["head"], _evaluation_label(r, ev)]
-            cells += [_fs(ms[k], METRICS[k].percent) for k in spec.metrics]
+            cells += [_fs(ms[k], METRICS[k].percent, n=len(r["seeds"])) for k in spec.metrics]
             lines.append("| " + " | ".join(cells) + " |")
     return lines
 

@@ -1,8 +1,9 @@
 """The session: every run of every kind, from spec to finished folder, by one lifecycle.
 
 :func:`run` is the one way a run happens: :func:`open_job` opens the job of ``spec.kind``
-(:data:`spar_bench.probes.kinds.PREDICTORS`: :class:`HeadJob` for a head on cached features, a
-kind's own job class, or :class:`BuildJob` for a predictor made from a build), and
+(:data:`spar_bench.probes.kinds.PREDICTORS`, every kind's ``open``: :class:`HeadJob` for a head on
+cached features, a kind's own job class, or :class:`~.build_job.BuildJob` for a predictor made
+from a build), and
 :func:`execute` keeps a finished run of the same identity, else starts, fits, scores (the one
 evaluation, :func:`~.evaluate.evaluate`) and writes the folder whole
 (:func:`~.store.write_run`: declared files, the record, ``metrics.json`` last).
@@ -41,8 +42,9 @@ import click
 import numpy as np
 
 from spar_bench.errors import ConfigError
-from spar_bench.provenance import RUN_PACKAGES, package_versions, protocol_versions
+from spar_bench.provenance import protocol_versions
 
+from .build_job import BuildJob, train_record  # noqa: F401 - BuildJob: the session's, from its module
 from .evaluate import evaluate, run_metrics, transfer
 from .inputs import (
     ProbeUnavailable,
@@ -61,6 +63,7 @@ from .store import (
     HEAD_FILE,
     HEAD_FILES,
     METRICS_FILE,
+    TransferEval,
     Writer,
     check_run_dir,
     clear_staging,
@@ -88,7 +91,9 @@ class RunOptions:
 
     overwrite: bool = False  # replace a finished run of the same spec
     resume: bool = False  # continue an interrupted run from its checkpoint (finetune)
-    progress: bool = True
+    #: show progress; an MLLM run's job also takes a factory ``progress(probe)`` of a context whose
+    #: ``(done, total)`` calls report its answers (``spar-probe vqa``'s bars)
+    progress: Any = True
 
 
 class Job(Protocol):
@@ -111,16 +116,17 @@ class Job(Protocol):
         identity of ``record``, with what running resolved (``extra``, the build's name)."""
 
 
-def run(spec, out: str | Path, *, overwrite: bool = False, resume: bool = False, progress: bool = True) -> Path | None:
+def run(spec, out: str | Path, *, overwrite: bool = False, resume: bool = False, progress: Any = True) -> Path | None:
     """The one way any run happens: open the kind's job from ``spec`` (``spec.kind`` names it in
     :data:`~spar_bench.probes.kinds.PREDICTORS`), keep a finished run of the same identity
     (refuse one of another, redo a damaged one), else start, fit, score and write the run folder
     whole (:func:`~.store.write_run`: declared files, the record, ``metrics.json`` last). None:
     the spec asks for nothing on its inputs (an MLLM probe the build has no question of).
 
-    A kind's class either opens its own job (``open(spec, out, options)``: a head on a cache, a
-    finetune, an MLLM asked every control) or is a predictor made from a build
-    (``on_build(probe_spec, build)``: the prior, the mask oracle), run by :class:`BuildJob`."""
+    Every kind's class opens its job (``open(spec, out, options)``): a head on a cache, a
+    finetune, an MLLM asked every control, or a predictor made from a build
+    (``on_build(probe_spec, build)``: the prior, the mask oracle), whose ``open`` is
+    :class:`~.build_job.OnBuild`'s: a :class:`~.build_job.BuildJob`."""
     options = RunOptions(overwrite=overwrite, resume=resume, progress=progress)
     job = open_job(spec, out, options)
     return None if job is None else execute(job, options)
@@ -149,12 +155,11 @@ def run_all(groups: Iterable[Iterable[Any]], out: str | Path, *, skip_unavailabl
 
 
 def open_job(spec, out: str | Path, options: RunOptions = RunOptions()):
-    """The job of ``spec`` (``spec.kind`` in :data:`~spar_bench.probes.kinds.PREDICTORS`), or None."""
+    """The job of ``spec`` (``spec.kind`` in :data:`~spar_bench.probes.kinds.PREDICTORS`: every
+    kind answers ``open``), or None."""
     from ..kinds import run_kind
 
-    kind = run_kind(spec.kind)
-    opener = getattr(kind, "open", None)
-    return opener(spec, out, options) if opener is not None else BuildJob.open(kind, spec, out, options)
+    return run_kind(spec.kind).open(spec, out, options)
 
 
 def prepare_run(run, progress: bool = True) -> Prepared:
@@ -204,13 +209,6 @@ class HeadJob:
 def run_fit(spec, out: str | Path, progress: bool = True, overwrite: bool = False) -> Path:
     """Train and score the head of ``spec`` (a :class:`~.spec.RunSpec`, through :func:`run`)."""
     return run(spec, out, overwrite=overwrite, progress=progress)
-
-
-def train_record(result, patience: int) -> dict[str, Any]:
-    """``metrics.json``'s ``train``: epochs, the best epoch and its validation loss, why it stopped."""
-    return {**{k: getattr(result, k) for k in ("epochs_run", "best_epoch", "best_val_loss")},
-            "stopped_by": result.stopped_by(patience),
-            **getattr(result, "pruned", {})}  # pruned_at: stopped by `sweep --grid-prune`
 
 
 def head_outputs(run, p: Prepared, result, record: RunRecord, blind=None, batch: dict | None = None):
@@ -289,14 +287,11 @@ def run_eval(run: str | Path, features: str | Path, data: str | Path | None = No
         tests.append(t)
         preds.append(predict(model, _transfer_features(cache, c, spec_run, model, rd, features, split, level), t))
     scored = transfer(concat(tests), np.concatenate(preds), spec_run.seed, n_boot, prior, majority)
-    result: dict[str, Any] = {
-        "run": run_path(rd),  # <encoder>/<probe>/<head>/seed<k>
-        "features": Path(features).name, "cache_fingerprint": cache.fingerprint,
-        "encoder": encoder_slug(cache), "random_init": bool(cache.random_init), "splits": splits,
-        "probe": spec.name, "head": spec_run.head, "variant": spec_run.variant(), "seed": spec_run.seed,
-        "n_bootstrap": n_boot, **scored,
-    }  # fmt: skip
-    return write_eval(out, result)
+    evaluation = TransferEval(run=run_path(rd), features=Path(features).name, cache_fingerprint=cache.fingerprint,
+                              encoder=encoder_slug(cache), random_init=bool(cache.random_init),
+                              training=trained.get("training"), splits=splits, probe=spec.name, head=spec_run.head,
+                              variant=spec_run.variant(), seed=spec_run.seed, n_bootstrap=n_boot)  # fmt: skip
+    return write_eval(out, evaluation, scored)
 
 
 @dataclass(frozen=True)
@@ -404,57 +399,6 @@ def _fit_members(runs: list, prepared: list, out, batch: dict, progress: bool, p
             for r, p, res, b in zip(runs, prepared, results, blinds, strict=True)}  # fmt: skip
 
 
-# --------------------------------------------------------------------------- any predictor on a build
-@dataclass
-class BuildJob:
-    """A predictor that reads a build, not a feature cache (``prior``, ``oracle``, an MLLM asked
-    through its predictor): spec :class:`~.spec.PredictorSpec`, folder ``OUT/<slug>/<probe>/<head>/seed<k>``."""
-
-    run: Any
-    predictor: Any
-    build: Any
-    rd: Path
-    record: RunRecord
-    declared: frozenset[str] = frozenset()
-    splits: Splits | None = None
-
-    @classmethod
-    def of(cls, run, predictor, build, out: str | Path, slug: str) -> BuildJob:
-
-        record = RunRecord(kind=predictor.kind, probe=run.probe, head=run.head, seed=run.seed, model=slug,
-                           build=Path(build.root).resolve().name, build_fingerprint=build.fingerprint,
-                           options=run.to_dict(), versions=package_versions(RUN_PACKAGES),
-                           protocol=protocol_versions(build.manifest),
-                           extra={"probe_spec": run.spec.describe()})  # fmt: skip
-        return cls(run, predictor, build, run.run_dir(out, slug), record)
-
-    @classmethod
-    def open(cls, predictor_type, run, out, options: RunOptions) -> BuildJob:
-        """The job of a registered predictor class (its ``on_build(probe_spec, build)``), named by its kind."""
-        from spar_bench.builder.shards import Build
-
-        build = Build(run.features)
-        return cls.of(run, predictor_type.on_build(run.spec, build), build, out, run.kind)
-
-    def start(self) -> None:
-        from .inputs import build_splits
-
-        check_run_dir(self.rd, self.declared)
-        self.splits = build_splits(self.build, self.run)
-
-    def fit(self):
-        return self.predictor.fit(self.splits.tr, self.splits.va)
-
-    def score(self, fitted):
-        s, run = self.splits, self.run
-        prior = run.spec.fit_prior(s.tr)
-        train = train_record(fitted, run.train.patience) if fitted is not None else None
-        metrics = run_metrics(run, s, evaluate(run, self.predictor, s, prior), encoder=self.record.model,
-                              train=train, training=None, manifest=self.build.manifest,
-                              track=self.predictor.kind)  # fmt: skip
-        return metrics, self.record, {}
-
-
 def execute(job, options: RunOptions = RunOptions()) -> Path:
     """Carry out an opened job (see :func:`run`)."""
     clear_staging(job.rd)
@@ -466,8 +410,3 @@ def execute(job, options: RunOptions = RunOptions()) -> Path:
     write_run(job.rd, record, metrics, files)
     return job.rd
 
-
-def run_predictor(run, predictor, build, out: str | Path, slug: str, overwrite: bool = False) -> Path:
-    """A given :class:`~.predictors.Predictor` instance on a build (``run``: a
-    :class:`~.spec.PredictorSpec`) through the one lifecycle (:func:`execute`)."""
-    return execute(BuildJob.of(run, predictor, build, out, slug), RunOptions(overwrite=overwrite))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -232,7 +233,35 @@ def kept_eval(out: Path, inputs: dict[str, Any], overwrite: bool) -> bool:
     return True
 
 
-def write_eval(out: Path, result: dict[str, Any]) -> Path:
-    """An ``eval-*.json`` (a transfer evaluation of a finished run)."""
-    out.write_text(json.dumps(json_safe(result), indent=2) + "\n")
+@dataclass(frozen=True, kw_only=True)
+class TransferEval:
+    """What an ``eval-*.json`` says of the evaluation it holds (a finished run scored on another
+    target without retraining): one set of keys whichever kind wrote it (a head on another
+    cache, a finetune run re-encoding another build), ``None`` where a key does not apply.
+
+    ``run``: ``<encoder>/<probe>/<head>/seed<k>``; ``features``: the cache's file name (or
+    ``<build> (re-encoded)``); ``data``: the build re-encoded (None: scored on a cache);
+    ``cache_fingerprint`` / ``dataset_fingerprint``: the cache's / the re-encoded build's;
+    ``training``: how the run's encoder was trained (its ``metrics.json``'s)."""
+
+    run: str
+    features: str
+    data: str | None = None
+    cache_fingerprint: str | None = None
+    dataset_fingerprint: str | None = None
+    encoder: str
+    random_init: bool
+    training: dict | None = None
+    splits: list[str]
+    probe: str
+    head: str
+    variant: str
+    seed: int
+    n_bootstrap: int
+
+
+def write_eval(out: Path, evaluation: TransferEval, scored: dict[str, Any]) -> Path:
+    """The one writer of ``eval-*.json``: ``evaluation``'s keys, then the scores (``test``,
+    ``mirror``, ``controls``: :func:`~.evaluate.transfer`)."""
+    out.write_text(json.dumps(json_safe({**asdict(evaluation), **scored}), indent=2) + "\n")
     return out

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,12 @@ def canonical(obj: Any) -> str:
 
 def key_hash(key: dict[str, Any]) -> str:
     return hashlib.sha256(canonical(key).encode("utf-8")).hexdigest()
+
+
+def default_cache(out: str | Path, model: str) -> Path:
+    """``OUT/.vqa-cache/<model>.sqlite``: the response cache of backend name ``model``'s runs under ``out``."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", model).strip("-") or "model"
+    return Path(out) / ".vqa-cache" / f"{slug[-80:]}.sqlite"
 
 
 def is_empty(reply: dict[str, Any]) -> bool:

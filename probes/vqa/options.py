@@ -5,9 +5,8 @@ experiment's ``vqa:`` step run it."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from spar_bench.fields import check_fields, limited
 from ..hardware import COMPUTE_DTYPES
 from ..names import names_all, parse_seeds, split_list
 from .base import MODES, BackendOptions
+from .cache import ResponseCache, default_cache
 from .openai import GUIDED
 
 #: ``--compute`` as an ``hf:`` model's torch dtype (what its runs record as ``decoding.dtype``);
@@ -137,20 +137,6 @@ def check_volume_as_used(volume_as: str, probes: list[str], build, data: str | P
                       "--volume-as shows Level 4 volumes only; drop it or ask a level4 probe")
 
 
-def default_cache(out: str | Path, model: str) -> Path:
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", model).strip("-") or "model"
-    return Path(out) / ".vqa-cache" / f"{slug[-80:]}.sqlite"
-
-
-def backends_by_seed(load, seeds: list[int]) -> dict:
-    """The backend of each seed (``load(seed)``): one per seed where its answers depend on the
-    seed (its identity records one: ``dummy``), else one for all (an ``hf:`` model loads once)."""
-    first = load(seeds[0])
-    if "seed" not in first.identity:
-        return dict.fromkeys(seeds, first)
-    return {seeds[0]: first, **{s: load(s) for s in seeds[1:]}}
-
-
 @dataclass(frozen=True)
 class VqaOptions:
     """``spar-probe vqa``'s options but the model, the build and ``out`` (their defaults)."""
@@ -212,50 +198,51 @@ def check_build(data: str, opts: VqaOptions):
     return _checked(data, opts)
 
 
-def _backends(model: str, data: str, opts: VqaOptions, seeds: list[int]) -> dict:
-    from . import load_backend
+def mllm_specs(model: str, data: str, out: str, opts: VqaOptions) -> list[list]:
+    """The runs of ``spar-probe vqa`` (``opts``) of ``model`` on build ``data`` as data: one
+    :class:`~.predictor.MllmSpec` per probe x seed, grouped by probe (checked against the build in
+    one line). The first seed's backend (:func:`~.predictor.backend_of`) resolves ``--image-size
+    auto``, ``--volume-as auto`` and the default response cache."""
+    from .ask import AskConfig
+    from .predictor import MllmSpec, backend_of
 
-    kw = dict(revision=opts.revision, base_url=opts.base_url, api_key_env=opts.api_key_env,
-              batch_size=opts.batch_size, max_new_tokens=opts.max_new_tokens, guided=opts.guided,
-              timeout=opts.timeout, retries=opts.retries, concurrency=opts.concurrency, data=str(data),
-              accept_missing=opts.accept_missing, **model_placement(model, opts.device, opts.compute))  # fmt: skip
-    return backends_by_seed(lambda seed: load_backend(model, options_from(opts.generate, seed=seed, **kw)), seeds)
+    _, probes, splits = _checked(data, opts)
+    seeds = parse_seeds(opts.seeds)
+    options = options_from(opts.generate, seed=seeds[0], revision=opts.revision, base_url=opts.base_url,
+                           api_key_env=opts.api_key_env, batch_size=opts.batch_size,
+                           max_new_tokens=opts.max_new_tokens, guided=opts.guided, timeout=opts.timeout,
+                           retries=opts.retries, concurrency=opts.concurrency, data=str(data),
+                           accept_missing=opts.accept_missing,
+                           **model_placement(model, opts.device, opts.compute))  # fmt: skip
+    first = backend_of(model, options)
+    size, volume_as = resolve_image_size(str(opts.image_size), first), resolve_volume_as(opts.volume_as, first)
+    cache = str(opts.cache_path or default_cache(out, first.name))
+    return [[MllmSpec(model, str(data), p, AskConfig(splits, opts.convention_hint, opts.circular, opts.blind, size,
+                                                     s, opts.n_boot, volume_as), options, cache) for s in seeds]
+            for p in probes]  # fmt: skip
 
 
 def ask_build(model: str, data: str, out: str, opts: VqaOptions,
               progress: Callable[[str], AbstractContextManager] | None = None) -> Iterator[tuple[str, Path | None]]:
     """Ask ``model`` every question probe of build ``data`` (``opts``) into ``out``, one run per
-    probe x seed: yields each probe and its run folder (None: no questions on the splits). A
-    finished run made otherwise is refused before any question is asked. ``progress(probe)``: a
-    context whose ``(done, total)`` calls report the answers (none by default)."""
-    from ..runs.session import RunOptions, execute, open_job
+    probe x seed (:func:`mllm_specs` through :func:`~..runs.session.run_all`): yields each probe and
+    its run folder (None: no questions on the splits). A finished run made otherwise is refused
+    before any question is asked (a damaged response cache too). ``progress(probe)``: a context whose ``(done, total)`` calls
+    report the answers (none by default). The backends are closed at the end."""
+    from ..runs.session import open_job, run_all
     from ..runs.store import preflight
-    from .ask import AskConfig
-    from .cache import ResponseCache
-    from .predictor import MllmSpec
+    from .predictor import close_backends
 
-    build, probes, splits = _checked(data, opts)
-    seeds = parse_seeds(opts.seeds)
-    backends = _backends(model, data, opts, seeds)
     try:
-        first = backends[seeds[0]]
-        shown = resolve_image_size(str(opts.image_size), first), resolve_volume_as(opts.volume_as, first)
-        cfgs = {s: AskConfig(splits, opts.convention_hint, opts.circular, opts.blind, shown[0], s, opts.n_boot,
-                             shown[1]) for s in seeds}  # fmt: skip
-        with ResponseCache(opts.cache_path or default_cache(out, first.name)) as cache:
-            jobs = {(s, p): open_job(MllmSpec(backends[s], build, p, cfgs[s], cache), out)
-                    for p in probes for s in seeds}  # fmt: skip
-            for job in jobs.values():
-                preflight(job)
-            for (s, p), job in jobs.items():
-                with (progress(p) if progress else nullcontext(None)) as bar:
-                    if job is not None:
-                        job.spec = MllmSpec(backends[s], build, p, cfgs[s], cache, bar)
-                    rd = None if job is None else execute(job, RunOptions())
-                yield p, rd
+        groups = mllm_specs(model, data, out, opts)
+        ResponseCache(groups[0][0].cache).close()  # a damaged cache is one line, even when every run is kept
+        for group in groups:
+            for spec in group:
+                preflight(open_job(spec, out))
+        for spec, rd in run_all(groups, out, progress=progress or False):
+            yield spec.probe, rd
     finally:
-        for backend in {id(b): b for b in backends.values()}.values():
-            backend.close()
+        close_backends()
 
 
 def why_skipped(data: str, probe: str, splits: str | Sequence[str]) -> str:

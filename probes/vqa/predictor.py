@@ -1,23 +1,21 @@
-"""A multimodal LLM as a :class:`~spar_bench.probes.runs.predictors.Predictor`.
+"""The MLLM run kind (``mllm``): :class:`MllmSpec` (data: the model named, its backend options,
+the build, the probe, how questions are asked) and :class:`MllmJob`, which loads the backend
+(:func:`backend_of`, once per model and options in a process) and asks every question with
+every control (every cyclic option order for CircularEval, blind, mirrored and flipped
+copies) through the response cache, through the one lifecycle of
+:func:`spar_bench.probes.runs.session.run`.
 
-``fit`` trains nothing (the model is asked as it is); ``predict`` asks each item's question
-with its slice, its options in the class order (rotation 0), through the response cache,
-and returns the class chosen (-1: no answer, which every metric counts as a miss); its
-blind baseline asks the same questions without the image. So an MLLM runs through the
-one lifecycle of :func:`spar_bench.probes.runs.session.run_predictor` with every control.
-
-``spar-probe vqa`` (:class:`MllmJob`) asks more of it (every cyclic option order for
-CircularEval, answers.jsonl) and scores size and distance against the thresholds its prompts
-state; this predictor scores them, like a head's, against the stored answer. The job's answers,
-once asked, are :class:`Answered`: the predictor that the shared evaluation
-(:func:`~..runs.evaluate.evaluate`) scores, with the MLLM's own controls
-(:meth:`Answered.extra_metrics`: parse rate, unparsed reasons, CircularEval, letter bias).
+The job's answers, once asked, are :class:`Answered`: the predictor that the shared
+evaluation (:func:`~..runs.evaluate.evaluate`) scores (a class per item; -1: no answer, which
+every metric counts as a miss), with the MLLM's own controls (:meth:`Answered.extra_metrics`:
+parse rate, unparsed reasons, CircularEval, letter bias).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from contextlib import nullcontext
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -25,63 +23,10 @@ import numpy as np
 
 from ..measured import is_harness_prompt, mark_unmeasured, unmeasured
 from ..runs.spec import NamedRun
-from .ask import AskConfig, Item, answer_records, ask, cache_key, image_digests, prompt_of
-from .base import Backend
+from .ask import AskConfig, answer_records, ask, cache_key, image_digests
+from .base import Backend, BackendOptions
 from .cache import ResponseCache
-from .prompts import rotations
 from .questions import Questions, load_questions
-
-
-def _item_key(t, j: int) -> tuple:
-    """Row, organs (C on Level 4), axis and copy flags of item ``j`` of ``t``."""
-    flipped = getattr(t, "is_flipped", None)
-    return (int(t.rows[j]), *(int(t.y[o][j]) for o in ("organ_a", "organ_b", "organ_c") if o in t.y),
-            int(t.y["axis"][j]), bool(t.is_mirror[j]), bool(flipped[j]) if flipped is not None else False)
-
-
-def question_index(qs: Questions, t) -> np.ndarray:
-    """The question of ``qs`` behind each item of ``t`` (both from one split of one build):
-    matched on the slice (volume) row, the organs, the axis and the mirror (flip) flags."""
-    where: dict[tuple, int] = {}
-    for i in range(len(qs)):
-        where.setdefault(_item_key(qs.t, i), i)
-    return np.array([where[_item_key(t, j)] for j in range(len(t))], dtype=np.int64)
-
-
-@dataclass
-class Mllm:
-    """``backend`` asked about ``build``'s Level 3 questions (``cfg``: hint, image size, seed),
-    its answers kept in ``cache``; ``with_image=False`` is its blind baseline."""
-
-    backend: Backend
-    build: Any
-    cache: ResponseCache
-    cfg: AskConfig = AskConfig()
-    with_image: bool = True
-    kind: str = "mllm"
-
-    def fit(self, train, val) -> None:
-        return None  # asked as it is: nothing is trained
-
-    def predict(self, t, split: str = "test") -> np.ndarray:
-        if len(t) == 0:
-            return np.zeros((0,), np.int64)
-        qs = load_questions(self.build, t.spec, [split])
-        idx = question_index(qs, t)
-        items = [self._item(qs, int(i)) for i in idx]
-        digests = image_digests(self.build, qs, items)
-        keys = [cache_key(self.backend, qs, it, self.cfg, digests.get(it.q)) for it in items]
-        replies = ask(self.backend, self.cache, self.build, qs, items, keys, self.cfg)
-        records = answer_records(qs, items, replies, self.backend, digests, self.cfg.volume_as)
-        return np.array([r["class"] for r in records], dtype=np.int64)
-
-    def _item(self, qs: Questions, i: int) -> Item:
-        """Question ``i`` in the class order, with its slice (volume, ``cfg.volume_as``) or (blind) without."""
-        prompt = prompt_of(qs, i, rotations(qs.spec.n_classes)[0], self.cfg, blind=not self.with_image)
-        return Item(i, "image" if self.with_image else "blind", 0, prompt)
-
-    def blind(self) -> Mllm:
-        return Mllm(self.backend, self.build, self.cache, self.cfg, with_image=False)
 
 
 @dataclass
@@ -124,45 +69,78 @@ class Answered:
 
 
 # --------------------------------------------------------------------------- the MLLM run
+#: the backends loaded in this process (:func:`backend_of`): (model, options) -> backend
+_LOADED: dict[tuple[str, BackendOptions], Backend] = {}
+
+
+def backend_of(model: str, options: BackendOptions) -> Backend:
+    """The backend of ``model`` with ``options``, loaded once per process and kept until
+    :func:`close_backends`: keyed by every input, but one whose identity records no seed (an
+    ``hf:`` model) serves every seed (``dummy``'s answers depend on it: one per seed)."""
+    from . import load_backend
+
+    any_seed = (model, replace(options, seed=None))  # the key of a backend that serves every seed
+    for key in ((model, options), any_seed):
+        if key in _LOADED:
+            return _LOADED[key]
+    backend = load_backend(model, options)
+    _LOADED[(model, options) if "seed" in backend.identity else any_seed] = backend
+    return backend
+
+
+def close_backends() -> None:
+    """Close (release) every backend :func:`backend_of` loaded, and forget them."""
+    loaded = list({id(b): b for b in _LOADED.values()}.values())
+    _LOADED.clear()
+    for backend in loaded:
+        backend.close()
+
+
 @dataclass(frozen=True)
 class MllmSpec(NamedRun):
-    """One MLLM run (kind ``mllm``): ``backend`` asked ``probe``'s questions of ``build`` as
-    ``cfg`` says, its answers kept in ``cache``. The backend, build and cache are live objects
-    (one backend serves every probe); the run's identity is its record's (model identity,
-    decoding, template, build fingerprint and ``cfg``)."""
+    """One MLLM run (kind ``mllm``), as data: model ``model`` (``hf:PATH``, ``dummy``, ...) with
+    backend ``options`` asked ``probe``'s questions of build ``data`` as ``cfg`` says, its answers
+    kept in the response cache ``cache`` (default ``OUT/.vqa-cache/<model>.sqlite``). The backend
+    is the job's (:func:`backend_of`, its ``seed`` and ``data`` this spec's); its mode and
+    decoding name the run (:meth:`head_name`, :meth:`variant`). The run's identity is its
+    record's (model identity, decoding, template, build fingerprint and ``cfg``)."""
 
     kind: ClassVar[str] = "mllm"
 
-    backend: Any
-    build: Any
+    model: str
+    data: str
     probe: str
-    cfg: AskConfig
-    cache: Any
-    progress: Any = None  # callback(done, total) over the answers not yet cached
+    cfg: AskConfig = AskConfig()
+    options: BackendOptions = BackendOptions()
+    cache: str | None = None
 
     @property
     def seed(self) -> int:
         return self.cfg.seed
 
+    def backend(self) -> Backend:
+        """The model as it answers this run (loaded once per process, :func:`backend_of`)."""
+        return backend_of(self.model, replace(self.options, seed=self.cfg.seed, data=self.data))
+
     def variant(self) -> str:
         from .ask import variant_of
 
-        return variant_of(self.backend, self.cfg)
+        return variant_of(self.backend(), self.cfg)
 
     def head_name(self) -> str:
         from .ask import head_name, probe_is_volume
 
-        return head_name(self.backend, self.cfg, probe_is_volume(self.probe))
+        return head_name(self.backend(), self.cfg, probe_is_volume(self.probe))
 
 
-def mllm_record(spec: MllmSpec, volume: bool, template: str):
-    """The :class:`~..runs.record.RunRecord` of an MLLM run as known before asking."""
+def mllm_record(spec: MllmSpec, build, volume: bool, template: str):
+    """The :class:`~..runs.record.RunRecord` of an MLLM run on ``build`` as known before asking."""
     from spar_bench.provenance import VQA_PACKAGES, package_versions, protocol_versions
 
     from ..runs.record import RunRecord
     from ..tasks import get_probe
 
-    b, build, cfg = spec.backend, spec.build, spec.cfg
+    b, cfg = spec.backend(), spec.cfg
     inputs = {"model_identity": b.identity, "decoding": b.decoding, "template_version": template}
     return RunRecord(kind="mllm", probe=spec.probe, head=spec.head_name(), seed=cfg.seed,
                      variant=spec.variant(), model=b.name, build=Path(build.root).resolve().name,
@@ -185,29 +163,45 @@ class MllmJob:
     """Kind ``mllm``: every question of the probe asked with every control (CircularEval
     rotations, blind, mirrored and flipped copies) through the response cache, scored by the
     shared evaluation (:func:`~..runs.evaluate.evaluate`) as :class:`Answered`, whose own
-    controls it records too; answers in ``answers.jsonl``."""
+    controls it records too; answers in ``answers.jsonl``. The job holds the live parts its
+    spec names: the build, the backend (:func:`backend_of`) and the response cache's path;
+    ``progress``: the run's options' ``progress`` when it is a factory ``progress(probe)`` of a
+    context whose ``(done, total)`` calls report the answers asked."""
 
     spec: MllmSpec
     qs: Questions
     rd: Path
     record: Any
+    build: Any
+    cache: Path
+    progress: Any = None
     declared: frozenset[str] = frozenset({"answers.jsonl"})
-    asked: Any = None
+
+    @property
+    def backend(self) -> Backend:
+        return self.spec.backend()
 
     @classmethod
     def open(cls, spec: MllmSpec, out, options) -> MllmJob | None:
         """None when the build has no question of ``spec.probe`` on the asked splits."""
+        from spar_bench.builder.shards import Build
+
         from ..tasks import get_probe
+        from .cache import default_cache
         from .prompts import template_version, volume_template_version
 
-        probe = get_probe(spec.probe)
-        qs = load_questions(spec.build, probe, list(spec.cfg.splits))
+        build = Build(spec.data)
+        qs = load_questions(build, get_probe(spec.probe), list(spec.cfg.splits))
         if not qs.original.any():
             return None
         short = spec.probe.split(".", 1)[1]
         volume = qs.volume is not None
         template = volume_template_version(short) if volume else template_version(short)
-        return cls(spec, qs, spec.run_dir(out, spec.backend.name), mllm_record(spec, volume, template))
+        name = spec.backend().name
+        cache = Path(spec.cache) if spec.cache is not None else default_cache(out, name)
+        progress = options.progress if callable(options.progress) else None
+        return cls(spec, qs, spec.run_dir(out, name), mllm_record(spec, build, volume, template), build, cache,
+                   progress)  # fmt: skip
 
     def start(self) -> None:
         from ..runs.store import check_run_dir
@@ -216,13 +210,14 @@ class MllmJob:
 
     def fit(self):
         """Ask every item (nothing is trained): ``(items, replies, keys, digests)``."""
-        from .ask import ask, cache_key, plan
+        from .ask import plan
 
-        s, qs = self.spec, self.qs
+        s, qs, b = self.spec, self.qs, self.backend
         items = plan(qs, s.cfg)
-        digests = image_digests(s.build, qs, items)
-        keys = [cache_key(s.backend, qs, it, s.cfg, digests.get(it.q)) for it in items]
-        return items, ask(s.backend, s.cache, s.build, qs, items, keys, s.cfg, s.progress), keys, digests
+        digests = image_digests(self.build, qs, items)
+        keys = [cache_key(b, qs, it, s.cfg, digests.get(it.q)) for it in items]
+        with ResponseCache(self.cache) as cache, (self.progress(s.probe) if self.progress else nullcontext()) as bar:
+            return items, ask(b, cache, self.build, qs, items, keys, s.cfg, bar), keys, digests
 
     def score(self, asked):
         from ..runs.evaluate import MIN_PATIENTS_CI, evaluate, run_metrics
@@ -231,25 +226,25 @@ class MllmJob:
         from .cache import key_hash
         from .questions import train_targets
 
-        s, qs, rec = self.spec, self.qs, self.record
+        s, qs, rec, b = self.spec, self.qs, self.record, self.backend
         items, replies, keys, digests = asked
-        records = answer_records(qs, items, replies, s.backend, digests, s.cfg.volume_as)
-        train = train_targets(s.build, qs.spec)
+        records = answer_records(qs, items, replies, b, digests, s.cfg.volume_as)
+        train = train_targets(self.build, qs.spec)
         run = PredictorSpec(s.probe, rec.head, s.cfg.seed, n_boot=s.cfg.n_boot, ci_min_patients=MIN_PATIENTS_CI)
         splits = asked_splits(qs, train)
         prior = qs.spec.fit_prior(splits.tr) if len(splits.tr) else None
         scored = evaluate(run, Answered.of(qs, records), splits, prior)
-        metrics = run_metrics(run, splits, scored, encoder=s.backend.name,
-                              random_init=s.backend.random_init, variant=rec.variant, train=None, training=None,
-                              manifest=s.build.manifest, track="vqa")  # fmt: skip
+        metrics = run_metrics(run, splits, scored, encoder=b.name,
+                              random_init=b.random_init, variant=rec.variant, train=None, training=None,
+                              manifest=self.build.manifest, track="vqa")  # fmt: skip
         distinct = len({key_hash(k) for k in keys})
-        metrics.update({"splits": sorted({str(x) for x in qs.split}), "mode": s.backend.mode,
+        metrics.update({"splits": sorted({str(x) for x in qs.split}), "mode": b.mode,
                         "template_version": items[0].prompt.version,
                         "requests": {"answers": len(items), "distinct": distinct,
                                      "deduplicated": len(items) - distinct, **_missing(records)}})  # fmt: skip
-        if is_harness_prompt(s.backend.identity):  # another harness's prompt asked them (reports say so)
+        if is_harness_prompt(b.identity):  # another harness's prompt asked them (reports say so)
             metrics["prompt"] = "harness"
-        mark_unmeasured(metrics, unmeasured(records, getattr(s.backend, "source", s.backend.name),
-                                            bool(getattr(s.backend, "accept_missing", False))))
+        mark_unmeasured(metrics, unmeasured(records, getattr(b, "source", b.name),
+                                            bool(getattr(b, "accept_missing", False))))
         text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in records)
         return metrics, rec, {ANSWERS_FILE: (lambda p: p.write_text(text, encoding="utf-8"), True)}
