@@ -20,10 +20,10 @@ CACHE_RATES: tuple[tuple[str, float, float], ...] = (
     ("resnet10t", 60.0, 8000.0),
     ("vit_base_patch32", 22.0, 6789.0),
     ("vit_small", 22.0, 6000.0),
-    # EfficientNet-Lite0 (the demo's): 27-31 images per CPU-s at one thread (bf16 on an AMX CPU,
-    # bench/demo.py; fp32 channels-last on AVX2 about 24), one process per core (issue 45); the GPU
-    # figure is a guess until bench/gpu.py measures it
-    ("efficientnet", 45.0, 3000.0),
+    # EfficientNet-Lite0 (the demo's): a cache step at 35 images per CPU-s on an AMX CPU (bf16,
+    # bench/demo.py, its imports and weights included; fp32 on AVX2 about 0.6 of that), one process
+    # per core (issue 45); the GPU figure is a guess until bench/gpu.py measures it
+    ("efficientnet", 60.0, 3000.0),
     ("dinov2", 4.5, 1500.0),
     ("rad-dino", 4.5, 1500.0),
     ("", 20.0, 2500.0),
@@ -37,11 +37,12 @@ CACHE_RATES_3D: tuple[tuple[str, float, float], ...] = (
     ("", 0.2, 50.0),
 )
 #: per unit, (2 CPU cores, one GPU): seconds per head run (its set-up, its blind control and its
-#: bootstrap: the demo's 16 runs of 964 images took 85 CPU-s a sweep, issue 45) and per image it
+#: bootstrap; an MLP head's, a transformer head's is :data:`HEAD_RUN_FACTOR` times that: the demo's
+#: 8 MLP runs of 515 images took 17.6 CPU-s, 8 transformer runs 30, issue 45) and per image it
 #: trains on (a WORD-sized build of 26,558 images: about 20 s a run on the CPU, 4 s on the GPU, with
 #: early stopping), per image trained end to end, per MLLM question (all its asks)
 UNIT_SECONDS = {
-    "runs": (2.0, 0.5),
+    "runs": (0.8, 0.5),
     "run_images": (20.0 / 26558, 4.0 / 26558),
     "questions": (2.0, 0.05),
 }
@@ -49,6 +50,13 @@ UNIT_SECONDS = {
 #: (its ``jobs``) share them; ``build_seconds`` (one process, measured per source in
 #: ``sizes.json``) divide by min(jobs, cores)
 CORES = (2, 16)
+#: a head run's cost beside an MLP's (``runs`` above), by head (others: 1): a token head's fixed
+#: PCA and attention
+HEAD_RUN_FACTOR = {"transformer": 2.0}
+#: seconds every step pays on (2 CPU cores, one GPU) before its work: its process, Python's and
+#: torch's imports, reading the plan; a report reads every run and draws its plots: 4.5 s the demo's
+STEP_START = (2.0, 2.0)
+REPORT_SECONDS = (2.5, 2.5)
 
 
 def cache_rate(spec: str, model_args: dict | None = None) -> tuple[float, float]:
@@ -130,8 +138,11 @@ def _rate(plan: Plan, enc: str) -> tuple[float, float]:
 
 
 def step_seconds(plan: Plan, step: Step) -> tuple[float, float]:
-    """Estimated seconds of ``step`` on 2 CPU cores and on one GPU."""
-    cpu = gpu = 0.0
+    """Estimated seconds of ``step`` on 2 CPU cores and on one GPU (idle machines: the wall time of
+    a step whose work keeps both cores busy, its own start included)."""
+    cpu, gpu = STEP_START
+    if step.kind == "report":
+        cpu, gpu = cpu + REPORT_SECONDS[0], gpu + REPORT_SECONDS[1]
     for unit, amount in step.cost:
         if unit in ("images", "volumes"):
             enc = step.id.split(":", 1)[1].split("@")[0]
@@ -149,10 +160,18 @@ def step_seconds(plan: Plan, step: Step) -> tuple[float, float]:
             cpu, gpu = cpu + amount / min(jobs, CORES[0]), gpu + amount / min(jobs, CORES[1])
         elif unit in UNIT_SECONDS:
             c, g = UNIT_SECONDS[unit]
+            if unit == "runs":
+                c *= head_factor(step)
             if step.kind == "vqa" and plan.experiment.mllms[step.id[4:].split("@")[0]].model.startswith(("dummy", "oracle")):
-                c = g = 0.001  # no model: answers are computed
+                c = g = 0.002  # no model: answers are computed (the demo's 1,352 in about 3 s)
             cpu, gpu = cpu + amount * c, gpu + amount * g
     return cpu, gpu
+
+
+def head_factor(step: Step) -> float:
+    """The mean :data:`HEAD_RUN_FACTOR` of the heads a step's sweeps train (1 without any)."""
+    heads = [h for kind, rec in step.specs if kind == "sweep" for h in rec.get("heads") or ()]
+    return sum(HEAD_RUN_FACTOR.get(str(h), 1.0) for h in heads) / len(heads) if heads else 1.0
 
 
 def duration(seconds: float) -> str:

@@ -12,7 +12,7 @@ import pytest
 
 from spar_bench.experiments import preset_path, sizes
 from spar_bench.experiments.config import load_experiment
-from spar_bench.experiments.estimate import step_seconds
+from spar_bench.experiments.estimate import HEAD_RUN_FACTOR, STEP_START, UNIT_SECONDS, step_seconds
 from spar_bench.experiments.plan import make_plan
 from spar_bench.experiments.step_kinds import (
     build_choice,
@@ -80,7 +80,27 @@ def test_builds_from_sources_are_priced_by_source(tmp_path):
     expected = 150 * sizes.per_case("word")["build_seconds"] + 20 * sizes.per_case("lits")["build_seconds"]
     assert cost["cases"] == 170 and cost["build_seconds"] == pytest.approx(expected)
     cpu, gpu = step_seconds(plan, step)
-    assert cpu == pytest.approx(expected / 2) and gpu == pytest.approx(expected / 2)  # 2 processes
+    # 2 processes, beside the step's own start
+    assert cpu == pytest.approx(expected / 2 + STEP_START[0]) and gpu == pytest.approx(expected / 2 + STEP_START[1])
+
+
+def test_a_transformer_head_run_costs_more_than_an_mlp_s_and_every_step_pays_its_start(tmp_path):
+    """The demo's sweeps (issue 45): 8 MLP runs took 17.6 CPU-s, 8 transformer runs 30 (token PCA,
+    attention); a step with nothing to do still starts a process (its report: 4.5 s)."""
+    demo = preset_path("demo").read_text()
+    secs = {}
+    for heads in ("[mlp]", "[transformer]", "[mlp, transformer]"):
+        path = tmp_path / f"demo-{len(secs)}.yaml"
+        path.write_text(demo.replace("heads: [mlp]", f"heads: {heads}", 1))
+        plan = make_plan(load_experiment(path, {"OUT": str(tmp_path / "out")}))
+        step = plan.step("heads:lite0-imagenet")
+        runs, images = (dict(step.cost)[u] for u in ("runs", "run_images"))
+        secs[heads] = step_seconds(plan, step)[0] - STEP_START[0] - images * UNIT_SECONDS["run_images"][0]
+        assert step_seconds(plan, plan.step("report"))[0] > STEP_START[0] > 0
+    per_run = UNIT_SECONDS["runs"][0] * runs
+    assert secs["[mlp]"] == pytest.approx(per_run / 2)  # two heads' runs in the two-head plan: half each
+    assert secs["[transformer]"] == pytest.approx(per_run / 2 * HEAD_RUN_FACTOR["transformer"])
+    assert secs["[mlp, transformer]"] == pytest.approx(per_run * (1 + HEAD_RUN_FACTOR["transformer"]) / 2)
 
 
 @pytest.mark.slow

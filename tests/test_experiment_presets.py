@@ -173,9 +173,7 @@ def _demo_copy(tmp_path: Path, old: str, new: str) -> tuple[Path, int]:
 
 
 def test_a_misspelt_key_is_one_line_naming_file_line_and_the_right_key(tmp_path, run):
-    path, line = _demo_copy(
-        tmp_path, "    heads: [mlp, transformer]", "    haeds: [mlp, transformer]"
-    )
+    path, line = _demo_copy(tmp_path, "    heads: [mlp]", "    haeds: [mlp]")
     result = run(str(path), "--dry-run")
     assert result.exit_code == 2
     lines = result.output.strip().splitlines()
