@@ -123,10 +123,23 @@ def _variable_of(exp: Experiment, key: str) -> str | None:
         node: Any = read_yaml(exp.source)[0]
     except ConfigError:
         return None
-    for part in key.split("."):
-        node = node.get(part) if isinstance(node, dict) else None
+    node = _at(node, key)
     m = _WHOLE_VAR.fullmatch(node.strip()) if isinstance(node, str) else None
     return m.group(1) if m else None
+
+
+def _at(node: Any, key: str) -> Any:
+    """The value at a dotted ``key`` whose names may hold dots themselves (``mllms.qwen2.5.model``):
+    at each level the longest name that the rest of the key starts with."""
+    while key:
+        if not isinstance(node, dict):
+            return None
+        name = max((k for k in node if isinstance(k, str) and (key == k or key.startswith(f"{k}."))), key=len,
+                   default=None)  # fmt: skip
+        if name is None:
+            return None
+        node, key = node[name], key[len(name) + 1:]
+    return node
 
 
 def _check_value(exp: Experiment, kind: str, name: str, value: Any, key: str, here: bool) -> None:

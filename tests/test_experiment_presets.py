@@ -115,6 +115,18 @@ def test_an_unpinned_mllm_revision_stops_the_run_naming_its_variable(tmp_path, r
     assert run("paper", "--dry-run", *_bare(tmp_path)).exit_code == 0
 
 
+def test_an_unpinned_revision_of_a_dotted_mllm_name_names_its_variable(tmp_path, run):
+    """Names may hold dots (qwen2.5): the hint still finds the ${VARIABLE} the revision is written as."""
+    path = tmp_path / "dotted.yaml"
+    path.write_text("experiment: dotted\nvars: {QWEN_REVISION: set-me}\nout: out\n"
+                    "builds: {b: {phantom: {n: 4}}}\nprobes: [level3.size]\n"
+                    "mllms:\n  qwen2.5: {model: hf:Qwen/Qwen2.5-VL-7B-Instruct, options: {revision: \"${QWEN_REVISION}\"}}\n")
+    result = run(str(path), "--set", f"OUT={tmp_path / 'out'}")
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert "mllms.qwen2.5.options.revision" in lines[0] and "set QWEN_REVISION" in lines[0], lines[0]
+
+
 def test_the_paper_plan_spells_the_paper_preset_and_pins_every_mllm(tmp_path):
     plan = make_plan(load_experiment(preset_path("paper"), {"OUT": str(tmp_path / "out")}))
     for b in ("word", "totalsegmentator"):
