@@ -93,7 +93,7 @@ def probe_accuracy(x: np.ndarray, y: np.ndarray, folds: int = 5, seed: int = 0, 
         w, b = _fit_logistic(torch.tensor((x[train] - mu) / sd, dtype=torch.float64), torch.tensor(yi[train]),
                              len(classes), l2)
         with torch.no_grad():
-            pred = (torch.tensor((x[test] - mu) / sd) @ w + b).argmax(1).numpy()
+            pred = (torch.tensor((x[test] - mu) / sd, dtype=torch.float64) @ w + b).argmax(1).numpy()
         correct += int((pred == yi[test]).sum())
     return correct / len(y)
 
