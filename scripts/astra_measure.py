@@ -73,7 +73,7 @@ def token_labels(mask: np.ndarray, spacing, scale: float, n_labels: int = 17) ->
     ras = np.stack([canonical_to_ras(c, spacing)[0] for c in onehot])
     sp = canonical_to_ras(onehot[0], spacing)[1]
     grid = merlin_grid(ras, sp, scale)  # (1, L, Z, X, Y); padding is 0 in every channel: unlabelled
-    shares = F.avg_pool3d(grid, LAYER3_STRIDE)[0]  # (L, Z', X', Y')
+    shares = F.avg_pool3d(grid, LAYER3_STRIDE, ceil_mode=True)[0]  # (L, Z', X', Y'): the network's ceil grid
     best, label = shares[1:].max(dim=0)
     return torch.where(best >= MIN_SHARE, label + 1, torch.zeros_like(label)).numpy()
 
@@ -134,7 +134,15 @@ def organ_separation(maps3: np.ndarray, labels: np.ndarray) -> dict:
     y = labels.reshape(-1)[keep]
     majority = float(np.bincount(y).max() / len(y)) if len(y) else float("nan")
     return {"tokens": int(len(y)), "organs": int(len(np.unique(y))), "majority": majority,
+            "effective_rank": effective_rank(x.astype(np.float64)),
             "probe_accuracy": probe_accuracy(x, y) if len(np.unique(y)) > 1 else float("nan")}
+
+
+def effective_rank(tokens: np.ndarray) -> float:
+    """``exp`` of the entropy of the normalised singular values of centred tokens ``(N, D)``."""
+    sv = np.linalg.svd(tokens - tokens.mean(0), compute_uv=False)
+    p = sv / sv.sum()
+    return float(np.exp(-(p[p > 0] * np.log(p[p > 0])).sum()))
 
 
 def agreement(small: np.ndarray, full: np.ndarray) -> float:
@@ -157,12 +165,16 @@ def cosine_groups(rendered: np.ndarray, real: np.ndarray) -> dict:
     qq = q @ q.T
     iu_r, iu_q = np.triu_indices(len(r), 1), np.triu_indices(len(q), 1)
     centre = rendered.mean(0)
-    spread = np.linalg.norm(rendered - centre, axis=1)
+    spread = np.median(np.linalg.norm(rendered - centre, axis=1))
+    n = len(rendered)
+    loo = [np.linalg.norm(rendered[i] - (centre * n - rendered[i]) / (n - 1)) / spread for i in range(n)]
     return {"rendered_vs_rendered": float(rr[iu_r].mean()),
             "real_vs_real": float(qq[iu_q].mean()) if len(q) > 1 else None,
             "rendered_vs_real": float((r @ q.T).mean()),
-            "real_distance_to_rendered_centre_over_rendered_median": (
-                np.linalg.norm(real - centre, axis=1) / np.median(spread)).round(3).tolist()}
+            # distance to the rendered set's centre over the rendered set's median distance to it:
+            # each real CT, and each rendered one to the centre of the others (leave one out)
+            "real_to_rendered_centre": (np.linalg.norm(real - centre, axis=1) / spread).round(2).tolist(),
+            "rendered_to_others_centre_median_max": [round(float(np.median(loo)), 2), round(float(max(loo)), 2)]}
 
 
 def rendered_word(word_root: Path, limit: int | None = None):
