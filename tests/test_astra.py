@@ -246,3 +246,16 @@ def test_cache_of_a_level4_build_writes_layer3_tokens(tmp_path, trained):
         assert fc.meta["encoder_config"]["preprocessing"]["window_hu"] == [-1000.0, 1000.0]
         split = fc.splits("level4")[0]
         assert fc.tokens("level4", split, 2).shape[1:] == (64, 1024)
+
+
+def test_the_predicted_source_reads_one_test_case_and_says_its_labels_are_predicted(tmp_path):
+    from spar_bench.builder.sources.ts_predicted import TotalSegmentatorPredictedSource
+
+    with pytest.raises(ConfigError, match="seg_predicted.nii.gz"):
+        TotalSegmentatorPredictedSource(tmp_path).find()
+    src = TotalSegmentatorPredictedSource(_real("real-ct/ts-example"))
+    (ref,) = src.find()
+    assert (ref.source, ref.case_id, ref.split) == ("totalsegmentator-predicted", "ts-example", "test")
+    read = src.read_mask(ref)
+    assert read.extra["labels"].startswith("predicted") and read.mask.shape == (122, 101, 112)
+    assert {1, 2, 3, 4} <= set(np.unique(read.mask).tolist())  # liver, spleen, both kidneys
