@@ -1050,7 +1050,19 @@ def choice_options(options: dict[str, Any], sources: tuple[str, ...]) -> dict[st
 BUILD_OPTIONS = ("source", "root", "out", "levels", "volume_size", "samples_per_case", "l12_min_organs", "seed",
                  "jobs", "counterfactual", "images", "arrangement", "partition", "shard_size", "compression",
                  "thresholds_from", "fit_thresholds_on", "resume", "overwrite", "on_error", "no_hf", "cases",
-                 "limit", "split_ratio", "split_file", "unknown_labels", "preset")  # fmt: skip
+                 "limit", "split_ratio", "split_file", "unknown_labels", "preset", "window")  # fmt: skip
+
+
+def parse_window(value: Any) -> tuple[float, float]:
+    """``--window LEVEL,WIDTH`` (HU; a text or a 2-list) as ``(level, width)``; one line if not."""
+    parts = value.split(",") if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else []
+    try:
+        level, width = (float(p) for p in parts)
+    except (TypeError, ValueError):
+        raise ConfigError(f"--window {value!r}: expected LEVEL,WIDTH in HU, e.g. 40,400 or 0,2000") from None
+    if width <= 0:
+        raise ConfigError(f"--window {value!r}: the width must be > 0 HU")
+    return level, width
 
 
 def config_from_options(options: dict[str, Any], explicit: set[str] | None = None) -> BuildConfig:
@@ -1084,6 +1096,8 @@ def config_from_options(options: dict[str, Any], explicit: set[str] | None = Non
     for opt in ("samples_per_case", "l12_min_organs", "arrangement", "counterfactual", "volume_size"):
         if options.get(opt) is not None:
             sample[opt] = options[opt]
+    if options.get("window") is not None:  # the uint8 window of every level's images (HU)
+        sample["window_level"], sample["window_width"] = parse_window(options["window"])
     def given(name: str, default: Any) -> Any:  # 0 and "" are values, not "absent"
         value = options.get(name)
         return default if value is None else value

@@ -36,6 +36,9 @@ COMMANDS = {
 @click.option("--volume-size", type=int, metavar="S",
               help="Level 4 (needs level4 in --levels): side of the isotropic volume cube in voxels "
                    "(default 128; from 8 to the largest this machine's memory allows).")
+@click.option("--window", metavar="LEVEL,WIDTH",
+              help="CT window in HU mapped to the uint8 images (default 40,400); 0,2000 keeps "
+                   "-1000..1000 HU, air and bone, the range of a CT foundation model such as astra-ct.")
 @click.option("--samples-per-case", type=int, help="Level 1/2 mosaics per case.")
 @click.option("--l12-min-organs", type=int,
               help="Present organs a Level 1/2 mosaic needs (default 8; fewer: the case gives none).")

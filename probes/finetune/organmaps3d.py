@@ -180,6 +180,13 @@ def localise(organs, size: int) -> np.ndarray:
     return np.where(np.isfinite(c), c, np.float32(0.5))
 
 
+#: the last maps trained in this process: ``key -> (weights, MapTraining)``. Every probe of one
+#: seed trains the same maps (same build, volumes, config and seed: the same bytes), so a
+#: run of several probes trains them once per seed, not once per probe.
+FITTED_KEPT = 8
+_FITTED: dict[tuple, tuple[dict, Any]] = {}
+
+
 # --------------------------------------------------------------------------- the model
 class MapNet:
     """The trainable 3-D encoder, its linear organ map and their optimiser and schedule."""
@@ -402,9 +409,18 @@ class OrganMaps3d:
         if self.cfg.flips and size % self.net.grid:
             raise ConfigError(f"organmaps3d: flips need the volume side ({size}) to be a multiple of the map grid "
                               f"({self.net.grid}) so a flipped map is the flipped volume's; use flips: false")  # fmt: skip
+        key = (self.build.fingerprint, val_split, self.seed, repr(sorted(self.cfg.identity().items())),
+               rows.tobytes(), vrows.tobytes())
+        if key in _FITTED:  # the same maps for another probe of this seed: trained once per process
+            weights, self.training = _FITTED[key]
+            self.net.load(weights)
+            return self.training
         tr, va = self._data("train", rows, self.net.grid), self._data(val_split, vrows, self.net.grid)
         with torch_threads(self.cfg.threads):
             self.training = train_maps(self.net, tr, va, self.seed)
+        if len(_FITTED) >= FITTED_KEPT:
+            _FITTED.pop(next(iter(_FITTED)))
+        _FITTED[key] = (self.net.weights(), self.training)
         return self.training
 
     def predict(self, t, split: str = "test") -> np.ndarray:
