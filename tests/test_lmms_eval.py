@@ -76,7 +76,8 @@ def _run_lmms_eval(exe: Path, folder: Path, model: Path) -> Path:
             "--batch_size", "1", "--device", "cpu", "--gen_kwargs", f"max_new_tokens={NEW_TOKENS}"]
     elsewhere = folder.parent / "elsewhere"
     elsewhere.mkdir(exist_ok=True)
-    done = subprocess.run(argv, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(argv, cwd=elsewhere, env=env, capture_output=True, encoding="utf-8", errors="replace",
+                          timeout=900)
     out = folder / "out"
     if done.returncode != 0 or not list(out.glob("*/*_samples_*.jsonl")):  # it exits 0 on some errors
         tail = "\n".join((done.stdout + done.stderr).splitlines()[-25:])

@@ -144,7 +144,7 @@ modes:
 probes: [level3.relative_position]
 seeds: [0]
 mllms:
-  tiny: {{model: "hf:{model}", stages: [vision, llm:2, answer], options: {{bootstrap: 10, probe: relative_position}}}}
+  tiny: {{model: "hf:{model}", stages: [vision, llm:2, answer], options: {{bootstrap: 10, probe: relative_position, compute: fp32}}}}
 """
 
 
@@ -181,7 +181,7 @@ def test_the_stage_pipeline_runs_end_to_end_into_the_report(models, tmp_path) ->
                           env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}, capture_output=True,
                           encoding="utf-8", errors="replace", timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    text = (tmp_path / "out" / "report" / "experiment.md").read_text()
+    text = (tmp_path / "out" / "report" / "experiment.md").read_text(encoding="utf-8")
     assert "## Where the MLLM loses it: llava@" in text, text
     header = next(line for line in text.splitlines() if line.startswith("| probe | vision"))
     assert header.startswith("| probe | vision | llm:2 | answer |")

@@ -52,7 +52,7 @@ def test_the_loop_is_written_once_outside_the_sweep():
     """``except ProbeUnavailable`` once in the package outside ``runs/sweep.py`` (its workers
     report it to the parent) and the 2-D calibration (not a run loop; issue 44 item 4)."""
     found = [p.relative_to(ROOT).as_posix() for d in PACKAGE for p in sorted((ROOT / d).rglob("*.py"))
-             for _ in re.findall(r"except \(?[\w., ]*ProbeUnavailable", p.read_text())]  # fmt: skip
+             for _ in re.findall(r"except \(?[\w., ]*ProbeUnavailable", p.read_text(encoding="utf-8"))]  # fmt: skip
     rest = [f for f in found if f not in ("probes/runs/sweep.py", "experiments/calibration.py")]
     assert rest == ["probes/runs/session.py"], found
 

@@ -32,7 +32,7 @@ FAMILIES.register_lazy("timm", "spar_bench.probes.encoders.timm_family:load_timm
 FAMILIES.register_lazy("hf", "spar_bench.probes.encoders.hf_family:load_hf", extra="transformers")
 FAMILIES.register_lazy("open_clip", "spar_bench.probes.encoders.open_clip_family:load_open_clip", extra="open_clip")
 FAMILIES.register_lazy("torchscript", "spar_bench.probes.encoders.torchscript_family:load_torchscript")
-FAMILIES.register_lazy("monai", "spar_bench.probes.encoders.monai_family:load_monai", extra="monai")
+FAMILIES.register_lazy("monai", "spar_bench.probes.encoders.astra:load_monai_family", extra="monai")
 FAMILIES.register_lazy("mllm", "spar_bench.probes.encoders.mllm_family:load_mllm", extra="transformers")
 
 #: named encoders (factories called with ``rest=""``), aliases and user registrations.

@@ -56,7 +56,7 @@ from typing import Any
 from spar_bench.errors import ConfigError
 
 from .base import EncoderSpec, ncdhw_to_tokens, weights_record
-from .monai_family import MonaiEncoder
+from .monai_family import MonaiEncoder, check_arch, load_monai, monai_nets
 from .weight_sets import WeightSet, check_sha256
 
 ARCH = "resnet152-i3"
@@ -128,9 +128,7 @@ def installed_version() -> str | None:
 
 def build_network() -> Any:
     """Merlin's inflated ResNet-152 (MONAI), float32, eval mode, on the CPU."""
-    from .monai_family import _nets
-
-    nets = _nets()
+    nets = monai_nets()
     args = dict(CONSTRUCTOR)
     block, layers, inplanes = args.pop("block"), args.pop("layers"), args.pop("block_inplanes")
     args["conv1_t_size"], args["conv1_t_stride"] = tuple(args["conv1_t_size"]), tuple(args["conv1_t_stride"])
@@ -319,6 +317,18 @@ def load_astra_ct(rest: str = "", *, weights: str | None = None, random_init: bo
     model = build_network()
     n = load_strict(model, read_state_dict(path), path, "astra-ct")
     return make_encoder("astra-ct", model, astra_record() | {"tensors_loaded": n}, model_kwargs)
+
+
+def load_monai_family(rest: str, **kw: Any) -> MonaiEncoder:
+    """Factory of the ``monai:`` family: Merlin's inflated ResNet-152 with Merlin's CT
+    preprocessing (``resnet152-i3``, :func:`load_resnet152_i3`), any other architecture
+    :func:`.monai_family.load_monai` (which knows nothing of this module: no import cycle)."""
+    if check_arch(rest) != ARCH:
+        return load_monai(rest, **kw)
+    if kw.get("revision") is not None:
+        raise ConfigError(f"encoder monai:{ARCH}: --revision applies to hub encoders; use --weights PATH")
+    return load_resnet152_i3(weights=kw.get("weights"), random_init=kw.get("random_init", False),
+                             model_kwargs=kw.get("model_kwargs"))
 
 
 def load_resnet152_i3(*, weights: str | None = None, random_init: bool = False,

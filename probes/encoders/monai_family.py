@@ -87,7 +87,7 @@ class MonaiEncoder(Encoder):
         return {v: t if t.ndim == 3 else ncdhw_to_tokens(t) for v, t in self._maps(x, layers).items()}
 
 
-def _check_arch(arch: str) -> str:
+def check_arch(arch: str) -> str:
     if arch in ARCHS:
         return arch
     close = difflib.get_close_matches(arch, ARCHS, n=3, cutoff=0.5)
@@ -95,7 +95,7 @@ def _check_arch(arch: str) -> str:
     raise ConfigError(f"encoder monai:{arch}: unknown architecture{hint} (known: {', '.join(ARCHS)})")
 
 
-def _nets():
+def monai_nets():
     """``monai.networks.nets``, or a one-line error naming the extra to install."""
     require_extra("monai", "monai")
     require_extra("einops", "monai")  # MONAI's ViT and Swin blocks need it (a monai extra of its own)
@@ -107,7 +107,7 @@ def _nets():
 
 def _constructor(arch: str, args: dict[str, Any], size: int) -> tuple[Any, dict[str, Any]]:
     """``(MONAI constructor, its keyword arguments)`` for ``arch`` with the user's ``args``."""
-    nets = _nets()
+    nets = monai_nets()
     if args.get("pretrained"):
         raise ConfigError(f"encoder monai:{arch}: pretrained=True would download weights; pass --weights FILE")
     if arch in RESNETS:
@@ -212,14 +212,10 @@ def _n_layers(arch: str, model) -> int:
 def load_monai(rest: str, *, weights: str | None = None, random_init: bool = False,
                revision: str | None = None, model_kwargs: dict[str, Any] | None = None) -> MonaiEncoder:
     """Factory of ``monai:<arch>`` (see the module docstring)."""
-    arch = _check_arch(rest)
+    arch = check_arch(rest)
     name = f"monai:{arch}"
     if revision is not None:
         raise ConfigError(f"encoder {name}: --revision applies to hub encoders; use --weights PATH")
-    if arch == "resnet152-i3":  # Merlin's inflated ResNet-152 with Merlin's CT preprocessing
-        from .astra import load_resnet152_i3
-
-        return load_resnet152_i3(weights=weights, random_init=random_init, model_kwargs=model_kwargs)
     record = weights_record(weights, random_init, name)
     file, args = (None, {}) if weights is None else _weights_file(weights, record, name)
     args = {**args, **dict(model_kwargs or {})}
