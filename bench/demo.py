@@ -205,10 +205,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import torch
 
+    from spar_bench.probes.cache import usable_cores
     from spar_bench.probes.hardware import pick_compute
 
     exp = Path(a.experiment)
-    cores = len(os.sched_getaffinity(0))
+    cores = usable_cores()
     compute = pick_compute("auto", torch.device("cpu"))
     with tempfile.TemporaryDirectory(prefix="spar-bench-demo-") as tmp:
         out = Path(a.keep) if a.keep else Path(tmp) / "demo"

@@ -507,12 +507,10 @@ def _encode_items(f, job: _Job, items: list[Item], reduce: Reducer) -> None:
 def _here(job: _Job, items: list[Item], reduce: Reducer) -> Iterator[tuple[Item, dict]]:
     """``(item, features)`` of each batch, encoded in this process (on the CPU at one thread:
     the bits of a CPU cache do not depend on the machine's thread count)."""
-    import torch
 
     from .streams import device_batches
 
     dev, sw = job.dev, job.stopwatch
-    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(job.comp)
     with _one_thread(dev):
         for got, images in device_batches(_loader(job, items), dev, sw):
             if sw is not None:
@@ -520,7 +518,7 @@ def _here(job: _Job, items: list[Item], reduce: Reducer) -> Iterator[tuple[Item,
                 sw.add("collate", got[2][1])
             item = items[int(got[0])]
             with timed(sw, "forward"):  # the encoder (under autocast) and the token reductions
-                with torch.autocast(dev.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+                with _autocast(dev.type, job.comp):
                     res = _encode(job.enc, item[0], images, job.layers, job.tile_encoding, _texts(job.rows, item))
                 res = reduce(item[0], res)
             yield item, res
@@ -540,6 +538,15 @@ def _one_thread(dev) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def _autocast(device_type: str, comp: str):
+    """The encoder's autocast for compute ``comp`` (``bf16``/``fp16``; ``fp32``: off): one rule for
+    this process's batches, a pool process's and the PCA's sample, so all three are the same bits."""
+    import torch
+
+    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(comp)
+    return torch.autocast(device_type, dtype=amp or torch.float32, enabled=amp is not None)
 
 
 #: a CPU cache is split over processes only when each gets at least this many batches and
@@ -621,8 +628,7 @@ def _encode_in_worker(payload: str, item: Item) -> dict:
     enc, build, layers, tile_encoding, reduce, comp = _WORKER["job"]
     lv, sp, lo, hi = item
     images = torch.from_numpy(np.ascontiguousarray(_images(build, None, lv, sp, lo, hi)))
-    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(comp)
-    with torch.no_grad(), torch.autocast("cpu", dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+    with torch.no_grad(), _autocast("cpu", comp):
         res = _encode(enc, lv, images, layers, tile_encoding)
         return reduce(lv, res)
 
@@ -1052,7 +1058,6 @@ def _layer_dim(enc, layer: int, dev) -> int:
 
 def _fit_pca(job: _Job, reducer: Reducer) -> dict[int, Projection]:
     """PCA of grid-pooled tokens of about :data:`PCA_FIT_IMAGES` training images per layer."""
-    import torch
 
     build, dev = job.build, job.dev
     train = [(lv, sp) for lv, sp in job.plan if sp == "train"]
@@ -1061,20 +1066,19 @@ def _fit_pca(job: _Job, reducer: Reducer) -> dict[int, Projection]:
                           "add the train split (--splits) or use random:K")
     counts = [_count(build, job.rows, lv, sp) for lv, sp in train]
     items = _sample_blocks(train, counts, job.batch, PCA_FIT_IMAGES // len(train))
-    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(job.comp)
     moments: dict[int, Moments] = {v: Moments() for v in job.layers}
     with _one_thread(dev):
-        _pca_moments(job, reducer, items, amp, moments)
+        _pca_moments(job, reducer, items, moments)
     return {v: m.pca(reducer.storage.proj_dim) for v, m in moments.items()}
 
 
-def _pca_moments(job: _Job, reducer: Reducer, items: list[Item], amp, moments: dict[int, Moments]) -> None:
+def _pca_moments(job: _Job, reducer: Reducer, items: list[Item], moments: dict[int, Moments]) -> None:
     import torch
 
     build, dev = job.build, job.dev
     for lv, sp, lo, hi in items:
         images = _images(build, job.rows, lv, sp, lo, hi)
-        with torch.no_grad(), torch.autocast(dev.type, dtype=amp or torch.float32, enabled=amp is not None):
+        with torch.no_grad(), _autocast(dev.type, job.comp):
             res = _encode(job.enc, lv, torch.from_numpy(np.ascontiguousarray(images)).to(dev),
                           job.layers, job.tile_encoding, _texts(job.rows, (lv, sp, lo, hi)))
         for v, (toks, _) in res.items():
