@@ -815,10 +815,12 @@ def _check_provenance(provenance: dict | None, prefixes: list[str]) -> None:
                           "relative to the experiment file")  # fmt: skip
 
 
-def write_experiment_report(runs: Path, out: Path, *, title: str, provenance: dict | None = None) -> Path:
+def write_experiment_report(runs: Path, out: Path, *, title: str, provenance: dict | None = None,
+                            sections: tuple[str, ...] = ()) -> Path:
     """Write ``out/experiment.md``, ``experiment.json`` and ``experiment.png`` for the runs under
     ``runs`` (any depth); return the path of experiment.md. ``provenance``: what the runner
-    records of the experiment (name, file sha256, plan hash, versions), shown at the top.
+    records of the experiment (name, file sha256, plan hash, versions), shown at the top;
+    ``sections``: markdown sections of other steps appended to experiment.md (the calibration's).
     No runs under ``runs`` is a :class:`ConfigError`; the same runs give the same bytes."""
     from spar_bench.outputs import write_bytes
 
@@ -834,6 +836,8 @@ def write_experiment_report(runs: Path, out: Path, *, title: str, provenance: di
                                        *([STAGES_PNG] if stages else [])]), **doc,
                       **({"stages": stages} if stages else {})})  # fmt: skip
     text = render_markdown(title, provenance, doc)
+    for section in sections:
+        text = text.rstrip("\n") + "\n\n" + section
     leaked = local_paths([meta, text], prefixes)
     if leaked:  # a run's record held a local path: never publish it
         raise ConfigError(f"{runs}: a run records a local path ({leaked[0][:80]}); re-run it with this version")

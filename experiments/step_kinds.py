@@ -660,10 +660,9 @@ def _report(spec: dict[str, Any], device: str | None) -> None:
 
     out = Path(spec["out"])
     write_report(spec["runs"], out)
-    write_experiment_report(Path(spec["runs"]), out, title=spec.get("title", ""), provenance=_provenance(out.parent))
-    if spec.get("calibration"):
-        _calibration_report(Path(spec["calibration"]), out)
-
+    sections = (_calibration_report(Path(spec["calibration"]), out),) if spec.get("calibration") else ()
+    write_experiment_report(Path(spec["runs"]), out, title=spec.get("title", ""), provenance=_provenance(out.parent),
+                            sections=sections)  # fmt: skip
 
 
 def _calibration(spec: dict[str, Any], device: str | None) -> None:
@@ -673,18 +672,19 @@ def _calibration(spec: dict[str, Any], device: str | None) -> None:
     run_calibration(CalibrationConfig(**({**spec, "device": device} if device else spec)))
 
 
-def _calibration_report(path: Path, out: Path) -> None:
-    """The calibration's tables (docs/RESULTS.md's layout) as the report's ``calibration.md`` and
-    a section of ``experiment.md``."""
+def _calibration_report(path: Path, out: Path) -> str:
+    """The calibration's tables (docs/RESULTS.md's layout), written as the report's
+    ``calibration.md``; returned as a section for ``experiment.md``."""
+    from spar_bench.outputs import write_bytes
+
     from .calibration_tables import calibration_section
-    from .report import MD_FILE
 
     rows = json.loads(path.read_text(encoding="utf-8"))["rows"]
     section = "\n".join(["## Calibration: recall, computation and the oracle on every probe", "",
                          *calibration_section(rows)])
-    (out / "calibration.md").write_text(section, encoding="utf-8")
-    md = out / MD_FILE
-    md.write_text(md.read_text(encoding="utf-8").rstrip("\n") + "\n\n" + section, encoding="utf-8")
+    out.mkdir(parents=True, exist_ok=True)
+    write_bytes(out / "calibration.md", section)
+    return section
 
 
 def _provenance(out: Path) -> dict[str, Any]:
