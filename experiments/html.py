@@ -187,7 +187,10 @@ def gap(cell: dict) -> dict[str, Any] | None:
     return {"mean": d, "interval": interval, "mark": mark}
 
 
-MARK_TEXT = {"better": "▲ beats blind", "worse": "▼ below blind", "same": "≈ tied with blind"}
+#: a gap's mark: its arrow (the plots) and the words beside it (the tables)
+MARK_ARROW = {"better": "▲", "worse": "▼", "same": "≈"}
+MARK_TEXT = {k: f"{MARK_ARROW[k]} {w}" for k, w in
+             {"better": "beats blind", "worse": "below blind", "same": "tied with blind"}.items()}
 
 
 def gap_html(cell: dict) -> str:
@@ -395,7 +398,7 @@ def _plot_row(i: int, row: dict, cell: dict, x, left: int, label: str) -> list[s
     out += [_mark(x(scale * v), y, k) for k in MARKS if (v := get_path(cell, k, "mean")) is not None]
     g = gap(cell)
     if g is not None:
-        arrow = {"better": "▲", "worse": "▼", "same": "≈"}[g["mark"]]
+        arrow = MARK_ARROW[g["mark"]]
         out.append(f'<text class="gap {g["mark"]}" x="{left + BAR_W + 6}" y="{y + 14}" font-size="11" '
                    f'data-value="{_num(g["mean"])}">{signed(g["mean"], cell["percent"])}{arrow}</text>')
     return out
