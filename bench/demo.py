@@ -14,10 +14,13 @@ imports). Then the whole job is run again (every step done: the rerun's time), a
 Beside each cache: the encoder's bare forward on this machine (random uint8 batches of 224 px,
 the cache's batch size and compute precision, the encoder as the cache loads it), in fresh
 processes: 1 process x 1 thread contiguous and channels-last, 1 process x all threads,
-and one 1-thread process per core side by side (summed). ``cache / bare`` is the cache's
-images per second of its own step (the log's seconds) over the best bare one.
-Then the cache's exactness: the same cache written with 1 and with 2 processes (CPU), compared
-byte for byte (sha256).
+and one 1-thread process per core side by side (summed). Then the cache alone, as the step
+writes it (``write_cache``, the encoder loaded by it), in a fresh process with 1 process and
+with one per core: its images per second from the first batch flushed to the last (what the
+bare forward times: no imports, no weights, no first-batch latency) and over the whole call,
+and its sha256 (the same bytes whatever the number of processes). ``cache / bare`` is the
+cache alone on all cores over the best bare forward; beside it the step's own pace (the
+log's seconds: imports, weights and start-up included) and per CPU-second.
 
 On a shared machine only the CPU seconds mean much; the wall times are an idle machine's only
 when nothing else runs.
@@ -133,20 +136,43 @@ def bare(spec: str, random_init: bool, compute: str, batch: int, seconds: float,
     return {name: rate([start(layout, t) for _ in range(n)]) for name, (layout, t, n) in ways.items()}
 
 
-# -- byte identity of the cache across processes ------------------------------------------
-def identity(build: Path, spec: str, random_init: bool, tmp: Path) -> dict:
-    """sha256 of the same cache written with 1 and with 2 CPU processes."""
+# -- the cache alone, 1 process and all cores: its pace and its bytes ----------------------
+def cache_worker(spec: str, random_init: bool, build: str, out: str, processes: int | None) -> dict:
+    """Write the cache of ``spec`` over ``build`` as the demo's step does (its options, the
+    encoder loaded by ``write_cache``), in this fresh process: total seconds, the time of each
+    flushed batch (``on_batch``), CPU seconds of this process and its children, sha256."""
+    import resource
+
     from spar_bench.probes.cache import CacheOptions, write_cache
 
-    sums, secs = {}, {}
-    for n in (1, 2):
-        out = tmp / f"identity-{n}.h5"
-        t0 = time.perf_counter()
-        write_cache(spec, build, out, CacheOptions(device="cpu", batch_size=32, processes=n,
-                                                   random_init=random_init), progress=False)
-        secs[n] = time.perf_counter() - t0
-        sums[n] = hashlib.sha256(out.read_bytes()).hexdigest()
-    return {"sha256": sums, "seconds": secs, "identical": sums[1] == sums[2]}
+    flushed: list[tuple[float, int]] = []
+    t0 = time.perf_counter()
+    write_cache(spec, build, out, CacheOptions(device="cpu", processes=processes, random_init=random_init),
+                progress=False, on_batch=lambda lv, sp, lo, hi: flushed.append((time.perf_counter() - t0, hi - lo)))
+    total = time.perf_counter() - t0
+    ru = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    return {"total_s": total, "cpu_s": sum(r.ru_utime + r.ru_stime for r in ru), "flushed": flushed,
+            "sha256": hashlib.sha256(Path(out).read_bytes()).hexdigest()}
+
+
+def cache_pace(build: Path, spec: str, random_init: bool, tmp: Path, cores: int) -> dict:
+    """The cache with 1 process and with one per core, each in a fresh process (as a step runs
+    it): ``steady_img_s`` = the images after the first batch over the seconds from the first
+    batch flushed to the last (what the bare forward times: no imports, no weights loading, no
+    first-batch latency); ``whole_img_s`` = all images over the whole call (loading included)."""
+    runs = {}
+    for n in (1, cores):
+        out = tmp / f"pace-{n}.h5"
+        cmd = [sys.executable, __file__, "--cache-worker", spec, "--random-init", str(int(random_init)),
+               "--build", str(build), "--out", str(out), "--processes", str(n)]
+        r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
+        (t_first, _), (t_last, _) = r["flushed"][0], r["flushed"][-1]
+        images = sum(k for _, k in r["flushed"])
+        runs[n] = {"total_s": r["total_s"], "cpu_s": r["cpu_s"], "sha256": r["sha256"], "images": images,
+                   "first_batch_s": t_first, "steady_img_s": (images - r["flushed"][0][1]) / max(t_last - t_first, 1e-9),
+                   "whole_img_s": images / r["total_s"]}
+        out.unlink()
+    return {"runs": runs, "identical": len({r["sha256"] for r in runs.values()}) == 1}
 
 
 # -- the table ---------------------------------------------------------------------------
@@ -184,11 +210,15 @@ def parse_args(argv: list[str] | None):
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="NAME=VALUE")
     ap.add_argument("--keep", default=None, help="run into this folder (kept) instead of a temp one")
     ap.add_argument("--no-bare", dest="bare", action="store_false", help="skip the bare forward")
-    ap.add_argument("--no-identity", dest="identity", action="store_false",
-                    help="skip the 1- vs 2-process cache comparison")
+    ap.add_argument("--no-pace", dest="pace", action="store_false",
+                    help="skip the cache alone with 1 process and one per core (its pace and its bytes)")
     ap.add_argument("--bare-seconds", type=float, default=8.0)
     ap.add_argument("--json", default=None)
     ap.add_argument("--bare-worker", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--cache-worker", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--build", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--processes", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--random-init", default="0", help=argparse.SUPPRESS)
     ap.add_argument("--layout", default="channels_last", help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
@@ -202,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     if a.bare_worker:
         print(*bare_worker(a.bare_worker, a.random_init == "1", a.layout, a.threads, a.compute, a.batch, a.seconds))
+        return 0
+    if a.cache_worker:
+        print(json.dumps(cache_worker(a.cache_worker, a.random_init == "1", a.build, a.out, a.processes)))
         return 0
     import torch
 
@@ -229,24 +262,34 @@ def main(argv: list[str] | None = None) -> int:
                   "estimate_s": sum(est.values()), "caches": []}
         for step, enc, random_init, images, batch in cache_steps(plan):
             r = next(x for x in rows if x["step"] == step)
-            c = {"step": step, "encoder": enc, "random_init": random_init, "images": images,
-                 "cache_img_s": images / r["log_s"] if r["log_s"] == r["log_s"] and r["log_s"] else None,
-                 # per CPU-s of the step less a `spar-bench run` that does nothing (the rerun's)
-                 "cache_img_cpu_s": images / max(r["cpu_s"] - rerun["cpu_s"], 1e-9)}
-            if a.bare:
-                c["bare"] = bare(enc, random_init, compute.dtype, batch, a.bare_seconds, cores)
-                best = max(v[0] for v in c["bare"].values())
-                best_cpu = max(v[1] for v in c["bare"].values())
-                c.update(best_bare_img_s=best, ratio=(c["cache_img_s"] or 0.0) / best,
-                         best_bare_img_cpu_s=best_cpu, ratio_cpu=c["cache_img_cpu_s"] / best_cpu)
-            report["caches"].append(c)
-        if a.identity and report["caches"]:
-            c = report["caches"][0]
-            report["identity"] = identity(out / "builds" / "shards", c["encoder"], c["random_init"], Path(tmp))
+            report["caches"].append(compare_cache(a, r, rerun, (step, enc, random_init, images, batch), compute.dtype,
+                                                  cores, out / "builds" / "shards", Path(tmp)))
     print_report(report)
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=1) + "\n")
     return 0
+
+
+def compare_cache(a, row: dict, rerun: dict, step: tuple, compute: str, cores: int, build: Path, tmp: Path) -> dict:
+    """One cache step beside the bare forward: the step's pace (its log's seconds; per CPU-s
+    less a ``spar-bench run`` that does nothing, the rerun's), the cache alone
+    (:func:`cache_pace`) and the ratios to the best bare forward."""
+    name, enc, random_init, images, batch = step
+    log_s = row["log_s"] if row["log_s"] == row["log_s"] and row["log_s"] else None
+    c = {"step": name, "encoder": enc, "random_init": random_init, "images": images,
+         "cache_img_s": images / log_s if log_s else None,
+         "cache_img_cpu_s": images / max(row["cpu_s"] - rerun["cpu_s"], 1e-9)}
+    if a.pace:
+        c["pace"] = cache_pace(build, enc, random_init, tmp, cores)
+    if a.bare:
+        c["bare"] = bare(enc, random_init, compute, batch, a.bare_seconds, cores)
+        best = max(v[0] for v in c["bare"].values())
+        best_cpu = max(v[1] for v in c["bare"].values())
+        c.update(best_bare_img_s=best, ratio_step=(c["cache_img_s"] or 0.0) / best,
+                 best_bare_img_cpu_s=best_cpu, ratio_cpu=c["cache_img_cpu_s"] / best_cpu)
+        if a.pace:
+            c["ratio"] = c["pace"]["runs"][cores]["steady_img_s"] / best
+    return c
 
 
 def print_report(rep: dict) -> None:
@@ -260,14 +303,20 @@ def print_report(rep: dict) -> None:
               f"(its step), {c['cache_img_cpu_s']:.1f} img per CPU-s")
         for way, (v, cpu) in c.get("bare", {}).items():
             print(f"  bare forward, {way}: {v:.1f} img/s, {cpu:.1f} img per CPU-s")
+        for n, p in c.get("pace", {}).get("runs", {}).items():
+            print(f"  the cache alone, {n} process(es): {p['steady_img_s']:.1f} img/s from the first batch to the "
+                  f"last, {p['whole_img_s']:.1f} img/s over the whole call ({p['total_s']:.1f} s, first batch "
+                  f"at {p['first_batch_s']:.1f} s, {p['cpu_s']:.1f} CPU-s)")
+        if "pace" in c:
+            print(f"  cache with 1 vs {max(c['pace']['runs'])} processes: "
+                  f"{'byte-identical' if c['pace']['identical'] else 'DIFFERENT'} "
+                  f"(sha256 {' / '.join(p['sha256'][:12] for p in c['pace']['runs'].values())})")
         if "ratio" in c:
-            print(f"  cache / best bare forward: {c['ratio']:.2f} in wall time (an idle machine's only), "
-                  f"{c['ratio_cpu']:.2f} per CPU-s")
-    if "identity" in rep:
-        i = rep["identity"]
-        print(f"\ncache with 1 vs 2 processes: {'byte-identical' if i['identical'] else 'DIFFERENT'} "
-              f"(sha256 {i['sha256'][1][:12]} / {i['sha256'][2][:12]}; "
-              f"{i['seconds'][1]:.1f} s vs {i['seconds'][2]:.1f} s)")
+            print(f"  cache / best bare forward, all cores: {c['ratio']:.2f} (the cache alone, from its first "
+                  f"batch; an idle machine's only)")
+        if "ratio_step" in c:
+            print(f"  the step / best bare forward: {c['ratio_step']:.2f} in wall time (imports, weights, "
+                  f"start-up included), {c['ratio_cpu']:.2f} per CPU-s")
 
 
 if __name__ == "__main__":

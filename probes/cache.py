@@ -26,11 +26,12 @@ import pickle
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import click
 import numpy as np
@@ -553,7 +554,7 @@ def _autocast(device_type: str, comp: str):
 #: images (a process costs about 5 CPU-s to start: importing torch and unpickling the encoder,
 #: the forward of ~150 images of a small CNN at one thread)
 MIN_BATCHES_PER_PROCESS = 4
-MIN_IMAGES_PER_PROCESS = 256
+MIN_IMAGES_PER_PROCESS = 128
 #: batches handed to the processes ahead of the one being written, per process
 AHEAD_PER_PROCESS = 2
 
@@ -571,50 +572,124 @@ def cpu_processes(job: _Job, items: list[Item]) -> int:
     on CUDA, under torchrun and for a question cache (its encoder holds the questions)."""
     if job.dev.type != "cpu" or job.ranks.distributed or job.rows is not None:
         return 1
-    asked = job.processes if job.processes is not None else usable_cores()
-    images = sum(hi - lo for _, _, lo, hi in items)
-    return max(1, min(asked, len(items) // MIN_BATCHES_PER_PROCESS, images // max(MIN_IMAGES_PER_PROCESS, 1)))
+    return _processes_for(job.processes, sum(hi - lo for _, _, lo, hi in items), len(items))
+
+
+def _processes_for(asked: int | None, images: int, batches: int) -> int:
+    """1-thread CPU processes for ``images`` in ``batches``: ``asked`` (None: a core each), at most
+    one per :data:`MIN_BATCHES_PER_PROCESS` batches and :data:`MIN_IMAGES_PER_PROCESS` images."""
+    asked = asked if asked is not None else usable_cores()
+    return max(1, min(asked, batches // MIN_BATCHES_PER_PROCESS, images // max(MIN_IMAGES_PER_PROCESS, 1)))
+
+
+@contextmanager
+def _pool_ahead(data: str | Path, opts: CacheOptions) -> Iterator[Any]:
+    """The CPU cache's other 1-thread processes (a :func:`~spar_bench.procs.process_pool`),
+    started before this process loads the encoder, so that their start (an interpreter, torch,
+    the encoders' modules: 1-2 s each) overlaps the load instead of the first batches; ``None``
+    where the build's plan (before a resume's done rows are known) runs in this process alone:
+    on CUDA, under torchrun, for a question cache, or too few images (:func:`_processes_for`)."""
+    from spar_bench.builder.shards import Build
+    from spar_bench.procs import process_pool
+
+    n = 1
+    if opts.probe is None and not Ranks.from_env().distributed and pick_device(opts.device).type == "cpu":
+        build = Build(data)
+        counts = [_count(build, None, lv, sp) for lv, sp in _plan(build, data, opts.levels, opts.splits)]
+        n = _processes_for(opts.processes, sum(counts), sum(-(-c // opts.batch_size) for c in counts))
+    if n < 2:
+        yield None
+        return
+    with process_pool(n - 1) as pool:
+        for _ in range(n - 1):  # each submit starts one process
+            pool.submit(_warm_worker)
+        yield pool
+
+
+def _warm_worker() -> None:
+    """A pool process's start, while the parent loads the encoder: torch at one thread and the
+    encoders' modules imported (what unpickling the encoder needs)."""
+    import timm  # noqa: F401  (a core dependency; 1-2 s to import)
+    import torch
+
+    from . import encoders  # noqa: F401
+
+    torch.set_num_threads(1)
 
 
 def _pooled(job: _Job, items: list[Item], reduce: Reducer, n_procs: int) -> Iterator[tuple[Item, dict]]:
     """``(item, features)`` of each batch in order, encoded by ``n_procs`` processes at one
-    thread each: this one (batches ``0, n, 2n ...``) and ``n_procs - 1`` spawned ones (the
-    others; each reads its own batches, so reading overlaps the other processes' forwards). The
-    features are the same bits as :func:`_here`'s alone, so the file is the same bytes."""
+    thread each: this one and ``n_procs - 1`` others (``job.pool``, started ahead, or a pool of
+    its own). Batches are handed out from the front (:func:`_in_order`), so a process that
+    starts late or a small batch balances itself. Each process reads its own batches, so
+    reading overlaps the others' forwards. The features are the same bits whoever encodes
+    them (:class:`_Encoding`, one function for all), so the file is the same bytes."""
     import os
     import tempfile
 
     from spar_bench.procs import process_pool
 
-    here = _here(job, items[::n_procs], reduce)
-    theirs = iter(item for i, item in enumerate(items) if i % n_procs)
+    encoding = _Encoding(job.enc, job.build, job.layers, job.tile_encoding, reduce, job.comp)
     fd, payload = tempfile.mkstemp(prefix="spar-cache-", suffix=".pkl")
     try:
         with os.fdopen(fd, "wb") as fh:
-            pickle.dump((job.enc, job.build, job.layers, job.tile_encoding, reduce, job.comp), fh)
-        with process_pool(n_procs - 1) as pool:
-            ahead: deque = deque()
-
-            def submit(n: int) -> None:
-                for item in (next(theirs, None) for _ in range(n)):
-                    if item is not None:
-                        ahead.append(pool.submit(_encode_in_worker, payload, item))
-
-            submit(AHEAD_PER_PROCESS * (n_procs - 1))
-            for i, item in enumerate(items):
-                if i % n_procs == 0:
-                    yield next(here)
-                    continue
-                with timed(job.stopwatch, "forward"):  # the wait for another process
-                    res = ahead.popleft().result()
-                submit(1)
-                yield item, res
+            pickle.dump(encoding, fh)
+        with (nullcontext(job.pool) if job.pool is not None else process_pool(n_procs - 1)) as pool, \
+                _one_thread(job.dev):
+            yield from _in_order(items, encoding, partial(pool.submit, _encode_in_worker, payload), n_procs,
+                                 job.stopwatch)
     finally:
-        here.close()
         os.unlink(payload)
 
 
-_WORKER: dict[str, Any] = {}  # a pool process's encoder and build, loaded once from the payload
+def _in_order(items: list[Item], encoding: _Encoding, submit: Callable[[Item], Future], n_procs: int,
+              sw: Stopwatch | None) -> Iterator[tuple[Item, dict]]:
+    """``(item, features)`` in order. Batches go from the front of ``items`` to the other
+    processes (``submit``), up to :data:`AHEAD_PER_PROCESS` each in flight; while the next batch
+    to yield is still being encoded elsewhere, this process encodes the front one itself. At
+    most ``AHEAD_PER_PROCESS * n_procs`` batches are held unyielded (memory)."""
+    todo, held = deque(range(len(items))), {}  # held: index -> a Future, or this process's features
+    window, bound = AHEAD_PER_PROCESS * (n_procs - 1), AHEAD_PER_PROCESS * n_procs
+    for i, item in enumerate(items):
+        while True:
+            busy = sum(isinstance(v, Future) and not v.done() for v in held.values())
+            while todo and busy < window and len(held) < bound:
+                j = todo.popleft()
+                held[j], busy = submit(items[j]), busy + 1
+            got = held[i]
+            if not (isinstance(got, Future) and not got.done() and todo and len(held) < bound):
+                break
+            j = todo.popleft()  # the next batch is not ready: encode the front one here
+            with timed(sw, "forward"):
+                held[j] = encoding(items[j])
+        got = held.pop(i)
+        if isinstance(got, Future):
+            with timed(sw, "forward"):  # the wait for another process
+                got = got.result()
+        yield item, got
+
+
+class _Encoding(NamedTuple):
+    """What encoding one CPU batch needs, pickled once for the pool's processes; calling it
+    encodes a batch (this process's and theirs: one function, the same bits)."""
+
+    enc: Any
+    build: Any
+    layers: list[int]
+    tile_encoding: str
+    reduce: Reducer
+    comp: str
+
+    def __call__(self, item: Item) -> dict:
+        import torch
+
+        lv, sp, lo, hi = item
+        images = torch.from_numpy(np.ascontiguousarray(_images(self.build, None, lv, sp, lo, hi)))
+        with torch.no_grad(), _autocast("cpu", self.comp):
+            return self.reduce(lv, _encode(self.enc, lv, images, self.layers, self.tile_encoding))
+
+
+_WORKER: dict[str, Any] = {}  # a pool process's _Encoding, loaded once from the payload
 
 
 def _encode_in_worker(payload: str, item: Item) -> dict:
@@ -624,13 +699,8 @@ def _encode_in_worker(payload: str, item: Item) -> dict:
     if _WORKER.get("payload") != payload:
         torch.set_num_threads(1)
         with open(payload, "rb") as fh:
-            _WORKER.update(payload=payload, job=pickle.load(fh))
-    enc, build, layers, tile_encoding, reduce, comp = _WORKER["job"]
-    lv, sp, lo, hi = item
-    images = torch.from_numpy(np.ascontiguousarray(_images(build, None, lv, sp, lo, hi)))
-    with torch.no_grad(), _autocast("cpu", comp):
-        res = _encode(enc, lv, images, layers, tile_encoding)
-        return reduce(lv, res)
+            _WORKER.update(payload=payload, encoding=pickle.load(fh))
+    return _WORKER["encoding"](item)
 
 
 def _loader(job: _Job, items: list[Item]):
@@ -761,6 +831,7 @@ class _Job:
     async_writes: bool = True  # CacheOptions.async_writes
     rows: Any = None  # a question cache's rows (:class:`~.question_rows.QuestionRows`), else None
     processes: int | None = None  # CacheOptions.processes
+    pool: Any = None  # the other CPU processes, started before the encoder loaded (:func:`_pool_ahead`)
 
     @property
     def comp(self) -> str:
@@ -820,13 +891,15 @@ def write_cache(
     check_target(out, inputs=[data], folder=False)  # before any work
     if opts.overwrite and out.exists():
         claim(out, overwrite=True, owned=owned_cache, what="feature cache")
-    job = replace(_start(encoder, data, out, opts, encoder_obj, progress, on_batch), stopwatch=stopwatch)
-    with disk_full_is_an_error(job.target, rerun="rerun the same command (it resumes)"), \
-            output_lock(job.target, what="feature cache (spar-probe cache)"):
-        if opts.overwrite and claim(out, overwrite=True, owned=owned_cache, what="feature cache"):
-            remove(out)  # checked again under the lock: another writer may have changed it
-        out.parent.mkdir(parents=True, exist_ok=True)
-        _write_locked(out, job, data)
+    with _pool_ahead(data, opts) as pool:  # its start overlaps the encoder's load
+        job = replace(_start(encoder, data, out, opts, encoder_obj, progress, on_batch), stopwatch=stopwatch,
+                      pool=pool)
+        with disk_full_is_an_error(job.target, rerun="rerun the same command (it resumes)"), \
+                output_lock(job.target, what="feature cache (spar-probe cache)"):
+            if opts.overwrite and claim(out, overwrite=True, owned=owned_cache, what="feature cache"):
+                remove(out)  # checked again under the lock: another writer may have changed it
+            out.parent.mkdir(parents=True, exist_ok=True)
+            _write_locked(out, job, data)
     return out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -143,8 +144,17 @@ def test_a_cpu_cache_is_the_same_bytes_from_one_or_two_processes(build, tmp_path
     import torch
 
     monkeypatch.setattr(cache_mod, "MIN_IMAGES_PER_PROCESS", 1)  # a small build: split it anyway
-    seen = []
+    seen, ahead = [], []
     monkeypatch.setattr(cache_mod, "_pooled", lambda *a, real=cache_mod._pooled: seen.append(a[3]) or real(*a))
+    real_ahead = cache_mod._pool_ahead
+
+    @contextlib.contextmanager
+    def spy_ahead(*a):
+        with real_ahead(*a) as pool:
+            ahead.append(pool is not None)
+            yield pool
+
+    monkeypatch.setattr(cache_mod, "_pool_ahead", spy_ahead)
     sums, before = {}, torch.get_num_threads()
     try:
         for n, threads in ((1, 2), (2, 2), (1, 1)):
@@ -157,6 +167,7 @@ def test_a_cpu_cache_is_the_same_bytes_from_one_or_two_processes(build, tmp_path
     finally:
         torch.set_num_threads(before)
     assert seen == [2]  # the 2-process run took the pooled path
+    assert ahead == [False, True, False]  # its other process started before the encoder loaded
     assert len(set(sums.values())) == 1, sums
 
 
@@ -173,6 +184,41 @@ def test_how_many_processes_a_cpu_cache_takes(monkeypatch) -> None:
     assert cpu_processes(cpu, items) == 4  # a core each
     assert cpu_processes(cpu, items[:8]) == 2  # 512 images: 256 a process at least
     assert cpu_processes(cpu, items[:3]) == 1
+    small = [("level3", "train", lo, lo + 40) for lo in range(0, 320, 40)]  # 8 batches, 320 images
+    assert cpu_processes(cpu, small) == 2  # 160 a process: over MIN_IMAGES_PER_PROCESS
+    assert cpu_processes(cpu, small[:7]) == 1  # 7 batches: under MIN_BATCHES_PER_PROCESS each
     assert cpu_processes(SimpleNamespace(**{**vars(cpu), "processes": 1}), items) == 1
     assert cpu_processes(SimpleNamespace(**{**vars(cpu), "ranks": Ranks(0, 2, 0)}), items) == 1  # torchrun: its ranks
     assert cpu_processes(SimpleNamespace(**{**vars(cpu), "dev": torch.device("cuda")}), items) == 1
+
+
+def test_batches_go_to_whoever_is_free_and_come_out_in_order() -> None:
+    """The pooled loop hands batches out from the front: while the next batch to write is still
+    being encoded by a slow other process, this one encodes the following ones itself; the
+    batches come out in order, each encoded once, and no more than the bound are held."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from spar_bench.probes.cache import AHEAD_PER_PROCESS, _in_order
+
+    items = [("level3", "train", lo, lo + 4) for lo in range(0, 40, 4)]
+    here, there, gate = [], [], threading.Event()
+
+    def slow(item):  # the other process: stuck until this one has encoded a few batches
+        gate.wait(timeout=30)
+        there.append(item)
+        return {"from": item}
+
+    def encoding(item):
+        here.append(item)
+        if len(here) >= 2:
+            gate.set()
+        return {"from": item}
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        out = list(_in_order(items, encoding, lambda item: pool.submit(slow, item), 2, None))
+    assert [item for item, _ in out] == items
+    assert all(res == {"from": item} for item, res in out)
+    assert sorted(here + there) == sorted(items) and not set(here) & set(there)
+    assert len(here) >= 2 and there  # both encoded: this one helped while the other was stuck
+    assert here[0] == items[AHEAD_PER_PROCESS]  # the front batch after the ones handed out
