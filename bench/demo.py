@@ -191,17 +191,23 @@ def table(rows: list[dict], total: dict) -> str:
     return "\n".join(lines)
 
 
-def cache_steps(plan) -> list[tuple[str, str, bool, int, int]]:
-    """(step, encoder spec, random_init, images, batch) of each cache step of ``plan``."""
+def cache_steps(plan, out: Path) -> list[tuple[str, str, bool, int, int]]:
+    """(step, encoder spec, random_init, images, batch) of each cache step of ``plan`` run into
+    ``out``: its images are the rows of the cache it wrote (the plan's cost is an estimate)."""
+    import h5py
+
     from spar_bench.probes.cache import CacheOptions
 
-    out = []
+    found = []
     for s in plan.steps:
         if s.kind == "cache":
             spec = s.specs[-1][1]
             batch = int(spec["options"].get("batch_size", CacheOptions.batch_size))
-            out.append((s.id, spec["encoder"], bool(spec.get("random_init")), int(dict(s.cost)["images"]), batch))
-    return out
+            with h5py.File(spec["out"].replace("{out}", str(out)), "r") as f:
+                rows = sum(g[sp]["done"].shape[0] for g in f.values() if isinstance(g, h5py.Group)
+                           for sp in g if isinstance(g[sp], h5py.Group) and "done" in g[sp])
+            found.append((s.id, spec["encoder"], bool(spec.get("random_init")), rows, batch))
+    return found
 
 
 def parse_args(argv: list[str] | None):
@@ -260,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         report = {"cores": cores, "compute": {"dtype": compute.dtype, "reason": compute.reason},
                   "steps": rows, "rerun": {k: v for k, v in rerun.items() if k != "output"},
                   "estimate_s": sum(est.values()), "caches": []}
-        for step, enc, random_init, images, batch in cache_steps(plan):
+        for step, enc, random_init, images, batch in cache_steps(plan, out):
             r = next(x for x in rows if x["step"] == step)
             report["caches"].append(compare_cache(a, r, rerun, (step, enc, random_init, images, batch), compute.dtype,
                                                   cores, out / "builds" / "shards", Path(tmp)))
@@ -304,11 +310,11 @@ def print_report(rep: dict) -> None:
         for way, (v, cpu) in c.get("bare", {}).items():
             print(f"  bare forward, {way}: {v:.1f} img/s, {cpu:.1f} img per CPU-s")
         for n, p in c.get("pace", {}).get("runs", {}).items():
-            print(f"  the cache alone, {n} process(es): {p['steady_img_s']:.1f} img/s from the first batch to the "
+            print(f"  the cache alone, --processes {n}: {p['steady_img_s']:.1f} img/s from the first batch to the "
                   f"last, {p['whole_img_s']:.1f} img/s over the whole call ({p['total_s']:.1f} s, first batch "
                   f"at {p['first_batch_s']:.1f} s, {p['cpu_s']:.1f} CPU-s)")
         if "pace" in c:
-            print(f"  cache with 1 vs {max(c['pace']['runs'])} processes: "
+            print(f"  cache with --processes 1 vs {max(c['pace']['runs'])}: "
                   f"{'byte-identical' if c['pace']['identical'] else 'DIFFERENT'} "
                   f"(sha256 {' / '.join(p['sha256'][:12] for p in c['pace']['runs'].values())})")
         if "ratio" in c:
