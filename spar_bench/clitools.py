@@ -20,6 +20,7 @@ usage errors, every other :class:`~spar_bench.errors.SparError`, a full disk); 1
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import functools
 import os
@@ -32,6 +33,7 @@ import click
 from click.core import ParameterSource
 
 from spar_bench.errors import ConfigError, RunFailed, SparError
+from spar_bench.fields import field_types, help_of, limit_of, scalar
 from spar_bench.registry import import_target
 
 
@@ -266,8 +268,6 @@ def wait_option(f: Callable[..., Any]) -> Callable[..., Any]:
 def declared_type(cls: type, name: str) -> click.ParamType:
     """The click type of settings field ``name`` of ``cls``, made from its one declaration
     (:func:`spar_bench.fields.limited`): a choice, an int or float range."""
-    from spar_bench.fields import limit_of
-
     limit = limit_of(cls, name)
     if limit is None:
         raise TypeError(f"{cls.__name__}.{name} declares no limit")
@@ -279,28 +279,73 @@ def declared_type(cls: type, name: str) -> click.ParamType:
     return click.FloatRange(limit.lo, limit.hi)
 
 
+class FieldOption(click.Option):
+    """An option that fills field ``field`` of dataclass ``config`` (:func:`field_option`): its
+    default is None, the field holds it (a test compares every such option with its field)."""
+
+    def __init__(self, *args: Any, config: type, field: str, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.config, self.field = config, field
+
+
+def field_option(cls: type, name: str, *decls: str, help: str | None = None, fill: bool = False,
+                 **click_kw: Any) -> Callable[[Callable], Callable]:
+    """One click option (``decls``, default ``--name-spelled-so name``) filling field ``name`` of
+    dataclass ``cls``, made from the field: its default ``None`` (so no default is written
+    twice), its type from its limit (:func:`declared_type`) or its annotation unless ``click_kw``
+    gives one, its help ``help`` (else the field's, :func:`spar_bench.fields.limited`) ending with
+    the dataclass's default (``[default: 0.0001]``).
+
+    ``fill``: a value not given is the field's default when the command reads it (a command that
+    uses the value itself, before or instead of building ``cls``); else None reaches the command,
+    whose dataclass fills it (:func:`given`)."""
+    default = field_default(cls, name)
+    text = f"{help or help_of(cls, name) or ''}  [default: {_shown(default)}]".strip()
+    if "type" not in click_kw and not click_kw.get("is_flag"):
+        click_kw["type"] = field_click_type(cls, name)
+    if fill:
+        click_kw["callback"] = _filling(default, click_kw.get("callback"))
+    decls = decls or (f"--{name.replace('_', '-')}", name)
+    return click.option(*decls, cls=FieldOption, config=cls, field=name, default=None, help=text, **click_kw)
+
+
+def field_default(cls: type, name: str) -> Any:
+    """The default of field ``name`` of dataclass ``cls`` (its factory's value)."""
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+
+
+def field_click_type(cls: type, name: str) -> click.ParamType | None:
+    """The click type of field ``name`` of ``cls``: from its limit (:func:`declared_type`) when it
+    declares a range or choices, else from its annotation (None: taken as text)."""
+    limit = limit_of(cls, name)
+    if limit is not None and (limit.choices is not None or limit.lo is not None or limit.hi is not None):
+        return declared_type(cls, name)
+    return scalar(field_types(cls)[name])
+
+
+def _filling(default: Any, then: Callable | None) -> Callable:
+    """A click callback: a value not given is ``default`` (as the option's type reads it), then ``then``."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if value is None or (param.multiple and value == ()):
+            value = param.type_cast_value(ctx, default if not param.multiple or isinstance(default, tuple)
+                                          else (default,))  # fmt: skip
+        return value if then is None else then(ctx, param, value)
+
+    return callback
+
+
 def field_options(cls: type, *names: str, helps: Mapping[str, str] | None = None,
                   types: Mapping[str, click.ParamType] | None = None) -> Callable[[Callable], Callable]:
-    """One click option per field ``names`` of dataclass ``cls`` (``--encoder-lr``), made from the
-    field: its default ``None`` (the dataclass fills in a value not given, :func:`given`), so no
-    default is written twice; its type from its limit (:func:`declared_type`) or its annotation;
-    its help from the field (:func:`spar_bench.fields.limited`), else ``helps``, with the
-    dataclass's default shown (``[default: 0.0001]``)."""
-    import dataclasses
-
-    from spar_bench.fields import field_types, help_of, limit_of, scalar
-
-    hints, by_name = field_types(cls), {f.name: f for f in dataclasses.fields(cls)}
-
+    """One option per field ``names`` of dataclass ``cls`` (``--encoder-lr``; :func:`field_option`,
+    default None: the dataclass fills in a value not given, :func:`given`), ``helps``: help where
+    the field declares none; ``types``: a click type other than the field's."""
     def decorate(f: Callable) -> Callable:
         for name in reversed(names):
-            limit = limit_of(cls, name)
-            bounded = limit is not None and (limit.choices is not None or limit.lo is not None or limit.hi is not None)
-            kind = (types or {}).get(name) or (declared_type(cls, name) if bounded else scalar(hints[name]))
-            text = help_of(cls, name) or (helps or {}).get(name) or ""
-            shown = _shown(by_name[name].default)
-            f = click.option(f"--{name.replace('_', '-')}", name, type=kind, default=None,
-                             help=f"{text}  [default: {shown}]".strip())(f)  # fmt: skip
+            kind = {"type": types[name]} if types and name in types else {}
+            text = help_of(cls, name) or (helps or {}).get(name)
+            f = field_option(cls, name, help=text, **kind)(f)
         return f
 
     return decorate
