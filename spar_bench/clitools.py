@@ -281,32 +281,50 @@ def declared_type(cls: type, name: str) -> click.ParamType:
 
 class FieldOption(click.Option):
     """An option that fills field ``field`` of dataclass ``config`` (:func:`field_option`): its
-    default is None, the field holds it (a test compares every such option with its field)."""
+    default is None, the field holds it, and its help ends with it (a test compares every such
+    option with its field). ``config`` may be a ``"module:Class"`` string, imported when the help
+    or the default is first needed (a command line built without importing it)."""
 
-    def __init__(self, *args: Any, config: type, field: str, **kwargs: Any):
+    def __init__(self, *args: Any, config: type | str, field: str, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.config, self.field = config, field
+        self._config, self.field, self.text = config, field, self.help or ""
+        if not isinstance(config, str):
+            self.help = self.help_text()
+
+    @property
+    def config(self) -> type:
+        if isinstance(self._config, str):
+            self._config = import_target(self._config)
+        return self._config
+
+    def help_text(self) -> str:
+        """The help: the text given (else the field's) and the field's default."""
+        text = self.text or help_of(self.config, self.field) or ""
+        return f"{text}  [default: {_shown(field_default(self.config, self.field))}]".strip()
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        self.help = self.help_text()
+        return super().get_help_record(ctx)
 
 
-def field_option(cls: type, name: str, *decls: str, help: str | None = None, fill: bool = False,
+def field_option(cls: type | str, name: str, *decls: str, help: str | None = None, fill: bool = False,
                  **click_kw: Any) -> Callable[[Callable], Callable]:
     """One click option (``decls``, default ``--name-spelled-so name``) filling field ``name`` of
-    dataclass ``cls``, made from the field: its default ``None`` (so no default is written
-    twice), its type from its limit (:func:`declared_type`) or its annotation unless ``click_kw``
-    gives one, its help ``help`` (else the field's, :func:`spar_bench.fields.limited`) ending with
-    the dataclass's default (``[default: 0.0001]``).
+    dataclass ``cls`` (:class:`FieldOption`), made from the field: its default ``None`` (so no
+    default is written twice), its type from its limit (:func:`declared_type`) or its annotation
+    unless ``click_kw`` gives one (it must, for a ``cls`` named ``"module:Class"``), its help
+    ``help`` (else the field's, :func:`spar_bench.fields.limited`) ending with the field's default
+    (``[default: 0.0001]``).
 
     ``fill``: a value not given is the field's default when the command reads it (a command that
     uses the value itself, before or instead of building ``cls``); else None reaches the command,
     whose dataclass fills it (:func:`given`)."""
-    default = field_default(cls, name)
-    text = f"{help or help_of(cls, name) or ''}  [default: {_shown(default)}]".strip()
     if "type" not in click_kw and not click_kw.get("is_flag"):
-        click_kw["type"] = field_click_type(cls, name)
+        click_kw["type"] = field_click_type(import_target(cls) if isinstance(cls, str) else cls, name)
     if fill:
-        click_kw["callback"] = _filling(default, click_kw.get("callback"))
+        click_kw["callback"] = _filling(click_kw.get("callback"))
     decls = decls or (f"--{name.replace('_', '-')}", name)
-    return click.option(*decls, cls=FieldOption, config=cls, field=name, default=None, help=text, **click_kw)
+    return click.option(*decls, cls=FieldOption, config=cls, field=name, default=None, help=help, **click_kw)
 
 
 def field_default(cls: type, name: str) -> Any:
@@ -324,11 +342,13 @@ def field_click_type(cls: type, name: str) -> click.ParamType | None:
     return scalar(field_types(cls)[name])
 
 
-def _filling(default: Any, then: Callable | None) -> Callable:
-    """A click callback: a value not given is ``default`` (as the option's type reads it), then ``then``."""
+def _filling(then: Callable | None) -> Callable:
+    """A click callback: a :class:`FieldOption` not given is its field's default (as the option's
+    type reads it), then ``then``."""
 
-    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    def callback(ctx: click.Context, param: FieldOption, value: Any) -> Any:
         if value is None or (param.multiple and value == ()):
+            default = field_default(param.config, param.field)
             value = param.type_cast_value(ctx, default if not param.multiple or isinstance(default, tuple)
                                           else (default,))  # fmt: skip
         return value if then is None else then(ctx, param, value)
