@@ -149,23 +149,71 @@ def test_fit_and_predict_runs_get_the_fields_defaults(tmp_path, monkeypatch):
     assert [(s.seed, s.n_boot) for s in specs] == [(0, 1000)] and out == "runs"
 
 
-@pytest.mark.parametrize("command", ["finetune", "cache", "sweep", "vqa"])
-def test_every_option_of_a_step_is_on_the_command_line_and_back(command):
+#: each step kind with a command-line twin: the command, and the command's options the step sets itself
+TWINS = {"finetune": ("spar-probe finetune", {"encoder", "model_args", "data", "head", "probes", "seeds", "out",
+                                              "resume", "overwrite"}),
+         "cache": ("spar-probe cache", {"encoder", "weights", "random_init", "revision", "model_args", "probe",
+                                        "data", "out"}),
+         "sweep": ("spar-probe sweep", {"features", "heads", "probes", "seeds", "out", "list_ids", "only",
+                                        "partition"}),
+         "vqa": ("spar-probe vqa", {"model", "answers", "data", "out"}),
+         "phantom": ("spar-build phantom", {"out_dir", "overwrite"}),
+         "build": ("spar-build", {"source", "root", "out", "resume", "overwrite"})}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", sorted(TWINS))
+def test_every_option_of_a_step_is_on_the_command_line_and_back(kind):
     """An experiment file's options for a step are its command's options (aliases and
     ``no_`` switches resolved); the command's other options are what the step sets itself."""
-    params = {p.name for p in _options(command)}
-    fields, aliases = set(spec_fields(command)), STEPS.get(command).aliases
+    command, own = TWINS[kind]
+    params = {p.name for p in _options(_commands()[command]) if p.name not in ("help", "version")}
+    fields, aliases = set(spec_fields(kind)), STEPS.get(kind).aliases
 
     def in_yaml(p: str) -> str | None:
         a = aliases.get(p, p).lstrip("!")
         return a if a in fields else (p[3:] if p.startswith("no_") and p[3:] in fields else None)
 
     assert sorted(f for f in fields if not any(in_yaml(p) == f for p in params)) == []
-    own = {"finetune": {"encoder", "model_args", "data", "head", "probes", "seeds", "out", "resume", "overwrite"},
-           "cache": {"encoder", "weights", "random_init", "revision", "model_args", "probe", "data", "out"},
-           "sweep": {"features", "heads", "probes", "seeds", "out", "list_ids", "only", "partition"},
-           "vqa": {"model", "answers", "data", "out"}}[command]  # fmt: skip
     assert sorted(p for p in params if in_yaml(p) is None) == sorted(own)
+
+
+def test_an_experiment_files_phantom_takes_every_option_of_the_step(tmp_path):
+    """``builds.NAME.phantom`` accepts each option of the phantom step (``lesions`` and ``jobs``
+    were refused as unknown keys), and they reach its spec."""
+    from spar_bench.experiments.config import SCHEMA, load_experiment
+    from spar_bench.experiments.plan import make_plan
+
+    aliases = STEPS.get("phantom").aliases
+    assert {aliases.get(k, k) for k in SCHEMA["builds"]["*"]["phantom"]} == set(spec_fields("phantom"))
+    path = tmp_path / "e.yaml"
+    path.write_text(f"experiment: t\nout: {tmp_path}/out\nbuilds:\n  p:\n    phantom: {{n: 2, lesions: false, jobs: 2}}\n"
+                    "    options: {levels: level3}\nprobes: level3.size\n")  # fmt: skip
+    (step,) = [s for s in make_plan(load_experiment(path)).steps if s.kind == "build"]
+    spec = dict(step.specs)["phantom"]
+    assert {k: spec[k] for k in spec if k != "out"} == {"n": 2, "layout": "canonical", "lesions": False, "jobs": 2}
+
+
+def test_a_phantom_steps_jobs_are_its_processes(monkeypatch):
+    """A phantom step's ``jobs`` reaches write_phantom_dataset as ``--jobs`` does (1 when not given)."""
+    from spar_bench.builder.phantom import generate
+
+    seen = []
+    monkeypatch.setattr(generate, "write_phantom_dataset", lambda out, n, opts, **kw: seen.append((n, opts, kw)))
+    call = STEPS.get("phantom").call
+    call({"out": "o", "n": 3, "layout": "canonical", "lesions": False, "jobs": 2}, None)
+    call({"out": "o", "n": 3, "layout": "canonical"}, None)
+    assert [(n, o.lesions, kw["workers"]) for n, o, kw in seen] == [(3, False, 2), (3, True, 1)]
+
+
+def test_predict_takes_what_an_experiment_files_predictor_does():
+    """``predictors.NAME`` (``kind``, ``builds``, ``bootstrap``, ``options``) and the file's
+    ``probes``/``seeds`` are ``spar-probe predict``'s options; ``out``, ``overwrite``: the step's own."""
+    from spar_bench.experiments.config import SCHEMA
+
+    twin = {"kind": "kind", "builds": "data", "bootstrap": "n_boot", "options": "options"}
+    assert set(SCHEMA["predictors"]["*"]) == set(twin)
+    params = {p.name for p in _options("predict")}
+    assert params == {*twin.values(), "probes", "seeds", "out", "overwrite"}
 
 
 def test_finetunes_training_options_reach_its_config(tmp_path, monkeypatch):
