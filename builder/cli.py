@@ -11,7 +11,7 @@ import click
 
 from spar_bench.clitools import LazyGroup, field_option, run_main, wait_option
 
-from .options import BUILD, jobs_option, pop_jobs
+from .options import BUILD, SAMPLE, jobs_option, pop_jobs
 
 COMMANDS = {
     "sources": "spar_bench.builder.sources:sources_command",
@@ -30,18 +30,17 @@ COMMANDS = {
 @click.option("--root", multiple=True, metavar="DIR",
               help="Data folder, one per --source (default $SPAR_DATA_<SOURCE>, else ./data/<source>).")
 @click.option("--out", metavar="DIR", help="Output folder (required to build).")
-@click.option("--levels", metavar="LIST",
-              help="Comma list of level1,level2,level3,level4 (default level1,level2,level3; "
-                   "level4, whole CT volumes, is opt-in).")
-@click.option("--volume-size", type=int, metavar="S",
+@field_option(SAMPLE, "levels", type=str, metavar="LIST",
+              help="Comma list of level1,level2,level3,level4 (level4, whole CT volumes, is opt-in).")
+@field_option(SAMPLE, "volume_size", type=int, metavar="S",
               help="Level 4 (needs level4 in --levels): side of the isotropic volume cube in voxels "
-                   "(default 128; from 8 to the largest this machine's memory allows).")
+                   "(from 8 to the largest this machine's memory allows).")
 @click.option("--window", metavar="LEVEL,WIDTH",
               help="CT window in HU mapped to the uint8 images (default 40,400); 0,2000 keeps "
                    "-1000..1000 HU, air and bone, the range of a CT foundation model such as astra-ct.")
-@click.option("--samples-per-case", type=int, help="Level 1/2 mosaics per case.")
-@click.option("--l12-min-organs", type=int,
-              help="Present organs a Level 1/2 mosaic needs (default 8; fewer: the case gives none).")
+@field_option(SAMPLE, "samples_per_case", type=int, help="Level 1/2 mosaics per case.")
+@field_option(SAMPLE, "l12_min_organs", type=int,
+              help="Present organs a Level 1/2 mosaic needs (fewer: the case gives none).")
 @field_option(BUILD, "seed", type=int, help="Global seed.")
 @jobs_option("Processes (never change the output).", checked=False)
 @click.option("--counterfactual", metavar="mirror|mirror+flip",
@@ -49,7 +48,7 @@ COMMANDS = {
                    "Level 4 volumes.")
 @field_option(BUILD, "images", type=click.Choice(["auto", "require", "synthesize"]),
               help="Use real CT, require it, or render pseudo-CT from masks.")
-@click.option("--arrangement", type=click.Choice(["rows-by-y", "rank-x", "rank-y"]),
+@field_option(SAMPLE, "arrangement", type=click.Choice(["rows-by-y", "rank-x", "rank-y"]),
               help="Level 2 target arrangement.")
 @click.option("--partition", metavar="I/N", default=None,
               help="Build only partition I of N (cases by hash of their id) into a partition "
