@@ -36,7 +36,7 @@ from typing import Any
 import click
 
 from spar_bench.errors import ConfigError
-from spar_bench.fields import field_types
+from spar_bench.fields import field_default, field_types
 
 from . import sizes
 from .config import Experiment
@@ -586,17 +586,16 @@ def _finetune(spec: dict[str, Any], device: str | None) -> None:
     """Encoder and head trained end to end, every probe x head x seed (resumed where interrupted)."""
     from dataclasses import fields
 
+    import torch
+
     from spar_bench.probes.finetune.config import FinetuneConfig, finetune_specs
     from spar_bench.probes.names import names_all
     from spar_bench.probes.runs.session import run_all
     from spar_bench.probes.runs.spec import OPTIONS
+    from spar_bench.probes.runs.sweep import SweepConfig
 
     opts = dict(spec["options"])
-    if opts.get("threads"):
-        import torch
-
-        torch.set_num_threads(int(opts["threads"]))
-    opts.pop("threads", None)
+    torch.set_num_threads(int(opts.pop("threads", None) or field_default(SweepConfig, "threads")))  # as --threads
     if device and "device" not in opts:
         opts["device"] = device
     names = {f.name for f in fields(FinetuneConfig)}

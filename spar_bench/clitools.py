@@ -20,7 +20,6 @@ usage errors, every other :class:`~spar_bench.errors.SparError`, a full disk); 1
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import functools
 import os
@@ -33,7 +32,7 @@ import click
 from click.core import ParameterSource
 
 from spar_bench.errors import ConfigError, RunFailed, SparError
-from spar_bench.fields import field_types, help_of, limit_of, scalar
+from spar_bench.fields import field_default, field_types, help_of, limit_of, scalar
 from spar_bench.registry import import_target
 
 
@@ -325,12 +324,6 @@ def field_option(cls: type | str, name: str, *decls: str, help: str | None = Non
         click_kw["callback"] = _filling(click_kw.get("callback"))
     decls = decls or (f"--{name.replace('_', '-')}", name)
     return click.option(*decls, cls=FieldOption, config=cls, field=name, default=None, help=help, **click_kw)
-
-
-def field_default(cls: type, name: str) -> Any:
-    """The default of field ``name`` of dataclass ``cls`` (its factory's value)."""
-    f = next(f for f in dataclasses.fields(cls) if f.name == name)
-    return f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
 
 
 def field_click_type(cls: type, name: str) -> click.ParamType | None:

@@ -205,6 +205,23 @@ def test_a_phantom_steps_jobs_are_its_processes(monkeypatch):
     assert [(n, o.lesions, kw["workers"]) for n, o, kw in seen] == [(3, False, 2), (3, True, 1)]
 
 
+def test_a_finetune_step_runs_on_threads_as_the_command_does(monkeypatch, one_torch_thread):
+    """A finetune step's ``threads`` not given is ``--threads``'s default (1: the same bits on
+    every machine), not torch's own (every core), as it was."""
+    import torch
+
+    from spar_bench.probes.finetune import config
+    from spar_bench.probes.runs import session
+
+    monkeypatch.setattr(config, "finetune_specs", lambda *a, **kw: [])
+    monkeypatch.setattr(session, "run_all", lambda *a, **kw: iter(()))
+    spec = {"encoder": "dummy", "data": "d", "probes": ["all"], "heads": ["mlp"], "seeds": [0], "out": "o"}
+    for options, threads in (({"threads": 2}, 2), ({}, 1)):
+        torch.set_num_threads(3)
+        STEPS.get("finetune").call({**spec, "options": options}, None)
+        assert torch.get_num_threads() == threads
+
+
 def test_predict_takes_what_an_experiment_files_predictor_does():
     """``predictors.NAME`` (``kind``, ``builds``, ``bootstrap``, ``options``) and the file's
     ``probes``/``seeds`` are ``spar-probe predict``'s options; ``out``, ``overwrite``: the step's own."""
