@@ -1098,31 +1098,30 @@ def config_from_options(options: dict[str, Any], explicit: set[str] | None = Non
             sample[opt] = options[opt]
     if options.get("window") is not None:  # the uint8 window of every level's images (HU)
         sample["window_level"], sample["window_width"] = parse_window(options["window"])
-    def given(name: str, default: Any) -> Any:  # 0 and "" are values, not "absent"
-        value = options.get(name)
-        return default if value is None else value
-
     return BuildConfig(
         sources=sources,
         roots=resolve_roots(sources, tuple(options.get("root") or ())),
         out=str(options["out"]),
         sample=sample,
-        seed=int(given("seed", 0)),
-        workers=int(given("jobs", 1)),
-        images=given("images", "auto"),
-        shard_size=int(given("shard_size", 2000)),
-        compression=given("compression", "blosc"),
+        **_given_settings(options),
         thresholds_from=options.get("thresholds_from"),
         fit_thresholds_on=options.get("fit_thresholds_on"),
         resume=bool(options.get("resume")),
         overwrite=bool(options.get("overwrite")),
-        on_error=given("on_error", "fail"),
         hf=not options.get("no_hf"),
-        unknown_labels=options.get("unknown_labels") or "fail",
         partition=parse_partition(options.get("partition")),
         preset=options.get("preset_record"),
         **choice_options(options, sources),
     )
+
+
+def _given_settings(options: dict[str, Any]) -> dict[str, Any]:
+    """The build settings among ``spar-build``'s options that were given (not None: 0 and "" are
+    values); the others keep :class:`BuildConfig`'s defaults, which the command line shows."""
+    ints = {"seed": "seed", "workers": "jobs", "shard_size": "shard_size"}
+    given = {k: int(options[o]) for k, o in ints.items() if options.get(o) is not None}
+    return given | {k: options[k] for k in ("images", "compression", "on_error", "unknown_labels")
+                    if options.get(k) is not None}
 
 
 def build_from_cli(options: dict[str, Any], explicit: set[str] | None = None) -> Path:

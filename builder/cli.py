@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import click
 
-from spar_bench.clitools import LazyGroup, run_main, wait_option
+from spar_bench.clitools import LazyGroup, field_option, run_main, wait_option
 
-from .options import jobs_option, pop_jobs
+from .options import BUILD, SAMPLE, jobs_option, pop_jobs
 
 COMMANDS = {
     "sources": "spar_bench.builder.sources:sources_command",
@@ -30,40 +30,39 @@ COMMANDS = {
 @click.option("--root", multiple=True, metavar="DIR",
               help="Data folder, one per --source (default $SPAR_DATA_<SOURCE>, else ./data/<source>).")
 @click.option("--out", metavar="DIR", help="Output folder (required to build).")
-@click.option("--levels", metavar="LIST",
-              help="Comma list of level1,level2,level3,level4 (default level1,level2,level3; "
-                   "level4, whole CT volumes, is opt-in).")
-@click.option("--volume-size", type=int, metavar="S",
+@field_option(SAMPLE, "levels", type=str, metavar="LIST",
+              help="Comma list of level1,level2,level3,level4 (level4, whole CT volumes, is opt-in).")
+@field_option(SAMPLE, "volume_size", type=int, metavar="S",
               help="Level 4 (needs level4 in --levels): side of the isotropic volume cube in voxels "
-                   "(default 128; from 8 to the largest this machine's memory allows).")
+                   "(from 8 to the largest this machine's memory allows).")
 @click.option("--window", metavar="LEVEL,WIDTH",
               help="CT window in HU mapped to the uint8 images (default 40,400); 0,2000 keeps "
                    "-1000..1000 HU, air and bone, the range of a CT foundation model such as astra-ct.")
-@click.option("--samples-per-case", type=int, help="Level 1/2 mosaics per case.")
-@click.option("--l12-min-organs", type=int,
-              help="Present organs a Level 1/2 mosaic needs (default 8; fewer: the case gives none).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Global seed.")
+@field_option(SAMPLE, "samples_per_case", type=int, help="Level 1/2 mosaics per case.")
+@field_option(SAMPLE, "l12_min_organs", type=int,
+              help="Present organs a Level 1/2 mosaic needs (fewer: the case gives none).")
+@field_option(BUILD, "seed", type=int, help="Global seed.")
 @jobs_option("Processes (never change the output).", checked=False)
 @click.option("--counterfactual", metavar="mirror|mirror+flip",
               help="Add left-right mirrored copies; mirror+flip also adds superior-inferior flipped "
                    "Level 4 volumes.")
-@click.option("--images", type=click.Choice(["auto", "require", "synthesize"]), default="auto",
-              show_default=True, help="Use real CT, require it, or render pseudo-CT from masks.")
-@click.option("--arrangement", type=click.Choice(["rows-by-y", "rank-x", "rank-y"]),
+@field_option(BUILD, "images", type=click.Choice(["auto", "require", "synthesize"]),
+              help="Use real CT, require it, or render pseudo-CT from masks.")
+@field_option(SAMPLE, "arrangement", type=click.Choice(["rows-by-y", "rank-x", "rank-y"]),
               help="Level 2 target arrangement.")
 @click.option("--partition", metavar="I/N", default=None,
               help="Build only partition I of N (cases by hash of their id) into a partition "
                    "folder; combine all N with `spar-build merge`.")
-@click.option("--shard-size", type=int, default=2000, show_default=True, help="Rows per shard.")
-@click.option("--compression", type=click.Choice(["blosc", "gzip", "lzf", "none"]), default="blosc",
-              show_default=True, help="HDF5 image compression; gzip, lzf and none read without hdf5plugin.")
+@field_option(BUILD, "shard_size", type=int, help="Rows per shard.")
+@field_option(BUILD, "compression", type=click.Choice(["blosc", "gzip", "lzf", "none"]),
+              help="HDF5 image compression; gzip, lzf and none read without hdf5plugin.")
 @click.option("--thresholds-from", metavar="PATH",
               help="Take size/distance thresholds from another build (folder or manifest.json).")
 @click.option("--fit-thresholds-on", metavar="SPLIT",
               help="Fit thresholds on this split when the build has no train split.")
 @click.option("--resume", is_flag=True, help="Finish an interrupted build (reuses OUT.tmp).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing OUT.")
-@click.option("--on-error", type=click.Choice(["fail", "skip"]), default="fail", show_default=True,
+@field_option(BUILD, "on_error", type=click.Choice(["fail", "skip"]),
               help="On a bad case: stop, or skip it and record why in the manifest.")
 @click.option("--no-hf", is_flag=True, help="Do not write the Hugging Face folder OUT/hf.")
 @click.option("--cases", multiple=True, metavar="[SOURCE=]IDS",
@@ -73,7 +72,7 @@ COMMANDS = {
 @click.option("--split-ratio", multiple=True, metavar="[SOURCE=]TRAIN,VAL,TEST",
               help="Split a source by patient in this ratio (seeded), e.g. lits=0.7,0.1,0.2.")
 @click.option("--split-file", metavar="CSV", help="Splits of listed cases: columns case_id,split[,source].")
-@click.option("--unknown-labels", type=click.Choice(["fail", "ignore"]), default="fail", show_default=True,
+@field_option(BUILD, "unknown_labels", type=click.Choice(["fail", "ignore"]),
               help="A label id the label map does not know: stop, or ignore it (recorded per case).")
 @click.option("--preset", metavar="NAME",
               help="Fill the options not given from a named preset: paper (docs/PROTOCOL.md §12); "

@@ -18,9 +18,11 @@ from pathlib import Path
 import click
 import numpy as np
 
+from spar_bench.clitools import field_option
 from spar_bench.errors import SparError
 
 from .ontology import label_counts
+from .options import BUILD
 from .schema import N_ORGANS, ORGANS
 
 
@@ -146,16 +148,16 @@ def write_overlay_png(case, path: Path) -> Path:
 @click.option("--source", "source_name", required=True, help="Source name (see `spar-build sources`).")
 @click.option("--root", type=click.Path(path_type=Path), required=True, help="Folder of the source.")
 @click.option("--case", "case_ids", multiple=True, help="Only this case id (repeatable).")
-@click.option("--images", type=click.Choice(["auto", "require", "synthesize"]), default="auto",
-              show_default=True, help="auto: read images where they exist, masks alone where not; "
+@field_option(BUILD, "images", type=click.Choice(["auto", "require", "synthesize"]), fill=True,
+              help="auto: read images where they exist, masks alone where not; "
               "synthesize: render a pseudo-CT for masks-only folders.")
-@click.option("--unknown-labels", type=click.Choice(["fail", "ignore"]), default="fail", show_default=True,
+@field_option(BUILD, "unknown_labels", type=click.Choice(["fail", "ignore"]), fill=True,
               help="A label id the label map does not know: stop, or ignore it (listed).")
 @click.option("--png", "png_dir", type=click.Path(path_type=Path), default=None,
               help="Write a mid-slice overlay PNG per case into this folder.")
-@click.option("--on-error", type=click.Choice(["fail", "skip"]), default="fail", show_default=True,
+@field_option(BUILD, "on_error", type=click.Choice(["fail", "skip"]), fill=True,
               help="fail: stop at the first bad case; skip: report it and continue.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Global seed (pseudo-CT rendering).")
+@field_option(BUILD, "seed", type=int, fill=True, help="Global seed (pseudo-CT rendering).")
 @click.option("--volume-size", type=int, default=None, metavar="S",
               help="Also show the Level 4 cube (side in mm, mm per voxel) at this --volume-size.")
 def inspect_command(

@@ -14,6 +14,12 @@ import click
 
 from spar_bench.clitools import old_spelling
 
+#: the build's settings, the home of the defaults of ``spar-build``'s (and ``inspect``'s) options,
+#: named so that a command line imports it only when its help or a default is needed
+BUILD = "spar_bench.builder.build:BuildConfig"
+#: a build's sample settings, the home of the defaults of its sampling options
+SAMPLE = "spar_bench.builder.samples.config:SampleConfig"
+
 
 def jobs_option(help_text: str, *, checked: bool = True) -> Callable[[Any], Any]:
     """``--jobs N`` (processes, default 1) and its hidden old spelling ``--workers N``

@@ -40,7 +40,7 @@ from spar_bench.errors import ConfigError
 SCHEMA: dict[str, Any] = {
     "experiment": str, "description": str, "vars": {"*": (str, int, float)}, "out": str,
     "builds": {"*": {"phantom": {"n": int, "layout": str, "seed": int, "intensities": str, "size": str,
-                                 "in_plane": int, "slices": int},
+                                 "in_plane": int, "slices": int, "lesions": bool, "jobs": int},
                      "sources": [str], "roots": [str], "path": str, "thresholds_from": str,
                      "options": {"*": object}}},
     "encoders": {"*": {"spec": str, "weights": str, "revision": str, "random_init": bool,

@@ -36,7 +36,7 @@ from typing import Any
 import click
 
 from spar_bench.errors import ConfigError
-from spar_bench.fields import field_types
+from spar_bench.fields import field_default, field_types
 
 from . import sizes
 from .config import Experiment
@@ -362,7 +362,7 @@ def _plan_report(exp: Experiment, steps: list[Step]) -> list[Step]:
 def _phantom_fields() -> dict[str, Any]:
     from spar_bench.builder.phantom.generate import PhantomOptions
 
-    return {"n": int, **field_types(PhantomOptions)}
+    return {"n": int, "jobs": int, **field_types(PhantomOptions)}
 
 
 def _build_fields() -> dict[str, Any]:
@@ -454,8 +454,9 @@ def _vqa_given(exp: Experiment) -> Iterator[tuple[dict[str, Any], str]]:
 def _phantom_settings(exp: Experiment, option: str, value: Any, key: str) -> Iterator[tuple[type, dict[str, Any]]]:
     from spar_bench.builder.phantom.generate import PhantomOptions
 
-    if option == "n" and (not isinstance(value, int) or value < 1):
-        raise ConfigError(f"--n (cases) must be an integer >= 1, got {value!r}")
+    if option in ("n", "jobs") and (not isinstance(value, int) or value < 1):
+        raise ConfigError(f"--{option} ({'cases' if option == 'n' else 'processes'}) must be an integer >= 1, "
+                          f"got {value!r}")
     yield from _with(PhantomOptions, {}, option, value)
 
 
@@ -530,8 +531,9 @@ def _names(cls: type) -> set[str]:
 def _phantom(spec: dict[str, Any], device: str | None) -> None:
     from spar_bench.builder.phantom.generate import PhantomOptions, write_phantom_dataset
 
-    fields = {k: v for k, v in spec.items() if k not in ("out", "n")}
-    write_phantom_dataset(spec["out"], int(spec["n"]), PhantomOptions(**fields), overwrite=True)
+    fields = {k: v for k, v in spec.items() if k not in ("out", "n", "jobs")}
+    write_phantom_dataset(spec["out"], int(spec["n"]), PhantomOptions(**fields), overwrite=True,
+                          workers=int(spec.get("jobs") or 1))
 
 
 def _build(spec: dict[str, Any], device: str | None) -> None:
@@ -584,17 +586,16 @@ def _finetune(spec: dict[str, Any], device: str | None) -> None:
     """Encoder and head trained end to end, every probe x head x seed (resumed where interrupted)."""
     from dataclasses import fields
 
+    import torch
+
     from spar_bench.probes.finetune.config import FinetuneConfig, finetune_specs
     from spar_bench.probes.names import names_all
     from spar_bench.probes.runs.session import run_all
     from spar_bench.probes.runs.spec import OPTIONS
+    from spar_bench.probes.runs.sweep import SweepConfig
 
     opts = dict(spec["options"])
-    if opts.get("threads"):
-        import torch
-
-        torch.set_num_threads(int(opts["threads"]))
-    opts.pop("threads", None)
+    torch.set_num_threads(int(opts.pop("threads", None) or field_default(SweepConfig, "threads")))  # as --threads
     if device and "device" not in opts:
         opts["device"] = device
     names = {f.name for f in fields(FinetuneConfig)}

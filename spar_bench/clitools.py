@@ -32,6 +32,7 @@ import click
 from click.core import ParameterSource
 
 from spar_bench.errors import ConfigError, RunFailed, SparError
+from spar_bench.fields import field_default, field_types, help_of, limit_of, scalar
 from spar_bench.registry import import_target
 
 
@@ -266,8 +267,6 @@ def wait_option(f: Callable[..., Any]) -> Callable[..., Any]:
 def declared_type(cls: type, name: str) -> click.ParamType:
     """The click type of settings field ``name`` of ``cls``, made from its one declaration
     (:func:`spar_bench.fields.limited`): a choice, an int or float range."""
-    from spar_bench.fields import limit_of
-
     limit = limit_of(cls, name)
     if limit is None:
         raise TypeError(f"{cls.__name__}.{name} declares no limit")
@@ -279,28 +278,87 @@ def declared_type(cls: type, name: str) -> click.ParamType:
     return click.FloatRange(limit.lo, limit.hi)
 
 
+class FieldOption(click.Option):
+    """An option that fills field ``field`` of dataclass ``config`` (:func:`field_option`): its
+    default is None, the field holds it, and its help ends with it (a test compares every such
+    option with its field). ``config`` may be a ``"module:Class"`` string, imported when the help
+    or the default is first needed (a command line built without importing it)."""
+
+    def __init__(self, *args: Any, config: type | str, field: str, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._config, self.field, self.text = config, field, self.help or ""
+        if not isinstance(config, str):
+            self.help = self.help_text()
+
+    @property
+    def config(self) -> type:
+        if isinstance(self._config, str):
+            self._config = import_target(self._config)
+        return self._config
+
+    def help_text(self) -> str:
+        """The help: the text given (else the field's) and the field's default."""
+        text = self.text or help_of(self.config, self.field) or ""
+        return f"{text}  [default: {_shown(field_default(self.config, self.field))}]".strip()
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        self.help = self.help_text()
+        return super().get_help_record(ctx)
+
+
+def field_option(cls: type | str, name: str, *decls: str, help: str | None = None, fill: bool = False,
+                 **click_kw: Any) -> Callable[[Callable], Callable]:
+    """One click option (``decls``, default ``--name-spelled-so name``) filling field ``name`` of
+    dataclass ``cls`` (:class:`FieldOption`), made from the field: its default ``None`` (so no
+    default is written twice), its type from its limit (:func:`declared_type`) or its annotation
+    unless ``click_kw`` gives one (it must, for a ``cls`` named ``"module:Class"``), its help
+    ``help`` (else the field's, :func:`spar_bench.fields.limited`) ending with the field's default
+    (``[default: 0.0001]``).
+
+    ``fill``: a value not given is the field's default when the command reads it (a command that
+    uses the value itself, before or instead of building ``cls``); else None reaches the command,
+    whose dataclass fills it (:func:`given`)."""
+    if "type" not in click_kw and not click_kw.get("is_flag"):
+        click_kw["type"] = field_click_type(import_target(cls) if isinstance(cls, str) else cls, name)
+    if fill:
+        click_kw["callback"] = _filling(click_kw.get("callback"))
+    decls = decls or (f"--{name.replace('_', '-')}", name)
+    return click.option(*decls, cls=FieldOption, config=cls, field=name, default=None, help=help, **click_kw)
+
+
+def field_click_type(cls: type, name: str) -> click.ParamType | None:
+    """The click type of field ``name`` of ``cls``: from its limit (:func:`declared_type`) when it
+    declares a range or choices, else from its annotation (None: taken as text)."""
+    limit = limit_of(cls, name)
+    if limit is not None and (limit.choices is not None or limit.lo is not None or limit.hi is not None):
+        return declared_type(cls, name)
+    return scalar(field_types(cls)[name])
+
+
+def _filling(then: Callable | None) -> Callable:
+    """A click callback: a :class:`FieldOption` not given is its field's default (as the option's
+    type reads it), then ``then``."""
+
+    def callback(ctx: click.Context, param: FieldOption, value: Any) -> Any:
+        if value is None or (param.multiple and value == ()):
+            default = field_default(param.config, param.field)
+            value = param.type_cast_value(ctx, default if not param.multiple or isinstance(default, tuple)
+                                          else (default,))  # fmt: skip
+        return value if then is None else then(ctx, param, value)
+
+    return callback
+
+
 def field_options(cls: type, *names: str, helps: Mapping[str, str] | None = None,
                   types: Mapping[str, click.ParamType] | None = None) -> Callable[[Callable], Callable]:
-    """One click option per field ``names`` of dataclass ``cls`` (``--encoder-lr``), made from the
-    field: its default ``None`` (the dataclass fills in a value not given, :func:`given`), so no
-    default is written twice; its type from its limit (:func:`declared_type`) or its annotation;
-    its help from the field (:func:`spar_bench.fields.limited`), else ``helps``, with the
-    dataclass's default shown (``[default: 0.0001]``)."""
-    import dataclasses
-
-    from spar_bench.fields import field_types, help_of, limit_of, scalar
-
-    hints, by_name = field_types(cls), {f.name: f for f in dataclasses.fields(cls)}
-
+    """One option per field ``names`` of dataclass ``cls`` (``--encoder-lr``; :func:`field_option`,
+    default None: the dataclass fills in a value not given, :func:`given`), ``helps``: help where
+    the field declares none; ``types``: a click type other than the field's."""
     def decorate(f: Callable) -> Callable:
         for name in reversed(names):
-            limit = limit_of(cls, name)
-            bounded = limit is not None and (limit.choices is not None or limit.lo is not None or limit.hi is not None)
-            kind = (types or {}).get(name) or (declared_type(cls, name) if bounded else scalar(hints[name]))
-            text = help_of(cls, name) or (helps or {}).get(name) or ""
-            shown = _shown(by_name[name].default)
-            f = click.option(f"--{name.replace('_', '-')}", name, type=kind, default=None,
-                             help=f"{text}  [default: {shown}]".strip())(f)  # fmt: skip
+            kind = {"type": types[name]} if types and name in types else {}
+            text = help_of(cls, name) or (helps or {}).get(name)
+            f = field_option(cls, name, help=text, **kind)(f)
         return f
 
     return decorate

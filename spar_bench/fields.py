@@ -85,6 +85,13 @@ def field_types(*classes: type) -> dict[str, Any]:
     return out
 
 
+def field_default(cls: type, name: str) -> Any:
+    """The default of field ``name`` of dataclass ``cls`` (its factory's value): what a command
+    line shows and fills for an option not given (:func:`spar_bench.clitools.field_option`)."""
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+
+
 def limit_of(cls: type, name: str) -> Limit | None:
     """The declared :class:`Limit` of field ``name`` of dataclass ``cls`` (None: no limit, or no field)."""
     for f in dataclasses.fields(cls):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from spar_bench.clitools import declared_type, wait_option
+from spar_bench.clitools import declared_type, field_option, given, wait_option
 
 from ..options import jobs_option, pop_jobs
 from .generate import INTENSITIES, LAYOUTS, SIZES, PhantomOptions
@@ -21,26 +21,14 @@ from .generate import INTENSITIES, LAYOUTS, SIZES, PhantomOptions
 @click.option(
     "--n", "n", default=150, show_default=True, type=click.IntRange(min=1), help="Number of cases."
 )
-@click.option(
-    "--layout",
-    type=click.Choice(LAYOUTS),
-    default="canonical",
-    show_default=True,
-    help="canonical anatomy, mirrored (situs inversus) or random organ positions.",
-)
-@click.option(
-    "--seed", default=0, show_default=True, type=int, help="Global seed; each case derives its own."
-)
+@field_option(PhantomOptions, "layout", type=click.Choice(LAYOUTS),
+              help="canonical anatomy, mirrored (situs inversus) or random organ positions.")
+@field_option(PhantomOptions, "seed", help="Global seed; each case derives its own.")
 @click.option(
     "--no-lesions", is_flag=True, help="Draw no liver lesions (the lesion channel stays empty)."
 )
-@click.option(
-    "--size",
-    type=click.Choice(tuple(SIZES)),
-    default="small",
-    show_default=True,
-    help="small: 160x160 x 40-60 slices; medium: 256x256 x 80-120; large: 512x512 x 160-240.",
-)
+@field_option(PhantomOptions, "size", type=click.Choice(tuple(SIZES)),
+              help="small: 160x160 x 40-60 slices; medium: 256x256 x 80-120; large: 512x512 x 160-240.")
 @click.option(
     "--in-plane",
     type=declared_type(PhantomOptions, "in_plane"),
@@ -54,20 +42,15 @@ from .generate import INTENSITIES, LAYOUTS, SIZES, PhantomOptions
     default=None,
     help="Slices per case, overriding --size's range.",
 )
-@click.option(
-    "--intensities",
-    type=click.Choice(INTENSITIES),
-    default="ct",
-    show_default=True,
-    help="ct: CT-like organ means (left/right pairs look the same); distinct: every organ its "
-    "own mean HU, 17 HU apart, so organs can be told apart by intensity in any layout.",
-)
+@field_option(PhantomOptions, "intensities", type=click.Choice(INTENSITIES),
+              help="ct: CT-like organ means (left/right pairs look the same); distinct: every organ its "
+                   "own mean HU, 17 HU apart, so organs can be told apart by intensity in any layout.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing phantom dataset in --out.")
 @jobs_option("Processes rendering cases; the dataset's bytes do not depend on it.")
 @wait_option
 def phantom_command(
-    out_dir: str, n: int, layout: str, seed: int, no_lesions: bool, size: str, in_plane: int | None,
-    n_slices: int | None, intensities: str, overwrite: bool, **jobs: int | None,
+    out_dir: str, n: int, layout: str | None, seed: int | None, no_lesions: bool, size: str | None,
+    in_plane: int | None, n_slices: int | None, intensities: str | None, overwrite: bool, **jobs: int | None,
 ) -> None:
     """Write N phantom cases (imagesTr/labelsTr, imagesVal/labelsVal, imagesTs/labelsTs).
 
@@ -77,17 +60,17 @@ def phantom_command(
     """
     from spar_bench.locks import output_lock
 
-    from .generate import PhantomOptions, write_phantom_dataset
+    from .generate import write_phantom_dataset
 
-    options = PhantomOptions(layout=layout, seed=seed, lesions=not no_lesions, size=size, in_plane=in_plane,
-                             n_slices=n_slices, intensities=intensities)
+    options = PhantomOptions(lesions=not no_lesions, in_plane=in_plane, n_slices=n_slices,
+                             **given({"layout": layout, "seed": seed, "size": size, "intensities": intensities}))
     with output_lock(out_dir, what="spar-build phantom"):
         record = write_phantom_dataset(out_dir, n, options, overwrite=overwrite, workers=pop_jobs(jobs))
     splits = ", ".join(f"{k} {v}" for k, v in record["splits"].items())
     n_les = sum(1 for c in record["cases"].values() if c["lesion_voxels"] > 0)
     shapes = [c["shape"] for c in record["cases"].values()]
     click.echo(
-        f"wrote {record['n']} {layout} phantom cases to {out_dir} ({splits}); "
+        f"wrote {record['n']} {options.layout} phantom cases to {out_dir} ({splits}); "
         f"{n_les} with liver lesions; {shapes[0][1]}x{shapes[0][2]} in-plane, "
-        f"{min(s[0] for s in shapes)}-{max(s[0] for s in shapes)} slices; seed {seed}; {intensities} intensities"
+        f"{min(s[0] for s in shapes)}-{max(s[0] for s in shapes)} slices; seed {options.seed}; {options.intensities} intensities"
     )

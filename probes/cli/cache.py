@@ -28,12 +28,12 @@ from .options import compute_option, device_option, loader_workers_option
 @click.option("--probe", default=None,
               help="A question stage (mllm:DIR@llm:N+q) only: the Level 3 probe whose questions it reads, "
                    "e.g. level3.size (the cache holds a row per question of that probe).")
-@device_option
+@device_option(CacheOptions)
 @field_options(CacheOptions, "batch_size", "dtype", helps={
     "batch_size": "Images per batch.", "dtype": "Storage dtype of tokens and pooled vectors."},
     types={"batch_size": click.IntRange(1), "dtype": click.Choice(sorted(STORAGE_DTYPES))})  # fmt: skip
 @old_spelling("--batch", "--batch-size", "batch_size", type=click.IntRange(1))
-@compute_option
+@compute_option(CacheOptions)
 @field_options(CacheOptions, "processes", helps={
     "processes": "CPU only: 1-thread processes encoding alternate batches, written in order (the file is the "
                  "same for any number; default: one per usable core)."}, types={"processes": click.IntRange(1)})

@@ -22,6 +22,7 @@ from .options import (
     head_option,
     loader_workers_option,
     names_all,
+    out_option,
     probe_option,
     seeds_option,
     spec_options,
@@ -42,16 +43,16 @@ TRAINING = ("encoder_lr", "head_lr", "weight_decay", "batch_size", "accum", "max
 @click.option("--model-args", default=None, help='JSON for timm.create_model, e.g. \'{"depth": 4}\'.')
 @click.option("--revision", default=None, help="Pinned hub revision (hf: encoders).")
 @click.option("--data", required=True, type=click.Path(file_okay=False), help="Build folder (manifest.json).")
-@head_option("mlp")
+@head_option(FinetuneSpec)
 @probe_option()
-@seeds_option()
-@click.option("--out", default="runs", show_default=True, type=click.Path(file_okay=False))
+@seeds_option(FinetuneSpec, "seed")
+@out_option()
 @field_options(FinetuneConfig, *TRAINING)
-@device_option
-@compute_option
+@device_option(FinetuneConfig)
+@compute_option(FinetuneConfig)
 @loader_workers_option("DataLoader workers (default: 2 on CUDA, 0 on CPU).")
-@threads_option
-@bootstrap_option
+@threads_option()
+@bootstrap_option(FinetuneSpec)
 @click.option("--no-controls", is_flag=True, help="Skip the blind baseline.")
 @click.option("--train-mirrors", is_flag=True, help="Also train on mirrored counterfactual samples.")
 @click.option("--resume", is_flag=True, help="Continue an interrupted run from its checkpoint.")

@@ -14,7 +14,7 @@ from spar_bench.locks import output_lock
 
 from ..names import cache_probes
 from ..runs.session import EvalTarget, evaluate_on, run_all
-from ..runs.spec import make_run
+from ..runs.spec import RunSpec, make_run
 from ..runs.store import METRICS_FILE
 from ..tasks import get_probe
 from .options import (
@@ -23,6 +23,7 @@ from .options import (
     fmt,
     head_option,
     names_all,
+    out_option,
     parse_heads,
     parse_seeds,
     pop_run_options,
@@ -38,13 +39,13 @@ from .options import (
 @click.option(
     "--features", required=True, type=click.Path(dir_okay=False), help="Feature cache (.h5)."
 )
-@head_option("mlp")
+@head_option(RunSpec)
 @probe_option()
-@seeds_option()
-@click.option("--out", default="runs", show_default=True, type=click.Path(file_okay=False))
+@seeds_option(RunSpec, "seed")
+@out_option()
 @click.option("--overwrite", is_flag=True, help="Train a finished run again and replace it (else it is kept).")
 @wait_option
-@run_options
+@run_options(RunSpec)
 def fit_command(features, head, probes, seeds, out, overwrite, data, n_boot, no_controls, device, threads,
                 **kw):  # fmt: skip
     """Train probe heads on cached features and score them (one run per probe x head x seed)."""
@@ -85,7 +86,7 @@ def fit_command(features, head, probes, seeds, out, overwrite, data, n_boot, no_
     type=click.Path(file_okay=False),
     help="Its build (default: cache's dataset_dir).",
 )
-@bootstrap_option
+@bootstrap_option(EvalTarget)
 @click.option("--encoder", default=None,
               help="Re-encoding a finetune run of a local model: its path again (hf:DIR, open_clip:local-dir:DIR).")
 @click.option("--overwrite", is_flag=True, help="Replace an evaluation of other inputs (else it is refused).")

@@ -22,6 +22,7 @@ from ..runs.spec import PredictorSpec
 from .options import (
     bootstrap_option,
     names_all,
+    out_option,
     parse_probes,
     parse_seeds,
     probe_option,
@@ -34,10 +35,10 @@ from .options import (
               help="Run kind: prior, oracle (Level 4), slice-oracle (Levels 1-3), reader, or a plug-in's.")
 @click.option("--data", required=True, type=click.Path(file_okay=False), help="A finished build.")
 @probe_option()
-@seeds_option()
-@click.option("--out", default="runs", show_default=True, type=click.Path(file_okay=False))
+@seeds_option(PredictorSpec, "seed")
+@out_option()
 @click.option("--overwrite", is_flag=True, help="Run a finished run again and replace it (else it is kept).")
-@bootstrap_option
+@bootstrap_option(PredictorSpec)
 @click.option("--option", "options", multiple=True, metavar="KEY=VALUE",
               help="One of the kind's own options, as an experiment's predictors.NAME.options gives it (e.g. "
                    "organmaps3d's training); the value read as JSON (2, 0.5, true, [1,2]), else as text. "

@@ -19,9 +19,9 @@ from .options import head_option, pop_run_options, probe_option, run_options, se
 @click.option(
     "--features", required=True, type=click.Path(dir_okay=False), help="Feature cache (.h5)."
 )
-@head_option("mlp,transformer", param="heads", old=True)
+@head_option(SweepConfig, "heads", param="heads", old=True)
 @probe_option(old=True)
-@seeds_option("0,1,2")
+@seeds_option(SweepConfig)
 @field_options(SweepConfig, "out", "jobs", helps={"out": "Runs folder.", "jobs": "Worker processes."},
                types={"out": click.Path(file_okay=False)})
 @click.option("--grid", multiple=True, metavar="KEY=V1,V2",
@@ -39,7 +39,7 @@ from .options import head_option, pop_run_options, probe_option, run_options, se
                   "epoch K only the point with the lowest validation loss so far trains on (the others are "
                   "written as pruned). 0: off. Not with --only/--partition."})  # fmt: skip
 @wait_option
-@run_options
+@run_options(SweepConfig)
 def sweep_command(features, heads, probes, seeds, out, jobs, grid, list_ids, only, partition, batch_runs,
                   grid_prune, data, n_boot, no_controls, device, threads, **kw):  # fmt: skip
     """Fit every probe x head x seed (x grid point) from one cache (skips finished runs)."""

@@ -25,7 +25,14 @@ from ..vqa.options import (  # noqa: F401 - the CLI's parsers are the library's
     resolve_volume_as,
     why_skipped,
 )
-from .options import bootstrap_option, compute_option, device_option, probe_option, seeds_option
+from .options import (
+    bootstrap_option,
+    compute_option,
+    device_option,
+    out_option,
+    probe_option,
+    seeds_option,
+)
 
 
 @click.command("vqa")
@@ -38,9 +45,10 @@ from .options import bootstrap_option, compute_option, device_option, probe_opti
               help="--answers: report a variant the files have no answers for as not measured instead of "
                    "refusing the run.")
 @click.option("--data", required=True, type=click.Path(file_okay=False), help="Build folder.")
-@probe_option("Question probe(s) (size or level3.size; level4.volume) or 'all' (those of the build's levels).")
+@probe_option("Question probe(s) (size or level3.size; level4.volume) or 'all' (those of the build's levels).",
+              cls=VqaOptions)
 @field_options(VqaOptions, "splits", helps={"splits": "Splits whose questions are asked."})
-@click.option("--out", default="runs", show_default=True, type=click.Path(file_okay=False))
+@out_option()
 @click.option("--revision", default=None, help="Hub revision (required for hf: hub ids).")
 @click.option("--base-url", default=None, help="OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1.")
 @field_options(VqaOptions, "api_key_env", helps={"api_key_env": "Environment variable holding the API key (never stored)."})
@@ -55,16 +63,16 @@ from .options import bootstrap_option, compute_option, device_option, probe_opti
     "volume_as": "Level 4: send each volume as a 'video' of 16 axial frames, a 'montage' (one grid image of them) "
                  "or 'views' (axial, coronal, sagittal central slices in one image); 'auto': video where the "
                  "model's processor takes video, else montage. --image-size is each slice's side."})  # fmt: skip
-@device_option
-@compute_option
+@device_option(VqaOptions)
+@compute_option(VqaOptions)
 @old_spelling("--dtype", "--compute", "compute", note=True, type=click.Choice(sorted(TORCH_DTYPES.values())),
               convert={v: k for k, v in TORCH_DTYPES.items()}.get)
 @field_options(VqaOptions, "timeout", "retries", "concurrency", types={"timeout": click.FLOAT}, helps={
     "timeout": "Seconds per HTTP request; the back-off waits of one question (Retry-After honoured, capped) count "
                "against it too."})  # fmt: skip
-@seeds_option()
+@seeds_option(VqaOptions)
 @old_spelling("--seed", "--seeds", "seeds", note=True, type=int, convert=str)
-@bootstrap_option
+@bootstrap_option(VqaOptions)
 @click.option("--cache", "cache_path", default=None, type=click.Path(dir_okay=False),
               help="Response cache (default OUT/.vqa-cache/<model>.sqlite).")
 @wait_option
