@@ -293,17 +293,20 @@ FROZEN_HEAD_OPTIONS = {"max_epochs": 15, "patience": 4}
 def frozen_head_predict(caches: dict[str, Path], builds: dict[str, Path], train_on: str, probe: str,
                         tr: Training, out: Path, n_boot: int) -> dict[str, tuple]:
     """A ``tr.head`` probe (``spar-probe fit``) on the frozen encoder's cache of the training layout,
-    then its predictions on every layout's test items: ``{layout: (targets, predictions)}``."""
+    then its predictions on every layout's test items: ``{layout: (targets, predictions)}``; ``{}``
+    when the training layout has no items of the probe (the session's loop skips it in one line)."""
     from spar_bench.probes.runs.inputs import load_features, open_cache
     from spar_bench.probes.runs.predictors import CachedHead
-    from spar_bench.probes.runs.session import run_fit
+    from spar_bench.probes.runs.session import run_all
     from spar_bench.probes.runs.spec import make_run
     from spar_bench.probes.train import predict
 
     run = make_run(str(caches[train_on]), probe, tr.head, tr.seed, dict(FROZEN_HEAD_OPTIONS), data=str(builds[train_on]),
                    n_boot=n_boot, controls=False)  # the blind rows are the priors
-    rd = run_fit(run, out, progress=False)
-    spec_run, rec, _, model = CachedHead.load(rd)
+    fitted = [rd for _, rd in run_all([[run]], out, skip_unavailable=True, progress=False)]
+    if not fitted:  # no items of the probe on the training layout (skipped in one line): no predictions
+        return {}
+    spec_run, rec, _, model = CachedHead.load(fitted[0])
     got = {}
     for layout, path in caches.items():
         with open_cache(path) as cache:
@@ -410,7 +413,6 @@ def model_rows(builds: dict[str, Path], out: Path, tr: Training, model: str, n_b
     """One trained reference model (``recall`` or ``computation``), one seed, on every probe: the
     encoder trained end to end on ``tr.probes[0]`` (its own head scores that probe and every
     other of ``tr.probes``), a frozen probe of that encoder, with the same head, for every other probe."""
-    from spar_bench.probes.targets import ProbeUnavailable
     from spar_bench.probes.tasks import probe_names
 
     train_on = MODEL_TRAIN_ON[model]
@@ -424,12 +426,8 @@ def model_rows(builds: dict[str, Path], out: Path, tr: Training, model: str, n_b
     for probe in [p for p in probe_names() if p in tr.score]:
         readout = bool(model == "computation" and tr.organ_maps and probe in READOUT_PROBES)
         how = "readout" if readout else "finetuned" if probe in runs else "frozen"
-        try:
-            got = model_predictions(how, Trained(runs.get(probe, enc_run), train_on, caches), builds, probe, tr,
-                                    geometry, n_boot)
-        except ProbeUnavailable as e:  # e.g. no symmetric pair in a random layout: nothing to train on
-            print(f"{model} {probe}: {e}", flush=True)
-            got = {}
+        got = model_predictions(how, Trained(runs.get(probe, enc_run), train_on, caches), builds, probe, tr,
+                                geometry, n_boot)  # {}: a frozen probe with nothing to train on (a layout without it)
         canon = prior_of(builds["canonical"], probe)
         cells = {lay: score_model(t, pred, canon, tr.seed, n_boot) for lay, (t, pred) in got.items()}
         cells = {lay: cells.get(lay, {"value": None}) for lay in LAYOUTS}
