@@ -54,6 +54,7 @@ import numpy as np
 from spar_bench.errors import ConfigError
 from spar_bench.fields import check_fields, limited
 from spar_bench.probes.finetune.readout import READOUT_PROBES
+from spar_bench.probes.runs.evaluate import bootstraps, score
 
 from .calibration_tables import (
     BLINDS,
@@ -136,21 +137,6 @@ def build_all(out: Path, data: Data, seed: int, jobs: int = 1) -> dict[str, Path
         build(BuildConfig(sources=("phantom",), roots=(str(ph),), out=str(shards), sample=sample, hf=False,
                           overwrite=True, workers=jobs), quiet=True)
     return builds
-
-
-def blind(train_build: Path, eval_build: Path, probe: str) -> float | None:
-    """The question-only optimum fitted on the training build, scored on the eval build's test items."""
-    from spar_bench.builder.shards import Build
-    from spar_bench.probes.runs.inputs import BuildKeys
-    from spar_bench.probes.targets import load_targets
-    from spar_bench.probes.tasks import get_probe
-
-    spec = get_probe(probe)
-    bt, be = Build(train_build), Build(eval_build)
-    tr = load_targets(bt, spec, "train", BuildKeys(bt).keys(spec.level, "train"))
-    te = load_targets(be, spec, "test", BuildKeys(be).keys(spec.level, "test"))
-    tr, te = tr.subset(~tr.is_mirror), te.subset(~te.is_mirror)
-    return spec.score(te, spec.prior_predict(spec.fit_prior(tr), te), None, 0).get(spec.headline)
 
 
 @dataclass(frozen=True)
@@ -348,25 +334,25 @@ def model_predictor(how: str, run: Path, build_root: Path, probe: str, device: s
 
 
 def score_model(t, pred: np.ndarray, canon_prior: dict, seed: int, n_boot: int) -> dict:
-    """The table metric of ``pred`` on the original test items (CI over patients), on the mirrored
-    counterfactuals, and on the conflict items: those the canonical prior (canonical anatomy's
-    answer) gets wrong (Level 3 only)."""
-    from spar_bench.probes.runs.evaluate import bootstraps
-
-    spec, key = t.spec, table_metric(t.spec.name)
-    rng = bootstraps(seed, "calibration", spec.name)
+    """A layout's cell: the table metric of ``pred`` on the original test items (CI over patients),
+    on the mirrored counterfactuals, and on the conflict items of each: those the canonical prior
+    (canonical anatomy's answer) gets wrong (Level 3 only). Scored by the evaluation of every run
+    kind (:func:`~spar_bench.probes.runs.evaluate.score`); the conflict items' interval draws from a
+    bootstrap stream of its own (``conflict``), as docs/calibration.json's were."""
+    key = table_metric(t.spec.name)
+    boot = bootstraps(seed, "calibration", t.spec.name)
     orig, mir = ~t.is_mirror, t.is_mirror
-    s = spec.score(t.subset(orig), pred[orig], rng("test"), n_boot)
+    s = score(t.subset(orig), pred[orig], boot("test"), n_boot)
     out = {"value": s.get(key), "ci": (s.get("ci") or {}).get(key), "all": _plain(s)}
+    m = score(t.subset(mir), pred[mir], None, 0, canon_prior) if mir.any() else {}
     if mir.any():
-        out["mirror_cf"] = spec.score(t.subset(mir), pred[mir], None, 0).get(key)
-    c = spec.conflict(canon_prior, t.subset(orig), pred[orig], rng("conflict"), n_boot)
+        out["mirror_cf"] = m.get(key)
+    c = t.spec.conflict(canon_prior, t.subset(orig), pred[orig], boot("conflict"), n_boot)
     if c is not None:
         out["conflict"], out["conflict_n"] = c.get(key), c.get("n")
         out["conflict_ci"] = (c.get("ci") or {}).get(key)
-    c = spec.conflict(canon_prior, t.subset(mir), pred[mir], None, 0) if mir.any() else None
-    if c is not None:
-        out["mirror_conflict"], out["mirror_conflict_n"] = c.get(key), c.get("n")
+    if "conflict" in m:
+        out["mirror_conflict"], out["mirror_conflict_n"] = m["conflict"].get(key), m["conflict"].get("n")
     return out
 
 
@@ -493,13 +479,13 @@ def configs(cfg: CalibrationConfig) -> tuple[Data, list[Training]]:
     """The builds' and trainings' settings of a calibration step's config."""
     from spar_bench.probes.tasks import get_probe, probe_names
 
-    score = tuple(p for p in probe_names() if p.split(".")[0] in ("level1", "level2", "level3")) \
+    scored = tuple(p for p in probe_names() if p.split(".")[0] in ("level1", "level2", "level3")) \
         if cfg.score == ("all",) else tuple(get_probe(p).name for p in cfg.score)
-    levels = tuple(lv for lv in ("level1", "level2", "level3") if any(p.startswith(lv) for p in cfg.probes + score))
+    levels = tuple(lv for lv in ("level1", "level2", "level3") if any(p.startswith(lv) for p in cfg.probes + scored))
     data = Data(cfg.layout_cases(), cfg.samples, cfg.questions, cfg.l3_stride, cfg.in_plane, cfg.slices, levels)
     model_args = {**MODEL_ARGS, **cfg.model_args}
     trainings = [Training(model_args, cfg.head, cfg.epochs, cfg.patience, cfg.lr, s, TRAIN_ON, cfg.probes,
-                          cfg.train_mirrors, score, cfg.organ_maps, cfg.organ_map_dice, cfg.device)
+                          cfg.train_mirrors, scored, cfg.organ_maps, cfg.organ_map_dice, cfg.device)
                  for s in cfg.seeds]
     return data, trainings
 
