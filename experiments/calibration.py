@@ -62,6 +62,7 @@ from spar_bench.probes.finetune.config import FinetuneConfig, FinetuneSpec
 from spar_bench.probes.finetune.organmaps import OrganMapConfig, pretrain_organ_maps
 from spar_bench.probes.finetune.predictor import FinetunedEncoder
 from spar_bench.probes.finetune.readout import READOUT_PROBES, OrganMapReadout
+from spar_bench.probes.hardware import pick_device
 from spar_bench.probes.references.slice_oracle import SliceOracle
 from spar_bench.probes.runs.evaluate import bootstraps, score
 from spar_bench.probes.runs.inputs import BuildKeys, open_cache
@@ -489,8 +490,6 @@ def run_calibration(cfg: CalibrationConfig) -> Path:
     and the blind rows (:func:`calibration_rows`) and write them (:func:`write_calibration`) to
     ``cfg.out``; returns it. A run stopped part way keeps its finished builds and runs."""
     import torch
-
-    from spar_bench.probes.hardware import pick_device
 
     pick_device(cfg.device)  # a bad or absent device fails here, not after the phantoms are built
     torch.set_num_threads(cfg.threads)
