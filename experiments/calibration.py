@@ -42,6 +42,7 @@ plots: :mod:`.calibration_tables`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -51,9 +52,26 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from spar_bench.builder.build import BuildConfig, build
+from spar_bench.builder.phantom import PhantomOptions, write_phantom_dataset
+from spar_bench.builder.shards import Build
 from spar_bench.errors import ConfigError
 from spar_bench.fields import check_fields, limited
-from spar_bench.probes.finetune.readout import READOUT_PROBES
+from spar_bench.probes.cache import CacheOptions, write_cache
+from spar_bench.probes.finetune.config import FinetuneConfig, FinetuneSpec
+from spar_bench.probes.finetune.organmaps import OrganMapConfig, pretrain_organ_maps
+from spar_bench.probes.finetune.predictor import FinetunedEncoder
+from spar_bench.probes.finetune.readout import READOUT_PROBES, OrganMapReadout
+from spar_bench.probes.hardware import pick_device
+from spar_bench.probes.references.slice_oracle import SliceOracle
+from spar_bench.probes.runs.evaluate import bootstraps, score
+from spar_bench.probes.runs.inputs import BuildKeys, open_cache
+from spar_bench.probes.runs.predictors import CachedHead
+from spar_bench.probes.runs.session import head_on_cache, run_all
+from spar_bench.probes.runs.session import run as run_finetune
+from spar_bench.probes.runs.spec import make_run
+from spar_bench.probes.targets import load_targets
+from spar_bench.probes.tasks import get_probe, probe_names
 
 from .calibration_tables import (
     BLINDS,
@@ -112,9 +130,6 @@ def build_all(out: Path, data: Data, seed: int, jobs: int = 1) -> dict[str, Path
     """One phantom (distinct organ intensities) + shards per layout (Levels 1 and 3, mirrored
     counterfactuals, ``data.questions`` Level 3 questions per probe and slice), each rendered
     and built by ``jobs`` processes (the bytes do not depend on it)."""
-    from spar_bench.builder.build import BuildConfig, build
-    from spar_bench.builder.phantom import PhantomOptions, write_phantom_dataset
-
     builds = {}
     for i, layout in enumerate(LAYOUTS):
         if layout not in data.cases:  # a layout left out (the calibration test builds two)
@@ -136,21 +151,6 @@ def build_all(out: Path, data: Data, seed: int, jobs: int = 1) -> dict[str, Path
         build(BuildConfig(sources=("phantom",), roots=(str(ph),), out=str(shards), sample=sample, hf=False,
                           overwrite=True, workers=jobs), quiet=True)
     return builds
-
-
-def blind(train_build: Path, eval_build: Path, probe: str) -> float | None:
-    """The question-only optimum fitted on the training build, scored on the eval build's test items."""
-    from spar_bench.builder.shards import Build
-    from spar_bench.probes.runs.inputs import BuildKeys
-    from spar_bench.probes.targets import load_targets
-    from spar_bench.probes.tasks import get_probe
-
-    spec = get_probe(probe)
-    bt, be = Build(train_build), Build(eval_build)
-    tr = load_targets(bt, spec, "train", BuildKeys(bt).keys(spec.level, "train"))
-    te = load_targets(be, spec, "test", BuildKeys(be).keys(spec.level, "test"))
-    tr, te = tr.subset(~tr.is_mirror), te.subset(~te.is_mirror)
-    return spec.score(te, spec.prior_predict(spec.fit_prior(tr), te), None, 0).get(spec.headline)
 
 
 @dataclass(frozen=True)
@@ -226,8 +226,6 @@ def runs_root(out: Path, tr: Training) -> Path:
     """``OUT/runs``, or for other encoder model args ``OUT/runs-<hash>`` (run folders do not name them)."""
     if tr.model_args == MODEL_ARGS:
         return out / "runs"
-    import hashlib
-
     return out / f"runs-{hashlib.sha256(json.dumps(tr.model_args, sort_keys=True).encode()).hexdigest()[:10]}"
 
 
@@ -236,9 +234,6 @@ def train_run(builds: dict[str, Path], out: Path, tr: Training, train_on: str, p
     """The encoder trained from scratch with ``tr.head`` on ``probe`` of the ``train_on`` build (a
     finished run is kept). ``tr.train_mirrors`` adds the mirrored counterfactuals to the training
     data of non-canonical layouts only (canonical slices and their flips would be two layouts)."""
-    from spar_bench.probes.finetune.config import FinetuneConfig, FinetuneSpec
-    from spar_bench.probes.runs.session import run as run_finetune
-
     cfg = FinetuneConfig(encoder_lr=tr.lr, head_lr=tr.lr, batch_size=32, max_epochs=tr.epochs,
                          warmup_epochs=1, patience=tr.patience, device=tr.device, compute="fp32")
     fs = FinetuneSpec(ENCODER, str(builds[train_on]), probe, tr.head, tr.seed, init="scratch",
@@ -253,22 +248,12 @@ MODEL_TRAIN_ON = {"recall": "canonical", "computation": "random"}
 def split_items(build_root: Path, probe: str, keys: Any = None, split: str = "test"):
     """The probe's items of a split (originals and mirrored counterfactuals; default the test
     split) of a build, in the order of ``keys`` (a cache's; None: the build's own)."""
-    from spar_bench.builder.shards import Build
-    from spar_bench.probes.runs.inputs import BuildKeys
-    from spar_bench.probes.targets import load_targets
-    from spar_bench.probes.tasks import get_probe
-
     spec, b = get_probe(probe), Build(build_root)
     return load_targets(b, spec, split, BuildKeys(b).keys(spec.level, split) if keys is None else keys)
 
 
 def prior_of(build_root: Path, probe: str) -> dict:
     """The probe's prior (question-only optimum) fitted on a build's original training items."""
-    from spar_bench.builder.shards import Build
-    from spar_bench.probes.runs.inputs import BuildKeys
-    from spar_bench.probes.targets import load_targets
-    from spar_bench.probes.tasks import get_probe
-
     spec, b = get_probe(probe), Build(build_root)
     tr = load_targets(b, spec, "train", BuildKeys(b).keys(spec.level, "train"))
     return spec.fit_prior(tr.subset(~tr.is_mirror))
@@ -276,8 +261,6 @@ def prior_of(build_root: Path, probe: str) -> dict:
 
 def encoder_caches(rd: Path, builds: dict[str, Path], out: Path, device: str = "cpu") -> dict[str, Path]:
     """Feature caches of run ``rd``'s trained encoder over every layout's build (frozen, fp32)."""
-    from spar_bench.probes.cache import CacheOptions, write_cache
-
     caches = {}
     for layout, b in builds.items():
         caches[layout] = out / f"cache-{layout}.h5"
@@ -293,24 +276,18 @@ FROZEN_HEAD_OPTIONS = {"max_epochs": 15, "patience": 4}
 def frozen_head_predict(caches: dict[str, Path], builds: dict[str, Path], train_on: str, probe: str,
                         tr: Training, out: Path, n_boot: int) -> dict[str, tuple]:
     """A ``tr.head`` probe (``spar-probe fit``) on the frozen encoder's cache of the training layout,
-    then its predictions on every layout's test items: ``{layout: (targets, predictions)}``."""
-    from spar_bench.probes.runs.inputs import load_features, open_cache
-    from spar_bench.probes.runs.predictors import CachedHead
-    from spar_bench.probes.runs.session import run_fit
-    from spar_bench.probes.runs.spec import make_run
-    from spar_bench.probes.train import predict
-
+    then its predictions on every layout's test items (:func:`~spar_bench.probes.runs.session.head_on_cache`,
+    as ``spar-probe eval`` reads them): ``{layout: (targets, predictions)}``; ``{}`` when the
+    training layout has no items of the probe (the session's loop skips it in one line)."""
     run = make_run(str(caches[train_on]), probe, tr.head, tr.seed, dict(FROZEN_HEAD_OPTIONS), data=str(builds[train_on]),
                    n_boot=n_boot, controls=False)  # the blind rows are the priors
-    rd = run_fit(run, out, progress=False)
-    spec_run, rec, _, model = CachedHead.load(rd)
-    got = {}
+    fitted = [rd for _, rd in run_all([[run]], out, skip_unavailable=True, progress=False)]
+    if not fitted:  # no items of the probe on the training layout (skipped in one line): no predictions
+        return {}
+    loaded, got = CachedHead.load(fitted[0]), {}
     for layout, path in caches.items():
         with open_cache(path) as cache:
-            level = spec_run.spec.level
-            t = split_items(builds[layout], probe, cache.keys(level, "test"))
-            feats = load_features(cache, rec.extra["head_input"], level, "test", spec_run.layer, model)
-            got[layout] = (t, predict(model, feats, t))
+            got[layout] = head_on_cache(fitted[0], loaded, cache, Build(builds[layout]))
     return got
 
 
@@ -323,10 +300,6 @@ def predicted(predictor, build_root: Path, probe: str) -> tuple[Any, np.ndarray]
 
 def oracle_items(build_root: Path, probe: str) -> tuple[Any, np.ndarray]:
     """The slice oracle (:class:`~spar_bench.probes.references.slice_oracle.SliceOracle`) on a build's test items."""
-    from spar_bench.builder.shards import Build
-    from spar_bench.probes.references.slice_oracle import SliceOracle
-    from spar_bench.probes.tasks import get_probe
-
     return predicted(SliceOracle(get_probe(probe), Build(build_root)), build_root, probe)
 
 
@@ -334,36 +307,31 @@ def model_predictor(how: str, run: Path, build_root: Path, probe: str, device: s
     """The trained model's predictor on one build: ``readout`` (organ maps read out by geometry,
     the test slices' geometry kept in ``geometry`` per build for the other probes) or
     ``finetuned`` (the end-to-end run re-encoding the build's images)."""
-    from spar_bench.builder.shards import Build
-    from spar_bench.probes.finetune.predictor import FinetunedEncoder
-    from spar_bench.probes.finetune.readout import OrganMapReadout
-    from spar_bench.probes.tasks import get_probe
-
     if how == "finetuned":
         return FinetunedEncoder.from_run(run, Build(build_root), device, "fp32")
     return OrganMapReadout(get_probe(probe), Build(build_root), run, device, geometry.get(str(build_root)))
 
 
 def score_model(t, pred: np.ndarray, canon_prior: dict, seed: int, n_boot: int) -> dict:
-    """The table metric of ``pred`` on the original test items (CI over patients), on the mirrored
-    counterfactuals, and on the conflict items: those the canonical prior (canonical anatomy's
-    answer) gets wrong (Level 3 only)."""
-    from spar_bench.probes.runs.evaluate import bootstraps
-
-    spec, key = t.spec, table_metric(t.spec.name)
-    rng = bootstraps(seed, "calibration", spec.name)
+    """A layout's cell: the table metric of ``pred`` on the original test items (CI over patients),
+    on the mirrored counterfactuals, and on the conflict items of each: those the canonical prior
+    (canonical anatomy's answer) gets wrong (Level 3 only). Scored by the evaluation of every run
+    kind (:func:`~spar_bench.probes.runs.evaluate.score`); the conflict items' interval draws from a
+    bootstrap stream of its own (``conflict``), as docs/calibration.json's were."""
+    key = table_metric(t.spec.name)
+    boot = bootstraps(seed, "calibration", t.spec.name)
     orig, mir = ~t.is_mirror, t.is_mirror
-    s = spec.score(t.subset(orig), pred[orig], rng("test"), n_boot)
+    s = score(t.subset(orig), pred[orig], boot("test"), n_boot)
     out = {"value": s.get(key), "ci": (s.get("ci") or {}).get(key), "all": _plain(s)}
+    m = score(t.subset(mir), pred[mir], None, 0, canon_prior) if mir.any() else {}
     if mir.any():
-        out["mirror_cf"] = spec.score(t.subset(mir), pred[mir], None, 0).get(key)
-    c = spec.conflict(canon_prior, t.subset(orig), pred[orig], rng("conflict"), n_boot)
+        out["mirror_cf"] = m.get(key)
+    c = t.spec.conflict(canon_prior, t.subset(orig), pred[orig], boot("conflict"), n_boot)
     if c is not None:
         out["conflict"], out["conflict_n"] = c.get(key), c.get("n")
         out["conflict_ci"] = (c.get("ci") or {}).get(key)
-    c = spec.conflict(canon_prior, t.subset(mir), pred[mir], None, 0) if mir.any() else None
-    if c is not None:
-        out["mirror_conflict"], out["mirror_conflict_n"] = c.get(key), c.get("n")
+    if "conflict" in m:
+        out["mirror_conflict"], out["mirror_conflict_n"] = m["conflict"].get(key), m["conflict"].get("n")
     return out
 
 
@@ -390,8 +358,6 @@ def reference_rows(builds: dict[str, Path], probes: tuple[str, ...], n_boot: int
 
 def cached_reference_rows(builds: dict[str, Path], probes: tuple[str, ...], n_boot: int, path: Path) -> list[dict]:
     """:func:`reference_rows`, kept in ``path`` for the same builds (fingerprints), probes and bootstrap."""
-    from spar_bench.builder.shards import Build
-
     key = {"builds": {lay: Build(b).fingerprint for lay, b in builds.items()}, "probes": list(probes), "n_boot": n_boot}
     try:
         kept = json.loads(path.read_text())
@@ -410,9 +376,6 @@ def model_rows(builds: dict[str, Path], out: Path, tr: Training, model: str, n_b
     """One trained reference model (``recall`` or ``computation``), one seed, on every probe: the
     encoder trained end to end on ``tr.probes[0]`` (its own head scores that probe and every
     other of ``tr.probes``), a frozen probe of that encoder, with the same head, for every other probe."""
-    from spar_bench.probes.targets import ProbeUnavailable
-    from spar_bench.probes.tasks import probe_names
-
     train_on = MODEL_TRAIN_ON[model]
     if model == "computation" and tr.organ_maps:
         runs, enc_run = {}, organ_map_run(builds, out, tr)
@@ -424,12 +387,8 @@ def model_rows(builds: dict[str, Path], out: Path, tr: Training, model: str, n_b
     for probe in [p for p in probe_names() if p in tr.score]:
         readout = bool(model == "computation" and tr.organ_maps and probe in READOUT_PROBES)
         how = "readout" if readout else "finetuned" if probe in runs else "frozen"
-        try:
-            got = model_predictions(how, Trained(runs.get(probe, enc_run), train_on, caches), builds, probe, tr,
-                                    geometry, n_boot)
-        except ProbeUnavailable as e:  # e.g. no symmetric pair in a random layout: nothing to train on
-            print(f"{model} {probe}: {e}", flush=True)
-            got = {}
+        got = model_predictions(how, Trained(runs.get(probe, enc_run), train_on, caches), builds, probe, tr,
+                                geometry, n_boot)  # {}: a frozen probe with nothing to train on (a layout without it)
         canon = prior_of(builds["canonical"], probe)
         cells = {lay: score_model(t, pred, canon, tr.seed, n_boot) for lay, (t, pred) in got.items()}
         cells = {lay: cells.get(lay, {"value": None}) for lay in LAYOUTS}
@@ -472,8 +431,6 @@ def organ_map_run(builds: dict[str, Path], out: Path, tr: Training) -> Path:
     layouts' Level 3 slices (``probes.finetune.organmaps``; no question seen), with
     :data:`ORGAN_MAP_MODEL_ARGS`; :data:`~spar_bench.probes.finetune.readout.READOUT_PROBES` are then read out of its maps, every
     other probe is a frozen ``tr.head`` probe of it."""
-    from spar_bench.probes.finetune.organmaps import OrganMapConfig, pretrain_organ_maps
-
     cfg = OrganMapConfig(epochs=tr.organ_maps, lr=tr.lr, seed=tr.seed, dice=tr.organ_map_dice)
     dice = f"-dice{tr.organ_map_dice:g}" if tr.organ_map_dice else ""
     rd = out / "organ-maps" / f"{builds['random'].name}-e{tr.organ_maps}{dice}" / f"seed{tr.seed}"
@@ -493,15 +450,13 @@ def calibration_rows(builds: dict[str, Path], out: Path, trainings: list[Trainin
 
 def configs(cfg: CalibrationConfig) -> tuple[Data, list[Training]]:
     """The builds' and trainings' settings of a calibration step's config."""
-    from spar_bench.probes.tasks import get_probe, probe_names
-
-    score = tuple(p for p in probe_names() if p.split(".")[0] in ("level1", "level2", "level3")) \
+    scored = tuple(p for p in probe_names() if p.split(".")[0] in ("level1", "level2", "level3")) \
         if cfg.score == ("all",) else tuple(get_probe(p).name for p in cfg.score)
-    levels = tuple(lv for lv in ("level1", "level2", "level3") if any(p.startswith(lv) for p in cfg.probes + score))
+    levels = tuple(lv for lv in ("level1", "level2", "level3") if any(p.startswith(lv) for p in cfg.probes + scored))
     data = Data(cfg.layout_cases(), cfg.samples, cfg.questions, cfg.l3_stride, cfg.in_plane, cfg.slices, levels)
     model_args = {**MODEL_ARGS, **cfg.model_args}
     trainings = [Training(model_args, cfg.head, cfg.epochs, cfg.patience, cfg.lr, s, TRAIN_ON, cfg.probes,
-                          cfg.train_mirrors, score, cfg.organ_maps, cfg.organ_map_dice, cfg.device)
+                          cfg.train_mirrors, scored, cfg.organ_maps, cfg.organ_map_dice, cfg.device)
                  for s in cfg.seeds]
     return data, trainings
 
@@ -535,8 +490,6 @@ def run_calibration(cfg: CalibrationConfig) -> Path:
     and the blind rows (:func:`calibration_rows`) and write them (:func:`write_calibration`) to
     ``cfg.out``; returns it. A run stopped part way keeps its finished builds and runs."""
     import torch
-
-    from spar_bench.probes.hardware import pick_device
 
     pick_device(cfg.device)  # a bad or absent device fails here, not after the phantoms are built
     torch.set_num_threads(cfg.threads)

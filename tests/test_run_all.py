@@ -50,11 +50,27 @@ def test_a_named_unavailable_probe_stops_the_loop(calls, tmp_path):
 
 def test_the_loop_is_written_once_outside_the_sweep():
     """``except ProbeUnavailable`` once in the package outside ``runs/sweep.py`` (its workers
-    report it to the parent) and the 2-D calibration (not a run loop; issue 44 item 4)."""
+    report it to the parent): the 2-D calibration's frozen probes go through the same loop."""
     found = [p.relative_to(ROOT).as_posix() for d in PACKAGE for p in sorted((ROOT / d).rglob("*.py"))
              for _ in re.findall(r"except \(?[\w., ]*ProbeUnavailable", p.read_text(encoding="utf-8"))]  # fmt: skip
-    rest = [f for f in found if f not in ("probes/runs/sweep.py", "experiments/calibration.py")]
+    rest = [f for f in found if f != "probes/runs/sweep.py"]
     assert rest == ["probes/runs/session.py"], found
+
+
+def test_the_calibration_skips_a_frozen_probe_with_nothing_to_train_on(monkeypatch, capsys, tmp_path):
+    """The 2-D calibration's frozen probe of a layout without the probe's items (e.g. no
+    symmetric pair in random layouts) goes through ``run_all``: no predictions, one line."""
+    from spar_bench.experiments.calibration import Training, frozen_head_predict
+
+    def unavailable(spec, out, **kw):
+        raise ProbeUnavailable(f"{spec.features}: {spec.probe} has no train or no test items")
+
+    monkeypatch.setattr(session, "run", unavailable)
+    caches, builds = {"random": tmp_path / "cache-random.h5"}, {"random": tmp_path / "shards-random"}
+    got = frozen_head_predict(caches, builds, "random", "level3.symmetry", Training(), tmp_path / "heads", 5)
+    assert got == {}
+    assert capsys.readouterr().err.strip() == (f"level3.symmetry: not available on this build ({caches['random']}: "
+                                               "level3.symmetry has no train or no test items); skipped")
 
 
 def test_a_kind_says_itself_whether_its_runs_can_be_rescored(tmp_path, monkeypatch):

@@ -44,6 +44,8 @@ import numpy as np
 from spar_bench.errors import ConfigError
 from spar_bench.provenance import protocol_versions
 
+from ..targets import concat, load_targets
+from ..train import predict
 from .build_job import BuildJob, train_record  # noqa: F401 - BuildJob: the session's, from its module
 from .evaluate import evaluate, run_metrics, transfer
 from .inputs import (
@@ -245,27 +247,36 @@ def finish_run(run, p: Prepared, result, out: str | Path, blind=None, batch: dic
 
 
 # --------------------------------------------------------------------------- transfer
-def _transfer_features(cache, c: dict, spec_run, model, rd: Path, features, split: str, level: str) -> np.ndarray:
+def _transfer_features(cache, c: dict, spec_run, model, rd: Path, split: str, level: str) -> np.ndarray:
     """The features of ``split`` for run ``rd``'s head, checked against what it was trained on."""
     f = load_features(cache, c["head_input"], level, split, spec_run.layer, model)
     if f.shape[-1] != (model.proj_dim if c["head_input"] == "tokens" else c["in_dim"]):
-        raise ConfigError(f"{features}: feature width {f.shape[-1]} does not match run {rd} ({c['in_dim']})")
+        raise ConfigError(f"{cache.path}: feature width {f.shape[-1]} does not match run {rd} ({c['in_dim']})")
     if c["head_input"] == "tokens" and f.shape[1] != c.get("n_tokens", f.shape[1]):  # e.g. per-tile vs mosaic
-        raise ConfigError(f"{features}: {f.shape[1]} tokens per item (tile encoding "
+        raise ConfigError(f"{cache.path}: {f.shape[1]} tokens per item (tile encoding "
                           f"{cache.tile_encoding}) but run {rd} was trained on {c['n_tokens']}")  # fmt: skip
     return f
+
+
+def head_on_cache(rd: Path, loaded, cache, build, split: str = "test") -> tuple[Any, np.ndarray]:
+    """``(items, predictions)`` of a finished head run ``rd`` (``loaded``: its
+    :meth:`~.predictors.CachedHead.load`) on ``split`` of another cache of ``build``, the
+    features checked against what the head was trained on (:func:`run_eval`'s, and the 2-D
+    calibration's frozen probes on every layout)."""
+    spec_run, rec, _, model = loaded
+    spec, level = spec_run.spec, spec_run.spec.level
+    t = load_targets(build, spec, split, cache.keys(level, split))
+    return t, predict(model, _transfer_features(cache, rec.extra, spec_run, model, rd, split, level), t)
 
 
 def run_eval(run: str | Path, features: str | Path, data: str | Path | None = None, n_boot: int = 1000,
              overwrite: bool = False) -> Path:
     """Score a trained run on another cache without retraining; write ``eval-<cache>.json``
     (kept when it holds this evaluation, refused when another, unless ``overwrite``)."""
-    from ..targets import concat, load_targets
-    from ..train import predict
-
     rd = Path(run)
-    spec_run, rec, prior, model = CachedHead.load(rd)
-    c, spec = rec.extra, spec_run.spec
+    loaded = CachedHead.load(rd)
+    spec_run, _, prior, _ = loaded
+    spec = spec_run.spec
     trained = json.loads((rd / METRICS_FILE).read_text())
     majority = (trained.get("controls") or {}).get("majority_class")
     cache = open_cache(features)
@@ -281,12 +292,8 @@ def run_eval(run: str | Path, features: str | Path, data: str | Path | None = No
         raise ConfigError(f"{features}: cache has no {level}; levels: {', '.join(cache.levels())}")
     check_shards(build, level)
     splits = ["test"] if "test" in cache.splits(level) else cache.splits(level)
-    tests, preds = [], []
-    for split in splits:
-        t = load_targets(build, spec, split, cache.keys(level, split))
-        tests.append(t)
-        preds.append(predict(model, _transfer_features(cache, c, spec_run, model, rd, features, split, level), t))
-    scored = transfer(concat(tests), np.concatenate(preds), spec_run.seed, n_boot, prior, majority)
+    tests, preds = zip(*(head_on_cache(rd, loaded, cache, build, split) for split in splits), strict=True)
+    scored = transfer(concat(list(tests)), np.concatenate(preds), spec_run.seed, n_boot, prior, majority)
     evaluation = TransferEval(run=run_path(rd), features=Path(features).name, cache_fingerprint=cache.fingerprint,
                               encoder=encoder_slug(cache), random_init=bool(cache.random_init),
                               training=trained.get("training"), splits=splits, probe=spec.name, head=spec_run.head,
