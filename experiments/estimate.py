@@ -57,6 +57,14 @@ HEAD_RUN_FACTOR = {"transformer": 2.0}
 #: torch's imports, reading the plan; a report reads every run and draws its plots: 4.5 s the demo's
 STEP_START = (2.0, 2.0)
 REPORT_SECONDS = (2.5, 2.5)
+#: docs/RESULTS.md's 2-D calibration run (the preset's defaults) on 2 CPU cores: its phantom builds
+#: (2 x 1,000 + 40 cases of 96 x 96 x 16 voxels, one process) and the rest (2 seeds of recall, 16
+#: epochs at most, and of organ maps, 10 epochs, on 1,000 cases; the frozen probes, the readout,
+#: the bootstrap): 1,841 + 4,289 s (``conditions`` of ../shared/data/calibration-rerun's file)
+CALIBRATION_REFERENCE = {"build_s": 1841.4, "train_s": 4289.3, "cases": 2 * 1000 + 40, "train_cases": 1000,
+                         "in_plane": 96, "slices": 16, "seeds": 2, "epochs": 16 + 10}
+#: the phantom grid of a calibration that names none (the ``small`` preset: 160 in-plane, 40-60 slices)
+CALIBRATION_DEFAULT_GRID = (160, 50)
 
 
 def cache_rate(spec: str, model_args: dict | None = None) -> tuple[float, float]:
@@ -158,6 +166,8 @@ def step_seconds(plan: Plan, step: Step) -> tuple[float, float]:
         elif unit == "build_seconds":
             jobs = max(1, int(step.specs[-1][1].get("options", {}).get("jobs") or 1))
             cpu, gpu = cpu + amount / min(jobs, CORES[0]), gpu + amount / min(jobs, CORES[1])
+        elif unit == "calibration_seconds":  # seconds on 2 CPU cores (calibration_seconds); the GPU: not measured
+            cpu, gpu = cpu + amount, gpu + amount
         elif unit in UNIT_SECONDS:
             c, g = UNIT_SECONDS[unit]
             if unit == "runs":
@@ -166,6 +176,22 @@ def step_seconds(plan: Plan, step: Step) -> tuple[float, float]:
                 c = g = 0.002  # no model: answers are computed (the demo's 1,352 in about 3 s)
             cpu, gpu = cpu + amount * c, gpu + amount * g
     return cpu, gpu
+
+
+def calibration_seconds(cfg) -> float:
+    """A 2-D calibration's seconds on 2 CPU cores (:class:`~.calibration.CalibrationConfig`
+    ``cfg``), scaled from :data:`CALIBRATION_REFERENCE`: its builds by cases and voxels (over
+    ``jobs`` processes), its training by seeds, training cases, slices and epochs. Rough: the
+    reference is one run, and the scaling is linear."""
+    ref = CALIBRATION_REFERENCE
+    in_plane, slices = cfg.in_plane or CALIBRATION_DEFAULT_GRID[0], cfg.slices or CALIBRATION_DEFAULT_GRID[1]
+    cases = sum(cfg.layout_cases().values())
+    build = (ref["build_s"] * cases / ref["cases"] * (in_plane / ref["in_plane"]) ** 2 * slices / ref["slices"]
+             / min(cfg.jobs, CORES[0]))
+    epochs = cfg.epochs + (cfg.organ_maps or cfg.epochs)
+    train = (ref["train_s"] * len(cfg.seeds) / ref["seeds"] * cfg.cases / ref["train_cases"]
+             * slices / ref["slices"] * epochs / ref["epochs"])
+    return build + train
 
 
 def head_factor(step: Step) -> float:
@@ -187,7 +213,7 @@ def totals(plan: Plan, steps: list[Step]) -> dict[str, float]:
     out: dict[str, float] = {}
     for s in steps:
         for unit, amount in s.cost:
-            if unit in ("run_images", "build_seconds") or (s.kind == "eval" and unit in ("images", "volumes")
+            if unit in ("run_images", "build_seconds", "calibration_seconds") or (s.kind == "eval" and unit in ("images", "volumes")
                                         and s.id.startswith("eval:heads")):
                 continue
             key = f"{unit} to encode" if unit in ("images", "volumes") else {"runs": "runs to train",

@@ -40,6 +40,7 @@ from spar_bench.fields import field_default, field_types
 
 from . import sizes
 from .config import Experiment
+from .estimate import calibration_seconds
 from .plan import (
     BUILDS,
     DEFAULT_LEVELS,
@@ -283,8 +284,11 @@ def calibration_step(exp: Experiment) -> Step:
     given = options("calibration", exp.calibration or {}, "calibration", exp)
     record = {"out": f"{{out}}/{CALIBRATION}", **given}
     runs = 2 * len(given.get("seeds") or (0,)) * (len(given.get("probes") or ()) or 1)
+    from .calibration import CalibrationConfig
+
+    seconds = calibration_seconds(CalibrationConfig(**given))
     return Step("calibration", "calibration", (("calibration", record),), (), (f"{{out}}/{CALIBRATION}",),
-                cost=(("runs", float(runs)),), device=True)
+                cost=(("runs", float(runs)), ("calibration_seconds", seconds)), device=True)
 
 
 def report_step(exp: Experiment, needs: tuple[str, ...]) -> Step:

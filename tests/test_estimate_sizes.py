@@ -152,3 +152,22 @@ def test_the_paper_dry_run_prices_every_build(tmp_path):
     word, ts = dict(plan.step("build:word").cost), dict(plan.step("build:totalsegmentator").cost)
     assert word["cases"] == 170 and word["build_seconds"] > 0 and ts["build_seconds"] > 0
     assert dict(plan.step("vqa:qwen2.5-vl-7b@word").cost)["questions"] == estimated_questions(plan.experiment, "word")
+
+
+def test_the_calibration_step_is_priced_from_the_reference_run():
+    """The preset's calibration (docs/RESULTS.md's run, about 104 min on 2 cores) is estimated at
+    that run's time, not at a step's start; a smaller one scales down with its cases, seeds and
+    epochs, and more build processes shorten its builds."""
+    from spar_bench.experiments.calibration import CalibrationConfig
+    from spar_bench.experiments.estimate import CALIBRATION_REFERENCE, calibration_seconds
+
+    plan = make_plan(load_experiment(preset_path("recall-vs-computation"), {"OUT": "nowhere"}))
+    step = next(s for s in plan.steps if s.kind == "calibration")
+    cpu, _ = step_seconds(plan, step)
+    reference = CALIBRATION_REFERENCE["build_s"] + CALIBRATION_REFERENCE["train_s"]
+    assert reference <= cpu < reference * 1.01  # the preset is the reference's configuration
+    full = dict(cases=1000, eval_cases=40, in_plane=96, slices=16, epochs=16, organ_maps=10, seeds=(0, 1))
+    assert calibration_seconds(CalibrationConfig(**full)) == pytest.approx(reference)
+    half = calibration_seconds(CalibrationConfig(**{**full, "cases": 500, "eval_cases": 20, "seeds": (0,)}))
+    assert half < reference / 2.5
+    assert calibration_seconds(CalibrationConfig(**{**full, "jobs": 2})) < reference
