@@ -551,8 +551,9 @@ def _autocast(device_type: str, comp: str):
 
 
 #: a CPU cache is split over processes only when each gets at least this many batches and
-#: images (a process costs about 5 CPU-s to start: importing torch and unpickling the encoder,
-#: the forward of ~150 images of a small CNN at one thread)
+#: images: a process costs about 4 CPU-s to start (importing torch and timm, unpickling the
+#: encoder), which :func:`_pool_ahead` overlaps with this process's load of the encoder, so on
+#: idle cores it costs little wall time; on busy ones it is CPU the others lose
 MIN_BATCHES_PER_PROCESS = 4
 MIN_IMAGES_PER_PROCESS = 128
 #: batches handed to the processes ahead of the one being written, per process

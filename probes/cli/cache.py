@@ -35,7 +35,7 @@ from .options import compute_option, device_option, loader_workers_option
 @old_spelling("--batch", "--batch-size", "batch_size", type=click.IntRange(1))
 @compute_option(CacheOptions)
 @field_options(CacheOptions, "processes", helps={
-    "processes": "CPU only: 1-thread processes encoding alternate batches, written in order (the file is the "
+    "processes": "CPU only: 1-thread processes, each encoding the next batch when free, written in order (the file is the "
                  "same for any number; default: one per usable core)."}, types={"processes": click.IntRange(1)})
 @loader_workers_option("DataLoader workers reading shards (default: 2 on CUDA, 0 on CPU).")
 @click.option("--overwrite", is_flag=True, help="Delete an existing cache at --out first.")
