@@ -14,8 +14,10 @@ from pathlib import Path
 import click
 
 from spar_bench.errors import IntegrityError, SparError
+from spar_bench.outputs import files_under
 
 from .schema import LEVEL_SPECS
+from .writers.hdf5 import row_field
 from .writers.manifest import (
     MANIFEST_NAME,
     listed_files,
@@ -29,7 +31,6 @@ def _h5_counts(path: Path, level: str) -> tuple[int, int]:
     """(rows, questions) of one shard: questions counted by the level's row field
     (``q_slice``, ``q_volume``: ``LevelSpec.row_field``)."""
     from .shards import open_shard
-    from .writers.hdf5 import row_field
 
     pointer = row_field(level)
     with open_shard(path) as f:
@@ -45,7 +46,6 @@ def _unit_count(level: str, counts: dict) -> int | None:
 
 def _unlisted(out: Path, manifest: dict) -> list[str]:
     """Files under ``out`` that the manifest does not list (a stray Parquet or HDF5 file)."""
-    from spar_bench.outputs import files_under
 
     return sorted(files_under(out) - listed_files(manifest))
 

@@ -7,7 +7,7 @@ import click
 from spar_bench.clitools import declared_type, wait_option
 
 from ..options import jobs_option, pop_jobs
-from .generate import INTENSITIES, LAYOUTS, SIZES, PhantomOptions
+from .generate import INTENSITIES, LAYOUTS, SIZES, PhantomOptions, write_phantom_dataset
 
 
 @click.command("phantom")
@@ -76,8 +76,6 @@ def phantom_command(
     records the seed, layout and every case's parameters.
     """
     from spar_bench.locks import output_lock
-
-    from .generate import PhantomOptions, write_phantom_dataset
 
     options = PhantomOptions(layout=layout, seed=seed, lesions=not no_lesions, size=size, in_plane=in_plane,
                              n_slices=n_slices, intensities=intensities)

@@ -22,8 +22,11 @@ import click
 import numpy as np
 
 from spar_bench.errors import ConfigError, SparError
+from spar_bench.procs import process_pool
 
+from .. import __version__
 from ..schema import IMAGE_FIELDS, LEVEL3_PROBES, LEVEL4_PROBES, LEVEL_SPECS, ORGANS, ordered_splits
+from .manifest import sha256_file
 
 #: What the card shows of each source record: where (as seen from the build, or null) and
 #: the sha256 of its inputs; never an absolute path.
@@ -189,8 +192,6 @@ def convert_shard(job: tuple[str, str, str]) -> tuple[dict[str, Any], dict[str, 
     """
     import pyarrow.parquet as pq
 
-    from .manifest import sha256_file
-
     out_dir, level, h5_rel = Path(job[0]), job[1], job[2]
     data = _read_h5(out_dir / h5_rel)
     table, features = shard_table(level, data)
@@ -219,8 +220,6 @@ def write_hf(
     from datasets import Features
     from tqdm.auto import tqdm
 
-    from .manifest import sha256_file
-
     out_dir = Path(out_dir)
     hf = out_dir / "hf"
     # an empty shard has no Parquet file (datasets cannot read a 0-row one): a level or split
@@ -228,8 +227,6 @@ def write_hf(
     jobs = [(str(out_dir), level, e["path"]) for level, by_split in shards.items()
             for entries in by_split.values() for e in entries if e["rows"]]
     if workers > 1 and len(jobs) > 1:
-        from spar_bench.procs import process_pool
-
         with process_pool(workers) as pool:  # workers terminated if we are interrupted
             results = list(tqdm(pool.map(convert_shard, jobs), total=len(jobs), desc="parquet",
                                 unit="shard", leave=False))
@@ -373,7 +370,6 @@ def _card_licences(names: list[str]) -> list[str]:
 
 def _card_provenance(config, sample_config, sources) -> list[str]:
     """Builder version, seed and the published build config, sample config and sources (JSON)."""
-    from .. import __version__
 
     return [
         "## How it was built",
