@@ -9,10 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from spar_bench.builder.shards import Build
 from spar_bench.provenance import RUN_PACKAGES, package_versions, protocol_versions
 
 from .evaluate import evaluate, run_metrics
-from .inputs import Splits
+from .inputs import Splits, build_splits
 from .record import RunRecord
 from .store import check_run_dir
 
@@ -49,14 +50,11 @@ class BuildJob:
     @classmethod
     def open(cls, predictor_type, run, out, options=None) -> BuildJob:
         """The job of a registered predictor class (its ``on_build(probe_spec, build)``), named by its kind."""
-        from spar_bench.builder.shards import Build
 
         build = Build(run.features)
         return cls.of(run, predictor_type.on_build(run.spec, build), build, out, run.kind)
 
     def start(self) -> None:
-        from .inputs import build_splits
-
         check_run_dir(self.rd, self.declared)
         self.splits = build_splits(self.build, self.run)
 

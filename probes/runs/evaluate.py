@@ -22,6 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from spar_bench.provenance import build_unanswerable, protocol_versions
+from spar_bench.seeding import derive_seed
+
 from .inputs import Splits
 
 Boot = Callable[[str], "np.random.Generator"]
@@ -52,7 +55,6 @@ def score(t, pred: np.ndarray, rng: np.random.Generator | None, n_boot: int, pri
 
 def bootstraps(seed: int, *names: str) -> Boot:
     """The bootstrap generator of each scored part (``tag``), derived from the run's seed and names."""
-    from spar_bench.seeding import derive_seed
 
     return lambda tag: np.random.default_rng(derive_seed(seed, "bootstrap", *names, tag))
 
@@ -121,7 +123,6 @@ def run_metrics(run, s: Splits, scored: dict[str, Any], *, encoder: str, train: 
     evaluation (``scored``: :func:`evaluate`'s test, mirror and controls), how its encoder was
     trained (``training``), the protocol versions of the build and, from its manifest, the
     share of the probe's questions it dropped as not answerable from their pixels."""
-    from spar_bench.provenance import build_unanswerable, protocol_versions
 
     spec = run.spec
     return {

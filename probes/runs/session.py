@@ -44,6 +44,9 @@ import numpy as np
 from spar_bench.errors import ConfigError
 from spar_bench.provenance import protocol_versions
 
+from ..kinds import PREDICTORS, run_kind
+from ..targets import concat, load_targets
+from ..train import predict
 from .build_job import BuildJob, train_record  # noqa: F401 - BuildJob: the session's, from its module
 from .evaluate import evaluate, run_metrics, transfer
 from .inputs import (
@@ -57,7 +60,7 @@ from .inputs import (
     resolve_build,
     split_targets,
 )
-from .predictors import CachedHead, head_extra, head_record
+from .predictors import CachedHead, blind_targets, head_extra, head_record
 from .record import RunRecord
 from .store import (
     HEAD_FILE,
@@ -157,7 +160,6 @@ def run_all(groups: Iterable[Iterable[Any]], out: str | Path, *, skip_unavailabl
 def open_job(spec, out: str | Path, options: RunOptions = RunOptions()):
     """The job of ``spec`` (``spec.kind`` in :data:`~spar_bench.probes.kinds.PREDICTORS`: every
     kind answers ``open``), or None."""
-    from ..kinds import run_kind
 
     return run_kind(spec.kind).open(spec, out, options)
 
@@ -260,8 +262,6 @@ def run_eval(run: str | Path, features: str | Path, data: str | Path | None = No
              overwrite: bool = False) -> Path:
     """Score a trained run on another cache without retraining; write ``eval-<cache>.json``
     (kept when it holds this evaluation, refused when another, unless ``overwrite``)."""
-    from ..targets import concat, load_targets
-    from ..train import predict
 
     rd = Path(run)
     spec_run, rec, prior, model = CachedHead.load(rd)
@@ -319,7 +319,6 @@ def _kind_of(rd: Path) -> str:
     finetune run's), else a head's, so the loader of its head names what is wrong."""
     if (rd / "config.json").is_file():
         return RunRecord.read(rd).kind
-    from ..kinds import PREDICTORS
 
     marked = (k for k in PREDICTORS.names() if (m := PREDICTORS.meta(k).get("marker")) and (rd / m).is_file())
     return next(marked, "head")
@@ -329,7 +328,6 @@ def evaluate_on(rd: str | Path, target: EvalTarget) -> Path:
     """Transfer evaluation of any run kind that can be re-scored (its class's ``rescore``):
     ``eval-<target>.json`` in ``rd`` (kept when it holds this evaluation, refused when another,
     unless ``target.overwrite``)."""
-    from ..kinds import PREDICTORS, run_kind
 
     rd = Path(rd)
     kind = _kind_of(rd)
@@ -377,7 +375,6 @@ def _fit_members(runs: list, prepared: list, out, batch: dict, progress: bool, p
     from dataclasses import replace
 
     from ..ensemble import Prune, train_heads
-    from .predictors import blind_targets
 
     s0 = prepared[0].splits
     cfgs, seeds = [r.train for r in runs], [r.seed for r in runs]
