@@ -17,7 +17,10 @@ the entry-point group :data:`ENTRY_POINT_GROUP` (``name = "module:Class"``), or 
 
 from __future__ import annotations
 
+from spar_bench.errors import ConfigError
 from spar_bench.registry import Registry
+
+from .runs.build_job import OnBuild
 
 PREDICTORS: Registry = Registry("run kind")
 PREDICTORS.register_lazy("head", "spar_bench.probes.runs.session:HeadJob")
@@ -55,7 +58,6 @@ def opens(cls):
     (a plug-in's, or one registered by hand) gets :class:`~.runs.build_job.OnBuild`'s."""
     if getattr(cls, "open", None) is not None:
         return cls
-    from .runs.build_job import OnBuild
 
     return type(cls.__name__, (cls, OnBuild), {"__module__": cls.__module__, "__doc__": cls.__doc__})
 
@@ -64,7 +66,6 @@ def _plugin(name: str, source: str):
     """A plug-in's run kind, loaded; what keeps it from running (its import raises, its module
     is missing, its class has neither ``open`` nor ``on_build`` with ``fit`` and ``predict``, its
     name cannot be a folder's) is one line naming the kind, its entry point and the error."""
-    from spar_bench.errors import ConfigError
     from spar_bench.names import name_problem
 
     where = f"run kind {name!r} (a plug-in's, {source})"

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from math import factorial
 from typing import Any
 
 import numpy as np
@@ -314,7 +315,6 @@ class ArrangementSpec(LocalisationSpec):
 
     def chance(self, t):
         """Expected exact-permutation accuracy of a uniformly random assignment (mean 1/n!)."""
-        from math import factorial
 
         n = np.asarray(t.y["present_pos"], bool).sum(axis=1)
         n = n[n > 0]

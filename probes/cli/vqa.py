@@ -9,8 +9,10 @@ from pathlib import Path
 import click
 
 from spar_bench.clitools import field_options, given, old_spelling, wait_option
+from spar_bench.errors import ConfigError
 from spar_bench.locks import output_lock
 
+from ..measured import NOT_MEASURED, is_unmeasured
 from ..names import names_all
 from ..vqa.options import (  # noqa: F401 - the CLI's parsers are the library's
     TORCH_DTYPES,
@@ -95,7 +97,6 @@ def vqa_command(model, answers, accept_missing, data, probes, out, revision, bas
 
 def _model_of(model: str | None, answers: str | None) -> str:
     """``--model``, or ``answers:FILE`` for ``--answers FILE``; exactly one of them."""
-    from spar_bench.errors import ConfigError
 
     if (model is None) == (answers is None):
         raise ConfigError("spar-probe vqa: give --model (a model to ask) or --answers FILE (another harness's "
@@ -126,7 +127,6 @@ class _Progress:
 
 def _pct(score, key: str = "accuracy") -> str:
     """A score's ``key`` in %, ``n/a`` when absent, ``not measured`` for answers missing (:mod:`..measured`)."""
-    from ..measured import NOT_MEASURED, is_unmeasured
 
     if is_unmeasured(score):
         return NOT_MEASURED
