@@ -55,6 +55,7 @@ from spar_bench.provenance import (
 from . import __version__
 from .partition import finish_partition, owned_partition, partition_of
 from .readers import file_sha256
+from .samples import SampleConfig
 from .samples.config import check_volume_size
 from .sources import SOURCES
 from .writers.hdf5 import ShardSink, volume_shard_rows
@@ -69,7 +70,6 @@ from .writers.manifest import (
 
 if TYPE_CHECKING:
     from .case import CaseRef
-    from .samples import SampleConfig
 
 from .schema import (
     LEVEL_PARTS,

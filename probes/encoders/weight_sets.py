@@ -36,12 +36,10 @@ from spar_bench.hashing import sha256_file
 from spar_bench.registry import Registry, import_target
 
 from .base import WeightsGiven
-from .timm_family import build_timm_model, timm_spec_from_model
+from .timm_family import TimmEncoder, build_timm_model, timm_spec_from_model
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
-
-    from .timm_family import TimmEncoder
 
 #: a classifier's tensors, which an encoder built without a head (``num_classes=0``) does not load.
 HEAD_PREFIXES = ("classifier.",)
