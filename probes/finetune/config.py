@@ -95,7 +95,7 @@ class FinetuneSpec(NamedRun):
     (:meth:`head_run`), whose features are the build's images, encoded by the trained encoder.
     """
 
-    kind: ClassVar[str] = "finetune"  # the run kind (spar_bench.probes.kinds.PREDICTORS)
+    kind: ClassVar[str] = "finetune"  # the run kind (spar_bench.probes.kinds.RUN_KINDS)
 
     encoder: str
     data: str

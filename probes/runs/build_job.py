@@ -1,7 +1,7 @@
 """A predictor made from a build, run as every run kind is: :class:`BuildJob` (the job
 :func:`~.session.execute` carries out) and :class:`OnBuild`, which gives a predictor class with
 ``on_build(probe_spec, build)`` the ``open(spec, out, options)`` every run kind answers
-(:data:`spar_bench.probes.kinds.PREDICTORS`)."""
+(:data:`spar_bench.probes.kinds.RUN_KINDS`)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The session: every run of every kind, from spec to finished folder, by one lifecycle.
 
 :func:`run` is the one way a run happens: :func:`open_job` opens the job of ``spec.kind``
-(:data:`spar_bench.probes.kinds.PREDICTORS`, every kind's ``open``: :class:`HeadJob` for a head on
+(:data:`spar_bench.probes.kinds.RUN_KINDS`, every kind's ``open``: :class:`HeadJob` for a head on
 cached features, a kind's own job class, or :class:`~.build_job.BuildJob` for a predictor made
 from a build), and
 :func:`execute` keeps a finished run of the same identity, else starts, fits, scores (the one
@@ -44,7 +44,7 @@ import numpy as np
 from spar_bench.errors import ConfigError
 from spar_bench.provenance import protocol_versions
 
-from ..kinds import PREDICTORS, run_kind
+from ..kinds import RUN_KINDS, run_kind
 from ..targets import concat, load_targets
 from ..train import predict
 from .build_job import BuildJob, train_record  # noqa: F401 - BuildJob: the session's, from its module
@@ -100,7 +100,7 @@ class RunOptions:
 
 
 class Job(Protocol):
-    """One run of a kind, opened from its spec (``PREDICTORS[kind].open(spec, out, options)``):
+    """One run of a kind, opened from its spec (``RUN_KINDS[kind].open(spec, out, options)``):
     its folder, its record as known before running (its identity), the files it declares
     beside the record and metrics, and three steps the session calls in order."""
 
@@ -121,7 +121,7 @@ class Job(Protocol):
 
 def run(spec, out: str | Path, *, overwrite: bool = False, resume: bool = False, progress: Any = True) -> Path | None:
     """The one way any run happens: open the kind's job from ``spec`` (``spec.kind`` names it in
-    :data:`~spar_bench.probes.kinds.PREDICTORS`), keep a finished run of the same identity
+    :data:`~spar_bench.probes.kinds.RUN_KINDS`), keep a finished run of the same identity
     (refuse one of another, redo a damaged one), else start, fit, score and write the run folder
     whole (:func:`~.store.write_run`: declared files, the record, ``metrics.json`` last). None:
     the spec asks for nothing on its inputs (an MLLM probe the build has no question of).
@@ -158,7 +158,7 @@ def run_all(groups: Iterable[Iterable[Any]], out: str | Path, *, skip_unavailabl
 
 
 def open_job(spec, out: str | Path, options: RunOptions = RunOptions()):
-    """The job of ``spec`` (``spec.kind`` in :data:`~spar_bench.probes.kinds.PREDICTORS`: every
+    """The job of ``spec`` (``spec.kind`` in :data:`~spar_bench.probes.kinds.RUN_KINDS`: every
     kind answers ``open``), or None."""
 
     return run_kind(spec.kind).open(spec, out, options)
@@ -315,12 +315,12 @@ NEEDS_FEATURES = ("--features is required (re-encoding with --data alone needs a
 
 def _kind_of(rd: Path) -> str:
     """A run folder's kind: its record's; without one (a damaged run), the kind whose marker file
-    it holds (:data:`~spar_bench.probes.kinds.PREDICTORS` metadata: a trained encoder is a
+    it holds (:data:`~spar_bench.probes.kinds.RUN_KINDS` metadata: a trained encoder is a
     finetune run's), else a head's, so the loader of its head names what is wrong."""
     if (rd / "config.json").is_file():
         return RunRecord.read(rd).kind
 
-    marked = (k for k in PREDICTORS.names() if (m := PREDICTORS.meta(k).get("marker")) and (rd / m).is_file())
+    marked = (k for k in RUN_KINDS.names() if (m := RUN_KINDS.meta(k).get("marker")) and (rd / m).is_file())
     return next(marked, "head")
 
 
@@ -333,7 +333,7 @@ def evaluate_on(rd: str | Path, target: EvalTarget) -> Path:
     kind = _kind_of(rd)
     rescore = getattr(run_kind(kind), "rescore", None)
     if rescore is None:
-        can = [k for k in PREDICTORS.names() if hasattr(run_kind(k), "rescore")]
+        can = [k for k in RUN_KINDS.names() if hasattr(run_kind(k), "rescore")]
         raise ConfigError(f"{rd}: a run of kind {kind} has no trained head to score on another target; "
                           f"runs of kind {' or '.join(can)} can be")  # fmt: skip
     return rescore(rd, target)

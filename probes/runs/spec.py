@@ -155,7 +155,7 @@ class RunSpec(NamedRun):
     beside the spec.
     """
 
-    kind: ClassVar[str] = "head"  # the run kind (spar_bench.probes.kinds.PREDICTORS)
+    kind: ClassVar[str] = "head"  # the run kind (spar_bench.probes.kinds.RUN_KINDS)
 
     features: str
     probe: str
