@@ -54,22 +54,11 @@ from spar_bench.provenance import (
 
 from . import __version__
 from .partition import finish_partition, owned_partition, partition_of
-from .readers import file_sha256
-from .samples import SampleConfig
-from .samples.config import check_volume_size
-from .sources import SOURCES
 from .writers.hdf5 import ShardSink, volume_shard_rows
-from .writers.hf import write_hf
-from .writers.manifest import (
-    MANIFEST_FORMAT,
-    fingerprint,
-    level12_reach,
-    manifest_problems,
-    owned_build,
-)
 
 if TYPE_CHECKING:
     from .case import CaseRef
+    from .samples import SampleConfig
 
 from .schema import (
     LEVEL_PARTS,
@@ -203,6 +192,8 @@ class BuildConfig:
 
 
 def _sample_config(config: BuildConfig):
+    from .samples import SampleConfig
+
     return SampleConfig.from_dict(dict(config.sample))
 
 
@@ -327,6 +318,8 @@ def input_digest(ref: Any) -> dict[str, str]:
 
 
 def _digest(path: str | Path) -> str:
+    from .readers import file_sha256
+
     if not Path(path).exists():
         return "missing"
     try:
@@ -423,6 +416,7 @@ def _load_thresholds_from(path: str) -> tuple[dict[str, Any], str]:
     """(thresholds, fingerprint) of the build at ``path`` (a folder or its manifest.json); a
     manifest that disagrees with itself (a hand-edited ``thresholds`` or ``config``, a fingerprint
     that is not its shard list's: :func:`~.writers.manifest.manifest_problems`) is refused."""
+    from .writers.manifest import MANIFEST_FORMAT, manifest_problems
 
     p = Path(path)
     p = p / "manifest.json" if p.is_dir() else p
@@ -512,6 +506,8 @@ def owned_work(work: Path) -> set[str] | None:
 def _prepare_dirs(config: BuildConfig) -> tuple[Path, Path]:
     """Check OUT and OUT.tmp before any work; never delete what SPAR-Bench did not write."""
 
+    from .writers.manifest import owned_build
+
     out = Path(config.out)
     work = out.parent / (out.name + ".tmp")
     inputs = list(config.roots) + ([config.thresholds_from] if config.thresholds_from else [])
@@ -591,6 +587,7 @@ def _failure_recorded(work: Path) -> Iterator[None]:
 def _find(config: BuildConfig) -> tuple[list[tuple[Any, str, type]], dict[str, Any], dict[tuple[str, str], str]]:
     """Every chosen case ``(ref, root, source class)`` sorted, the sources' records, split origins."""
     from .selection import select
+    from .sources import SOURCES
 
     found, label_maps, where, rules = {}, {}, {}, {}
     for name, root in zip(config.sources, config.roots, strict=True):
@@ -642,6 +639,7 @@ def _published_sources(config: BuildConfig, sources_info: dict[str, dict[str, An
     The text hashed is one ``"<case_id>/<role>\\t<sha256>"`` line per file, sorted (as the
     build's fingerprint); ``n_inputs`` counts the files.
     """
+    from .writers.manifest import fingerprint
 
     roots = dict(zip(config.sources, config.roots, strict=True))
     out = {}
@@ -862,6 +860,8 @@ def build(config: BuildConfig, *, quiet: bool = False) -> Path:
                    f"are {','.join(sample_cfg.levels)}; this build adds the mirrored copies only (as mirror)",
                    err=True)  # fmt: skip
     if "level4" in sample_cfg.levels:  # memory now, before anything is written
+        from .samples.config import check_volume_size
+
         check_volume_size(sample_cfg.volume_size)
     refs, sources_info, origins = _find(config)  # reads only
     selection = [[r.source, r.case_id] for r, _, _ in refs]
@@ -903,6 +903,8 @@ def write_outputs(config: BuildConfig, ordered: list[CaseRecord], sources_info: 
         raise SparError(f"every case failed; first: {skipped[0]['reason'] if skipped else 'none found'}")
     sources_info = _published_sources(config, sources_info, records)
     if any(LEVEL_SPECS[lv].mosaic for lv in levels):  # which sources can give Level 1-2 samples
+        from .writers.manifest import level12_reach
+
         for name, info in sources_info.items():
             info["level12"] = level12_reach(info.get("label_map") or {}, sample_cfg.l12_min_organs,
                                             [r.rows for r in records if r.source == name])
@@ -911,6 +913,8 @@ def write_outputs(config: BuildConfig, ordered: list[CaseRecord], sources_info: 
     shards, counts, dropped = _write_shards(config, records, cases_dir, out_dir, levels, th, sample_cfg)
     hf_info = None
     if config.hf:
+        from .writers.hf import write_hf
+
         hf_info = write_hf(out_dir, shards, config=config, sample_config=sample_cfg.to_dict(),
                            sources=sources_info, workers=config.workers)
     manifest = json_safe(_manifest(
@@ -967,6 +971,8 @@ def _manifest(config: BuildConfig, sample_cfg: SampleConfig, levels: tuple[str, 
 def _replace_build(out_dir: Path, out: Path) -> None:
     """Move the finished ``out_dir`` to ``out``, replacing an empty folder or an earlier build."""
     if out.exists():  # empty, or an earlier build that --overwrite / --resume may replace
+        from .writers.manifest import owned_build
+
         claim(out, overwrite=True, owned=owned_build, what="build")
         remove(out)
     os.replace(out_dir, out)
@@ -1068,6 +1074,8 @@ def config_from_options(options: dict[str, Any], explicit: set[str] | None = Non
     sources = tuple(options.get("source") or ())
     if not sources:
         raise ConfigError("missing --source NAME; list the sources with `spar-build sources`")
+
+    from .sources import SOURCES
 
     for name in sources:  # names first: a typo is named before any folder is looked at
         SOURCES.check(name)

@@ -11,7 +11,6 @@ import click
 
 from spar_bench.clitools import LazyGroup, run_main, wait_option
 
-from .build import build_from_cli
 from .options import jobs_option, pop_jobs
 
 COMMANDS = {
@@ -90,6 +89,8 @@ def cli(ctx: click.Context, **options) -> None:
         click.echo(ctx.get_help())
         return
     from spar_bench.presets import explicit_options
+
+    from .build import build_from_cli
 
     options["jobs"] = pop_jobs(options)
     build_from_cli(options, explicit_options(ctx))

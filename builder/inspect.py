@@ -21,9 +21,7 @@ import numpy as np
 from spar_bench.errors import ConfigError, SparError
 
 from .ontology import label_counts
-from .samples import SampleConfig
 from .schema import N_ORGANS, ORGANS
-from .sources import SOURCES
 
 
 def volume_line(case, size: int, margin_mm: float) -> str:
@@ -173,8 +171,12 @@ def inspect_command(
 ) -> None:
     """Read cases into the canonical frame and print what the builder will see."""
 
+    from .sources import SOURCES
+
     sample = None
     if volume_size is not None:  # checked where every build checks it
+        from .samples import SampleConfig
+
         sample = SampleConfig(volume_size=volume_size)
     source_cls = SOURCES.get(source_name)
     source = source_cls(root, images=images, seed=seed, unknown_labels=unknown_labels)

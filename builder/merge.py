@@ -21,7 +21,6 @@ from spar_bench.outputs import check_target, claim, disk_full_is_an_error, remov
 from .build import BuildConfig, CaseRecord, owned_work, write_outputs
 from .options import jobs_option, pop_jobs
 from .partition import gather_cases, read_partitions
-from .writers.manifest import owned_build
 
 
 def config_from_recorded(recorded: dict[str, Any], **runtime: Any) -> BuildConfig:
@@ -52,6 +51,8 @@ def merge(parts: list[Path], out: Path, *, workers: int = 1, overwrite: bool = F
 
 
 def _merge(parts: list[Path], out: Path, *, workers: int, overwrite: bool, quiet: bool) -> Path:
+    from .writers.manifest import owned_build
+
     if not parts:
         raise ConfigError("merge: give the partition folders, e.g. spar-build merge parts/* --out OUT")
     records = read_partitions(parts)

@@ -33,7 +33,6 @@ from pathlib import Path
 import numpy as np
 
 from spar_bench.errors import CaseError
-from spar_bench.hashing import sha256_file
 
 NIFTI_SUFFIXES = (".nii.gz", ".nii")
 
@@ -120,6 +119,7 @@ def file_sha256(path: str | Path) -> str:
     A file that changed since (size or modification time) is hashed again; folders and
     unread files go to :func:`spar_bench.hashing.sha256_file`.
     """
+    from spar_bench.hashing import sha256_file
 
     path = Path(path)
     if path.is_file():

@@ -17,7 +17,6 @@ from spar_bench.errors import IntegrityError, SparError
 from spar_bench.outputs import files_under
 
 from .schema import LEVEL_SPECS
-from .writers.hdf5 import row_field
 from .writers.manifest import (
     MANIFEST_NAME,
     listed_files,
@@ -31,6 +30,7 @@ def _h5_counts(path: Path, level: str) -> tuple[int, int]:
     """(rows, questions) of one shard: questions counted by the level's row field
     (``q_slice``, ``q_volume``: ``LevelSpec.row_field``)."""
     from .shards import open_shard
+    from .writers.hdf5 import row_field
 
     pointer = row_field(level)
     with open_shard(path) as f:

@@ -26,7 +26,6 @@ from spar_bench.procs import process_pool
 
 from .. import __version__
 from ..schema import IMAGE_FIELDS, LEVEL3_PROBES, LEVEL4_PROBES, LEVEL_SPECS, ORGANS, ordered_splits
-from .manifest import sha256_file
 
 #: What the card shows of each source record: where (as seen from the build, or null) and
 #: the sha256 of its inputs; never an absolute path.
@@ -192,6 +191,8 @@ def convert_shard(job: tuple[str, str, str]) -> tuple[dict[str, Any], dict[str, 
     """
     import pyarrow.parquet as pq
 
+    from .manifest import sha256_file
+
     out_dir, level, h5_rel = Path(job[0]), job[1], job[2]
     data = _read_h5(out_dir / h5_rel)
     table, features = shard_table(level, data)
@@ -219,6 +220,8 @@ def write_hf(
     """
     from datasets import Features
     from tqdm.auto import tqdm
+
+    from .manifest import sha256_file
 
     out_dir = Path(out_dir)
     hf = out_dir / "hf"
