@@ -12,7 +12,6 @@ from spar_bench.clitools import field_options, given, old_spelling, wait_option
 from spar_bench.errors import ConfigError
 from spar_bench.locks import output_lock
 
-from ..measured import NOT_MEASURED, is_unmeasured
 from ..names import names_all
 from ..vqa.options import (  # noqa: F401 - the CLI's parsers are the library's
     TORCH_DTYPES,
@@ -127,6 +126,7 @@ class _Progress:
 
 def _pct(score, key: str = "accuracy") -> str:
     """A score's ``key`` in %, ``n/a`` when absent, ``not measured`` for answers missing (:mod:`..measured`)."""
+    from ..measured import NOT_MEASURED, is_unmeasured
 
     if is_unmeasured(score):
         return NOT_MEASURED

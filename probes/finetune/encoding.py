@@ -31,7 +31,6 @@ from typing import Any
 import numpy as np
 
 from spar_bench.builder.schema import LEVEL_SPECS
-from spar_bench.builder.shards import Build
 from spar_bench.errors import ConfigError
 from spar_bench.seeding import derive_seed
 
@@ -182,6 +181,7 @@ def run_eval_reencoded(run: str | Path, data: str | Path, n_boot: int = 1000, de
     holds this evaluation, refused when another, unless ``overwrite``). ``encoder``: the path
     of a local model again (:func:`load_run_encoder`).
     """
+    from spar_bench.builder.shards import Build
 
     rd = Path(run)
     if not (rd / EXPORT_FILE).is_file() or not (rd / "metrics.json").is_file():

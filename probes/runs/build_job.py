@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spar_bench.builder.shards import Build
 from spar_bench.provenance import RUN_PACKAGES, package_versions, protocol_versions
 
 from .evaluate import evaluate, run_metrics
@@ -50,6 +49,7 @@ class BuildJob:
     @classmethod
     def open(cls, predictor_type, run, out, options=None) -> BuildJob:
         """The job of a registered predictor class (its ``on_build(probe_spec, build)``), named by its kind."""
+        from spar_bench.builder.shards import Build
 
         build = Build(run.features)
         return cls.of(run, predictor_type.on_build(run.spec, build), build, out, run.kind)

@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 
 from spar_bench.provenance import build_unanswerable, protocol_versions
-from spar_bench.seeding import derive_seed
 
 from .inputs import Splits
 
@@ -55,6 +54,7 @@ def score(t, pred: np.ndarray, rng: np.random.Generator | None, n_boot: int, pri
 
 def bootstraps(seed: int, *names: str) -> Boot:
     """The bootstrap generator of each scored part (``tag``), derived from the run's seed and names."""
+    from spar_bench.seeding import derive_seed
 
     return lambda tag: np.random.default_rng(derive_seed(seed, "bootstrap", *names, tag))
 

@@ -15,8 +15,6 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from spar_bench.errors import ConfigError, IntegrityError
-from spar_bench.hashing import sha256_file, sha256_json
-from spar_bench.seeding import derive_seed
 
 from ..targets import ProbeUnavailable, holdout_patients, load_targets, missing_level, no_lesions
 
@@ -66,6 +64,7 @@ def check_shards(build, level: str) -> None:
     The fingerprint the cache checks covers the manifest, not the bytes on disk: a shard
     edited after the build (answers changed, say) is caught here.
     """
+    from spar_bench.hashing import sha256_file
 
     for entries in build.manifest["shards"].get(level, {}).values():
         for e in entries:
@@ -82,6 +81,7 @@ def cache_identity(cache) -> dict[str, Any]:
     and compute dtypes and the encoder's configuration (a digest of its recorded
     ``encoder_config``: model args, preprocessing). A run's ``config.json`` records it, and a
     finished run is kept only for a cache of the same identity (:func:`~.store.finished_run`)."""
+    from spar_bench.hashing import sha256_json
 
     meta = cache.meta
     return {"dtype": meta.get("dtype"), "compute_dtype": meta.get("compute_dtype"),
@@ -166,6 +166,7 @@ def split_targets(build, cache, run) -> Splits:
     mirrored samples are evaluated separately and trained on only with ``train_mirrors``;
     flipped ones (Level 4) are evaluated separately and never trained on.
     """
+    from spar_bench.seeding import derive_seed
 
     spec, cfg = run.spec, run.train
     level = spec.level

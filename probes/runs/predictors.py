@@ -25,10 +25,7 @@ import numpy as np
 
 from spar_bench.errors import ConfigError
 from spar_bench.provenance import RUN_PACKAGES, package_versions
-from spar_bench.seeding import derive_seed
 
-from ..encoders.base import published_name, published_weights
-from ..heads import build_head, head_defaults, head_input
 from ..train import predict, seeded, train_head
 from .build_job import OnBuild
 from .inputs import Splits, cache_identity, finite, load_features
@@ -68,6 +65,9 @@ def blind_targets(t):
 # --------------------------------------------------------------------------- heads on cached features
 def new_head(cache, run, kind: str):
     """A seeded head sized from the cache; token heads get their fixed PCA projection."""
+    from spar_bench.seeding import derive_seed
+
+    from ..heads import build_head
 
     level, layer, seed = run.spec.level, run.layer, run.seed
     first = (
@@ -102,6 +102,7 @@ class BlindHead:
     @classmethod
     def of(cls, run, model, dims: tuple[int, int]) -> BlindHead:
         """The blind baseline of ``run``, whose real head is ``model`` (``dims``: its in_dim, n_tokens)."""
+        from ..heads import build_head, head_input
 
         # the real head's options (a scratch finetune widens proj_dim), per-token positions: it reads one token
         cfg = {k: v for k, v in getattr(model, "cfg", run.head_config).items() if k != "token_grid"}
@@ -141,6 +142,7 @@ class CachedHead:
     @classmethod
     def new(cls, run, cache, splits: Splits) -> CachedHead:
         """The seeded head of ``run`` sized from ``cache``, with the features of the splits it reads."""
+        from ..heads import head_input
 
         kind = head_input(run.head)
         model, in_dim, n_tokens = new_head(cache, run, kind)
@@ -162,6 +164,8 @@ class CachedHead:
     def load(rd: Path):
         """``(run spec, run record, prior, model)`` of a finished run folder; one-line errors."""
         import torch
+
+        from ..heads import build_head
 
         if not (rd / HEAD_FILE).is_file() or not (rd / METRICS_FILE).is_file():
             raise ConfigError(f"{rd}: not a finished run directory (needs head.pt and metrics.json)")
@@ -195,6 +199,7 @@ def head_options(run) -> dict[str, Any]:
     """A head run's ``options``: its spec (paths by name only; the device left out: it changes
     no trained weight beyond numerics) and the head's defaults (a run finished under other
     defaults is another run)."""
+    from ..heads import head_defaults
 
     d = run.to_dict()
     d["train"] = {k: v for k, v in d["train"].items() if k != "device"}
@@ -205,6 +210,8 @@ def head_options(run) -> dict[str, Any]:
 def head_record(run, cache):
     """The :class:`~.record.RunRecord` of head run ``run`` on ``cache``, as far as it is known
     before training (its identity); :func:`head_extra` adds what training resolved."""
+
+    from ..encoders.base import published_name, published_weights
 
     w = cache.meta.get("weights")
     model = published_name(str(cache.meta["encoder"]), w) if cache.meta.get("encoder") else None
@@ -218,6 +225,9 @@ def head_record(run, cache):
 
 def head_extra(run, head) -> dict[str, Any]:
     """What a head run resolved: its head's config and input widths, seeds, train config."""
+    from spar_bench.seeding import derive_seed
+
+    from ..heads import head_input
 
     return {"probe_spec": run.spec.describe(), "head_input": head_input(run.head),
             "head_config": head.model.cfg if hasattr(head.model, "cfg") else {},

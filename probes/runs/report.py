@@ -48,7 +48,6 @@ from spar_bench.provenance import json_safe
 
 from ..measured import HARNESS_PROMPT, shown, unmeasured_of
 from ..tasks import METRICS, get_probe, probe_names
-from .store import owned_run
 
 #: Columns added to a probe's table when a row is an MLLM run (``spar-probe vqa``):
 #: row key -> (column label, path in metrics.json: the MLLM's own controls).
@@ -99,6 +98,7 @@ def _is_run(m: Any, p: Path) -> bool:
     """Whether ``m`` (read from ``p``) is a run's metrics. A foreign ``metrics.json`` (another
     tool's, in a folder that is no run) is skipped with a warning line; one in a run's folder
     (its ``config.json`` is a run's) that lacks what a run's holds is a damaged run: an error."""
+    from .store import owned_run
 
     missing = [k for k in RUN_KEYS if k not in m] if isinstance(m, dict) else list(RUN_KEYS)
     if not missing:

@@ -44,7 +44,6 @@ import numpy as np
 from spar_bench.errors import ConfigError
 from spar_bench.provenance import protocol_versions
 
-from ..kinds import RUN_KINDS, run_kind
 from ..targets import concat, load_targets
 from ..train import predict
 from .build_job import BuildJob, train_record  # noqa: F401 - BuildJob: the session's, from its module
@@ -160,6 +159,7 @@ def run_all(groups: Iterable[Iterable[Any]], out: str | Path, *, skip_unavailabl
 def open_job(spec, out: str | Path, options: RunOptions = RunOptions()):
     """The job of ``spec`` (``spec.kind`` in :data:`~spar_bench.probes.kinds.RUN_KINDS`: every
     kind answers ``open``), or None."""
+    from ..kinds import run_kind
 
     return run_kind(spec.kind).open(spec, out, options)
 
@@ -319,6 +319,7 @@ def _kind_of(rd: Path) -> str:
     finetune run's), else a head's, so the loader of its head names what is wrong."""
     if (rd / "config.json").is_file():
         return RunRecord.read(rd).kind
+    from ..kinds import RUN_KINDS
 
     marked = (k for k in RUN_KINDS.names() if (m := RUN_KINDS.meta(k).get("marker")) and (rd / m).is_file())
     return next(marked, "head")
@@ -328,6 +329,7 @@ def evaluate_on(rd: str | Path, target: EvalTarget) -> Path:
     """Transfer evaluation of any run kind that can be re-scored (its class's ``rescore``):
     ``eval-<target>.json`` in ``rd`` (kept when it holds this evaluation, refused when another,
     unless ``target.overwrite``)."""
+    from ..kinds import RUN_KINDS, run_kind
 
     rd = Path(rd)
     kind = _kind_of(rd)

@@ -45,12 +45,8 @@ from spar_bench.fields import check_fields, limited
 from spar_bench.partitions import bucket, parse_partition
 from spar_bench.procs import check_stop, completed, process_pool
 
-from ..hardware import pick_device
 from ..heads import head_input
 from ..names import cache_probes, parse_heads, parse_seeds
-from .inputs import ProbeUnavailable, encoder_slug, open_cache, resolve_build
-from .predictors import finished_run
-from .session import run_fit_batch
 from .spec import OPTIONS, RunSpec, check_options_apply, make_run, parse_grid, with_preset
 
 
@@ -68,6 +64,8 @@ def plan(jobs: list[Job], grid_prune: int = 0) -> tuple[list[Job], list[Job]]:
 
     A finished run made with other options than its job's is an error (:func:`~.store.finished_run`).
     """
+    from .inputs import encoder_slug, open_cache
+    from .predictors import finished_run
 
     if not jobs:
         return [], []
@@ -99,6 +97,7 @@ def run_job(job: Job) -> JobResult:
     """Worker entry: one run with ``job.threads`` torch threads."""
     import torch
 
+    from .inputs import ProbeUnavailable
     from .session import run_fit
 
     torch.set_num_threads(job.threads)
@@ -116,6 +115,9 @@ def run_batch(jobs: list[Job], prune_at: int = 0) -> list[JobResult]:
     """Worker entry: jobs of one batch key trained as one batch (:func:`~.session.run_fit_batch`;
     ``prune_at``: successive halving of each seed's grid points after that epoch)."""
     import torch
+
+    from .inputs import ProbeUnavailable
+    from .session import run_fit_batch
 
     if len(jobs) == 1:
         return [run_job(jobs[0])]
@@ -241,6 +243,7 @@ def select_jobs(jobs: list[Job], slug: str, only: tuple[str, ...] = (),
 
 def list_runs(jobs: list[Job], slug: str, cache, grid_prune: int = 0) -> None:
     """Print ``<run id>\t<done|todo>`` per job."""
+    from .predictors import finished_run
 
     for j in jobs:
         state = "done" if finished_run(j.run, j.run.run_dir(j.out, slug), cache, grid_prune) else "todo"
@@ -303,6 +306,7 @@ class SweepConfig:
 def sweep_jobs(cfg: SweepConfig, explicit: Collection[str] = ()) -> list[Job]:
     """Every job of ``cfg``, checked; the preset fills the ``seeds``, ``heads`` and run options
     not in ``explicit`` (the names given, as :func:`spar_bench.presets.apply_probe_preset`)."""
+    from ..hardware import pick_device
 
     params: dict[str, Any] = {"seeds": cfg.seeds, "heads": cfg.heads, **{n: cfg.options.get(n) for n in OPTIONS}}
     preset = None
@@ -327,6 +331,8 @@ def sweep(cfg: SweepConfig, explicit: Collection[str] = (), list_ids: bool = Fal
     """Run the sweep ``cfg`` (its runs not finished), printing a line per run (``list_ids``:
     print each run's id and state, run nothing)."""
 
+    from .inputs import encoder_slug, open_cache, resolve_build
+
     jobs = sweep_jobs(cfg, explicit)
     cache = open_cache(cfg.features)
     resolve_build(cache, cfg.data)  # fail fast on a fingerprint mismatch
@@ -336,6 +342,7 @@ def sweep(cfg: SweepConfig, explicit: Collection[str] = (), list_ids: bool = Fal
         return
     chosen = select_jobs(jobs, slug, tuple(cfg.only), parse_partition(cfg.partition))
     t0 = time.perf_counter()
+    from ..hardware import pick_device
 
     on_gpu = str(pick_device(cfg.device)).startswith("cuda")
     batched = cfg.batch_runs == "on" or (cfg.batch_runs == "auto" and on_gpu)
