@@ -19,6 +19,9 @@ Pipeline of :func:`build`:
 6. write ``manifest.json`` last, then move ``OUT.tmp/out`` to ``OUT`` atomically.
 
 The worker count never changes a byte of the output.
+
+``spar-build --help`` loads this module (the options), so the steps' modules are imported
+where they are used (docs/DEVELOPING.md, Imports).
 """
 
 from __future__ import annotations

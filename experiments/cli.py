@@ -4,6 +4,9 @@
 experiment file into a plan of them (:mod:`.plan`), skips what is finished, redoes what changed
 and runs the rest (:mod:`.runner`). A name without ``.yaml`` is a preset shipped with the
 package (``demo``, ``paper``, ``recall-vs-computation``).
+
+Each command imports the library in its body: ``spar-bench --help`` loads click and no other
+third-party package (docs/DEVELOPING.md, Imports).
 """
 
 from __future__ import annotations

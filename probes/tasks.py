@@ -33,6 +33,9 @@ The priors:
   the organs but ignores where they lie could do - which the blind head is not;
 * Level 3: the majority training answer per question type (organ A, organ B, axis) of
   the probe; a question type unseen in training gets the probe's majority answer.
+
+``spar-probe --help`` loads this module (the probes' names), so the metrics, the Sinkhorn
+layer and torch are imported where they are used (docs/DEVELOPING.md, Imports).
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -374,8 +374,6 @@ def _fit_members(runs: list, prepared: list, out, batch: dict, progress: bool, p
     """Train one batch's heads, then their blind baselines, then score and write each run.
 
     Pruned (``prune_at``): a blind baseline stops where its real head was pruned."""
-    from dataclasses import replace
-
     from ..ensemble import Prune, train_heads
 
     s0 = prepared[0].splits

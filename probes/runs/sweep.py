@@ -27,6 +27,9 @@ lr / weight decay train as one batch (whatever ``--batch-runs`` says); after epo
 the point with the lowest validation loss so far trains on, the others stop and are
 written as pruned (``train.pruned_at`` in metrics.json). It needs the whole grid in one
 sweep, so it refuses ``--only`` and ``--partition``.
+
+``spar-probe --help`` loads this module, so the session, the cache readers and torch are
+imported where they are used (docs/DEVELOPING.md, Imports).
 """
 
 from __future__ import annotations

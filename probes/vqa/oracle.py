@@ -32,6 +32,7 @@ identity holds :data:`ORACLE_VERSION` so a changed oracle never reuses cached an
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -181,8 +182,6 @@ class OracleBackend(Backend):
     def _volume_option(self, r: Request, level: str, split: str, q: dict) -> str | None:
         """The option text of a Level 4 question's answer, recomputed on the stored label and
         lesion volumes (whatever ``--volume-as`` shows) with the thresholds the prompt states."""
-        from dataclasses import replace
-
         from ..runs.mask_oracle import answer
 
         probe = LEVEL4_PROBES[int(q["q_probe"])]
