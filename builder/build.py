@@ -19,6 +19,9 @@ Pipeline of :func:`build`:
 6. write ``manifest.json`` last, then move ``OUT.tmp/out`` to ``OUT`` atomically.
 
 The worker count never changes a byte of the output.
+
+``spar-build --help`` loads this module (the options), so the steps' modules are imported
+where they are used (docs/DEVELOPING.md, Imports).
 """
 
 from __future__ import annotations
@@ -32,13 +35,29 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import click
 import numpy as np
 
 from spar_bench.errors import CaseError, ConfigError, IntegrityError, SparError
 from spar_bench.fields import check_fields, limited
-from spar_bench.hashing import sha256_json
+from spar_bench.hashing import sha256_file, sha256_json
+from spar_bench.outputs import check_target, claim, disk_full_is_an_error, files_under, remove
+from spar_bench.partitions import parse_partition
 from spar_bench.procs import check_stop
-from spar_bench.provenance import PROTOCOL_VERSION, json_safe, path_from_build, portable_path
+from spar_bench.provenance import (
+    BUILD_PACKAGES,
+    PROTOCOL_VERSION,
+    json_safe,
+    local_paths,
+    local_prefixes,
+    package_versions,
+    path_from_build,
+    portable_path,
+)
+
+from . import __version__
+from .partition import finish_partition, owned_partition, partition_of
+from .writers.hdf5 import ShardSink, volume_shard_rows
 
 if TYPE_CHECKING:
     from .case import CaseRef
@@ -255,7 +274,6 @@ class CaseRecord:
 
 def _spill(cases_dir: Path, stem: str, result: dict[str, dict[str, Any]], record: CaseRecord) -> CaseRecord:
     """Write the case's arrays, then its ``.json`` record (with the arrays' sha256): done."""
-    from spar_bench.hashing import sha256_file
 
     arrays = {f"{part}/{name}": _to_storable(v) for part, d in result.items() for name, v in d.items()}
     tmp = cases_dir / f"{stem}.part.npz"
@@ -324,7 +342,6 @@ def _reusable_spill(job: CaseJob, expected: CaseRecord) -> CaseRecord | None:
     its ``.npz`` has the sha256 recorded at spill time (not torn, not edited), and every
     input file still has the sha256 it had when the case was processed.
     """
-    from spar_bench.hashing import sha256_file
 
     cases_dir = Path(job.cases_dir)
     try:
@@ -482,7 +499,6 @@ WORK_ENTRIES = {"config.json", "config.part.json", "cases", "out", FAILED}
 
 def owned_work(work: Path) -> set[str] | None:
     """All files of an interrupted build's ``OUT.tmp``, or None if it is not one."""
-    from spar_bench.outputs import files_under
 
     names = {p.name for p in work.iterdir()} if work.is_dir() else set()
     if "config.json" not in names or not names <= WORK_ENTRIES:
@@ -492,9 +508,7 @@ def owned_work(work: Path) -> set[str] | None:
 
 def _prepare_dirs(config: BuildConfig) -> tuple[Path, Path]:
     """Check OUT and OUT.tmp before any work; never delete what SPAR-Bench did not write."""
-    from spar_bench.outputs import check_target, claim, remove
 
-    from .partition import owned_partition
     from .writers.manifest import owned_build
 
     out = Path(config.out)
@@ -642,7 +656,6 @@ def _published_sources(config: BuildConfig, sources_info: dict[str, dict[str, An
 
 def _refuse_local_paths(config: BuildConfig, manifest: dict[str, Any], out_dir: Path) -> None:
     """IntegrityError if the manifest or the dataset card would publish an absolute local path."""
-    from spar_bench.provenance import local_paths, local_prefixes
 
     paths = [getattr(config, k) for k in PATH_FIELDS if getattr(config, k)]
     prefixes = local_prefixes(*config.roots, config.out, *paths)
@@ -721,16 +734,12 @@ def _shard_rows(spec: LevelSpec, config: BuildConfig, sample_cfg: SampleConfig) 
     until it is written)."""
     if not spec.volume:
         return config.shard_size
-    from .writers.hdf5 import volume_shard_rows
 
     return volume_shard_rows(config.shard_size, sample_cfg.volume_size)
 
 
 def _write_shards(config, records, cases_dir: Path, out_dir: Path, levels, thresholds, sample_cfg):
     from tqdm.auto import tqdm
-
-    from . import __version__
-    from .writers.hdf5 import ShardSink
 
     splits = ordered_splits(r.split for r in records)
     shards: dict[str, dict[str, list]] = {}
@@ -803,8 +812,6 @@ def unanswerable_record(tally: dict[str, dict[str, list[int]]], levels: tuple[st
 
 
 def _print_summary(counts: dict, skipped: list[dict], unanswerable: dict[str, Any] | None = None) -> None:
-    import click
-
     click.echo(f"\n{'level':8} {'split':6} {'rows':>8} {'questions':>10}")
     for level, by_split in counts.items():
         for split, c in by_split.items():
@@ -849,12 +856,9 @@ def build(config: BuildConfig, *, quiet: bool = False) -> Path:
     :class:`~spar_bench.outputs.DiskFullError` line (free space, then ``--resume``).
     """
     from spar_bench.locks import output_lock
-    from spar_bench.outputs import disk_full_is_an_error
 
     sample_cfg = _sample_config(config)
     if sample_cfg.counterfactual == "mirror+flip" and "level4" not in sample_cfg.levels and not quiet:
-        import click
-
         click.echo(f"note: --counterfactual mirror+flip: the flipped copies are of Level 4 volumes, and the levels "
                    f"are {','.join(sample_cfg.levels)}; this build adds the mirrored copies only (as mirror)",
                    err=True)  # fmt: skip
@@ -865,8 +869,6 @@ def build(config: BuildConfig, *, quiet: bool = False) -> Path:
     refs, sources_info, origins = _find(config)  # reads only
     selection = [[r.source, r.case_id] for r, _, _ in refs]
     if config.partition:
-        from .partition import partition_of
-
         i, n = config.partition
         refs = [t for t in refs if partition_of(t[0].source, t[0].case_id, n) == i]
     with disk_full_is_an_error(config.out, rerun="rerun the same command with --resume"), \
@@ -877,13 +879,10 @@ def build(config: BuildConfig, *, quiet: bool = False) -> Path:
             ordered = [done[(r.source, r.case_id)] for r, _, _ in refs]
             if not config.partition:
                 return write_outputs(config, ordered, sources_info, origins, work, out, quiet=quiet)
-            from .partition import finish_partition
 
             path = finish_partition(config.recorded(), config.partition, selection, [r.to_json() for r in ordered],
                                     sources_info, origins, work, out)
     if not quiet:
-        import click
-
         click.echo(f"partition {config.partition[0]}/{config.partition[1]}: {len(ordered)} "
                    f"of {len(selection)} cases")
     return path
@@ -948,9 +947,6 @@ def _manifest(config: BuildConfig, sample_cfg: SampleConfig, levels: tuple[str, 
               counts, records: list[CaseRecord], origins: dict, skipped: list[dict],
               unanswerable: dict[str, Any] | None = None) -> dict[str, Any]:
     """The build's ``manifest.json`` record (before :func:`json_safe`)."""
-    from spar_bench.provenance import BUILD_PACKAGES, package_versions
-
-    from . import __version__
 
     return {
         "schema_version": SCHEMA_VERSION,
@@ -978,8 +974,6 @@ def _manifest(config: BuildConfig, sample_cfg: SampleConfig, levels: tuple[str, 
 def _replace_build(out_dir: Path, out: Path) -> None:
     """Move the finished ``out_dir`` to ``out``, replacing an empty folder or an earlier build."""
     if out.exists():  # empty, or an earlier build that --overwrite / --resume may replace
-        from spar_bench.outputs import claim, remove
-
         from .writers.manifest import owned_build
 
         claim(out, overwrite=True, owned=owned_build, what="build")
@@ -1083,7 +1077,6 @@ def config_from_options(options: dict[str, Any], explicit: set[str] | None = Non
     sources = tuple(options.get("source") or ())
     if not sources:
         raise ConfigError("missing --source NAME; list the sources with `spar-build sources`")
-    from spar_bench.partitions import parse_partition
 
     from .sources import SOURCES
 
@@ -1129,7 +1122,6 @@ def build_from_cli(options: dict[str, Any], explicit: set[str] | None = None) ->
     and those given on the command line)."""
     config = config_from_options(options, explicit)
     path = build(config)
-    import click
 
     what = "partition" if config.partition else "build"
     click.echo(f"\n{what} written to {path}")

@@ -19,7 +19,7 @@ import click
 import numpy as np
 
 from spar_bench.clitools import field_option
-from spar_bench.errors import SparError
+from spar_bench.errors import ConfigError, SparError
 
 from .ontology import label_counts
 from .options import BUILD
@@ -172,7 +172,6 @@ def inspect_command(
     volume_size: int | None,
 ) -> None:
     """Read cases into the canonical frame and print what the builder will see."""
-    from spar_bench.errors import ConfigError
 
     from .sources import SOURCES
 

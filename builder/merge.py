@@ -16,6 +16,7 @@ import click
 
 from spar_bench.clitools import wait_option
 from spar_bench.errors import ConfigError, IntegrityError
+from spar_bench.outputs import check_target, claim, disk_full_is_an_error, remove
 
 from .build import BuildConfig, CaseRecord, owned_work, write_outputs
 from .options import jobs_option, pop_jobs
@@ -44,15 +45,12 @@ def merge(parts: list[Path], out: Path, *, workers: int = 1, overwrite: bool = F
     Like a build: ``OUT.lock`` keeps a second writer away, a full disk is one line.
     """
     from spar_bench.locks import output_lock
-    from spar_bench.outputs import disk_full_is_an_error
 
     with disk_full_is_an_error(out, rerun="rerun the same merge"), output_lock(out, what="build (spar-build merge)"):
         return _merge(parts, Path(out), workers=workers, overwrite=overwrite, quiet=quiet)
 
 
 def _merge(parts: list[Path], out: Path, *, workers: int, overwrite: bool, quiet: bool) -> Path:
-    from spar_bench.outputs import check_target, claim, remove
-
     from .writers.manifest import owned_build
 
     if not parts:

@@ -30,6 +30,7 @@ from typing import Any
 
 from spar_bench.errors import ConfigError, IntegrityError
 from spar_bench.hashing import sha256_file
+from spar_bench.outputs import claim, remove
 from spar_bench.partitions import bucket
 
 PARTITION_FORMAT = "spar-bench-partition"
@@ -56,7 +57,6 @@ def finish_partition(recorded: dict[str, Any], partition: tuple[int, int], selec
                      records: list[dict], sources: dict[str, Any], origins: dict, work: Path,
                      out: Path) -> Path:
     """Phase 1 is done: move the spills and ``partition.json`` into ``out``; return it."""
-    from spar_bench.outputs import claim, remove
 
     folder = work / "out"
     folder.mkdir()

@@ -24,6 +24,10 @@ intensities, non-integer label values.
 
 from __future__ import annotations
 
+import gzip
+import hashlib
+import io
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -137,7 +141,6 @@ def gunzip(raw: bytes) -> bytes:
     :func:`_load_nifti_once` falls back to :func:`gzip.decompress` (every member) when the
     first member does not hold the whole image.
     """
-    import zlib
 
     isize = int.from_bytes(raw[-4:], "little") if len(raw) >= 18 else 0
     hint = isize if 0 < isize <= _MAX_DEFLATE_RATIO * len(raw) + (1 << 16) else 1 << 16
@@ -145,8 +148,6 @@ def gunzip(raw: bytes) -> bytes:
 
 
 def _nifti_from_bytes(data: bytes):
-    import io
-
     import nibabel as nib
 
     klass = nib.Nifti2Image if data[:4] in (b"\x1c\x02\x00\x00", b"\x00\x00\x02\x1c") else nib.Nifti1Image
@@ -164,8 +165,6 @@ def _voxel_end(img) -> int:
 def _load_nifti_once(path: Path):
     """``(nibabel image, its decompressed bytes)`` of a NIfTI file read ONCE: bytes hashed
     (kept for :func:`file_sha256`), gunzipped in one call (:func:`gunzip`), parsed in memory."""
-    import gzip
-    import hashlib
 
     key = _file_key(path)
     raw = path.read_bytes()

@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from spar_bench.errors import IntegrityError, SparError
+from spar_bench.outputs import files_under
 
 from .schema import LEVEL_SPECS
 from .writers.manifest import (
@@ -45,7 +46,6 @@ def _unit_count(level: str, counts: dict) -> int | None:
 
 def _unlisted(out: Path, manifest: dict) -> list[str]:
     """Files under ``out`` that the manifest does not list (a stray Parquet or HDF5 file)."""
-    from spar_bench.outputs import files_under
 
     return sorted(files_under(out) - listed_files(manifest))
 

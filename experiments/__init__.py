@@ -19,6 +19,7 @@ and its report.
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 
 from spar_bench.errors import ConfigError
@@ -33,7 +34,6 @@ def preset_path(name: str) -> Path:
     p = Path(__file__).with_name(f"{name}.yaml")
     if name in PRESETS and p.is_file():
         return p
-    import difflib
 
     close = difflib.get_close_matches(name, PRESETS, n=1)
     hint = f"; did you mean {close[0]}?" if close else f"; presets: {', '.join(PRESETS)}"

@@ -4,6 +4,9 @@
 experiment file into a plan of them (:mod:`.plan`), skips what is finished, redoes what changed
 and runs the rest (:mod:`.runner`). A name without ``.yaml`` is a preset shipped with the
 package (``demo``, ``paper``, ``recall-vs-computation``).
+
+Each command imports the library in its body: ``spar-bench --help`` loads click and no other
+third-party package (docs/DEVELOPING.md, Imports).
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ from pathlib import Path
 
 import click
 
+from spar_bench import __version__
 from spar_bench.clitools import run_main, wait_option
-from spar_bench.errors import ConfigError
+from spar_bench.errors import ConfigError, RunFailed
 
 from . import preset_path
 
@@ -205,7 +209,6 @@ def _print_plan(plan, chosen, costs: bool) -> None:
 
 def _write_plan(plan) -> None:
     """``OUT/.plan/plan.json``: the experiment's provenance and every step with its hash."""
-    from spar_bench import __version__
     from spar_bench.hashing import sha256_json
     from spar_bench.provenance import RUN_PACKAGES, package_versions
 
@@ -247,7 +250,6 @@ def check_command(rerun: Path, against: Path | None) -> None:
     Untrained cells must be the same, trained cells within the cross-machine tolerance (seeds
     and bootstrap), and every conclusion of the reference must hold; exit 1 if not, 2 when a
     file is unreadable or of other conditions."""
-    from spar_bench.errors import RunFailed
 
     from . import calibration_check
 

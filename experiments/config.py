@@ -28,13 +28,20 @@ misspelt key.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from spar_bench.errors import ConfigError
+from spar_bench.probes.encoders.mllm_family import asks_question, parse_stage
+from spar_bench.probes.heads import head_defaults
+from spar_bench.probes.kinds import run_kind
+from spar_bench.probes.tasks import get_probe, probe_names
 
 #: the keys of each section (``*``: any name, whose value has the schema of the entry)
 SCHEMA: dict[str, Any] = {
@@ -124,7 +131,6 @@ def stage_encoder_name(mllm: str, stage: str, probe: str | None = None) -> str:
 
 def _question_probes(probes: tuple[str, ...], key: str, where: _Where) -> tuple[str, ...]:
     """The Level 3 probes of ``probes:`` (``all``: every one), which a question stage is cached for."""
-    from spar_bench.probes.tasks import get_probe, probe_names
 
     names = probe_names() if "all" in probes else probes
     found = tuple(p for p in names if get_probe(p).level == "level3")
@@ -138,7 +144,6 @@ def _stage_encoders(mllms: dict[str, Any], probes: tuple[str, ...], where: _Wher
     (its model a local ``hf:DIR``; a folder not there is one line at plan time); a question
     stage ``llm:N+q`` one per Level 3 probe of ``probes`` (its cache is made for that probe's
     questions)."""
-    from spar_bench.probes.encoders.mllm_family import asks_question, parse_stage
 
     out: dict[str, Encoder] = {}
     for n, m in mllms.items():
@@ -229,7 +234,6 @@ class _Where:
 
 def _to_python(node, where: _Where, key: str = "") -> Any:
     """A composed YAML node as Python, recording each key's line."""
-    import yaml
 
     where.lines.setdefault(key, node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):
@@ -253,8 +257,6 @@ def _to_python(node, where: _Where, key: str = "") -> Any:
 
 
 def _scalar(node) -> Any:
-    import yaml
-
     loader = yaml.SafeLoader("")
     try:
         return loader.construct_object(node, deep=True)
@@ -264,7 +266,6 @@ def _scalar(node) -> Any:
 
 def read_yaml(path: str | Path) -> tuple[dict[str, Any], _Where, bytes]:
     """The file's mapping, its key lines and its bytes; a one-line error for bad YAML."""
-    import yaml
 
     p = Path(path)
     try:
@@ -355,8 +356,6 @@ def substitute(value: Any, variables: dict[str, str], where: _Where, key: str = 
 
     m = _VAR.fullmatch(value)
     if m:  # a whole-value variable takes the type its text reads as (2 -> 2, true -> True)
-        import yaml
-
         text = one(m)
         try:
             return yaml.safe_load(text) if text.strip() else text
@@ -400,8 +399,6 @@ def _build(name: str, d: dict[str, Any], where: _Where) -> Build:
 
 def _check_names(exp_raw: dict[str, Any], builds: dict, encoders: dict, where: _Where) -> None:
     """Every name a section uses is defined: builds, encoders, probes and heads."""
-    from spar_bench.probes.heads import head_defaults
-    from spar_bench.probes.tasks import get_probe
 
     for m, d in (exp_raw.get("modes") or {}).items():
         _refs(tuple(d.get("encoders") or ()), encoders, "encoder", where, f"modes.{m}.encoders")
@@ -431,7 +428,6 @@ def _check_names(exp_raw: dict[str, Any], builds: dict, encoders: dict, where: _
 def _check_kind(kind: str, where: _Where, key: str, options: dict | None = None) -> None:
     """A registered run kind that reads a build (a plug-in's too), else one line with "did you mean";
     ``options`` checked by the kind's ``check_options`` (a kind without one takes none)."""
-    from spar_bench.probes.kinds import run_kind
 
     try:
         cls = run_kind(kind)
@@ -451,7 +447,6 @@ def _check_kind(kind: str, where: _Where, key: str, options: dict | None = None)
 
 def load_experiment(path: str | Path, overrides: dict[str, str] | None = None) -> Experiment:
     """The experiment of ``path`` (``overrides``: ``--set NAME=VALUE``), validated."""
-    import hashlib
 
     raw, where, data = read_yaml(path)
     check({k: v for k, v in raw.items() if k == "vars"}, {"vars": SCHEMA["vars"]}, where)

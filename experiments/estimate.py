@@ -9,9 +9,15 @@ row of its family.
 
 from __future__ import annotations
 
+import json
+import math
+import struct
 from pathlib import Path
 
-from .plan import Plan, Step
+from spar_bench.errors import ConfigError
+from spar_bench.probes.encoders.mllm_family import parse_stage, split_name
+
+from .plan import Plan, Step, encoder_kind
 
 #: images/s of a feature cache, by a substring of the encoder spec: (2 CPU cores fp32, one GPU bf16)
 CACHE_RATES: tuple[tuple[str, float, float], ...] = (
@@ -69,7 +75,6 @@ CALIBRATION_DEFAULT_GRID = (160, 50)
 
 def cache_rate(spec: str, model_args: dict | None = None) -> tuple[float, float]:
     """Images/s (volumes/s for a 3-D encoder) of ``spec`` on 2 CPU cores and on one GPU."""
-    from .plan import encoder_kind
 
     if encoder_kind(spec) == "3d":
         size = float((model_args or {}).get("input_size", 128))
@@ -97,10 +102,6 @@ def mllm_cache_rate(spec: str) -> tuple[float, float]:
     and for ``llm:N`` also N/L of the language model's over the image and prompt tokens
     (2 FLOP a parameter a token). A folder without a config or weights is refused in one line,
     so ``--dry-run`` stops on it."""
-    import json
-
-    from spar_bench.errors import ConfigError
-    from spar_bench.probes.encoders.mllm_family import parse_stage, split_name
 
     folder_text, stage_text = split_name(spec.removeprefix("mllm:"))
     stage, layer = parse_stage(stage_text, spec)
@@ -128,9 +129,6 @@ def mllm_cache_rate(spec: str) -> tuple[float, float]:
 
 def _safetensors_params(path: Path) -> int:
     """Parameters in one safetensors file, from its JSON header (no tensor is read)."""
-    import json
-    import math
-    import struct
 
     with path.open("rb") as f:
         n = struct.unpack("<Q", f.read(8))[0]

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from spar_bench.errors import ConfigError
+from spar_bench.outputs import write_bytes
 from spar_bench.probes.measured import HARNESS_PROMPT, NOT_MEASURED
 from spar_bench.probes.runs.report import with_spread
 from spar_bench.probes.tasks import METRICS, PROBE_SPECS, get_probe
@@ -490,7 +491,6 @@ def render_html(title: str, provenance: dict | None, doc: dict) -> str:
 
 def write_html(doc: dict, out: Path, *, title: str, provenance: dict | None, prefixes: list[str]) -> Path:
     """Write ``out/report.html``; a local path in the text (``prefixes``) is a :class:`ConfigError`."""
-    from spar_bench.outputs import write_bytes
 
     text = render_html(title, provenance, doc)
     leaked = local_paths([text], prefixes)

@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from spar_bench.errors import ConfigError
+from spar_bench.outputs import write_bytes
+from spar_bench.probes.tasks import probe_names
 
 JSON_FILE = "leaderboard.json"
 CSV_FILE = "leaderboard.csv"
@@ -110,7 +112,6 @@ def leaderboard(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 def planned_rows(exp) -> list[dict[str, Any]]:
     """The rows a plan will fill (mode x encoder x head, each MLLM), with the paper's numbers alone."""
-    from spar_bench.probes.tasks import probe_names
 
     probes = list(probe_names()) if "all" in exp.probes else list(exp.probes)
     keys = [(f"{m}-{e}", h, m) for m, mode in exp.modes.items() for e in mode.encoders for h in mode.heads]
@@ -144,8 +145,6 @@ def _csv(rows: list[dict[str, Any]], probes: list[str]) -> str:
 
 
 def _write(out: Path, doc: dict[str, Any]) -> list[Path]:
-    from spar_bench.outputs import write_bytes
-
     out.mkdir(parents=True, exist_ok=True)
     write_bytes(out / JSON_FILE, json.dumps(doc, indent=2, sort_keys=True) + "\n")
     write_bytes(out / CSV_FILE, _csv(doc["rows"], doc["probes"]))

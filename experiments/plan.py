@@ -30,8 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from spar_bench.builder.schema import LEVEL_SPECS
 from spar_bench.errors import ConfigError
 from spar_bench.hashing import sha256_json
+from spar_bench.probes.encoders import ALIASES
+from spar_bench.probes.tasks import get_probe, probe_names
+from spar_bench.probes.vqa.volume import check_volume_as
 
 from .config import Experiment, error_at
 from .steps import planned_kinds
@@ -138,7 +142,6 @@ def encoder_kind(spec: str) -> str | None:
     3-entry ``input_size``), ``"2d"`` (reads Levels 1-3 images: ``timm:``, ``hf:``, ``open_clip:``,
     ``dummy``, the aliases, a ``torchscript:`` file without such a sidecar), or None when the
     plan cannot tell (a ``torchscript:`` file not there yet, an encoder registered by a plugin)."""
-    from spar_bench.probes.encoders import ALIASES
 
     family, sep, rest = spec.partition(":")
     if not sep:
@@ -159,8 +162,6 @@ def encoder_kind(spec: str) -> str | None:
 
 def is_volume_probe(probe: str) -> bool:
     """Whether ``probe`` is asked of whole volumes (Level 4)."""
-    from spar_bench.builder.schema import LEVEL_SPECS
-    from spar_bench.probes.tasks import get_probe
 
     return bool(LEVEL_SPECS[get_probe(probe).level].volume)
 
@@ -190,7 +191,6 @@ def encoder_probes(exp: Experiment, e: str) -> tuple[str, ...]:
     """The probes of encoder ``e``: those of its kind among ``probes:``; ``all``: every probe of
     its kind (written ``all`` for a 2-D encoder on a build without Level 4, as before Level 4,
     and for an encoder of unknown kind); an encoder left with none is one line."""
-    from spar_bench.probes.tasks import probe_names
 
     if exp.encoders[e].probe:  # a question stage: its cache holds one probe's questions
         return (exp.encoders[e].probe,)
@@ -247,7 +247,6 @@ def check_kinds(exp: Experiment) -> None:
 
 def _check_volume_as(exp: Experiment, n: str) -> None:
     """An MLLM's ``volume_as``: a known way to show a volume, on builds that have Level 4."""
-    from spar_bench.probes.vqa.volume import check_volume_as
 
     m = exp.mllms[n]
     key = next((k for k in ("volume_as", "volume-as") if k in m.options), None)

@@ -44,6 +44,7 @@ import numpy as np
 
 from spar_bench.builder.schema import LEVEL_SPECS
 from spar_bench.errors import ConfigError
+from spar_bench.outputs import write_bytes
 from spar_bench.probes.measured import (
     HARNESS_PROMPT,
     MAX_MISSING_SHARE,
@@ -55,7 +56,7 @@ from spar_bench.probes.runs.report import collect, random_init_banner, run_proto
 from spar_bench.probes.tasks import METRICS, PROBE_SPECS, get_probe, probe_names
 from spar_bench.provenance import json_safe, local_paths, local_prefixes, portable_path
 
-from .html import HTML_FILE, fmt, metric_label
+from .html import HTML_FILE, fmt, metric_label, write_html
 from .html import distinct as _distinct
 from .html import get_path as _get
 from .leaderboard import CSV_FILE as LEADERBOARD_CSV
@@ -822,7 +823,6 @@ def write_experiment_report(runs: Path, out: Path, *, title: str, provenance: di
     records of the experiment (name, file sha256, plan hash, versions), shown at the top;
     ``sections``: markdown sections of other steps appended to experiment.md (the calibration's).
     No runs under ``runs`` is a :class:`ConfigError`; the same runs give the same bytes."""
-    from spar_bench.outputs import write_bytes
 
     runs, out = Path(runs), Path(out)
     prefixes = local_prefixes(runs, out)
@@ -842,7 +842,6 @@ def write_experiment_report(runs: Path, out: Path, *, title: str, provenance: di
     if leaked:  # a run's record held a local path: never publish it
         raise ConfigError(f"{runs}: a run records a local path ({leaked[0][:80]}); re-run it with this version")
     out.mkdir(parents=True, exist_ok=True)
-    from .html import write_html  # report.html (issue 36): its own module
 
     write_html({**doc, "stage_view": stage_summary(doc)}, out, title=title, provenance=provenance, prefixes=prefixes)
     plot(doc, out / PNG_FILE)

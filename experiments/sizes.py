@@ -19,7 +19,16 @@ import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
+
+from spar_bench.builder.build import BUILD_OPTIONS, choice_options, open_source
+from spar_bench.builder.case import CaseRef
+from spar_bench.builder.phantom.generate import split_counts
+from spar_bench.builder.selection import select
+from spar_bench.builder.sources import SOURCES
+from spar_bench.errors import SparError
+from spar_bench.presets import apply_build_preset
 
 #: the measured table (package data), written by ``bench/estimate.py --write``
 TABLE = Path(__file__).with_name("sizes.json")
@@ -77,13 +86,10 @@ class Choice:
 def with_preset(options: dict[str, Any], sources: tuple[str, ...]) -> dict[str, Any]:
     """A build's options (``spar-build``'s names) with its ``preset``'s filled in, as
     ``spar-build --preset`` fills them (an option given wins; ``limit`` merges per source)."""
-    from spar_bench.builder.build import BUILD_OPTIONS
 
     opts = {k: None for k in BUILD_OPTIONS} | {k: _per_source(k, v) for k, v in options.items()}
     opts["source"] = sources
     if opts.get("preset"):
-        from spar_bench.presets import apply_build_preset
-
         opts, _ = apply_build_preset(opts["preset"], opts, {k for k, v in opts.items() if v is not None})
     return {k: v for k, v in opts.items() if v is not None}
 
@@ -97,13 +103,7 @@ def _per_source(key: str, value: Any) -> Any:
 def split_cases(choice: Choice) -> dict[str, dict[str, int]]:
     """Cases per source and split that the build will have."""
     if choice.phantom_n is not None:
-        from spar_bench.builder.phantom.generate import split_counts
-
         return {"phantom": dict(split_counts(choice.phantom_n))}
-    from types import SimpleNamespace
-
-    from spar_bench.builder.build import choice_options
-    from spar_bench.builder.selection import select
 
     roots = (*choice.roots, *([None] * (len(choice.sources) - len(choice.roots))))
     found = {s: _listed(s, r) for s, r in zip(choice.sources, roots, strict=True)}
@@ -117,13 +117,8 @@ def split_cases(choice: Choice) -> dict[str, dict[str, int]]:
 
 def _listed(source: str, root: str | None) -> list:
     """The cases ``source`` lists under ``root`` when it is there, else its public split sizes."""
-    from spar_bench.builder.case import CaseRef
-    from spar_bench.errors import SparError
 
     if root and Path(root).is_dir():
-        from spar_bench.builder.build import open_source
-        from spar_bench.builder.sources import SOURCES
-
         try:
             return open_source(SOURCES.get(source), root, images="synthesize", seed=0).find()
         except (SparError, OSError, TypeError):

@@ -36,7 +36,9 @@ import click
 
 from spar_bench.errors import ConfigError, RunFailed
 
+from .estimate import step_seconds
 from .plan import PLAN, Plan, Step
+from .runner import marker, status
 
 #: job states in which a job may still run (anything else has ended)
 LIVE = frozenset({"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
@@ -96,8 +98,6 @@ def log_dir(out: Path) -> Path:
 
 
 def safe(step_id: str) -> str:
-    from .runner import marker
-
     return marker(Path("."), step_id).stem
 
 
@@ -222,7 +222,6 @@ def resources(plan: Plan, step: Step, gpus_here: bool) -> Resources:
     """``step``'s resources: the experiment file's ``resources:`` for its kind (over ``default``),
     else defaults from the plan: CPUs from ``jobs``, a GPU for a step that takes a device (where the
     cluster has GPUs), and the estimate's time with a margin."""
-    from .estimate import step_seconds
 
     given = {**plan.experiment.resources.get("default", {}), **plan.experiment.resources.get(step.kind, {})}
     gpus = int(given.get("gpus", 1 if step.device and gpus_here else 0))
@@ -263,7 +262,6 @@ def script(plan: Plan, step: Step, res: Resources, deps: list[str], opts: SlurmO
 def submit(plan: Plan, chosen: list[Step], opts: SlurmOptions, dry_run: bool = False) -> Submission:
     """Every chosen step not done as one job, after the jobs of the steps it needs; a step whose
     job is queued or running with its hash, and none of whose needs is submitted anew, is kept."""
-    from .runner import status
 
     out = plan.experiment.out
     record = read_record(out)
@@ -323,7 +321,6 @@ def _plan_steps(out: Path) -> list[dict[str, Any]]:
 def step_rows(out: Path) -> list[tuple[str, str, str, str]]:
     """One row per step of the plan last written to ``out``: step, state (done, running, queued,
     failed, changed, todo), job id, and the node, the reason it waits, or the log's last line."""
-    from .runner import marker
 
     steps, record = _plan_steps(out), submitted(out)  # a damaged jobs.json: one line, not "todo"
     jobs = job_states([r["job"] for r in record.values()]) if record else {}

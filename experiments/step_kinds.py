@@ -22,7 +22,8 @@ runs one spec:
 
 Runs are made by :func:`spar_bench.probes.runs.session.run_all` (finetuning, the predictors; the
 MLLM track: :func:`ask_mllm`), transfer by :func:`~spar_bench.probes.runs.session.evaluate_on`.
-The library imports stay inside the calls: planning (``--dry-run``) imports no torch.
+Torch and the extras are imported inside the library's calls: planning (``--dry-run``) imports
+no torch.
 """
 
 from __future__ import annotations
@@ -35,10 +36,33 @@ from typing import Any
 
 import click
 
+from spar_bench.builder.build import (
+    BUILD_OPTIONS,
+    BuildConfig,
+    build,
+    choice_options,
+    config_from_options,
+)
+from spar_bench.builder.phantom.generate import PhantomOptions, write_phantom_dataset
+from spar_bench.builder.samples.config import SampleConfig
+from spar_bench.builder.shards import Build
 from spar_bench.errors import ConfigError
 from spar_bench.fields import field_default, field_types
+from spar_bench.outputs import write_bytes
+from spar_bench.probes.cache import CacheOptions, cache_options, write_cache
+from spar_bench.probes.finetune.config import FinetuneConfig, FinetuneSpec, finetune_specs
+from spar_bench.probes.names import names_all, parse_probes
+from spar_bench.probes.runs.report import write_report
+from spar_bench.probes.runs.session import EvalTarget, evaluate_on, run_all
+from spar_bench.probes.runs.spec import ALIASES, OPTIONS, PredictorSpec
+from spar_bench.probes.runs.sweep import SweepConfig, sweep
+from spar_bench.probes.tasks import probe_names
+from spar_bench.probes.train import TrainConfig
+from spar_bench.probes.vqa.options import VqaOptions, ask_build, why_skipped
 
 from . import sizes
+from .calibration import CalibrationConfig, run_calibration
+from .calibration_tables import calibration_section
 from .config import Experiment
 from .estimate import calibration_seconds
 from .plan import (
@@ -58,6 +82,7 @@ from .plan import (
     path_digest,
     run_folder,
 )
+from .report import write_experiment_report
 from .steps import STEPS, StepKind, options
 
 #: the calibration step's folder under the experiment's ``out``
@@ -205,8 +230,6 @@ def _runs(exp: Experiment, e: str, heads: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _n_runs(exp: Experiment, e: str, heads: tuple[str, ...]) -> int:
-    from spar_bench.probes.tasks import probe_names
-
     probes = encoder_probes(exp, e)
     if "all" in probes:  # a 2-D encoder, or one of unknown kind: the probes of Levels 1-3
         probes = tuple(p for p in probe_names() if not is_volume_probe(p))
@@ -284,8 +307,6 @@ def calibration_step(exp: Experiment) -> Step:
     given = options("calibration", exp.calibration or {}, "calibration", exp)
     record = {"out": f"{{out}}/{CALIBRATION}", **given}
     runs = 2 * len(given.get("seeds") or (0,)) * (len(given.get("probes") or ()) or 1)
-    from .calibration import CalibrationConfig
-
     seconds = calibration_seconds(CalibrationConfig(**given))
     return Step("calibration", "calibration", (("calibration", record),), (), (f"{{out}}/{CALIBRATION}",),
                 cost=(("runs", float(runs)), ("calibration_seconds", seconds)), device=True)
@@ -364,15 +385,10 @@ def _plan_report(exp: Experiment, steps: list[Step]) -> list[Step]:
 
 # --------------------------------------------------------------------------- options and their checks
 def _phantom_fields() -> dict[str, Any]:
-    from spar_bench.builder.phantom.generate import PhantomOptions
-
     return {"n": int, "jobs": int, **field_types(PhantomOptions)}
 
 
 def _build_fields() -> dict[str, Any]:
-    from spar_bench.builder.build import BUILD_OPTIONS, BuildConfig
-    from spar_bench.builder.samples.config import SampleConfig
-
     types = field_types(BuildConfig, SampleConfig)
     found = {k: types.get("workers" if k == "jobs" else k) for k in BUILD_OPTIONS}
     found["no_hf"] = bool
@@ -380,29 +396,19 @@ def _build_fields() -> dict[str, Any]:
 
 
 def _cache_fields() -> dict[str, Any]:
-    from spar_bench.probes.cache import CacheOptions
-
     return {**field_types(CacheOptions), "token_grid": int, "token_proj": str, "token_int8": bool}
 
 
 def _sweep_fields() -> dict[str, Any]:
-    from spar_bench.probes.runs.spec import OPTIONS
-    from spar_bench.probes.runs.sweep import SweepConfig
-
     return {**field_types(SweepConfig), **{o.name: o.type for o in OPTIONS.values()}}
 
 
 def _finetune_fields() -> dict[str, Any]:
-    from spar_bench.probes.finetune.config import FinetuneConfig, FinetuneSpec
-    from spar_bench.probes.runs.spec import OPTIONS
-
     head = {o.name: o.type for o in OPTIONS.values() if o.where == "head"}  # the head's (spar-probe finetune --d-model)
     return {**field_types(FinetuneConfig, FinetuneSpec), "threads": int, **head}
 
 
 def _vqa_fields() -> dict[str, Any]:
-    from spar_bench.probes.vqa.options import VqaOptions
-
     return field_types(VqaOptions)
 
 
@@ -434,8 +440,6 @@ def _cache_given(exp: Experiment) -> Iterator[tuple[dict[str, Any], str]]:
 
 
 def _calibration_fields() -> dict[str, Any]:
-    from .calibration import CalibrationConfig
-
     return field_types(CalibrationConfig)
 
 
@@ -445,8 +449,6 @@ def _calibration_given(exp: Experiment) -> Iterator[tuple[dict[str, Any], str]]:
 
 
 def _calibration_settings(exp: Experiment, option: str, value: Any, key: str) -> Iterator[tuple[type, dict[str, Any]]]:
-    from .calibration import CalibrationConfig
-
     yield from _with(CalibrationConfig, {}, option, value)
 
 
@@ -456,8 +458,6 @@ def _vqa_given(exp: Experiment) -> Iterator[tuple[dict[str, Any], str]]:
 
 
 def _phantom_settings(exp: Experiment, option: str, value: Any, key: str) -> Iterator[tuple[type, dict[str, Any]]]:
-    from spar_bench.builder.phantom.generate import PhantomOptions
-
     if option in ("n", "jobs") and (not isinstance(value, int) or value < 1):
         raise ConfigError(f"--{option} ({'cases' if option == 'n' else 'processes'}) must be an integer >= 1, "
                           f"got {value!r}")
@@ -471,10 +471,6 @@ def _build_settings_of(exp: Experiment, option: str, value: Any, key: str) -> It
 
 
 def _sweep_settings(exp: Experiment, option: str, value: Any, key: str) -> Iterator[tuple[type, dict[str, Any]]]:
-    from spar_bench.probes.runs.spec import ALIASES, OPTIONS
-    from spar_bench.probes.runs.sweep import SweepConfig
-    from spar_bench.probes.train import TrainConfig
-
     option = ALIASES.get(option, option)
     if option in OPTIONS and OPTIONS[option].where == "train":
         yield TrainConfig, {option: value}
@@ -482,21 +478,15 @@ def _sweep_settings(exp: Experiment, option: str, value: Any, key: str) -> Itera
 
 
 def _finetune_settings(exp: Experiment, option: str, value: Any, key: str) -> Iterator[tuple[type, dict[str, Any]]]:
-    from spar_bench.probes.finetune.config import FinetuneConfig, FinetuneSpec
-
     yield from _with(FinetuneConfig, {}, option, value)
     yield from _with(FinetuneSpec, {"encoder": "-", "data": "-", "probe": "-"}, option, value)
 
 
 def _cache_settings(exp: Experiment, option: str, value: Any, key: str) -> Iterator[tuple[type, dict[str, Any]]]:
-    from spar_bench.probes.cache import CacheOptions
-
     yield from _with(CacheOptions, {}, option, value)
 
 
 def _vqa_settings(exp: Experiment, option: str, value: Any, key: str) -> Iterator[tuple[type, dict[str, Any]]]:
-    from spar_bench.probes.vqa.options import VqaOptions
-
     yield from _with(VqaOptions, {}, option, value)
 
 
@@ -508,8 +498,6 @@ def _with(cls: type, required: dict[str, Any], option: str, value: Any) -> Itera
 
 def _build_settings(bd, option: str, value: Any) -> Iterator[tuple[type, dict[str, Any]]]:
     """A build's sample settings and build settings (``spar-build``'s own reading of its options)."""
-    from spar_bench.builder.build import BuildConfig, choice_options
-    from spar_bench.builder.samples.config import SampleConfig
 
     if option in _names(SampleConfig):
         given = value
@@ -533,8 +521,6 @@ def _names(cls: type) -> set[str]:
 
 # --------------------------------------------------------------------------- one call per kind
 def _phantom(spec: dict[str, Any], device: str | None) -> None:
-    from spar_bench.builder.phantom.generate import PhantomOptions, write_phantom_dataset
-
     fields = {k: v for k, v in spec.items() if k not in ("out", "n", "jobs")}
     write_phantom_dataset(spec["out"], int(spec["n"]), PhantomOptions(**fields), overwrite=True,
                           workers=int(spec.get("jobs") or 1))
@@ -543,7 +529,6 @@ def _phantom(spec: dict[str, Any], device: str | None) -> None:
 def _build(spec: dict[str, Any], device: str | None) -> None:
     """A build: resumed when half written (``OUT.tmp``), made again when whole without its marker
     (killed after the build: it is deterministic)."""
-    from spar_bench.builder.build import build, config_from_options
 
     opts = {k: tuple(v) if isinstance(v, list) else v for k, v in spec["options"].items()}
     for k in ("cases", "limit", "split_ratio"):  # per-source options: one entry or a list
@@ -560,8 +545,6 @@ def _build(spec: dict[str, Any], device: str | None) -> None:
 
 
 def _cache(spec: dict[str, Any], device: str | None) -> None:
-    from spar_bench.probes.cache import cache_options, write_cache
-
     fields = {k: spec[k] for k in ("weights", "random_init", "revision", "model_args", "probe") if k in spec}
     opts = {**fields, **spec["options"]}
     if device and "device" not in opts:
@@ -571,8 +554,6 @@ def _cache(spec: dict[str, Any], device: str | None) -> None:
 
 def _sweep(spec: dict[str, Any], device: str | None) -> None:
     """The frozen mode's heads; a preset fills what the file does not give (heads and seeds are given)."""
-    from spar_bench.probes.runs.spec import OPTIONS
-    from spar_bench.probes.runs.sweep import SweepConfig, sweep
 
     given = spec["options"]
     fields = {k: v for k, v in given.items() if k not in OPTIONS}
@@ -588,15 +569,7 @@ def _sweep(spec: dict[str, Any], device: str | None) -> None:
 
 def _finetune(spec: dict[str, Any], device: str | None) -> None:
     """Encoder and head trained end to end, every probe x head x seed (resumed where interrupted)."""
-    from dataclasses import fields
-
     import torch
-
-    from spar_bench.probes.finetune.config import FinetuneConfig, finetune_specs
-    from spar_bench.probes.names import names_all
-    from spar_bench.probes.runs.session import run_all
-    from spar_bench.probes.runs.spec import OPTIONS
-    from spar_bench.probes.runs.sweep import SweepConfig
 
     opts = dict(spec["options"])
     torch.set_num_threads(int(opts.pop("threads", None) or field_default(SweepConfig, "threads")))  # as --threads
@@ -618,7 +591,6 @@ def _evaluate(spec: dict[str, Any], device: str | None) -> None:
     """Every finished run of the source step scored on the transfer target (again: ``overwrite``):
     another cache (and, for a ``path:`` build, its folder), or a build a finetune run re-encodes
     (:func:`~spar_bench.probes.runs.session.evaluate_on` chooses by the run's kind)."""
-    from spar_bench.probes.runs.session import EvalTarget, evaluate_on
 
     target = EvalTarget(spec.get("features"), spec.get("data"), overwrite=True, encoder=spec.get("encoder"))
     for m in sorted(Path(spec["runs"]).rglob("metrics.json")):
@@ -626,8 +598,6 @@ def _evaluate(spec: dict[str, Any], device: str | None) -> None:
 
 
 def _vqa(spec: dict[str, Any], device: str | None) -> None:
-    from spar_bench.probes.vqa.options import VqaOptions, why_skipped
-
     opts = dict(spec["options"])
     if device and "device" not in opts:
         opts["device"] = device
@@ -638,17 +608,12 @@ def _vqa(spec: dict[str, Any], device: str | None) -> None:
 
 def ask_mllm(model: str, data: str, out: str, opts: Any) -> Iterator[tuple[str, Path | None]]:
     """An MLLM asked every question probe of a build: the one place the runner reaches the vqa run."""
-    from spar_bench.probes.vqa.options import ask_build
 
     yield from ask_build(model, data, out, opts)
 
 
 def _predict(spec: dict[str, Any], device: str | None) -> None:
     """A build-reading run kind on every probe x seed (``all``: the probes of the build's levels)."""
-    from spar_bench.builder.shards import Build
-    from spar_bench.probes.names import names_all, parse_probes
-    from spar_bench.probes.runs.session import run_all
-    from spar_bench.probes.runs.spec import PredictorSpec
 
     probes = parse_probes(spec["probes"], Build(spec["data"]).levels())
     grid = [[PredictorSpec(p, spec["kind"], int(s), features=spec["data"], n_boot=int(spec["n_boot"]),
@@ -659,9 +624,6 @@ def _predict(spec: dict[str, Any], device: str | None) -> None:
 
 def _report(spec: dict[str, Any], device: str | None) -> None:
     """``spar-probe report``'s tables and plots, then the experiment's report, over every run."""
-    from spar_bench.probes.runs.report import write_report
-
-    from .report import write_experiment_report
 
     out = Path(spec["out"])
     write_report(spec["runs"], out)
@@ -672,7 +634,6 @@ def _report(spec: dict[str, Any], device: str | None) -> None:
 
 def _calibration(spec: dict[str, Any], device: str | None) -> None:
     """The 2-D calibration (:func:`~.calibration.run_calibration`); ``--devices`` overrides its device."""
-    from .calibration import CalibrationConfig, run_calibration
 
     run_calibration(CalibrationConfig(**({**spec, "device": device} if device else spec)))
 
@@ -680,9 +641,6 @@ def _calibration(spec: dict[str, Any], device: str | None) -> None:
 def _calibration_report(path: Path, out: Path) -> str:
     """The calibration's tables (docs/RESULTS.md's layout), written as the report's
     ``calibration.md``; returned as a section for ``experiment.md``."""
-    from spar_bench.outputs import write_bytes
-
-    from .calibration_tables import calibration_section
 
     rows = json.loads(path.read_text(encoding="utf-8"))["rows"]
     section = "\n".join(["## Calibration: recall, computation and the oracle on every probe", "",

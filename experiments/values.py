@@ -24,7 +24,7 @@ from typing import Any
 
 from spar_bench.errors import ConfigError
 
-from .config import Experiment, error_at  # error_at: "FILE:LINE: KEY: problem"
+from .config import Experiment, error_at, read_yaml  # error_at: "FILE:LINE: KEY: problem"
 from .steps import STEPS, kinds, options
 
 _DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?")
@@ -117,7 +117,6 @@ def check_revisions(exp: Experiment) -> None:
 
 def _variable_of(exp: Experiment, key: str) -> str | None:
     """The variable a key's value is written as (``${NAME}`` alone), from the file's text."""
-    from .config import read_yaml
 
     try:
         node: Any = read_yaml(exp.source)[0]

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from spar_bench.errors import ConfigError, IntegrityError
+from spar_bench.procs import die_with_parent
 
 #: Attributes of a part file that the merged cache does not carry.
 PART_ATTRS = ("part_rank", "part_world", "part_complete")
@@ -74,8 +75,6 @@ def die_with_launcher() -> None:
     unset) nothing changes.
     """
     if os.environ.get("TORCHELASTIC_RUN_ID"):
-        from spar_bench.procs import die_with_parent
-
         die_with_parent()
 
 

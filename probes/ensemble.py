@@ -43,7 +43,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
+from tqdm.auto import tqdm
 
+from spar_bench.errors import ConfigError
 from spar_bench.procs import check_stop
 
 from .targets import Targets
@@ -69,7 +71,6 @@ def without_lr_wd(cfg: TrainConfig) -> TrainConfig:
 
 def check_batchable(cfgs: list[TrainConfig]) -> None:
     """Members may differ in ``lr`` and ``weight_decay`` only."""
-    from spar_bench.errors import ConfigError
 
     if len({without_lr_wd(c) for c in cfgs}) != 1:
         raise ConfigError("runs trained as one batch may differ in seed, lr and weight decay only")
@@ -234,7 +235,6 @@ def train_heads(heads: list, train: tuple[list[np.ndarray], Targets], val: tuple
     """
     import torch
     from torch.func import stack_module_state
-    from tqdm.auto import tqdm
 
     check_batchable(cfgs)
     (feats, tr), (vfeats, va), cfg, s = train, val, cfgs[0], len(heads)

@@ -20,6 +20,8 @@ import numpy as np
 
 from spar_bench.errors import ConfigError, IntegrityError
 
+from .token_storage import TokenStorage, dequantise_int8
+
 #: the cache file's top-level groups that are not levels (docs/FORMATS.md)
 NOT_LEVELS = ("token_projection",)
 
@@ -165,7 +167,6 @@ class FeatureCache:
         toks = _read_rows(self.path, level, split, g["tokens"], rows)
         if "token_scale" not in g:
             return toks
-        from .token_storage import dequantise_int8
 
         scale = _read_rows(self.path, level, split, g["token_scale"], rows)
         return dequantise_int8(toks, scale, np.dtype(STORAGE_FLOAT.get(self.meta.get("dtype"), "float32")))
@@ -185,7 +186,6 @@ class FeatureCache:
     @property
     def token_storage(self) -> dict[str, Any]:
         """How the tokens were reduced before storage (``{"grid", "proj", "int8"}``; all off by default)."""
-        from .token_storage import TokenStorage
 
         return TokenStorage.from_dict(self.meta.get("token_storage")).to_dict()
 

@@ -12,23 +12,30 @@ build's splits with every control); a class registered with ``on_build`` alone i
 itself: ``rescore(rd, target)`` (:func:`~spar_bench.probes.runs.session.evaluate_on` calls it).
 A new kind is one class and one line here; a plug-in package registers its own under
 the entry-point group :data:`ENTRY_POINT_GROUP` (``name = "module:Class"``), or calls
-``PREDICTORS.register`` itself.
+``RUN_KINDS.register`` itself. (``PREDICTORS``, its earlier name, stays an alias
+for code that imports it.)
 """
 
 from __future__ import annotations
 
+from spar_bench.errors import ConfigError
 from spar_bench.registry import Registry
 
-PREDICTORS: Registry = Registry("run kind")
-PREDICTORS.register_lazy("head", "spar_bench.probes.runs.session:HeadJob")
+from .runs.build_job import OnBuild
+
+RUN_KINDS: Registry = Registry("run kind")
+RUN_KINDS.register_lazy("head", "spar_bench.probes.runs.session:HeadJob")
 #: marker: the file only a (damaged) run of the kind holds (finetune.model.EXPORT_FILE)
-PREDICTORS.register_lazy("finetune", "spar_bench.probes.finetune.predictor:FinetuneJob", marker="encoder.safetensors")
-PREDICTORS.register_lazy("mllm", "spar_bench.probes.vqa.predictor:MllmJob")
-PREDICTORS.register_lazy("prior", "spar_bench.probes.runs.predictors:ConstantPrior")
-PREDICTORS.register_lazy("oracle", "spar_bench.probes.runs.mask_oracle:MaskOracle")
-PREDICTORS.register_lazy("slice-oracle", "spar_bench.probes.references.slice_oracle:SliceOracle")
-PREDICTORS.register_lazy("reader", "spar_bench.probes.references.reader:AppearanceReader")
-PREDICTORS.register_lazy("organmaps3d", "spar_bench.probes.finetune.organmaps3d:OrganMaps3d")
+RUN_KINDS.register_lazy("finetune", "spar_bench.probes.finetune.predictor:FinetuneJob", marker="encoder.safetensors")
+RUN_KINDS.register_lazy("mllm", "spar_bench.probes.vqa.predictor:MllmJob")
+RUN_KINDS.register_lazy("prior", "spar_bench.probes.runs.predictors:ConstantPrior")
+RUN_KINDS.register_lazy("oracle", "spar_bench.probes.runs.mask_oracle:MaskOracle")
+RUN_KINDS.register_lazy("slice-oracle", "spar_bench.probes.references.slice_oracle:SliceOracle")
+RUN_KINDS.register_lazy("reader", "spar_bench.probes.references.reader:AppearanceReader")
+RUN_KINDS.register_lazy("organmaps3d", "spar_bench.probes.finetune.organmaps3d:OrganMaps3d")
+
+#: the registry's earlier name, an alias kept for code that imports it
+PREDICTORS = RUN_KINDS
 
 #: the entry-point group of run kinds that other packages provide
 ENTRY_POINT_GROUP = "spar_bench.run_kinds"
@@ -44,10 +51,10 @@ def run_kind(name: str):
 
         _entry_points_loaded = True
         for ep in entry_points(group=ENTRY_POINT_GROUP):
-            if ep.name not in PREDICTORS:
-                PREDICTORS.register_lazy(ep.name, ep.value, source=f"entry point {ep.value}")
-    source = PREDICTORS.meta(name).get("source")  # an unknown name: one line with "did you mean"
-    return opens(PREDICTORS.get(name) if source is None else _plugin(name, source))
+            if ep.name not in RUN_KINDS:
+                RUN_KINDS.register_lazy(ep.name, ep.value, source=f"entry point {ep.value}")
+    source = RUN_KINDS.meta(name).get("source")  # an unknown name: one line with "did you mean"
+    return opens(RUN_KINDS.get(name) if source is None else _plugin(name, source))
 
 
 def opens(cls):
@@ -55,7 +62,6 @@ def opens(cls):
     (a plug-in's, or one registered by hand) gets :class:`~.runs.build_job.OnBuild`'s."""
     if getattr(cls, "open", None) is not None:
         return cls
-    from .runs.build_job import OnBuild
 
     return type(cls.__name__, (cls, OnBuild), {"__module__": cls.__module__, "__doc__": cls.__doc__})
 
@@ -64,12 +70,11 @@ def _plugin(name: str, source: str):
     """A plug-in's run kind, loaded; what keeps it from running (its import raises, its module
     is missing, its class has neither ``open`` nor ``on_build`` with ``fit`` and ``predict``, its
     name cannot be a folder's) is one line naming the kind, its entry point and the error."""
-    from spar_bench.errors import ConfigError
     from spar_bench.names import name_problem
 
     where = f"run kind {name!r} (a plug-in's, {source})"
     try:
-        cls = PREDICTORS.get(name)
+        cls = RUN_KINDS.get(name)
     except Exception as e:  # noqa: BLE001 (a plug-in's import may raise anything)
         raise ConfigError(f"{where} cannot be loaded: {type(e).__name__}: {e}; fix or uninstall the plug-in") from None
     problem = name_problem(name)

@@ -23,6 +23,7 @@ bootstrap-over-patients confidence intervals (see :mod:`spar_bench.probes.bootst
 from __future__ import annotations
 
 from collections.abc import Callable
+from math import factorial
 
 import numpy as np
 
@@ -223,7 +224,6 @@ def level2_metrics(
 def _perm_acc_by_k(exact: np.ndarray, ntile: np.ndarray) -> dict[str, dict]:
     """Per number k of present tiles (str keys, ascending): items ``n``, their exact
     permutation accuracy ``perm_acc`` and its chance ``1/k!``."""
-    from math import factorial
 
     out = {}
     for k in np.unique(ntile[np.isfinite(exact)]).astype(int).tolist():

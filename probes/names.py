@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import click
+
 from spar_bench.errors import ConfigError
 
 from .tasks import get_probe, probe_names
@@ -34,8 +36,6 @@ def parse_probes(text: Sequence[str] | str, levels: list[str] | None = None) -> 
             return probe_names()
         skipped = [p for p in probe_names() if get_probe(p).level not in levels]
         if skipped:  # said in one line (README: "skipped with one line"), never silently
-            import click
-
             lost = sorted({get_probe(p).level for p in skipped})
             click.echo(f"--probe all: {len(skipped)} probe(s) of {', '.join(lost)} skipped; this input holds "
                        f"{', '.join(levels) or 'no level'}", err=True)  # fmt: skip

@@ -25,6 +25,12 @@ from typing import Any
 import numpy as np
 
 from spar_bench.errors import ConfigError
+from spar_bench.hashing import sha256_json
+
+from .tasks import QuestionSpec, get_probe
+from .vqa.ask import plain_prompt
+from .vqa.prompts import template_version
+from .vqa.questions import is_volume_probe, load_questions
 
 
 @dataclass(frozen=True)
@@ -45,7 +51,6 @@ class QuestionRows:
     @property
     def sha256(self) -> str:
         """sha256 of every split's (key, text) pairs, in order."""
-        from spar_bench.hashing import sha256_json
 
         return sha256_json({s: [[str(k), t] for k, t in zip(self.keys[s], self.texts[s], strict=True)]
                             for s in sorted(self.keys)})
@@ -58,8 +63,6 @@ class QuestionRows:
 
 def question_probe(probe: str):
     """The spec of ``--probe``: a Level 3 question probe, else one line."""
-    from .tasks import QuestionSpec, get_probe
-    from .vqa.questions import is_volume_probe
 
     spec = get_probe(probe)
     if not isinstance(spec, QuestionSpec) or is_volume_probe(spec):
@@ -71,9 +74,6 @@ def question_probe(probe: str):
 def question_rows(build, probe: str, splits: list[str]) -> QuestionRows:
     """The questions of ``probe`` (a full name, Level 3) on ``splits`` of ``build``, each with
     the plain prompt ``spar-probe vqa`` asks it with; a split without any is left out."""
-    from .vqa.ask import plain_prompt
-    from .vqa.prompts import template_version
-    from .vqa.questions import load_questions
 
     spec = question_probe(probe)
     keys, slices, texts = {}, {}, {}

@@ -31,6 +31,8 @@ time of a batch goes, not the untimed throughput (the benches time both).
 
 from __future__ import annotations
 
+import resource
+import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -130,8 +132,6 @@ def reset_peak_memory(device: Any = None) -> bool:
 
 def peak_memory(device: Any = None) -> dict[str, float]:
     """The process's peak RSS and, on CUDA, the peak memory torch allocated, in MiB."""
-    import resource
-    import sys
 
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20 if sys.platform == "darwin" else 1 << 10)
     try:  # the peak since reset_peak_memory (getrusage keeps the process's whole life)

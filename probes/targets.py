@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from spar_bench.builder.schema import LEVEL_SPECS
 from spar_bench.errors import ConfigError, IntegrityError
 
 if TYPE_CHECKING:  # annotations only: tasks imports this module
@@ -133,7 +134,6 @@ def missing_level(what: str, level: str, levels) -> ConfigError:
     cache"``): a :class:`ProbeUnavailable` for an opt-in level (Level 4, volumes: ``spar-probe
     fit --probes all`` skips its probes on a build or cache without it), a plain
     :class:`ConfigError` for the default levels."""
-    from spar_bench.builder.schema import LEVEL_SPECS
 
     spec = LEVEL_SPECS.get(level)
     cls = ProbeUnavailable if spec is not None and spec.volume else ConfigError

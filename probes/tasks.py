@@ -33,12 +33,16 @@ The priors:
   the organs but ignores where they lie could do - which the blind head is not;
 * Level 3: the majority training answer per question type (organ A, organ B, axis) of
   the probe; a question type unseen in training gets the probe's majority answer.
+
+``spar-probe --help`` loads this module (the probes' names), so the metrics, the Sinkhorn
+layer and torch are imported where they are used (docs/DEVELOPING.md, Imports).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from math import factorial
 from typing import Any
 
 import numpy as np
@@ -314,7 +318,6 @@ class ArrangementSpec(LocalisationSpec):
 
     def chance(self, t):
         """Expected exact-permutation accuracy of a uniformly random assignment (mean 1/n!)."""
-        from math import factorial
 
         n = np.asarray(t.y["present_pos"], bool).sum(axis=1)
         n = n[n > 0]

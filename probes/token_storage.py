@@ -22,6 +22,7 @@ stored unreduced: they are small. Every function here is pure: same input, same 
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -211,7 +212,6 @@ class Projection:
 def patch_grid(n_tokens: int, n_prefix: int, grid: tuple[int, ...] | None) -> tuple[int, ...]:
     """The patch grid of a token set of ``n_tokens``: the encoder's, else the square one (a
     3-D encoder's: the cube)."""
-    import math
 
     patches = n_tokens - n_prefix
     if grid is not None and math.prod(grid) == patches:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from spar_bench.errors import ConfigError
 from spar_bench.procs import check_stop
 
 from .targets import Targets
@@ -63,8 +64,6 @@ class TrainConfig:
     device: str = "cpu"  # "cuda" trains the head on a GPU (same seeds; float results may differ)
 
     def __post_init__(self) -> None:
-        from spar_bench.errors import ConfigError
-
         rules = (
             ("lr", self.lr > 0, "must be > 0"),
             ("weight_decay", self.weight_decay >= 0, "must be >= 0"),

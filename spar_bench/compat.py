@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from spar_bench.errors import ConfigError
+from spar_bench.provenance import package_version
 
 #: Preference order of open_clip's ``_find_checkpoint_in_dir`` (open_clip_torch 2.23 - 3.x).
 OPEN_CLIP_PREFERRED = (
@@ -29,8 +30,6 @@ OPEN_CLIP_PREFERRED = (
 
 
 def _version(dist: str) -> str:
-    from spar_bench.provenance import package_version
-
     return package_version(dist) or "not installed"
 
 

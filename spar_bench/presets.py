@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from click.core import ParameterSource
+
 from spar_bench.errors import ConfigError
 
 
@@ -167,6 +169,5 @@ def apply_probe_preset(name: str, options: dict[str, Any], explicit: set[str]) -
 
 def explicit_options(ctx) -> set[str]:
     """The parameters of a click context given on the command line (not defaults)."""
-    from click.core import ParameterSource
 
     return {k for k in ctx.params if ctx.get_parameter_source(k) == ParameterSource.COMMANDLINE}

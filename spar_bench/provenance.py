@@ -19,9 +19,13 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Iterable, Iterator
+from importlib import metadata
 from pathlib import Path, PurePath
 from typing import Any
+
+import numpy as np
 
 #: Libraries whose behaviour shapes a build's bytes (shards, Parquet, PNG, card).
 BUILD_PACKAGES = ("spar-bench", "numpy", "scipy", "h5py", "hdf5plugin", "nibabel", "SimpleITK",
@@ -59,7 +63,6 @@ def build_unanswerable(manifest: dict[str, Any] | None, probe: str) -> dict[str,
 
 def package_version(dist: str) -> str | None:
     """The installed version of distribution ``dist``, or None."""
-    from importlib import metadata
 
     try:
         return metadata.version(dist)
@@ -74,7 +77,6 @@ def package_versions(dists: Iterable[str]) -> dict[str, str | None]:
 
 def json_safe(obj: Any) -> Any:
     """``obj`` as plain JSON values, by the rule in the module docstring."""
-    import numpy as np
 
     if isinstance(obj, dict):
         return {str(k): json_safe(v) for k, v in obj.items()}
@@ -137,7 +139,6 @@ def local_prefixes(*paths: str | os.PathLike) -> list[str]:
 def local_paths(obj: Any, prefixes: Iterable[str]) -> list[str]:
     """Strings in ``obj`` (keys included) that contain one of the absolute ``prefixes`` as a
     path (``/home/me`` matches ``x=/home/me/data`` but not ``/home/meg`` or ``a/home/me``)."""
-    import re
 
     pats = [re.compile(r"(?<![\w.~/-])" + re.escape(p) + r"(?![\w.-])") for p in prefixes if p]
     return sorted({s for s in _strings(obj) if any(pat.search(s) for pat in pats)})

@@ -191,8 +191,8 @@ def plugins(tmp_path: Path, monkeypatch):
     monkeypatch.setattr(kinds, "_entry_points_loaded", False)
     yield
     for k in KINDS:
-        if k in kinds.PREDICTORS:
-            kinds.PREDICTORS.unregister(k)
+        if k in kinds.RUN_KINDS:
+            kinds.RUN_KINDS.unregister(k)
 
 
 @pytest.mark.parametrize("kind", list(KINDS))

@@ -77,13 +77,13 @@ def test_a_kind_says_itself_whether_its_runs_can_be_rescored(tmp_path, monkeypat
     """``evaluate_on`` asks the run's kind (``rescore``): ``runs/`` names no kind; a kind
     without it is refused in one line naming those that have it."""
     from spar_bench.errors import ConfigError
-    from spar_bench.probes.kinds import PREDICTORS
+    from spar_bench.probes.kinds import RUN_KINDS
     from spar_bench.probes.runs.record import RunRecord
     from spar_bench.probes.runs.session import EvalTarget, HeadJob, evaluate_on
 
-    assert callable(HeadJob.rescore) and callable(PREDICTORS.get("finetune").rescore)
-    assert not hasattr(PREDICTORS.get("prior"), "rescore")
-    finetune = PREDICTORS.get("finetune")
+    assert callable(HeadJob.rescore) and callable(RUN_KINDS.get("finetune").rescore)
+    assert not hasattr(RUN_KINDS.get("prior"), "rescore")
+    finetune = RUN_KINDS.get("finetune")
     monkeypatch.setattr(finetune, "rescore", staticmethod(lambda rd, target: f"finetune {rd.name}"))
     (tmp_path / "encoder.safetensors").write_bytes(b"")  # a damaged finetune run: its marker file
     assert evaluate_on(tmp_path, EvalTarget(features="x.h5")) == f"finetune {tmp_path.name}"
@@ -92,3 +92,11 @@ def test_a_kind_says_itself_whether_its_runs_can_be_rescored(tmp_path, monkeypat
     RunRecord(kind="prior", probe="level1.localisation", head="prior", seed=0).write(rd)
     with pytest.raises(ConfigError, match="a run of kind prior has no trained head.*finetune or head can be"):
         evaluate_on(rd, EvalTarget(features="x.h5"))
+
+
+def test_the_run_kind_registry_keeps_its_earlier_name():
+    """One name per concept (issue 44): the registry of run kinds is ``RUN_KINDS``; its earlier
+    name ``PREDICTORS`` stays an alias, so code that imports it still finds every kind."""
+    from spar_bench.probes import kinds
+
+    assert kinds.PREDICTORS is kinds.RUN_KINDS and "head" in kinds.RUN_KINDS

@@ -1,5 +1,5 @@
 """One record, one entry: every run's ``config.json`` is a :class:`RunRecord`; every run is
-``session.run(spec)`` through the ``PREDICTORS`` registry; a finished run is whole or absent
+``session.run(spec)`` through the ``RUN_KINDS`` registry; a finished run is whole or absent
 (a crash at any write leaves no finished-looking run), and a damaged one is run again; a new
 run kind is one class plus one registry line (here: a plug-in's, found by its entry point)."""
 

@@ -7,7 +7,7 @@ import click
 from spar_bench.clitools import declared_type, field_option, given, wait_option
 
 from ..options import jobs_option, pop_jobs
-from .generate import INTENSITIES, LAYOUTS, SIZES, PhantomOptions
+from .generate import INTENSITIES, LAYOUTS, SIZES, PhantomOptions, write_phantom_dataset
 
 
 @click.command("phantom")
@@ -59,8 +59,6 @@ def phantom_command(
     records the seed, layout and every case's parameters.
     """
     from spar_bench.locks import output_lock
-
-    from .generate import write_phantom_dataset
 
     options = PhantomOptions(lesions=not no_lesions, in_plane=in_plane, n_slices=n_slices,
                              **given({"layout": layout, "seed": seed, "size": size, "intensities": intensities}))

@@ -75,6 +75,8 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
+import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,6 +86,9 @@ import numpy as np
 
 from spar_bench.errors import ConfigError, SparError
 from spar_bench.fields import check_fields, limited
+from spar_bench.outputs import check_target, claim, remove
+from spar_bench.procs import process_pool
+from spar_bench.seeding import derive_seed
 
 from ..schema import ORGAN_ID, ORGANS
 from ..sources.word import SPLIT_DIRS as WORD_SPLIT_DIRS
@@ -626,7 +631,6 @@ def split_counts(n: int) -> dict[str, int]:
 
 def assign_splits(n: int, seed: int) -> list[str]:
     """Split of each case index: :func:`split_counts` shuffled by ``seed`` (deterministic)."""
-    from spar_bench.seeding import derive_seed
 
     counts = split_counts(n)
     labels = [s for s in ("train", "val", "test") for _ in range(counts[s])]
@@ -678,7 +682,6 @@ def owned_phantom(out_dir: Path) -> set[str] | None:
 
 def _prepare_out(out_dir: Path, overwrite: bool) -> bool:
     """True when ``out_dir`` holds an earlier phantom dataset that may be replaced."""
-    from spar_bench.outputs import check_target, claim
 
     check_target(out_dir)
     return claim(out_dir, overwrite=overwrite, owned=owned_phantom, what="phantom dataset")
@@ -719,9 +722,6 @@ def _write_cases(tmp: Path, opts: PhantomOptions, splits: list[str], progress: b
     case order, so the dataset is byte-identical whatever ``workers``.
     """
     from tqdm.auto import tqdm
-
-    from spar_bench.procs import process_pool
-    from spar_bench.seeding import derive_seed
 
     for d in SPLIT_DIRS.values():
         for sub in d:
@@ -773,7 +773,6 @@ def _dataset_record(opts: PhantomOptions, n: int, splits: list[str], cases: dict
 
 def _move_into_place(tmp: Path, out: Path, overwrite: bool) -> None:
     """Rename the finished ``tmp`` folder to ``out``, replacing an earlier phantom dataset."""
-    from spar_bench.outputs import remove
 
     if out.exists():
         _prepare_out(out, overwrite)  # still only what an earlier phantom run wrote
@@ -812,8 +811,6 @@ def write_phantom_dataset(
         ConfigError: ``out_dir`` is non-empty without ``overwrite`` (or is not a
             phantom dataset), or a bad layout, size or ``n``.
     """
-    import shutil
-    import tempfile
 
     out, opts = Path(out_dir), options or PhantomOptions()
     splits = assign_splits(int(n), int(opts.seed))

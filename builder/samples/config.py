@@ -10,6 +10,7 @@ manifests of builds without Level 4 are unchanged.
 from __future__ import annotations
 
 import difflib
+import os
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -31,7 +32,6 @@ VOLUME_BYTES_PER_VOXEL = 36
 def available_memory() -> int | None:
     """Bytes of memory available to a new allocation (Linux ``MemAvailable``, else the free
     physical pages); None when the system says neither."""
-    import os
 
     try:
         with open("/proc/meminfo", encoding="ascii") as fh:

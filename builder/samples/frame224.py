@@ -38,6 +38,7 @@ from spar_bench.errors import CaseError
 
 from ..case import Case
 from ..schema import IMAGE_SIZE, N_ORGANS
+from .resample import sample_bilinear, sample_nearest
 
 #: HU threshold of the body, and the value padded outside the volume.
 BODY_HU = -500.0
@@ -148,7 +149,6 @@ def resample_slices(
     outside the volume. Batches of :data:`RESAMPLE_BATCH` slices; the arithmetic is
     ``grid_sample``'s, in numpy (:mod:`.resample`).
     """
-    from .resample import sample_bilinear, sample_nearest
 
     sample = {"bilinear": sample_bilinear, "nearest": sample_nearest}[mode]
     zs = np.asarray(zs, dtype=np.int64)

@@ -46,6 +46,7 @@ from ..case import Case
 from ..schema import IMAGE_SIZE, LEVEL_SPECS, LEVELS, N_ORGANS, TILE_GRID, TILE_SIZE
 from .config import SampleConfig
 from .frame224 import Frame224, ResampledSlices, SliceStats
+from .resample import resize_aa
 
 
 def eligible_tile_slices(stats: SliceStats, frac: float) -> list[np.ndarray]:
@@ -94,7 +95,6 @@ def make_tile(
     image: np.ndarray, label: np.ndarray, organ_id: int, fallback_xy: tuple[float, float]
 ) -> np.ndarray:
     """A 56x56 uint8 tile of organ ``organ_id`` from one windowed 224 slice (see module doc)."""
-    from .resample import resize_aa
 
     inside = label == organ_id
     rows = np.flatnonzero(inside.any(axis=1))

@@ -54,6 +54,7 @@ from spar_bench.seeding import derive_seed
 from ..case import Case
 from ..schema import BILATERAL_PAIRS, LEVEL4_PROBES, N_ORGANS, organ_index
 from .config import SampleConfig
+from .frame224 import check_labels
 from .level3 import pick_candidates, pick_pairs
 from .volume import Volume, reflect, volume_for_case
 
@@ -441,7 +442,6 @@ def case_level4(
     A case without any labelled voxel gives no row. Raises CaseError for a case without an
     image, with labels outside 0..16 or with a spacing <= 0.
     """
-    from .frame224 import check_labels
 
     if case.image is None:
         raise CaseError(

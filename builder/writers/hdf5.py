@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from spar_bench.errors import SparError
+from spar_bench.outputs import write_bytes
 
 from ..schema import IMAGE_FIELDS, LEVEL_SPECS
 
@@ -101,7 +102,6 @@ def write_shard(
     it: a full disk is one ``OSError`` naming the shard, never a failed write inside HDF5.
     """
     from spar_bench.h5files import h5_image
-    from spar_bench.outputs import write_bytes
 
     def fill(f) -> None:
         for name in sorted(fields):

@@ -22,7 +22,9 @@ import click
 import numpy as np
 
 from spar_bench.errors import ConfigError, SparError
+from spar_bench.procs import process_pool
 
+from .. import __version__
 from ..schema import IMAGE_FIELDS, LEVEL3_PROBES, LEVEL4_PROBES, LEVEL_SPECS, ORGANS, ordered_splits
 
 #: What the card shows of each source record: where (as seen from the build, or null) and
@@ -228,8 +230,6 @@ def write_hf(
     jobs = [(str(out_dir), level, e["path"]) for level, by_split in shards.items()
             for entries in by_split.values() for e in entries if e["rows"]]
     if workers > 1 and len(jobs) > 1:
-        from spar_bench.procs import process_pool
-
         with process_pool(workers) as pool:  # workers terminated if we are interrupted
             results = list(tqdm(pool.map(convert_shard, jobs), total=len(jobs), desc="parquet",
                                 unit="shard", leave=False))
@@ -373,7 +373,6 @@ def _card_licences(names: list[str]) -> list[str]:
 
 def _card_provenance(config, sample_config, sources) -> list[str]:
     """Builder version, seed and the published build config, sample config and sources (JSON)."""
-    from .. import __version__
 
     return [
         "## How it was built",

@@ -38,6 +38,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from spar_bench.errors import ConfigError
 from spar_bench.hashing import sha256_file  # noqa: F401  (re-exported for writers and verify)
 
 MANIFEST_NAME = "manifest.json"
@@ -181,7 +182,6 @@ def owned_build(out: Path) -> set[str] | None:
 
 def read_manifest(out_dir: str | Path) -> dict[str, Any]:
     """Read and sanity-check ``out_dir/manifest.json`` (raises ConfigError)."""
-    from spar_bench.errors import ConfigError
 
     path = Path(out_dir) / MANIFEST_NAME
     if not path.is_file():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import click
 
 from ..encoders import registry_rows
@@ -16,8 +18,6 @@ def encoders_command(as_json: bool) -> None:
     """
     rows = registry_rows()
     if as_json:
-        import json
-
         click.echo(json.dumps(rows, indent=1))
         return
     cols = ["name", "family", "input", "tokens", "dim", "pooled", "weights"]

@@ -1,5 +1,5 @@
 """``spar-probe predict``: run a predictor that reads a build (a run kind of
-:data:`spar_bench.probes.kinds.PREDICTORS` made ``on_build``: the constant prior, the Level 4
+:data:`spar_bench.probes.kinds.RUN_KINDS` made ``on_build``: the constant prior, the Level 4
 mask oracle, or a plug-in's kind) on every probe x seed, scored with every control, through
 :func:`spar_bench.probes.runs.session.run`."""
 

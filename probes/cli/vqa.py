@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from spar_bench.clitools import field_options, given, old_spelling, wait_option
+from spar_bench.errors import ConfigError
 from spar_bench.locks import output_lock
 
 from ..names import names_all
@@ -103,7 +104,6 @@ def vqa_command(model, answers, accept_missing, data, probes, out, revision, bas
 
 def _model_of(model: str | None, answers: str | None) -> str:
     """``--model``, or ``answers:FILE`` for ``--answers FILE``; exactly one of them."""
-    from spar_bench.errors import ConfigError
 
     if (model is None) == (answers is None):
         raise ConfigError("spar-probe vqa: give --model (a model to ask) or --answers FILE (another harness's "

@@ -48,10 +48,13 @@ and its spacing -> 1.5 x 1.5 x 3 mm, clip, pad / centre-crop 224 x 224 x 160, pe
 
 from __future__ import annotations
 
+import copy
 import importlib
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from spar_bench.errors import ConfigError
 
@@ -214,7 +217,6 @@ def canonical_to_ras(canonical, spacing):
     """A canonical volume ``[z, row, col]`` (z superior-ward, row posterior-ward, col leftward) and
     its spacing as Merlin's ``(X, Y, Z)`` RAS array (index growing to the right, anterior,
     superior) and spacing: what MONAI's ``Orientationd(axcodes="RAS")`` gives."""
-    import numpy as np
 
     ras = np.ascontiguousarray(np.asarray(canonical).transpose(2, 1, 0)[::-1, ::-1, :])
     return ras, (float(spacing[2]), float(spacing[1]), float(spacing[0]))
@@ -224,7 +226,6 @@ def merlin_grid(volume, spacing_ras, scale: float = 1.0, mode: str = "trilinear"
     """Merlin's geometry on a ``(C, X, Y, Z)`` or ``(X, Y, Z)`` RAS array: resampled to
     ``MERLIN_SPACING / scale`` mm (``mode``), padded with ``fill`` and centre-cropped to
     ``MERLIN_SIZE * scale``, permuted to ``(1, C, Z, X, Y)`` float32."""
-    import numpy as np
     import torch
     import torch.nn.functional as F
 
@@ -257,7 +258,6 @@ def merlin_input(hu, spacing_ras, scale: float = 1.0):
 
 def _grids(model, size: tuple[int, int, int]) -> tuple[dict[str, list[int]], dict[str, int]]:
     """Every layer's token grid (cube order: Z', Y', X' swapped back) and width, from a meta-device forward."""
-    import copy
 
     import torch
 

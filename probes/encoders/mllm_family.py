@@ -40,6 +40,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from spar_bench.errors import ConfigError
 from spar_bench.hashing import sha256_file
 
@@ -340,7 +342,6 @@ def _token_layout(model: Any, processor: Any, prompt: str, stage: str) -> dict[s
     """The token grids and the vision tower's width from one processor call on a blank image
     and one pass of the tower (its patches may outnumber the LM's tokens: Qwen's 2x2 merger,
     InternVL's pixel shuffle, Gemma 3's pooling); the LM is not run."""
-    import numpy as np
     import torch
 
     enc = processor(text=[prompt], images=[[np.zeros((224, 224, 3), np.uint8)]], return_tensors="pt",

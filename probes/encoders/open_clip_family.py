@@ -20,10 +20,12 @@ Preprocessing (size, mean, std, interpolation) comes from the tower's ``preproce
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from spar_bench.compat import find_open_clip_checkpoint
 from spar_bench.errors import ConfigError
 
 from .base import (
@@ -106,8 +108,6 @@ def load_open_clip(rest: str, *, weights: str | None = None, random_init: bool =
 
 
 def _takes(fn: Any, arg: str) -> bool:
-    import inspect
-
     return arg in inspect.signature(fn).parameters
 
 
@@ -126,7 +126,6 @@ def _source(rest: str, name: str, weights: str | None, random_init: bool,
         raise ConfigError(f"encoder {name}: {folder}/open_clip_config.json not found")
     if export:
         return f"{LOCAL}{folder}", None, weights_record(weights, random_init, name)
-    from spar_bench.compat import find_open_clip_checkpoint
 
     ckpt = find_open_clip_checkpoint(folder)
     if weights is not None:

@@ -36,11 +36,10 @@ from spar_bench.hashing import sha256_file
 from spar_bench.registry import Registry, import_target
 
 from .base import WeightsGiven
+from .timm_family import TimmEncoder, build_timm_model, timm_spec_from_model
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
-
-    from .timm_family import TimmEncoder
 
 #: a classifier's tensors, which an encoder built without a head (``num_classes=0``) does not load.
 HEAD_PREFIXES = ("classifier.",)
@@ -224,7 +223,6 @@ def apply_weight_set(ws: WeightSet, model: torch.nn.Module, path: Path) -> LoadR
 def pretrained_model(set_name: str, *, num_classes: int = 0) -> tuple[torch.nn.Module, LoadReport]:
     """timm's architecture of ``set_name`` with its weights (``num_classes=1000``: with the
     ImageNet classifier; 0: features only), in eval mode, and what was loaded."""
-    from .timm_family import build_timm_model
 
     ws: WeightSet = WEIGHT_SETS.get(set_name)
     path = weight_set_file(ws)
@@ -236,7 +234,6 @@ def pretrained_model(set_name: str, *, num_classes: int = 0) -> tuple[torch.nn.M
 def load_weight_set_encoder(set_name: str, encoder_name: str, *, weights: str | None = None,
                             random_init: bool = False) -> TimmEncoder:
     """The encoder ``encoder_name``: timm's architecture with the weight set's weights."""
-    from .timm_family import TimmEncoder, timm_spec_from_model
 
     ws: WeightSet = WEIGHT_SETS.get(set_name)
     if random_init:

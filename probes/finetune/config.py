@@ -11,7 +11,11 @@ from spar_bench.errors import ConfigError
 from spar_bench.fields import check_fields, limited
 
 from ..hardware import COMPUTE_DTYPES
-from ..runs.spec import NamedRun
+from ..heads import head_defaults
+from ..names import parse_heads, parse_probes, parse_seeds
+from ..runs.spec import NamedRun, RunSpec, check_options_apply
+from ..runs.store import variant_text
+from ..train import TrainConfig
 
 #: Options that change no trained weight or score beyond the device's numerics: not in a
 #: run's folder name nor in the identity a finished run is checked against (the precision
@@ -68,7 +72,6 @@ class FinetuneConfig:
 
     def train_config(self):
         """The head-training config of ``spar-probe fit`` matching this run (blind baseline)."""
-        from ..train import TrainConfig
 
         return TrainConfig(lr=self.head_lr, weight_decay=0.01, batch_size=256, max_epochs=None,
                            sinkhorn_iters=self.sinkhorn_iters, val_fraction=self.val_fraction)
@@ -92,7 +95,7 @@ class FinetuneSpec(NamedRun):
     (:meth:`head_run`), whose features are the build's images, encoded by the trained encoder.
     """
 
-    kind: ClassVar[str] = "finetune"  # the run kind (spar_bench.probes.kinds.PREDICTORS)
+    kind: ClassVar[str] = "finetune"  # the run kind (spar_bench.probes.kinds.RUN_KINDS)
 
     encoder: str
     data: str
@@ -115,8 +118,6 @@ class FinetuneSpec(NamedRun):
     def variant(self) -> str:
         """The training and head options that differ from their defaults (as ``fit``'s
         :meth:`~..runs.spec.RunSpec.variant`): ``encoder_lr=0.01,max_epochs=2``."""
-        from ..heads import head_defaults
-        from ..runs.store import variant_text
 
         changed = {**self.cfg.changed(),
                    **{k: v for k, v in self.head_cfg.items() if head_defaults(self.head).get(k) != v}}  # fmt: skip
@@ -124,7 +125,6 @@ class FinetuneSpec(NamedRun):
 
     def head_run(self):
         """The head's :class:`~spar_bench.probes.runs.spec.RunSpec` (as ``fit``'s)."""
-        from ..runs.spec import RunSpec
 
         return RunSpec(features=str(self.data), probe=self.probe, head=self.head, seed=self.seed,
                        layer=self.cfg.layer, head_options=tuple(self.head_cfg.items()),
@@ -140,9 +140,6 @@ def finetune_specs(encoder: str, data: str, probes: Sequence[str] | str, heads: 
     (its other fields: ``cfg``, ``weights``, ``init`` ...); names checked. ``head_options``
     (``d_model`` ...; None: not given) apply as ``fit`` and ``sweep`` apply them: an option none
     of the heads has is one line; one that only some have applies to those."""
-    from ..heads import head_defaults
-    from ..names import parse_heads, parse_probes, parse_seeds
-    from ..runs.spec import check_options_apply
 
     head_list, seed_list = parse_heads(heads), parse_seeds(seeds)
     given = {k: v for k, v in (head_options or {}).items() if v is not None}

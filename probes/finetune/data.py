@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from spar_bench.procs import init_loader_worker
 from spar_bench.seeding import derive_seed
 
 
@@ -100,8 +101,6 @@ class Loading:
 
     def loader(self, dataset):
         import torch
-
-        from spar_bench.procs import init_loader_worker
 
         return torch.utils.data.DataLoader(
             dataset, batch_size=None, shuffle=False, num_workers=self.workers, pin_memory=self.pin,

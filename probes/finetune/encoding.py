@@ -24,15 +24,30 @@ test images are encoded once by the trained encoder and scored exactly as cached
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from spar_bench.builder.schema import LEVEL_SPECS
 from spar_bench.errors import ConfigError
+from spar_bench.seeding import derive_seed
 
+from ..encoders import load_encoder
+from ..encoders.base import is_local_name
+from ..hardware import pick_compute, pick_device
+from ..heads import build_head
+from ..runs.evaluate import transfer
+from ..runs.inputs import BuildKeys
+from ..runs.record import RunRecord
+from ..runs.store import TransferEval, kept_eval, run_path, write_eval
+from ..targets import ProbeUnavailable, concat, load_targets
+from ..tasks import get_probe
+from ..train import predict, seeded
 from .config import FinetuneConfig
-from .loop import Split, load_saved
+from .data import remap
+from .loop import Encoding, Split, load_saved
 from .model import EXPORT_FILE, freeze_blocks, load_trainable
 
 MODES = {"weights": "finetuned", "scratch": "scratch"}
@@ -41,7 +56,6 @@ MODES = {"weights": "finetuned", "scratch": "scratch"}
 def run_slug(encoder: str, init: str, build_root: str | Path) -> str:
     """Run-folder name of a trained encoder: ``timm-resnet18-scratch-shards-canonical``
     (``encoder`` as published: :func:`published_encoder`)."""
-    import re
 
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{encoder}-{MODES[init]}-{Path(build_root).resolve().name}")
     return name.strip("-")
@@ -50,7 +64,6 @@ def run_slug(encoder: str, init: str, build_root: str | Path) -> str:
 def published_encoder(encoder: str, spec) -> str:
     """The encoder name a run records: as given, or, for a model loaded from a local path,
     the spec's portable name (``hf:tiny@1a2b3c4d``: base name + content hash, no path)."""
-    from ..encoders.base import is_local_name
 
     return spec.name if is_local_name(spec.name) else encoder
 
@@ -74,10 +87,6 @@ def new_head(encoding, head: str, spec, kind: str, seed: int, head_cfg: dict, tr
     position embeddings and, through gradient clipping, stalls the encoder. A token head
     then reads the encoder's tokens unprojected (identity, full width; recorded as its
     ``proj_dim``)."""
-    from spar_bench.seeding import derive_seed
-
-    from ..heads import build_head
-    from ..train import seeded
 
     rows = np.unique(tr.targets.rows)
     first = encoding.features(tr.level, tr.split, rows[:1], kind="tokens")
@@ -105,9 +114,6 @@ def volume_token_grid(spec, layer: int) -> list[int] | None:
 
 def check_encoder_reads(spec, probe, data) -> None:
     """A 3-D encoder trains on Level 4 (volume) probes only, a 2-D one on the others: one line."""
-    from spar_bench.builder.schema import LEVEL_SPECS
-
-    from ..targets import ProbeUnavailable
 
     if LEVEL_SPECS[probe.level].volume != spec.volumetric:  # `--probe all` skips it (one line)
         kind, other = ("3-D", "volumes (Level 4)") if spec.volumetric else ("2-D", "images (Levels 1-3)")
@@ -150,8 +156,6 @@ def load_run_encoder(rd: Path, config: dict, encoder: str | None = None):
     A run of a model loaded from a local path records it by name and content hash only;
     ``encoder`` gives the path again (``hf:DIR``), and must be that same model.
     """
-    from ..encoders import load_encoder
-    from ..encoders.base import is_local_name
 
     recorded = config["encoder"]
     if encoder is None and is_local_name(recorded):
@@ -178,15 +182,6 @@ def run_eval_reencoded(run: str | Path, data: str | Path, n_boot: int = 1000, de
     of a local model again (:func:`load_run_encoder`).
     """
     from spar_bench.builder.shards import Build
-
-    from ..runs.evaluate import transfer
-    from ..runs.inputs import BuildKeys
-    from ..runs.record import RunRecord
-    from ..runs.store import TransferEval, kept_eval, run_path, write_eval
-    from ..targets import concat, load_targets
-    from ..tasks import get_probe
-    from ..train import predict
-    from .data import remap
 
     rd = Path(run)
     if not (rd / EXPORT_FILE).is_file() or not (rd / "metrics.json").is_file():
@@ -223,9 +218,6 @@ def load_finetuned(rd: Path, build, device: str = "auto", compute: str = "auto",
     """``(config view, head, encoding, saved head.pt)`` of finetune run ``rd``: its trained head
     (eval-ready, on the encoding's device) and its trained encoder reading ``build``'s images
     (:func:`encoding_of` on ``device``/``compute``). ``encoder``: see :func:`load_run_encoder`."""
-    from ..heads import build_head
-    from ..runs.record import RunRecord
-    from ..tasks import get_probe
 
     saved = load_saved(Path(rd) / "head.pt", "head", "train the run again (finetune --overwrite)")
     c = config_view(RunRecord.from_saved(saved["config"], Path(rd) / "head.pt"))
@@ -248,8 +240,6 @@ def config_view(rec) -> dict[str, Any]:
 
 def encoding_of(enc, build, cfg: FinetuneConfig):
     """``enc`` on the configured device (channels-last for CNNs) with its autocast precision."""
-    from ..hardware import pick_compute, pick_device
-    from .loop import Encoding
 
     dev = pick_device(cfg.device)
     precision = pick_compute(cfg.compute, dev)

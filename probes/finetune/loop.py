@@ -21,12 +21,14 @@ from typing import Any
 import numpy as np
 
 from spar_bench.errors import ConfigError
+from spar_bench.outputs import save_torch
 from spar_bench.procs import check_stop
 
 from ..stopwatch import Stopwatch, timed
 from ..streams import device_batches
+from ..train import deterministic, mean_loss, question_and_targets, to_device
 from .config import FinetuneConfig, lr_factor
-from .data import Loading, RowBatches, epoch_batches, items_of
+from .data import Loading, RowBatches, epoch_batches, items_of, remap
 from .model import encode
 
 CHECKPOINT, BEST = "checkpoint.pt", "best.pt"
@@ -145,8 +147,6 @@ class Trainer:
         """Loss of the items of ``t`` whose images are ``images`` (rows ``batch_rows``)."""
         import torch
 
-        from ..train import question_and_targets, to_device
-
         sw = self.stopwatch
         with timed(sw, "host prep"):
             idx, index = items_of(t, batch_rows)
@@ -165,9 +165,6 @@ class Trainer:
         return self.head(project(self.head, tokens), q, index)
 
     def val_loss(self, va: Split) -> float:
-        from ..train import mean_loss
-        from .data import remap
-
         t = va.targets
         if len(t) == 0:
             return self.state.hist_tr[-1]
@@ -227,8 +224,6 @@ class Trainer:
     def fit(self, tr: Split, va: Split, resume: bool) -> Progress:
         """Train until ``max_epochs`` or early stopping; the best epoch's weights are loaded."""
         import torch
-
-        from ..train import deterministic
 
         n_batches = len(epoch_batches(tr.targets.rows, self.cfg.batch_size, self.seed, 0))
         self.schedule(n_batches)
@@ -341,8 +336,6 @@ def load_saved(path: Path, what: str, fix: str = "pass --overwrite to start the 
 
 
 def _atomic_save(obj, path: Path) -> None:
-    from spar_bench.outputs import save_torch
-
     tmp = path.with_name(path.name + ".tmp")
     save_torch(obj, tmp)
     tmp.replace(path)

@@ -17,7 +17,8 @@ from typing import Any
 
 from spar_bench.errors import ConfigError
 
-from ..encoders.base import EXPORT_META_KEY, WeightsGiven, read_export_meta  # noqa: F401  (re-exported)
+from ..encoders import load_encoder
+from ..encoders.base import EXPORT_META_KEY, WeightsGiven, pool_tokens, read_export_meta  # noqa: F401  (re-exported)
 
 EXPORT_FILE = "encoder.safetensors"
 #: families whose constructor takes ``--model-args`` (and whose ``--init weights`` needs ``--weights``)
@@ -40,8 +41,6 @@ def load_trainable(name: str, *, weights: str | None, init: str, seed: int,
     missing, is refused: random features never appear by accident.
     """
     import torch
-
-    from ..encoders import load_encoder
 
     if init not in ("weights", "scratch"):
         raise ConfigError(f"--init must be 'weights' or 'scratch', got {init!r}")
@@ -78,7 +77,6 @@ def encode(enc, images, layer: int = -1):
     The same preprocessing, token extraction and pooling as ``Encoder.forward`` (what
     ``spar-probe cache`` stores), without ``inference_mode``.
     """
-    from ..encoders.base import pool_tokens
 
     x = enc.preprocess(images.to(enc.device, non_blocking=True))
     tokens = enc._layer_tokens(x, enc.check_layers([layer]))[layer]

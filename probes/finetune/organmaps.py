@@ -38,12 +38,20 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from spar_bench.builder.schema import N_ORGANS
+from spar_bench.builder.shards import Build
 from spar_bench.errors import ConfigError
 from spar_bench.procs import check_stop
+from spar_bench.provenance import CACHE_PACKAGES, package_versions, protocol_versions
 from spar_bench.seeding import derive_seed
 
+from ..hardware import pick_device
+from ..runs.record import RunRecord
+from ..runs.session import RunOptions, execute
+from ..runs.store import check_run_dir
+from ..tasks import get_probe
 from .config import lr_factor
 from .model import EXPORT_FILE, encode, export_encoder, load_trainable
 
@@ -62,7 +70,6 @@ SLICE_PROBE = "level3.relative_position"
 
 def slice_level() -> str:
     """The level of the whole 224 slices (Level 3), from the probe registry."""
-    from ..tasks import get_probe
 
     return get_probe(SLICE_PROBE).level
 
@@ -240,9 +247,6 @@ def _same_identity(stored: dict, ident: dict) -> bool:
 def organ_map_record(encoder: str, model_args: dict | None, build, cfg: OrganMapConfig):
     """The :class:`~spar_bench.probes.runs.record.RunRecord` of an organ-map run, as far as it is
     known before training (its identity: encoder, model args, build fingerprint, config)."""
-    from spar_bench.provenance import CACHE_PACKAGES, package_versions, protocol_versions
-
-    from ..runs.record import RunRecord
 
     return RunRecord(kind=RUN_KIND, probe=slice_level(), head=RUN_KIND, seed=cfg.seed, model=encoder,
                      build=build.root.name, build_fingerprint=build.fingerprint,
@@ -289,7 +293,6 @@ def _train(m: _Model, ckpt: Path, ident: dict, cfg: OrganMapConfig, data: tuple,
     ``ckpt`` when it holds a run of ``ident``, with a checkpoint after every epoch. ``data``:
     the training and validation ``(images, shares)``."""
     import torch
-    from tqdm.auto import tqdm
 
     x, y, xv, yv = data
     history, start = [], 0
@@ -331,9 +334,6 @@ class OrganMapJob:
     def start(self) -> None:
         """No slices, or a bad device: an error, and no folder."""
         import torch
-
-        from ..hardware import pick_device
-        from ..runs.store import check_run_dir
 
         steps = self.cfg.epochs * -(-slice_count(self.build, "train") // self.cfg.batch_size)
         slice_count(self.build, "val")
@@ -377,9 +377,6 @@ def pretrain_organ_maps(encoder: str, build_root: str | Path, out: str | Path, c
     encoder trains, in fp32; the slices stay in host memory and go over a batch at a time. The
     device is not part of the run's identity (a run finished on another device is kept);
     ``config.json`` records it."""
-    from spar_bench.builder.shards import Build
-
-    from ..runs.session import RunOptions, execute
 
     job = OrganMapJob(encoder, model_args, Build(build_root), cfg, Path(out), device, progress)
     if _legacy_finished(job.rd, job.ident):
@@ -390,7 +387,6 @@ def pretrain_organ_maps(encoder: str, build_root: str | Path, out: str | Path, c
 def run_settings(rd: Path) -> tuple[str, dict[str, Any]]:
     """``(encoder, organ_map_config)`` of a finished organ-map run (its record, or a config.json
     written before the record)."""
-    from ..runs.record import RunRecord
 
     config = json.loads((Path(rd) / "config.json").read_text())
     if isinstance(config, dict) and "kind" not in config:
@@ -424,8 +420,6 @@ def load_organ_map_model(rd: str | Path, device: str = "cpu") -> OrganMapModel:
     (``cpu``, ``cuda[:N]``, ``auto``), the linear heads on the CPU (they read host tokens:
     :func:`patch_tokens`)."""
     import torch
-
-    from ..hardware import pick_device
 
     rd = Path(rd)
     if not (rd / "metrics.json").is_file():

@@ -31,6 +31,7 @@ question alone earns. Options (``predictors.NAME.options`` of an experiment file
 from __future__ import annotations
 
 import copy
+import difflib
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
@@ -38,12 +39,19 @@ from typing import Any
 
 import numpy as np
 
+from spar_bench.builder.samples.level4 import VolumeOrgans, normalised_centroid
+from spar_bench.builder.schema import LEVEL4_PROBES, LEVEL_SPECS
+from spar_bench.builder.shards import Build
 from spar_bench.errors import ConfigError
+from spar_bench.probes.runs.predictors import ConstantPrior
 from spar_bench.procs import check_stop
 from spar_bench.seeding import derive_seed
 
+from ..hardware import pick_device
 from ..runs.build_job import BuildJob
+from ..runs.mask_oracle import MaskOracle
 from .config import lr_factor
+from .model import encode, load_trainable
 from .organmaps import organ_map_loss
 
 #: the Level 4 probes whose rule reads organ centres and sizes only (the readout answers them)
@@ -85,7 +93,6 @@ class OrganMap3dConfig:
     @classmethod
     def from_options(cls, options: dict[str, Any] | None) -> OrganMap3dConfig:
         """The config of a run's ``options``; an unknown key is one line with "did you mean"."""
-        import difflib
 
         known = [f.name for f in fields(cls)]
         for k in options or {}:
@@ -136,7 +143,6 @@ def map_organs(maps: np.ndarray, size: int, mm_per_voxel: float):
     is the cells' centres weighted by its share, its voxel count the summed shares times a cell's
     voxels; an organ with no mass is absent (NaN centroid). Boxes are the whole cube (no rule
     read out here uses them)."""
-    from spar_bench.builder.samples.level4 import VolumeOrgans
 
     grid = round(maps.shape[0] ** (1 / 3))
     if grid**3 != maps.shape[0]:
@@ -174,7 +180,6 @@ def readout(probe: str, organs, t, items: np.ndarray, rules: dict[str, float]) -
 
 def localise(organs, size: int) -> np.ndarray:
     """(16, 3) normalised (x, y, z) centroids, 0.5 where an organ is absent (as the mask oracle)."""
-    from spar_bench.builder.samples.level4 import normalised_centroid
 
     c = normalised_centroid(organs, size)
     return np.where(np.isfinite(c), c, np.float32(0.5))
@@ -193,8 +198,6 @@ class MapNet:
 
     def __init__(self, cfg: OrganMap3dConfig, size: int, seed: int, steps: int, dev):
         import torch
-
-        from .model import encode, load_trainable
 
         args = {**cfg.model_args, "input_size": size}
         self.cfg, self.layer = cfg, cfg.layer
@@ -215,8 +218,6 @@ class MapNet:
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: lr_factor(s, warm, steps))
 
     def logits(self, volumes):
-        from .model import encode
-
         tokens, _ = encode(self.enc, volumes, self.layer)
         return self.head(tokens[:, int(self.enc.spec.n_prefix) :])
 
@@ -351,8 +352,6 @@ class OrganMaps3d:
     training: MapTraining | None = None
 
     def __post_init__(self) -> None:
-        from spar_bench.builder.schema import LEVEL4_PROBES, LEVEL_SPECS
-
         if not LEVEL_SPECS[self.spec.level].volume:
             raise ConfigError(f"organmaps3d answers Level 4 (volume) probes only, not {self.spec.name}")
         if self.spec.output != "points" and LEVEL4_PROBES[self.spec.index] not in READOUT_PROBES:
@@ -372,15 +371,12 @@ class OrganMaps3d:
     def open(cls, run, out, options):
         """The run of ``run`` (a :class:`~spar_bench.probes.runs.spec.PredictorSpec`, its ``options``
         the :class:`OrganMap3dConfig`): a build job whose record holds the training."""
-        from spar_bench.builder.shards import Build
 
         build = Build(run.features)
         cfg = OrganMap3dConfig.from_options(getattr(run, "options", None))
         return OrganMapJob.of(run, cls(run.spec, build, cfg, run.seed), build, out, run.kind)
 
     def blind(self):
-        from spar_bench.probes.runs.predictors import ConstantPrior
-
         return ConstantPrior(self.spec)
 
     def _volumes(self, split: str, rows: np.ndarray, fld: str = "image") -> np.ndarray:
@@ -394,8 +390,6 @@ class OrganMaps3d:
 
     def fit(self, train, val) -> MapTraining:
         import torch
-
-        from ..hardware import pick_device
 
         level = self.spec.level
         val_split = "val" if "val" in self.build.splits(level) else "train"
@@ -424,10 +418,6 @@ class OrganMaps3d:
         return self.training
 
     def predict(self, t, split: str = "test") -> np.ndarray:
-        from spar_bench.builder.schema import LEVEL4_PROBES
-
-        from ..runs.mask_oracle import MaskOracle
-
         if self.net is None:
             raise ConfigError(f"organmaps3d: {self.spec.name} predicts only after fit()")
         oracle = MaskOracle(self.spec, self.build)  # the build's rules and voxel sizes, read as it reads them

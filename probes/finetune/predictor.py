@@ -11,13 +11,42 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
+from spar_bench.builder.shards import Build
 from spar_bench.errors import ConfigError
+from spar_bench.outputs import check_target
+from spar_bench.provenance import CACHE_PACKAGES, package_versions, protocol_versions
+from spar_bench.seeding import derive_seed
 
+from ..encoders import check_encoder_name
+from ..encoders.base import published_weights
+from ..heads import head_defaults, head_input
+from ..runs.evaluate import evaluate, run_metrics
+from ..runs.inputs import build_splits
 from ..runs.predictors import BlindHead
+from ..runs.record import RunRecord
+from ..runs.session import NEEDS_FEATURES, run_eval
+from ..runs.store import HEAD_FILE, check_run_dir, fresh_run_dir, owned_run, save_head
+from ..tasks import get_probe
+from ..train import predict, stopped_by
+from .config import NOT_NAMED
+from .data import remap
+from .encoding import (
+    check_encoder_reads,
+    load_encoding,
+    load_finetuned,
+    new_head,
+    published_encoder,
+    run_eval_reencoded,
+    run_slug,
+    training_record,
+)
+from .loop import BEST, CHECKPOINT, Split, Trainer, run_key
+from .model import EXPORT_FILE
 
 
 @dataclass
@@ -38,10 +67,6 @@ class FinetunedEncoder:
     def from_run(cls, rd: Path, build, device: str = "auto", compute: str = "auto") -> FinetunedEncoder:
         """The trained encoder and head of finished run ``rd``, reading ``build``'s images (transfer:
         another build's items re-encoded by the run's own encoder). It predicts; it has no blind."""
-        from types import SimpleNamespace
-
-        from ..tasks import get_probe
-        from .encoding import load_finetuned
 
         c, head, encoding, _ = load_finetuned(rd, build, device, compute)
         return cls(SimpleNamespace(spec=get_probe(c["probe"])), encoding, head, c["head_input"],
@@ -49,15 +74,11 @@ class FinetunedEncoder:
 
     def fit(self, train, val):
         """Train encoder and head (``trainer``); the training record (:class:`.loop.Trainer`'s)."""
-        from .loop import Split
 
         level = self.run.spec.level
         return self.trainer.fit(Split(train, level, "train"), Split(val, level, self.val_split), self.resume)
 
     def predict(self, t, split: str = "test") -> np.ndarray:
-        from ..train import predict
-        from .data import remap
-
         rows = np.unique(t.rows)
         feats = self.encoding.features(self.run.spec.level, split, rows, self.model, self.input_kind)
         return predict(self.model, feats, remap(t, rows))
@@ -73,8 +94,6 @@ TIMING_FILE = "timing.json"  # the measured training throughput (a time: never i
 def finetune_files() -> frozenset[str]:
     """The files a finetune run declares beside its record and metrics, and those its training
     leaves while it runs (checkpoints; a run stopped before its first checkpoint is a run too)."""
-    from .loop import BEST, CHECKPOINT
-    from .model import EXPORT_FILE
 
     return frozenset({"head.pt", TIMING_FILE, EXPORT_FILE, EXPORT_FILE + ".tmp", CHECKPOINT, CHECKPOINT + ".tmp",
                       BEST, BEST + ".tmp"})  # fmt: skip
@@ -82,12 +101,6 @@ def finetune_files() -> frozenset[str]:
 
 def finetune_record(fs, encoder: str, enc_spec, build, kind: str, precision, variant: str):
     """The :class:`~..runs.record.RunRecord` of finetune run ``fs`` as known before training."""
-    from spar_bench.provenance import CACHE_PACKAGES, package_versions, protocol_versions
-
-    from ..encoders.base import published_weights
-    from ..heads import head_defaults
-    from ..runs.record import RunRecord
-    from .config import NOT_NAMED
 
     named = {k: v for k, v in fs.cfg.to_dict().items() if k not in NOT_NAMED}
     inputs = {"init": fs.init, "weights": published_weights(enc_spec.weights), "model_args": fs.model_kwargs or {},
@@ -104,9 +117,6 @@ def finetune_record(fs, encoder: str, enc_spec, build, kind: str, precision, var
 def finetune_extra(fs, enc_spec, kind: str, model, dims: tuple[int, int], precision, training: dict) -> dict:
     """What a finetune run resolved (its record's ``extra``): seeds, the encoder's config, how it
     was trained, the head's resolved config and widths, the full training config."""
-    from spar_bench.seeding import derive_seed
-
-    from ..encoders.base import published_weights
 
     seed = fs.seed
     return {
@@ -125,7 +135,6 @@ def train_record(result, patience: int) -> dict[str, Any]:
     """``metrics.json``'s ``train`` of a finetune run: the head runs' fields, the loss curves,
     and optimizer steps (the measured throughput is in ``timing.json``: a time differs between any
     two runs, and metrics.json is byte-identical for the same inputs and seed)."""
-    from ..train import stopped_by
 
     epochs = len(result.hist_tr)
     return {"epochs_run": epochs, "best_epoch": result.best_epoch, "best_val_loss": result.best_val,
@@ -154,8 +163,6 @@ class FinetuneJob:
         """The run scored on another cache (its head, as a head run's), or on a build its own
         trained encoder re-encodes (``target.data`` alone:
         :func:`~.encoding.run_eval_reencoded`)."""
-        from ..runs.session import NEEDS_FEATURES, run_eval
-        from .encoding import run_eval_reencoded
 
         if target.features is not None:
             return run_eval(rd, target.features, target.data, target.n_boot, overwrite=target.overwrite)
@@ -165,21 +172,6 @@ class FinetuneJob:
 
     @classmethod
     def open(cls, fs, out, options) -> FinetuneJob:
-        from spar_bench.builder.shards import Build
-
-        from ..encoders import check_encoder_name
-        from ..heads import head_input
-        from ..runs.inputs import build_splits
-        from .encoding import (
-            check_encoder_reads,
-            load_encoding,
-            new_head,
-            published_encoder,
-            run_slug,
-            training_record,
-        )
-        from .loop import Split, Trainer, run_key
-
         check_encoder_name(fs.encoder)  # names first: a typo is named before any file is read
         hrun, kind = fs.head_run(), head_input(fs.head)  # the head's run: the build's images are its features
         build = Build(fs.data)
@@ -207,10 +199,6 @@ class FinetuneJob:
     def start(self) -> None:
         """A fresh run folder, or the checkpointed one with ``--resume``; an interrupted run is
         refused without ``--resume`` or ``--overwrite``; never a foreign folder."""
-        from spar_bench.outputs import check_target
-
-        from ..runs.store import check_run_dir, fresh_run_dir, owned_run
-        from .loop import CHECKPOINT
 
         check_target(self.rd)
         check_run_dir(self.rd, self.declared, "finetune run folder")
@@ -225,8 +213,6 @@ class FinetuneJob:
         return self.predictor.fit(self.splits.tr, self.splits.va)
 
     def score(self, result):
-        from ..runs.evaluate import evaluate, run_metrics
-        from ..runs.store import HEAD_FILE, save_head
         from .model import EXPORT_FILE, export_encoder
 
         fs, hrun, s, rec = self.fs, self.predictor.run, self.splits, self.record

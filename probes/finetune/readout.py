@@ -18,9 +18,12 @@ from typing import Any
 
 import numpy as np
 
+from spar_bench.builder.samples.pixels import Geometry, decide
 from spar_bench.errors import ConfigError
 
+from ..references.slice_oracle import question_index, split_questions, stated_cuts
 from ..runs.predictors import ConstantPrior
+from .organmaps import load_organ_map_model, map_geometry, predict_maps, slice_level
 
 #: The Level 3 probes an organ-map encoder answers by geometry; the others (Levels 1-2, counting:
 #: lesions are not in the maps) are frozen probes of it.
@@ -32,9 +35,6 @@ def readout_answers(q, centre: np.ndarray, area: np.ndarray) -> np.ndarray:
     """The class of every question of ``q`` (:func:`~spar_bench.probes.vqa.questions.load_questions`)
     from every slice's label centres ``(rows, labels, 2)`` and areas in pixels ``(rows, labels)``
     (label = organ id + 1), by the oracle's rule with what each prompt states."""
-    from spar_bench.builder.samples.pixels import Geometry, decide
-
-    from ..references.slice_oracle import stated_cuts
 
     pred = np.empty(len(q), dtype=np.int64)
     for i in range(len(q)):
@@ -49,7 +49,6 @@ def readout_answers(q, centre: np.ndarray, area: np.ndarray) -> np.ndarray:
 def slice_geometry(rd: Path, build, device: str = "cpu") -> tuple[np.ndarray, np.ndarray]:
     """``(centres, areas)`` of every test slice of ``build`` read from organ-map run ``rd``'s maps
     (centres from the organ head's, areas from the share head's)."""
-    from .organmaps import load_organ_map_model, map_geometry, predict_maps, slice_level
 
     model = load_organ_map_model(rd, device)
     level = slice_level()
@@ -80,8 +79,6 @@ class OrganMapReadout:
         return ConstantPrior(self.spec)
 
     def predict(self, t, split: str = "test") -> np.ndarray:
-        from ..references.slice_oracle import question_index, split_questions
-
         if split != "test":
             raise ConfigError(f"the organ-map readout reads the test slices, not {split!r}")
         if self.geometry is None:

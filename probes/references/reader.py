@@ -18,8 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from spar_bench.builder.schema import LEVEL_SPECS, N_ORGANS
 from spar_bench.errors import ConfigError
 
+from ..finetune.organmaps import organ_shares, slice_level
 from ..runs.build_job import OnBuild
 from ..runs.predictors import ConstantPrior
 
@@ -31,7 +33,6 @@ def appearance_tokens(build, split: str, rows: np.ndarray, bins: int = READER_BI
     """``(N, grid*grid, bins)`` float32: per patch of a ``grid`` x ``grid`` tiling of each Level 3
     slice (224 frame), the share of its pixels in each of ``bins`` grey-level bins. Organs of
     ``distinct`` intensity fall in different bins: a patch's bins say which organs it holds."""
-    from ..finetune.organmaps import organ_shares, slice_level
 
     img = build.images(slice_level(), split, rows).astype(np.int64) * bins // 256  # (N, 224, 224)
     side = img.shape[1] // grid
@@ -41,8 +42,6 @@ def appearance_tokens(build, split: str, rows: np.ndarray, bins: int = READER_BI
 def reader_module(n_classes: int, bins: int, grid: int):
     """The reader network (see the module doc)."""
     import torch
-
-    from spar_bench.builder.schema import N_ORGANS
 
     class Reader(torch.nn.Module):
         def __init__(self):
@@ -90,8 +89,6 @@ class AppearanceReader(OnBuild):
     kind: str = "reader"
 
     def __post_init__(self) -> None:
-        from spar_bench.builder.schema import LEVEL_SPECS
-
         if not self.spec.asks or LEVEL_SPECS[self.spec.level].volume:
             raise ConfigError(f"the appearance reader answers Level 3 questions, not {self.spec.name}")
 

@@ -22,16 +22,18 @@ from typing import Any
 
 import numpy as np
 
+from spar_bench.builder.samples.pixels import pixel_class, stated_band
+from spar_bench.builder.schema import LEVEL_SPECS
 from spar_bench.errors import ConfigError
 
 from ..runs.build_job import OnBuild
 from ..runs.predictors import ConstantPrior
+from ..vqa.questions import load_questions
 
 
 def stated_cuts(q, i: int) -> tuple[float, ...]:
     """What question ``i`` of ``q`` (:class:`~spar_bench.probes.vqa.questions.Questions`) states
     in its prompt: its size or distance cuts, or the symmetry band in %."""
-    from spar_bench.builder.samples.pixels import stated_band
 
     return tuple(q.cuts[i]) if q.cuts is not None else ((stated_band(q.band),) if q.band is not None else ())
 
@@ -55,7 +57,6 @@ def question_index(q, t) -> np.ndarray:
 
 def split_questions(build, spec, split: str):
     """The probe's questions of one split of ``build`` (:func:`~spar_bench.probes.vqa.questions.load_questions`)."""
-    from ..vqa.questions import load_questions
 
     return load_questions(build, spec, [split])
 
@@ -63,7 +64,6 @@ def split_questions(build, spec, split: str):
 def pixel_answer(q, i: int, label: np.ndarray, lesion: np.ndarray) -> int:
     """Question ``i``'s class measured on its slice's 224 masks (the build's pixel reader,
     :func:`spar_bench.builder.samples.pixels.pixel_class`); -1 when it cannot be answered."""
-    from spar_bench.builder.samples.pixels import pixel_class
 
     cls = pixel_class(q.probe, int(q.axis[i]), label, lesion, (int(q.organ_a[i]), int(q.organ_b[i])),
                       float(q.mm_per_pixel[i]), stated_cuts(q, i), q.min_pixels or 1)
@@ -80,8 +80,6 @@ class SliceOracle(OnBuild):
     answers: dict[str, tuple[Any, np.ndarray]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        from spar_bench.builder.schema import LEVEL_SPECS
-
         if LEVEL_SPECS[self.spec.level].volume:
             raise ConfigError(f"the slice oracle answers Levels 1-3, not {self.spec.name} (Level 4: the "
                               "mask oracle, kind 'oracle')")

@@ -1,7 +1,7 @@
 """A predictor made from a build, run as every run kind is: :class:`BuildJob` (the job
 :func:`~.session.execute` carries out) and :class:`OnBuild`, which gives a predictor class with
 ``on_build(probe_spec, build)`` the ``open(spec, out, options)`` every run kind answers
-(:data:`spar_bench.probes.kinds.PREDICTORS`)."""
+(:data:`spar_bench.probes.kinds.RUN_KINDS`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 from spar_bench.provenance import RUN_PACKAGES, package_versions, protocol_versions
 
 from .evaluate import evaluate, run_metrics
-from .inputs import Splits
+from .inputs import Splits, build_splits
 from .record import RunRecord
 from .store import check_run_dir
 
@@ -55,8 +55,6 @@ class BuildJob:
         return cls.of(run, predictor_type.on_build(run.spec, build), build, out, run.kind)
 
     def start(self) -> None:
-        from .inputs import build_splits
-
         check_run_dir(self.rd, self.declared)
         self.splits = build_splits(self.build, self.run)
 

@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from spar_bench.provenance import build_unanswerable, protocol_versions
+
 from .inputs import Splits
 
 Boot = Callable[[str], "np.random.Generator"]
@@ -121,7 +123,6 @@ def run_metrics(run, s: Splits, scored: dict[str, Any], *, encoder: str, train: 
     evaluation (``scored``: :func:`evaluate`'s test, mirror and controls), how its encoder was
     trained (``training``), the protocol versions of the build and, from its manifest, the
     share of the probe's questions it dropped as not answerable from their pixels."""
-    from spar_bench.provenance import build_unanswerable, protocol_versions
 
     spec = run.spec
     return {

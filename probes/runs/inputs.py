@@ -14,9 +14,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from spar_bench.errors import ConfigError
+from spar_bench.errors import ConfigError, IntegrityError
 
-from ..targets import ProbeUnavailable, missing_level, no_lesions
+from ..targets import ProbeUnavailable, holdout_patients, load_targets, missing_level, no_lesions
 
 
 def open_cache(path: str | Path):
@@ -64,7 +64,6 @@ def check_shards(build, level: str) -> None:
     The fingerprint the cache checks covers the manifest, not the bytes on disk: a shard
     edited after the build (answers changed, say) is caught here.
     """
-    from spar_bench.errors import IntegrityError
     from spar_bench.hashing import sha256_file
 
     for entries in build.manifest["shards"].get(level, {}).values():
@@ -168,8 +167,6 @@ def split_targets(build, cache, run) -> Splits:
     flipped ones (Level 4) are evaluated separately and never trained on.
     """
     from spar_bench.seeding import derive_seed
-
-    from ..targets import holdout_patients, load_targets
 
     spec, cfg = run.spec, run.train
     level = spec.level

@@ -33,6 +33,12 @@ from typing import Any
 
 import numpy as np
 
+from spar_bench.builder.samples.level4 import (
+    exact_gap,
+    lesion_components,
+    normalised_centroid,
+    organ_measures,
+)
 from spar_bench.builder.schema import BILATERAL_PAIRS, LEVEL4_PROBES, LEVEL_SPECS, N_ORGANS, ORGANS
 from spar_bench.errors import ConfigError
 
@@ -56,13 +62,11 @@ class Volume:
     @cached_property
     def organs(self):
         """Voxel counts, centroids (voxels and mm), volumes of the 16 organs (``VolumeOrgans``)."""
-        from spar_bench.builder.samples.level4 import organ_measures
 
         return organ_measures(self.label, self.mm, 1)
 
     def normalised_centroid(self) -> np.ndarray:
         """(16, 3) normalised (x, y, z) = ((col + 0.5) / S, (row + 0.5) / S, (z + 0.5) / S); 0.5 when absent."""
-        from spar_bench.builder.samples.level4 import normalised_centroid
 
         c = normalised_centroid(self.organs, self.label.shape[0])
         return np.where(np.isfinite(c), c, np.float32(0.5))
@@ -70,14 +74,12 @@ class Volume:
     def gap(self, a: int, b: int) -> float:
         """mm between the surfaces of organs a and b (0-based): the least distance between a voxel
         centre of each, less one voxel (face-touching voxels: 0)."""
-        from spar_bench.builder.samples.level4 import exact_gap
 
         return exact_gap(self.label, a, b, self.mm, self.organs)  # boxes measured once per volume
 
     @cached_property
     def components(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The 3-D lesion components: (labels, the counted ids, their voxel counts)."""
-        from spar_bench.builder.samples.level4 import lesion_components
 
         return lesion_components(self.lesion, int(self.rules["lesion_min_voxels"]))
 

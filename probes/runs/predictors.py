@@ -16,6 +16,7 @@ kind is one class:
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -23,10 +24,14 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from spar_bench.errors import ConfigError
+from spar_bench.provenance import RUN_PACKAGES, package_versions
 
+from ..train import predict, seeded, train_head
 from .build_job import OnBuild
-from .inputs import Splits, finite, load_features
-from .store import HEAD_FILE, HEAD_FILES, METRICS_FILE
+from .inputs import Splits, cache_identity, finite, load_features
+from .record import RunRecord
+from .spec import RunSpec
+from .store import HEAD_FILE, HEAD_FILES, METRICS_FILE, finished
 
 
 @runtime_checkable
@@ -63,7 +68,6 @@ def new_head(cache, run, kind: str):
     from spar_bench.seeding import derive_seed
 
     from ..heads import build_head
-    from ..train import seeded
 
     level, layer, seed = run.spec.level, run.layer, run.seed
     first = (
@@ -99,7 +103,6 @@ class BlindHead:
     def of(cls, run, model, dims: tuple[int, int]) -> BlindHead:
         """The blind baseline of ``run``, whose real head is ``model`` (``dims``: its in_dim, n_tokens)."""
         from ..heads import build_head, head_input
-        from ..train import seeded
 
         # the real head's options (a scratch finetune widens proj_dim), per-token positions: it reads one token
         cfg = {k: v for k, v in getattr(model, "cfg", run.head_config).items() if k != "token_grid"}
@@ -113,14 +116,10 @@ class BlindHead:
         return cls(run, blind, zero)
 
     def fit(self, train, val):
-        from ..train import train_head
-
         return train_head(self.model, (self.zero, blind_targets(train)), (self.zero, blind_targets(val)),
                           self.run.train, self.run.seed, progress=self.progress)  # fmt: skip
 
     def predict(self, t, split: str = "test") -> np.ndarray:
-        from ..train import predict
-
         return predict(self.model, self.zero, blind_targets(t))
 
     def blind(self) -> None:
@@ -152,14 +151,10 @@ class CachedHead:
         return cls(run, model, (in_dim, n_tokens), feats, splits.val_split)
 
     def fit(self, train, val):
-        from ..train import train_head
-
         return train_head(self.model, (self.feats["train"], train), (self.feats[self.val_split], val),
                           self.run.train, self.run.seed, progress=self.progress)  # fmt: skip
 
     def predict(self, t, split: str = "test") -> np.ndarray:
-        from ..train import predict
-
         return predict(self.model, self.feats[split], t)
 
     def blind(self) -> BlindHead:
@@ -171,7 +166,6 @@ class CachedHead:
         import torch
 
         from ..heads import build_head
-        from .record import RunRecord
 
         if not (rd / HEAD_FILE).is_file() or not (rd / METRICS_FILE).is_file():
             raise ConfigError(f"{rd}: not a finished run directory (needs head.pt and metrics.json)")
@@ -196,7 +190,6 @@ class CachedHead:
 def spec_of(rec):
     """The :class:`~.spec.RunSpec` of the head a run's record holds (a head run's ``options``; a
     finetune run's head in ``extra["run"]``)."""
-    from .spec import RunSpec
 
     d = rec.options if rec.kind == "head" or rec.legacy else rec.extra.get("run", {})
     return RunSpec.from_dict({k: v for k, v in d.items() if k != "head_defaults"})
@@ -217,11 +210,8 @@ def head_options(run) -> dict[str, Any]:
 def head_record(run, cache):
     """The :class:`~.record.RunRecord` of head run ``run`` on ``cache``, as far as it is known
     before training (its identity); :func:`head_extra` adds what training resolved."""
-    from spar_bench.provenance import RUN_PACKAGES, package_versions
 
     from ..encoders.base import published_name, published_weights
-    from .inputs import cache_identity
-    from .record import RunRecord
 
     w = cache.meta.get("weights")
     model = published_name(str(cache.meta["encoder"]), w) if cache.meta.get("encoder") else None
@@ -257,9 +247,6 @@ def finished_run(run, rd: Path, cache, grid_prune: int = 0, replace: str = "dele
     under other defaults (an older spar-bench), or on another build of the same encoder, sits
     where ``run`` would write: skipping it would report the old run as this one.
     """
-    import json
-
-    from .store import finished
 
     if not finished(rd, head_record(run, cache), HEAD_FILES, replace):
         return False

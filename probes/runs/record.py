@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from spar_bench.errors import ConfigError
+from spar_bench.outputs import write_bytes
 from spar_bench.provenance import json_safe
 
 CONFIG_FILE = "config.json"
@@ -120,7 +121,6 @@ class RunRecord:
 
     def write(self, rd: Path) -> None:
         """``rd/config.json``, whole or not at all."""
-        from spar_bench.outputs import write_bytes
 
         write_bytes(Path(rd) / CONFIG_FILE, json.dumps(self.to_dict(), indent=2, default=str) + "\n")
 

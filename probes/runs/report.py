@@ -43,6 +43,7 @@ import numpy as np
 
 from spar_bench.builder.schema import ORGANS
 from spar_bench.errors import ConfigError
+from spar_bench.outputs import check_target, claim, remove
 from spar_bench.provenance import json_safe
 
 from ..measured import HARNESS_PROMPT, shown, unmeasured_of
@@ -756,7 +757,6 @@ def write_report(runs: str | Path, out: str | Path) -> Path:
     ``out`` must be absent, empty, or an earlier report (replaced whole); anything else
     is refused and left untouched.
     """
-    from spar_bench.outputs import check_target, claim, remove
 
     out = Path(out)
     check_target(out)

@@ -1,7 +1,7 @@
 """The session: every run of every kind, from spec to finished folder, by one lifecycle.
 
 :func:`run` is the one way a run happens: :func:`open_job` opens the job of ``spec.kind``
-(:data:`spar_bench.probes.kinds.PREDICTORS`, every kind's ``open``: :class:`HeadJob` for a head on
+(:data:`spar_bench.probes.kinds.RUN_KINDS`, every kind's ``open``: :class:`HeadJob` for a head on
 cached features, a kind's own job class, or :class:`~.build_job.BuildJob` for a predictor made
 from a build), and
 :func:`execute` keeps a finished run of the same identity, else starts, fits, scores (the one
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -59,7 +59,7 @@ from .inputs import (
     resolve_build,
     split_targets,
 )
-from .predictors import CachedHead, head_extra, head_record
+from .predictors import CachedHead, blind_targets, head_extra, head_record
 from .record import RunRecord
 from .store import (
     HEAD_FILE,
@@ -99,7 +99,7 @@ class RunOptions:
 
 
 class Job(Protocol):
-    """One run of a kind, opened from its spec (``PREDICTORS[kind].open(spec, out, options)``):
+    """One run of a kind, opened from its spec (``RUN_KINDS[kind].open(spec, out, options)``):
     its folder, its record as known before running (its identity), the files it declares
     beside the record and metrics, and three steps the session calls in order."""
 
@@ -120,7 +120,7 @@ class Job(Protocol):
 
 def run(spec, out: str | Path, *, overwrite: bool = False, resume: bool = False, progress: Any = True) -> Path | None:
     """The one way any run happens: open the kind's job from ``spec`` (``spec.kind`` names it in
-    :data:`~spar_bench.probes.kinds.PREDICTORS`), keep a finished run of the same identity
+    :data:`~spar_bench.probes.kinds.RUN_KINDS`), keep a finished run of the same identity
     (refuse one of another, redo a damaged one), else start, fit, score and write the run folder
     whole (:func:`~.store.write_run`: declared files, the record, ``metrics.json`` last). None:
     the spec asks for nothing on its inputs (an MLLM probe the build has no question of).
@@ -157,7 +157,7 @@ def run_all(groups: Iterable[Iterable[Any]], out: str | Path, *, skip_unavailabl
 
 
 def open_job(spec, out: str | Path, options: RunOptions = RunOptions()):
-    """The job of ``spec`` (``spec.kind`` in :data:`~spar_bench.probes.kinds.PREDICTORS`: every
+    """The job of ``spec`` (``spec.kind`` in :data:`~spar_bench.probes.kinds.RUN_KINDS`: every
     kind answers ``open``), or None."""
     from ..kinds import run_kind
 
@@ -273,6 +273,7 @@ def run_eval(run: str | Path, features: str | Path, data: str | Path | None = No
              overwrite: bool = False) -> Path:
     """Score a trained run on another cache without retraining; write ``eval-<cache>.json``
     (kept when it holds this evaluation, refused when another, unless ``overwrite``)."""
+
     rd = Path(run)
     loaded = CachedHead.load(rd)
     spec_run, _, prior, _ = loaded
@@ -322,13 +323,13 @@ NEEDS_FEATURES = ("--features is required (re-encoding with --data alone needs a
 
 def _kind_of(rd: Path) -> str:
     """A run folder's kind: its record's; without one (a damaged run), the kind whose marker file
-    it holds (:data:`~spar_bench.probes.kinds.PREDICTORS` metadata: a trained encoder is a
+    it holds (:data:`~spar_bench.probes.kinds.RUN_KINDS` metadata: a trained encoder is a
     finetune run's), else a head's, so the loader of its head names what is wrong."""
     if (rd / "config.json").is_file():
         return RunRecord.read(rd).kind
-    from ..kinds import PREDICTORS
+    from ..kinds import RUN_KINDS
 
-    marked = (k for k in PREDICTORS.names() if (m := PREDICTORS.meta(k).get("marker")) and (rd / m).is_file())
+    marked = (k for k in RUN_KINDS.names() if (m := RUN_KINDS.meta(k).get("marker")) and (rd / m).is_file())
     return next(marked, "head")
 
 
@@ -336,13 +337,13 @@ def evaluate_on(rd: str | Path, target: EvalTarget) -> Path:
     """Transfer evaluation of any run kind that can be re-scored (its class's ``rescore``):
     ``eval-<target>.json`` in ``rd`` (kept when it holds this evaluation, refused when another,
     unless ``target.overwrite``)."""
-    from ..kinds import PREDICTORS, run_kind
+    from ..kinds import RUN_KINDS, run_kind
 
     rd = Path(rd)
     kind = _kind_of(rd)
     rescore = getattr(run_kind(kind), "rescore", None)
     if rescore is None:
-        can = [k for k in PREDICTORS.names() if hasattr(run_kind(k), "rescore")]
+        can = [k for k in RUN_KINDS.names() if hasattr(run_kind(k), "rescore")]
         raise ConfigError(f"{rd}: a run of kind {kind} has no trained head to score on another target; "
                           f"runs of kind {' or '.join(can)} can be")  # fmt: skip
     return rescore(rd, target)
@@ -381,10 +382,7 @@ def _fit_members(runs: list, prepared: list, out, batch: dict, progress: bool, p
     """Train one batch's heads, then their blind baselines, then score and write each run.
 
     Pruned (``prune_at``): a blind baseline stops where its real head was pruned."""
-    from dataclasses import replace
-
     from ..ensemble import Prune, train_heads
-    from .predictors import blind_targets
 
     s0 = prepared[0].splits
     cfgs, seeds = [r.train for r in runs], [r.seed for r in runs]

@@ -19,6 +19,7 @@ the plain ``<head>`` folder.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ from typing import Any, ClassVar
 
 from spar_bench.errors import ConfigError
 
+from ..tasks import get_probe
 from ..train import TrainConfig
 from .store import run_folder, variant_text
 
@@ -153,7 +155,7 @@ class RunSpec(NamedRun):
     beside the spec.
     """
 
-    kind: ClassVar[str] = "head"  # the run kind (spar_bench.probes.kinds.PREDICTORS)
+    kind: ClassVar[str] = "head"  # the run kind (spar_bench.probes.kinds.RUN_KINDS)
 
     features: str
     probe: str
@@ -171,7 +173,6 @@ class RunSpec(NamedRun):
 
     def __post_init__(self) -> None:
         from ..heads import head_defaults
-        from ..tasks import get_probe
 
         get_probe(self.probe)
         defaults = head_defaults(self.head)
@@ -191,7 +192,6 @@ class RunSpec(NamedRun):
     @property
     def spec(self):
         """The probe's :class:`~spar_bench.probes.tasks.ProbeSpec`."""
-        from ..tasks import get_probe
 
         return get_probe(self.probe)
 
@@ -258,16 +258,12 @@ class PredictorSpec(NamedRun):
     options: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from ..tasks import get_probe
-
         get_probe(self.probe)
         if self.n_boot < 1:
             raise ConfigError(f"--bootstrap must be at least 1, got {self.n_boot}")
 
     @property
     def spec(self):
-        from ..tasks import get_probe
-
         return get_probe(self.probe)
 
     @property
@@ -288,8 +284,6 @@ def option_name(key: str) -> str:
     k = key.strip().replace("-", "_")
     k = ALIASES.get(k, k)
     if k not in OPTIONS:
-        import difflib
-
         close = difflib.get_close_matches(k, [*OPTIONS, *ALIASES], n=3, cutoff=0.5)
         hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
         raise ConfigError(f"unknown run option {key!r}.{hint} Options: {', '.join(OPTIONS)}")

@@ -11,12 +11,17 @@ with others; it is replaced only when the command is told to (``--overwrite``).
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import click
+
 from spar_bench.errors import ConfigError
+from spar_bench.outputs import check_target, claim, remove, save_torch
 from spar_bench.provenance import json_safe
 
 METRICS_FILE = "metrics.json"
@@ -88,7 +93,6 @@ def owned_run(rd: Path, declared: frozenset[str] = RUN_FILES) -> set[str] | None
 def fresh_run_dir(rd: Path, owned: Callable[[Path], set[str] | None] = owned_run, what: str = "run folder") -> None:
     """Make ``rd`` an empty run folder: an earlier run (``owned`` says whose files) is removed
     whole; a folder holding anything else is refused (``spar_bench.outputs.claim``)."""
-    from spar_bench.outputs import check_target, claim, remove
 
     check_target(rd)
     if claim(rd, overwrite=True, owned=owned, what=what):
@@ -98,7 +102,6 @@ def fresh_run_dir(rd: Path, owned: Callable[[Path], set[str] | None] = owned_run
 
 def check_run_dir(rd: Path, declared: frozenset[str], what: str = "run folder") -> None:
     """Refuse (one line) a ``rd`` that holds anything but a run of these ``declared`` files."""
-    from spar_bench.outputs import check_target, claim
 
     check_target(rd)
     claim(rd, overwrite=True, owned=lambda p: owned_run(p, declared), what=what)
@@ -117,7 +120,6 @@ def save_head(path: Path, model, config: dict[str, Any], prior: dict | None = No
     pickle writes a string shared by two objects once, so a dict's bytes would depend on which
     strings happen to be one object) and the prior fitted on its training items (a transfer
     evaluation scores the prior and the conflict items by it)."""
-    from spar_bench.outputs import save_torch
 
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     text = json.dumps(json_safe(config), sort_keys=True, default=str)
@@ -130,7 +132,6 @@ Writer = tuple[Callable[[Path], None], bool]
 
 def staging_dir(rd: Path, tag: str = "partial") -> Path:
     """Where a run is written before it is renamed into place: a hidden sibling of ``rd``."""
-    import os
 
     return rd.parent / f".{rd.name}.{tag}-{os.getpid()}"
 
@@ -141,7 +142,6 @@ def write_run(rd: Path, record, metrics: dict[str, Any], files: dict[str, Writer
     then renamed into place (an earlier folder of the same run, e.g. a finetune's checkpoints,
     is moved aside first and removed after). A crash at any write leaves ``rd`` as it was, or
     absent: never a finished-looking run with a file missing."""
-    import shutil
 
     tmp = staging_dir(rd)
     shutil.rmtree(tmp, ignore_errors=True)
@@ -163,7 +163,6 @@ def write_run(rd: Path, record, metrics: dict[str, Any], files: dict[str, Writer
 
 def clear_staging(rd: Path) -> None:
     """Remove what a killed write left beside ``rd`` (its staging and set-aside folders)."""
-    import shutil
 
     for p in rd.parent.glob(f".{rd.name}.*-*") if rd.parent.is_dir() else ():
         if p.is_dir() and p.name.split(".")[-1].split("-")[0] in ("partial", "old"):
@@ -185,7 +184,6 @@ def finished(rd: Path, record, declared: frozenset[str], replace: str) -> bool:
     A finished run of another identity is refused in one line naming what differs; a damaged
     one (a declared file missing or changed since it was written) is not finished: it is run
     again, with a line saying why."""
-    import click
 
     from .record import RunRecord
 
@@ -217,7 +215,6 @@ def preflight(job) -> None:
 def kept_eval(out: Path, inputs: dict[str, Any], overwrite: bool) -> bool:
     """True when ``out`` (an ``eval-*.json``) holds this evaluation already: the same ``inputs``
     (kept as it is). One of other inputs is refused in one line unless ``overwrite``."""
-    import click
 
     if overwrite or not out.is_file():
         return False

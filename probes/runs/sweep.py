@@ -27,10 +27,14 @@ lr / weight decay train as one batch (whatever ``--batch-runs`` says); after epo
 the point with the lowest validation loss so far trains on, the others stop and are
 written as pruned (``train.pruned_at`` in metrics.json). It needs the whole grid in one
 sweep, so it refuses ``--only`` and ``--partition``.
+
+``spar-probe --help`` loads this module, so the session, the cache readers and torch are
+imported where they are used (docs/DEVELOPING.md, Imports).
 """
 
 from __future__ import annotations
 
+import difflib
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -39,10 +43,14 @@ from typing import Any, NamedTuple
 
 import click
 
-from spar_bench.errors import SparError
+from spar_bench.errors import ConfigError, RunFailed, SparError
 from spar_bench.fields import check_fields, limited
+from spar_bench.partitions import bucket, parse_partition
+from spar_bench.procs import check_stop, completed, process_pool
 
-from .spec import RunSpec
+from ..heads import head_input
+from ..names import cache_probes, parse_heads, parse_seeds
+from .spec import OPTIONS, RunSpec, check_options_apply, make_run, parse_grid, with_preset
 
 
 @dataclass(frozen=True)
@@ -75,7 +83,6 @@ def plan(jobs: list[Job], grid_prune: int = 0) -> tuple[list[Job], list[Job]]:
 
 def schedule_key(j: Job) -> tuple:
     """Token heads first (they take longest), then a fixed order."""
-    from ..heads import head_input
 
     return head_input(j.run.head) != "tokens", j.run.head, j.run.probe, j.run.variant(), j.run.seed
 
@@ -173,7 +180,6 @@ def run_sweep(jobs: list[Job], n_jobs: int = 2, batched: bool = False, prune_at:
 def _run_units(units: list[list[Job]], n_jobs: int, prune_at: int, results: list[JobResult], bar) -> None:
     """Run ``units`` here (``n_jobs`` 1) or in :func:`spar_bench.procs.process_pool`, whose workers
     die with this process and are killed by a signal or an error (nothing queued runs after)."""
-    from spar_bench.procs import check_stop, completed, process_pool
 
     if n_jobs <= 1 or len(units) <= 1:
         for u in units:
@@ -192,7 +198,6 @@ def _run_units(units: list[list[Job]], n_jobs: int, prune_at: int, results: list
 def make_jobs(features: str, heads: list[str], probes: list[str], seeds: list[int], options: dict,
               grid: list[dict], out: str, threads: int = 1, **run_kw) -> list[Job]:  # fmt: skip
     """One job per head x probe x seed x grid point (grid values override ``options``)."""
-    from .spec import check_options_apply, make_run
 
     for point in grid:
         check_options_apply(heads, {**options, **point})
@@ -204,9 +209,6 @@ def make_jobs(features: str, heads: list[str], probes: list[str], seeds: list[in
 def check_grid_prune(k: int, jobs: list[Job], grid: list[dict], split: bool) -> None:
     """``--grid-prune K``: an epoch below every run's max epochs, over an lr / weight decay grid,
     on a sweep run whole (``split``: --only or --partition given)."""
-    from spar_bench.errors import ConfigError
-
-    from ..heads import head_input
 
     if k < 1:
         raise ConfigError(f"--grid-prune {k}: give the epoch after which to prune (>= 1), or 0 for off")
@@ -231,10 +233,6 @@ def run_id(job: Job, slug: str) -> str:
 def select_jobs(jobs: list[Job], slug: str, only: tuple[str, ...] = (),
                 partition: tuple[int, int] | None = None) -> list[Job]:
     """The jobs named by ``only`` (all if empty) that fall in ``partition`` (all if None)."""
-    import difflib
-
-    from spar_bench.errors import ConfigError
-    from spar_bench.partitions import bucket
 
     ids = [run_id(j, slug) for j in jobs]
     for name in only:
@@ -257,7 +255,6 @@ def list_runs(jobs: list[Job], slug: str, cache, grid_prune: int = 0) -> None:
 
 def print_results(results: list[JobResult], seconds: float, out: str) -> None:
     """A line per run and a summary; :class:`~spar_bench.errors.RunFailed` (exit 1) when any failed."""
-    from spar_bench.errors import RunFailed
 
     failed = [(r.job, r.error) for r in results if r.error]
     n_unavailable = sum(r.unavailable is not None for r in results)
@@ -313,8 +310,6 @@ def sweep_jobs(cfg: SweepConfig, explicit: Collection[str] = ()) -> list[Job]:
     """Every job of ``cfg``, checked; the preset fills the ``seeds``, ``heads`` and run options
     not in ``explicit`` (the names given, as :func:`spar_bench.presets.apply_probe_preset`)."""
     from ..hardware import pick_device
-    from ..names import cache_probes, parse_heads, parse_seeds
-    from .spec import OPTIONS, parse_grid, with_preset
 
     params: dict[str, Any] = {"seeds": cfg.seeds, "heads": cfg.heads, **{n: cfg.options.get(n) for n in OPTIONS}}
     preset = None
@@ -338,7 +333,6 @@ def sweep_jobs(cfg: SweepConfig, explicit: Collection[str] = ()) -> list[Job]:
 def sweep(cfg: SweepConfig, explicit: Collection[str] = (), list_ids: bool = False) -> None:
     """Run the sweep ``cfg`` (its runs not finished), printing a line per run (``list_ids``:
     print each run's id and state, run nothing)."""
-    from spar_bench.partitions import parse_partition
 
     from .inputs import encoder_slug, open_cache, resolve_build
 

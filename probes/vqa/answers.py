@@ -39,10 +39,15 @@ import re
 from pathlib import Path
 from typing import Any
 
+from spar_bench.builder.shards import Build
 from spar_bench.errors import ConfigError
+from spar_bench.provenance import PROTOCOL_VERSION
 
-from .ask import MISSING
+from ..tasks import get_probe, probe_names
+from .ask import MISSING, plan
 from .base import Backend, BackendOptions, Reply, Request
+from .export import config_of, prompt_sha256
+from .questions import load_questions
 
 ID = ("spar_key", "spar_variant", "spar_prompt_sha256")
 REQUIRED = (*ID, "spar_build", "spar_protocol", "spar_config", "spar_probe")
@@ -137,7 +142,6 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 def probes_answered(path: str | Path) -> list[str]:
     """The probes ``path`` (files joined by ``os.pathsep``) has answers for (``spar_probe``), in
     registry order: what ``--answers`` asks when no ``--probe`` is given."""
-    from ..tasks import probe_names
 
     got = {str(r["spar_probe"]) for x in str(path).split(os.pathsep) if x for r in read_rows(Path(x))}
     if not got:
@@ -147,10 +151,6 @@ def probes_answered(path: str | Path) -> list[str]:
 
 def _exported(build, probe: str, config: str) -> set[tuple[str, str, str]]:
     """The ids of every row ``spar-build export`` writes for ``probe`` asked as ``config``."""
-    from ..tasks import get_probe
-    from .ask import plan
-    from .export import config_of, prompt_sha256
-    from .questions import load_questions
 
     cfg = config_of(config)
     qs = load_questions(build, get_probe(probe), list(cfg.splits))
@@ -159,8 +159,6 @@ def _exported(build, probe: str, config: str) -> set[tuple[str, str, str]]:
 
 def _check_config(path: Path, n: int, probe: str, config: str) -> None:
     """Row ``n``'s ``spar_probe`` and ``spar_config`` as an export writes them, else one line."""
-    from ..tasks import get_probe
-    from .export import config_of
 
     try:
         get_probe(probe)
@@ -176,7 +174,6 @@ def _check_config(path: Path, n: int, probe: str, config: str) -> None:
 def check_rows(path: Path, rows: list[dict[str, Any]], build) -> dict[tuple[str, str, str], str]:
     """The prediction of each row id, after the one-line refusals (build, protocol, no such
     exported question, duplicates)."""
-    from spar_bench.provenance import PROTOCOL_VERSION
 
     plans: dict[tuple[str, str], set] = {}
     got: dict[tuple[str, str, str], str] = {}
@@ -216,8 +213,6 @@ class AnswersBackend(Backend):
     """Answers each request from files of another harness's answers (see the module doc)."""
 
     def __init__(self, path: str, data: str | None, accept_missing: bool = False):
-        from spar_bench.builder.shards import Build
-
         paths = [Path(x) for x in path.split(os.pathsep) if x]
         if not paths:
             raise ConfigError("--answers: name the answers file (--answers FILE)")

@@ -42,12 +42,16 @@ from typing import Any
 
 import numpy as np
 
+from spar_bench import __version__
+from spar_bench.builder.schema import ordered_splits
 from spar_bench.errors import ConfigError
 from spar_bench.procs import check_stop
+from spar_bench.provenance import VQA_PACKAGES, package_versions
 
 from ..measured import MISSING
 from ..runs.inputs import Splits
 from ..runs.store import variant_text
+from ..tasks import get_probe
 from .base import Backend, BackendOptions, PartialAnswers, Reply, Request, to_pil
 from .cache import ResponseCache, key_hash
 from .parse import parse_answer
@@ -57,7 +61,7 @@ from .prompts import (
     render_volume,
     rotations,
 )
-from .questions import Questions
+from .questions import Questions, is_volume_probe
 from .volume import Shown, show
 
 DEFAULT_MAX_NEW_TOKENS = BackendOptions().max_new_tokens
@@ -81,7 +85,6 @@ class AskConfig:
     def __post_init__(self) -> None:
         """``splits`` in the one split order (train, val, test, then the others sorted), each once:
         ``test,val`` and ``val,test`` ask the same questions, so they name one run."""
-        from spar_bench.builder.schema import ordered_splits
 
         object.__setattr__(self, "splits", tuple(ordered_splits(self.splits)))
 
@@ -114,8 +117,6 @@ def head_name(backend: Backend, cfg: AskConfig, volume: bool = False) -> str:
 
 def probe_is_volume(probe: str) -> bool:
     """``probe`` (a full name) asks about whole volumes (Level 4)."""
-    from ..tasks import get_probe
-    from .questions import is_volume_probe
 
     return is_volume_probe(get_probe(probe))
 
@@ -194,7 +195,6 @@ def cache_key(backend: Backend, qs: Questions, it: Item, cfg: AskConfig,
               digest: str | None = None) -> dict[str, Any]:
     """The response cache key of ``it``: an image answer's holds the question key and the
     image's ``digest``; a blind answer's holds neither (it depends on the prompt alone)."""
-    from spar_bench import __version__
 
     blind = it.variant == "blind"
     if not blind and digest is None:
@@ -345,8 +345,6 @@ def asked_splits(qs: Questions, train) -> Splits:
 
 
 def versions() -> dict[str, str | None]:
-    from spar_bench.provenance import VQA_PACKAGES, package_versions
-
     return package_versions(VQA_PACKAGES)
 
 

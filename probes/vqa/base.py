@@ -13,6 +13,8 @@ are hashed), ``decoding`` the parameters that change an answer.
 
 from __future__ import annotations
 
+import base64
+import io
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,8 +126,6 @@ def to_pil(image: np.ndarray, size: int):
 
 def png_base64(img) -> str:
     """``data:image/png;base64,...`` of a PIL image (deterministic bytes)."""
-    import base64
-    import io
 
     buf = io.BytesIO()
     img.save(buf, format="PNG", optimize=False)

@@ -15,8 +15,11 @@ through the strict parser, like a real model's.
 
 from __future__ import annotations
 
+import string
+
 import numpy as np
 
+from spar_bench.builder.schema import LEVEL3_CLASS_NAMES
 from spar_bench.errors import ConfigError
 from spar_bench.seeding import derive_seed
 
@@ -25,9 +28,6 @@ from .base import Backend, BackendOptions, Reply, Request
 
 def letters_asked() -> str:
     """``A`` to the last option letter of the Level 3 probe with the most options."""
-    import string
-
-    from spar_bench.builder.schema import LEVEL3_CLASS_NAMES
 
     return string.ascii_uppercase[:max(len(v) for v in LEVEL3_CLASS_NAMES.values())]
 

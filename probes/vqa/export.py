@@ -37,17 +37,22 @@ import hashlib
 import io
 import json
 import shutil
+import string
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from spar_bench import __version__
 from spar_bench.errors import ConfigError
 from spar_bench.outputs import check_target
+from spar_bench.provenance import PROTOCOL_VERSION, protocol_versions
 
+from ..tasks import get_probe
 from .ask import AskConfig, Item, plan, shown_requests
 from .base import Request
+from .options import check_build, resolve_image_size, resolve_volume_as
 from .questions import Questions, load_questions
 
 FORMATS = ("vlmevalkit", "lmms-eval")
@@ -99,7 +104,6 @@ def prompt_sha256(text: str) -> str:
 
 def export_rows(build, qs: Questions, cfg: AskConfig) -> Iterator[ExportRow]:
     """Every item of ``vqa``'s plan for ``qs`` as a row, in plan order (index 0, 1, ...)."""
-    from spar_bench.provenance import PROTOCOL_VERSION
 
     items = plan(qs, cfg)
     names = qs.spec.class_names
@@ -130,8 +134,6 @@ def sha256_file(path: Path) -> str:
 
 # --------------------------------------------------------------------------- VLMEvalKit
 def vlmevalkit_header(n_options: int) -> list[str]:
-    import string
-
     letters = list(string.ascii_uppercase[:n_options])
     return ["index", "image", "question", *letters, "answer", "category", "l2-category", *SPAR_COLUMNS]
 
@@ -213,9 +215,6 @@ def write_lmms_tasks(folder: Path, base: str, counts: Counter, max_new_tokens: i
 
 # --------------------------------------------------------------------------- one export
 def provenance(build, qs: Questions, cfg: AskConfig, fmt: str, counts: Counter, files: dict[str, str]) -> dict:
-    from spar_bench import __version__
-    from spar_bench.provenance import protocol_versions
-
     return {"format": fmt, "probe": qs.spec.name, "spar_bench": __version__,
             "protocol": protocol_versions(build.manifest), "build": Path(build.root).resolve().name,
             "build_fingerprint": build.fingerprint, "template_version": plan(qs, cfg)[0].prompt.version,
@@ -226,7 +225,6 @@ def provenance(build, qs: Questions, cfg: AskConfig, fmt: str, counts: Counter, 
 def export_probe(build, probe: str, cfg: AskConfig, fmt: str, out: Path) -> Path | None:
     """Export ``probe``'s questions of ``build`` as ``fmt`` into ``out``; returns the provenance
     JSON written (None: no questions on the splits)."""
-    from ..tasks import get_probe
 
     qs = load_questions(build, get_probe(probe), list(cfg.splits))
     if not qs.original.any():
@@ -251,7 +249,6 @@ def export_probe(build, probe: str, cfg: AskConfig, fmt: str, out: Path) -> Path
 def export_build(data: str, out: str | Path, fmt: str, opts) -> list[tuple[str, Path | None]]:
     """``spar-build export``: every question probe of build ``data`` that ``opts`` (a
     :class:`~.options.VqaOptions`) names, as ``fmt``, into ``out``; ``(probe, provenance JSON or None)``."""
-    from .options import check_build, resolve_image_size, resolve_volume_as
 
     if fmt not in FORMATS:
         raise ConfigError(f"--format {fmt}: expected one of {', '.join(FORMATS)}")

@@ -5,16 +5,21 @@ experiment's ``vqa:`` step run it."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
+from spar_bench.builder.schema import LEVEL_SPECS
 from spar_bench.errors import ConfigError
 from spar_bench.fields import check_fields, limited
 
-from ..hardware import COMPUTE_DTYPES
+from ..hardware import COMPUTE_DTYPES, pick_compute, pick_device
 from ..names import names_all, parse_seeds, split_list
+from ..runs.store import preflight
+from ..targets import no_lesions
+from ..tasks import get_probe, probe_names
 from .base import MODES, BackendOptions
 from .cache import ResponseCache, default_cache
 from .openai import GUIDED
@@ -27,7 +32,6 @@ TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 def full_probe_name(name: str) -> str:
     """The full name of a short question-probe name: the first level (in registry order) that
     has it (``distance`` is Level 3's; ``adjacency``, ``containment``, ``volume`` are Level 4's)."""
-    from ..tasks import get_probe, probe_names
 
     if "." in name:
         return name
@@ -41,7 +45,6 @@ def full_probe_name(name: str) -> str:
 def parse_question_probes(text: tuple[str, ...] | str) -> list[str]:
     """``all`` or question probes (``size`` or ``level3.size``, ``adjacency`` or
     ``level4.adjacency``; repeated or comma-separated), full names."""
-    from ..tasks import get_probe, probe_names
 
     asking = [n for n in probe_names() if get_probe(n).asks]
     if names_all(text):
@@ -68,7 +71,6 @@ def model_placement(model: str, device: str, compute: str) -> dict[str, str]:
     fp32`` is ``float32``, as ``--dtype float32`` before); other kinds read neither."""
     if not model.startswith("hf:"):
         return {}
-    from ..hardware import pick_compute, pick_device
 
     dev = pick_device(device)
     return {"device": str(dev), "dtype": TORCH_DTYPES[pick_compute(compute, dev).dtype]}
@@ -102,7 +104,6 @@ def probes_of_build(probes: list[str], build, every: bool, data: str | Path | No
     """The probes asked of ``build`` (``--data data``): with ``all`` those of its levels (Level 4 is
     opt-in), and a build with none of them is one line; a probe named of a level the build lacks
     is one line."""
-    from ..tasks import get_probe
 
     have = build.levels()
     if every:
@@ -122,9 +123,7 @@ def probes_of_build(probes: list[str], build, every: bool, data: str | Path | No
 def check_volume_as_used(volume_as: str, probes: list[str], build, data: str | Path) -> None:
     """``--volume-as`` other than ``auto`` shows Level 4 volumes: with no Level 4 probe asked
     (a build without Level 4, or only slice probes named) it would be ignored, so it is one line."""
-    from spar_bench.builder.schema import LEVEL_SPECS
 
-    from ..tasks import get_probe
     from ..vqa.questions import is_volume_probe
 
     if volume_as == "auto" or any(is_volume_probe(get_probe(p)) for p in probes):
@@ -173,7 +172,6 @@ def _checked(data: str, opts: VqaOptions):
     """The build, its probes and splits, each checked against it."""
     from spar_bench.builder.shards import Build
 
-    from ..tasks import get_probe
     from .volume import check_volume_as
 
     check_volume_as(opts.volume_as)
@@ -230,7 +228,6 @@ def ask_build(model: str, data: str, out: str, opts: VqaOptions,
     before any question is asked (a damaged response cache too). ``progress(probe)``: a context whose ``(done, total)`` calls
     report the answers (none by default). The backends are closed at the end."""
     from ..runs.session import open_job, run_all
-    from ..runs.store import preflight
     from .predictor import close_backends
 
     try:
@@ -249,9 +246,6 @@ def why_skipped(data: str, probe: str, splits: str | Sequence[str]) -> str:
     """Why ``probe`` has no questions on build ``data`` (:func:`ask_build` yielded None):
     ``no lesions in this source (...)`` for a counting probe on a build without lesion masks,
     else ``no questions on <splits>``."""
-    import json
-
-    from ..targets import no_lesions
 
     try:
         why = no_lesions(json.loads((Path(data) / "manifest.json").read_text()), probe)

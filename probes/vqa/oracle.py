@@ -32,6 +32,7 @@ identity holds :data:`ORACLE_VERSION` so a changed oracle never reuses cached an
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +46,10 @@ from spar_bench.builder.schema import (
     LEVEL4_PROBES,
     LEVEL_SPECS,
 )
+from spar_bench.builder.shards import Build
 from spar_bench.errors import ConfigError
 
+from ..runs.mask_oracle import RULES, Volume
 from .base import Backend, BackendOptions, Reply, Request
 from .prompts import option_text, volume_option_texts
 
@@ -107,8 +110,6 @@ class OracleBackend(Backend):
     """Reads the build given with ``--data`` (see the module doc)."""
 
     def __init__(self, variant: str, data: str | Path | None, mode: str = "constrained"):
-        from spar_bench.builder.shards import Build
-
         if variant not in VARIANTS:
             raise ConfigError(f"model oracle:{variant}: expected oracle or oracle:pixels")
         if data is None:
@@ -165,7 +166,6 @@ class OracleBackend(Backend):
 
     def _volume(self, level: str, split: str, row: int):
         """The stored label and lesion volumes of a Level 4 row (the few last read are kept)."""
-        from ..runs.mask_oracle import RULES, Volume
 
         key = (level, split, row)
         if key not in self._volumes:
@@ -182,8 +182,6 @@ class OracleBackend(Backend):
     def _volume_option(self, r: Request, level: str, split: str, q: dict) -> str | None:
         """The option text of a Level 4 question's answer, recomputed on the stored label and
         lesion volumes (whatever ``--volume-as`` shows) with the thresholds the prompt states."""
-        from dataclasses import replace
-
         from ..runs.mask_oracle import answer
 
         probe = LEVEL4_PROBES[int(q["q_probe"])]

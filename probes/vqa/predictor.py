@@ -21,12 +21,34 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from spar_bench.builder.shards import Build
+from spar_bench.provenance import VQA_PACKAGES, package_versions, protocol_versions
+
 from ..measured import is_harness_prompt, mark_unmeasured, unmeasured
-from ..runs.spec import NamedRun
-from .ask import AskConfig, answer_records, ask, cache_key, image_digests
+from ..runs.evaluate import MIN_PATIENTS_CI, evaluate, run_metrics
+from ..runs.record import RunRecord
+from ..runs.spec import NamedRun, PredictorSpec
+from ..runs.store import check_run_dir
+from ..tasks import get_probe
+from .ask import (
+    ANSWERS_FILE,
+    MISSING,
+    AskConfig,
+    answer_records,
+    ask,
+    asked_splits,
+    cache_key,
+    head_name,
+    image_digests,
+    plan,
+    probe_is_volume,
+    variant_of,
+)
 from .base import Backend, BackendOptions
-from .cache import ResponseCache
-from .questions import Questions, load_questions
+from .cache import ResponseCache, default_cache, key_hash
+from .prompts import template_version, volume_template_version
+from .questions import Questions, load_questions, train_targets
+from .score import answer_tables, extra_metrics
 
 
 @dataclass
@@ -44,8 +66,6 @@ class Answered:
 
     @classmethod
     def of(cls, qs: Questions, records: list[dict]) -> Answered:
-        from .score import answer_tables
-
         return cls(qs, records, answer_tables(qs, records, qs.spec.n_classes))
 
     def fit(self, train, val) -> None:
@@ -63,7 +83,6 @@ class Answered:
 
     def extra_metrics(self, s, boot, n_boot: int) -> dict:
         """The MLLM's own controls (:func:`.score.extra_metrics`), beside the shared ones."""
-        from .score import extra_metrics
 
         return extra_metrics(self.qs, self.records, self.tables, boot, n_boot)
 
@@ -123,22 +142,14 @@ class MllmSpec(NamedRun):
         return backend_of(self.model, replace(self.options, seed=self.cfg.seed, data=self.data))
 
     def variant(self) -> str:
-        from .ask import variant_of
-
         return variant_of(self.backend(), self.cfg)
 
     def head_name(self) -> str:
-        from .ask import head_name, probe_is_volume
-
         return head_name(self.backend(), self.cfg, probe_is_volume(self.probe))
 
 
 def mllm_record(spec: MllmSpec, build, volume: bool, template: str):
     """The :class:`~..runs.record.RunRecord` of an MLLM run on ``build`` as known before asking."""
-    from spar_bench.provenance import VQA_PACKAGES, package_versions, protocol_versions
-
-    from ..runs.record import RunRecord
-    from ..tasks import get_probe
 
     b, cfg = spec.backend(), spec.cfg
     inputs = {"model_identity": b.identity, "decoding": b.decoding, "template_version": template}
@@ -152,7 +163,6 @@ def mllm_record(spec: MllmSpec, build, volume: bool, template: str):
 
 def _missing(records: list[dict]) -> dict[str, int]:
     """``{"missing": n}`` when ``n`` answers were missing from an ``--answers`` file, else nothing."""
-    from .ask import MISSING
 
     n = sum(r["reason"] == MISSING for r in records)
     return {"missing": n} if n else {}
@@ -184,11 +194,6 @@ class MllmJob:
     @classmethod
     def open(cls, spec: MllmSpec, out, options) -> MllmJob | None:
         """None when the build has no question of ``spec.probe`` on the asked splits."""
-        from spar_bench.builder.shards import Build
-
-        from ..tasks import get_probe
-        from .cache import default_cache
-        from .prompts import template_version, volume_template_version
 
         build = Build(spec.data)
         qs = load_questions(build, get_probe(spec.probe), list(spec.cfg.splits))
@@ -204,13 +209,10 @@ class MllmJob:
                    progress)  # fmt: skip
 
     def start(self) -> None:
-        from ..runs.store import check_run_dir
-
         check_run_dir(self.rd, self.declared, "MLLM run folder")
 
     def fit(self):
         """Ask every item (nothing is trained): ``(items, replies, keys, digests)``."""
-        from .ask import plan
 
         s, qs, b = self.spec, self.qs, self.backend
         items = plan(qs, s.cfg)
@@ -220,12 +222,6 @@ class MllmJob:
             return items, ask(b, cache, self.build, qs, items, keys, s.cfg, bar), keys, digests
 
     def score(self, asked):
-        from ..runs.evaluate import MIN_PATIENTS_CI, evaluate, run_metrics
-        from ..runs.spec import PredictorSpec
-        from .ask import ANSWERS_FILE, asked_splits
-        from .cache import key_hash
-        from .questions import train_targets
-
         s, qs, rec, b = self.spec, self.qs, self.record, self.backend
         items, replies, keys, digests = asked
         records = answer_records(qs, items, replies, b, digests, s.cfg.volume_as)

@@ -24,8 +24,11 @@ import string
 from dataclasses import dataclass
 
 from spar_bench.builder.samples.pixels import stated, stated_band
-from spar_bench.builder.schema import LEVEL3_PROBES, ORGANS
+from spar_bench.builder.schema import LEVEL3_PROBES, LEVEL4_CLASS_NAMES, LEVEL4_PROBES, ORGANS
 from spar_bench.errors import ConfigError
+
+from ..tasks import get_probe
+from .volume import frame_indices, grid_shape, n_frames
 
 TEMPLATE_VERSION = "3"
 
@@ -210,7 +213,6 @@ def render(probe: str, organ_a: int, organ_b: int, axis: int, order: tuple[int, 
     ``context``: the question's scale, band, thresholds and smallest lesion (required by
     size, distance, symmetry and counting, whose prompts state them).
     """
-    from ..tasks import get_probe
 
     names = get_probe(f"level3.{probe}").class_names
     if sorted(order) != list(range(len(names))):
@@ -310,8 +312,6 @@ class VolumeContext:
     min_voxels: int | None = None
 
     def shown_sentences(self, hint: bool) -> list[str]:
-        from .volume import frame_indices, grid_shape, n_frames
-
         n = n_frames(self.side)
         rows, cols = grid_shape(n)
         z = [int(v) for v in frame_indices(self.side)]
@@ -339,8 +339,6 @@ def volume_option_texts(probe: str, class_names: tuple[str, ...], organ_b: int, 
 
 
 def volume_question_text(probe: str, organs: tuple[int, int, int], axis: int, context: VolumeContext) -> str:
-    from spar_bench.builder.schema import LEVEL4_PROBES
-
     if probe not in LEVEL4_PROBES:
         raise ConfigError(f"no Level 4 prompt template for probe {probe!r}; templates: {', '.join(LEVEL4_PROBES)}")
     fill = {k: organ_text(o) if o >= 0 else "" for k, o in zip("abc", organs, strict=True)}
@@ -360,7 +358,6 @@ def render_volume(probe: str, organs: tuple[int, int, int], axis: int, order: tu
     """The prompt of one Level 4 question (``organs``: A, B, C; -1 none) with its options in
     ``order``: how the volume is shown and its display convention (or, ``blind``, that none
     is shown), the patient frame, the question, lettered options."""
-    from spar_bench.builder.schema import LEVEL4_CLASS_NAMES
 
     ctx = context or VolumeContext()
     names = LEVEL4_CLASS_NAMES[probe] if probe in LEVEL4_CLASS_NAMES else ()

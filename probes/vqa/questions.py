@@ -22,6 +22,8 @@ from functools import cached_property
 import numpy as np
 
 from spar_bench.builder.samples.pixels import stated
+from spar_bench.builder.samples.thresholds import cuts_for
+from spar_bench.builder.schema import LEVEL_SPECS
 from spar_bench.errors import ConfigError
 
 from ..targets import Targets, concat
@@ -166,7 +168,6 @@ def _stated_cuts(build, probe: str, t: Targets) -> np.ndarray | None:
         return None
     if len(t) == 0:  # no such question here (a LiTS-only build records no thresholds)
         return np.empty((0, 2), dtype=np.float64)
-    from spar_bench.builder.samples.thresholds import cuts_for
 
     values = (build.manifest.get("thresholds") or {}).get("values") or {}
     if probe not in values:
@@ -179,7 +180,6 @@ def _stated_cuts(build, probe: str, t: Targets) -> np.ndarray | None:
 
 def is_volume_probe(spec) -> bool:
     """The probe asks about whole volumes (Level 4)."""
-    from spar_bench.builder.schema import LEVEL_SPECS
 
     level = LEVEL_SPECS.get(spec.level)
     return bool(level is not None and level.volume)

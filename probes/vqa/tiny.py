@@ -12,6 +12,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from spar_bench.builder.schema import LEVEL3_CLASS_NAMES, ORGANS
+
+from . import prompts as P
+
 CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }} :"
     "{% if m['content'] is string %} {{ m['content'] }}{% else %}"
@@ -37,9 +41,6 @@ LLAVA_15_TEMPLATE = (
 
 def _vocabulary(volume: bool = False, special: tuple[str, ...] = ("<image>",)) -> list[str]:
     """Special tokens, then the prompts' words (``volume``: the Level 4 prompts' too)."""
-    from spar_bench.builder.schema import LEVEL3_CLASS_NAMES, ORGANS
-
-    from . import prompts as P
 
     parts = [P.CONVENTION_HINT, P.BLIND_NOTE, P.CENTRE, P.PIXEL_SIZE, P.FRAME, P.INSTRUCTION, *P.QUESTIONS.values(),
              *P.OPTION_TEXT.values(), "0 1 2 3 4 5 6 7 8 9", *(P.organ_text(i) for i in range(len(ORGANS))),
