@@ -16,8 +16,8 @@ the cache's batch size and compute precision, the encoder as the cache loads it)
 processes: 1 process x 1 thread contiguous and channels-last, 1 process x all threads,
 and one 1-thread process per core side by side (summed). Then the cache alone, as the step
 writes it (``write_cache``, the encoder loaded by it), in a fresh process with 1 process and
-with one per core: its images per second from the first batch flushed to the last (what the
-bare forward times: no imports, no weights, no first-batch latency) and over the whole call,
+with one per core: its images per second in its encoding loop (a Stopwatch's main-loop stages:
+what the bare forward times, no imports, no weights loading) and over the whole call,
 and its sha256 (the same bytes whatever the number of processes). ``cache / bare`` is the
 cache alone on all cores over the best bare forward; beside it the step's own pace (the
 log's seconds: imports, weights and start-up included) and per CPU-second.
@@ -139,38 +139,37 @@ def bare(spec: str, random_init: bool, compute: str, batch: int, seconds: float,
 # -- the cache alone, 1 process and all cores: its pace and its bytes ----------------------
 def cache_worker(spec: str, random_init: bool, build: str, out: str, processes: int | None) -> dict:
     """Write the cache of ``spec`` over ``build`` as the demo's step does (its options, the
-    encoder loaded by ``write_cache``), in this fresh process: total seconds, the time of each
-    flushed batch (``on_batch``), CPU seconds of this process and its children, sha256."""
+    encoder loaded by ``write_cache``), in this fresh process: total seconds, the encoding
+    loop's seconds (the main loop's stages of a :class:`~spar_bench.probes.stopwatch.Stopwatch`:
+    from the first batch read to the last written, the other processes' batches waited for
+    included), the images, CPU seconds of this process and its children, sha256."""
     import resource
 
     from spar_bench.probes.cache import CacheOptions, write_cache
+    from spar_bench.probes.stopwatch import STAGES, Stopwatch
 
-    flushed: list[tuple[float, int]] = []
+    images, sw = [0], Stopwatch()
     t0 = time.perf_counter()
     write_cache(spec, build, out, CacheOptions(device="cpu", processes=processes, random_init=random_init),
-                progress=False, on_batch=lambda lv, sp, lo, hi: flushed.append((time.perf_counter() - t0, hi - lo)))
+                progress=False, stopwatch=sw, on_batch=lambda lv, sp, lo, hi: images.__setitem__(0, images[0] + hi - lo))
     total = time.perf_counter() - t0
     ru = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
-    return {"total_s": total, "cpu_s": sum(r.ru_utime + r.ru_stime for r in ru), "flushed": flushed,
+    return {"total_s": total, "loop_s": sum(v for k, v in sw.seconds.items() if STAGES.get(k) == "main"),
+            "images": images[0], "cpu_s": sum(r.ru_utime + r.ru_stime for r in ru),
             "sha256": hashlib.sha256(Path(out).read_bytes()).hexdigest()}
 
 
 def cache_pace(build: Path, spec: str, random_init: bool, tmp: Path, cores: int) -> dict:
     """The cache with 1 process and with one per core, each in a fresh process (as a step runs
-    it): ``steady_img_s`` = the images after the first batch over the seconds from the first
-    batch flushed to the last (what the bare forward times: no imports, no weights loading, no
-    first-batch latency); ``whole_img_s`` = all images over the whole call (loading included)."""
+    it): ``loop_img_s`` = its images over its encoding loop's seconds (what the bare forward
+    times: no imports, no weights loading); ``whole_img_s`` = over the whole call."""
     runs = {}
     for n in (1, cores):
         out = tmp / f"pace-{n}.h5"
         cmd = [sys.executable, __file__, "--cache-worker", spec, "--random-init", str(int(random_init)),
                "--build", str(build), "--out", str(out), "--processes", str(n)]
         r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
-        (t_first, _), (t_last, _) = r["flushed"][0], r["flushed"][-1]
-        images = sum(k for _, k in r["flushed"])
-        runs[n] = {"total_s": r["total_s"], "cpu_s": r["cpu_s"], "sha256": r["sha256"], "images": images,
-                   "first_batch_s": t_first, "steady_img_s": (images - r["flushed"][0][1]) / max(t_last - t_first, 1e-9),
-                   "whole_img_s": images / r["total_s"]}
+        runs[n] = {**r, "loop_img_s": r["images"] / max(r["loop_s"], 1e-9), "whole_img_s": r["images"] / r["total_s"]}
         out.unlink()
     return {"runs": runs, "identical": len({r["sha256"] for r in runs.values()}) == 1}
 
@@ -294,7 +293,7 @@ def compare_cache(a, row: dict, rerun: dict, step: tuple, compute: str, cores: i
         c.update(best_bare_img_s=best, ratio_step=(c["cache_img_s"] or 0.0) / best,
                  best_bare_img_cpu_s=best_cpu, ratio_cpu=c["cache_img_cpu_s"] / best_cpu)
         if a.pace:
-            c["ratio"] = c["pace"]["runs"][cores]["steady_img_s"] / best
+            c["ratio"] = c["pace"]["runs"][cores]["loop_img_s"] / best
     return c
 
 
@@ -310,16 +309,16 @@ def print_report(rep: dict) -> None:
         for way, (v, cpu) in c.get("bare", {}).items():
             print(f"  bare forward, {way}: {v:.1f} img/s, {cpu:.1f} img per CPU-s")
         for n, p in c.get("pace", {}).get("runs", {}).items():
-            print(f"  the cache alone, --processes {n}: {p['steady_img_s']:.1f} img/s from the first batch to the "
-                  f"last, {p['whole_img_s']:.1f} img/s over the whole call ({p['total_s']:.1f} s, first batch "
-                  f"at {p['first_batch_s']:.1f} s, {p['cpu_s']:.1f} CPU-s)")
+            print(f"  the cache alone, --processes {n}: {p['loop_img_s']:.1f} img/s in its encoding loop "
+                  f"({p['loop_s']:.1f} s), {p['whole_img_s']:.1f} img/s over the whole call ({p['total_s']:.1f} s, "
+                  f"{p['cpu_s']:.1f} CPU-s)")
         if "pace" in c:
             print(f"  cache with --processes 1 vs {max(c['pace']['runs'])}: "
                   f"{'byte-identical' if c['pace']['identical'] else 'DIFFERENT'} "
                   f"(sha256 {' / '.join(p['sha256'][:12] for p in c['pace']['runs'].values())})")
         if "ratio" in c:
-            print(f"  cache / best bare forward, all cores: {c['ratio']:.2f} (the cache alone, from its first "
-                  f"batch; an idle machine's only)")
+            print(f"  cache / best bare forward, all cores: {c['ratio']:.2f} (the cache alone, its encoding loop; "
+                  f"an idle machine's only)")
         if "ratio_step" in c:
             print(f"  the step / best bare forward: {c['ratio_step']:.2f} in wall time (imports, weights, "
                   f"start-up included), {c['ratio_cpu']:.2f} per CPU-s")

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import json
 import pickle
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from functools import partial
@@ -558,6 +559,9 @@ MIN_BATCHES_PER_PROCESS = 4
 MIN_IMAGES_PER_PROCESS = 128
 #: batches handed to the processes ahead of the one being written, per process
 AHEAD_PER_PROCESS = 2
+#: batches held encoded but not yet written, per process (memory: a batch of full tokens of a
+#: ViT-B at 64 images is about 40 MB)
+HELD_PER_PROCESS = 4
 
 
 def usable_cores() -> int:
@@ -601,7 +605,7 @@ def _pool_ahead(data: str | Path, opts: CacheOptions) -> Iterator[Any]:
     if n < 2:
         yield None
         return
-    with process_pool(n - 1) as pool:
+    with process_pool(n - 1, stateless=True) as pool:
         for _ in range(n - 1):  # each submit starts one process
             pool.submit(_warm_worker)
         yield pool
@@ -635,7 +639,7 @@ def _pooled(job: _Job, items: list[Item], reduce: Reducer, n_procs: int) -> Iter
     try:
         with os.fdopen(fd, "wb") as fh:
             pickle.dump(encoding, fh)
-        with (nullcontext(job.pool) if job.pool is not None else process_pool(n_procs - 1)) as pool, \
+        with (nullcontext(job.pool) if job.pool is not None else process_pool(n_procs - 1, stateless=True)) as pool, \
                 _one_thread(job.dev):
             yield from _in_order(items, encoding, partial(pool.submit, _encode_in_worker, payload), n_procs,
                                  job.stopwatch)
@@ -645,29 +649,98 @@ def _pooled(job: _Job, items: list[Item], reduce: Reducer, n_procs: int) -> Iter
 
 def _in_order(items: list[Item], encoding: _Encoding, submit: Callable[[Item], Future], n_procs: int,
               sw: Stopwatch | None) -> Iterator[tuple[Item, dict]]:
-    """``(item, features)`` in order. Batches go from the front of ``items`` to the other
-    processes (``submit``), up to :data:`AHEAD_PER_PROCESS` each in flight; while the next batch
-    to yield is still being encoded elsewhere, this process encodes the front one itself. At
-    most ``AHEAD_PER_PROCESS * n_procs`` batches are held unyielded (memory)."""
-    todo, held = deque(range(len(items))), {}  # held: index -> a Future, or this process's features
-    window, bound = AHEAD_PER_PROCESS * (n_procs - 1), AHEAD_PER_PROCESS * n_procs
-    for i, item in enumerate(items):
-        while True:
-            busy = sum(isinstance(v, Future) and not v.done() for v in held.values())
-            while todo and busy < window and len(held) < bound:
-                j = todo.popleft()
-                held[j], busy = submit(items[j]), busy + 1
-            got = held[i]
-            if not (isinstance(got, Future) and not got.done() and todo and len(held) < bound):
-                break
-            j = todo.popleft()  # the next batch is not ready: encode the front one here
-            with timed(sw, "forward"):
-                held[j] = encoding(items[j])
-        got = held.pop(i)
-        if isinstance(got, Future):
-            with timed(sw, "forward"):  # the wait for another process
-                got = got.result()
-        yield item, got
+    """``(item, features)`` in order, the batches handed out by a :class:`_Dispatch`: to the other
+    processes (``submit``) by its thread, and to this process while the next batch to yield is
+    still being encoded elsewhere."""
+    with _Dispatch(items, submit, AHEAD_PER_PROCESS * (n_procs - 1), HELD_PER_PROCESS * n_procs) as plan:
+        for i, item in enumerate(items):
+            while (j := plan.mine(i)) is not None:  # the next batch is not ready: encode the front one here
+                with timed(sw, "forward"):
+                    plan.put(j, encoding(items[j]))
+            got = plan.take(i)
+            if isinstance(got, Future):
+                with timed(sw, "forward"):  # the wait for another process
+                    got = got.result()
+            yield item, got
+
+
+class _Dispatch:
+    """Which process encodes which batch of a pooled CPU cache: batches go from the front of
+    ``items``, to the other processes by a thread of this one (so their queues refill at once,
+    also while this process encodes a batch), ``window`` in flight, and to this process
+    (:meth:`mine`) when the batch it must write next is not ready. At most ``bound`` batches
+    are held encoded or in flight but not yet written (memory). Who encodes a batch does not
+    change its bits (:class:`_Encoding`)."""
+
+    def __init__(self, items: list[Item], submit: Callable[[Item], Future], window: int, bound: int) -> None:
+        self.items, self.submit, self.window, self.bound = items, submit, window, bound
+        self.todo: deque[int] = deque(range(len(items)))
+        self.held: dict[int, Any] = {}  # index -> a Future, None (being encoded here), or features
+        self.flying: set[Future] = set()
+        self.cond = threading.Condition()
+        self.stopped, self.error = False, None
+        self.thread = threading.Thread(target=self._run, name="cache-dispatch", daemon=True)
+
+    def __enter__(self) -> _Dispatch:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        with self.cond:
+            self.stopped = True
+            self.cond.notify_all()
+        self.thread.join()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self.cond:
+                    self.flying = {f for f in self.flying if not f.done()}
+                    while (not self.stopped and self.todo and len(self.flying) < self.window
+                           and len(self.held) < self.bound):
+                        j = self.todo.popleft()
+                        self.held[j] = fut = self.submit(self.items[j])
+                        self.flying.add(fut)
+                    if self.stopped or not (self.todo or self.flying):
+                        return
+                    flying = set(self.flying)
+                    if not flying:  # everything held: wait for a batch to be written
+                        self.cond.wait(0.2)
+                        continue
+                wait(flying, timeout=0.2, return_when=FIRST_COMPLETED)
+        except BaseException as e:  # the pool broke: this process reports it, at its next batch
+            with self.cond:
+                self.error = e
+                self.cond.notify_all()
+
+    def mine(self, i: int) -> int | None:
+        """The index of a batch for this process to encode now, or None: batch ``i`` is ready, or
+        nothing more may be taken."""
+        with self.cond:
+            if self.error is not None:
+                raise self.error
+            got = self.held.get(i, ...)
+            busy = isinstance(got, Future) and not got.done()
+            if (got is ... or busy) and self.todo and len(self.held) < self.bound:
+                j = self.todo.popleft()  # i itself when it was not handed out yet
+                self.held[j] = None
+                return j
+            return None
+
+    def put(self, j: int, features: dict) -> None:
+        with self.cond:
+            self.held[j] = features
+
+    def take(self, i: int) -> Any:
+        """Batch ``i``: its features, or the Future that will hold them."""
+        with self.cond:
+            while i not in self.held:  # every slot held: the thread hands it out after this take
+                if self.error is not None:
+                    raise self.error
+                self.cond.wait(0.2)
+            got = self.held.pop(i)
+            self.cond.notify_all()
+            return got
 
 
 class _Encoding(NamedTuple):

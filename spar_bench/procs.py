@@ -132,9 +132,12 @@ def _terminate(pool: ProcessPoolExecutor) -> None:
 
 
 @contextmanager
-def process_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
+def process_pool(workers: int, stateless: bool = False) -> Iterator[ProcessPoolExecutor]:
     """A ``spawn`` ProcessPoolExecutor of ``workers`` processes that die with this one, killed on
-    any exception; a worker killed from outside (out of memory) is one :class:`SparError` line."""
+    any exception; a worker killed from outside (out of memory) is one :class:`SparError` line.
+    ``stateless``: the workers write nothing and hold nothing once their results are in, so at a
+    normal exit they are killed too, not waited for (an interpreter with torch takes about a
+    second to finish; the results are all received when the block ends)."""
     ctx = multiprocessing.get_context("spawn")
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
                                initargs=(os.getpid(),))
@@ -147,7 +150,10 @@ def process_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
     except BaseException:
         _terminate(pool)
         raise
-    pool.shutdown(wait=True)
+    if stateless:
+        _terminate(pool)
+    else:
+        pool.shutdown(wait=True)
 
 
 def completed(futures: Iterable[Future], poll_s: float = 0.5) -> Iterator[Future]:

@@ -199,7 +199,7 @@ def test_batches_go_to_whoever_is_free_and_come_out_in_order() -> None:
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    from spar_bench.probes.cache import AHEAD_PER_PROCESS, _in_order
+    from spar_bench.probes.cache import _in_order
 
     items = [("level3", "train", lo, lo + 4) for lo in range(0, 40, 4)]
     here, there, gate = [], [], threading.Event()
@@ -221,4 +221,24 @@ def test_batches_go_to_whoever_is_free_and_come_out_in_order() -> None:
     assert all(res == {"from": item} for item, res in out)
     assert sorted(here + there) == sorted(items) and not set(here) & set(there)
     assert len(here) >= 2 and there  # both encoded: this one helped while the other was stuck
-    assert here[0] == items[AHEAD_PER_PROCESS]  # the front batch after the ones handed out
+
+
+def test_a_broken_pool_stops_the_pooled_loop_with_its_error() -> None:
+    """A pool that breaks (a worker killed: submit raises) stops the loop with that error at this
+    process's next batch, instead of hanging or writing on without the others' batches."""
+    import time
+    from concurrent.futures.process import BrokenProcessPool
+
+    from spar_bench.probes.cache import _in_order
+
+    items = [("level3", "train", lo, lo + 4) for lo in range(0, 40, 4)]
+
+    def broken(item):
+        raise BrokenProcessPool("a worker died")
+
+    def encoding(item):
+        time.sleep(0.05)
+        return {"from": item}
+
+    with pytest.raises(BrokenProcessPool):
+        list(_in_order(items, encoding, broken, 2, None))
