@@ -27,7 +27,7 @@ def test_the_demo_bench_times_every_stage_and_compares_each_cache(tmp_path: Path
     exp.write_text(tiny, encoding="utf-8")
     sets = ["N_CASES=3", "SAMPLES=1", "MAX_EPOCHS=1", "ENCODER=timm:resnet10t", "CONTROL=timm:resnet14t"]
     cmd = [sys.executable, str(BENCH), "--experiment", str(exp), "--keep", str(tmp_path / "out"),
-           "--json", str(tmp_path / "stages.json"), "--bare-seconds", "0.2", *[x for s in sets for x in ("--set", s)]]
+           "--json", str(tmp_path / "stages.json"), "--bare-seconds", "0.2", "--pace-repeats", "1", *[x for s in sets for x in ("--set", s)]]
     p = subprocess.run(cmd, capture_output=True, encoding="utf-8", cwd=tmp_path, timeout=600)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     rep = json.loads((tmp_path / "stages.json").read_text(encoding="utf-8"))
@@ -45,6 +45,7 @@ def test_the_demo_bench_times_every_stage_and_compares_each_cache(tmp_path: Path
         runs = c["pace"]["runs"]
         assert set(runs) == {"1", str(rep["cores"])} and c["pace"]["identical"], c["pace"]
         assert all(r["images"] == c["images"] for r in runs.values())  # every row of the step's cache
+        assert all(len(r["loop_img_s_all"]) == 1 and 0 < r["loop_s"] < r["total_s"] for r in runs.values())
         assert c["ratio"] > 0 and c["ratio_step"] > 0 and c["ratio_cpu"] > 0
     assert "| **all steps** |" in p.stdout and "cache / best bare forward, all cores:" in p.stdout
     assert "byte-identical" in p.stdout and "DIFFERENT" not in p.stdout
