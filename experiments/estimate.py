@@ -26,10 +26,11 @@ CACHE_RATES: tuple[tuple[str, float, float], ...] = (
     ("resnet10t", 60.0, 8000.0),
     ("vit_base_patch32", 22.0, 6789.0),
     ("vit_small", 22.0, 6000.0),
-    # EfficientNet-Lite0 (the demo's): a cache step at 35 images per CPU-s on an AMX CPU (bf16,
-    # bench/demo.py, its imports and weights included; fp32 on AVX2 about 0.6 of that), one process
-    # per core (issue 45); the GPU figure is a guess until bench/gpu.py measures it
-    ("efficientnet", 60.0, 3000.0),
+    # EfficientNet-Lite0 (the demo's): a cache step of 508 images in 8.1-8.8 s (its imports and
+    # weights included; 80 images/s beside STEP_START) on an AMX CPU (bf16, bench/demo.py), its
+    # batches over one process per core (issue 45; fp32 on AVX2 about 0.6 of that); the GPU figure
+    # is a guess until bench/gpu.py measures it
+    ("efficientnet", 80.0, 3000.0),
     ("dinov2", 4.5, 1500.0),
     ("rad-dino", 4.5, 1500.0),
     ("", 20.0, 2500.0),
@@ -44,11 +45,12 @@ CACHE_RATES_3D: tuple[tuple[str, float, float], ...] = (
 )
 #: per unit, (2 CPU cores, one GPU): seconds per head run (its set-up, its blind control and its
 #: bootstrap; an MLP head's, a transformer head's is :data:`HEAD_RUN_FACTOR` times that: the demo's
-#: 8 MLP runs of 515 images took 17.6 CPU-s, 8 transformer runs 30, issue 45) and per image it
+#: 8 MLP runs of 508 images take 8.2-9.0 s on 2 idle cores, its step's start and the per-image
+#: share below included, 17.4-19.0 CPU-s; 8 transformer runs about twice that, issue 45) and per image it
 #: trains on (a WORD-sized build of 26,558 images: about 20 s a run on the CPU, 4 s on the GPU, with
 #: early stopping), per image trained end to end, per MLLM question (all its asks)
 UNIT_SECONDS = {
-    "runs": (0.8, 0.5),
+    "runs": (0.55, 0.5),
     "run_images": (20.0 / 26558, 4.0 / 26558),
     "questions": (2.0, 0.05),
 }

@@ -657,6 +657,7 @@ def _in_order(items: list[Item], encoding: _Encoding, submit: Callable[[Item], F
             while (j := plan.mine(i)) is not None:  # the next batch is not ready: encode the front one here
                 with timed(sw, "forward"):
                     plan.put(j, encoding(items[j]))
+                check_stop()  # a swallowed SIGTERM: stop after this batch, as the one-process loop does
             got = plan.take(i)
             if isinstance(got, Future):
                 with timed(sw, "forward"):  # the wait for another process

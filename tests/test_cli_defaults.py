@@ -195,10 +195,10 @@ def test_an_experiment_files_phantom_takes_every_option_of_the_step(tmp_path):
 
 def test_a_phantom_steps_jobs_are_its_processes(monkeypatch):
     """A phantom step's ``jobs`` reaches write_phantom_dataset as ``--jobs`` does (1 when not given)."""
-    from spar_bench.builder.phantom import generate
+    from spar_bench.experiments import step_kinds
 
     seen = []
-    monkeypatch.setattr(generate, "write_phantom_dataset", lambda out, n, opts, **kw: seen.append((n, opts, kw)))
+    monkeypatch.setattr(step_kinds, "write_phantom_dataset", lambda out, n, opts, **kw: seen.append((n, opts, kw)))
     call = STEPS.get("phantom").call
     call({"out": "o", "n": 3, "layout": "canonical", "lesions": False, "jobs": 2}, None)
     call({"out": "o", "n": 3, "layout": "canonical"}, None)
@@ -210,11 +210,10 @@ def test_a_finetune_step_runs_on_threads_as_the_command_does(monkeypatch, one_to
     every machine), not torch's own (every core), as it was."""
     import torch
 
-    from spar_bench.probes.finetune import config
-    from spar_bench.probes.runs import session
+    from spar_bench.experiments import step_kinds
 
-    monkeypatch.setattr(config, "finetune_specs", lambda *a, **kw: [])
-    monkeypatch.setattr(session, "run_all", lambda *a, **kw: iter(()))
+    monkeypatch.setattr(step_kinds, "finetune_specs", lambda *a, **kw: [])
+    monkeypatch.setattr(step_kinds, "run_all", lambda *a, **kw: iter(()))
     spec = {"encoder": "dummy", "data": "d", "probes": ["all"], "heads": ["mlp"], "seeds": [0], "out": "o"}
     for options, threads in (({"threads": 2}, 2), ({}, 1)):
         torch.set_num_threads(3)
