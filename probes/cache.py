@@ -637,8 +637,12 @@ def _pooled(job: _Job, items: list[Item], reduce: Reducer, n_procs: int) -> Iter
     encoding = _Encoding(job.enc, job.build, job.layers, job.tile_encoding, reduce, job.comp)
     fd, payload = tempfile.mkstemp(prefix="spar-cache-", suffix=".pkl")
     try:
-        with os.fdopen(fd, "wb") as fh:
-            pickle.dump(encoding, fh)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                pickle.dump(encoding, fh)
+        except (pickle.PicklingError, AttributeError, TypeError):  # an encoder that cannot leave this
+            yield from _here(job, items, reduce)  # process (hooks of a transformers model): the same bytes here
+            return
         with (nullcontext(job.pool) if job.pool is not None else process_pool(n_procs - 1, stateless=True)) as pool, \
                 _one_thread(job.dev):
             yield from _in_order(items, encoding, partial(pool.submit, _encode_in_worker, payload), n_procs,

@@ -242,3 +242,22 @@ def test_a_broken_pool_stops_the_pooled_loop_with_its_error() -> None:
 
     with pytest.raises(BrokenProcessPool):
         list(_in_order(items, encoding, broken, 2, None))
+
+
+def test_an_encoder_that_cannot_leave_its_process_is_cached_here(build, tmp_path, monkeypatch) -> None:
+    """An encoder that pickle refuses (a transformers model's hooks are local functions) is not
+    sent to the other processes: the whole cache is encoded here, the same bytes as 1 process."""
+    import hashlib
+
+    from spar_bench.probes.encoders import load_encoder
+
+    monkeypatch.setattr(cache_mod, "MIN_IMAGES_PER_PROCESS", 1)  # a small build: split it anyway
+    opts = {"dtype": "fp32", "compute": "fp32", "batch_size": 3, "device": "cpu", "random_init": True}
+    sums = []
+    for n in (1, 2):
+        enc = load_encoder("timm:resnet10t", random_init=True)
+        enc.hook = lambda: None  # a local function: pickle refuses it, as it refuses those hooks
+        out = write_cache("timm:resnet10t", build, tmp_path / f"p{n}.h5", CacheOptions(**opts, processes=n),
+                          progress=False, encoder_obj=enc)
+        sums.append(hashlib.sha256(out.read_bytes()).hexdigest())
+    assert sums[0] == sums[1]
