@@ -68,6 +68,41 @@ def pipeline(tmp_path_factory) -> dict[str, Path]:
     return build_pipeline(tmp_path_factory)
 
 
+def _untracked() -> set[str] | None:
+    """Files in the checkout that git neither tracks nor ignores (None where git cannot say)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "ls-files", "--others", "--exclude-standard", "--directory"],
+                             cwd=REPO, capture_output=True, text=True, timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return set(out.splitlines())
+
+
+def pytest_sessionstart(session):
+    if not hasattr(session.config, "workerinput"):  # the controller only, once
+        session.config.stash[_BEFORE] = _untracked()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A test that writes into the checkout (a relative ``out`` in the working directory: a phantom
+    build was once committed that way) fails the run, naming what it left."""
+    before = session.config.stash.get(_BEFORE, None)
+    after = _untracked() if before is not None else None
+    new = sorted(after - before) if after is not None else []
+    if new:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line("")
+            reporter.write_line(f"tests wrote into the checkout {REPO.name}/: {', '.join(new)} (write under tmp_path)",
+                                red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_BEFORE = pytest.StashKey[set | None]()
+
+
 def pytest_collection_modifyitems(config, items):
     try:
         import torch

@@ -193,15 +193,15 @@ def test_an_experiment_files_phantom_takes_every_option_of_the_step(tmp_path):
     assert {k: spec[k] for k in spec if k != "out"} == {"n": 2, "layout": "canonical", "lesions": False, "jobs": 2}
 
 
-def test_a_phantom_steps_jobs_are_its_processes(monkeypatch):
+def test_a_phantom_steps_jobs_are_its_processes(monkeypatch, tmp_path):
     """A phantom step's ``jobs`` reaches write_phantom_dataset as ``--jobs`` does (1 when not given)."""
     from spar_bench.experiments import step_kinds
 
     seen = []
     monkeypatch.setattr(step_kinds, "write_phantom_dataset", lambda out, n, opts, **kw: seen.append((n, opts, kw)))
     call = STEPS.get("phantom").call
-    call({"out": "o", "n": 3, "layout": "canonical", "lesions": False, "jobs": 2}, None)
-    call({"out": "o", "n": 3, "layout": "canonical"}, None)
+    call({"out": str(tmp_path / "o"), "n": 3, "layout": "canonical", "lesions": False, "jobs": 2}, None)
+    call({"out": str(tmp_path / "o"), "n": 3, "layout": "canonical"}, None)
     assert [(n, o.lesions, kw["workers"]) for n, o, kw in seen] == [(3, False, 2), (3, True, 1)]
 
 
