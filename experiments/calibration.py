@@ -59,7 +59,12 @@ from spar_bench.errors import ConfigError
 from spar_bench.fields import check_fields, limited
 from spar_bench.probes.cache import CacheOptions, write_cache
 from spar_bench.probes.finetune.config import FinetuneConfig, FinetuneSpec
-from spar_bench.probes.finetune.organmaps import OrganMapConfig, pretrain_organ_maps
+from spar_bench.probes.finetune.organmaps import (
+    MAP_ENCODER,
+    MAP_MODEL_ARGS,
+    OrganMapConfig,
+    pretrain_organ_maps,
+)
 from spar_bench.probes.finetune.predictor import FinetunedEncoder
 from spar_bench.probes.finetune.readout import READOUT_PROBES, OrganMapReadout
 from spar_bench.probes.hardware import pick_device
@@ -87,10 +92,9 @@ ENCODER = "timm:resnet10t"
 MODEL_ARGS = {"channels": [16, 32, 64, 128], "stem_width": 16, "output_stride": 8,
               "pretrained_cfg_overlay": {"input_size": [3, 64, 64]}}
 HEAD = "attnpool"
-#: The computation model's encoder when it learns organ maps (``--organ-maps N``): the same
-#: network at 128 x 128 input with output stride 16 (still 8 x 8 tokens), so that small organs
-#: keep their pixels in the stem (at 64 px the smallest are 2-3 pixels wide).
-ORGAN_MAP_MODEL_ARGS = {**MODEL_ARGS, "output_stride": 16, "pretrained_cfg_overlay": {"input_size": [3, 128, 128]}}
+#: The computation model's encoder when it learns organ maps (``--organ-maps N``): run kind
+#: ``organmaps``'s (the same network at 128 x 128 input with output stride 16, still 8 x 8 tokens).
+ORGAN_MAP_MODEL_ARGS = MAP_MODEL_ARGS
 INTENSITIES = "distinct"  # every organ its own mean HU: organs recognisable in any layout
 L3_STRIDE = 4  # every 4th slice: more layouts (cases) per image trained on
 
@@ -435,7 +439,7 @@ def organ_map_run(builds: dict[str, Path], out: Path, tr: Training) -> Path:
     dice = f"-dice{tr.organ_map_dice:g}" if tr.organ_map_dice else ""
     rd = out / "organ-maps" / f"{builds['random'].name}-e{tr.organ_maps}{dice}" / f"seed{tr.seed}"
     print(f"computation encoder: organ maps, {tr.organ_maps} epochs -> {rd.relative_to(out)}", flush=True)
-    return pretrain_organ_maps(ENCODER, builds["random"], rd, cfg, ORGAN_MAP_MODEL_ARGS, progress=False,
+    return pretrain_organ_maps(MAP_ENCODER, builds["random"], rd, cfg, ORGAN_MAP_MODEL_ARGS, progress=False,
                                device=tr.device)
 
 

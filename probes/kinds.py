@@ -32,6 +32,7 @@ RUN_KINDS.register_lazy("prior", "spar_bench.probes.runs.predictors:ConstantPrio
 RUN_KINDS.register_lazy("oracle", "spar_bench.probes.runs.mask_oracle:MaskOracle")
 RUN_KINDS.register_lazy("slice-oracle", "spar_bench.probes.references.slice_oracle:SliceOracle")
 RUN_KINDS.register_lazy("reader", "spar_bench.probes.references.reader:AppearanceReader")
+RUN_KINDS.register_lazy("organmaps", "spar_bench.probes.finetune.readout:OrganMaps")
 RUN_KINDS.register_lazy("organmaps3d", "spar_bench.probes.finetune.organmaps3d:OrganMaps3d")
 
 #: the registry's earlier name, an alias kept for code that imports it

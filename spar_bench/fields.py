@@ -11,9 +11,10 @@ reading any command-line declaration.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,3 +109,26 @@ def check_fields(obj: Any) -> None:
         problem = limit.problem(getattr(obj, f.name)) if limit is not None else None
         if problem:
             raise ConfigError(f"{limit.flag or '--' + f.name.replace('_', '-')} {problem}")
+
+
+def options_of(classes: type | tuple[type, ...], options: Mapping[str, Any] | None, what: str,
+               skip: Sequence[str] = ()) -> dict[str, Any]:
+    """``options`` (a run kind's ``predictors.NAME.options``, ``spar-probe predict --option``)
+    checked against the fields of the dataclasses ``classes`` less ``skip``: an unknown key is one
+    line with "did you mean", a value of another type than its field's default one line naming
+    both (an int is taken for a float). Returns the checked options, to build the classes from."""
+    classes = classes if isinstance(classes, tuple) else (classes,)
+    owner = {f.name: c for c in reversed(classes) for f in dataclasses.fields(c) if f.name not in skip}
+    known = [f.name for c in classes for f in dataclasses.fields(c) if f.name not in skip]
+    out = dict(options or {})
+    for k, v in out.items():
+        if k not in owner:
+            close = difflib.get_close_matches(k, known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; options: {', '.join(known)}"
+            raise ConfigError(f"{what}: unknown option {k!r}{hint}")
+        want = type(field_default(owner[k], k))
+        if want is float and isinstance(v, int) and not isinstance(v, bool):
+            out[k] = v = float(v)
+        if not isinstance(v, want) or (want is int and isinstance(v, bool)):
+            raise ConfigError(f"{what}: option {k} must be of type {want.__name__}, got {v!r}")
+    return out

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from spar_bench.builder.shards import Build
 from spar_bench.errors import ConfigError
 
 torch = pytest.importorskip("torch")
@@ -287,3 +289,82 @@ def test_organ_maps_train_and_read_out_on_cuda_like_on_the_cpu(pipeline, tmp_pat
     on_cpu = organmaps.predict_maps(organmaps.load_organ_map_model(runs["cuda"]), images)
     for a, b in zip(on_gpu, on_cpu, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-2)  # TF32 convolutions on the GPU
+
+
+# --------------------------------------------------------------------------- run kind ``organmaps``
+#: the run kind's options for a tiny, quick map training (model args merge over MAP_MODEL_ARGS)
+MAPS_OPTIONS = {"encoder": TINY[0], "model_args": TINY[1], "epochs": 1, "batch_size": 16}
+
+
+@pytest.mark.slow
+def test_the_organmaps_run_kind_is_the_calibrations_readout_scored_with_every_control(pipeline, tmp_path,
+                                                                                      one_torch_thread):
+    """``spar-probe predict --kind organmaps``: the maps trained once per seed for every probe, read
+    out, scored by the evaluation of every run kind (mirrored counterfactuals, conflict items, the
+    prior as the blind baseline); the test score is the calibration's cell of the same maps."""
+    from spar_bench.experiments import calibration as cal
+    from spar_bench.probes.cli import cli as probe_cli
+    from spar_bench.probes.finetune.readout import OrganMapReadout
+    from spar_bench.probes.runs.record import RunRecord
+    from spar_bench.probes.tasks import get_probe
+
+    from helpers import run_cmd
+
+    out = tmp_path / "runs"
+    argv = ["predict", "--kind", "organmaps", "--data", pipeline["shards"], "--probe",
+            "level3.relative_position,level3.size", "--seeds", "0", "--out", out, "--bootstrap", 20,
+            *[a for k, v in MAPS_OPTIONS.items() for a in ("--option", f"{k}={json.dumps(v)}")]]  # fmt: skip
+    assert run_cmd(probe_cli, argv) == 0
+    (maps,) = (out / "organmaps" / "maps").glob("shards-*/seed0")  # one training for both probes
+    for probe in ("level3.relative_position", "level3.size"):
+        rd = out / "organmaps" / probe / "organmaps" / "seed0"
+        m, rec = json.loads((rd / "metrics.json").read_text(encoding="utf-8")), RunRecord.read(rd)
+        assert rec.kind == "organmaps" and m["track"] == "organmaps"
+        assert rec.inputs["organ_maps"]["config"]["epochs"] == 1 and rec.inputs["organ_maps"]["encoder"] == TINY[0]
+        assert m["training"]["maps"] == maps.relative_to(out).as_posix() and len(m["training"]["history"]) == 1
+        assert str(tmp_path) not in (rd / "metrics.json").read_text(encoding="utf-8")
+        assert 0.0 <= m["test"]["accuracy"] <= 1.0 and 0.0 <= m["mirror"]["accuracy"] <= 1.0
+        assert m["controls"]["blind"] == m["controls"]["prior"]  # its blind baseline: the question prior
+        t = cal.split_items(pipeline["shards"], probe)
+        pred = OrganMapReadout(get_probe(probe), Build(pipeline["shards"]), maps).predict(t)
+        cell = cal.score_model(t, pred, cal.prior_of(pipeline["shards"], probe), 0, 20)
+        assert cell["value"] == m["test"]["accuracy"]  # the calibration's computation cell, same maps
+    if "conflict" in cell:
+        assert cell["conflict"] == m["test"]["conflict"]["accuracy"]
+    stamp = (maps / "encoder.safetensors").stat().st_mtime_ns
+    assert run_cmd(probe_cli, argv) == 0  # kept
+    assert (maps / "encoder.safetensors").stat().st_mtime_ns == stamp
+    assert run_cmd(probe_cli, [*argv, "--option", "lr=0.01"]) == 2  # another schedule, the same run folder: refused
+
+
+def test_the_organmaps_run_kind_refuses_what_it_cannot_answer_in_one_line(pipeline, tmp_path, capsys):
+    from spar_bench.probes.cli import cli as probe_cli
+
+    from helpers import run_cmd
+
+    base = ["predict", "--kind", "organmaps", "--data", pipeline["shards"], "--out", tmp_path / "r"]
+    for extra, why in ((["--probe", "level3.counting"], "organmaps reads out level3.relative_position"),
+                       (["--probe", "level3.size", "--option", "epochz=1"], "did you mean 'epochs'"),
+                       (["--probe", "level3.size", "--option", "seed=1"], "the maps' seed is the run's"),
+                       (["--probe", "level3.size", "--option", "epochs=x"], "option epochs must be of type int")):
+        assert run_cmd(probe_cli, [*base, *extra]) == 2, extra
+        err = capsys.readouterr().err.strip()
+        assert why in err and "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "r" / "organmaps" / "maps").exists()
+
+
+def test_an_experiment_plans_organmaps_with_its_options_checked(tmp_path):
+    from spar_bench.experiments.config import load_experiment
+    from spar_bench.experiments.plan import make_plan
+
+    def exp(options: str) -> Path:
+        path = tmp_path / "e.yaml"
+        path.write_text(f"experiment: t\nout: {tmp_path}/out\nbuilds:\n  p:\n    phantom: {{n: 4}}\n"
+                        f"predictors:\n  organmaps: {{options: {options}}}\nprobes: level3.size\n", encoding="utf-8")
+        return path
+
+    plan = make_plan(load_experiment(exp("{epochs: 3, dice: 1}")))
+    (spec,) = [d for _, d in plan.step("predict:organmaps@p").specs]
+    assert spec["kind"] == "organmaps" and spec["options"] == {"epochs": 3, "dice": 1}
+    with pytest.raises(ConfigError, match=r"predictors\.organmaps\.options.*did you mean 'epochs'"):
+        make_plan(load_experiment(exp("{epochz: 3}")))

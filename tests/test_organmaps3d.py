@@ -118,7 +118,7 @@ def test_organmaps3d_refuses_what_its_maps_cannot_answer_and_bad_options(vol4, t
         run(PredictorSpec("level4.adjacency", "organmaps3d", 0, features=str(vol4), options=TINY), tmp_path)
     with pytest.raises(ConfigError, match="did you mean 'max_epochs'"):
         OrganMap3dConfig.from_options({"max_epoch": 3})
-    with pytest.raises(ConfigError, match="must be a int"):
+    with pytest.raises(ConfigError, match="must be of type int"):
         OrganMap3dConfig.from_options({"max_epochs": "3"})
     cfg = OrganMap3dConfig.from_options({"lr": 1, "model_args": {"widen_factor": 0.25}})
     assert cfg.lr == 1.0 and cfg.model_args["no_max_pool"] is True  # the narrow net's other args kept

@@ -1,6 +1,6 @@
 """``spar-probe predict``: run a predictor that reads a build (a run kind of
 :data:`spar_bench.probes.kinds.RUN_KINDS` made ``on_build``: the constant prior, the Level 4
-mask oracle, or a plug-in's kind) on every probe x seed, scored with every control, through
+mask oracle, the organ-map computation models, or a plug-in's kind) on every probe x seed, scored with every control, through
 :func:`spar_bench.probes.runs.session.run`."""
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from .options import (
 
 @click.command("predict")
 @click.option("--kind", required=True,
-              help="Run kind: prior, oracle (Level 4), slice-oracle (Levels 1-3), reader, or a plug-in's.")
+              help="Run kind: prior, oracle (Level 4), slice-oracle (Levels 1-3), reader, organmaps (Level 3), "
+                   "organmaps3d (Level 4), or a plug-in's.")
 @click.option("--data", required=True, type=click.Path(file_okay=False), help="A finished build.")
 @probe_option()
 @seeds_option(PredictorSpec, "seed")

@@ -64,6 +64,12 @@ CHECKPOINT_FILE = "checkpoint.pt"
 RUN_KIND = "organ-maps"
 #: label 0 background, 1..16 the organs
 N_LABELS = N_ORGANS + 1
+#: the encoder the organ maps train by default (run kind ``organmaps``; the calibration's
+#: computation model): a narrow ResNet-10 at 128 x 128 input with output stride 16, 8 x 8 tokens,
+#: so that small organs keep their pixels in the stem (at 64 px the smallest are 2-3 pixels wide)
+MAP_ENCODER = "timm:resnet10t"
+MAP_MODEL_ARGS = {"channels": [16, 32, 64, 128], "stem_width": 16, "output_stride": 16,
+                  "pretrained_cfg_overlay": {"input_size": [3, 128, 128]}}
 #: the probe whose level holds the whole slices and their label maps (the registry knows levels)
 SLICE_PROBE = "level3.relative_position"
 

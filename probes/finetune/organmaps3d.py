@@ -31,10 +31,9 @@ question alone earns. Options (``predictors.NAME.options`` of an experiment file
 from __future__ import annotations
 
 import copy
-import difflib
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -43,6 +42,7 @@ from spar_bench.builder.samples.level4 import VolumeOrgans, normalised_centroid
 from spar_bench.builder.schema import LEVEL4_PROBES, LEVEL_SPECS
 from spar_bench.builder.shards import Build
 from spar_bench.errors import ConfigError
+from spar_bench.fields import options_of
 from spar_bench.probes.runs.predictors import ConstantPrior
 from spar_bench.procs import check_stop
 from spar_bench.seeding import derive_seed
@@ -94,19 +94,7 @@ class OrganMap3dConfig:
     def from_options(cls, options: dict[str, Any] | None) -> OrganMap3dConfig:
         """The config of a run's ``options``; an unknown key is one line with "did you mean"."""
 
-        known = [f.name for f in fields(cls)]
-        for k in options or {}:
-            if k not in known:
-                close = difflib.get_close_matches(k, known, n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else f"; options: {', '.join(known)}"
-                raise ConfigError(f"organmaps3d: unknown option {k!r}{hint}")
-        opts, default = dict(options or {}), cls()
-        for k, v in opts.items():
-            want = type(getattr(default, k))
-            if want is float and isinstance(v, int) and not isinstance(v, bool):
-                opts[k] = v = float(v)
-            if not isinstance(v, want) or (want is int and isinstance(v, bool)):
-                raise ConfigError(f"organmaps3d: option {k} must be a {want.__name__}, got {v!r}")
+        opts = options_of(cls, options, "organmaps3d")
         if "model_args" in opts:
             opts["model_args"] = {**DEFAULT_MODEL_ARGS, **(opts["model_args"] or {})}
         return cls(**opts)
