@@ -277,6 +277,9 @@ def eval_step(exp: Experiment, source: Step, b: str) -> Step:
     record = {"runs": source.outputs[0], ("features" if frozen else "data"): target, "encoder": local}
     if frozen and exp.builds[b].path:  # a path: build read through its cache (see _path_data)
         record["data"] = build_dir(exp, b)
+    n_boot = (source.specs[0][1].get("options") or {}).get("n_boot")
+    if n_boot is not None:  # the mode's bootstrap: the transfer scores draw as many replicates as the runs'
+        record["n_boot"] = int(n_boot)
     return Step(f"eval:{source.id}@{b}", "eval", (("eval", record),), needs, (), (), _encode_cost(exp, e, b),
                 device=not frozen)
 
@@ -592,7 +595,8 @@ def _evaluate(spec: dict[str, Any], device: str | None) -> None:
     another cache (and, for a ``path:`` build, its folder), or a build a finetune run re-encodes
     (:func:`~spar_bench.probes.runs.session.evaluate_on` chooses by the run's kind)."""
 
-    target = EvalTarget(spec.get("features"), spec.get("data"), overwrite=True, encoder=spec.get("encoder"))
+    target = EvalTarget(spec.get("features"), spec.get("data"), n_boot=int(spec.get("n_boot", EvalTarget.n_boot)),
+                        overwrite=True, encoder=spec.get("encoder"))
     for m in sorted(Path(spec["runs"]).rglob("metrics.json")):
         evaluate_on(m.parent, target)
 

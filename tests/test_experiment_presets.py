@@ -250,7 +250,8 @@ def test_word_real_weights_pits_imagenet_against_the_same_architecture_random(tm
         heads = plan.step(f"heads:{e}").specs[0][1]
         assert heads["heads"] == ["mlp", "transformer"] and heads["probes"] == ["all"]
         assert heads["seeds"] == [0, 1, 2]
-        assert f"eval:heads:{e}@totalsegmentator" in {s.id for s in plan.steps}
+        ev = plan.step(f"eval:heads:{e}@totalsegmentator").specs[0][1]
+        assert ev["n_boot"] == heads["options"]["n_boot"]  # the transfer scores draw the mode's bootstrap
     result = run("word-real-weights", "--dry-run", *_bare(tmp_path))
     assert result.exit_code == 0, result.output
 
@@ -282,3 +283,28 @@ def test_recall_vs_computation_runs_tiny_and_its_report_has_the_calibration_tabl
     own = out / "calibration" / "calibration.json"
     assert run_cli(cli, ["check", str(own), "--against", str(own)]) == 0
     assert "conclusions of the reference hold" in capsys.readouterr().out
+
+
+def test_an_eval_step_scores_with_its_modes_bootstrap_and_the_default_without_one(tmp_path, monkeypatch):
+    """``modes.frozen.options.bootstrap: N`` reaches the transfer evaluation (it drew 1000 replicates
+    whatever the mode said); a mode without one plans the eval step as before (its hash kept)."""
+    from spar_bench.experiments import step_kinds
+
+    def plan_of(options: str):
+        path = tmp_path / "e.yaml"
+        path.write_text(f"experiment: t\nout: {tmp_path}/out\nbuilds:\n  a: {{phantom: {{n: 4}}}}\n"
+                        "  b: {phantom: {n: 4}}\nencoders:\n  d: {spec: dummy}\n"
+                        f"modes:\n  frozen: {{heads: [mlp]{options}}}\nprobes: level3.size\ntransfer: [b]\n",
+                        encoding="utf-8")  # fmt: skip
+        return make_plan(load_experiment(path))
+
+    assert plan_of(", options: {bootstrap: 50}").step("eval:heads:d@b").specs[0][1]["n_boot"] == 50
+    assert "n_boot" not in plan_of("").step("eval:heads:d@b").specs[0][1]
+    seen = []
+    monkeypatch.setattr(step_kinds, "evaluate_on", lambda rd, target: seen.append(target.n_boot))
+    runs = tmp_path / "runs" / "r"
+    runs.mkdir(parents=True)
+    (runs / "metrics.json").write_text("{}", encoding="utf-8")
+    step_kinds._evaluate({"runs": str(tmp_path / "runs"), "features": "f.h5", "n_boot": 50}, None)
+    step_kinds._evaluate({"runs": str(tmp_path / "runs"), "features": "f.h5"}, None)
+    assert seen == [50, 1000]
