@@ -53,6 +53,14 @@ UNIT_SECONDS = {
     "runs": (0.55, 0.5),
     "run_images": (20.0 / 26558, 4.0 / 26558),
     "questions": (2.0, 0.05),
+    # the organ-map computation models' training, per pixel or voxel of every image of every epoch
+    # (run kinds organmaps, organmaps3d: Trains). 2-D: the calibration's narrow ResNet-10 at 128 px
+    # trained 130 images/s on 2 threads (docs/RESULTS.md "calibrated"); 3-D: the half-width ResNet-10
+    # about 0.7 M voxels/s on a loaded 2-core machine, at 32^3 (two seeds x 150 epochs x 48 volumes
+    # in about 12 min) and at 64^3 (ct-foundation: 40 epochs x 12 volumes, about 3 min a seed). The
+    # GPU figures are guesses (30x and 100x) until a GPU run measures them.
+    "map_pixels": (1.0 / (130 * 128 * 128), 1.0 / (30 * 130 * 128 * 128)),
+    "map_voxels": (1.0 / 0.7e6, 1.0 / 7e7),
 }
 #: CPU cores of each machine class (2-core machine, the GPU machine): a build's processes
 #: (its ``jobs``) share them; ``build_seconds`` (one process, measured per source in

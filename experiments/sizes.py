@@ -144,6 +144,18 @@ def images(choice: Choice, volumes: bool = False) -> float:
     return total * (2 if cf in ("mirror", "mirror+flip") else 1)
 
 
+def train_items(choice: Choice, volumes: bool = False) -> float:
+    """What a computation model trains its organ maps on: the training split's Level 4 original
+    volumes (``volumes``), or its Level 3 slices with their mirrored copies."""
+    cases = split_cases(choice)
+    if volumes:
+        return float(sum(c.get("train", 0) for c in cases.values())) if "level4" in choice.levels else 0.0
+    if "level3" not in choice.levels:
+        return 0.0
+    mirrored = 2 if choice.counterfactual in ("mirror", "mirror+flip") else 1
+    return float(sum(c.get("train", 0) * per_case(s)["level3_slices"] for s, c in cases.items()) * mirrored)
+
+
 def questions(choice: Choice, splits: tuple[str, ...] = ("test",)) -> float:
     """Level 3 (and Level 4) questions of the build's ``splits`` (what ``spar-probe vqa`` asks
     by default), counterfactual copies included."""

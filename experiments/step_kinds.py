@@ -51,6 +51,7 @@ from spar_bench.fields import field_default, field_types
 from spar_bench.outputs import write_bytes
 from spar_bench.probes.cache import CacheOptions, cache_options, write_cache
 from spar_bench.probes.finetune.config import FinetuneConfig, FinetuneSpec, finetune_specs
+from spar_bench.probes.kinds import run_kind
 from spar_bench.probes.names import names_all, parse_probes
 from spar_bench.probes.runs.report import write_report
 from spar_bench.probes.runs.session import EvalTarget, evaluate_on, run_all
@@ -301,7 +302,22 @@ def predict_step(exp: Experiment, name: str, b: str) -> Step:
     record = {"kind": pr.kind, "data": build_dir(exp, b), "probes": list(exp.probes), "seeds": list(exp.seeds),
               "n_boot": pr.n_boot, "out": out, **({"options": pr.options} if pr.options else {})}  # fmt: skip
     return Step(f"predict:{name}@{b}", "predict", (("predict", record),), _needs_build(exp, b), (out,),
-                cost=(("runs", float(len(exp.probes) * len(exp.seeds))),))
+                cost=(("runs", float(len(exp.probes) * len(exp.seeds))), *_map_cost(exp, pr, b)))
+
+
+def _map_cost(exp: Experiment, pr, b: str) -> tuple[tuple[str, float], ...]:
+    """What a build-reading run kind that trains (its ``trains``: the organ-map computation
+    models) costs beyond its runs: voxels (``map_voxels``) or pixels (``map_pixels``) it trains
+    on, over every epoch of every seed."""
+    trains = getattr(run_kind(pr.kind), "trains", None)
+    if trains is None:
+        return ()
+    t, choice = trains(pr.options), build_choice(exp, b)
+    items = len(exp.seeds) * t.epochs * sizes.train_items(choice, t.volumes)
+    if t.volumes:
+        side = int(choice.options.get("volume_size") or field_default(SampleConfig, "volume_size"))
+        return (("map_voxels", items * side**3),)
+    return (("map_pixels", items * (t.side or 224) ** 2),)
 
 
 def calibration_step(exp: Experiment) -> Step:

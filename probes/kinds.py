@@ -18,6 +18,8 @@ for code that imports it.)
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from spar_bench.errors import ConfigError
 from spar_bench.registry import Registry
 
@@ -34,6 +36,19 @@ RUN_KINDS.register_lazy("slice-oracle", "spar_bench.probes.references.slice_orac
 RUN_KINDS.register_lazy("reader", "spar_bench.probes.references.reader:AppearanceReader")
 RUN_KINDS.register_lazy("organmaps", "spar_bench.probes.finetune.readout:OrganMaps")
 RUN_KINDS.register_lazy("organmaps3d", "spar_bench.probes.finetune.organmaps3d:OrganMaps3d")
+
+class Trains(NamedTuple):
+    """What a build-reading run kind trains for each seed, as its ``trains(options)`` says: at
+    most ``epochs`` passes over the training items of its level (``volumes``: Level 4's original
+    volumes at the build's side; else Level 3's slices, mirrored copies included, resized to
+    ``side`` pixels), shared by the probes of that seed. The plan prices its ``predict:`` steps
+    by it (``spar-bench run --dry-run``, SLURM's time limits); a kind without ``trains`` fits
+    nothing beyond a head run's cost."""
+
+    epochs: int
+    volumes: bool = False
+    side: int | None = None
+
 
 #: the registry's earlier name, an alias kept for code that imports it
 PREDICTORS = RUN_KINDS

@@ -48,6 +48,7 @@ from spar_bench.procs import check_stop
 from spar_bench.seeding import derive_seed
 
 from ..hardware import pick_device
+from ..kinds import Trains
 from ..runs.build_job import BuildJob
 from ..runs.mask_oracle import MaskOracle
 from .config import lr_factor
@@ -349,6 +350,11 @@ class OrganMaps3d:
     @classmethod
     def on_build(cls, spec, build) -> OrganMaps3d:
         return cls(spec, build)
+
+    @staticmethod
+    def trains(options: dict[str, Any] | None) -> Trains:
+        """Its most epochs for each seed, on the training volumes (the plan's price of a ``predict:`` step)."""
+        return Trains(OrganMap3dConfig.from_options(options).max_epochs, volumes=True)
 
     @staticmethod
     def check_options(options: dict[str, Any]) -> None:

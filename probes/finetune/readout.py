@@ -33,6 +33,7 @@ from spar_bench.builder.shards import Build
 from spar_bench.errors import ConfigError
 from spar_bench.fields import options_of
 
+from ..kinds import Trains
 from ..references.slice_oracle import question_index, split_questions, stated_cuts
 from ..runs.build_job import BuildJob
 from ..runs.predictors import ConstantPrior
@@ -171,6 +172,13 @@ class OrganMaps:
         """The predictor with the default options and no maps folder yet: it reads a build, and
         :meth:`open` gives it the runs folder its maps go in."""
         return cls(spec, build, None)
+
+    @staticmethod
+    def trains(options: dict[str, Any] | None) -> Trains:
+        """The maps' epochs and input side for each seed (the plan's price of a ``predict:`` step)."""
+        enc, cfg = map_options(options, 0)
+        size = (enc.model_args.get("pretrained_cfg_overlay") or {}).get("input_size") or [3, 224, 224]
+        return Trains(cfg.epochs, side=int(size[-1]))
 
     @staticmethod
     def check_options(options: dict[str, Any]) -> None:
