@@ -20,7 +20,6 @@ and of :class:`~.organmaps.OrganMapConfig` but its seed, which is the run's.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -32,6 +31,7 @@ from spar_bench.builder.samples.pixels import Geometry, decide
 from spar_bench.builder.shards import Build
 from spar_bench.errors import ConfigError
 from spar_bench.fields import options_of
+from spar_bench.hashing import sha256_json
 
 from ..kinds import Trains
 from ..references.slice_oracle import question_index, split_questions, stated_cuts
@@ -143,7 +143,7 @@ def maps_folder(out: str | Path, build, enc: MapEncoder, cfg: OrganMapConfig) ->
     every probe and seed of one setting shares it and another setting gets its own."""
     what = {"encoder": enc.encoder, "model_args": enc.model_args, "build": build.fingerprint,
             "config": {k: v for k, v in asdict(cfg).items() if k != "seed"}}
-    digest = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:10]
+    digest = sha256_json(what)[:10]
     return Path(out) / "organmaps" / "maps" / f"{Path(build.root).name}-{digest}" / f"seed{cfg.seed}"
 
 
