@@ -42,7 +42,6 @@ plots: :mod:`.calibration_tables`.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -57,6 +56,7 @@ from spar_bench.builder.phantom import PhantomOptions, write_phantom_dataset
 from spar_bench.builder.shards import Build
 from spar_bench.errors import ConfigError
 from spar_bench.fields import check_fields, limited
+from spar_bench.hashing import sha256_json
 from spar_bench.probes.cache import CacheOptions, write_cache
 from spar_bench.probes.finetune.config import FinetuneConfig, FinetuneSpec
 from spar_bench.probes.finetune.organmaps import (
@@ -230,7 +230,7 @@ def runs_root(out: Path, tr: Training) -> Path:
     """``OUT/runs``, or for other encoder model args ``OUT/runs-<hash>`` (run folders do not name them)."""
     if tr.model_args == MODEL_ARGS:
         return out / "runs"
-    return out / f"runs-{hashlib.sha256(json.dumps(tr.model_args, sort_keys=True).encode()).hexdigest()[:10]}"
+    return out / f"runs-{sha256_json(tr.model_args)[:10]}"
 
 
 def train_run(builds: dict[str, Path], out: Path, tr: Training, train_on: str, probe: str,
